@@ -1,0 +1,1 @@
+"""Subcommands of the `zerofit` CLI, one module each (see `zerofit.cli`)."""

@@ -1,0 +1,132 @@
+"""Read a YAML run config, apply dotted `key=value` overrides, validate into `ZerofitConfig`.
+
+Every problem becomes one line of a single `ConfigError`: unknown keys get a did-you-mean against the
+schema, bad values name the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from zerofit.config.schema import ZerofitConfig
+from zerofit.errors import ConfigError
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Turn `["batch.global_batch_size=64", "lora.target_modules=[q_proj,v_proj]"]` into a nested dict.
+
+    Values are parsed as YAML scalars/flow lists, so `64` is an int, `true` a bool, `[a,b]` a list and
+    `null` None; anything else stays a string.
+    """
+    nested: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            problems.append(
+                f"override {item!r} is not of the form dotted.key=value (e.g. batch.global_batch_size=64)"
+            )
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw  # e.g. an unbalanced bracket: keep the literal text, the schema will judge it
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"override {item!r} conflicts with an earlier override of {part!r}")
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    if problems:
+        raise ConfigError(problems)
+    return nested
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Return `base` with `update` merged in recursively (update wins; neither input is modified)."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _schema_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the keys at `loc` (for did-you-mean suggestions)."""
+    model: type[BaseModel] = ZerofitConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    # Union members add their type name to the location (e.g. `int`, `literal['auto']`); drop those.
+    while loc and (loc[-1] in {"int", "float", "str", "bool", "list[str]"} or loc[-1].startswith("literal[")):
+        loc.pop()
+    dotted = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        owner = _schema_at(loc[:-1])
+        known = sorted(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+        prefix = ".".join(loc[:-1])
+        hint = f"did you mean {'.'.join([*loc[:-1], close[0]]) if close else ''!r}?" if close else ""
+        valid = f"valid keys{' under ' + prefix if prefix else ''}: {', '.join(known)}"
+        return f"unknown key {dotted!r}; {hint + ' ' if hint else ''}({valid})"
+    return f"{dotted} = {err.get('input')!r}: {err['msg']}"
+
+
+def validate_config(raw: dict[str, Any]) -> ZerofitConfig:
+    """Validate a raw nested dict, turning every pydantic error into one line of a `ConfigError`."""
+    try:
+        return ZerofitConfig.model_validate(raw)
+    except ValidationError as exc:
+        # One union field fails once per member; report each location once, preferring the clearest line.
+        lines: dict[str, str] = {}
+        for err in exc.errors():
+            line = _format_error(dict(err))
+            lines.setdefault(line.split(" ", 1)[0], line)
+        raise ConfigError(list(lines.values())) from None
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> ZerofitConfig:
+    """Load `path` (YAML; None = all defaults), apply dotted overrides, and validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(
+                [f"config file {str(file)!r} does not exist (pass an existing YAML file to --config)"]
+            )
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError([f"config file {str(file)!r} is not valid YAML{where}: {problem}"]) from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                [f"config file {str(file)!r} must hold a mapping of keys, got {type(loaded).__name__}"]
+            )
+        raw = loaded
+    return validate_config(deep_merge(raw, parse_overrides(overrides)))

@@ -1,0 +1,157 @@
+"""The typed run configuration (DESIGN contract 2).
+
+Every section forbids unknown keys so a typo fails loudly (with a did-you-mean, see `loader.py`) instead of
+being silently ignored. Defaults here are the values a user gets when a key is absent; derived values
+(grad_accum_steps, run_name, preset, W&B mode) are left as `None` and filled only by `resolve()`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
+OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
+TINY_LLAMA = "tiny-llama"
+
+
+class _Section(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are re-validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Section):
+    """Which model to fine-tune and how its attention runs."""
+
+    name_or_path: str = Field(
+        TINY_LLAMA, description="`tiny-llama` (built-in, random init), a local HF folder, or a hub id."
+    )
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    trust_remote_code: bool = False
+
+
+class QuantizationSection(_Section):
+    """Base-weight quantization through bitsandbytes (QLoRA when combined with LoRA)."""
+
+    load_in: Literal["none", "8bit", "4bit"] = "none"
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+
+
+class BatchSection(_Section):
+    """The batch triple; two of three (plus the launcher's world size) determine the third."""
+
+    global_batch_size: int | None = None
+    micro_batch_size: int | Literal["auto"] | None = None
+    grad_accum_steps: int | None = Field(None, description="Normally derived from the other two.")
+
+
+class DistributedSection(_Section):
+    """Engine choice. The data-parallel size always comes from the launcher, never from the config."""
+
+    strategy: Strategy = "deepspeed"
+    preset: str | None = Field(None, description="A preset in ds_configs/; default depends on the strategy.")
+    ds_config: str | None = Field(
+        None, description="A user's own DeepSpeed JSON (HF-style `auto` allowed); overrides the preset."
+    )
+
+
+class TrainSection(_Section):
+    """Length, numerics and the accumulation-window policy of the run."""
+
+    max_steps: int = Field(20, description="Optimizer steps (not micro-steps).")
+    precision: Precision = "bf16"
+    activation_checkpointing: bool = False
+    max_grad_norm: float | None = Field(1.0, description="Clip after the window; null or 0 disables.")
+    partial_window: Literal["drop", "normalize"] = "drop"
+
+
+class OptimizerSection(_Section):
+    """Optimizer and opt-in learning-rate scaling with the effective batch."""
+
+    name: OptimizerName = "adamw"
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    base_batch_size: int | None = Field(
+        None, description="The batch `lr` was tuned for (needed for scaling)."
+    )
+
+
+class SchedulerSection(_Section):
+    """Learning-rate schedule, stepped once per optimizer step."""
+
+    name: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+
+class LoraSection(_Section):
+    """LoRA adapters via peft."""
+
+    enabled: bool = True
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    use_dora: bool = False
+
+
+class DataSection(_Section):
+    """Training data: JSONL with one {"prompt", "response"} object per line."""
+
+    path: str = "data/demo.jsonl"
+    max_seq_len: int = 512
+    shuffle: bool = True
+
+
+class CheckpointSection(_Section):
+    """Checkpointing through the strategy; saves are atomic."""
+
+    every_steps: int = Field(0, description="0 = only at the end of the run.")
+    keep_last: int = 2
+    resume: bool = Field(False, description="Resume from the latest complete checkpoint in the run dir.")
+    save_final: bool = True
+
+
+class WandbSection(_Section):
+    """Weights & Biases; mode unset = online if an API key is configured, else offline."""
+
+    mode: Literal["online", "offline", "disabled"] | None = None
+    project: str = "zerofit"
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = Field(default_factory=list)
+
+
+class LoggingSection(_Section):
+    """Where metrics go and how often (metrics.jsonl is always written)."""
+
+    log_every: int = 1
+    console: bool = True
+    wandb: WandbSection = Field(default_factory=WandbSection)
+
+
+class ZerofitConfig(_Section):
+    """A whole run. Load with `zerofit.config.load_config`, then `resolve()` before use."""
+
+    run_name: str | None = Field(None, description="Default says model/method/preset/split.")
+    output_dir: str = "runs"
+    seed: int = 42
+    model: ModelSection = Field(default_factory=ModelSection)
+    quantization: QuantizationSection = Field(default_factory=QuantizationSection)
+    batch: BatchSection = Field(default_factory=BatchSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    data: DataSection = Field(default_factory=DataSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)

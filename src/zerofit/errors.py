@@ -1,0 +1,33 @@
+"""User-facing errors: one paragraph that names the field, the value, the rule and a fix; never a traceback."""
+
+from __future__ import annotations
+
+
+class ZerofitError(Exception):
+    """Base class for every error caused by user input (config, data, launch environment).
+
+    Entry points catch it, print `str(err)` as one paragraph and exit non-zero without a traceback.
+    Anything else is a bug in zerofit and keeps its traceback.
+    """
+
+
+class ConfigError(ZerofitError):
+    """The configuration is invalid; the message lists every problem found, not only the first."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            msg = f"Invalid configuration: {self.problems[0]}"
+        else:
+            msg = f"Invalid configuration ({len(self.problems)} problems):\n" + "\n".join(
+                f"  - {p}" for p in self.problems
+            )
+        super().__init__(msg)
+
+
+class DataError(ZerofitError):
+    """The training data cannot be used; the message names the file and line."""
+
+
+class LaunchError(ZerofitError):
+    """The launch environment does not match the request (world size, device, launcher)."""

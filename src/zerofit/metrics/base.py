@@ -1,0 +1,86 @@
+"""The logger protocol and the sinks every run has.
+
+Rank 0 logs; other ranks get a `NullSink`, so the training loop never branches on rank to log.
+`step` is always the optimizer step (never the micro-step): it is the x-axis of every metric.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    """Where per-step metrics go."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record `metrics` for optimizer step `step`."""
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        """Record the run's resolved configuration (once, before the first step)."""
+
+    def close(self) -> None:
+        """Flush and release resources; safe to call twice."""
+
+
+class NullSink:
+    """Discards everything (non-zero ranks, or logging disabled)."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        del step, metrics
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        del config
+
+    def close(self) -> None:
+        pass
+
+
+def _jsonable(value: Any) -> Any:
+    # NaN/inf are not JSON; write null so every line stays parseable by strict readers.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class JsonlSink:
+    """Appends one JSON object per logged step to `metrics.jsonl` (DESIGN contract 4), flushed each line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        del config  # config.yaml in the run directory holds it
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+
+class MultiSink:
+    """Fans every call out to several sinks."""
+
+    def __init__(self, sinks: list[MetricsSink]) -> None:
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log_config(config)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()

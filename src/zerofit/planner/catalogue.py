@@ -1,0 +1,112 @@
+"""Model shapes without weights: built-in config.json contents for common 7-8B models and `tiny-llama`.
+
+Planning (and rendering bucket sizes) needs only a model's config, never its weights, so `zerofit plan`
+works offline for the catalogued hub ids and for any local HF folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from zerofit.config.schema import TINY_LLAMA
+from zerofit.errors import ConfigError
+
+# The built-in random-init model: small enough to train in seconds on 2 CPU cores, shaped like a real Llama
+# (GQA, SwiGLU, untied embeddings) so every code path a 7B model takes is exercised.
+TINY_LLAMA_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+_LLAMA2_7B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+CATALOGUE: dict[str, dict[str, Any]] = {
+    TINY_LLAMA: TINY_LLAMA_CONFIG,
+    "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
+    "meta-llama/Meta-Llama-3-8B": {
+        **_LLAMA2_7B,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    },
+    "mistralai/Mistral-7B-v0.1": {
+        **_LLAMA2_7B,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+    },
+    "Qwen/Qwen2.5-7B": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+    },
+}
+
+
+def model_config_dict(name_or_path: str) -> dict[str, Any]:
+    """The config.json contents for a catalogued model id or a local HF folder (no weights read)."""
+    if name_or_path in CATALOGUE:
+        return dict(CATALOGUE[name_or_path])
+    local = Path(name_or_path) / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    known = ", ".join(CATALOGUE)
+    raise ConfigError(
+        [
+            f"model.name_or_path = {name_or_path!r}: no local folder with a config.json and not in the "
+            f"built-in catalogue ({known}); download the model to a folder and pass its path"
+        ]
+    )
