@@ -76,12 +76,26 @@ def _schema_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
     return model
 
 
-def _format_error(err: dict[str, Any]) -> str:
+# Keys users bring from other tools (HF TrainingArguments, Lightning) that map to one zerofit key.
+_PRECISION_FLAGS = {"bf16", "fp16", "fp32", "half", "amp", "mixed_precision"}
+
+
+def _error_loc(err: dict[str, Any]) -> list[str]:
     loc = [str(p) for p in err["loc"]]
     # Union members add their type name to the location (e.g. `int`, `literal['auto']`); drop those.
     while loc and (loc[-1] in {"int", "float", "str", "bool", "list[str]"} or loc[-1].startswith("literal[")):
         loc.pop()
+    return loc
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    loc = _error_loc(err)
     dotted = ".".join(loc)
+    if err["type"] == "extra_forbidden" and loc[-1] in _PRECISION_FLAGS:
+        return (
+            f"unknown key {dotted!r}; precision is one key with one value: use train.precision=bf16, "
+            "train.precision=fp16 or train.precision=fp32 (bf16 and fp16 cannot both be on)"
+        )
     if err["type"] == "extra_forbidden":
         owner = _schema_at(loc[:-1])
         known = sorted(owner.model_fields) if owner else []
@@ -102,7 +116,7 @@ def validate_config(raw: dict[str, Any]) -> ZerofitConfig:
         lines: dict[str, str] = {}
         for err in exc.errors():
             line = _format_error(dict(err))
-            lines.setdefault(line.split(" ", 1)[0], line)
+            lines.setdefault(".".join(_error_loc(dict(err))), line)
         raise ConfigError(list(lines.values())) from None
 
 

@@ -1,0 +1,188 @@
+"""`zerofit presets` and `zerofit plan`, in-process and as the installed console script; and the wheel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from zerofit.cli import main
+from zerofit.config import load_config, resolve
+from zerofit.presets import list_presets
+from zerofit.render import render_engine_config
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = "configs/demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def _zerofit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed `zerofit` console script (the same one `pip install` puts on PATH)."""
+    script = Path(sys.executable).with_name("zerofit")
+    full_env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"} | (env or {})
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, cwd=REPO, env=full_env, check=False, timeout=120
+    )
+
+
+def _json_out(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# ----------------------------------------------------------------------------------------- presets
+
+
+def test_presets_json_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _json_out(capsys, "presets", "--json")
+    assert [r["name"] for r in rows] == sorted(list_presets())
+    assert {r["strategy"] for r in rows} == {"deepspeed", "fsdp"}
+    assert all(r["description"] for r in rows)
+    assert {r["name"]: r["strategy"] for r in rows}["zero3_offload"] == "deepspeed"
+
+
+def test_presets_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for name in list_presets():
+        assert name in out
+
+
+# ----------------------------------------------------------------------------------------- plan
+
+
+def test_plan_json_is_the_exact_engine_config(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _json_out(
+        capsys, "plan", "--config", DEMO, "--world-size", "2", "--json", "batch.micro_batch_size=2"
+    )
+    assert report["batch"]["global_batch_size"] == 16
+    assert (report["batch"]["micro_batch_size"], report["batch"]["grad_accum_steps"]) == (2, 4)
+    assert report["batch"]["dp_size"] == 2
+    assert report["batch"]["max_tokens_per_optimizer_step"] == 16 * 64
+    assert "upper bound" in report["batch"]["tokens_note"]
+    resolved = resolve(load_config(DEMO, ["batch.micro_batch_size=2"]), 2)
+    assert report["engine_config"] == render_engine_config(resolved)
+    assert report["engine_config"]["gradient_accumulation_steps"] == 4
+    assert report["run_dir"] == str(resolved.run_dir)
+    assert report["engine_config_file"] == str(resolved.run_dir / "ds_config.json")
+    assert report["config"]["batch"]["grad_accum_steps"] == 4  # the resolved config, nothing left to derive
+    assert report["config"] == resolved.config.model_dump(mode="json")
+
+
+def test_plan_fsdp_writes_fsdp_json(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _json_out(
+        capsys,
+        "plan",
+        "--config",
+        DEMO,
+        "--json",
+        "distributed.strategy=fsdp",
+        "distributed.preset=fsdp_offload",
+    )
+    assert report["engine_config_file"].endswith("fsdp.json")
+    assert report["engine_config"]["cpu_offload"] is True
+
+
+def test_plan_world_size_defaults_to_env_then_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _json_out(capsys, "plan", "--config", DEMO, "--json")["batch"]["dp_size"] == 1
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert _json_out(capsys, "plan", "--config", DEMO, "--json")["batch"]["dp_size"] == 4
+    # An explicit flag wins over the environment.
+    assert _json_out(capsys, "plan", "--config", DEMO, "--json", "--world-size", "2")["batch"]["dp_size"] == 2
+
+
+def test_plan_text_shows_every_factor_and_the_engine_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", DEMO, "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "global 16 = micro 4 x accum 2 x dp 2" in out
+    for word in ("global_batch_size", "micro_batch_size", "grad_accum_steps", "dp_size", "upper bound"):
+        assert word in out
+    assert "ds_config.json" in out and '"train_batch_size": 16' in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["batch.global_bach_size=4"], "did you mean 'batch.global_batch_size'?"),
+        (["distributed.preset=zero9"], "not a known preset"),
+        (["batch.micro_batch_size=0"], "micro_batch_size must be a positive integer, got 0"),
+        (["train.bf16=true", "train.fp16=true"], "train.precision"),
+    ],
+)
+def test_plan_user_errors_exit_non_zero(
+    capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    assert main(["plan", "--config", DEMO, *args]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("zerofit plan: error: ") and needle in err
+
+
+def test_bad_world_size_env(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    assert main(["plan", "--config", DEMO]) != 0
+    assert "WORLD_SIZE = 'two'" in capsys.readouterr().err
+
+
+def test_acceptance_indivisible_split_via_console_script() -> None:
+    proc = _zerofit(
+        "plan",
+        "--config",
+        DEMO,
+        "--world-size",
+        "8",
+        "batch.global_batch_size=64",
+        "batch.micro_batch_size=3",
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout
+    msg = proc.stderr
+    for text in ("global_batch_size=64", "micro_batch_size=3", "dp_size=8", "1, 2, 4, 8"):
+        assert text in msg
+
+
+def test_conflicting_foreign_ds_config_via_console_script(tmp_path: Path) -> None:
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto"}))
+    proc = _zerofit("plan", "--config", DEMO, f"distributed.ds_config={ds}", env={"WORLD_SIZE": "2"})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "train_batch_size = 32" in proc.stderr and "train_batch_size = 16" in proc.stderr
+
+
+def test_console_script_json_output() -> None:
+    proc = _zerofit("plan", "--config", DEMO, "--json", env={"WORLD_SIZE": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engine_config"]["train_batch_size"] == 16
+
+
+# ----------------------------------------------------------------------------------------- packaging
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_presets(tmp_path: Path) -> None:
+    """`ds_configs/` must be inside the wheel, not only in the checkout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = tmp_path.glob("zerofit-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"zerofit/ds_configs/{p.name}" for p in (REPO / "ds_configs").glob("*.json")}
+    assert len(shipped) == len(list_presets()) >= 8
+    assert shipped <= names
+    assert "zerofit/render.py" in names and "zerofit/batching.py" in names

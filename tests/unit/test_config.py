@@ -1,0 +1,297 @@
+"""Config loading, dotted overrides, did-you-mean, and `resolve()`: every bad input of issue 2 is refused
+with one clear `ConfigError` that names the field, the value and the fix."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zerofit.config import ZerofitConfig, load_config, parse_overrides, resolve
+from zerofit.errors import ConfigError, ZerofitError
+from zerofit.presets import list_presets
+from zerofit.render import render_engine_config
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "configs" / "demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Run configs name data/model paths relative to the checkout, as a user's shell would.
+    monkeypatch.chdir(REPO)
+
+
+def _problems(overrides: list[str], world_size: int = 2, path: Path | None = DEMO) -> str:
+    with pytest.raises(ConfigError) as err:
+        resolve(load_config(path, overrides), world_size)
+    assert isinstance(err.value, ZerofitError)
+    return str(err.value)
+
+
+def _walk(node: Any) -> list[Any]:
+    if isinstance(node, dict):
+        return [leaf for v in node.values() for leaf in _walk(v)]
+    if isinstance(node, list | tuple):
+        return [leaf for v in node for leaf in _walk(v)]
+    return [node]
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+def test_parse_overrides_types_and_nesting() -> None:
+    parsed = parse_overrides(
+        [
+            "batch.global_batch_size=64",
+            "lora.target_modules=[q_proj,v_proj]",
+            "train.activation_checkpointing=true",
+            "train.max_grad_norm=null",
+            "run_name=my run",
+        ]
+    )
+    assert parsed == {
+        "batch": {"global_batch_size": 64},
+        "lora": {"target_modules": ["q_proj", "v_proj"]},
+        "train": {"activation_checkpointing": True, "max_grad_norm": None},
+        "run_name": "my run",
+    }
+    # YAML 1.1 reads `3e-4` as a string; the schema still takes it as the float it means.
+    assert load_config(None, ["optimizer.lr=3e-4"]).optimizer.lr == 3e-4
+
+
+@pytest.mark.parametrize("bad", ["batch.global_batch_size", "=3", "batch..x=1", ".a=1"])
+def test_malformed_override_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"dotted\.key=value"):
+        parse_overrides([bad])
+
+
+def test_file_values_and_overrides_win() -> None:
+    cfg = load_config(DEMO)
+    assert cfg.batch.global_batch_size == 16 and cfg.batch.micro_batch_size == 4
+    assert cfg.distributed.preset == "zero2" and cfg.train.precision == "bf16"
+    cfg = load_config(DEMO, ["batch.micro_batch_size=2", "train.precision=fp32"])
+    assert cfg.batch.micro_batch_size == 2 and cfg.train.precision == "fp32"
+    assert cfg.batch.global_batch_size == 16  # untouched keys keep the file's value
+
+
+def test_no_file_gives_schema_defaults() -> None:
+    assert load_config(None) == ZerofitConfig()
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch:\n  global_batch_size: 16\n   micro_batch_size: [\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load_config(bad)
+
+
+def test_non_mapping_file(tmp_path: Path) -> None:
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(bad)
+
+
+# ----------------------------------------------------------------------------------------- unknown keys
+
+
+@pytest.mark.parametrize(
+    ("override", "suggestion"),
+    [
+        ("bach.global_batch_size=4", "did you mean 'batch'?"),
+        ("batch.global_bach_size=4", "did you mean 'batch.global_batch_size'?"),
+        ("train.precison=bf16", "did you mean 'train.precision'?"),
+        ("logging.wandb.mdoe=offline", "did you mean 'logging.wandb.mode'?"),
+    ],
+)
+def test_misspelled_key_gets_did_you_mean(override: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, [override])
+    assert suggestion in str(err.value)
+    assert "unknown key" in str(err.value)
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.zzz=1"])
+    assert "valid keys under train:" in str(err.value) and "max_steps" in str(err.value)
+
+
+def test_every_unknown_key_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.precison=bf16", "optimzer.lr=1", "batch.micro=2"])
+    msg = str(err.value)
+    assert len(err.value.problems) == 3
+    for key in ("train.precison", "optimzer", "batch.micro"):
+        assert f"'{key}'" in msg
+
+
+def test_bf16_and_fp16_both_requested() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, ["train.bf16=true", "train.fp16=true"])
+    msg = str(err.value)
+    assert "'train.bf16'" in msg and "'train.fp16'" in msg
+    assert "train.precision=bf16" in msg and "cannot both be on" in msg
+
+
+def test_bad_literal_value_names_allowed_values() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, ["train.precision=bf16+fp16"])
+    assert "train.precision = 'bf16+fp16'" in str(err.value) and "'fp16'" in str(err.value)
+
+
+# ----------------------------------------------------------------------------------------- resolve
+
+
+def test_resolve_fills_every_derived_value() -> None:
+    resolved = resolve(load_config(DEMO), 2)
+    cfg = resolved.config
+    assert (resolved.plan.global_batch_size, resolved.plan.micro_batch_size) == (16, 4)
+    assert (resolved.plan.grad_accum_steps, resolved.plan.dp_size, resolved.world_size) == (2, 2, 2)
+    assert cfg.batch.grad_accum_steps == 2
+    assert cfg.run_name == "tiny-llama-lora-zero2-bf16-g16-m4x2x2"  # model, method, preset, split
+    assert resolved.run_dir == Path("runs") / cfg.run_name
+    assert cfg.logging.wandb.mode == "offline"
+    assert "auto" not in _walk(cfg.model_dump(mode="json"))
+    assert resolved.method == "lora"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "preset"), [("deepspeed", "zero2"), ("fsdp", "fsdp"), ("single", None), ("ddp", None)]
+)
+def test_default_preset_per_strategy(strategy: str, preset: str | None) -> None:
+    overrides = [f"distributed.strategy={strategy}", "distributed.preset=null"]
+    resolved = resolve(load_config(DEMO, overrides), 1)
+    assert resolved.config.distributed.preset == preset
+
+
+def test_wandb_mode_default_is_concrete(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert resolve(load_config(DEMO, ["logging.wandb.mode=null"]), 1).config.logging.wandb.mode == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve(load_config(DEMO, ["logging.wandb.mode=null"]), 1).config.logging.wandb.mode == "online"
+
+
+def test_explicit_run_name_is_kept() -> None:
+    resolved = resolve(load_config(DEMO, ["run_name=mine", "output_dir=/tmp/out"]), 1)
+    assert resolved.run_dir == Path("/tmp/out/mine")
+
+
+def test_lr_scaling_is_opt_in() -> None:
+    base = ["optimizer.lr=1e-3", "optimizer.base_batch_size=4"]
+    assert resolve(load_config(DEMO, base), 1).effective_lr == 1e-3
+    linear = resolve(load_config(DEMO, [*base, "optimizer.lr_scaling=linear"]), 1)
+    assert math.isclose(linear.effective_lr, 1e-3 * 16 / 4)
+    sqrt = resolve(load_config(DEMO, [*base, "optimizer.lr_scaling=sqrt"]), 1)
+    assert math.isclose(sqrt.effective_lr, 1e-3 * 2)
+
+
+# ----------------------------------------------------------------------------------------- bad input
+
+
+def test_indivisible_split_names_every_factor_and_valid_sizes() -> None:
+    msg = _problems(["batch.global_batch_size=64", "batch.micro_batch_size=3"], world_size=8)
+    for text in ("global_batch_size=64", "micro_batch_size=3", "dp_size=8", "1, 2, 4, 8"):
+        assert text in msg
+
+
+def test_disagreeing_triple_is_refused() -> None:
+    msg = _problems(["batch.grad_accum_steps=3"], world_size=2)
+    assert "grad_accum_steps=3" in msg and "grad_accum_steps would have to be 2" in msg
+
+
+def test_fewer_than_two_of_the_triple() -> None:
+    msg = _problems(["batch.micro_batch_size=null"])
+    assert "set at least two of global_batch_size, micro_batch_size, grad_accum_steps" in msg
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("batch.global_batch_size=0", "global_batch_size must be a positive integer, got 0"),
+        ("batch.micro_batch_size=-1", "micro_batch_size must be a positive integer, got -1"),
+        ("batch.grad_accum_steps=0", "grad_accum_steps must be a positive integer, got 0"),
+        ("train.max_steps=0", "train.max_steps = 0: must be > 0"),
+        ("optimizer.lr=0", "optimizer.lr = 0.0: must be > 0"),
+        ("data.max_seq_len=-5", "data.max_seq_len = -5: must be > 0"),
+        ("train.max_grad_norm=-1", "train.max_grad_norm = -1.0: must be >= 0"),
+    ],
+)
+def test_non_positive_values(override: str, named: str) -> None:
+    assert named in _problems([override])
+
+
+def test_world_size_must_be_positive() -> None:
+    assert "world size 0 must be >= 1" in _problems([], world_size=0)
+
+
+def test_unknown_preset_lists_the_presets() -> None:
+    msg = _problems(["distributed.preset=zero4"])
+    assert "'zero4' is not a known preset" in msg
+    for name in list_presets():
+        assert name in msg
+
+
+def test_preset_of_another_engine() -> None:
+    msg = _problems(["distributed.preset=fsdp_offload"])
+    assert "is a fsdp preset but distributed.strategy = 'deepspeed'" in msg
+    assert "distributed.strategy=fsdp" in msg
+
+
+def test_micro_batch_auto_says_the_planner_decides() -> None:
+    assert "needs the memory planner" in _problems(["batch.micro_batch_size=auto"])
+
+
+def test_single_strategy_with_many_ranks() -> None:
+    assert "runs one process, but the launcher started 2" in _problems(["distributed.strategy=single"])
+
+
+def test_ds_config_must_exist_and_belong_to_deepspeed(tmp_path: Path) -> None:
+    assert "file does not exist" in _problems([f"distributed.ds_config={tmp_path / 'x.json'}"])
+    ds = tmp_path / "ds.json"
+    ds.write_text("{}")
+    msg = _problems(["distributed.strategy=fsdp", f"distributed.ds_config={ds}"])
+    assert "is a DeepSpeed config but distributed.strategy = 'fsdp'" in msg
+
+
+def test_all_problems_are_collected_into_one_error() -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve(
+            load_config(
+                DEMO,
+                [
+                    "batch.micro_batch_size=3",
+                    "distributed.preset=zero9",
+                    "train.max_steps=0",
+                    "data.path=nope.jsonl",
+                ],
+            ),
+            2,
+        )
+    problems = err.value.problems
+    assert len(problems) == 4
+    assert "Invalid configuration (4 problems)" in str(err.value)
+
+
+def test_quantization_needs_lora() -> None:
+    assert "needs LoRA" in _problems(["quantization.load_in=4bit", "lora.enabled=false"])
+
+
+# ----------------------------------------------------------------------------------------- shipped configs
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_resolves_and_renders(path: Path) -> None:
+    resolved = resolve(load_config(path), 1)
+    engine = render_engine_config(resolved)
+    assert "auto" not in _walk(engine)
+    assert "auto" not in _walk(resolved.config.model_dump(mode="json"))
