@@ -43,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ZerofitError as exc:
         print(f"zerofit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `zerofit presets --json | head`: the reader left; that is not an error of ours.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
