@@ -1,0 +1,188 @@
+"""Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
+
+    resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
+    -> use_cache off -> train mode
+
+The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
+The order matters: quantization happens at load time; k-bit preparation freezes the base and upcasts
+what is not quantized before peft adds adapters; checkpointing is enabled on the Hugging Face model
+underneath peft so each decoder layer is recomputed (non-reentrant) in backward.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.config.schema import TINY_LLAMA, ZerofitConfig
+from zerofit.tiny_llama import ensure_tiny_llama
+
+log = logging.getLogger(__name__)
+
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class BuiltModel:
+    """The model to hand to a strategy, its tokenizer, and facts the run prints and records."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    total_params: int
+    trainable_params: int
+    load_dtype: torch.dtype
+
+
+def resolve_model_path(cfg: ZerofitConfig) -> str:
+    """`tiny-llama` becomes the built-in model's cache folder (built once per seed); anything else as given."""
+    if cfg.model.name_or_path == TINY_LLAMA:
+        return str(ensure_tiny_llama(cfg.seed))
+    return cfg.model.name_or_path
+
+
+def load_dtype(cfg: ZerofitConfig) -> torch.dtype:
+    """The dtype the weights are loaded in (the dtype rule).
+
+    - precision fp32: fp32 weights.
+    - bf16/fp16 with LoRA (or QLoRA): the frozen base weights in that half dtype (half the memory, and
+      they never receive updates); peft keeps the LoRA adapter weights in fp32 (`autocast_adapter_dtype`)
+      so the optimizer updates full-precision values.
+    - bf16/fp16 full fine-tuning: fp32 weights (master copy); mixed precision comes from the engine
+      (autocast for single/DDP, MixedPrecisionPolicy for FSDP2; DeepSpeed casts to bf16/fp16 itself).
+    """
+    precision = cfg.train.precision
+    if precision in _HALF and cfg.lora.enabled:
+        return _HALF[precision]
+    return torch.float32
+
+
+def _quantization_config(cfg: ZerofitConfig) -> Any | None:
+    """The bitsandbytes config for `quantization.load_in` 4bit/8bit, or None (no quantization)."""
+    load_in = cfg.quantization.load_in
+    if load_in == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if load_in == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    # 4-bit matmuls dequantize to the compute dtype: the run's precision (fp32 for precision fp32).
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=cfg.quantization.quant_type,
+        bnb_4bit_use_double_quant=cfg.quantization.double_quant,
+        bnb_4bit_compute_dtype=_HALF.get(cfg.train.precision, torch.float32),
+    )
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts; 4-bit packed weights count as the parameters they hold."""
+    total = trainable = 0
+    for param in model.parameters():
+        n = param.numel()
+        if param.__class__.__name__ == "Params4bit":
+            # Two 4-bit values per byte of the storage dtype (as peft's own counter does).
+            n *= 2 * param.quant_storage.itemsize if hasattr(param, "quant_storage") else 2
+        total += n
+        if param.requires_grad:
+            trainable += n
+    return total, trainable
+
+
+def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model underneath a peft wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def build_model(cfg: ZerofitConfig, *, device_map: Any = None) -> BuiltModel:
+    """Load and adapt the model described by `cfg`, ready for a strategy to wrap.
+
+    `device_map` is passed to `from_pretrained` (e.g. `{"": local_rank}` to place quantized weights on a
+    GPU at load time); None keeps everything on CPU, which the engines then move.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder.
+    path = resolve_model_path(cfg)
+
+    # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
+    dtype = load_dtype(cfg)
+    quant = _quantization_config(cfg)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=dtype,
+        attn_implementation=cfg.model.attn_implementation,
+        quantization_config=quant,
+        trust_remote_code=cfg.model.trust_remote_code,
+        device_map=device_map,
+    )
+
+    # 3. Quantized base: freeze it and upcast the non-quantized parts (norms, embeddings, lm_head) to fp32
+    #    for stable training. Checkpointing is left to step 5, so one place enables it for every model.
+    if quant is not None:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=False,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+
+    # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
+    #    base is half precision (peft's `autocast_adapter_dtype=True` default).
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora_config = LoraConfig(
+            task_type="CAUSAL_LM",
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            use_dora=cfg.lora.use_dora,
+            bias="none",
+        )
+        # Adapter init (kaiming A) draws from the global RNG: seed it from the run's seed so every rank
+        # and every split starts from the same adapters, without disturbing the caller's RNG stream.
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            torch.manual_seed(cfg.seed)
+            model = get_peft_model(model, lora_config)
+
+    # 5. Activation checkpointing, non-reentrant (the reentrant variant needs inputs that require grad and
+    #    breaks with frozen embeddings). transformers 5 names it `activation_checkpointing_enable` (the old
+    #    `gradient_checkpointing_enable` is a deprecated alias) and makes embedding outputs require grad.
+    if cfg.train.activation_checkpointing:
+        _hf_model(model).activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+
+    # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
+    #    checkpointing and dropout are active from the first step.
+    _hf_model(model).config.use_cache = False
+    model.train()
+
+    # Tokenizer saved with the model; a tokenizer without a pad token (Llama-2, Mistral) pads with eos:
+    # padded positions are masked from attention and loss, so the id used there never matters.
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    total, trainable = count_parameters(model)
+    log.info(
+        "model %s: %s parameters, %s trainable (%.2f%%), loaded in %s",
+        Path(path).name if Path(path).exists() else path,
+        f"{total:,}",
+        f"{trainable:,}",
+        100.0 * trainable / max(total, 1),
+        str(dtype).removeprefix("torch."),
+    )
+    return BuiltModel(
+        model=model, tokenizer=tokenizer, total_params=total, trainable_params=trainable, load_dtype=dtype
+    )
