@@ -1,0 +1,281 @@
+"""What differs between runs, and how they turned out: the tables and plots of `zerofit compare`.
+
+The config table lists only keys whose values differ (the run name is the column header), so a sweep over
+presets shows one `distributed.preset` row and a split sweep one `split` row; the identity keys that are
+equal everywhere are named in the caption, so the reader still knows what was held fixed. The outcome
+table comes from each run's per-step rows through `RunSummary`, exactly as the end-of-run summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from zerofit.metrics.runs import LoadedRun
+
+# Keys that never explain a difference in outcome (names, where files go, W&B bookkeeping).
+# The batch keys are summarized by the derived `split` row (g{global}-m{micro}x{gas}x{dp}).
+_IGNORED_PREFIXES = (
+    "run_name",
+    "output_dir",
+    "run_dir",
+    "logging.wandb.",
+    "logging.console",
+    "git.dirty",
+    "batch.",
+)
+# Shown in the caption when equal in every run: what a comparison usually holds fixed.
+IDENTITY_KEYS = (
+    "model.name_or_path",
+    "method",
+    "distributed.strategy",
+    "distributed.preset",
+    "split",
+    "train.precision",
+    "optimizer.name",
+    "data.max_seq_len",
+)
+_MISSING = "-"
+_RANK_STYLES = ("-", "--", ":", "-.")
+_RUN_STYLES = ("-", "--", "-.", ":")
+# (label, xs, ys) or (label, xs, ys, matplotlib line style kwargs)
+_Series = tuple[Any, ...]
+_EXTRA_PREFIXES = ("versions.", "git.")
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def comparable_config(run: LoadedRun) -> dict[str, Any]:
+    """A run's flat config plus derived identity: method, split (`g16-m4x2x2`), versions and commit."""
+    flat = flatten(run.config)
+    extra = run.extra
+    batch = run.config.get("batch", {}) if isinstance(run.config.get("batch"), dict) else {}
+    plan = extra.get("batch_plan") if isinstance(extra.get("batch_plan"), dict) else {}
+    first = run.rows[0] if run.rows else {}
+    dp = plan.get("dp_size") or first.get("dp_size") or extra.get("world_size")
+    micro = plan.get("micro_batch_size") or batch.get("micro_batch_size") or first.get("micro_batch_size")
+    gas = plan.get("grad_accum_steps") or batch.get("grad_accum_steps") or first.get("grad_accum_steps")
+    glob = plan.get("global_batch_size") or batch.get("global_batch_size")
+    flat["split"] = f"g{glob}-m{micro}x{gas}x{dp}"
+    lora = run.config.get("lora", {})
+    quant = run.config.get("quantization", {})
+    if "method" not in flat and isinstance(lora, dict):
+        load_in = quant.get("load_in", "none") if isinstance(quant, dict) else "none"
+        flat["method"] = (
+            "full"
+            if not lora.get("enabled", True)
+            else {"4bit": "qlora", "8bit": "lora-8bit"}.get(load_in, "lora")
+        )
+    for source in ("versions", "git"):
+        if isinstance(extra.get(source), dict) and source not in run.config:
+            flat.update(flatten(extra[source], f"{source}."))
+    return {k: v for k, v in flat.items() if not k.startswith(_IGNORED_PREFIXES)}
+
+
+def config_differences(runs: list[LoadedRun]) -> tuple[list[tuple[str, list[Any]]], list[str]]:
+    """Rows `(key, [value per run])` for keys that differ, and the identity keys equal in all runs.
+
+    Library versions and the git commit are compared only between runs that recorded them (runs made
+    before the metrics sinks existed, or by hand, have none): a missing record is not a difference.
+    """
+    configs = [comparable_config(r) for r in runs]
+    recorded = [c for c in configs if any(k.startswith(_EXTRA_PREFIXES) for k in c)]
+    keys = sorted({k for c in configs for k in c}, key=_key_order)
+    rows = []
+    same = []
+    for key in keys:
+        values = [c.get(key, _MISSING) for c in configs]
+        if key.startswith(_EXTRA_PREFIXES):
+            present = [_display(c.get(key, _MISSING)) for c in recorded]
+            if len(set(present)) > 1:
+                rows.append((key, values))
+            continue
+        if any(_display(v) != _display(values[0]) for v in values[1:]):
+            rows.append((key, values))
+        elif key in IDENTITY_KEYS:
+            same.append(f"{key}={_display(values[0])}")
+    return rows, same
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    # Identity keys first, in their stated order; then everything else alphabetically.
+    return (IDENTITY_KEYS.index(key), "") if key in IDENTITY_KEYS else (len(IDENTITY_KEYS), key)
+
+
+def _display(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return ",".join(_display(v) for v in value)
+    return str(value)
+
+
+def _fmt(value: Any, spec: str, unit: str = "") -> str:
+    return _MISSING if value is None else format(value, spec) + unit
+
+
+def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
+    """Rows `(metric, [formatted value per run])`: loss, memory per rank, throughput, time."""
+    summaries = [r.summary() for r in runs]
+    max_rank = max((max(r.ranks(), default=-1) for r in runs), default=-1)
+    rows: list[tuple[str, list[str]]] = [
+        ("optimizer steps", [str(s["steps"]) for s in summaries]),
+        ("final loss", [_fmt(s["final_loss"], ".4f") for s in summaries]),
+        ("min loss", [_fmt(s["min_loss"], ".4f") for s in summaries]),
+        ("tokens seen", [_fmt(s["tokens_seen"], ",.0f") for s in summaries]),
+        ("mean tokens/s", [_fmt(s["mean_tokens_per_s"], ",.1f") for s in summaries]),
+        ("peak memory, max rank", [_fmt(s["peak_gib"], ".3f", " GiB") for s in summaries]),
+    ]
+    for rank in range(max_rank + 1):
+        rows.append(
+            (f"  rank {rank} peak", [_fmt(s.get(f"peak_gib_rank{rank}"), ".3f", " GiB") for s in summaries])
+        )
+    rows.append(("memory source", [str(s.get("mem_source") or _MISSING) for s in summaries]))
+    # The planner predicts device tensor memory: comparable only with CUDA runs, not with process RSS.
+    if any(s.get("predicted_peak_gib") is not None and s.get("mem_source") == "cuda" for s in summaries):
+        rows.append(
+            (
+                "planner predicted peak (tensors)",
+                [_fmt(s.get("predicted_peak_gib"), ".3f", " GiB") for s in summaries],
+            )
+        )
+    rows.append(("wall time", [_fmt(s["wall_s"], ".1f", " s") for s in summaries]))
+    rows.append(("read from", [r.source for r in runs]))
+    return rows
+
+
+def unique_labels(runs: list[LoadedRun]) -> list[str]:
+    """Run labels, made unique with a `#n` suffix where two runs share a name."""
+    labels: list[str] = []
+    for run in runs:
+        label = run.label
+        n = 2
+        while label in labels:
+            label = f"{run.label}#{n}"
+            n += 1
+        labels.append(label)
+    return labels
+
+
+def build_tables(runs: list[LoadedRun]) -> tuple[Group, Table]:
+    """The config-difference table (with the held-fixed keys below it) and the outcome table.
+
+    Runs are columns, so a comparison of two to four runs reads left to right.
+    """
+    labels = unique_labels(runs)
+    diffs, same = config_differences(runs)
+    config_table = Table(title="Config: what differs")
+    config_table.add_column("key", style="bold")
+    for label in labels:
+        config_table.add_column(label, overflow="fold")
+    if not diffs:
+        config_table.add_row("(no differences)", *[""] * len(labels))
+    for key, values in diffs:
+        config_table.add_row(key, *[_display(v) for v in values])
+    held = Text("same in all: " + (", ".join(same) if same else "-"), style="dim")
+    outcome_table = Table(title="Outcome")
+    outcome_table.add_column("metric", style="bold")
+    for label in labels:
+        outcome_table.add_column(label, justify="right", overflow="fold")
+    for name, values in outcome_rows(runs):
+        outcome_table.add_row(name, *values)
+    return Group(config_table, held), outcome_table
+
+
+def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str]]:
+    """Write the comparison PNGs into `out_dir`; returns each file with the labels of its plotted series.
+
+    loss_vs_step.png, loss_vs_tokens.png, peak_memory_per_rank.png (one line per run and rank),
+    tokens_per_s.png. Series with no data are left out (and so not returned).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = unique_labels(runs)
+    written: dict[Path, list[str]] = {}
+
+    def figure(name: str, title: str, xlabel: str, ylabel: str, series: list[_Series]) -> None:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        plotted = []
+        for label, xs, ys, *style in series:
+            if xs:
+                ax.plot(
+                    xs, ys, label=label, marker="." if len(xs) < 30 else None, **(style[0] if style else {})
+                )
+                plotted.append(label)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if plotted:
+            ax.legend(fontsize="x-small")
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path)
+        plt.close(fig)
+        written[path] = plotted
+
+    def per_run(key: str, x: str = "step") -> list[_Series]:
+        # Runs often overlap exactly (same global batch, different engine): draw earlier runs thicker and
+        # later ones dashed on top, so every curve stays visible.
+        return [
+            (
+                label,
+                *run.series(key, x=x),
+                {"linewidth": max(1.0, 2.6 - 0.7 * i), "linestyle": _RUN_STYLES[i % 4]},
+            )
+            for i, (label, run) in enumerate(zip(labels, runs, strict=True))
+        ]
+
+    figure(
+        "loss_vs_step.png",
+        "Loss (token-weighted, global batch)",
+        "optimizer step",
+        "loss",
+        per_run("loss"),
+    )
+    figure(
+        "loss_vs_tokens.png",
+        "Loss vs tokens seen",
+        "valid label tokens seen",
+        "loss",
+        per_run("loss", x="tokens_seen"),
+    )
+    memory_series = []
+    for index, (label, run) in enumerate(zip(labels, runs, strict=True)):
+        for rank in run.ranks():
+            # One colour per run, one line style per rank: runs stay apart, ranks of a run stay together.
+            style = {"color": f"C{index % 10}", "linestyle": _RANK_STYLES[rank % len(_RANK_STYLES)]}
+            memory_series.append((f"{label} rank{rank}", *run.series(f"mem/rank{rank}/peak_gib"), style))
+    sources = sorted({str(r.rows[0].get("mem/source", "?")) for r in runs if r.rows})
+    figure(
+        "peak_memory_per_rank.png",
+        f"Peak memory per rank since last log ({', '.join(sources)})",
+        "optimizer step",
+        "GiB",
+        memory_series,
+    )
+    figure(
+        "tokens_per_s.png",
+        "Throughput",
+        "optimizer step",
+        "tokens/s",
+        per_run("tokens_per_s"),
+    )
+    return written

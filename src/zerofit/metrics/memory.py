@@ -1,0 +1,152 @@
+"""Memory telemetry for one rank, and the per-rank fields of `metrics.jsonl` (DESIGN contract 4).
+
+The training loop calls `memory_snapshot(device)` on every rank at each logged step, gathers the small
+dicts to rank 0 with one `strategy.all_gather_object` (no per-micro-step syncs), and merges
+`per_rank_fields(snapshots)` into the logged metrics. Every rank's memory is logged, not only rank 0's:
+under ZeRO and FSDP the ranks differ (rank 0 often holds more), and the largest one is what runs out.
+
+Peaks are "since the last snapshot": CUDA peak statistics and, on Linux, the process's peak RSS
+(VmHWM, reset through `/proc/self/clear_refs`) are reset after each reading, so every logged step shows
+the high-water mark of its own logging interval. Where VmHWM cannot be reset, the host peak is since
+the start of the process; `mem/peak_scope` says which.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GIB = float(1 << 30)
+
+_PROC_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_MEMINFO = Path("/proc/meminfo")
+
+# Flag keys inside a snapshot (floats, so a snapshot stays `dict[str, float]`); they are turned into the
+# run-level string fields `mem/source` and `mem/peak_scope` by `per_rank_fields`, not logged per rank.
+_CUDA_FLAG = "_cuda"
+_HOST_PEAK_RESET_FLAG = "_host_peak_reset"
+
+
+def _proc_status_kib(field: str) -> float | None:
+    """A `kB` field of /proc/self/status (Linux), or None where that file does not exist."""
+    try:
+        match = re.search(rf"^{field}:\s+(\d+)\s+kB", _PROC_STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return float(match.group(1)) if match else None
+
+
+def _maxrss_bytes() -> float:
+    """Peak RSS since process start from getrusage (KiB on Linux, bytes on macOS)."""
+    maxrss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
+
+
+def _reset_host_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write "5" to /proc/self/clear_refs); True if it worked."""
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _host_total_bytes() -> float | None:
+    try:
+        match = re.search(r"^MemTotal:\s+(\d+)\s+kB", _MEMINFO.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return float(match.group(1)) * 1024 if match else None
+
+
+def host_memory() -> dict[str, float]:
+    """This process's current and peak resident set size in GiB; resets the peak where the OS allows.
+
+    Returns `rss_gib`, `peak_rss_gib` and the flag telling whether the peak was reset (so the next
+    reading's peak is "since this reading").
+    """
+    rss_kib = _proc_status_kib("VmRSS")
+    hwm_kib = _proc_status_kib("VmHWM")
+    if rss_kib is not None and hwm_kib is not None:
+        rss, peak = rss_kib * 1024, hwm_kib * 1024
+    else:  # not Linux: no current RSS without psutil; getrusage gives the peak since start
+        peak = _maxrss_bytes()
+        rss = peak
+    reset = hwm_kib is not None and _reset_host_peak()
+    return {"rss_gib": rss / GIB, "peak_rss_gib": peak / GIB, _HOST_PEAK_RESET_FLAG: float(reset)}
+
+
+def _cuda_snapshot(device: torch.device) -> dict[str, float]:
+    stats = torch.cuda.memory_stats(device)
+    total = float(torch.cuda.get_device_properties(device).total_memory)
+    peak = float(torch.cuda.max_memory_allocated(device))
+    snap = {
+        "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
+        "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+        "peak_gib": peak / GIB,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        "active_gib": float(stats.get("active_bytes.all.current", 0)) / GIB,
+        # cudaMalloc retries mean the caching allocator had to free cache and retry: fragmentation or a
+        # near-OOM, the first sign a configuration is on the edge.
+        "alloc_retries": float(stats.get("num_alloc_retries", 0)),
+        "ooms": float(stats.get("num_ooms", 0)),
+        "capacity_pct": 100.0 * peak / total if total else 0.0,
+        "total_gib": total / GIB,
+    }
+    # Reset so the next snapshot's peak covers only its own logging interval.
+    torch.cuda.reset_peak_memory_stats(device)
+    return snap
+
+
+def memory_snapshot(device: torch.device) -> dict[str, float]:
+    """Memory of this rank now, with peaks since the previous call (which this call resets).
+
+    CUDA: allocated, reserved, peak allocated and reserved, active, allocator retries, OOM count, peak as %
+    of device capacity, plus host RSS (CPU offload lives there). CPU: `allocated_gib` and `reserved_gib`
+    are the process RSS and `peak_gib` its peak RSS (`mem/source` = `cpu_rss` says so), `capacity_pct` is
+    the peak RSS as % of host RAM. All values in GiB except counts and percentages.
+    """
+    host = host_memory()
+    if device.type == "cuda" and torch.cuda.is_available():
+        snap = _cuda_snapshot(device)
+        snap.update(host)
+        snap[_CUDA_FLAG] = 1.0
+        return snap
+    total = _host_total_bytes()
+    peak = host["peak_rss_gib"]
+    return {
+        "allocated_gib": host["rss_gib"],
+        "reserved_gib": host["rss_gib"],
+        "peak_gib": peak,
+        "capacity_pct": 100.0 * peak * GIB / total if total else 0.0,
+        **host,
+        _CUDA_FLAG: 0.0,
+    }
+
+
+def per_rank_fields(snapshots: list[dict[str, float]]) -> dict[str, Any]:
+    """Flatten one snapshot per rank (in rank order) into `mem/rank{r}/<name>` fields for logging.
+
+    Always present for every rank: `allocated_gib`, `reserved_gib`, `peak_gib` (contract 4), plus every
+    other snapshot field. Run-level fields: `mem/source` (`cuda` or `cpu_rss`), `mem/peak_scope`
+    (`since_last_log` or `since_start` for host peaks) and `mem/max_peak_gib` (the largest peak of any
+    rank in this interval: the number that decides whether a configuration fits).
+    """
+    out: dict[str, Any] = {}
+    all_cuda = bool(snapshots) and all(s.get(_CUDA_FLAG, 0.0) >= 1.0 for s in snapshots)
+    all_reset = bool(snapshots) and all(s.get(_HOST_PEAK_RESET_FLAG, 0.0) >= 1.0 for s in snapshots)
+    for rank, snap in enumerate(snapshots):
+        for name, value in snap.items():
+            if not name.startswith("_"):
+                out[f"mem/rank{rank}/{name}"] = value
+    out["mem/source"] = "cuda" if all_cuda else "cpu_rss"
+    # CUDA device peaks are always reset per snapshot; host (RSS) peaks only where VmHWM can be reset.
+    out["mem/peak_scope"] = "since_last_log" if all_cuda or all_reset else "since_start"
+    out["mem/max_peak_gib"] = max((float(s.get("peak_gib", 0.0)) for s in snapshots), default=0.0)
+    return out

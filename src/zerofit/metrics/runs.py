@@ -1,0 +1,167 @@
+"""Load a finished (or running) run from disk for comparison: its config, per-step rows and outcome.
+
+Sources, in order of trust: `config.yaml` (the fully resolved config, DESIGN contract 3) and
+`metrics.jsonl` (contract 4); `run_info.json` / `summary.json` (written by the metrics sinks) for extras;
+and, when `metrics.jsonl` is absent, the W&B run file under `wandb/`, read offline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zerofit.config.schema import ZerofitConfig
+from zerofit.errors import DataError
+from zerofit.metrics.summary import RunSummary, predicted_peak_gib
+
+# The optimizer-step column of W&B history rows (see wandb_sink.STEP_METRIC).
+_W_AND_B_STEP = "train/step"
+
+
+@dataclass
+class LoadedRun:
+    """One run as `zerofit compare` sees it."""
+
+    path: Path
+    label: str
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    source: str  # "metrics.jsonl" or "wandb"
+    extra: dict[str, Any] = field(default_factory=dict)  # run_info.json (versions, planner, params...)
+    saved_summary: dict[str, Any] = field(default_factory=dict)  # summary.json, if the run finished
+
+    def summary(self) -> dict[str, Any]:
+        """The run's outcome (see `RunSummary`), wall time from `summary.json` or the logged step times."""
+        acc = RunSummary(predicted_peak_gib(self.extra) or predicted_peak_gib(self.config))
+        for row in self.rows:
+            acc.update(int(row.get("step", 0)), row, now=0.0)
+        wall = self.saved_summary.get("wall_s")
+        if wall is None:
+            times = [r["step_time_s"] for r in self.rows if _is_num(r.get("step_time_s"))]
+            wall = sum(times) if times else None
+        result = acc.result()
+        result["wall_s"] = wall  # the rows carry no clock; only summary.json or step times know it
+        return result
+
+    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
+        """`(xs, ys)` of rows that have numeric `key`; `x="tokens_seen"` accumulates `tokens`."""
+        xs: list[float] = []
+        ys: list[float] = []
+        seen = 0.0
+        for row in self.rows:
+            tokens = row.get("tokens")
+            seen = (
+                float(row["tokens_seen"])
+                if _is_num(row.get("tokens_seen"))
+                else seen + (float(tokens) if _is_num(tokens) else 0.0)
+            )
+            value = row.get(key)
+            if _is_num(value):
+                xs.append(seen if x == "tokens_seen" else float(row.get(x, len(xs) + 1)))
+                ys.append(float(value))
+        return xs, ys
+
+    def ranks(self) -> list[int]:
+        """Ranks with memory fields in the rows (`mem/rank{r}/peak_gib`)."""
+        found: set[int] = set()
+        for row in self.rows:
+            for key in row:
+                if key.startswith("mem/rank") and key.endswith("/peak_gib"):
+                    found.add(int(key[len("mem/rank") : -len("/peak_gib")]))
+        return sorted(found)
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            # A run killed mid-write leaves a torn last line; anything earlier is real corruption.
+            if number == len(lines):
+                break
+            raise DataError(
+                f"{path}:{number}: not valid JSON ({exc.msg}); the metrics file is damaged — "
+                "delete the broken line or compare another run"
+            ) from exc
+    # A resumed run appends: keep the last record of each step, in step order.
+    by_step = {int(r.get("step", i)): r for i, r in enumerate(rows)}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _rows_from_wandb(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from zerofit.metrics.wandb_reader import read_wandb_run
+
+    run = read_wandb_run(path)
+    rows = []
+    for step, row in sorted(run.history.items()):
+        clean = {k: v for k, v in row.items() if not k.startswith("_")}
+        clean["step"] = int(row.get(_W_AND_B_STEP, step))
+        rows.append(clean)
+    return rows, run.config
+
+
+def _config_part(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The user-config keys of a sinks' run config (which adds plan, versions, commit, loop extras)."""
+    return {k: v for k, v in run_config.items() if k in ZerofitConfig.model_fields}
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    """Load a run directory (or a W&B offline run folder / `.wandb` file) for `zerofit compare`."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(
+            f"run directory {str(path)!r} does not exist; pass run directories such as runs/<run_name> "
+            "(each holds config.yaml and metrics.jsonl)"
+        )
+    run_dir = path if path.is_dir() else path.parent
+    config: dict[str, Any] = {}
+    if (run_dir / "config.yaml").is_file():
+        loaded = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        config = loaded if isinstance(loaded, dict) else {}
+    extra = _read_json(run_dir / "run_info.json")
+    if not config and extra:
+        config = _config_part(extra)
+    metrics = run_dir / "metrics.jsonl"
+    if path.is_dir() and metrics.is_file():
+        rows, source = _read_jsonl(metrics), "metrics.jsonl"
+    else:
+        try:
+            rows, wandb_config = _rows_from_wandb(path)
+        except FileNotFoundError as exc:
+            raise DataError(
+                f"{str(path)!r} has neither metrics.jsonl nor a W&B run file (wandb/*/run-*.wandb); "
+                "is it a zerofit run directory?"
+            ) from exc
+        source = "wandb"
+        config = config or _config_part(wandb_config)
+        extra = extra or wandb_config
+    label = str(config.get("run_name") or run_dir.name)
+    return LoadedRun(
+        path=run_dir,
+        label=label,
+        config=config,
+        rows=rows,
+        source=source,
+        extra=extra,
+        saved_summary=_read_json(run_dir / "summary.json"),
+    )

@@ -1,0 +1,78 @@
+"""`open_sinks`: the one place that decides where a run's metrics go.
+
+Rank 0 gets `metrics.jsonl` (always, DESIGN contract 4), `run_info.json` + `summary.json`, W&B (unless
+disabled) and the console (if `logging.console`); every other rank gets a `NullSink`, so the training loop
+logs unconditionally and never branches on rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zerofit.config.resolve import ResolvedConfig
+from zerofit.metrics.base import JsonlSink, MetricsSink, MultiSink, NullSink
+from zerofit.metrics.run_info import git_commit, library_versions, planner_prediction
+from zerofit.metrics.summary import RunFilesSink, predicted_peak_gib
+
+
+def run_config(resolved: ResolvedConfig, extra_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that defines a run, as one JSON-able dict (for W&B config and `run_info.json`).
+
+    The fully resolved config, the batch plan, world size and run dir, the planner's prediction (when
+    `zerofit.planner` can make one), library versions, the git commit, and whatever the loop passes in
+    `extra_config` (engine config, parameter counts, data stats); the loop's keys win on a clash.
+    """
+    plan = resolved.plan
+    out: dict[str, Any] = resolved.config.model_dump(mode="json")
+    out["batch_plan"] = {
+        "global_batch_size": plan.global_batch_size,
+        "micro_batch_size": plan.micro_batch_size,
+        "grad_accum_steps": plan.grad_accum_steps,
+        "dp_size": plan.dp_size,
+    }
+    out["world_size"] = resolved.world_size
+    out["run_dir"] = str(resolved.run_dir)
+    out["method"] = resolved.method
+    out["effective_lr"] = resolved.effective_lr
+    prediction = planner_prediction(resolved)
+    if prediction is not None:
+        out["planner"] = prediction
+    out["versions"] = library_versions()
+    out["git"] = git_commit()
+    out.update(extra_config or {})
+    return out
+
+
+def open_sinks(
+    resolved: ResolvedConfig,
+    rank: int,
+    extra_config: dict[str, Any],
+    *,
+    config_path: str | Path | None = None,
+) -> MetricsSink:
+    """The sinks for this rank, with the run config already logged (`log_config`) on rank 0.
+
+    `config_path` (the YAML the user passed) names the W&B group when `logging.wandb.group` is unset;
+    without it the group is the run name minus its split suffix.
+    """
+    if rank != 0:
+        return NullSink()
+    cfg = resolved.config
+    run_dir = Path(resolved.run_dir)
+    config = run_config(resolved, extra_config)
+    sinks: list[MetricsSink] = [
+        JsonlSink(run_dir / "metrics.jsonl"),
+        RunFilesSink(run_dir, predicted_peak_gib(config)),
+    ]
+    if cfg.logging.wandb.mode != "disabled":
+        from zerofit.metrics.wandb_sink import WandbSink
+
+        sinks.append(WandbSink(resolved, config_path=config_path))
+    if cfg.logging.console:
+        from zerofit.metrics.console import ConsoleSink
+
+        sinks.append(ConsoleSink(cfg.train.max_steps, title=cfg.run_name or "train"))
+    sink = MultiSink(sinks)
+    sink.log_config(config)
+    return sink

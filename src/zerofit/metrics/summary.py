@@ -1,0 +1,168 @@
+"""The outcome of a run in a few numbers, computed from the per-step metrics stream.
+
+One accumulator serves the W&B summary, the console's end-of-run table and `zerofit compare` (which feeds
+it the rows of `metrics.jsonl`), so the three always agree on what "final loss" or "mean tokens/s" means.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+_RANK_PEAK = re.compile(r"^mem/rank(\d+)/peak_gib$")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def predicted_peak_gib(run_config: dict[str, Any]) -> float | None:
+    """The planner's predicted per-rank peak (GiB) recorded in a run's config, if any.
+
+    Prefers the tensor peak (`tensors_gib`: comparable to the measured `peak_gib`, which is the CUDA
+    allocator's max allocated), then a flat `peak_gib`, then the total with allowance; accepts the
+    prediction flat or under a `memory` key.
+    """
+    planner = run_config.get("planner")
+    if not isinstance(planner, dict):
+        return None
+    for source in (planner.get("memory"), planner):
+        if isinstance(source, dict):
+            for key in ("tensors_gib", "peak_gib", "total_gib"):
+                value = _number(source.get(key))
+                if value is not None:
+                    return value
+    return None
+
+
+class RunSummary:
+    """Accumulates per-step metrics into the run's outcome.
+
+    - `final_loss` / `min_loss`: last and lowest logged `loss`.
+    - `peak_gib_rank{r}` and `peak_gib`: the largest `mem/rank{r}/peak_gib` of each rank and over all ranks.
+    - `mean_tokens_per_s`: mean of `tokens_per_s` over logged steps, leaving out the first one when there
+      are several (it includes warm-up: kernel compilation, allocator growth, JIT of DeepSpeed ops).
+    - `tokens_seen`: sum of `tokens`; `steps`: number of logged steps; `wall_s`: first to last log.
+    - `predicted_peak_gib` (planner, tensors) and, on CUDA, `measured_peak_gib` and their ratio.
+    """
+
+    def __init__(self, predicted_peak: float | None = None) -> None:
+        self.predicted_peak = predicted_peak
+        self.steps = 0
+        self.last_step: int | None = None
+        self.final_loss: float | None = None
+        self.min_loss: float | None = None
+        self.tokens_seen = 0.0
+        self.rank_peaks: dict[int, float] = {}
+        self.throughputs: list[float] = []
+        self.mem_source: str | None = None
+        self.last_lr: float | None = None
+        self._first_time: float | None = None
+        self._last_time: float | None = None
+
+    def update(self, step: int, metrics: dict[str, Any], now: float | None = None) -> None:
+        """Fold one logged step into the summary."""
+        now = time.monotonic() if now is None else now
+        if self._first_time is None:
+            self._first_time = now
+        self._last_time = now
+        self.steps += 1
+        self.last_step = step
+        loss = _number(metrics.get("loss"))
+        if loss is not None:
+            self.final_loss = loss
+            self.min_loss = loss if self.min_loss is None else min(self.min_loss, loss)
+        self.tokens_seen += _number(metrics.get("tokens")) or 0.0
+        tps = _number(metrics.get("tokens_per_s"))
+        if tps is not None:
+            self.throughputs.append(tps)
+        lr = _number(metrics.get("lr"))
+        if lr is not None:
+            self.last_lr = lr
+        if isinstance(metrics.get("mem/source"), str):
+            self.mem_source = metrics["mem/source"]
+        for key, value in metrics.items():
+            match = _RANK_PEAK.match(key)
+            peak = _number(value)
+            if match and peak is not None:
+                rank = int(match.group(1))
+                self.rank_peaks[rank] = max(self.rank_peaks.get(rank, 0.0), peak)
+
+    @property
+    def measured_peak(self) -> float | None:
+        """The largest per-rank peak seen over the whole run (GiB)."""
+        return max(self.rank_peaks.values()) if self.rank_peaks else None
+
+    @property
+    def mean_tokens_per_s(self) -> float | None:
+        values = self.throughputs[1:] if len(self.throughputs) > 1 else self.throughputs
+        return sum(values) / len(values) if values else None
+
+    def result(self, wall_s: float | None = None) -> dict[str, Any]:
+        """The summary as a flat dict (None where unknown)."""
+        if wall_s is None and self._first_time is not None and self._last_time is not None:
+            wall_s = self._last_time - self._first_time
+        out: dict[str, Any] = {
+            "steps": self.steps,
+            "last_step": self.last_step,
+            "final_loss": self.final_loss,
+            "min_loss": self.min_loss,
+            "tokens_seen": self.tokens_seen,
+            "mean_tokens_per_s": self.mean_tokens_per_s,
+            "peak_gib": self.measured_peak,
+            "mem_source": self.mem_source,
+            "wall_s": wall_s,
+        }
+        for rank in sorted(self.rank_peaks):
+            out[f"peak_gib_rank{rank}"] = self.rank_peaks[rank]
+        if self.predicted_peak is not None:
+            out["predicted_peak_gib"] = self.predicted_peak
+            # Only device memory is comparable with the planner's tensor peak; process RSS (CPU runs)
+            # also holds the interpreter, libraries and host copies.
+            if self.mem_source == "cuda" and self.measured_peak:
+                out["measured_peak_gib"] = self.measured_peak
+                out["predicted_over_measured"] = self.predicted_peak / self.measured_peak
+        return out
+
+
+class RunFilesSink:
+    """Writes `run_info.json` (the logged config extras) and `summary.json` (at close) into the run dir.
+
+    `metrics.jsonl` holds the steps; these two small files let `zerofit compare` show versions, the
+    planner prediction and the run's outcome without W&B.
+    """
+
+    def __init__(self, run_dir: str | Path, predicted_peak: float | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.summary = RunSummary(predicted_peak)
+        self._start = time.monotonic()
+        self._closed = False
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.summary.update(step, metrics)
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        if self.summary.predicted_peak is None:
+            self.summary.predicted_peak = predicted_peak_gib(config)
+        _write_json(self.run_dir / "run_info.json", config)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _write_json(self.run_dir / "summary.json", self.summary.result(time.monotonic() - self._start))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)  # atomic: a crash never leaves half a file for `compare` to choke on

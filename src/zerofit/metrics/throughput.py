@@ -1,0 +1,110 @@
+"""Throughput per optimizer step: tokens/s, samples/s, step time and model FLOPs utilization (MFU).
+
+FLOPs per trained token (stated, because every framework counts differently):
+
+    forward                       2 * N_total            (each weight used once in a multiply-add)
+    backward, activation grads    2 * N_total            (needed through every layer above the lowest
+                                                          trainable one; with LoRA that is ~all of them)
+    backward, weight grads        2 * N_trainable        (only parameters that get a gradient)
+    attention scores and values   12 * n_layers * hidden * seq_len   (fwd 4, bwd 8; PaLM appendix B)
+
+so full fine-tuning gives the familiar 6N (+ attention) and LoRA about 4N. N counts the matmul weights
+(embedding lookups are not multiplies, but a tied or untied LM head is). Recomputation under activation
+checkpointing is *not* counted: that is MFU, not hardware FLOPs utilization. MFU uses every token the
+model processed (padding and prompt included), not only the valid label tokens of the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def train_flops_per_token(
+    n_total: int, n_trainable: int, *, n_layers: int = 0, hidden: int = 0, seq_len: int = 0
+) -> float:
+    """Model FLOPs to train on one token (see the module docstring for the formula)."""
+    return 4.0 * n_total + 2.0 * n_trainable + 12.0 * n_layers * hidden * seq_len
+
+
+def _peak_lookup() -> Callable[[str], float | None] | None:
+    # The GPU catalogue belongs to the planner (zerofit.planner.gpus); it may not be in this build.
+    try:
+        from zerofit.planner.gpus import gpu_peak_tflops  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return gpu_peak_tflops
+
+
+def device_peak_tflops(device: torch.device, precision: str = "bf16") -> float | None:
+    """Dense peak TFLOP/s of `device` for `precision`, or None where unknown (CPU, unlisted GPU)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    lookup = _peak_lookup()
+    if lookup is None:
+        return None
+    name = torch.cuda.get_device_name(device)
+    try:
+        peak = _call_lookup(lookup, name, precision)
+    except (KeyError, ValueError, LookupError):
+        return None
+    return float(peak) if peak else None
+
+
+def _call_lookup(lookup: Callable[..., Any], name: str, precision: str) -> Any:
+    try:
+        return lookup(name, precision)
+    except TypeError:  # a catalogue that only knows one (bf16/fp16 tensor) peak per card
+        return lookup(name)
+
+
+def mfu(
+    tokens_per_s: float,
+    flops_per_token: float,
+    device: torch.device,
+    *,
+    world_size: int = 1,
+    precision: str = "bf16",
+) -> float | None:
+    """Model FLOPs utilization in [0, 1]: achieved model FLOP/s over `world_size` devices' peak.
+
+    `tokens_per_s` is the throughput of all ranks together (processed tokens). None when the device's
+    peak is unknown (CPU, or a GPU missing from the planner's catalogue).
+    """
+    peak = device_peak_tflops(device, precision)
+    if peak is None or world_size < 1 or tokens_per_s <= 0:
+        return None
+    return tokens_per_s * flops_per_token / (peak * 1e12 * world_size)
+
+
+def throughput_fields(
+    *,
+    step_time_s: float,
+    tokens: float,
+    samples: float,
+    processed_tokens: float | None = None,
+    flops_per_token: float | None = None,
+    device: torch.device | None = None,
+    world_size: int = 1,
+    precision: str = "bf16",
+) -> dict[str, float]:
+    """`tokens_per_s` (valid label tokens), `samples_per_s`, `step_time_s`, and `mfu` where known.
+
+    All counts are for the whole global batch (every rank). `processed_tokens` (input tokens including
+    padding and prompts) feeds MFU; it defaults to `tokens`.
+    """
+    out = {
+        "step_time_s": step_time_s,
+        "tokens_per_s": tokens / step_time_s if step_time_s > 0 else 0.0,
+        "samples_per_s": samples / step_time_s if step_time_s > 0 else 0.0,
+    }
+    if flops_per_token is not None and device is not None and step_time_s > 0:
+        processed = tokens if processed_tokens is None else processed_tokens
+        value = mfu(
+            processed / step_time_s, flops_per_token, device, world_size=world_size, precision=precision
+        )
+        if value is not None:
+            out["mfu"] = value
+    return out

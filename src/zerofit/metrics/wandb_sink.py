@@ -1,0 +1,196 @@
+"""The Weights & Biases sink: comparable runs by default, and never a failed run for lack of network.
+
+- Mode comes resolved (`online` when an API key is configured, else `offline`); `disabled` never gets here.
+  An online init that fails or times out falls back to offline with a one-line notice; an offline init
+  that fails too leaves the run logging to `metrics.jsonl` only. The API key is never read, printed or
+  logged by zerofit: wandb finds it itself.
+- Defaults make comparison easy: group = the experiment (the config file's stem, or the run name without
+  its split suffix), name = preset + split, so runs of one job over several presets/splits sit together.
+- Files go under the run directory (`run_dir/wandb/`).
+- The optimizer step (`train/step`) is the x-axis of every metric; `train/tokens_seen` is a second x-axis.
+- Logged names equal the `metrics.jsonl` keys, so the two can be compared one to one.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zerofit.config.resolve import ResolvedConfig
+from zerofit.metrics.summary import RunSummary, predicted_peak_gib
+
+STEP_METRIC = "train/step"
+TOKENS_METRIC = "train/tokens_seen"
+# Seconds wandb may take to start (and to upload at the end, online) before we give up on it.
+INIT_TIMEOUT_S = 30.0
+FINISH_TIMEOUT_S = 120.0
+
+# The split suffix of a default run name (see `default_run_name`): "-g16-m2x4x2".
+_SPLIT_SUFFIX = re.compile(r"-g\d+-m\d+x\d+x\d+$")
+
+
+def split_label(resolved: ResolvedConfig) -> str:
+    """The batch split as `g{global}-m{micro}x{gas}x{dp}` (the same spelling as default run names)."""
+    p = resolved.plan
+    return f"g{p.global_batch_size}-m{p.micro_batch_size}x{p.grad_accum_steps}x{p.dp_size}"
+
+
+def default_group(resolved: ResolvedConfig, config_path: str | Path | None = None) -> str:
+    """The experiment a run belongs to: the config file's stem if known, else the run name minus its split.
+
+    A run name without a split suffix (user-chosen) is used whole.
+    """
+    if config_path:
+        return Path(config_path).stem
+    run_name = resolved.config.run_name or "zerofit"
+    return _SPLIT_SUFFIX.sub("", run_name)
+
+
+def default_name(resolved: ResolvedConfig) -> str:
+    """Preset (or strategy) + split: what distinguishes runs inside one comparison group."""
+    cfg = resolved.config
+    engine = cfg.distributed.preset or cfg.distributed.strategy
+    return f"{engine}-{split_label(resolved)}"
+
+
+def _history_value(value: Any) -> Any:
+    """Numbers (NaN/inf as None) go to history; anything else is not a plottable series."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):  # numpy ints too
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return _NOT_NUMERIC
+
+
+_NOT_NUMERIC = object()
+
+
+class WandbSink:
+    """Logs to a wandb run (online or offline); see the module docstring for the rules it keeps."""
+
+    def __init__(
+        self,
+        resolved: ResolvedConfig,
+        *,
+        config_path: str | Path | None = None,
+        notice: Callable[[str], None] = print,
+        init_timeout: float = INIT_TIMEOUT_S,
+        key_configured: bool | None = None,
+    ) -> None:
+        wb = resolved.config.logging.wandb
+        self._notice = notice
+        self._summary = RunSummary()
+        self._start = time.monotonic()
+        self._tokens_seen = 0.0
+        self._strings: dict[str, str] = {}
+        self.run: Any = None
+        self.mode = wb.mode or "offline"
+        if self.mode == "disabled":
+            return
+        self.dir = Path(resolved.run_dir)
+        self.init_kwargs: dict[str, Any] = {
+            "project": wb.project,
+            "entity": wb.entity,
+            "group": wb.group or default_group(resolved, config_path),
+            "name": wb.name or default_name(resolved),
+            "tags": list(wb.tags),
+            "dir": str(self.dir),
+            "job_type": "train",
+            "reinit": "finish_previous",
+        }
+        if key_configured is None:
+            from zerofit.config.resolve import _wandb_key_configured
+
+            key_configured = _wandb_key_configured()
+        if self.mode == "offline" and not key_configured:
+            notice(
+                "zerofit: W&B logging offline (no API key in WANDB_API_KEY or ~/.netrc); files in "
+                f"{self.dir / 'wandb'}, upload later with `wandb sync {self.dir / 'wandb'}/offline-run-*`"
+            )
+        self.run = self._init(self.mode, init_timeout)
+        if self.run is None and self.mode == "online":
+            notice("zerofit: W&B online init failed (network or key); falling back to offline logging")
+            self.mode = "offline"
+            self.run = self._init("offline", init_timeout)
+        if self.run is None:
+            notice("zerofit: W&B could not start; this run logs to metrics.jsonl only")
+            return
+        # The optimizer step is the x-axis of everything; tokens seen is the other useful axis.
+        self.run.define_metric(STEP_METRIC)
+        self.run.define_metric(TOKENS_METRIC, step_metric=STEP_METRIC)
+        self.run.define_metric("*", step_metric=STEP_METRIC)
+
+    def _init(self, mode: str, timeout: float) -> Any:
+        try:
+            import wandb
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            settings = wandb.Settings(
+                init_timeout=timeout,
+                finish_timeout=FINISH_TIMEOUT_S,
+                console="off",  # the console sink owns stdout; don't capture or rewrap it
+                silent=True,
+            )
+            return wandb.init(mode=mode, settings=settings, **self.init_kwargs)
+        except Exception as exc:  # no network, bad key, broken install: never fail the training run
+            self._notice(f"zerofit: W&B {mode} init failed: {type(exc).__name__}: {_first_line(exc)}")
+            return None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        self._summary.update(step, metrics)
+        if "tokens_seen" in metrics and isinstance(metrics["tokens_seen"], (int, float)):
+            self._tokens_seen = float(metrics["tokens_seen"])
+        else:
+            self._tokens_seen += float(metrics.get("tokens") or 0)
+        row: dict[str, Any] = {STEP_METRIC: step, TOKENS_METRIC: self._tokens_seen}
+        for key, value in metrics.items():
+            if key == "step":
+                continue
+            converted = _history_value(value)
+            if converted is _NOT_NUMERIC:
+                # Labels such as mem/source are constant per run: summary, not a plotted series.
+                if self._strings.get(key) != str(value):
+                    self._strings[key] = str(value)
+                    self.run.summary[key] = str(value)
+            elif converted is not None:
+                row[key] = converted
+        self.run.log(row, step=step)
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        self._summary.predicted_peak = predicted_peak_gib(config)
+        self.run.config.update(config, allow_val_change=True)
+
+    def close(self) -> None:
+        if self.run is None:
+            return
+        run, self.run = self.run, None
+        try:
+            for key, value in self._summary.result(time.monotonic() - self._start).items():
+                if value is not None:
+                    run.summary[f"summary/{key}"] = value
+            run.finish()
+            # wandb 0.31's core process writes the run file asynchronously: after finish() the offline
+            # file can still hold only its header. teardown() waits for the service to flush and stop,
+            # so the file is complete when close() returns (readers, `zerofit compare`, a killed job).
+            import wandb
+
+            wandb.teardown()
+        except Exception as exc:  # a failed upload at the end must not turn a finished run into a failure
+            self._notice(f"zerofit: W&B finish failed: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

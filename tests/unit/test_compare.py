@@ -1,0 +1,113 @@
+"""`zerofit compare` on two synthetic runs: tables, valid PNGs with the expected series, W&B-only runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from metrics_fixtures import make_run
+
+from zerofit.cli import main
+from zerofit.metrics.compare import config_differences, plot_runs
+from zerofit.metrics.runs import load_run
+from zerofit.metrics.wandb_sink import WandbSink
+
+PLOTS = ("loss_vs_step.png", "loss_vs_tokens.png", "peak_memory_per_rank.png", "tokens_per_s.png")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def two_runs(tmp_path: Path) -> tuple[Path, Path]:
+    a = make_run(tmp_path, "run-a", preset="zero2", micro=4, peaks=(1.0, 1.5), tokens_per_s=1000.0)
+    b = make_run(tmp_path, "run-b", preset="zero3", micro=2, peaks=(0.8, 0.9), tokens_per_s=700.0)
+    return a, b
+
+
+def test_compare_prints_tables_and_writes_plots(
+    two_runs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    # The config table shows only what differs: preset and split, not the shared precision.
+    assert "distributed.preset" in text and "zero3" in text
+    assert "g16-m4x2x2" in text and "g16-m2x4x2" in text
+    assert "train.precision=bf16" in text  # named as held fixed, in the caption
+    # Outcomes: final loss, per-rank peaks, throughput (mean leaves out warm-up step 1).
+    assert "0.5000" in text and "1.560 GiB" in text and "0.860 GiB" in text
+    assert "1,004.0" in text and "704.0" in text
+    report = json.loads((out / "compare.json").read_text())
+    assert report["config_differences"]["distributed.preset"] == ["zero2", "zero3"]
+    for name in PLOTS:
+        width, height = _png_size(out / name)
+        assert (width, height) == (640, 400)
+        assert str(out / name) in text
+    assert report["plots"][str(out / "peak_memory_per_rank.png")] == [
+        "run-a rank0",
+        "run-a rank1",
+        "run-b rank0",
+        "run-b rank1",
+    ]
+    assert report["plots"][str(out / "loss_vs_step.png")] == ["run-a", "run-b"]
+
+
+def test_plot_series_hold_the_logged_values(two_runs: tuple[Path, Path]) -> None:
+    runs = [load_run(p) for p in two_runs]
+    xs, ys = runs[1].series("loss", x="tokens_seen")
+    assert xs == [100.0 * s for s in range(1, 7)]
+    assert ys == pytest.approx([3.0 / s for s in range(1, 7)])
+    assert runs[0].ranks() == [0, 1]
+
+
+def test_identical_configs_have_no_differences(tmp_path: Path) -> None:
+    runs = [load_run(make_run(tmp_path, name)) for name in ("x", "y")]
+    diffs, same = config_differences(runs)
+    assert diffs == []
+    assert "distributed.preset=zero2" in same
+
+
+def test_compare_reads_wandb_offline_when_metrics_jsonl_is_absent(tmp_path: Path) -> None:
+    from zerofit.config.resolve import resolve
+    from zerofit.config.schema import ZerofitConfig
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    cfg = ZerofitConfig(output_dir=str(tmp_path / "runs"), run_name="wb-only")
+    cfg.data.path = str(data)
+    cfg.batch.global_batch_size, cfg.batch.micro_batch_size = 8, 4
+    cfg.logging.wandb.mode = "offline"
+    resolved = resolve(cfg, 1)
+    sink = WandbSink(resolved, notice=lambda _: None, key_configured=True)
+    sink.log_config(resolved.config.model_dump(mode="json"))
+    for step in (1, 2, 3):
+        sink.log(step, {"loss": 1.0 / step, "tokens": 10, "tokens_per_s": 5.0, "mem/rank0/peak_gib": 0.25})
+    sink.close()
+    run = load_run(resolved.run_dir)
+    assert run.source == "wandb"
+    assert [r["step"] for r in run.rows] == [1, 2, 3]
+    assert run.config["run_name"] == "wb-only"
+    assert run.summary()["final_loss"] == pytest.approx(1 / 3)
+    written = plot_runs([run], tmp_path / "out")
+    assert written[tmp_path / "out" / "peak_memory_per_rank.png"] == ["wb-only rank0"]
+
+
+def test_missing_run_dir_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["compare", str(empty)]) == 2
+    shutil.rmtree(empty)

@@ -1,0 +1,78 @@
+"""Per-rank memory telemetry: the fields of contract 4, peak reset between snapshots, the CUDA path."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from zerofit.metrics import memory
+from zerofit.metrics.memory import memory_snapshot, per_rank_fields
+
+
+def test_cpu_snapshot_reports_rss_and_flags_source() -> None:
+    snap = memory_snapshot(torch.device("cpu"))
+    assert snap["allocated_gib"] > 0
+    assert snap["reserved_gib"] == snap["allocated_gib"]  # RSS-based on CPU
+    assert snap["peak_gib"] >= snap["allocated_gib"] * 0.5
+    assert 0 < snap["capacity_pct"] < 100
+    fields = per_rank_fields([snap])
+    assert fields["mem/source"] == "cpu_rss"
+
+
+def test_cpu_peak_is_since_last_snapshot() -> None:
+    memory_snapshot(torch.device("cpu"))
+    block = torch.ones(64 * 1024 * 1024, dtype=torch.uint8)  # 64 MiB, touched, then freed
+    del block
+    with_block = memory_snapshot(torch.device("cpu"))
+    after = memory_snapshot(torch.device("cpu"))
+    if per_rank_fields([with_block])["mem/peak_scope"] != "since_last_log":
+        pytest.skip("VmHWM cannot be reset here (/proc/self/clear_refs not writable)")
+    mib48 = 48 / 1024
+    # The freed buffer shows in the peak of its own interval, not in the current RSS ...
+    assert with_block["peak_gib"] - with_block["allocated_gib"] > mib48
+    # ... and no longer in the next interval's peak.
+    assert with_block["peak_gib"] - after["peak_gib"] > mib48
+
+
+def test_per_rank_fields_names_every_rank() -> None:
+    snaps = [
+        {"allocated_gib": 1.0, "reserved_gib": 2.0, "peak_gib": 3.0, "ooms": 0.0, "_cuda": 1.0},
+        {"allocated_gib": 1.5, "reserved_gib": 2.5, "peak_gib": 4.0, "ooms": 1.0, "_cuda": 1.0},
+    ]
+    fields = per_rank_fields(snaps)
+    for rank in (0, 1):
+        for name in ("allocated_gib", "reserved_gib", "peak_gib", "ooms"):
+            assert f"mem/rank{rank}/{name}" in fields
+    assert fields["mem/rank1/peak_gib"] == 4.0
+    assert fields["mem/max_peak_gib"] == 4.0
+    assert fields["mem/source"] == "cuda"
+    assert not any(k.endswith("_cuda") for k in fields)  # flags are not logged per rank
+
+
+def test_cuda_snapshot_reads_allocator_and_resets_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    gib = 1 << 30
+    calls: list[str] = []
+    fake = types.SimpleNamespace(
+        is_available=lambda: True,
+        memory_stats=lambda d: {"active_bytes.all.current": 2 * gib, "num_alloc_retries": 3, "num_ooms": 1},
+        get_device_properties=lambda d: types.SimpleNamespace(total_memory=24 * gib),
+        max_memory_allocated=lambda d: 12 * gib,
+        max_memory_reserved=lambda d: 14 * gib,
+        memory_allocated=lambda d: 4 * gib,
+        memory_reserved=lambda d: 6 * gib,
+        reset_peak_memory_stats=lambda d: calls.append("reset"),
+    )
+    monkeypatch.setattr(memory.torch, "cuda", fake)
+    snap = memory_snapshot(torch.device("cuda", 0))
+    assert calls == ["reset"]
+    assert snap["allocated_gib"] == 4.0
+    assert snap["reserved_gib"] == 6.0
+    assert snap["peak_gib"] == 12.0
+    assert snap["active_gib"] == 2.0
+    assert snap["alloc_retries"] == 3.0
+    assert snap["ooms"] == 1.0
+    assert snap["capacity_pct"] == pytest.approx(50.0)
+    assert snap["rss_gib"] > 0  # host memory too (offload lives there)
+    assert per_rank_fields([snap, snap])["mem/source"] == "cuda"
