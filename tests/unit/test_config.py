@@ -247,8 +247,11 @@ def test_preset_of_another_engine() -> None:
     assert "distributed.strategy=fsdp" in msg
 
 
-def test_micro_batch_auto_says_the_planner_decides() -> None:
-    assert "needs the memory planner" in _problems(["batch.micro_batch_size=auto"])
+def test_micro_batch_auto_says_the_planner_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The memory planner resolves `auto` (tests/unit/test_planner_search.py); without a visible GPU and
+    # without planner.gpu / planner.gpu_memory_gib it has no budget and says how to give one.
+    monkeypatch.setattr("zerofit.planner.search.detected_gpu", lambda: None)
+    assert "needs the GPU's memory" in _problems(["batch.micro_batch_size=auto"])
 
 
 def test_single_strategy_with_many_ranks() -> None:

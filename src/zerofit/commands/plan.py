@@ -55,7 +55,9 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     }
 
 
-def build_plan_report(resolved: ResolvedConfig, device_type: str = "cpu") -> dict[str, Any]:
+def build_plan_report(
+    resolved: ResolvedConfig, device_type: str = "cpu", **memory_options: Any
+) -> dict[str, Any]:
     """Everything `zerofit plan` shows, as one JSON-able dict (what `--json` prints).
 
     Keys: `batch`, `strategy`, `preset`, `engine_config` (the exact dict the engine receives),
@@ -75,8 +77,10 @@ def build_plan_report(resolved: ResolvedConfig, device_type: str = "cpu") -> dic
         "run_dir": str(resolved.run_dir),
         "config": cfg.model_dump(mode="json"),
     }
-    # Memory verdict goes here: report["memory"] = <planner result as a JSON-able dict>, and
-    # `print_report` prints it after the batch table.
+    # The memory planner's verdict (memory_options: gpu, gpu_mem, trace, probe; see zerofit.planner.report).
+    from zerofit.planner.report import memory_report
+
+    report["memory"] = memory_report(resolved, **memory_options)
     return report
 
 
@@ -96,6 +100,10 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     )
     table.add_row("tokens / step (max)", str(b["max_tokens_per_optimizer_step"]), b["tokens_note"])
     console.print(table)
+    if "memory" in report:
+        from zerofit.planner.report import print_memory
+
+        print_memory(report["memory"], console)
     engine = report["preset"] or report["strategy"]
     if report.get("ds_config"):
         engine = f"{report['strategy']} (your file {report['ds_config']}, autos filled)"
@@ -107,8 +115,25 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
-    resolved = resolve(load_config(args.config, args.overrides), world_size)
-    report = build_plan_report(resolved, device_type=args.device)
+    from zerofit.planner.report import check_gpu_options
+
+    check_gpu_options(args.gpu, args.gpu_mem)
+    overrides = list(args.overrides)
+    if args.gpu is not None:  # the target `batch.micro_batch_size=auto` plans for (a visible GPU wins)
+        overrides.append(f"planner.gpu={args.gpu}")
+    if args.gpu_mem is not None:
+        from zerofit.planner.gpus import parse_memory_gib
+
+        overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(args.gpu_mem)}")
+    resolved = resolve(load_config(args.config, overrides), world_size)
+    report = build_plan_report(
+        resolved,
+        device_type=args.device,
+        gpu=args.gpu,
+        gpu_mem=args.gpu_mem,
+        trace=args.trace,
+        probe=args.probe,
+    )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -139,6 +164,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="device the FSDP mesh is planned on (default: cuda where nvidia-smi exists, else cpu)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--gpu", default=None, metavar="NAME", help="plan memory for this GPU (e.g. rtx3090)")
+    parser.add_argument(
+        "--gpu-mem", default=None, metavar="SIZE", help="plan memory for this much GPU memory (24GiB)"
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="also trace one step tensor by tensor (CPU, seconds)"
+    )
+    parser.add_argument(
+        "--probe", action="store_true", help="find the largest fitting micro-batch with real steps (GPU)"
+    )
     parser.add_argument(
         "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. batch.micro_batch_size=2"
     )

@@ -1,8 +1,8 @@
 """`resolve()`: check a whole config against the launch, collect every problem, derive every value.
 
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
-world size, the preset and W&B mode are concrete, the run name and run directory are fixed. The one
-exception is `batch.micro_batch_size=auto`, which only the memory planner can decide.
+world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
+`batch.micro_batch_size=auto` is decided here too, by the memory planner (`zerofit.planner.search`).
 """
 
 from __future__ import annotations
@@ -126,10 +126,17 @@ def resolve(config: ZerofitConfig, world_size: int) -> ResolvedConfig:
     b = cfg.batch
     plan: BatchPlan | None = None
     if b.micro_batch_size == "auto":
-        problems.append(
-            "batch.micro_batch_size = 'auto' needs the memory planner, which this build does not have yet; "
-            "set batch.micro_batch_size to an integer"
-        )
+        # The memory planner picks the largest micro-batch that fits and divides global / dp (imported
+        # here: planning needs the model's shapes, which a plain integer micro-batch never pays for).
+        from zerofit.planner.search import choose_auto_micro_batch
+
+        try:
+            micro = choose_auto_micro_batch(cfg, world_size)
+            plan = solve_batch(world_size, b.global_batch_size, micro, None)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except BatchConfigError as exc:
+            problems.append(f"batch: {exc}")
     else:
         try:
             plan = solve_batch(world_size, b.global_batch_size, b.micro_batch_size, b.grad_accum_steps)

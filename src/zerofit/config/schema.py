@@ -138,6 +138,24 @@ class LoggingSection(_Section):
     wandb: WandbSection = Field(default_factory=WandbSection)
 
 
+class PlannerSection(_Section):
+    """The GPU a config is written for, for the memory planner (`zerofit plan`, `micro_batch_size=auto`).
+
+    At launch a visible CUDA device wins; these fields are the target when planning away from it.
+    """
+
+    gpu: str | None = Field(
+        None, description="A GPU in the planner's catalogue, e.g. rtx3090 (see zerofit plan --gpu)."
+    )
+    gpu_memory_gib: float | None = Field(
+        None, description="Usable GPU memory in GiB (overrides planner.gpu)."
+    )
+    num_gpus: int = Field(1, description="How many GPUs (data-parallel ranks) the config is written for.")
+    headroom: float = Field(
+        0.05, description="Fraction of GPU memory kept free beyond the planner's allowance."
+    )
+
+
 class ZerofitConfig(_Section):
     """A whole run. Load with `zerofit.config.load_config`, then `resolve()` before use."""
 
@@ -155,3 +173,4 @@ class ZerofitConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    planner: PlannerSection = Field(default_factory=PlannerSection)

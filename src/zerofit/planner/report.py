@@ -1,0 +1,147 @@
+"""The memory part of `zerofit plan`: one JSON-able block and its human-readable rendering.
+
+`memory_report` is what `build_plan_report` stores under `memory`; `print_memory` prints it after the
+batch table: the breakdown (GiB lines that add up to the tensor peak), the allowance, the verdict for the
+GPU with its headroom, the micro-batch table, the host RAM, and remedies when the run does not fit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from zerofit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from zerofit.config.resolve import ResolvedConfig
+
+
+def memory_report(
+    resolved: ResolvedConfig,
+    gpu: str | None = None,
+    gpu_mem: str | None = None,
+    trace: bool = False,
+    probe: bool = False,
+) -> dict[str, Any]:
+    """Analytic estimate + verdict (+ `--trace` / `--probe` results) for a resolved config, as a dict."""
+    from zerofit.planner.memory import scenario_from_config
+    from zerofit.planner.search import plan_memory, resolve_budget, samples_per_rank
+
+    cfg, world = resolved.config, resolved.world_size
+    budget = resolve_budget(cfg, gpu=gpu, gpu_mem=gpu_mem)
+    try:
+        plan = plan_memory(cfg, world, budget)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # A local model transformers cannot build on the meta device: the batch plan still stands.
+        return {"error": f"memory planner: {type(exc).__name__}: {exc}"}
+    out = plan.as_dict()
+    if trace:
+        from zerofit.planner.trace import trace_memory
+
+        traced = trace_memory(scenario_from_config(cfg, world))
+        out["trace"] = traced.as_dict()
+        out["trace"]["analytic_vs_trace"] = round(plan.estimate.tensors_gib / traced.tensors_gib - 1.0, 4)
+    if probe:
+        from zerofit.planner.probe import probe_micro_batches
+
+        per_rank = samples_per_rank(cfg, world) or resolved.plan.micro_batch_size
+        # Each candidate loads the model in a fresh process: skip sizes predicted far beyond the card.
+        limit = budget.gib * 1.15 if budget is not None else float("inf")
+        candidates = [row.micro_batch_size for row in plan.table if row.total_gib <= limit]
+        candidates = candidates or [min((row.micro_batch_size for row in plan.table), default=1)]
+        results = probe_micro_batches(cfg.model_dump(mode="json"), world, candidates, per_rank)
+        out["probe"] = {
+            "results": [r.as_dict() for r in results],
+            "micro_batch_size": next((r.micro_batch_size for r in results if r.ok), None),
+        }
+    return out
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def print_memory(memory: dict[str, Any], console: Console) -> None:
+    """Render `memory_report`'s dict."""
+    if "error" in memory:
+        console.print(f"Memory: not estimated ({memory['error']})")
+        return
+    table = Table(title=f"Memory per rank (peak: {memory['peak_phase']})", show_header=True)
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    for name, gib in memory["breakdown"].items():
+        table.add_row(name, f"{gib:.3f}")
+    table.add_row("[b]tensors at peak[/b]", f"[b]{memory['tensors_gib']:.2f}[/b]")
+    for name, gib in memory["allowance"].items():
+        table.add_row(f"+ {name}", f"{gib:.2f}")
+    table.add_row("[b]total[/b]", f"[b]{memory['total_gib']:.2f}[/b]")
+    console.print(table)
+    per_token = memory.get("activation_bytes_per_token_per_layer") or {}
+    if per_token:
+        terms = ", ".join(f"{k} {v:,}" for k, v in per_token.items())
+        console.print(f"Activation bytes per token per layer: {sum(per_token.values()):,} = {terms}")
+    gpu = memory.get("gpu")
+    if gpu is None:
+        console.print("Verdict: no GPU given (use --gpu NAME or --gpu-mem 24GiB, or set planner.gpu)")
+    else:
+        label = gpu["name"] or f"{gpu['memory_gib']:.2f} GiB"
+        console.print(
+            f"Verdict: [b]{memory['verdict'].upper()}[/b] on {label} ({gpu['source']}): {memory['total_gib']:.2f} of "
+            f"{gpu['memory_gib']:.2f} GiB, headroom {memory['headroom_gib']:.2f} GiB (fits = at most "
+            f"{gpu['limit_gib']:.2f} GiB, keeping {gpu['headroom_fraction']:.0%} free)"
+        )
+    if memory.get("host_ram_gib"):
+        lines = ", ".join(f"{k} {v:.1f}" for k, v in memory["host_breakdown"].items())
+        console.print(f"Host RAM needed: {memory['host_ram_gib']:.1f} GiB ({lines})")
+    rows = memory.get("micro_batch_table") or []
+    if rows:
+        t = Table(title="Micro-batch sizes that keep the global batch (divisors of global / dp)")
+        for col in ("micro", "accum", "tensors GiB", "total GiB", "verdict"):
+            t.add_column(col, justify="right")
+        for row in rows:
+            mark = " <- auto" if row["micro_batch_size"] == memory.get("auto_micro_batch_size") else ""
+            if row["micro_batch_size"] == memory.get("micro_batch_size"):
+                mark += " <- configured"
+            t.add_row(
+                str(row["micro_batch_size"]),
+                str(row["grad_accum_steps"]),
+                _gib(row["tensors_gib"]),
+                _gib(row["total_gib"]),
+                (row["verdict"] or "-") + mark,
+            )
+        console.print(t)
+    if memory.get("remedies"):
+        t = Table(
+            title="Remedies (each alone, then combined), predicted at the largest micro-batch that fits"
+        )
+        for col in ("remedy", "micro", "total GiB", "verdict", "how"):
+            t.add_column(col)
+        for r in memory["remedies"]:
+            t.add_row(
+                r["remedy"], str(r["micro_batch_size"]), _gib(r["total_gib"]), r["verdict"] or "-", r["how"]
+            )
+        console.print(t)
+    if "trace" in memory:
+        tr = memory["trace"]
+        console.print(
+            f"Trace (FakeTensor, 1 and 2 layers extrapolated): {tr['tensors_gib']:.3f} GiB of tensors "
+            f"(analytic {memory['tensors_gib']:.3f} GiB, {tr['analytic_vs_trace']:+.1%})"
+        )
+    if "probe" in memory:
+        for r in memory["probe"]["results"]:
+            status = "ok" if r["ok"] else ("OOM" if r["oom"] else f"failed: {r['error']}")
+            console.print(
+                f"Probe micro {r['micro_batch_size']} x {r['grad_accum_steps']}: {status}, "
+                f"peak allocated {_gib(r['peak_allocated_gib'])} GiB, reserved {_gib(r['peak_reserved_gib'])} GiB"
+            )
+    for note in memory.get("notes") or []:
+        console.print(f"Note: {note}")
+
+
+def check_gpu_options(gpu: str | None, gpu_mem: str | None) -> None:
+    """`--gpu` and `--gpu-mem` are alternatives; both at once is a user error."""
+    if gpu is not None and gpu_mem is not None:
+        raise ConfigError([f"--gpu {gpu} and --gpu-mem {gpu_mem}: give one of them, not both"])

@@ -1,0 +1,341 @@
+"""Exact parameter counts and layer shapes of a model, from a meta-device build of its config (no weights).
+
+The memory model needs more than a parameter total: which linear layers a decoder layer has (their in/out
+features decide activation and LoRA sizes), how many parameters sit outside the layers (embeddings, final
+norm, lm_head), and exactly how many parameters LoRA adds. All of it comes from building the real
+transformers model class on `torch.device("meta")` (no memory, milliseconds) and, for LoRA, applying peft to
+a meta build too, so counts are exact for any architecture transformers knows, including biases, GQA and
+DoRA magnitude vectors.
+
+LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of these models are identical), which
+keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`),
+so `zerofit plan` on a catalogued model usually does not even import transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from zerofit.planner.catalogue import model_config_dict
+
+# Bump when the cached fields change, so stale cache files are ignored rather than misread.
+_CACHE_VERSION = 3
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """One linear layer inside a decoder layer: its module name (e.g. `self_attn.q_proj`) and size."""
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool
+
+    @property
+    def params(self) -> int:
+        """Weight (+ bias) element count."""
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A causal LM's dimensions and exact parameter counts, split where the memory model needs it."""
+
+    name_or_path: str
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    total_params: int
+    layer_params: int  # parameters of one decoder layer
+    layer_linear_weight_params: int  # the quantizable part of one layer: linear weights (no biases)
+    embed_params: int
+    lm_head_params: int  # 0 when tied to the embeddings
+    other_params: int  # everything else outside the layers (final norm, ...)
+    linears: tuple[LinearShape, ...]  # the linear layers of one decoder layer, in forward order
+    layer_param_numels: tuple[int, ...]  # element count of each parameter tensor of one decoder layer
+    outside_param_numels: tuple[int, ...]  # ... and of each parameter tensor outside the layers
+
+    @property
+    def param_numels(self) -> tuple[int, ...]:
+        """Element count of every parameter tensor of the model (per-tensor optimizer rules need them)."""
+        return self.layer_param_numels * self.num_layers + self.outside_param_numels
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and value) projection: kv heads x head dim (GQA makes it < hidden)."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (= attention output width)."""
+        return self.num_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    """What LoRA adds to a model: exact trainable count, per-layer targets and each adapter tensor's size."""
+
+    r: int
+    target_modules: tuple[str, ...] | str
+    use_dora: bool
+    trainable_params: int
+    layer_trainable_params: int
+    outside_trainable_params: int  # adapters on modules outside the decoder layers (e.g. lm_head if targeted)
+    layer_targets: tuple[LinearShape, ...]  # base linears of one decoder layer that carry an adapter
+    # Element counts of every trainable tensor of the whole model (for per-tensor optimizer rules such as
+    # bitsandbytes' "8-bit state only for tensors of >= 4096 elements").
+    tensor_numels: tuple[int, ...]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ZEROFIT_CACHE") or str(Path.home() / ".cache" / "zerofit")
+    return Path(root) / "planner"
+
+
+def _library_versions() -> dict[str, str]:
+    # Counts come from transformers' model classes and peft's LoRA layers: a new version may change them.
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for package in ("transformers", "peft"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "none"
+    return out
+
+
+def _cache_key(kind: str, payload: dict[str, Any]) -> str:
+    blob = json.dumps(
+        {"v": _CACHE_VERSION, "kind": kind, "libs": _library_versions(), **payload},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _read_cache(key: str) -> dict[str, Any] | None:
+    path = _cache_dir() / f"{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_cache(key: str, data: dict[str, Any]) -> None:
+    # A cache is an optimisation: a read-only home or full disk must never break planning.
+    try:
+        directory = _cache_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f"{key}.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(directory / f"{key}.json")
+    except OSError:
+        pass
+
+
+def hf_config(name_or_path: str, num_layers: int | None = None, attn_implementation: str = "sdpa") -> Any:
+    """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers."""
+    from transformers import AutoConfig
+
+    data = model_config_dict(name_or_path)
+    data.pop("architectures", None)
+    if num_layers is not None:
+        data["num_hidden_layers"] = num_layers
+        # Per-layer attention types (sliding/full) must match the layer count.
+        if isinstance(data.get("layer_types"), list):
+            data["layer_types"] = data["layer_types"][:num_layers]
+    model_type = data.pop("model_type")
+    config = AutoConfig.for_model(model_type, **data)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def build_meta_model(
+    name_or_path: str, num_layers: int | None = None, attn_implementation: str = "sdpa", dtype: Any = None
+) -> Any:
+    """The model class transformers would load, built on the meta device: shapes only, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(name_or_path, num_layers, attn_implementation)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+
+
+def decoder_layers(model: Any) -> Any:
+    """The list of decoder layers of a (possibly peft-wrapped) causal LM."""
+    inner = model
+    for attr in ("base_model", "model"):
+        # peft: PeftModel.base_model (LoraModel).model (the HF model); HF: Model.model (the decoder stack)
+        while hasattr(inner, attr) and not hasattr(inner, "layers"):
+            inner = getattr(inner, attr)
+    if not hasattr(inner, "layers"):
+        raise TypeError(f"cannot find decoder layers in {type(model).__name__}")
+    return inner.layers
+
+
+def _linears_of(layer: Any) -> tuple[LinearShape, ...]:
+    import torch
+
+    found = []
+    for name, module in layer.named_modules():
+        if type(module) is torch.nn.Linear:
+            found.append(LinearShape(name, module.in_features, module.out_features, module.bias is not None))
+    return tuple(found)
+
+
+def _layers_prefix(model: Any) -> str:
+    for name, module in model.named_modules():
+        if module is decoder_layers(model):
+            return name + "."
+    raise TypeError(f"cannot find decoder layers in {type(model).__name__}")
+
+
+def _compute_model_shape(name_or_path: str) -> ModelShape:
+    model = build_meta_model(name_or_path)
+    cfg = model.config
+    layers = decoder_layers(model)
+    layer = layers[0]
+    layer_params = sum(p.numel() for p in layer.parameters())
+    linears = _linears_of(layer)
+    embed = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings()
+    tied = head is None or head.weight is model.get_input_embeddings().weight
+    head_params = 0 if tied else head.weight.numel()
+    total = sum(p.numel() for p in model.parameters())
+    num_layers = len(layers)
+    other = total - num_layers * layer_params - embed - head_params
+    heads = cfg.num_attention_heads
+    return ModelShape(
+        name_or_path=name_or_path,
+        model_type=cfg.model_type,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        vocab_size=cfg.vocab_size,
+        tie_word_embeddings=tied,
+        total_params=total,
+        layer_params=layer_params,
+        layer_linear_weight_params=sum(lin.in_features * lin.out_features for lin in linears),
+        embed_params=embed,
+        lm_head_params=head_params,
+        other_params=other,
+        linears=linears,
+        layer_param_numels=tuple(p.numel() for p in layer.parameters()),
+        outside_param_numels=tuple(
+            p.numel() for n, p in model.named_parameters() if not n.startswith(_layers_prefix(model))
+        ),
+    )
+
+
+@lru_cache(maxsize=64)
+def model_shape(name_or_path: str) -> ModelShape:
+    """Exact dimensions and parameter counts of `name_or_path` (catalogue id or local HF folder)."""
+    payload = {"config": model_config_dict(name_or_path)}
+    key = _cache_key("model", payload)
+    cached = _read_cache(key)
+    if cached is not None:
+        cached["linears"] = tuple(LinearShape(**lin) for lin in cached["linears"])
+        cached["layer_param_numels"] = tuple(cached["layer_param_numels"])
+        cached["outside_param_numels"] = tuple(cached["outside_param_numels"])
+        cached["name_or_path"] = name_or_path
+        return ModelShape(**cached)
+    shape = _compute_model_shape(name_or_path)
+    _write_cache(key, asdict(shape))
+    return shape
+
+
+def lora_config(r: int, alpha: int, dropout: float, target_modules: Any, use_dora: bool) -> Any:
+    """The peft `LoraConfig` zerofit uses (causal LM task; `all-linear` = every linear but the output head)."""
+    from peft import LoraConfig
+
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    return LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        use_dora=use_dora,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool) -> dict[str, Any]:
+    from peft import get_peft_model
+
+    model = get_peft_model(
+        build_meta_model(name_or_path, num_layers), lora_config(r, 2 * r, 0.0, targets, use_dora)
+    )
+    trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
+    layer0 = decoder_layers(model)[0]
+    layer_targets = []
+    for name, module in layer0.named_modules():
+        base = getattr(module, "base_layer", None)
+        if base is not None and hasattr(module, "lora_A") and hasattr(base, "in_features"):
+            bias = getattr(base, "bias", None) is not None
+            layer_targets.append(LinearShape(name, base.in_features, base.out_features, bias))
+    return {"trainable": trainable, "layer_targets": layer_targets}
+
+
+@lru_cache(maxsize=128)
+def _lora_shape_cached(
+    name_or_path: str, r: int, targets: tuple[str, ...] | str, use_dora: bool
+) -> LoraShape:
+    shape = model_shape(name_or_path)
+    payload = {"config": model_config_dict(name_or_path), "r": r, "targets": targets, "dora": use_dora}
+    key = _cache_key("lora", payload)
+    cached = _read_cache(key)
+    if cached is None:
+        one = _lora_counts(name_or_path, 1, r, targets, use_dora)
+        two = _lora_counts(name_or_path, 2, r, targets, use_dora)
+        t1 = sum(n for _, n in one["trainable"])
+        t2 = sum(n for _, n in two["trainable"])
+        per_layer = t2 - t1
+        outside = t1 - per_layer
+        layer_numels = [n for name, n in one["trainable"] if ".layers.0." in name]
+        outside_numels = [n for name, n in one["trainable"] if ".layers." not in name]
+        cached = {
+            "layer_trainable_params": per_layer,
+            "outside_trainable_params": outside,
+            "layer_targets": [asdict(t) for t in one["layer_targets"]],
+            "layer_numels": layer_numels,
+            "outside_numels": outside_numels,
+        }
+        _write_cache(key, cached)
+    per_layer = cached["layer_trainable_params"]
+    outside = cached["outside_trainable_params"]
+    numels = tuple(cached["layer_numels"]) * shape.num_layers + tuple(cached["outside_numels"])
+    return LoraShape(
+        r=r,
+        target_modules=targets,
+        use_dora=use_dora,
+        trainable_params=per_layer * shape.num_layers + outside,
+        layer_trainable_params=per_layer,
+        outside_trainable_params=outside,
+        layer_targets=tuple(LinearShape(**t) for t in cached["layer_targets"]),
+        tensor_numels=numels,
+    )
+
+
+def lora_shape(
+    name_or_path: str, r: int, target_modules: Any = "all-linear", use_dora: bool = False
+) -> LoraShape:
+    """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build."""
+    targets = target_modules if isinstance(target_modules, str) else tuple(target_modules)
+    return _lora_shape_cached(name_or_path, r, targets, use_dora)

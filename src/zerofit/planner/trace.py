@@ -1,0 +1,354 @@
+"""`zerofit plan --trace`: an exact tensor-level trace of one training step, on CPU, without a GPU or weights.
+
+The configured model (its real transformers class, peft LoRA, checkpointing, the engine's dtypes) is built on
+the meta device and materialised inside `FakeTensorMode`: tensors have shapes, dtypes and storages but no
+data, so a 7B step "runs" in about a second in a few hundred MB of RAM. `MemTracker` (torch.distributed.
+_tools) follows every storage through forward, backward and the optimizer step and reports the peak, split
+into parameters, gradients, activations, temporaries and optimizer state.
+
+How the step is emulated, and why (see ../shared/PLATFORM.md, "Measuring memory without a GPU"):
+  - meta build + `to_empty` inside the fake mode (real init would allocate 28 GB for a 7B model);
+  - `MemTracker` is subclassed to hook only parameters that require grad (the stock one fails on frozen
+    ones, which is every base weight under LoRA);
+  - the second step is traced: optimizer state is created lazily by the first;
+  - the engine's compute dtypes: `single`/`ddp` run under autocast (here CPU autocast standing in for CUDA's),
+    DeepSpeed casts every parameter to bf16/fp16 (buffers stay fp32), FSDP2 computes in `param_dtype`;
+  - LoRA dropout uses `torch.native_dropout`, whose mask is one byte per element as on CUDA (CPU's default
+    dropout path keeps a mask in the input's dtype);
+  - a micro-batch of more than one sequence is padded (zerofit's collate pads to the longest), so an
+    attention mask is passed and attention takes the masked path (GQA keys/values repeated to all heads);
+  - bitsandbytes 4/8-bit matmuls cannot run on fake tensors: quantized linears are emulated by a frozen
+    half-precision matmul that saves no activation (as bitsandbytes' MatMul4Bit), and their weight bytes
+    are swapped for the quantized bytes analytically;
+  - state the engine owns (DeepSpeed master weights and partitions, FSDP shards, bitsandbytes optimizer state,
+    CPU offload) is not traceable; it is added from the analytic model's formulas and reported separately.
+
+Only 1 and 2 decoder layers are traced; a peak is linear in the layer count, so N layers are extrapolated
+as p1 + (N - 1) (p2 - p1) (PLATFORM.md: exact to 0.01 GiB against a full 32-layer trace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from zerofit.planner.shapes import build_meta_model, decoder_layers, lora_config, model_shape
+
+if TYPE_CHECKING:
+    from zerofit.planner.memory import Scenario
+
+GIB = 2**30
+# MemTracker categories, in the order reports show them.
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
+
+
+@dataclass(frozen=True)
+class LayerTrace:
+    """Peak of one traced model (a given number of decoder layers), in bytes by MemTracker category."""
+
+    num_layers: int
+    peak_bytes: int
+    by_category: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """The traced step extrapolated to the full model, plus the untraceable engine state added analytically."""
+
+    tensors_gib: (
+        float  # traced peak (extrapolated) + engine_added_gib, comparable to MemoryEstimate.tensors_gib
+    )
+    traced_gib: float  # what the fake-tensor step itself peaked at, extrapolated to all layers
+    engine_added_gib: float  # analytic bytes for what cannot be traced (see module docstring)
+    by_category_gib: dict[str, float]
+    layers: tuple[LayerTrace, LayerTrace]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form for `zerofit plan --trace --json`."""
+        return {
+            "tensors_gib": round(self.tensors_gib, 4),
+            "traced_gib": round(self.traced_gib, 4),
+            "engine_added_gib": round(self.engine_added_gib, 4),
+            "by_category_gib": {k: round(v, 4) for k, v in self.by_category_gib.items()},
+            "layer_peaks_gib": {str(t.num_layers): round(t.peak_bytes / GIB, 5) for t in self.layers},
+            "notes": self.notes,
+        }
+
+
+def _tracker_class() -> type:
+    """A MemTracker that hooks only trainable parameters (the stock one calls register_hook on frozen ones)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    class TrainableOnlyMemTracker(MemTracker):  # type: ignore[misc]
+        def _track_module_params_and_buffers(
+            self, module: Any, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            def grad_hook(grad: Any) -> None:
+                self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+            param_bytes = 0
+            for param in module.parameters():
+                winfos = self._update_and_maybe_create_winfos(param, _MemRefType.PARAM)
+                param_bytes += sum(w.mem_consumed for w in winfos)
+                if param.grad is not None:
+                    self._update_and_maybe_create_winfos(param.grad, _MemRefType.GRAD)
+                hooked = self._param_to_grad_hook_handles.get(param) is not None
+                if install_grad_hooks and param.requires_grad and not hooked:
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(grad_hook),
+                        param.register_post_accumulate_grad_hook(lambda p: grad_hook(p.grad)),
+                    )
+            buffer_bytes = 0
+            for buffer in module.buffers():
+                winfos = self._update_and_maybe_create_winfos(buffer, _MemRefType.BUFFER)
+                buffer_bytes += sum(w.mem_consumed for w in winfos)
+            return param_bytes, buffer_bytes
+
+    return TrainableOnlyMemTracker
+
+
+def _quant_emulation_class() -> type:
+    """A frozen linear standing in for a bitsandbytes 4/8-bit one: half-precision matmul, no saved input."""
+    import torch
+
+    class _FrozenMatmul(torch.autograd.Function):
+        # Like bitsandbytes' MatMul4Bit: only the (frozen, quantized) weight is kept for backward.
+        @staticmethod
+        def forward(ctx: Any, x: Any, weight: Any) -> Any:
+            ctx.save_for_backward(weight)
+            return x @ weight.t()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (weight,) = ctx.saved_tensors
+            return grad @ weight.to(grad.dtype), None
+
+    class QuantLinearEmulation(torch.nn.Linear):
+        compute_dtype: Any = torch.bfloat16
+
+        def forward(self, x: Any) -> Any:
+            # bitsandbytes casts the input to its compute dtype and the output back to the input's dtype.
+            out = _FrozenMatmul.apply(x.to(self.compute_dtype), self.weight)
+            if self.bias is not None:
+                out = out + self.bias.to(out.dtype)
+            return out.to(x.dtype)
+
+    return QuantLinearEmulation
+
+
+def _emulate_quantization(model: Any, compute_dtype: Any) -> None:
+    """Swap every decoder-layer linear for the quantized-linear emulation; upcast the rest like peft does."""
+    import torch
+
+    emu_cls = _quant_emulation_class()
+    for layer in decoder_layers(model):
+        for name, module in list(layer.named_modules()):
+            if type(module) is torch.nn.Linear:
+                parent = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer
+                emu = emu_cls(
+                    module.in_features, module.out_features, bias=module.bias is not None, device="meta"
+                )
+                emu.weight = torch.nn.Parameter(module.weight.detach().to(compute_dtype), requires_grad=False)
+                if module.bias is not None:
+                    emu.bias = torch.nn.Parameter(module.bias.detach().to(torch.float32), requires_grad=False)
+                emu.compute_dtype = compute_dtype
+                setattr(parent, name.rpartition(".")[2], emu)
+    # prepare_model_for_kbit_training: freeze everything, cast every non-quantized half parameter to fp32.
+    quantized = {id(m.weight) for m in model.modules() if isinstance(m, emu_cls)}
+    for param in model.parameters():
+        param.requires_grad_(False)
+        if id(param) not in quantized and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.to(torch.float32)
+
+
+def _cuda_like_dropout(model: Any) -> None:
+    """LoRA dropout with a one-byte mask, as CUDA's fused dropout keeps (CPU's keeps one in the input dtype)."""
+    import torch
+
+    class NativeDropout(torch.nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.p = p
+
+        def forward(self, x: Any) -> Any:
+            return torch.native_dropout(x, self.p, self.training)[0]
+
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict):
+            for key, drop in list(dropouts.items()):
+                if isinstance(drop, torch.nn.Dropout) and drop.p > 0:
+                    dropouts[key] = NativeDropout(drop.p)
+
+
+@contextlib.contextmanager
+def _masks_as_on_device() -> Any:
+    """Let transformers skip the causal mask for an unpadded batch, as it does for real tensors.
+
+    transformers treats fake tensors as "tracing" and then always materialises the causal mask, which
+    sdpa would convert and save in every layer; on a device an unpadded batch runs mask-free (is_causal).
+    It also cannot rule out packed sequences from fake position ids. A padded batch (a real mask tensor with a zero) still takes the original, masked path.
+    """
+    from unittest import mock
+
+    import transformers.masking_utils as masking
+
+    original = masking._ignore_causal_mask_sdpa
+
+    def ignore_when_unpadded(
+        padding_mask: Any, q_length: int, kv_length: int, *args: Any, **kwargs: Any
+    ) -> bool:
+        local = kwargs.get("local_attention_size", args[2] if len(args) > 2 else None)
+        if padding_mask is None and (local is None or kv_length < local) and q_length == kv_length:
+            return True
+        return original(padding_mask, q_length, kv_length, *args, **kwargs)
+
+    # zerofit never packs several examples into a row; transformers cannot tell from fake position ids.
+    with (
+        mock.patch.object(masking, "_ignore_causal_mask_sdpa", ignore_when_unpadded),
+        mock.patch.object(masking, "find_packed_sequence_indices", lambda *args, **kwargs: None),
+    ):
+        yield
+
+
+def _loss_like_train(logits: Any, labels: Any) -> Any:
+    """The tensor ops of `zerofit.train.token_sum_loss` (shift, fp32 upcast, CE with reduction sum).
+
+    Repeated here because the real function also counts valid tokens with `int(...)`, which a fake tensor
+    cannot answer; the ops that allocate are the same.
+    """
+    import torch.nn.functional as F
+
+    shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
+    shift_labels = labels[:, 1:].reshape(-1)
+    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+
+
+def build_traced_model(scn: Scenario, num_layers: int) -> Any:
+    """The configured model with `num_layers` decoder layers, on the meta device, in the engine's dtypes."""
+    import torch
+
+    from zerofit.planner.memory import compute_profile
+
+    prof = compute_profile(scn)
+    model = build_meta_model(
+        scn.model, num_layers=num_layers, attn_implementation=scn.attn_implementation, dtype=prof.load_dtype
+    )
+    if scn.quantization != "none":
+        _emulate_quantization(model, prof.half_dtype or torch.float32)
+    if scn.lora:
+        from peft import get_peft_model
+
+        model = get_peft_model(
+            model, lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
+        )
+        _cuda_like_dropout(model)
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if scn.activation_checkpointing:
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    hf.config.use_cache = False
+    if prof.cast_params_to is not None:
+        # DeepSpeed / FSDP2 compute with every parameter in the half dtype (buffers stay fp32).
+        for param in model.parameters():
+            if param.dtype.is_floating_point:
+                param.data = param.data.to(prof.cast_dtype)
+    model.train()
+    return model
+
+
+def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from zerofit.planner.memory import compute_profile
+
+    prof = compute_profile(scn)
+    model = build_traced_model(scn, num_layers)
+    autocast = torch.autocast("cpu", dtype=prof.half_dtype) if prof.autocast else contextlib.nullcontext()
+    micro, seq = scn.micro_batch_size, scn.seq_len
+    # A padded micro-batch (more than one sequence) carries a real mask with one padded position, so
+    # transformers takes the masked attention path exactly as it would for zerofit's right-padded batches.
+    mask = None
+    if micro > 1:
+        mask = torch.ones(micro, seq, dtype=torch.long)
+        mask[-1, -1] = 0
+    drop_grads = prof.grads_leave_autograd
+
+    with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
+        model.to_empty(device="cpu")
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if drop_grads:
+            # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
+            # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
+            for p in trainable:
+                p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+        optimizer = None
+        if prof.traced_optimizer:
+            # foreach=True: what torch picks by default for CUDA tensors (CPU would default to the for-loop).
+            optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+        input_ids = torch.zeros(micro, seq, dtype=torch.long)
+        labels = torch.zeros(micro, seq, dtype=torch.long)
+
+        def micro_step() -> None:
+            with autocast:
+                logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+                loss = _loss_like_train(logits, labels)
+            loss.backward()
+
+        def window(tracker: Any = None) -> None:
+            # Two micro-steps stand for any window of >= 2: from the second on, gradients are held in forward.
+            for i in range(min(scn.grad_accum_steps, 2)):
+                if tracker is not None and i > 0:
+                    tracker.reset_mod_stats()  # per-module stats only; the global peak is kept
+                micro_step()
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                for p in trainable:
+                    p.grad = None
+
+        window()  # the first step creates the optimizer state; the second is the one measured
+        tracker = _tracker_class()()
+        tracker.track_external(model, *([optimizer] if optimizer is not None else []))
+        with tracker, warnings.catch_warnings():
+            # Gradients the engine takes over are dropped before the tracker's own hook sees them.
+            warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass")
+            window(tracker)
+        peak = tracker.get_tracker_snapshot("peak")
+    by_cat = dict.fromkeys(CATEGORIES, 0)
+    total = 0
+    for snap in peak.values():
+        for key, value in snap.items():
+            name = getattr(key, "value", str(key))
+            if name == "Total":
+                total += value
+            else:
+                by_cat[name] = by_cat.get(name, 0) + value
+    return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+
+
+def trace_memory(scn: Scenario) -> TraceResult:
+    """Trace the configured step with 1 and 2 decoder layers and extrapolate to the model's layer count."""
+    from zerofit.planner.memory import untraced_state
+
+    n = model_shape(scn.model).num_layers
+    t1, t2 = _trace_layers(scn, 1), _trace_layers(scn, 2)
+    traced = t1.peak_bytes + (n - 1) * (t2.peak_bytes - t1.peak_bytes)
+    by_cat = {
+        k: (t1.by_category.get(k, 0) + (n - 1) * (t2.by_category.get(k, 0) - t1.by_category.get(k, 0))) / GIB
+        for k in CATEGORIES
+    }
+    added, step_peak, notes = untraced_state(scn)
+    total = max(traced + added, step_peak or 0)
+    return TraceResult(
+        tensors_gib=total / GIB,
+        traced_gib=traced / GIB,
+        engine_added_gib=added / GIB,
+        by_category_gib=by_cat,
+        layers=(t1, t2),
+        notes=notes,
+    )
