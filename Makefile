@@ -31,8 +31,15 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The demo runs with the deepspeed launcher: one rank per GPU, or 2 CPU ranks without a GPU.
 demo: setup
-	$(VENV)/bin/zerofit plan --config configs/demo.yaml
+	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$$n" -gt 0 ] 2>/dev/null || n=2; \
+	echo "zerofit demo: configs/demo.yaml on $$n rank(s) ($(DS_ACCELERATOR))"; \
+	$(VENV)/bin/deepspeed --num_gpus $$n launchers/launch_finetune.py --config configs/demo.yaml \
+	  && run=$$(ls -td runs/*/ | head -1) \
+	  && echo "" && echo "Results in $$run: metrics.jsonl (per-step loss, lr, grad norm, memory), config.yaml," \
+	  && echo "  ds_config.json (what DeepSpeed ran with), adapter/ (the trained LoRA), wandb/ (offline run)." \
+	  && echo "  Plot or compare runs: $(VENV)/bin/zerofit compare $$run"
 
 clean:
 	rm -rf $(VENV) .cache runs .pytest_cache .ruff_cache

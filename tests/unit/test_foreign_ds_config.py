@@ -136,7 +136,7 @@ def test_every_auto_is_filled_and_deepspeed_accepts_it(tmp_path: Path, dp: int, 
         "warmup_min_lr": 0.0,
         "warmup_max_lr": 3e-3,
         "warmup_num_steps": 1,  # DeepSpeed refuses 0; the HF Trainer fills max(1, warmup) too
-        "total_num_steps": 60,
+        "total_num_steps": resolved.config.train.max_steps,
     }
     zero = rendered["zero_optimization"]
     assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"]) == (64 * 64, int(0.9 * 64 * 64))

@@ -3,67 +3,191 @@
 The loop owns the gradient-accumulation arithmetic (token-normalized loss, one clip, one step per window);
 a strategy only says how to run backward, when to synchronize gradients, and how to step, save and load on
 its engine. See "Gradient accumulation, done right" in DESIGN.md.
+
+The one number a strategy reports about the arithmetic is `grad_divide_factor`: what its engine divides the
+*sum* of the ranks' gradients by when it reduces them (DeepSpeed, DDP and FSDP average over dp ranks; one
+process divides by nothing). The loop multiplies its token-normalized loss by it, in one place, so the
+reduced gradient is exactly the gradient of (sum of token losses of the global batch) / (its tokens).
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from zerofit.errors import LaunchError
+from zerofit.strategies.env import LaunchEnv
+
+OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+def pick_device(env: LaunchEnv) -> torch.device:
+    """`cuda:LOCAL_RANK` when CUDA is available (and made current), else the CPU."""
+    if torch.cuda.is_available():
+        if env.local_rank >= torch.cuda.device_count():
+            raise LaunchError(
+                f"LOCAL_RANK = {env.local_rank} but this node has {torch.cuda.device_count()} GPU(s); launch "
+                f"at most {torch.cuda.device_count()} processes per node (deepspeed --num_gpus / torchrun "
+                "--nproc_per_node)"
+            )
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def limit_cpu_threads() -> None:
+    """On CPU, give each local rank its share of the cores unless the user set OMP_NUM_THREADS.
+
+    torchrun sets OMP_NUM_THREADS=1; the deepspeed launcher sets nothing, and N ranks each starting a
+    thread per core oversubscribe the machine (several times slower on 2 cores).
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // max(local, 1)))
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """Refuse a precision the device cannot compute in, before any model is built."""
+    if device.type == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise LaunchError(
+            f"train.precision = 'bf16' but {name} has no bfloat16 support (it needs compute capability 8.0+, "
+            "e.g. RTX 30xx/A100); set train.precision=fp16 (with loss scaling) or fp32"
+        )
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if dtype is None:
+        return
+    try:
+        x = torch.ones(4, 4, dtype=dtype, device=device)
+        (x @ x).sum().item()
+    except (RuntimeError, NotImplementedError) as exc:
+        raise LaunchError(
+            f"train.precision = {precision!r} is not supported on device {device} ({exc}); set "
+            "train.precision=fp32, or run on a device with that dtype"
+        ) from None
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend: NCCL between GPUs, gloo on CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"
 
 
 class Strategy(ABC):
     """An engine (DeepSpeed, FSDP2, DDP or one process) behind the verbs of the training loop."""
 
+    name: str = "strategy"
     rank: int
     world_size: int
+    local_rank: int
     device: torch.device
+    # The engine divides the summed gradient of all ranks by this; the loop multiplies its loss by it.
+    grad_divide_factor: float = 1.0
+    # False after a `clip_and_step` whose update was skipped (fp16 loss-scale overflow).
+    step_applied: bool = True
+
+    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
+        self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
+        self.engine_config = engine_config
+        self.device = pick_device(env)
+        if self.device.type == "cpu":
+            limit_cpu_threads()
+
+    # --- the loop's verbs -------------------------------------------------------------------------------
 
     @abstractmethod
-    def prepare(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> torch.nn.Module:
-        """Wrap the model (and take ownership of optimizer and scheduler); returns the module to call."""
+    def prepare(
+        self,
+        model: torch.nn.Module,
+        make_optimizer: OptimizerFactory | None,
+        make_scheduler: SchedulerFactory,
+    ) -> torch.nn.Module:
+        """Wrap the model, build optimizer and scheduler on the wrapped parameters; returns the module to call.
+
+        `make_optimizer` is None when the engine brings its own optimizer (DeepSpeed offload presets).
+        """
 
     @abstractmethod
     def accumulate(self, is_last: bool) -> AbstractContextManager[None]:
-        """Context for one micro-step; gradients are synchronized only when `is_last` (where the engine allows)."""
+        """Context for one micro-step (forward and backward); gradients sync only when `is_last` where the
+        engine allows skipping it."""
 
     @abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of an already token-normalized loss; the engine must not rescale it by GAS or dp."""
+        """Backward of an already token-normalized loss; the engine must not rescale it by GAS."""
 
     @abstractmethod
     def clip_and_step(self, max_grad_norm: float | None) -> float:
-        """After the window: global grad norm (before clipping), clip, optimizer step, scheduler step, zero grad."""
+        """After the window: global grad norm (before clipping, a float on every rank), clip, optimizer
+        step, scheduler step, zero grad."""
 
     @abstractmethod
-    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum of `value` over all data-parallel ranks (returns a new tensor)."""
+    def current_lr(self) -> float:
+        """Learning rate of the first parameter group: the one the next optimizer step uses."""
 
-    @abstractmethod
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        """`obj` from every rank, in rank order (small payloads: per-rank memory stats)."""
+    # --- state ------------------------------------------------------------------------------------------
 
     @abstractmethod
     def save(self, directory: Path, client_state: dict[str, Any]) -> None:
-        """Save engine state (model, optimizer, scheduler, `client_state`) into `directory`."""
+        """Save engine state (model, optimizer, scheduler, `client_state`) into `directory` (collective)."""
 
     @abstractmethod
     def load(self, directory: Path) -> dict[str, Any]:
-        """Restore engine state from `directory`; returns the saved `client_state`."""
+        """Restore engine state from `directory`; returns the saved `client_state` (collective)."""
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's state dict gathered on rank 0 (CPU tensors); None on other ranks. Collective."""
 
     @abstractmethod
     def unwrap(self) -> torch.nn.Module:
         """The underlying (peft/HF) model, for export."""
 
+    # --- communication (identity in one process) -------------------------------------------------------
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group is up (even of size 1)."""
+        return dist.is_available() and dist.is_initialized()
+
+    def all_reduce_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum of `value` over all data-parallel ranks (a new tensor on `value`'s device)."""
+        out = value.detach().to(self.device, copy=True)
+        if self.distributed and self.world_size > 1:
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.to(value.device)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """`obj` from every rank, in rank order (small payloads: per-rank memory stats)."""
+        if not (self.distributed and self.world_size > 1):
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not (self.distributed and self.world_size > 1):
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def barrier(self) -> None:
         """Wait for every rank (no-op in one process)."""
+        if self.distributed and self.world_size > 1:
+            dist.barrier()
 
     def close(self) -> None:
-        """Tear down process groups; safe to call twice."""
-
-    @abstractmethod
-    def current_lr(self) -> float:
-        """Learning rate of the first parameter group after the last scheduler step."""
+        """Tear down the process group; safe to call twice."""
+        if self.distributed:
+            dist.destroy_process_group()

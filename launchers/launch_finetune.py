@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Fine-tune entry point (DESIGN contract 1); runs under `deepspeed`, `torchrun` and plain `python`.
+
+    deepspeed --num_gpus N launchers/launch_finetune.py --config configs/demo.yaml [key=value ...]
+    torchrun --nproc_per_node N launchers/launch_finetune.py --config CFG distributed.strategy=fsdp
+    python launchers/launch_finetune.py --config CFG distributed.strategy=single
+
+Everything happens in `zerofit.run.main`: parse -> resolve -> render -> build -> print plan -> train.
+"""
+
+import sys
+from pathlib import Path
+
+try:
+    from zerofit.run import main
+except ModuleNotFoundError:  # a checkout without `pip install -e .`: use its src/ directly
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from zerofit.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""DeepSpeed ZeRO 0-3 (and the offload presets), driven directly (no accelerate).
+
+The rendered DeepSpeed dict is passed to `deepspeed.initialize` as is; it is exactly what the run directory
+records. Our loop owns the gradient arithmetic, so:
+
+- the accumulation boundary is set explicitly each micro-step (`set_gradient_accumulation_boundary`);
+- backward is `engine.backward(loss, scale_wrt_gas=False)`: DeepSpeed must not divide by GAS again, and
+  `loss.backward()` is never called on an engine output (ZeRO-1/2 would scale twice, ZeRO-0 raises);
+- DeepSpeed averages gradients over the dp ranks, which `grad_divide_factor = dp` reports to the loop;
+- clipping (`gradient_clipping` in the config) and the scheduler step happen inside `engine.step()`, once
+  per window; the grad norm is DeepSpeed's pre-clip global norm.
+
+ZeRO-0/1 reduce gradients only at the boundary; ZeRO-2/3 reduce-scatter every micro-step by design (their
+gradient partitioning needs it): more communication per window, less gradient memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.errors import LaunchError
+from zerofit.strategies.base import (
+    OptimizerFactory,
+    SchedulerFactory,
+    Strategy,
+    backend_for,
+    check_precision,
+)
+from zerofit.strategies.env import LaunchEnv
+
+TAG = "engine"  # DeepSpeed's checkpoint tag inside our own (atomic) step directory
+
+
+def _precision(config: dict[str, Any]) -> str:
+    if config.get("bf16", {}).get("enabled"):
+        return "bf16"
+    if config.get("fp16", {}).get("enabled"):
+        return "fp16"
+    return "fp32"
+
+
+def _check_accelerator_precision(precision: str, accelerator: Any) -> None:
+    """DeepSpeed refuses a half precision its accelerator does not report (e.g. fp16 on a CPU without
+    AVX512-FP16/AMX-FP16); say so before any model is built, not as a ValueError deep in initialize()."""
+    supported = {
+        "bf16": accelerator.is_bf16_supported,
+        "fp16": accelerator.is_fp16_supported,
+    }.get(precision)
+    if supported is not None and not supported():
+        other = "bf16" if precision == "fp16" and accelerator.is_bf16_supported() else "fp32"
+        raise LaunchError(
+            f"train.precision = {precision!r} is not supported by DeepSpeed's "
+            f"{accelerator.device_name()} accelerator on this machine (DeepSpeed checks the device's native "
+            f"{precision} support); set train.precision={other}, or use distributed.strategy=single or ddp, "
+            f"whose autocast runs {precision} where the hardware lacks native support"
+        )
+
+
+class DeepSpeedStrategy(Strategy):
+    """A `DeepSpeedEngine` behind the loop's verbs."""
+
+    name = "deepspeed"
+
+    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
+        super().__init__(env, engine_config)
+        self.precision = _precision(engine_config)
+        check_precision(self.precision, self.device)
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.utils import logger as ds_logger
+
+        _check_accelerator_precision(self.precision, get_accelerator())
+
+        ds_logger.setLevel(logging.WARNING)  # DeepSpeed's INFO chatter would bury the plan and progress
+        deepspeed.init_distributed(
+            dist_backend=backend_for(self.device), auto_mpi_discovery=False, verbose=False
+        )
+        self.stage = int(engine_config.get("zero_optimization", {}).get("stage", 0))
+        self.grad_divide_factor = float(self.world_size)  # DeepSpeed averages gradients over dp ranks
+        self.engine: Any = None
+
+    def prepare(
+        self,
+        model: torch.nn.Module,
+        make_optimizer: OptimizerFactory | None,
+        make_scheduler: SchedulerFactory,
+    ) -> torch.nn.Module:
+        import deepspeed
+
+        from zerofit.optim import param_groups
+
+        config = copy.deepcopy(self.engine_config)  # DeepSpeed fills defaults into the dict it is given
+        self._frozen = any(not p.requires_grad for p in model.parameters())
+        if "optimizer" in config or make_optimizer is None:
+            # The config's optimizer (offload presets: DeepSpeed's CPU Adam); we only hand it param groups.
+            weight_decay = float(config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0))
+            optimizer, params = None, param_groups(model, weight_decay)
+        else:
+            optimizer, params = make_optimizer(model), None
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            model_parameters=params,
+            lr_scheduler=make_scheduler,  # called with the engine's base optimizer
+            config=config,
+            dist_init_required=False,
+        )
+        return self.engine
+
+    def accumulate(self, is_last: bool) -> AbstractContextManager[None]:
+        self.engine.set_gradient_accumulation_boundary(is_last)
+        return nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def _fp32_zero0_norm(self) -> float:
+        # ZeRO-0 in fp32 steps the client optimizer directly and leaves the engine's norm unset; at the
+        # boundary the gradients on every rank are already the averaged full ones, so the norm is local.
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads))
+
+    def clip_and_step(self, max_grad_norm: float | None) -> float:
+        # max_grad_norm is already the config's `gradient_clipping`; DeepSpeed clips inside step().
+        del max_grad_norm
+        manual = self._fp32_zero0_norm() if self.stage == 0 and self.precision == "fp32" else None
+        self.engine.step()
+        self.step_applied = bool(self.engine.was_step_applied())
+        norm = manual if manual is not None else self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def current_lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, directory: Path, client_state: dict[str, Any]) -> None:
+        # Frozen base weights (LoRA) are reproducible from the model source: leave them out of checkpoints.
+        self.engine.save_checkpoint(
+            str(directory),
+            tag=TAG,
+            client_state=client_state,
+            save_latest=False,
+            exclude_frozen_parameters=self._frozen,
+        )
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        path, client_state = self.engine.load_checkpoint(
+            str(directory),
+            tag=TAG,
+            load_module_strict=not self._frozen,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")
+        return dict(client_state or {})
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self.stage == 3:
+            return self.engine._zero3_consolidated_16bit_state_dict()  # collective; rank 0 gets it
+        if self.rank != 0:
+            return None
+        return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()}
+
+    def unwrap(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def close(self) -> None:
+        self.engine = None
+        super().close()

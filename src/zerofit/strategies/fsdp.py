@@ -1,0 +1,205 @@
+"""PyTorch FSDP2 (`fully_shard`), driven by the rendered plan (`fsdp.json` in the run directory).
+
+Order, as the plan says: each decoder layer (by class name) is `fully_shard`-ed, then the root, so every
+layer's parameters are gathered and freed on their own and the root holds only embeddings, final norm and
+head. Then the optimizer is built on the sharded (DTensor) parameters.
+
+Accumulation: with `sync = boundary_only` gradient reduce-scatter is skipped on non-boundary micro-steps
+(`set_requires_gradient_sync(False)`: one reduce-scatter per window, but each rank holds an unsharded
+gradient copy meanwhile); with `every_micro_step` gradients are reduce-scattered and accumulated sharded.
+FSDP divides the summed gradient by `gradient_divide_factor` (by default the dp size), which is reported
+to the loop as `grad_divide_factor`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
+
+from zerofit.errors import ConfigError
+from zerofit.strategies.base import (
+    OptimizerFactory,
+    SchedulerFactory,
+    Strategy,
+    backend_for,
+    check_precision,
+)
+from zerofit.strategies.env import LaunchEnv
+
+EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return getattr(torch, name) if name else None
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2 shards of the model, an optimizer over DTensor parameters, DCP checkpoints."""
+
+    name = "fsdp"
+
+    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
+        super().__init__(env, engine_config)
+        mp = engine_config.get("mixed_precision", {})
+        self.param_dtype = _dtype(mp.get("param_dtype"))
+        if self.param_dtype in (torch.bfloat16, torch.float16):
+            check_precision("bf16" if self.param_dtype == torch.bfloat16 else "fp16", self.device)
+        if not dist.is_initialized():
+            device_id = self.device if self.device.type == "cuda" else None
+            dist.init_process_group(backend_for(self.device), device_id=device_id)
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+        accumulation = engine_config.get("gradient_accumulation", {})
+        self.sync_every_micro_step = accumulation.get("sync", "boundary_only") == "every_micro_step"
+        factor = engine_config.get("gradient_divide_factor")
+        self.custom_divide_factor = float(factor) if factor is not None else None
+        # FSDP's default reduction averages over the dp ranks.
+        self.grad_divide_factor = self.custom_divide_factor or float(self.world_size)
+        # fp16 needs loss scaling; the sharded scaler agrees on overflow across ranks (one all-reduce).
+        self.scaler = ShardedGradScaler(self.device.type) if engine_config.get("grad_scaler") else None
+        self.model: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+
+    def _policies(self) -> dict[str, Any]:
+        plan = self.engine_config
+        mp = plan.get("mixed_precision", {})
+        # Pinned host memory needs an accelerator (pinning raises on a CPU-only machine).
+        pin = bool(plan.get("cpu_offload_pin_memory", self.device.type == "cuda"))
+        offload = CPUOffloadPolicy(pin_memory=pin) if plan.get("cpu_offload") else OffloadPolicy()
+        return {
+            "mesh": self.mesh,
+            "reshard_after_forward": bool(plan.get("reshard_after_forward", True)),
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=_dtype(mp.get("param_dtype")),
+                reduce_dtype=_dtype(mp.get("reduce_dtype")),
+                output_dtype=_dtype(mp.get("output_dtype")),
+            ),
+            "offload_policy": offload,
+        }
+
+    def prepare(
+        self,
+        model: torch.nn.Module,
+        make_optimizer: OptimizerFactory | None,
+        make_scheduler: SchedulerFactory,
+    ) -> torch.nn.Module:
+        if make_optimizer is None:
+            raise ValueError("FSDP needs a client optimizer")
+        layer_class = self.engine_config.get("wrap", {}).get("layer_class", "LlamaDecoderLayer")
+        layers = [m for m in model.modules() if type(m).__name__ == layer_class]
+        if not layers:
+            found = sorted({type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__})
+            raise ConfigError(
+                [
+                    f"FSDP wrap: the model has no module of class {layer_class!r} to shard per layer "
+                    f"(layer-like classes found: {', '.join(found) or 'none'}); this model architecture is "
+                    "not supported by the fsdp strategy yet, use distributed.strategy=deepspeed"
+                ]
+            )
+        policies = self._policies()
+        # Per layer first, then the root: each layer becomes its own all-gather / reduce-scatter group.
+        for layer in layers:
+            fully_shard(layer, **policies)
+        fully_shard(model, **policies)
+        if self.custom_divide_factor is not None:
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_gradient_divide_factor(self.custom_divide_factor)
+                    # A custom factor otherwise uses NCCL's PREMUL_SUM, which gloo lacks; plain SUM + a
+                    # separate scaling works on every backend.
+                    module.set_force_sum_reduction_for_comms(True)
+        self.model = model
+        self.optimizer = make_optimizer(model)  # on the sharded DTensor parameters
+        self.scheduler = make_scheduler(self.optimizer)
+        return model
+
+    def accumulate(self, is_last: bool) -> AbstractContextManager[None]:
+        if not self.sync_every_micro_step:
+            self.model.set_requires_gradient_sync(is_last)
+        return nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def clip_and_step(self, max_grad_norm: float | None) -> float:
+        assert self.optimizer is not None, "prepare() first"
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip and report the true gradient, not the scaled one
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(total, DTensor):  # a partial norm per shard: reduce to the global norm on every rank
+            total = total.full_tensor()
+        if max_grad_norm:
+            torch.nn.utils.clip_grads_with_norm_(params, max_grad_norm, total)
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skipped (on every rank) when any rank's gradients overflowed
+            self.scaler.update()
+            self.step_applied = self.scaler.get_scale() >= scale_before
+        else:
+            self.optimizer.step()
+        if self.step_applied:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(total)
+
+    def current_lr(self) -> float:
+        assert self.optimizer is not None, "prepare() first"
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # --- state -----------------------------------------------------------------------------------------
+
+    def _options(self, **kwargs: Any) -> StateDictOptions:
+        # Frozen base weights (LoRA) are reproducible from the model source: not checkpointed.
+        return StateDictOptions(ignore_frozen_params=True, **kwargs)
+
+    def save(self, directory: Path, client_state: dict[str, Any]) -> None:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "dcp"))
+        if self.rank == 0:
+            extra = {"scheduler": self.scheduler.state_dict(), "client_state": client_state}
+            torch.save(extra, Path(directory) / EXTRA_FILE)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(directory) / "dcp"))
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self._options(strict=False),
+        )
+        extra = torch.load(Path(directory) / EXTRA_FILE, map_location="cpu", weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        return dict(extra["client_state"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)  # collective; full on rank 0
+        return state if self.rank == 0 else None
+
+    def unwrap(self) -> torch.nn.Module:
+        return self.model

@@ -1,0 +1,154 @@
+"""One process, plain PyTorch: autocast for bf16/fp16, a GradScaler for fp16 (unscaled before clipping).
+
+`SingleStrategy` is also the base of `DDPStrategy`: both hold the whole model and optimizer on every rank,
+so stepping, saving and loading are the same; DDP only adds the wrapper and the gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy, check_precision
+from zerofit.strategies.env import LaunchEnv
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+STATE_FILE = "state.pt"
+
+
+def _autocast_dtype(engine_config: dict[str, Any]) -> torch.dtype | None:
+    """The autocast dtype the rendered engine config asks for (None = run in the weights' dtype)."""
+    name = engine_config.get("autocast_dtype")
+    if name is None and engine_config.get("precision") in ("bf16", "fp16"):
+        name = engine_config["precision"]
+    return _DTYPES.get(str(name)) if name else None
+
+
+def grad_norm_and_clip(params: list[torch.nn.Parameter], max_grad_norm: float | None) -> torch.Tensor:
+    """Total 2-norm of the gradients (before clipping); clips in place when `max_grad_norm` > 0."""
+    grads = [p for p in params if p.grad is not None]
+    if max_grad_norm:
+        return torch.nn.utils.clip_grad_norm_(grads, max_grad_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in grads])
+
+
+class SingleStrategy(Strategy):
+    """The whole model and optimizer in this process; no gradient communication."""
+
+    name = "single"
+
+    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
+        super().__init__(env, engine_config)
+        check_precision(str(engine_config.get("precision", "fp32")), self.device)
+        self.autocast_dtype = _autocast_dtype(engine_config)
+        use_scaler = bool(engine_config.get("grad_scaler", self.autocast_dtype == torch.float16))
+        self.scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Hook for subclasses (DDP); one process runs the model as is."""
+        return model
+
+    def prepare(
+        self,
+        model: torch.nn.Module,
+        make_optimizer: OptimizerFactory | None,
+        make_scheduler: SchedulerFactory,
+    ) -> torch.nn.Module:
+        if make_optimizer is None:
+            raise ValueError(f"strategy {self.name} needs a client optimizer")
+        model.to(self.device)
+        self.optimizer = make_optimizer(model)
+        self.scheduler = make_scheduler(self.optimizer)
+        self.model = self._wrap(model)
+        return self.model
+
+    def _no_sync(self, is_last: bool) -> AbstractContextManager[Any]:
+        """Hook for DDP; one process has nothing to sync."""
+        del is_last
+        return nullcontext()
+
+    def accumulate(self, is_last: bool) -> AbstractContextManager[Any]:
+        stack = ExitStack()
+        stack.enter_context(self._no_sync(is_last))
+        if self.autocast_dtype is not None:
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype))
+        return stack
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def clip_and_step(self, max_grad_norm: float | None) -> float:
+        assert self.optimizer is not None and self.model is not None, "prepare() first"
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip and report the true gradient, not the scaled one
+        norm = float(grad_norm_and_clip(list(self.model.parameters()), max_grad_norm))
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skipped when the gradients overflowed
+            self.scaler.update()
+            self.step_applied = self.scaler.get_scale() >= scale_before
+        else:
+            self.optimizer.step()
+            self.step_applied = True
+        if self.step_applied:  # like DeepSpeed: a skipped update does not advance the schedule
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def current_lr(self) -> float:
+        assert self.optimizer is not None, "prepare() first"
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # --- state: every rank holds the same full state; rank 0 writes, every rank reads --------------------
+
+    def unwrap(self) -> torch.nn.Module:
+        assert self.model is not None, "prepare() first"
+        return getattr(self.model, "module", self.model)
+
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        # Frozen weights (a LoRA base) are reproducible from the model source; only what trains is saved.
+        model = self.unwrap()
+        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        return {k: v.detach().cpu() for k, v in model.state_dict().items() if k in trainable}
+
+    def save(self, directory: Path, client_state: dict[str, Any]) -> None:
+        assert self.optimizer is not None, "prepare() first"
+        if self.rank != 0:
+            return
+        state = {
+            "model": self._trainable_state(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "client_state": client_state,
+        }
+        torch.save(state, Path(directory) / STATE_FILE)
+
+    def load(self, directory: Path) -> dict[str, Any]:
+        assert self.optimizer is not None, "prepare() first"
+        state = torch.load(Path(directory) / STATE_FILE, map_location=self.device, weights_only=False)
+        missing = set(self._trainable_state()) - set(state["model"])
+        if missing:
+            raise RuntimeError(f"checkpoint {directory} lacks trainable weights: {sorted(missing)[:5]}")
+        self.unwrap().load_state_dict(state["model"], strict=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        return dict(state["client_state"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self.rank != 0:
+            return None
+        return {k: v.detach().cpu() for k, v in self.unwrap().state_dict().items()}

@@ -1,0 +1,158 @@
+"""One global batch per optimizer step, token-exact whatever the split ("Gradient accumulation, done right").
+
+    train_step: count the window's valid label tokens on this rank -> all-reduce once (before any
+                backward) -> per micro-step: forward, token *sum* / global tokens (x the engine's gradient
+                divide factor), backward (sync only on the last) -> clip once, step once -> loss.
+    train_loop: for each optimizer step: this rank's micro-batches of global batch `step` -> train_step ->
+                metrics (DESIGN contract 4) -> periodic checkpoint.
+
+Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
+normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from zerofit.batching import BatchPlan
+from zerofit.data import IGNORE_INDEX, Example, GlobalBatchSampler, collate, split_global_batch
+from zerofit.metrics.base import MetricsSink
+from zerofit.metrics.memory import memory_snapshot, per_rank_fields
+from zerofit.strategies.base import Strategy
+
+
+def count_label_tokens(labels: torch.Tensor) -> int:
+    """Valid label tokens of a batch: positions 1.. whose label is not -100 (position 0 predicts nothing)."""
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Sum (not mean) of next-token cross-entropy over valid labels, in fp32, and how many there are.
+
+    Token t's logits predict label t+1 (labels are unshifted, HF-style). A batch with no valid label gives
+    a zero sum that still carries a graph, so every rank runs the same backward.
+    """
+    shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
+    shift_labels = labels[:, 1:].reshape(-1).to(shift_logits.device)
+    loss_sum = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss_sum, int((shift_labels != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step did: global token-mean loss, pre-clip grad norm, global valid tokens."""
+
+    loss: float
+    grad_norm: float
+    tokens: int
+
+
+def train_step(
+    strategy: Strategy,
+    model: torch.nn.Module,
+    micro_batches: list[dict[str, torch.Tensor]],
+    max_grad_norm: float | None,
+) -> StepResult:
+    """One global batch: this rank's `micro_batches` (exactly grad_accum_steps of them), one optimizer step."""
+    # 1. The normalizer: valid label tokens of the whole global batch, over all ranks, before any backward.
+    local_tokens = sum(count_label_tokens(b["labels"]) for b in micro_batches)
+    tokens = int(strategy.all_reduce_sum(torch.tensor(local_tokens, dtype=torch.int64)))
+    # 2. The one place that scales the loss: by the global token count, and back up by what the engine
+    #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
+    #    gradient of (sum of token losses) / tokens. max(., 1): an all-masked window contributes zero.
+    scale = strategy.grad_divide_factor / max(tokens, 1)
+    local_loss_sum = torch.zeros((), dtype=torch.float64)
+    for j, batch in enumerate(micro_batches):
+        with strategy.accumulate(is_last=j == len(micro_batches) - 1):
+            logits = model(
+                input_ids=batch["input_ids"].to(strategy.device),
+                attention_mask=batch["attention_mask"].to(strategy.device),
+                use_cache=False,
+            ).logits
+            loss_sum, _ = token_sum_loss(logits, batch["labels"])
+            strategy.backward(loss_sum * scale)
+        local_loss_sum += loss_sum.detach().double().cpu()
+    # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
+    grad_norm = strategy.clip_and_step(max_grad_norm)
+    loss = float(strategy.all_reduce_sum(local_loss_sum)) / max(tokens, 1)
+    return StepResult(loss=loss, grad_norm=grad_norm, tokens=tokens)
+
+
+class Checkpointing(Protocol):
+    """What the loop needs from `zerofit.checkpoint.Checkpointer`."""
+
+    def after_step(self, steps_done: int) -> None: ...
+
+
+@dataclass
+class TrainRun:
+    """Everything the loop touches, built by `zerofit.run`."""
+
+    strategy: Strategy
+    model: torch.nn.Module
+    examples: list[Example]
+    sampler: GlobalBatchSampler
+    plan: BatchPlan
+    max_steps: int
+    max_grad_norm: float | None
+    pad_id: int
+    sink: MetricsSink
+    checkpointer: Checkpointing
+    log_every: int = 1
+
+
+def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """This rank's collated micro-batches of global batch `step`, and the global batch's sample count."""
+    indices = run.sampler.batch_indices(step)
+    p = run.plan
+    mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, run.strategy.rank)
+    return [collate([run.examples[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+
+
+def step_metrics(
+    run: TrainRun, step: int, result: StepResult, lr: float, seconds: float, samples: int
+) -> dict[str, Any]:
+    """The per-step fields of `metrics.jsonl` (DESIGN contract 4), memory aside."""
+    return {
+        "loss": result.loss,
+        "lr": lr,
+        "grad_norm": result.grad_norm,
+        "tokens": result.tokens,
+        "tokens_per_s": result.tokens / seconds,
+        "samples_per_s": samples / seconds,
+        "step_time_s": seconds,
+        "micro_batch_size": run.plan.micro_batch_size,
+        "grad_accum_steps": run.plan.grad_accum_steps,
+        "dp_size": run.plan.dp_size,
+        "epoch": run.sampler.epoch_of(step),
+        "partial_window": run.sampler.is_partial(step),
+        "step_skipped": not run.strategy.step_applied,
+    }
+
+
+def memory_fields(strategy: Strategy) -> dict[str, Any]:
+    """Every rank's memory, gathered with one collective (so call it on every rank at the same step)."""
+    return per_rank_fields(strategy.all_gather_object(memory_snapshot(strategy.device)))
+
+
+def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
+    """Optimizer steps `start_step`..`max_steps - 1`; metrics are logged with `step` = steps done (1-based)."""
+    results: list[StepResult] = []
+    for step in range(start_step, run.max_steps):
+        started = time.perf_counter()
+        micro_batches, samples = rank_micro_batches(run, step)
+        lr = run.strategy.current_lr()  # the LR this step's update uses
+        result = train_step(run.strategy, run.model, micro_batches, run.max_grad_norm)
+        seconds = time.perf_counter() - started
+        results.append(result)
+        steps_done = step + 1
+        if steps_done % run.log_every == 0 or steps_done == run.max_steps:
+            metrics = step_metrics(run, step, result, lr, seconds, samples)
+            run.sink.log(steps_done, {**metrics, **memory_fields(run.strategy)})
+        run.checkpointer.after_step(steps_done)
+    return results

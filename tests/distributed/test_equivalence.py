@@ -1,0 +1,194 @@
+"""One global batch, any split, any engine: the same training (DESIGN "Gradient accumulation, done right").
+
+A tiny Llama, full fine-tuning in fp32 (so every parameter is compared, not only adapters), data whose
+lengths vary from 1 to ~60 tokens, global batch 8 split as
+
+    (micro 8, GAS 1, single)  (micro 2, GAS 4, single)  (micro 2, GAS 2, dp 2) on DeepSpeed ZeRO-0/2/3
+    (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
+
+through the real launchers (python, deepspeed, torchrun; gloo). Over 4 optimizer steps the per-step losses
+(metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
+active (pre-clip grad norm > max_grad_norm, logged) yet the splits agree, so it happens once after the
+window; the LR follows the schedule once per optimizer step; the short window at the end of the epoch
+(train.partial_window=normalize, with empty micro-batches on some ranks) is normalized by its own tokens.
+The companion test shows that per-micro-batch means divided by GAS would not agree on this data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from launch_helpers import Launch, RunResult, run_launches, varied_length_data, write_config
+from zerofit.data import GlobalBatchSampler, collate, load_sft_dataset
+from zerofit.optim import lr_multiplier
+from zerofit.tiny_llama import ensure_tiny_llama
+from zerofit.train import count_label_tokens, token_sum_loss
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+N_EXAMPLES, GLOBAL, STEPS, SEED, LR, MAX_LEN, CLIP = 20, 8, 4, 7, 1e-3, 64, 1.0
+TOL = 1e-5
+
+SPLITS = [
+    Launch("single-m8", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
+    Launch("single-m2", "python", ("distributed.strategy=single", "batch.micro_batch_size=2")),
+    Launch("zero0", "deepspeed", ("distributed.preset=zero0", "batch.micro_batch_size=2")),
+    Launch("zero2", "deepspeed", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
+    Launch("zero3", "deepspeed", ("distributed.preset=zero3", "batch.micro_batch_size=2")),
+    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("ddp", "torchrun", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
+]
+EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
+    "single-m8": (8, 1, 1),
+    "single-m2": (2, 4, 1),
+    "zero0": (2, 2, 2),
+    "zero2": (2, 2, 2),
+    "zero3": (2, 2, 2),
+    "fsdp": (1, 4, 2),
+    "ddp": (2, 2, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return varied_length_data(tmp_path_factory.mktemp("data") / "varied.jsonl", N_EXAMPLES)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, data_file: Path) -> dict[str, RunResult]:
+    root = tmp_path_factory.mktemp("equivalence")
+    config = write_config(
+        root / "equivalence.yaml",
+        {
+            "seed": SEED,
+            "model": {"name_or_path": "tiny-llama"},
+            "batch": {"global_batch_size": GLOBAL},
+            "distributed": {"strategy": "deepspeed"},
+            "train": {
+                "max_steps": STEPS,
+                "precision": "fp32",
+                "max_grad_norm": CLIP,
+                "partial_window": "normalize",
+            },
+            "optimizer": {"lr": LR},
+            "scheduler": {"name": "cosine", "warmup_steps": 1},
+            "lora": {"enabled": False},
+            "data": {"path": str(data_file), "max_seq_len": MAX_LEN},
+            "logging": {"console": False, "wandb": {"mode": "disabled"}},
+        },
+    )
+    results = run_launches(SPLITS, config, root / "runs")
+    for result in results.values():
+        result.check()
+    return results
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("name", [launch.name for launch in SPLITS])
+def test_split_is_what_was_asked(runs: dict[str, RunResult], name: str) -> None:
+    rows = runs[name].metrics
+    assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
+    for row in rows:
+        assert (row["micro_batch_size"], row["grad_accum_steps"], row["dp_size"]) == EXPECTED_SPLIT[name]
+
+
+@pytest.mark.parametrize("name", [launch.name for launch in SPLITS[1:]])
+def test_losses_and_tokens_agree_with_one_big_batch(runs: dict[str, RunResult], name: str) -> None:
+    ref, run = runs["single-m8"], runs[name]
+    assert run.series("tokens") == ref.series("tokens")
+    assert _max_diff(run.series("loss"), ref.series("loss")) < TOL, (run.series("loss"), ref.series("loss"))
+
+
+@pytest.mark.parametrize("name", [launch.name for launch in SPLITS[1:]])
+def test_final_parameters_agree_with_one_big_batch(runs: dict[str, RunResult], name: str) -> None:
+    ref, other = runs["single-m8"].exported(), runs[name].exported()
+    assert set(other) == set(ref)
+    worst = max(float((other[k].float() - ref[k].float()).abs().max()) for k in ref)
+    assert worst < TOL, f"{name}: max |param diff| = {worst:.3g}"
+
+
+def test_training_moved_the_parameters(runs: dict[str, RunResult]) -> None:
+    """Agreement is not two untouched copies of the initial weights."""
+    from safetensors.torch import load_file
+
+    initial = load_file(ensure_tiny_llama(SEED) / "model.safetensors")
+    final = runs["single-m8"].exported()
+    assert max(float((final[k] - initial[k]).abs().max()) for k in initial) > 1e-4
+
+
+@pytest.mark.parametrize("name", [launch.name for launch in SPLITS])
+def test_grad_norm_is_pre_clip_and_split_independent(runs: dict[str, RunResult], name: str) -> None:
+    norms, ref = runs[name].series("grad_norm"), runs["single-m8"].series("grad_norm")
+    # Clipping is active on every step (the logged norm is the one before clipping), and the splits still
+    # agree on loss and parameters (tests above): one clip after the whole window, not one per micro-step.
+    assert min(norms) > CLIP
+    assert _max_diff(norms, ref) < TOL * max(ref)
+
+
+@pytest.mark.parametrize("name", [launch.name for launch in SPLITS])
+def test_lr_steps_once_per_optimizer_step(runs: dict[str, RunResult], name: str) -> None:
+    factor = lr_multiplier("cosine", 1, STEPS, 0.0)
+    expected = [LR * factor(step) for step in range(STEPS)]
+    assert runs[name].series("lr") == pytest.approx(expected, rel=1e-9)
+
+
+def _examples(data_file: Path) -> tuple[list[Any], int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_llama(SEED))
+    examples, _ = load_sft_dataset(data_file, tokenizer, MAX_LEN)
+    return examples, int(tokenizer.pad_token_id)
+
+
+def test_partial_window_is_normalized_by_its_own_tokens(runs: dict[str, RunResult], data_file: Path) -> None:
+    examples, pad = _examples(data_file)
+    sampler = GlobalBatchSampler(len(examples), GLOBAL, SEED, partial_window="normalize")
+    assert sampler.steps_per_epoch == 3  # 8 + 8 + the short window of 4
+    expected_tokens = [
+        count_label_tokens(collate([examples[i] for i in sampler.batch_indices(s)], pad)["labels"])
+        for s in range(STEPS)
+    ]
+    for name in EXPECTED_SPLIT:
+        rows = runs[name].metrics
+        assert [row["partial_window"] for row in rows] == [False, False, True, False]
+        assert [row["epoch"] for row in rows] == [0, 0, 0, 1]  # the short window never leaks into epoch 1
+        assert [row["tokens"] for row in rows] == expected_tokens
+
+
+def test_per_micro_batch_means_would_not_agree(data_file: Path) -> None:
+    """On this data, the common mistake (mean per micro-batch, divided by GAS) gives a different gradient;
+    the token-sum normalization gives the one-big-batch gradient. So the equivalence tests can fail."""
+    from transformers import AutoModelForCausalLM
+
+    examples, pad = _examples(data_file)
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_llama(SEED), dtype=torch.float32)
+    indices = GlobalBatchSampler(len(examples), GLOBAL, SEED).batch_indices(0)
+    full = collate([examples[i] for i in indices], pad)
+    micro = [collate([examples[i] for i in indices[k : k + 2]], pad) for k in range(0, GLOBAL, 2)]
+
+    def gradient(losses: list[torch.Tensor]) -> torch.Tensor:
+        model.zero_grad()
+        for loss in losses:
+            loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    def sum_and_count(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return token_sum_loss(logits, batch["labels"])
+
+    total, n = sum_and_count(full)
+    reference = gradient([total / n])
+    window_tokens = sum(count_label_tokens(b["labels"]) for b in micro)
+    ours = gradient([sum_and_count(b)[0] / window_tokens for b in micro])
+    naive = gradient([(lambda s, c: s / c)(*sum_and_count(b)) / len(micro) for b in micro])
+
+    assert float((ours - reference).abs().max()) < 1e-6
+    relative_error = float((naive - reference).norm() / reference.norm())
+    assert relative_error > 0.05, f"naive per-micro-batch means differ by only {relative_error:.3g}"

@@ -1,0 +1,175 @@
+"""Run `launchers/launch_finetune.py` through the real launchers (python, deepspeed, torchrun) in tests.
+
+Launches of one test module are started together (a few at a time) so their start-up costs overlap; each
+gets its own free rendezvous port and run name. Results expose the run directory's metrics and export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "launchers" / "launch_finetune.py"
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: a run name, the launcher (`python`, `deepspeed`, `torchrun`) and dotted overrides."""
+
+    name: str
+    launcher: str
+    overrides: tuple[str, ...] = ()
+    nproc: int = 2
+    key: str = ""  # results/log key when several launches share a run name (default: the name)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for this launch only
+
+    @property
+    def id(self) -> str:
+        return self.key or self.name
+
+    def command(self, config: Path, output_dir: Path) -> list[str]:
+        if self.launcher == "python":
+            head = [sys.executable]
+        elif self.launcher == "deepspeed":
+            head = [str(BIN / "deepspeed"), "--master_port", str(free_port()), "--num_gpus", str(self.nproc)]
+        elif self.launcher == "torchrun":
+            head = [
+                str(BIN / "torchrun"),
+                "--master_port",
+                str(free_port()),
+                "--nproc_per_node",
+                str(self.nproc),
+            ]
+        else:
+            raise ValueError(self.launcher)
+        args = ["--config", str(config), f"output_dir={output_dir}", f"run_name={self.name}", *self.overrides]
+        return [*head, str(LAUNCHER), *args]
+
+
+@dataclass
+class RunResult:
+    """A finished launch: exit code, output, wall time and its run directory."""
+
+    launch: Launch
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    run_dir: Path
+    _metrics: list[dict[str, Any]] | None = field(default=None, repr=False)
+
+    def check(self) -> RunResult:
+        assert self.returncode == 0, f"{self.launch}\n{self.stdout[-4000:]}\n{self.stderr[-4000:]}"
+        return self
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        if self._metrics is None:
+            lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+            self._metrics = [json.loads(line) for line in lines]
+        return self._metrics
+
+    def series(self, key: str) -> list[Any]:
+        return [row[key] for row in self.metrics]
+
+    def exported(self) -> dict[str, Any]:
+        """The final export's tensors (`model/` or `adapter/` safetensors)."""
+        from safetensors.torch import load_file
+
+        for sub, name in (("model", "model.safetensors"), ("adapter", "adapter_model.safetensors")):
+            if (self.run_dir / sub / name).is_file():
+                return load_file(self.run_dir / sub / name)
+        raise FileNotFoundError(f"no export in {self.run_dir}")
+
+
+def run_launches(
+    launches: Iterable[Launch],
+    config: Path,
+    output_dir: Path,
+    max_parallel: int = 2,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
+) -> dict[str, RunResult]:
+    """Start every launch (at most `max_parallel` at a time) and wait for all; results by `Launch.id`."""
+    pending = list(launches)
+    running: list[tuple[Launch, subprocess.Popen[str], float, Path, Path]] = []
+    results: dict[str, RunResult] = {}
+    base_env = {**os.environ, **(env or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        base_env.pop(key, None)  # every launch brings its own rendezvous
+    logs = output_dir / "_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    while pending or running:
+        while pending and len(running) < max_parallel:
+            launch = pending.pop(0)
+            out, err = logs / f"{launch.id}.out", logs / f"{launch.id}.err"
+            proc = subprocess.Popen(
+                launch.command(config, output_dir),
+                cwd=REPO,
+                env={**base_env, **launch.env},
+                stdout=out.open("w"),
+                stderr=err.open("w"),
+                text=True,
+                start_new_session=True,  # so a timeout can stop the launcher and all its ranks
+            )
+            running.append((launch, proc, time.monotonic(), out, err))
+        for item in list(running):
+            launch, proc, started, out, err = item
+            if proc.poll() is None:
+                if time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                continue
+            running.remove(item)
+            results[launch.id] = RunResult(
+                launch=launch,
+                returncode=proc.returncode,
+                stdout=out.read_text(),
+                stderr=err.read_text(),
+                seconds=time.monotonic() - started,
+                run_dir=output_dir / launch.name,
+            )
+        time.sleep(0.1)
+    return results
+
+
+def run_one(launch: Launch, config: Path, output_dir: Path, **kwargs: Any) -> RunResult:
+    return run_launches([launch], config, output_dir, max_parallel=1, **kwargs)[launch.id]
+
+
+def varied_length_data(path: Path, n: int, seed: int = 0) -> Path:
+    """`n` prompt/response pairs whose lengths vary from 1 to ~60 characters: padding and token counts
+    differ a lot between micro-batches, which is what breaks per-micro-batch loss means."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for _ in range(n):
+            prompt = "".join(rng.choice("abcdefghij") for _ in range(rng.choice([1, 2, 3, 20, 40])))
+            response = "".join(rng.choice("0123456789") for _ in range(rng.choice([1, 2, 5, 30, 60])))
+            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    return path

@@ -1,0 +1,90 @@
+"""The launcher's thin front: arguments, launch environment, multi-rank requests, run directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from zerofit.config import load_config, resolve
+from zerofit.errors import LaunchError
+from zerofit.run import claim_run_dir, parse_args, resolve_for_launch
+from zerofit.strategies.env import LaunchEnv, launch_env
+
+DATA = str(Path(__file__).resolve().parents[2] / "data" / "demo.jsonl")
+
+
+def test_local_rank_is_accepted_and_overrides_may_surround_config() -> None:
+    args = parse_args(["a.b=1", "--local_rank=1", "--config", "c.yaml", "x.y=2"])
+    assert args.config == "c.yaml" and args.overrides == ["a.b=1", "x.y=2"]
+    assert parse_args(["--local-rank", "0", "--config", "c.yaml"]).overrides == []
+
+
+def test_plain_python_gets_one_process_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "x")  # registers the original state, so what launch_env sets is undone
+        monkeypatch.delenv(key)
+    env = launch_env()
+    assert env == LaunchEnv(rank=0, world_size=1, local_rank=0, launched=False)
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and int(os.environ["MASTER_PORT"]) > 0
+
+
+def test_launcher_environment_is_read_not_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert launch_env() == LaunchEnv(rank=3, world_size=4, local_rank=1, launched=True)
+
+
+def _config(**batch: int) -> object:
+    return load_config(None, [f"data.path={DATA}", *(f"batch.{k}={v}" for k, v in batch.items())])
+
+
+def test_python_launch_of_a_multi_rank_split_says_how_to_launch() -> None:
+    cfg = _config(global_batch_size=16, micro_batch_size=2, grad_accum_steps=2)
+    with pytest.raises(LaunchError, match=r"needs 4 data-parallel ranks.*deepspeed --num_gpus 4"):
+        resolve_for_launch(cfg, LaunchEnv(0, 1, 0, launched=False))
+    # Under a launcher the plain batch error stands (it names every factor).
+    with pytest.raises(Exception, match="dp_size=1") as info:
+        resolve_for_launch(cfg, LaunchEnv(0, 1, 0, launched=True))
+    assert not isinstance(info.value, LaunchError)
+
+
+def test_a_taken_run_dir_is_never_reused_unless_resuming(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        [
+            f"data.path={DATA}",
+            f"output_dir={tmp_path}",
+            "run_name=r",
+            "batch.global_batch_size=4",
+            "batch.micro_batch_size=2",
+        ],
+    )
+    resolved = resolve(cfg, 1)
+    strategy = SimpleNamespace(rank=0, broadcast_object=lambda obj: obj)
+    assert claim_run_dir(resolved, strategy).run_dir == tmp_path / "r"  # type: ignore[arg-type]
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "r-2").mkdir()
+    (tmp_path / "r-2" / "config.yaml").write_text("x")
+    claimed = claim_run_dir(resolved, strategy)  # type: ignore[arg-type]
+    assert claimed.run_dir == tmp_path / "r-3" and claimed.config.run_name == "r-3"
+    resuming = resolve(
+        cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"resume": True})}), 1
+    )
+    assert claim_run_dir(resuming, strategy).run_dir == tmp_path / "r"  # type: ignore[arg-type]
+
+
+def test_deepspeed_precision_the_accelerator_lacks_is_refused() -> None:
+    from zerofit.strategies.deepspeed import _check_accelerator_precision
+
+    accelerator = SimpleNamespace(
+        is_fp16_supported=lambda: False, is_bf16_supported=lambda: True, device_name=lambda: "cpu"
+    )
+    with pytest.raises(LaunchError, match=r"train.precision = 'fp16'.*train.precision=bf16"):
+        _check_accelerator_precision("fp16", accelerator)
+    _check_accelerator_precision("bf16", accelerator)
+    _check_accelerator_precision("fp32", accelerator)

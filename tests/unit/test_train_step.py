@@ -1,0 +1,162 @@
+"""train_step in one process: token-sum loss, one normalizer per window, one clip and step per window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from zerofit.data import IGNORE_INDEX, Example, collate
+from zerofit.strategies.env import LaunchEnv
+from zerofit.strategies.single import SingleStrategy
+from zerofit.train import StepResult, TrainRun, count_label_tokens, token_sum_loss, train_loop, train_step
+
+VOCAB = 11
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding + linear head: enough for a next-token loss whose gradient depends on every token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False) -> Any:
+        del attention_mask, use_cache
+
+        class Out:
+            logits = self.head(self.embed(input_ids))
+
+        return Out()
+
+
+def _examples() -> list[Example]:
+    # Lengths 2..16 with prompt masks of different sizes: token counts differ a lot per micro-batch.
+    out = []
+    for i in range(8):
+        n = 2 + (i * 5) % 15
+        ids = [(i + j) % (VOCAB - 1) + 1 for j in range(n)]
+        labels = [IGNORE_INDEX] * (1 + i % 3) + ids[1 + i % 3 :]
+        out.append(Example(ids, labels[:n]))
+    return out
+
+
+def _strategy(model: torch.nn.Module, lr: float = 0.1) -> SingleStrategy:
+    strategy = SingleStrategy(LaunchEnv(0, 1, 0, False), {"precision": "fp32"})
+    strategy.prepare(
+        model,
+        lambda m: torch.optim.SGD(m.parameters(), lr=lr),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+    )
+    return strategy
+
+
+def _split(examples: list[Example], micro: int) -> list[dict[str, torch.Tensor]]:
+    return [collate(examples[k : k + micro], pad_id=0) for k in range(0, len(examples), micro)]
+
+
+def test_token_sum_loss_is_sum_of_valid_next_token_losses() -> None:
+    logits = torch.randn(2, 5, VOCAB)
+    labels = torch.tensor(
+        [[IGNORE_INDEX, 3, 4, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX, IGNORE_INDEX, 1, 2, 5]]
+    )
+    loss_sum, n = token_sum_loss(logits, labels)
+    assert n == count_label_tokens(labels) == 5
+    mean = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
+    )
+    assert float(loss_sum) == pytest.approx(float(mean) * 5, rel=1e-6)
+
+
+def test_an_all_masked_batch_gives_zero_with_a_graph() -> None:
+    logits = torch.randn(1, 3, VOCAB, requires_grad=True)
+    loss_sum, n = token_sum_loss(logits, torch.full((1, 3), IGNORE_INDEX))
+    assert n == 0 and float(loss_sum.detach()) == 0.0
+    loss_sum.backward()  # the dummy row of an empty micro-batch still runs backward
+    assert logits.grad is not None and float(logits.grad.abs().sum()) == 0.0
+
+
+def test_the_split_does_not_change_loss_or_update() -> None:
+    examples = _examples()
+    results, params = [], []
+    for micro in (8, 2, 1):
+        model = TinyLM()
+        result = train_step(_strategy(model), model, _split(examples, micro), max_grad_norm=None)
+        results.append(result)
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    for result, p in zip(results[1:], params[1:], strict=True):
+        assert result.tokens == results[0].tokens
+        assert result.loss == pytest.approx(results[0].loss, abs=1e-6)
+        assert result.grad_norm == pytest.approx(results[0].grad_norm, rel=1e-5)
+        assert float((p - params[0]).abs().max()) < 1e-6
+
+
+def test_clip_and_step_run_once_per_window_after_the_last_micro_step() -> None:
+    model = TinyLM()
+    strategy = _strategy(model)
+    calls: list[tuple[str, Any]] = []
+    backward, clip_and_step = strategy.backward, strategy.clip_and_step
+    strategy.backward = lambda loss: (calls.append(("backward", None)), backward(loss))[1]  # type: ignore[method-assign]
+    strategy.clip_and_step = lambda m: (calls.append(("step", m)), clip_and_step(m))[1]  # type: ignore[method-assign]
+    result = train_step(strategy, model, _split(_examples(), 2), max_grad_norm=1e-3)
+    assert [c[0] for c in calls] == ["backward"] * 4 + ["step"]
+    assert result.grad_norm > 1e-3  # the reported norm is the one before clipping
+
+
+def test_empty_micro_batches_add_no_tokens() -> None:
+    examples = _examples()[:3]
+    full = train_step(_strategy(m := TinyLM()), m, [collate(examples, 0)], None)
+    short = [collate(examples[:2], 0), collate(examples[2:], 0), collate([], 0), collate([], 0)]
+    partial = train_step(_strategy(m2 := TinyLM()), m2, short, None)
+    assert partial.tokens == full.tokens
+    assert partial.loss == pytest.approx(full.loss, abs=1e-6)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, Any]]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.rows.append((step, metrics))
+
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Checkpoints:
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def after_step(self, steps_done: int) -> None:
+        self.steps.append(steps_done)
+
+
+def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
+    from zerofit.batching import solve_batch
+    from zerofit.data import GlobalBatchSampler
+
+    examples = _examples()
+    model = TinyLM()
+    sink, checkpoints = _Sink(), _Checkpoints()
+    run = TrainRun(
+        strategy=_strategy(model),
+        model=model,
+        examples=examples,
+        sampler=GlobalBatchSampler(len(examples), 4, seed=0),
+        plan=solve_batch(1, 4, 2),
+        max_steps=4,
+        max_grad_norm=1.0,
+        pad_id=0,
+        sink=sink,
+        checkpointer=checkpoints,
+    )
+    results = train_loop(run, start_step=1)
+    assert len(results) == 3 and all(isinstance(r, StepResult) for r in results)
+    assert [step for step, _ in sink.rows] == [2, 3, 4] == checkpoints.steps
+    row = sink.rows[0][1]
+    assert (row["micro_batch_size"], row["grad_accum_steps"], row["dp_size"], row["epoch"]) == (2, 2, 1, 0)
+    assert row["mem/source"] in ("cpu_rss", "cuda") and "mem/rank0/peak_gib" in row
