@@ -27,6 +27,41 @@ log = logging.getLogger(__name__)
 _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def lora_config(r: int, alpha: int, dropout: float, target_modules: str | list[str], use_dora: bool) -> Any:
+    """The peft `LoraConfig` zerofit uses everywhere (training and the planner's meta builds).
+
+    Causal-LM task, no bias training; `all-linear` = every linear layer but the output head.
+    """
+    from peft import LoraConfig
+
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    return LoraConfig(
+        task_type="CAUSAL_LM",
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        use_dora=use_dora,
+        bias="none",
+    )
+
+
+def apply_lora(model: torch.nn.Module, config: Any, seed: int | None = None) -> torch.nn.Module:
+    """Wrap `model` with peft adapters; with `seed`, adapter init is reproducible on every rank and split.
+
+    Adapter init (kaiming A) draws from the global RNG: seeding it from the run's seed makes every rank and
+    every split start from the same adapters, without disturbing the caller's RNG stream.
+    """
+    from peft import get_peft_model
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        if seed is not None:
+            torch.manual_seed(seed)
+        return get_peft_model(model, config)
+
+
 @dataclass
 class BuiltModel:
     """The model to hand to a strategy, its tokenizer, and facts the run prints and records."""
@@ -136,24 +171,9 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None) -> BuiltModel:
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
     if cfg.lora.enabled:
-        from peft import LoraConfig, get_peft_model
-
-        lora_config = LoraConfig(
-            task_type="CAUSAL_LM",
-            r=cfg.lora.r,
-            lora_alpha=cfg.lora.alpha,
-            lora_dropout=cfg.lora.dropout,
-            target_modules=cfg.lora.target_modules,
-            use_dora=cfg.lora.use_dora,
-            bias="none",
-        )
-        # Adapter init (kaiming A) draws from the global RNG: seed it from the run's seed so every rank
-        # and every split starts from the same adapters, without disturbing the caller's RNG stream.
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-            # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            torch.manual_seed(cfg.seed)
-            model = get_peft_model(model, lora_config)
+        lora = cfg.lora
+        config = lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
+        model = apply_lora(model, config, seed=cfg.seed)
 
     # 5. Activation checkpointing, non-reentrant (the reentrant variant needs inputs that require grad and
     #    breaks with frozen embeddings). transformers 5 names it `activation_checkpointing_enable` (the old

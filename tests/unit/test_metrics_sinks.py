@@ -198,4 +198,11 @@ def test_planner_failure_never_blocks_logging(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(planner_memory, "scenario_from_config", broken)
     config = run_config(_resolved(tmp_path))
-    assert "planner" not in config and config["batch_plan"]["dp_size"] == 2
+    assert "planner_prediction" not in config and config["batch_plan"]["dp_size"] == 2
+
+
+def test_planner_prediction_is_recorded_beside_the_planner_section(tmp_path: Path) -> None:
+    config = run_config(_resolved(tmp_path))
+    # The resolved config's own `planner` section (target GPU) and the prediction must not collide.
+    assert "gpu" in config["planner"]
+    assert config["planner_prediction"]["memory"]["tensors_gib"] > 0

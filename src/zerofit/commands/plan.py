@@ -115,6 +115,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
+    from zerofit.run import quiet_libraries
+
+    quiet_libraries()  # the planner imports transformers/peft/bitsandbytes; their chatter would bury the plan
     from zerofit.planner.report import check_gpu_options
 
     check_gpu_options(args.gpu, args.gpu_mem)

@@ -37,7 +37,7 @@ def run_config(resolved: ResolvedConfig, extra_config: dict[str, Any] | None = N
     out["effective_lr"] = resolved.effective_lr
     prediction = planner_prediction(resolved)
     if prediction is not None:
-        out["planner"] = prediction
+        out["planner_prediction"] = prediction
     out["versions"] = library_versions()
     out["git"] = git_commit()
     out.update(extra_config or {})

@@ -31,7 +31,7 @@ def predicted_peak_gib(run_config: dict[str, Any]) -> float | None:
     allocator's max allocated), then a flat `peak_gib`, then the total with allowance; accepts the
     prediction flat or under a `memory` key.
     """
-    planner = run_config.get("planner")
+    planner = run_config.get("planner_prediction")
     if not isinstance(planner, dict):
         return None
     for source in (planner.get("memory"), planner):

@@ -261,25 +261,10 @@ def model_shape(name_or_path: str) -> ModelShape:
     return shape
 
 
-def lora_config(r: int, alpha: int, dropout: float, target_modules: Any, use_dora: bool) -> Any:
-    """The peft `LoraConfig` zerofit uses (causal LM task; `all-linear` = every linear but the output head)."""
-    from peft import LoraConfig
-
-    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-    return LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=targets,
-        use_dora=use_dora,
-        task_type="CAUSAL_LM",
-    )
-
-
 def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool) -> dict[str, Any]:
-    from peft import get_peft_model
+    from zerofit.model import apply_lora, lora_config
 
-    model = get_peft_model(
+    model = apply_lora(
         build_meta_model(name_or_path, num_layers), lora_config(r, 2 * r, 0.0, targets, use_dora)
     )
     trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]

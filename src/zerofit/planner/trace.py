@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zerofit.planner.shapes import build_meta_model, decoder_layers, lora_config, model_shape
+from zerofit.planner.shapes import build_meta_model, decoder_layers, model_shape
 
 if TYPE_CHECKING:
     from zerofit.planner.memory import Scenario
@@ -240,9 +240,9 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
     if scn.quantization != "none":
         _emulate_quantization(model, prof.half_dtype or torch.float32)
     if scn.lora:
-        from peft import get_peft_model
+        from zerofit.model import apply_lora, lora_config
 
-        model = get_peft_model(
+        model = apply_lora(
             model, lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
         )
         _cuda_like_dropout(model)
