@@ -175,6 +175,20 @@ def optimizer_owner(name: str, engine_config: dict[str, Any]) -> str:
     return name
 
 
+def model_flops_per_token(built: BuiltModel, seq_len: int) -> float:
+    """Model FLOPs to train one token of this model (for MFU; formula in zerofit.metrics.throughput)."""
+    from zerofit.metrics.throughput import train_flops_per_token
+
+    hf_config = built.model.config  # peft forwards `.config` to the wrapped HF model
+    return train_flops_per_token(
+        built.total_params,
+        built.trainable_params,
+        n_layers=hf_config.num_hidden_layers,
+        hidden=hf_config.hidden_size,
+        seq_len=seq_len,
+    )
+
+
 def quiet_libraries() -> None:
     """Silence library chatter that would bury the plan and the progress line (errors still show)."""
     # bitsandbytes warns at import that an optional CPU kernel package is missing; it is not needed.
@@ -292,6 +306,8 @@ def train_run(resolved: ResolvedConfig, config_path: str) -> int:
                 sink=sink,
                 checkpointer=checkpointer,
                 log_every=cfg.logging.log_every,
+                flops_per_token=model_flops_per_token(built, cfg.data.max_seq_len),
+                precision=cfg.train.precision,
             )
             results = train_loop(run, start_step)
             exported = (

@@ -23,6 +23,7 @@ from zerofit.batching import BatchPlan
 from zerofit.data import IGNORE_INDEX, Example, GlobalBatchSampler, collate, split_global_batch
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
+from zerofit.metrics.throughput import throughput_fields
 from zerofit.strategies.base import Strategy
 
 
@@ -45,11 +46,13 @@ def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one optimizer step did: global token-mean loss, pre-clip grad norm, global valid tokens."""
+    """What one optimizer step did: global token-mean loss, pre-clip grad norm, global valid label tokens,
+    and global input tokens (padding and prompts included: what the model computed on, for MFU)."""
 
     loss: float
     grad_norm: float
     tokens: int
+    input_tokens: int
 
 
 def train_step(
@@ -59,9 +62,16 @@ def train_step(
     max_grad_norm: float | None,
 ) -> StepResult:
     """One global batch: this rank's `micro_batches` (exactly grad_accum_steps of them), one optimizer step."""
-    # 1. The normalizer: valid label tokens of the whole global batch, over all ranks, before any backward.
-    local_tokens = sum(count_label_tokens(b["labels"]) for b in micro_batches)
-    tokens = int(strategy.all_reduce_sum(torch.tensor(local_tokens, dtype=torch.int64)))
+    # 1. The normalizer: valid label tokens of the whole global batch, over all ranks, before any backward
+    #    (input tokens ride along in the same all-reduce, for throughput accounting).
+    local = torch.tensor(
+        [
+            sum(count_label_tokens(b["labels"]) for b in micro_batches),
+            sum(int(b["attention_mask"].sum()) for b in micro_batches),
+        ],
+        dtype=torch.int64,
+    )
+    tokens, input_tokens = (int(x) for x in strategy.all_reduce_sum(local))
     # 2. The one place that scales the loss: by the global token count, and back up by what the engine
     #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
     #    gradient of (sum of token losses) / tokens. max(., 1): an all-masked window contributes zero.
@@ -80,7 +90,7 @@ def train_step(
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
     loss = float(strategy.all_reduce_sum(local_loss_sum)) / max(tokens, 1)
-    return StepResult(loss=loss, grad_norm=grad_norm, tokens=tokens)
+    return StepResult(loss=loss, grad_norm=grad_norm, tokens=tokens, input_tokens=input_tokens)
 
 
 class Checkpointing(Protocol):
@@ -104,6 +114,8 @@ class TrainRun:
     sink: MetricsSink
     checkpointer: Checkpointing
     log_every: int = 1
+    flops_per_token: float | None = None  # model FLOPs per trained token, for MFU (None: not reported)
+    precision: str = "bf16"
 
 
 def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
@@ -123,9 +135,16 @@ def step_metrics(
         "lr": lr,
         "grad_norm": result.grad_norm,
         "tokens": result.tokens,
-        "tokens_per_s": result.tokens / seconds,
-        "samples_per_s": samples / seconds,
-        "step_time_s": seconds,
+        **throughput_fields(
+            step_time_s=seconds,
+            tokens=result.tokens,
+            samples=samples,
+            processed_tokens=result.input_tokens,
+            flops_per_token=run.flops_per_token,
+            device=run.strategy.device,
+            world_size=run.plan.dp_size,
+            precision=run.precision,
+        ),
         "micro_batch_size": run.plan.micro_batch_size,
         "grad_accum_steps": run.plan.grad_accum_steps,
         "dp_size": run.plan.dp_size,

@@ -160,3 +160,35 @@ def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
     row = sink.rows[0][1]
     assert (row["micro_batch_size"], row["grad_accum_steps"], row["dp_size"], row["epoch"]) == (2, 2, 1, 0)
     assert row["mem/source"] in ("cpu_rss", "cuda") and "mem/rank0/peak_gib" in row
+
+
+def test_mfu_is_logged_from_input_tokens_where_the_device_peak_is_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zerofit.batching import solve_batch
+    from zerofit.data import GlobalBatchSampler
+    from zerofit.metrics import throughput
+
+    # A CPU has no catalogued peak; pretend this one does 1 TFLOP/s so the wiring can be checked.
+    monkeypatch.setattr(throughput, "device_peak_tflops", lambda device, precision="bf16": 1.0)
+    examples = _examples()
+    model = TinyLM()
+    sink = _Sink()
+    run = TrainRun(
+        strategy=_strategy(model),
+        model=model,
+        examples=examples,
+        sampler=GlobalBatchSampler(len(examples), 4, seed=0),
+        plan=solve_batch(1, 4, 2),
+        max_steps=1,
+        max_grad_norm=None,
+        pad_id=0,
+        sink=sink,
+        checkpointer=_Checkpoints(),
+        flops_per_token=1e6,
+    )
+    (result,) = train_loop(run)
+    row = sink.rows[0][1]
+    # Input tokens include the prompt (masked from the loss), so MFU counts more tokens than the loss does.
+    assert result.input_tokens > result.tokens > 0
+    assert row["mfu"] == pytest.approx(result.input_tokens / row["step_time_s"] * 1e6 / 1e12)
