@@ -1,0 +1,485 @@
+"""What does zerofit's training loop cost per step over the plain PyTorch loop a user would write?
+
+Both loops train the same model (built twice by `zerofit.model.build_model`, same seed, so the same LoRA
+init), on the same global batches in the same order, split into the same micro-batches, with the same
+optimizer and LR schedule (`zerofit.optim`), in this one process:
+
+  zerofit    `SingleStrategy` (built as `zerofit.run` builds it for distributed.strategy=single under plain
+             `python`) + `zerofit.train.train_loop`, with a discarding metrics sink and a checkpointer that
+             only timestamps steps. So everything the loop does per step is timed: batch assembly, the
+             token count, the token-exact loss, the strategy's verbs, the metrics dict and memory snapshot.
+  reference  for each micro-batch: `model(**batch).loss / grad_accum_steps`, backward; then
+             `clip_grad_norm_`, `optimizer.step()`, `scheduler.step()`, `zero_grad()`. Its micro-batches are
+             built with the same collate inside the timed step, as a user's DataLoader would.
+
+The two alternate in segments (zerofit, reference, zerofit, reference, ... over --repeats), each segment
+--steps optimizer steps, after --warmup untimed steps each (the first step allocates optimizer state), so
+machine noise (a shared CPU) falls on both. Reported: the median step time of each, tokens/s (input
+tokens of the timed steps / their total time), the ratio zerofit / reference, and the loss of each after
+the last step. The two losses mean different things: zerofit's is token-exact (sum of token losses / valid
+tokens of the whole global batch); the reference's is the mean of the micro-batches' own token means.
+
+This is a measurement, not a test: nothing here asserts on time.
+
+    python benchmarks/overhead_vs_torch.py                            # demo recipe, one process, fp32
+    python benchmarks/overhead_vs_torch.py --steps 20 --repeats 3 --json out.json
+    python benchmarks/overhead_vs_torch.py --micro 2 --global-batch 16 lora.r=8
+
+Run from the repository root (the config's data path is relative to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from zerofit.config import ResolvedConfig
+    from zerofit.data import Example, GlobalBatchSampler
+    from zerofit.strategies.base import Strategy
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "configs" / "demo.yaml"
+# The demo recipe (tiny-llama + LoRA) in one process; precision and the batch come from the flags.
+SINGLE_PROCESS = ["distributed.strategy=single", "distributed.preset=null", "logging.wandb.mode=disabled"]
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------------ setup
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Flags of the benchmark; trailing `dotted.key=value` overrides apply to the config like the launcher's."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="run config YAML (default: demo)")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per segment")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps per loop before the first segment"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="segments per loop, alternating the two")
+    parser.add_argument("--micro", type=int, default=None, help="batch.micro_batch_size (default: config's)")
+    parser.add_argument("--global-batch", type=int, default=None, help="batch.global_batch_size")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="train.precision"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the result to this JSON file")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. lora.r=8 data.max_seq_len=128")
+    args = parser.parse_intermixed_args(argv)
+    for name in ("steps", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    return args
+
+
+def total_steps(args: argparse.Namespace) -> int:
+    """Optimizer steps each loop runs: warm-up plus every timed segment (the LR schedule spans them)."""
+    return args.warmup + args.repeats * args.steps
+
+
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """One process + the flags, then the user's overrides (which win), then the step count (fixed here)."""
+    flags = [f"train.precision={args.precision}"]
+    if args.micro is not None:
+        flags.append(f"batch.micro_batch_size={args.micro}")
+    if args.global_batch is not None:
+        flags.append(f"batch.global_batch_size={args.global_batch}")
+    return [*SINGLE_PROCESS, *flags, *args.overrides, f"train.max_steps={total_steps(args)}"]
+
+
+def resolve_config(args: argparse.Namespace) -> ResolvedConfig:
+    """The config resolved for one plain-`python` process; refuses anything but strategy=single."""
+    from zerofit.config import load_config, resolve
+    from zerofit.errors import ConfigError, LaunchError
+    from zerofit.strategies.env import launch_env
+
+    env = launch_env()
+    if env.world_size != 1:
+        raise LaunchError(
+            f"WORLD_SIZE = {env.world_size}: this benchmark runs in one process; start it with plain "
+            "`python benchmarks/overhead_vs_torch.py`, not under torchrun or deepspeed"
+        )
+    resolved = resolve(load_config(args.config, config_overrides(args)), env.world_size)
+    if resolved.config.distributed.strategy != "single":
+        raise ConfigError(
+            [
+                f"distributed.strategy = {resolved.config.distributed.strategy!r}: this benchmark compares "
+                "the one-process loop with plain PyTorch; drop the distributed.strategy override"
+            ]
+        )
+    return resolved
+
+
+@dataclass
+class Workload:
+    """The data both loops train on: tokenized examples, the global-batch order and the pad id."""
+
+    resolved: ResolvedConfig
+    examples: list[Example]
+    sampler: GlobalBatchSampler
+    pad_id: int
+
+    def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """Global batch `step` split into micro-batches exactly as zerofit splits it for one rank."""
+        from zerofit.data import collate, split_global_batch
+
+        p = self.resolved.plan
+        split = split_global_batch(
+            self.sampler.batch_indices(step), p.micro_batch_size, p.grad_accum_steps, 1, 0
+        )
+        return [collate([self.examples[i] for i in ids], self.pad_id) for ids in split]
+
+    def input_tokens(self, step: int) -> int:
+        """Tokens the model computes on in global batch `step` (padding excluded)."""
+        return sum(int(b["attention_mask"].sum()) for b in self.micro_batches(step))
+
+
+def build_twin_models(resolved: ResolvedConfig) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
+    """The config's model built twice from the same seed (identical weights and adapters), and its tokenizer."""
+    from transformers import set_seed
+
+    from zerofit.model import build_model
+
+    set_seed(resolved.config.seed)
+    first = build_model(resolved.config)
+    set_seed(resolved.config.seed)
+    second = build_model(resolved.config)
+    return first.model, second.model, first.tokenizer
+
+
+def load_workload(resolved: ResolvedConfig, tokenizer: Any) -> Workload:
+    """Tokenize the config's data and order it into global batches, as `zerofit.run` does."""
+    from zerofit.data import GlobalBatchSampler, load_sft_dataset
+
+    cfg = resolved.config
+    examples, _ = load_sft_dataset(cfg.data.path, tokenizer, cfg.data.max_seq_len)
+    sampler = GlobalBatchSampler(
+        len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle, cfg.train.partial_window
+    )
+    return Workload(resolved, examples, sampler, int(tokenizer.pad_token_id))
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work so a timestamp means the step is done (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------------------------------ the two loops
+
+
+@dataclass
+class Segment:
+    """One timed run of consecutive steps: each step's seconds and the loss after the last one."""
+
+    seconds: list[float]
+    last_loss: float
+
+
+class StepClock:
+    """A checkpointer that saves nothing: `train_loop` calls it once at the end of every step, so the time
+    between calls is the loop's whole per-step cost (batches, step, metrics, memory snapshot)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.marks: list[float] = []
+
+    def after_step(self, steps_done: int) -> None:
+        del steps_done
+        synchronize(self.device)
+        self.marks.append(time.perf_counter())
+
+
+class ZerofitLoop:
+    """zerofit's own path: `SingleStrategy` + `train_loop`, metrics computed and discarded."""
+
+    def __init__(self, model: torch.nn.Module, work: Workload, engine_config: dict[str, Any]) -> None:
+        from zerofit.metrics.base import NullSink
+        from zerofit.optim import build_optimizer, build_scheduler
+        from zerofit.strategies import build_strategy
+        from zerofit.train import TrainRun
+
+        resolved, cfg = work.resolved, work.resolved.config
+        self.strategy: Strategy = build_strategy(resolved, engine_config)
+        prepared = self.strategy.prepare(
+            model,
+            lambda m: build_optimizer(m, cfg, resolved.effective_lr),
+            lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps),
+        )
+        self.clock = StepClock(self.strategy.device)
+        self.run = TrainRun(
+            strategy=self.strategy,
+            model=prepared,
+            examples=work.examples,
+            sampler=work.sampler,
+            plan=resolved.plan,
+            max_steps=0,  # set per segment
+            max_grad_norm=cfg.train.max_grad_norm,
+            pad_id=work.pad_id,
+            sink=NullSink(),
+            checkpointer=self.clock,
+            log_every=cfg.logging.log_every,
+            precision=cfg.train.precision,
+        )
+
+    def segment(self, start: int, steps: int) -> Segment:
+        """Steps `start`..`start + steps - 1` through `train_loop`, timed by the step clock."""
+        from zerofit.train import train_loop
+
+        self.run.max_steps = start + steps
+        self.clock.marks = [time.perf_counter()]
+        results = train_loop(self.run, start_step=start)
+        marks = self.clock.marks
+        return Segment([b - a for a, b in itertools.pairwise(marks)], results[-1].loss)
+
+    def close(self) -> None:
+        self.strategy.close()
+
+
+class ReferenceLoop:
+    """The textbook loop: HF's mean loss per micro-batch / accumulation steps, clip, step, schedule, zero."""
+
+    def __init__(self, model: torch.nn.Module, work: Workload, device: torch.device) -> None:
+        from zerofit.optim import build_optimizer, build_scheduler
+
+        cfg = work.resolved.config
+        self.work, self.device = work, device
+        self.model = model.to(device)
+        self.optimizer = build_optimizer(model, cfg, work.resolved.effective_lr)
+        self.scheduler = build_scheduler(self.optimizer, cfg, cfg.train.max_steps)
+        self.max_grad_norm = cfg.train.max_grad_norm
+        # Mixed precision as a user would add it: autocast, and a GradScaler for fp16.
+        self.dtype = _HALF.get(cfg.train.precision)
+        self.scaler = torch.amp.GradScaler(device.type) if self.dtype == torch.float16 else None
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def step(self, step: int) -> float:
+        """One optimizer step on global batch `step`; returns the sum of (micro-batch mean loss / GAS)."""
+        batches = self.work.micro_batches(step)
+        gas = len(batches)
+        total = 0.0
+        for batch in batches:
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            with self._autocast():
+                loss = self.model(**batch).loss / gas
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.item()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def segment(self, start: int, steps: int) -> Segment:
+        """Steps `start`..`start + steps - 1`, each timed on its own."""
+        seconds: list[float] = []
+        loss = float("nan")
+        for step in range(start, start + steps):
+            began = time.perf_counter()
+            loss = self.step(step)
+            synchronize(self.device)
+            seconds.append(time.perf_counter() - began)
+        return Segment(seconds, loss)
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+@dataclass
+class LoopStats:
+    """One loop's timed steps summarized."""
+
+    median_step_s: float
+    per_repeat_median_s: list[float]
+    tokens_per_s: float
+    loss_after: float
+    step_seconds: list[float] = field(repr=False)
+
+
+def summarize(segments: list[Segment], tokens: int) -> LoopStats:
+    """Median over every timed step, per-segment medians, throughput = timed tokens / timed seconds."""
+    every = [s for seg in segments for s in seg.seconds]
+    return LoopStats(
+        median_step_s=statistics.median(every),
+        per_repeat_median_s=[statistics.median(seg.seconds) for seg in segments],
+        tokens_per_s=tokens / sum(every),
+        loss_after=segments[-1].last_loss,
+        step_seconds=every,
+    )
+
+
+def measure(
+    args: argparse.Namespace, work: Workload, zerofit: ZerofitLoop, reference: ReferenceLoop
+) -> tuple[LoopStats, LoopStats]:
+    """Warm both up, then alternate timed segments (zerofit, reference, ...); both see the same steps."""
+    if args.warmup:
+        zerofit.segment(0, args.warmup)
+        reference.segment(0, args.warmup)
+    z_segments, r_segments, tokens = [], [], 0
+    for repeat in range(args.repeats):
+        start = args.warmup + repeat * args.steps
+        z_segments.append(zerofit.segment(start, args.steps))
+        r_segments.append(reference.segment(start, args.steps))
+        tokens += sum(work.input_tokens(s) for s in range(start, start + args.steps))
+        print(
+            f"  repeat {repeat + 1}/{args.repeats}: zerofit {1e3 * statistics.median(z_segments[-1].seconds):.1f}"
+            f" ms, reference {1e3 * statistics.median(r_segments[-1].seconds):.1f} ms (median step)",
+            flush=True,
+        )
+    return summarize(z_segments, tokens), summarize(r_segments, tokens)
+
+
+# ------------------------------------------------------------------------------------------ reporting
+
+
+def host_cpu() -> str:
+    """The CPU model name (Linux /proc/cpuinfo; `platform.processor()` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {host_cpu()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def report(
+    args: argparse.Namespace, work: Workload, device: torch.device, z: LoopStats, r: LoopStats
+) -> dict[str, Any]:
+    """Everything a result file records: when, where, what was run, and the numbers."""
+    cfg, plan = work.resolved.config, work.resolved.plan
+    paired = [a / b for a, b in zip(z.per_repeat_median_s, r.per_repeat_median_s, strict=True)]
+    return {
+        "script": "benchmarks/overhead_vs_torch.py",
+        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(device),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "config": {
+            "path": _repo_relative(args.config),
+            "overrides": config_overrides(args),
+            "model": cfg.model.name_or_path,
+            "method": work.resolved.method,
+            "precision": cfg.train.precision,
+            "batch": plan.describe(),
+            "max_seq_len": cfg.data.max_seq_len,
+        },
+        "steps_per_segment": args.steps,
+        "warmup_steps": args.warmup,
+        "repeats": args.repeats,
+        "zerofit": _rounded(asdict(z)),
+        "reference": _rounded(asdict(r)),
+        "ratio_median_step": round(z.median_step_s / r.median_step_s, 4),
+        "ratio_per_repeat": [round(x, 4) for x in paired],
+        "loss_note": "zerofit: sum of token losses / valid tokens of the global batch (token-exact); "
+        "reference: sum over micro-batches of (micro-batch token mean / grad_accum_steps)",
+    }
+
+
+def _repo_relative(path: str) -> str:
+    """`path` relative to the repository when it lies inside it (result files should not name a home)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else path
+
+
+def _rounded(stats: dict[str, Any]) -> dict[str, Any]:
+    """Seconds (to 0.1 ms) and losses to 4 decimals, tokens/s to 1 (a result file to read, not a float dump)."""
+    out: dict[str, Any] = {}
+    for key, value in stats.items():
+        if isinstance(value, list):
+            out[key] = [round(v, 4) for v in value]
+        else:
+            out[key] = round(value, 1) if key == "tokens_per_s" else round(value, 4)
+    return out
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The printed table: both loops, the ratio, and what each loss means."""
+    z, r, c = result["zerofit"], result["reference"], result["config"]
+    steps = result["warmup_steps"] + result["repeats"] * result["steps_per_segment"]
+    lines = [
+        f"overhead vs plain PyTorch: {c['model']} {c['method']} {c['precision']}, {c['batch']}, "
+        f"seq <= {c['max_seq_len']}, on {result['device']}",
+        f"  {result['repeats']} x {result['steps_per_segment']} timed steps per loop, alternating; "
+        f"warm-up steps: {result['warmup_steps']} each",
+        f"  {'':10s} {'median step':>12s} {'tokens/s':>10s} {f'loss after {steps} steps':>22s}",
+    ]
+    for name, s in (("zerofit", z), ("reference", r)):
+        lines.append(
+            f"  {name:10s} {1e3 * s['median_step_s']:9.1f} ms {s['tokens_per_s']:10.0f} {s['loss_after']:22.4f}"
+        )
+    per_repeat = ", ".join(f"{x:.3f}" for x in result["ratio_per_repeat"])
+    lines += [
+        f"  ratio zerofit / reference (median step time): {result['ratio_median_step']:.3f}"
+        f"  (per repeat: {per_repeat})",
+        "  losses differ in meaning: zerofit's is token-exact (all token losses of the global batch / its "
+        "valid tokens);",
+        "  the reference's is the mean of per-micro-batch token means (what `loss / grad_accum_steps` gives).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from zerofit.errors import ZerofitError
+    from zerofit.render import render_engine_config
+    from zerofit.run import quiet_libraries
+
+    quiet_libraries()
+    try:
+        resolved = resolve_config(args)
+        zerofit_model, reference_model, tokenizer = build_twin_models(resolved)
+        work = load_workload(resolved, tokenizer)
+    except ZerofitError as exc:
+        print(f"overhead_vs_torch: error: {exc}", file=sys.stderr)
+        return 2
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    zerofit = ZerofitLoop(zerofit_model, work, render_engine_config(resolved, device_type))
+    try:
+        reference = ReferenceLoop(reference_model, work, zerofit.strategy.device)
+        z, r = measure(args, work, zerofit, reference)
+    finally:
+        zerofit.close()
+    result = report(args, work, zerofit.strategy.device, z, r)
+    print(format_summary(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
