@@ -10,10 +10,10 @@ export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo c
 
 .PHONY: setup test lint format demo clean
 
+# torch first, so nothing else pulls a multi-GB CUDA build in its place.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, so nothing else pulls a multi-GB CUDA build in its place.
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
