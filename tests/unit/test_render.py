@@ -294,3 +294,22 @@ def test_rendering_is_torch_free() -> None:
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_an_uncatalogued_hub_id_is_read_from_the_hf_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hub id outside the catalogue plans from its config.json in the local HF cache (no weights, no network).
+    from transformers import LlamaConfig
+
+    from zerofit.planner.catalogue import TINY_LLAMA_CONFIG, model_config_dict
+
+    cfg = {k: v for k, v in TINY_LLAMA_CONFIG.items() if k not in ("architectures", "model_type")}
+    folder = tmp_path / "cache" / "models--someone--cached-llama" / "snapshots" / "abc"
+    folder.mkdir(parents=True)
+    LlamaConfig(**{**cfg, "hidden_size": 96}).save_pretrained(folder)
+    (tmp_path / "cache" / "models--someone--cached-llama" / "refs").mkdir()
+    (tmp_path / "cache" / "models--someone--cached-llama" / "refs" / "main").write_text("abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
+    assert model_config_dict("someone/cached-llama")["hidden_size"] == 96

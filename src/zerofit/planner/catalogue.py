@@ -97,16 +97,27 @@ CATALOGUE: dict[str, dict[str, Any]] = {
 
 
 def model_config_dict(name_or_path: str) -> dict[str, Any]:
-    """The config.json contents for a catalogued model id or a local HF folder (no weights read)."""
+    """The config.json contents for a catalogued model id, a local HF folder, or any other hub id.
+
+    Catalogued ids and local folders need no network. Any other id goes through `AutoConfig` (the local
+    HF cache, else the hub) — a few KB, never the weights.
+    """
     if name_or_path in CATALOGUE:
         return dict(CATALOGUE[name_or_path])
     local = Path(name_or_path) / "config.json"
     if local.is_file():
         return json.loads(local.read_text())
-    known = ", ".join(CATALOGUE)
-    raise ConfigError(
-        [
-            f"model.name_or_path = {name_or_path!r}: no local folder with a config.json and not in the "
-            f"built-in catalogue ({known}); download the model to a folder and pass its path"
-        ]
-    )
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(name_or_path).to_dict()
+    except Exception as exc:  # offline, gated, misspelled: all mean "no config to plan with"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        known = ", ".join(CATALOGUE)
+        raise ConfigError(
+            [
+                f"model.name_or_path = {name_or_path!r}: no local folder with a config.json, not in the "
+                f"built-in catalogue ({known}), and its config.json could not be fetched ({reason}); "
+                "download the model to a folder and pass its path, or check the id"
+            ]
+        ) from None
