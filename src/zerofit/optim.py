@@ -13,9 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
+from zerofit.optim_dtensor import sharded
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ def build_optimizer(model: torch.nn.Module, cfg: ZerofitConfig, lr: float) -> to
     if o.name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     cls = _bitsandbytes_optim(o.name)
+    if any(isinstance(p, DTensor) for g in groups for p in g["params"]):
+        cls = sharded(cls)  # FSDP2: bitsandbytes kernels step each rank's local shard (optim_dtensor.py)
     if o.name == "lion_8bit":  # Lion has no epsilon
         return cls(groups, lr=lr, betas=o.betas, weight_decay=o.weight_decay)
     return cls(groups, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)

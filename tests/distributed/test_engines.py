@@ -47,6 +47,14 @@ HALF = [
     Launch("bf16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=bf16")),
     Launch("bf16-fsdp", "torchrun", ("distributed.strategy=fsdp", "train.precision=bf16")),
     Launch("bf16-ddp", "torchrun", ("distributed.strategy=ddp", "train.precision=bf16")),
+    # The offload presets: DeepSpeed's own CPU Adam steps offloaded state (ZeRO-3 also offloads params);
+    # FSDP2's CPUOffloadPolicy keeps sharded params, grads and the optimizer step on the host.
+    Launch("bf16-zero3-offload", "deepspeed", ("distributed.preset=zero3_offload", "train.precision=bf16")),
+    Launch(
+        "bf16-fsdp-offload",
+        "torchrun",
+        ("distributed.strategy=fsdp", "distributed.preset=fsdp_offload", "train.precision=bf16"),
+    ),
     Launch("fp16-single", "python", ("distributed.strategy=single", "train.precision=fp16")),
     Launch("fp16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=fp16")),
 ]
@@ -106,7 +114,18 @@ def runs(config: Path) -> dict[str, RunResult]:
     return results
 
 
-@pytest.mark.parametrize("name", ["bf16-single", "bf16-zero2", "bf16-fsdp", "bf16-ddp", "fp16-single"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bf16-single",
+        "bf16-zero2",
+        "bf16-fsdp",
+        "bf16-ddp",
+        "bf16-zero3-offload",
+        "bf16-fsdp-offload",
+        "fp16-single",
+    ],
+)
 def test_half_precision_trains_and_loss_falls(runs: dict[str, RunResult], name: str) -> None:
     losses = runs[name].check().series("loss")
     assert len(losses) == STEPS
