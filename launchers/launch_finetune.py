@@ -8,6 +8,7 @@
 Everything happens in `zerofit.run.main`: parse -> resolve -> render -> build -> print plan -> train.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,4 +19,10 @@ except ModuleNotFoundError:  # a checkout without `pip install -e .`: use its sr
     from zerofit.run import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every result is written and closed by now. Leave without interpreter finalization: gloo worker
+    # threads torn down during it can abort a finished rank (SIGABRT, "terminate called without an active
+    # exception"), turning a successful run into a failed launch.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

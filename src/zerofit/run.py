@@ -320,6 +320,9 @@ def train_run(resolved: ResolvedConfig, config_path: str) -> int:
         if results:
             _say(strategy, f"done: {len(results)} steps, {loss_summary([r.loss for r in results])}")
         _say(strategy, f"results: {resolved.run_dir}" + (f" (export: {exported})" if exported else ""))
+        # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
+        # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
+        strategy.barrier()
         return 0
     finally:
         strategy.close()
