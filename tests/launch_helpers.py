@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,3 +174,12 @@ def varied_length_data(path: Path, n: int, seed: int = 0) -> Path:
             response = "".join(rng.choice("0123456789") for _ in range(rng.choice([1, 2, 5, 30, 60])))
             f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
     return path
+
+
+def copy_as_interrupted(src: Path, dst: Path, stopped_at: int, last_step: int) -> None:
+    """A copy of run directory `src` as if the run had stopped right after its step-`stopped_at` checkpoint."""
+    shutil.copytree(src, dst)
+    shutil.rmtree(dst / "checkpoints" / f"step-{last_step}")
+    shutil.rmtree(dst / "adapter")
+    rows = (src / "metrics.jsonl").read_text().splitlines()[:stopped_at]
+    (dst / "metrics.jsonl").write_text("\n".join(rows) + "\n")

@@ -14,13 +14,19 @@ data set seen repeatedly so the loss must fall:
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from launch_helpers import Launch, RunResult, run_launches, varied_length_data, write_config
+from launch_helpers import (
+    Launch,
+    RunResult,
+    copy_as_interrupted,
+    run_launches,
+    varied_length_data,
+    write_config,
+)
 from zerofit.config import load_config, resolve
 from zerofit.render import render_engine_config
 
@@ -90,21 +96,12 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _resume_copy(src: Path, dst: Path) -> None:
-    """A run directory as if the run had stopped right after the step-3 checkpoint."""
-    shutil.copytree(src, dst)
-    shutil.rmtree(dst / "checkpoints" / f"step-{STEPS}")
-    shutil.rmtree(dst / "adapter")
-    rows = (src / "metrics.jsonl").read_text().splitlines()[:EVERY]
-    (dst / "metrics.jsonl").write_text("\n".join(rows) + "\n")
-
-
 @pytest.fixture(scope="module")
 def runs(config: Path) -> dict[str, RunResult]:
     out = config.parent / "runs"
     results = run_launches(HALF, config, out)
     for name, resumed in RESUMED.items():
-        _resume_copy(results[name].check().run_dir, out / resumed)
+        copy_as_interrupted(results[name].check().run_dir, out / resumed, EVERY, STEPS)
     base = {launch.name: launch for launch in HALF}
     again = [
         Launch(r, base[n].launcher, (*base[n].overrides, "checkpoint.resume=true"))

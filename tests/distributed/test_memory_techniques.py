@@ -18,7 +18,6 @@ with every adapter trained (LoRA B starts at zero).
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,14 @@ from typing import Any
 import pytest
 import torch
 
-from launch_helpers import Launch, RunResult, run_launches, varied_length_data, write_config
+from launch_helpers import (
+    Launch,
+    RunResult,
+    copy_as_interrupted,
+    run_launches,
+    varied_length_data,
+    write_config,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -81,21 +87,12 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _resume_copy(src: Path, dst: Path) -> None:
-    """A run directory as if the run had stopped right after the step-3 checkpoint."""
-    shutil.copytree(src, dst)
-    shutil.rmtree(dst / "checkpoints" / f"step-{STEPS}")
-    shutil.rmtree(dst / "adapter")
-    rows = (src / "metrics.jsonl").read_text().splitlines()[:EVERY]
-    (dst / "metrics.jsonl").write_text("\n".join(rows) + "\n")
-
-
 @pytest.fixture(scope="module")
 def runs(config: Path) -> dict[str, RunResult]:
     out = config.parent / "runs"
     results = run_launches(RUNS, config, out)
     fsdp = next(launch for launch in RUNS if launch.name == "lora-adamw8-fsdp")
-    _resume_copy(results[fsdp.name].check().run_dir, out / RESUMED)
+    copy_as_interrupted(results[fsdp.name].check().run_dir, out / RESUMED, EVERY, STEPS)
     again = Launch(RESUMED, fsdp.launcher, (*fsdp.overrides, "checkpoint.resume=true"))
     results.update(run_launches([again], config, out))
     return results
