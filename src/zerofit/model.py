@@ -134,13 +134,31 @@ def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def build_model(cfg: ZerofitConfig, *, device_map: Any = None) -> BuiltModel:
+def load_tokenizer(cfg: ZerofitConfig) -> Any:
+    """The model's own tokenizer (seconds, no weights): the run tokenizes its data with it before the
+    model loads, so bad data fails before a 7B load, not after.
+
+    A tokenizer without a pad token (Llama-2, Mistral) pads with eos: padded positions are masked from
+    attention and loss, so the id used there never matters.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = None) -> BuiltModel:
     """Load and adapt the model described by `cfg`, ready for a strategy to wrap.
 
     `device_map` is passed to `from_pretrained` (e.g. `{"": local_rank}` to place quantized weights on a
-    GPU at load time); None keeps everything on CPU, which the engines then move.
+    GPU at load time); None keeps everything on CPU, which the engines then move. `tokenizer`: one already
+    loaded with `load_tokenizer` (else it is loaded here).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder.
     path = resolve_model_path(cfg)
@@ -188,11 +206,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None) -> BuiltModel:
     _hf_model(model).config.use_cache = False
     model.train()
 
-    # Tokenizer saved with the model; a tokenizer without a pad token (Llama-2, Mistral) pads with eos:
-    # padded positions are masked from attention and loss, so the id used there never matters.
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
 
     total, trainable = count_parameters(model)
     log.info(

@@ -226,14 +226,16 @@ def load_model_and_data(
     from transformers import set_seed
 
     from zerofit.data import GlobalBatchSampler, load_sft_dataset
-    from zerofit.model import build_model
+    from zerofit.model import build_model, load_tokenizer
 
     cfg = resolved.config
+    # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
+    tokenizer = load_tokenizer(cfg)
+    examples, stats = load_sft_dataset(cfg.data.path, tokenizer, cfg.data.max_seq_len)
     set_seed(cfg.seed)  # the same LoRA init and dropout stream on every rank and every split
     # Quantized weights are quantized on the GPU they will live on, at load time (one GPU per rank).
     on_gpu = strategy.device.type == "cuda" and cfg.quantization.load_in != "none"
-    built = build_model(cfg, device_map={"": strategy.device.index} if on_gpu else None)
-    examples, stats = load_sft_dataset(cfg.data.path, built.tokenizer, cfg.data.max_seq_len)
+    built = build_model(cfg, device_map={"": strategy.device.index} if on_gpu else None, tokenizer=tokenizer)
     sampler = GlobalBatchSampler(
         len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle, cfg.train.partial_window
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from zerofit.config import load_config, resolve
 from zerofit.errors import LaunchError
@@ -88,3 +89,22 @@ def test_deepspeed_precision_the_accelerator_lacks_is_refused() -> None:
         _check_accelerator_precision("fp16", accelerator)
     _check_accelerator_precision("bf16", accelerator)
     _check_accelerator_precision("fp32", accelerator)
+
+
+def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerofit import model as model_module
+    from zerofit import run as run_module
+    from zerofit.errors import DataError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": \n')
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr(model_module, "build_model", no_model)
+    overrides = [f"data.path={bad}", "batch.global_batch_size=1", "batch.micro_batch_size=1"]
+    resolved = resolve(load_config(None, overrides), 1)
+    strategy = SimpleNamespace(device=torch.device("cpu"))
+    with pytest.raises(DataError, match=r"bad\.jsonl:2"):
+        run_module.load_model_and_data(resolved, strategy)  # type: ignore[arg-type]
