@@ -32,16 +32,17 @@ def count_label_tokens(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Sum (not mean) of next-token cross-entropy over valid labels, in fp32, and how many there are.
+def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum (not mean) of next-token cross-entropy over valid labels, in fp32.
 
     Token t's logits predict label t+1 (labels are unshifted, HF-style). A batch with no valid label gives
-    a zero sum that still carries a graph, so every rank runs the same backward.
+    a zero sum that still carries a graph, so every rank runs the same backward. The count that normalizes
+    it is `count_label_tokens`, taken once per window on the host (no device sync per micro-step).
     """
     shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
     shift_labels = labels[:, 1:].reshape(-1).to(shift_logits.device)
     loss_sum = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss_sum, int((shift_labels != IGNORE_INDEX).sum())
+    return loss_sum
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def train_step(
     #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
     #    gradient of (sum of token losses) / tokens. max(., 1): an all-masked window contributes zero.
     scale = strategy.grad_divide_factor / max(tokens, 1)
-    local_loss_sum = torch.zeros((), dtype=torch.float64)
+    # Accumulated on the device: a `.cpu()` per micro-step would force a GPU sync inside the window.
+    local_loss_sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
     for j, batch in enumerate(micro_batches):
         with strategy.accumulate(is_last=j == len(micro_batches) - 1):
             logits = model(
@@ -84,9 +86,9 @@ def train_step(
                 attention_mask=batch["attention_mask"].to(strategy.device),
                 use_cache=False,
             ).logits
-            loss_sum, _ = token_sum_loss(logits, batch["labels"])
+            loss_sum = token_sum_loss(logits, batch["labels"])
             strategy.backward(loss_sum * scale)
-        local_loss_sum += loss_sum.detach().double().cpu()
+        local_loss_sum += loss_sum.detach().double()
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
     loss = float(strategy.all_reduce_sum(local_loss_sum)) / max(tokens, 1)

@@ -181,7 +181,7 @@ def test_per_micro_batch_means_would_not_agree(data_file: Path) -> None:
 
     def sum_and_count(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return token_sum_loss(logits, batch["labels"])
+        return token_sum_loss(logits, batch["labels"]), count_label_tokens(batch["labels"])
 
     total, n = sum_and_count(full)
     reference = gradient([total / n])

@@ -63,8 +63,8 @@ def test_token_sum_loss_is_sum_of_valid_next_token_losses() -> None:
     labels = torch.tensor(
         [[IGNORE_INDEX, 3, 4, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX, IGNORE_INDEX, 1, 2, 5]]
     )
-    loss_sum, n = token_sum_loss(logits, labels)
-    assert n == count_label_tokens(labels) == 5
+    loss_sum = token_sum_loss(logits, labels)
+    assert count_label_tokens(labels) == 5
     mean = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
     )
@@ -73,8 +73,9 @@ def test_token_sum_loss_is_sum_of_valid_next_token_losses() -> None:
 
 def test_an_all_masked_batch_gives_zero_with_a_graph() -> None:
     logits = torch.randn(1, 3, VOCAB, requires_grad=True)
-    loss_sum, n = token_sum_loss(logits, torch.full((1, 3), IGNORE_INDEX))
-    assert n == 0 and float(loss_sum.detach()) == 0.0
+    labels = torch.full((1, 3), IGNORE_INDEX)
+    loss_sum = token_sum_loss(logits, labels)
+    assert count_label_tokens(labels) == 0 and float(loss_sum.detach()) == 0.0
     loss_sum.backward()  # the dummy row of an empty micro-batch still runs backward
     assert logits.grad is not None and float(logits.grad.abs().sum()) == 0.0
 
