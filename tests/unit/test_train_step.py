@@ -136,26 +136,30 @@ class _Checkpoints:
         self.steps.append(steps_done)
 
 
-def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
+def _loop_run(sink: _Sink, checkpoints: _Checkpoints, max_steps: int, **options: Any) -> TrainRun:
+    """A one-process TrainRun over the test examples: global 4 = micro 2 x accum 2."""
     from zerofit.batching import solve_batch
     from zerofit.data import GlobalBatchSampler
 
     examples = _examples()
     model = TinyLM()
-    sink, checkpoints = _Sink(), _Checkpoints()
-    run = TrainRun(
+    return TrainRun(
         strategy=_strategy(model),
         model=model,
         examples=examples,
         sampler=GlobalBatchSampler(len(examples), 4, seed=0),
         plan=solve_batch(1, 4, 2),
-        max_steps=4,
-        max_grad_norm=1.0,
+        max_steps=max_steps,
         pad_id=0,
         sink=sink,
         checkpointer=checkpoints,
+        **options,
     )
-    results = train_loop(run, start_step=1)
+
+
+def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
+    sink, checkpoints = _Sink(), _Checkpoints()
+    results = train_loop(_loop_run(sink, checkpoints, max_steps=4, max_grad_norm=1.0), start_step=1)
     assert len(results) == 3 and all(isinstance(r, StepResult) for r in results)
     assert [step for step, _ in sink.rows] == [2, 3, 4] == checkpoints.steps
     row = sink.rows[0][1]
@@ -166,28 +170,12 @@ def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
 def test_mfu_is_logged_from_input_tokens_where_the_device_peak_is_known(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zerofit.batching import solve_batch
-    from zerofit.data import GlobalBatchSampler
     from zerofit.metrics import throughput
 
     # A CPU has no catalogued peak; pretend this one does 1 TFLOP/s so the wiring can be checked.
     monkeypatch.setattr(throughput, "device_peak_tflops", lambda device, precision="bf16": 1.0)
-    examples = _examples()
-    model = TinyLM()
     sink = _Sink()
-    run = TrainRun(
-        strategy=_strategy(model),
-        model=model,
-        examples=examples,
-        sampler=GlobalBatchSampler(len(examples), 4, seed=0),
-        plan=solve_batch(1, 4, 2),
-        max_steps=1,
-        max_grad_norm=None,
-        pad_id=0,
-        sink=sink,
-        checkpointer=_Checkpoints(),
-        flops_per_token=1e6,
-    )
+    run = _loop_run(sink, _Checkpoints(), max_steps=1, max_grad_norm=None, flops_per_token=1e6)
     (result,) = train_loop(run)
     row = sink.rows[0][1]
     # Input tokens include the prompt (masked from the loss), so MFU counts more tokens than the loss does.
