@@ -3,8 +3,9 @@
 For each recipe this script
   1. caps the CUDA caching allocator at --cap-gib (default 24 GiB) with
      `torch.cuda.set_per_process_memory_fraction`, so a bigger card behaves like a 3090 for allocation;
-  2. trains the recipe's exact pipeline (zerofit's build_model -> strategy -> train_step, the recipe's
-     precision, LoRA/QLoRA, optimizer, checkpointing and batch split) on a Llama-2-7B-shaped model with
+  2. trains the recipe's exact pipeline (`zerofit.assembly.assemble`, as the launcher builds it, then
+     `train_step`: the recipe's precision, LoRA/QLoRA, optimizer, checkpointing, batch split and model
+     placement) on a Llama-2-7B-shaped model with
      random weights (written once to a local folder: nothing is downloaded) and synthetic max-length
      micro-batches (right-padded, like zerofit's collate);
   3. measures peak allocated / reserved memory over steady-state steps and tokens/s;
@@ -76,30 +77,16 @@ def random_model_dir(name: str, cache: Path) -> Path:
 # ------------------------------------------------------------------------------------------ one recipe
 
 
-def _synthetic_batch(micro: int, seq: int, vocab: int, pad_id: int) -> dict[str, Any]:
-    import torch
-
-    ids = torch.randint(3, max(vocab, 4), (micro, seq), dtype=torch.long)
-    mask = torch.ones(micro, seq, dtype=torch.long)
-    if micro > 1:
-        mask[-1, -1] = 0  # right padding on the last row: the masked attention path, as in real batches
-        ids[-1, -1] = pad_id
-    labels = ids.clone()
-    labels[mask == 0] = -100
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
 def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smoke: bool) -> dict[str, Any]:
     """Train `steps` optimizer steps of one recipe in this process; measure and compare with the planner."""
     import torch
 
     import zerofit.planner.search as search
+    from zerofit.assembly import assemble
     from zerofit.config import load_config, resolve
-    from zerofit.model import build_model
-    from zerofit.optim import build_optimizer, build_scheduler
+    from zerofit.planner import choose_micro_batch
     from zerofit.planner.search import Budget, plan_memory
-    from zerofit.render import render_engine_config
-    from zerofit.strategies import build_strategy
+    from zerofit.probe import synthetic_batch
     from zerofit.strategies.env import launch_env
     from zerofit.train import train_step
 
@@ -116,17 +103,19 @@ def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smok
         # `batch.micro_batch_size: auto` must plan for the capped budget, not the whole card.
         search.detected_gpu = lambda: (f"{out['device']} capped at {cap_gib} GiB", cap_gib)
 
-    overrides = ["logging.wandb.mode=disabled", f"output_dir={tempfile.mkdtemp(prefix='gpu-fit-')}"]
+    overrides = [
+        "logging.wandb.mode=disabled",
+        f"output_dir={tempfile.mkdtemp(prefix='gpu-fit-')}",
+        f"train.max_steps={steps + 1}",
+    ]
     if smoke:
         overrides += ["model.name_or_path=tiny-llama", "data.max_seq_len=64", "planner.gpu_memory_gib=1"]
     else:
         overrides.append(f"model.name_or_path={model_dir}")
     cfg = load_config(str(REPO / RECIPES[recipe]), overrides)
-    resolved = resolve(cfg, env.world_size)
-    cfg = resolved.config
-    plan = resolved.plan
-    budget = Budget(cap_gib, f"cap {cap_gib} GiB")
-    predicted = plan_memory(cfg, env.world_size, budget)
+    run = assemble(resolve(cfg, env.world_size, choose_micro_batch), with_data=False)
+    cfg, plan = run.resolved.config, run.spec.plan
+    predicted = plan_memory(run.resolved, run.spec, Budget(cap_gib, f"cap {cap_gib} GiB"))
     out.update(
         {
             "batch": {
@@ -144,21 +133,15 @@ def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smok
             },
         }
     )
-    strategy = build_strategy(resolved, render_engine_config(resolved, "cuda" if cuda else "cpu"))
     try:
-        built = build_model(cfg)
-        model = strategy.prepare(
-            built.model,
-            lambda m: build_optimizer(m, cfg, resolved.effective_lr),
-            lambda opt: build_scheduler(opt, cfg, steps + 1),
-        )
+        built, model, strategy = run.built, run.model, run.strategy
         vocab = int(getattr(built.model.config, "vocab_size", 32000))
         pad = int(built.tokenizer.pad_token_id or 0)
         seq = cfg.data.max_seq_len
 
         def one_step() -> float:
             batches = [
-                _synthetic_batch(plan.micro_batch_size, seq, vocab, pad) for _ in range(plan.grad_accum_steps)
+                synthetic_batch(plan.micro_batch_size, seq, vocab, pad) for _ in range(plan.grad_accum_steps)
             ]
             start = time.perf_counter()
             train_step(strategy, model, batches, cfg.train.max_grad_norm)
@@ -195,7 +178,7 @@ def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smok
         if cuda:
             out["measured"] = {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 3)}
     finally:
-        strategy.close()
+        run.close()
     return out
 
 

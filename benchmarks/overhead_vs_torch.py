@@ -1,12 +1,13 @@
 """What does zerofit's training loop cost per step over the plain PyTorch loop a user would write?
 
-Both loops train the same model (built twice by `zerofit.model.build_model`, same seed, so the same LoRA
-init), on the same global batches in the same order, split into the same micro-batches, with the same
-optimizer and LR schedule (`zerofit.optim`), in this one process:
+Both loops train the same model (zerofit's built by `zerofit.assembly.assemble`, the reference's by
+`zerofit.model.build_model` from the same seed, so the same LoRA init), on the same global batches in the
+same order, split into the same micro-batches, with the same optimizer and LR schedule (`zerofit.optim`),
+in this one process:
 
-  zerofit    `SingleStrategy` (built as `zerofit.run` builds it for distributed.strategy=single under plain
-             `python`) + `zerofit.train.train_loop`, with a discarding metrics sink and a checkpointer that
-             only timestamps steps. So everything the loop does per step is timed: batch assembly, the
+  zerofit    the run exactly as the launcher assembles it for distributed.strategy=single under plain
+             `python` (`SingleStrategy`) + `zerofit.train.train_loop`, with a discarding metrics sink and a
+             checkpointer that only timestamps steps. So everything the loop does per step is timed: batch assembly, the
              token count, the token-exact loss, the strategy's verbs, the metrics dict and memory snapshot.
   reference  for each micro-batch: `model(**batch).loss / grad_accum_steps`, backward; then
              `clip_grad_norm_`, `optimizer.step()`, `scheduler.step()`, `zero_grad()`. Its micro-batches are
@@ -47,7 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerofit.precision import torch_dtype
+
 if TYPE_CHECKING:
+    from zerofit.assembly import PreparedRun
     from zerofit.config import ResolvedConfig
     from zerofit.data import Example, GlobalBatchSampler
     from zerofit.strategies.base import Strategy
@@ -56,7 +60,6 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "demo.yaml"
 # The demo recipe (tiny-llama + LoRA) in one process; precision and the batch come from the flags.
 SINGLE_PROCESS = ["distributed.strategy=single", "distributed.preset=null", "logging.wandb.mode=disabled"]
-_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ------------------------------------------------------------------------------------------ setup
@@ -149,29 +152,14 @@ class Workload:
         return sum(int(b["attention_mask"].sum()) for b in self.micro_batches(step))
 
 
-def build_twin_models(resolved: ResolvedConfig) -> tuple[torch.nn.Module, torch.nn.Module, Any]:
-    """The config's model built twice from the same seed (identical weights and adapters), and its tokenizer."""
+def build_reference_model(resolved: ResolvedConfig) -> torch.nn.Module:
+    """The config's model as `assemble` builds it (same seed: identical weights and adapters), unwrapped."""
     from transformers import set_seed
 
     from zerofit.model import build_model
 
     set_seed(resolved.config.seed)
-    first = build_model(resolved.config)
-    set_seed(resolved.config.seed)
-    second = build_model(resolved.config)
-    return first.model, second.model, first.tokenizer
-
-
-def load_workload(resolved: ResolvedConfig, tokenizer: Any) -> Workload:
-    """Tokenize the config's data and order it into global batches, as `zerofit.run` does."""
-    from zerofit.data import GlobalBatchSampler, load_sft_dataset
-
-    cfg = resolved.config
-    examples, _ = load_sft_dataset(cfg.data.path, tokenizer, cfg.data.max_seq_len)
-    sampler = GlobalBatchSampler(
-        len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle, cfg.train.partial_window
-    )
-    return Workload(resolved, examples, sampler, int(tokenizer.pad_token_id))
+    return build_model(resolved.config).model
 
 
 def synchronize(device: torch.device) -> None:
@@ -206,36 +194,16 @@ class StepClock:
 
 
 class ZerofitLoop:
-    """zerofit's own path: `SingleStrategy` + `train_loop`, metrics computed and discarded."""
+    """zerofit's own path: the assembled run + `train_loop`, metrics computed and discarded."""
 
-    def __init__(self, model: torch.nn.Module, work: Workload, engine_config: dict[str, Any]) -> None:
+    def __init__(self, prepared: PreparedRun) -> None:
         from zerofit.metrics.base import NullSink
-        from zerofit.optim import build_optimizer, build_scheduler
-        from zerofit.strategies import build_strategy
-        from zerofit.train import TrainRun
 
-        resolved, cfg = work.resolved, work.resolved.config
-        self.strategy: Strategy = build_strategy(resolved, engine_config)
-        prepared = self.strategy.prepare(
-            model,
-            lambda m: build_optimizer(m, cfg, resolved.effective_lr),
-            lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps),
-        )
+        self.prepared = prepared
+        self.strategy: Strategy = prepared.strategy
         self.clock = StepClock(self.strategy.device)
-        self.run = TrainRun(
-            strategy=self.strategy,
-            model=prepared,
-            examples=work.examples,
-            sampler=work.sampler,
-            plan=resolved.plan,
-            max_steps=0,  # set per segment
-            max_grad_norm=cfg.train.max_grad_norm,
-            pad_id=work.pad_id,
-            sink=NullSink(),
-            checkpointer=self.clock,
-            log_every=cfg.logging.log_every,
-            precision=cfg.train.precision,
-        )
+        self.run = prepared.train_run(NullSink(), self.clock)
+        self.run.max_steps = 0  # set per segment
 
     def segment(self, start: int, steps: int) -> Segment:
         """Steps `start`..`start + steps - 1` through `train_loop`, timed by the step clock."""
@@ -248,7 +216,7 @@ class ZerofitLoop:
         return Segment([b - a for a, b in itertools.pairwise(marks)], results[-1].loss)
 
     def close(self) -> None:
-        self.strategy.close()
+        self.prepared.close()
 
 
 class ReferenceLoop:
@@ -264,7 +232,7 @@ class ReferenceLoop:
         self.scheduler = build_scheduler(self.optimizer, cfg, cfg.train.max_steps)
         self.max_grad_norm = cfg.train.max_grad_norm
         # Mixed precision as a user would add it: autocast, and a GradScaler for fp16.
-        self.dtype = _HALF.get(cfg.train.precision)
+        self.dtype = None if cfg.train.precision == "fp32" else torch_dtype(cfg.train.precision)
         self.scaler = torch.amp.GradScaler(device.type) if self.dtype == torch.float16 else None
 
     def _autocast(self) -> AbstractContextManager[Any]:
@@ -453,22 +421,23 @@ def format_summary(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    from zerofit.assembly import assemble
     from zerofit.errors import ZerofitError
-    from zerofit.render import render_engine_config
-    from zerofit.run import quiet_libraries
+    from zerofit.messages import error, quiet_libraries
 
     quiet_libraries()
     try:
         resolved = resolve_config(args)
-        zerofit_model, reference_model, tokenizer = build_twin_models(resolved)
-        work = load_workload(resolved, tokenizer)
+        prepared = assemble(resolved)
     except ZerofitError as exc:
-        print(f"overhead_vs_torch: error: {exc}", file=sys.stderr)
+        error("overhead_vs_torch", exc)
         return 2
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    zerofit = ZerofitLoop(zerofit_model, work, render_engine_config(resolved, device_type))
+    zerofit = ZerofitLoop(prepared)
     try:
-        reference = ReferenceLoop(reference_model, work, zerofit.strategy.device)
+        assert prepared.data is not None
+        pad_id = int(prepared.built.tokenizer.pad_token_id)
+        work = Workload(resolved, prepared.data.examples, prepared.data.sampler, pad_id)
+        reference = ReferenceLoop(build_reference_model(resolved), work, zerofit.strategy.device)
         z, r = measure(args, work, zerofit, reference)
     finally:
         zerofit.close()

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Fine-tune entry point (DESIGN contract 1); runs under `deepspeed`, `torchrun` and plain `python`.
+"""Fine-tune entry point (docs/contracts.md, "Entry point"); runs under `deepspeed`, `torchrun` and `python`.
 
     deepspeed --num_gpus N launchers/launch_finetune.py --config configs/demo.yaml [key=value ...]
     torchrun --nproc_per_node N launchers/launch_finetune.py --config CFG distributed.strategy=fsdp
     python launchers/launch_finetune.py --config CFG distributed.strategy=single
 
-Everything happens in `zerofit.run.main`: parse -> resolve -> render -> build -> print plan -> train.
+Everything happens in `zerofit.run.main`: parse -> resolve -> assemble -> resume -> print plan -> train.
 """
 
 import os

@@ -183,3 +183,29 @@ def copy_as_interrupted(src: Path, dst: Path, stopped_at: int, last_step: int) -
     shutil.rmtree(dst / "adapter")
     rows = (src / "metrics.jsonl").read_text().splitlines()[:stopped_at]
     (dst / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def run_and_resume(
+    launches: list[Launch],
+    config: Path,
+    output_dir: Path,
+    resumed: dict[str, str],
+    stopped_at: int,
+    last_step: int,
+) -> dict[str, RunResult]:
+    """Run `launches`; then, for each `name -> resumed_name`, copy run `name` as if it had been stopped right
+    after its step-`stopped_at` checkpoint and resume that copy with the same launcher and overrides.
+
+    Results of both the straight runs and the resumed copies, by name.
+    """
+    results = run_launches(launches, config, output_dir)
+    by_name = {launch.name: launch for launch in launches}
+    again = []
+    for name, copy_name in resumed.items():
+        copy_as_interrupted(results[name].check().run_dir, output_dir / copy_name, stopped_at, last_step)
+        base = by_name[name]
+        again.append(
+            Launch(copy_name, base.launcher, (*base.overrides, "checkpoint.resume=true"), base.nproc)
+        )
+    results.update(run_launches(again, config, output_dir))
+    return results

@@ -11,55 +11,16 @@ underneath peft so each decoder layer is recomputed (non-reentrant) in backward.
 
 from __future__ import annotations
 
-import logging
-import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from zerofit.config.schema import TINY_LLAMA, ZerofitConfig
+from zerofit.catalogue import TINY_LLAMA
+from zerofit.config.schema import ZerofitConfig
+from zerofit.lora import apply_lora, lora_config
+from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.tiny_llama import ensure_tiny_llama
-
-log = logging.getLogger(__name__)
-
-_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def lora_config(r: int, alpha: int, dropout: float, target_modules: str | list[str], use_dora: bool) -> Any:
-    """The peft `LoraConfig` zerofit uses everywhere (training and the planner's meta builds).
-
-    Causal-LM task, no bias training; `all-linear` = every linear layer but the output head.
-    """
-    from peft import LoraConfig
-
-    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
-    return LoraConfig(
-        task_type="CAUSAL_LM",
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=targets,
-        use_dora=use_dora,
-        bias="none",
-    )
-
-
-def apply_lora(model: torch.nn.Module, config: Any, seed: int | None = None) -> torch.nn.Module:
-    """Wrap `model` with peft adapters; with `seed`, adapter init is reproducible on every rank and split.
-
-    Adapter init (kaiming A) draws from the global RNG: seeding it from the run's seed makes every rank and
-    every split start from the same adapters, without disturbing the caller's RNG stream.
-    """
-    from peft import get_peft_model
-
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        if seed is not None:
-            torch.manual_seed(seed)
-        return get_peft_model(model, config)
 
 
 @dataclass
@@ -81,19 +42,9 @@ def resolve_model_path(cfg: ZerofitConfig) -> str:
 
 
 def load_dtype(cfg: ZerofitConfig) -> torch.dtype:
-    """The dtype the weights are loaded in (the dtype rule).
-
-    - precision fp32: fp32 weights.
-    - bf16/fp16 with LoRA (or QLoRA): the frozen base weights in that half dtype (half the memory, and
-      they never receive updates); peft keeps the LoRA adapter weights in fp32 (`autocast_adapter_dtype`)
-      so the optimizer updates full-precision values.
-    - bf16/fp16 full fine-tuning: fp32 weights (master copy); mixed precision comes from the engine
-      (autocast for single/DDP, MixedPrecisionPolicy for FSDP2; DeepSpeed casts to bf16/fp16 itself).
-    """
-    precision = cfg.train.precision
-    if precision in _HALF and cfg.lora.enabled:
-        return _HALF[precision]
-    return torch.float32
+    """The dtype the weights are loaded in (the dtype rule of `zerofit.precision`)."""
+    dtypes = tensor_dtypes(cfg.train.precision, cfg.distributed.strategy, lora=cfg.lora.enabled)
+    return torch_dtype(dtypes.load)
 
 
 def _quantization_config(cfg: ZerofitConfig) -> Any | None:
@@ -110,7 +61,7 @@ def _quantization_config(cfg: ZerofitConfig) -> Any | None:
         load_in_4bit=True,
         bnb_4bit_quant_type=cfg.quantization.quant_type,
         bnb_4bit_use_double_quant=cfg.quantization.double_quant,
-        bnb_4bit_compute_dtype=_HALF.get(cfg.train.precision, torch.float32),
+        bnb_4bit_compute_dtype=torch_dtype(cfg.train.precision),
     )
 
 
@@ -209,14 +160,6 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
 
     total, trainable = count_parameters(model)
-    log.info(
-        "model %s: %s parameters, %s trainable (%.2f%%), loaded in %s",
-        Path(path).name if Path(path).exists() else path,
-        f"{total:,}",
-        f"{trainable:,}",
-        100.0 * trainable / max(total, 1),
-        str(dtype).removeprefix("torch."),
-    )
     return BuiltModel(
         model=model, tokenizer=tokenizer, total_params=total, trainable_params=trainable, load_dtype=dtype
     )

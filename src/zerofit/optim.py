@@ -7,7 +7,6 @@ scaling with the global batch is computed once, in `config/resolve.py`.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,9 +16,8 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
+from zerofit.messages import warn
 from zerofit.optim_dtensor import sharded
-
-log = logging.getLogger(__name__)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -50,7 +48,7 @@ def _bitsandbytes_optim(name: str) -> Any:
         ) from None
     if name == "paged_adamw_8bit" and not torch.cuda.is_available():
         # Paging moves optimizer state between GPU and host memory; without a GPU there is nothing to page.
-        log.warning("optimizer.name=paged_adamw_8bit: no CUDA device, using non-paged AdamW8bit instead")
+        warn("optimizer.name=paged_adamw_8bit: no CUDA device, using non-paged AdamW8bit instead")
         name = "adamw_8bit"
     return {
         "adamw_8bit": bnb.optim.AdamW8bit,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from zerofit.planner.catalogue import TINY_LLAMA_CONFIG
+from zerofit.catalogue import TINY_LLAMA_CONFIG
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # Specials first so their ids match TINY_LLAMA_CONFIG (pad 0, bos 1, eos 2); then tab, newline and the 95

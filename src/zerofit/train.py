@@ -1,10 +1,10 @@
-"""One global batch per optimizer step, token-exact whatever the split ("Gradient accumulation, done right").
+"""One global batch per optimizer step, token-exact whatever the split (docs/design.md, "Gradient accumulation").
 
     train_step: count the window's valid label tokens on this rank -> all-reduce once (before any
                 backward) -> per micro-step: forward, token *sum* / global tokens (x the engine's gradient
                 divide factor), backward (sync only on the last) -> clip once, step once -> loss.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` -> train_step ->
-                metrics (DESIGN contract 4) -> periodic checkpoint.
+                metrics (docs/contracts.md, metrics.jsonl) -> periodic checkpoint.
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
 normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
@@ -17,32 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from zerofit.batching import BatchPlan
-from zerofit.data import IGNORE_INDEX, Example, GlobalBatchSampler, collate, split_global_batch
+from zerofit.data import Example, GlobalBatchSampler, collate, split_global_batch
+from zerofit.loss import count_label_tokens, token_sum_loss
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
 from zerofit.strategies.base import Strategy
-
-
-def count_label_tokens(labels: torch.Tensor) -> int:
-    """Valid label tokens of a batch: positions 1.. whose label is not -100 (position 0 predicts nothing)."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
-
-
-def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum (not mean) of next-token cross-entropy over valid labels, in fp32.
-
-    Token t's logits predict label t+1 (labels are unshifted, HF-style). A batch with no valid label gives
-    a zero sum that still carries a graph, so every rank runs the same backward. The count that normalizes
-    it is `count_label_tokens`, taken once per window on the host (no device sync per micro-step).
-    """
-    shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
-    shift_labels = labels[:, 1:].reshape(-1).to(shift_logits.device)
-    loss_sum = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return loss_sum
 
 
 @dataclass(frozen=True)
@@ -131,7 +113,7 @@ def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.T
 def step_metrics(
     run: TrainRun, step: int, result: StepResult, lr: float, seconds: float, samples: int
 ) -> dict[str, Any]:
-    """The per-step fields of `metrics.jsonl` (DESIGN contract 4), memory aside."""
+    """The per-step fields of `metrics.jsonl` (docs/contracts.md), memory aside."""
     return {
         "loss": result.loss,
         "lr": lr,

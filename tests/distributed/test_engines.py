@@ -1,4 +1,4 @@
-"""Every engine trains in half precision, writes the run directory of DESIGN contract 3, and resumes exactly.
+"""Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
 Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed), LoRA with dropout, a small
 data set seen repeatedly so the loss must fall:
@@ -22,13 +22,12 @@ import yaml
 from launch_helpers import (
     Launch,
     RunResult,
-    copy_as_interrupted,
-    run_launches,
+    run_and_resume,
     varied_length_data,
     write_config,
 )
 from zerofit.config import load_config, resolve
-from zerofit.render import render_engine_config
+from zerofit.engine import render_spec
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -98,17 +97,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(config: Path) -> dict[str, RunResult]:
-    out = config.parent / "runs"
-    results = run_launches(HALF, config, out)
-    for name, resumed in RESUMED.items():
-        copy_as_interrupted(results[name].check().run_dir, out / resumed, EVERY, STEPS)
-    base = {launch.name: launch for launch in HALF}
-    again = [
-        Launch(r, base[n].launcher, (*base[n].overrides, "checkpoint.resume=true"))
-        for n, r in RESUMED.items()
-    ]
-    results.update(run_launches(again, config, out))
-    return results
+    return run_and_resume(HALF, config, config.parent / "runs", RESUMED, EVERY, STEPS)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +146,7 @@ def test_run_directory_is_contract_3(runs: dict[str, RunResult], name: str) -> N
     engine_file = {"deepspeed": "ds_config.json", "fsdp": "fsdp.json"}.get(
         saved["distributed"]["strategy"], "engine.json"
     )
-    assert json.loads((run.run_dir / engine_file).read_text()) == render_engine_config(resolve(cfg, dp))
+    assert json.loads((run.run_dir / engine_file).read_text()) == render_spec(resolve(cfg, dp)).to_json()
     assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == [
         f"step-{EVERY}",
         f"step-{STEPS}",

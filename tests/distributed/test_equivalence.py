@@ -1,4 +1,4 @@
-"""One global batch, any split, any engine: the same training (DESIGN "Gradient accumulation, done right").
+"""One global batch, any split, any engine: the same training (docs/design.md, "Gradient accumulation").
 
 A tiny Llama, full fine-tuning in fp32 (so every parameter is compared, not only adapters), data whose
 lengths vary from 1 to ~60 tokens, global batch 8 split as
@@ -24,9 +24,9 @@ import torch
 
 from launch_helpers import Launch, RunResult, run_launches, varied_length_data, write_config
 from zerofit.data import GlobalBatchSampler, collate, load_sft_dataset
+from zerofit.loss import count_label_tokens, token_sum_loss
 from zerofit.optim import lr_multiplier
 from zerofit.tiny_llama import ensure_tiny_llama
-from zerofit.train import count_label_tokens, token_sum_loss
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -28,8 +28,7 @@ import torch
 from launch_helpers import (
     Launch,
     RunResult,
-    copy_as_interrupted,
-    run_launches,
+    run_and_resume,
     varied_length_data,
     write_config,
 )
@@ -89,13 +88,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(config: Path) -> dict[str, RunResult]:
-    out = config.parent / "runs"
-    results = run_launches(RUNS, config, out)
-    fsdp = next(launch for launch in RUNS if launch.name == "lora-adamw8-fsdp")
-    copy_as_interrupted(results[fsdp.name].check().run_dir, out / RESUMED, EVERY, STEPS)
-    again = Launch(RESUMED, fsdp.launcher, (*fsdp.overrides, "checkpoint.resume=true"))
-    results.update(run_launches([again], config, out))
-    return results
+    return run_and_resume(RUNS, config, config.parent / "runs", {"lora-adamw8-fsdp": RESUMED}, EVERY, STEPS)
 
 
 # --- reading what each strategy wrote into checkpoints/step-N/ ---------------------------------------------

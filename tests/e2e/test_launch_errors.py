@@ -2,7 +2,9 @@
 written into an earlier run's directory (each bad launch reuses that run's output_dir and run_name).
 
 Batch problems must be caught before any model is loaded: those launches get an empty model cache, which
-must still be empty afterwards (the built-in tiny model is written there on first load).
+must still be empty afterwards (the built-in tiny model is written there on first load). A control launch
+that does get as far as the tokenizer (bad data) gets an empty cache too, which must be filled: the cache
+the others leave empty is really the one a load would write.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ BEFORE_MODEL = {
     "unknown-strategy",
     "unknown-preset",
 }
+# Fails on the data, after the tokenizer (which builds the tiny model into the cache) has loaded.
+REACHES_TOKENIZER = "malformed-data"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +91,8 @@ def bad_runs(setup: dict[str, Path]) -> tuple[dict[str, RunResult], dict[str, tu
     for name, (launcher, overrides, _) in BAD.items():
         filled = tuple(o.format(root=setup["root"]) for o in overrides)
         # Batch and engine errors get an empty model cache: it must stay empty (no model was loaded).
-        env = {"ZEROFIT_CACHE": str(setup["root"] / f"cache-{name}")} if name in BEFORE_MODEL else {}
+        own_cache = name in BEFORE_MODEL or name == REACHES_TOKENIZER
+        env = {"ZEROFIT_CACHE": str(setup["root"] / f"cache-{name}")} if own_cache else {}
         # run_name=earlier for all: a user error must not touch (or suffix next to) the earlier run.
         launches.append(Launch(RUN, launcher, filled, key=name, env=env))
     results = run_launches(launches, setup["config"], setup["out"])
@@ -110,6 +115,9 @@ def test_batch_and_engine_errors_come_before_any_model_load(
 ) -> None:
     cache = setup["root"] / f"cache-{name}"
     assert not cache.exists() or not any(cache.iterdir())
+    control = setup["root"] / f"cache-{REACHES_TOKENIZER}"
+    assert bad_runs[0][REACHES_TOKENIZER].returncode == 2
+    assert any(control.glob("tiny-llama-seed*/tokenizer.json")), "the cache override was not honoured"
 
 
 def test_nothing_written_to_the_earlier_run(

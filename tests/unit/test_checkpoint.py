@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from config_helpers import one_process_strategy
 from zerofit.checkpoint import COMPLETE, Checkpointer, complete_checkpoints, latest_checkpoint
 from zerofit.config.schema import CheckpointSection
-from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy
 
 
 def _strategy() -> SingleStrategy:
     torch.manual_seed(0)
-    strategy = SingleStrategy(LaunchEnv(0, 1, 0, False), {"precision": "fp32"})
+    strategy = one_process_strategy()
     strategy.prepare(
         torch.nn.Linear(3, 3),
         lambda m: torch.optim.AdamW(m.parameters(), lr=0.1),

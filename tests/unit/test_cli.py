@@ -13,8 +13,8 @@ import pytest
 
 from zerofit.cli import main
 from zerofit.config import load_config, resolve
+from zerofit.engine import render_spec
 from zerofit.presets import list_presets
-from zerofit.render import render_engine_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "configs/demo.yaml"
@@ -71,7 +71,7 @@ def test_plan_json_is_the_exact_engine_config(capsys: pytest.CaptureFixture[str]
     assert report["batch"]["max_tokens_per_optimizer_step"] == 16 * 64
     assert "upper bound" in report["batch"]["tokens_note"]
     resolved = resolve(load_config(DEMO, ["batch.micro_batch_size=2"]), 2)
-    assert report["engine_config"] == render_engine_config(resolved)
+    assert report["engine_config"] == render_spec(resolved).to_json()
     assert report["engine_config"]["gradient_accumulation_steps"] == 4
     assert report["run_dir"] == str(resolved.run_dir)
     assert report["engine_config_file"] == str(resolved.run_dir / "ds_config.json")
@@ -185,4 +185,4 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     shipped = {f"zerofit/ds_configs/{p.name}" for p in (REPO / "ds_configs").glob("*.json")}
     assert len(shipped) == len(list_presets()) >= 8
     assert shipped <= names
-    assert "zerofit/render.py" in names and "zerofit/batching.py" in names
+    assert "zerofit/engine/render.py" in names and "zerofit/batching.py" in names

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from zerofit.config import ZerofitConfig, load_config, parse_overrides, resolve
+from zerofit.engine import render_spec
 from zerofit.errors import ConfigError, ZerofitError
+from zerofit.planner import choose_micro_batch
 from zerofit.presets import list_presets
-from zerofit.render import render_engine_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "demo.yaml"
@@ -26,7 +27,7 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _problems(overrides: list[str], world_size: int = 2, path: Path | None = DEMO) -> str:
     with pytest.raises(ConfigError) as err:
-        resolve(load_config(path, overrides), world_size)
+        resolve(load_config(path, overrides), world_size, choose_micro_batch)
     assert isinstance(err.value, ZerofitError)
     return str(err.value)
 
@@ -252,6 +253,9 @@ def test_micro_batch_auto_says_the_planner_decides(monkeypatch: pytest.MonkeyPat
     # without planner.gpu / planner.gpu_memory_gib it has no budget and says how to give one.
     monkeypatch.setattr("zerofit.planner.search.detected_gpu", lambda: None)
     assert "needs the GPU's memory" in _problems(["batch.micro_batch_size=auto"])
+    # The config layer sits below the planner: without a chooser, `auto` is refused, never guessed.
+    with pytest.raises(ConfigError, match="needs the memory planner"):
+        resolve(load_config(DEMO, ["batch.micro_batch_size=auto"]), 2)
 
 
 def test_single_strategy_with_many_ranks() -> None:
@@ -294,7 +298,7 @@ def test_quantization_needs_lora() -> None:
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_resolves_and_renders(path: Path) -> None:
-    resolved = resolve(load_config(path), 1)
-    engine = render_engine_config(resolved)
+    resolved = resolve(load_config(path), 1, choose_micro_batch)
+    engine = render_spec(resolved).to_json()
     assert "auto" not in _walk(engine)
     assert "auto" not in _walk(resolved.config.model_dump(mode="json"))

@@ -7,11 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
+from zerofit.assembly import claim_run_dir
 from zerofit.config import load_config, resolve
 from zerofit.errors import LaunchError
-from zerofit.run import claim_run_dir, parse_args, resolve_for_launch
+from zerofit.run import parse_args, resolve_for_launch
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 DATA = str(Path(__file__).resolve().parents[2] / "data" / "demo.jsonl")
@@ -92,8 +92,7 @@ def test_deepspeed_precision_the_accelerator_lacks_is_refused() -> None:
 
 
 def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from zerofit import model as model_module
-    from zerofit import run as run_module
+    from zerofit import assembly
     from zerofit.errors import DataError
 
     bad = tmp_path / "bad.jsonl"
@@ -102,9 +101,14 @@ def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pyte
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(model_module, "build_model", no_model)
-    overrides = [f"data.path={bad}", "batch.global_batch_size=1", "batch.micro_batch_size=1"]
-    resolved = resolve(load_config(None, overrides), 1)
-    strategy = SimpleNamespace(device=torch.device("cpu"))
+    monkeypatch.setattr(assembly, "build_model", no_model)
+    overrides = [
+        f"data.path={bad}",
+        "batch.global_batch_size=1",
+        "batch.micro_batch_size=1",
+        "distributed.strategy=single",
+        f"output_dir={tmp_path / 'runs'}",
+    ]
     with pytest.raises(DataError, match=r"bad\.jsonl:2"):
-        run_module.load_model_and_data(resolved, strategy)  # type: ignore[arg-type]
+        assembly.assemble(resolve(load_config(None, overrides), 1))
+    assert not (tmp_path / "runs").exists()  # nothing written for a run that never started

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from zerofit.config.resolve import ResolvedConfig, resolve
 from zerofit.config.schema import ZerofitConfig
+from zerofit.engine import render_spec
 from zerofit.metrics.base import MultiSink, NullSink
 from zerofit.metrics.console import ConsoleSink
 from zerofit.metrics.setup import open_sinks, run_config
@@ -53,14 +54,14 @@ def no_wandb_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_non_zero_ranks_get_a_null_sink(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path, mode="disabled")
-    assert isinstance(open_sinks(resolved, 1, {}), NullSink)
+    assert isinstance(open_sinks(resolved, render_spec(resolved), 1, {}), NullSink)
     assert not resolved.run_dir.exists()  # rank 1 writes nothing
 
 
 def test_rank0_writes_jsonl_run_info_and_summary(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path, mode="disabled")
     resolved.config.logging.console = False
-    sink = open_sinks(resolved, 0, {"params": {"trainable": 10, "total": 100}})
+    sink = open_sinks(resolved, render_spec(resolved), 0, {"params": {"trainable": 10, "total": 100}})
     assert isinstance(sink, MultiSink)
     for step in range(1, 5):
         sink.log(step, _step_metrics(step))
@@ -86,10 +87,13 @@ def test_rank0_writes_jsonl_run_info_and_summary(tmp_path: Path) -> None:
 
 
 def test_run_config_holds_plan_versions_commit(tmp_path: Path) -> None:
-    config = run_config(_resolved(tmp_path), {"engine_config": {"zero_optimization": {"stage": 2}}})
+    resolved = _resolved(tmp_path)
+    config = run_config(resolved, render_spec(resolved), {"params_trainable": 10})
     assert config["batch_plan"]["dp_size"] == 2
     assert config["distributed"]["preset"] == "zero2"
+    assert config["engine_config"] == render_spec(resolved).to_json()  # what the engine received
     assert config["engine_config"]["zero_optimization"]["stage"] == 2
+    assert config["params_trainable"] == 10
     assert set(config["versions"]) >= {"python", "torch", "wandb"}
     assert "commit" in config["git"] or config["git"] == {}
     json.dumps(config)  # JSON-able as a whole
@@ -191,18 +195,20 @@ def test_wandb_that_cannot_start_never_fails_the_run(tmp_path: Path, monkeypatch
 
 
 def test_planner_failure_never_blocks_logging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from zerofit.planner import memory as planner_memory
+    from zerofit.planner import scenario
 
     def broken(*args: object, **kwargs: object) -> object:
         raise RuntimeError("planner bug")
 
-    monkeypatch.setattr(planner_memory, "scenario_from_config", broken)
-    config = run_config(_resolved(tmp_path))
+    monkeypatch.setattr(scenario, "scenario_for", broken)
+    resolved = _resolved(tmp_path)
+    config = run_config(resolved, render_spec(resolved))
     assert "planner_prediction" not in config and config["batch_plan"]["dp_size"] == 2
 
 
 def test_planner_prediction_is_recorded_beside_the_planner_section(tmp_path: Path) -> None:
-    config = run_config(_resolved(tmp_path))
+    resolved = _resolved(tmp_path)
+    config = run_config(resolved, render_spec(resolved))
     # The resolved config's own `planner` section (target GPU) and the prediction must not collide.
     assert "gpu" in config["planner"]
     assert config["planner_prediction"]["memory"]["tensors_gib"] > 0

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from config_helpers import config
 from zerofit.config import ZerofitConfig, load_config, resolve
 from zerofit.data import Example, collate
 from zerofit.errors import ConfigError
@@ -28,10 +29,7 @@ BATCH = collate(
 
 def _cfg(**sections: dict[str, Any]) -> ZerofitConfig:
     """A tiny-llama config; LoRA dropout off so forward passes are deterministic."""
-    raw: dict[str, Any] = {"seed": 0, "lora": {"dropout": 0.0}}
-    for name, values in sections.items():
-        raw[name] = {**raw.get(name, {}), **values}
-    return ZerofitConfig.model_validate(raw)
+    return config({"seed": 0, "lora": {"dropout": 0.0}}, **sections)
 
 
 def _is_adapter(name: str) -> bool:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from zerofit.planner.memory import Scenario, estimate
+from zerofit.planner.estimate import estimate
+from zerofit.planner.scenario import Scenario
 from zerofit.planner.trace import trace_memory
 
 L7 = "meta-llama/Llama-2-7b-hf"

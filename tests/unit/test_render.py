@@ -1,5 +1,7 @@
-"""The renderer: every preset x dp {1, 2, 8} x precision {bf16, fp16, fp32} against golden files, accepted
-by the engine itself (DeepSpeed's `DeepSpeedConfig`; FSDP: a real `fully_shard` on the tiny model).
+"""The renderer: every preset x dp {1, 2, 8} x precision {bf16, fp16, fp32} against golden files (byte for
+byte, as the run directory writes them), accepted by the engine itself (DeepSpeed's `DeepSpeedConfig`;
+FSDP: a real `fully_shard` on the tiny model); and the one spec that the engine, the planner and the
+printed plan all read.
 
 Regenerate the golden files after a deliberate change with `ZEROFIT_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py`
 and review the diff: it is exactly what every engine will receive differently.
@@ -18,15 +20,11 @@ import pytest
 from _deepspeed_world import deepspeed_config_at
 
 from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.engine import DeepSpeedSpec, engine_config_filename, render_spec
+from zerofit.engine.deepspeed_keys import FP16_DYNAMIC_LOSS_SCALING
+from zerofit.engine.render import decoder_layer_class
 from zerofit.errors import ConfigError
 from zerofit.presets import list_presets
-from zerofit.render import (
-    FP16_DYNAMIC_LOSS_SCALING,
-    decoder_layer_class,
-    deepspeed_builds_optimizer,
-    engine_config_filename,
-    render_engine_config,
-)
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -59,22 +57,24 @@ def resolved_for(engine: str, dp: int, precision: str, *overrides: str) -> Resol
     return resolve(cfg, dp)
 
 
-def _cases(engine: str) -> dict[str, dict[str, Any]]:
+def _cases(engine: str) -> str:
+    """Every case of one engine, serialized as the run directory writes an engine file (key order kept)."""
     dps = (1,) if engine == "single" else DPS
-    return {
-        f"dp{dp}-{p}": render_engine_config(resolved_for(engine, dp, p)) for dp in dps for p in PRECISIONS
+    cases = {
+        f"dp{dp}-{p}": render_spec(resolved_for(engine, dp, p)).to_json() for dp in dps for p in PRECISIONS
     }
+    return json.dumps(cases, indent=2) + "\n"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_rendering_matches_golden_file(engine: str) -> None:
+def test_rendering_matches_golden_file_byte_for_byte(engine: str) -> None:
     rendered = _cases(engine)
     golden = GOLDEN_DIR / f"{engine}.json"
     if UPDATE_GOLDEN:
         GOLDEN_DIR.mkdir(exist_ok=True)
-        golden.write_text(json.dumps(rendered, indent=2) + "\n")
+        golden.write_text(rendered)
     assert golden.is_file(), f"missing {golden}; create it with ZEROFIT_UPDATE_GOLDEN=1"
-    assert json.loads(golden.read_text()) == rendered, (
+    assert golden.read_text() == rendered, (
         f"{golden.name} differs from the renderer's output; if the change is intended, rerun with "
         "ZEROFIT_UPDATE_GOLDEN=1 and review the diff"
     )
@@ -85,7 +85,7 @@ def test_rendering_matches_golden_file(engine: str) -> None:
 @pytest.mark.parametrize("preset", DS_PRESETS)
 def test_deepspeed_accepts_every_rendered_preset(preset: str, dp: int, precision: str) -> None:
     resolved = resolved_for(preset, dp, precision)
-    rendered = render_engine_config(resolved)
+    rendered = render_spec(resolved).to_json()
     ds = deepspeed_config_at(rendered, dp)
     plan = resolved.plan
     assert (ds.train_batch_size, ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (
@@ -134,7 +134,7 @@ def test_fsdp_plans_drive_a_real_fully_shard(tmp_path: Path) -> None:
     """Every FSDP plan at dp 1 is applied with `fully_shard` in one process; dp 2 and 8 plans differ only in
     the mesh size and the batch numbers (one process cannot build an 8-rank mesh)."""
     plans = {
-        (preset, dp, p): render_engine_config(resolved_for(preset, dp, p))
+        (preset, dp, p): render_spec(resolved_for(preset, dp, p)).to_json()
         for preset in FSDP_PRESETS
         for dp in DPS
         for p in PRECISIONS
@@ -169,8 +169,9 @@ def test_fsdp_plans_drive_a_real_fully_shard(tmp_path: Path) -> None:
 def test_offload_with_a_client_optimizer_keeps_the_client_optimizer() -> None:
     for preset in ("zero2_offload", "zero3_offload"):
         resolved = resolved_for(preset, 2, "bf16", "optimizer.name=adamw_8bit")
-        rendered = render_engine_config(resolved)
-        assert not deepspeed_builds_optimizer(rendered)
+        spec = render_spec(resolved)
+        rendered = spec.to_json()
+        assert not spec.builds_optimizer and spec.offloads_optimizer
         assert rendered["zero_allow_untested_optimizer"] is True
         assert rendered["zero_force_ds_cpu_optimizer"] is False
         ds = deepspeed_config_at(rendered, 2)
@@ -178,7 +179,7 @@ def test_offload_with_a_client_optimizer_keeps_the_client_optimizer() -> None:
 
 
 def test_non_offload_presets_never_force_the_cpu_optimizer_flag() -> None:
-    rendered = render_engine_config(resolved_for("zero2", 1, "bf16"))
+    rendered = render_spec(resolved_for("zero2", 1, "bf16")).to_json()
     assert "zero_force_ds_cpu_optimizer" not in rendered and "optimizer" not in rendered
 
 
@@ -194,7 +195,7 @@ def test_deepspeed_optimizer_block_uses_the_effective_lr() -> None:
         "optimizer.weight_decay=0.1",
         "optimizer.eps=1e-6",
     )
-    block = render_engine_config(resolved)["optimizer"]
+    block = render_spec(resolved).to_json()["optimizer"]
     assert block == {
         "type": "AdamW",
         "params": {"lr": pytest.approx(4e-3), "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1},
@@ -202,33 +203,33 @@ def test_deepspeed_optimizer_block_uses_the_effective_lr() -> None:
 
 
 def test_clipping_off_is_zero() -> None:
-    rendered = render_engine_config(resolved_for("zero1", 1, "bf16", "train.max_grad_norm=null"))
+    rendered = render_spec(resolved_for("zero1", 1, "bf16", "train.max_grad_norm=null")).to_json()
     assert rendered["gradient_clipping"] == 0.0
 
 
 def test_fp16_uses_dynamic_loss_scaling() -> None:
-    rendered = render_engine_config(resolved_for("zero2", 1, "fp16"))
+    rendered = render_spec(resolved_for("zero2", 1, "fp16")).to_json()
     assert rendered["fp16"] == {"enabled": True, **FP16_DYNAMIC_LOSS_SCALING}
     assert rendered["fp16"]["loss_scale"] == 0
     assert rendered["bf16"] == {"enabled": False}
 
 
 def test_bucket_sizes_follow_the_model_width() -> None:
-    rendered = render_engine_config(
+    rendered = render_spec(
         resolved_for("zero3", 8, "bf16", "model.name_or_path=meta-llama/Llama-2-7b-hf")
-    )
+    ).to_json()
     zero = rendered["zero_optimization"]
     assert zero["reduce_bucket_size"] == 4096 * 4096
     assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
     assert zero["stage3_param_persistence_threshold"] == 40960
-    stage2 = render_engine_config(resolved_for("zero2", 8, "bf16", "model.name_or_path=Qwen/Qwen2.5-7B"))
+    stage2 = render_spec(resolved_for("zero2", 8, "bf16", "model.name_or_path=Qwen/Qwen2.5-7B")).to_json()
     assert stage2["zero_optimization"]["reduce_bucket_size"] == 3584 * 3584
     assert "stage3_prefetch_bucket_size" not in stage2["zero_optimization"]
 
 
 def test_unknown_model_shape_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not in the built-in catalogue"):
-        render_engine_config(resolved_for("zero2", 1, "bf16", "model.name_or_path=someone/unknown-7b"))
+        render_spec(resolved_for("zero2", 1, "bf16", "model.name_or_path=someone/unknown-7b")).to_json()
 
 
 @pytest.mark.parametrize(
@@ -250,8 +251,8 @@ def test_decoder_layer_class_unknown() -> None:
 
 
 def test_fsdp_plan_states_sync_policy_and_offload() -> None:
-    plain = render_engine_config(resolved_for("fsdp", 2, "bf16"))
-    offload = render_engine_config(resolved_for("fsdp_offload", 2, "bf16"), device_type="cuda")
+    plain = render_spec(resolved_for("fsdp", 2, "bf16")).to_json()
+    offload = render_spec(resolved_for("fsdp_offload", 2, "bf16"), device_type="cuda").to_json()
     assert plain["gradient_accumulation"]["sync"] == "boundary_only"
     assert offload["gradient_accumulation"]["sync"] == "every_micro_step"
     assert plain["cpu_offload"] is False and offload["cpu_offload"] is True
@@ -272,10 +273,10 @@ def test_fsdp_plan_states_sync_policy_and_offload() -> None:
 
 
 def test_ddp_and_single_plans() -> None:
-    ddp = render_engine_config(resolved_for("ddp", 2, "fp16"))
+    ddp = render_spec(resolved_for("ddp", 2, "fp16")).to_json()
     assert ddp["autocast_dtype"] == "float16" and ddp["grad_scaler"] is True
     assert ddp["gradient_accumulation"]["sync"] == "boundary_only"
-    single = render_engine_config(resolved_for("single", 1, "fp32", "train.max_grad_norm=0.5"))
+    single = render_spec(resolved_for("single", 1, "fp32", "train.max_grad_norm=0.5")).to_json()
     assert single["autocast_dtype"] is None and single["grad_scaler"] is False
     assert single["max_grad_norm"] == 0.5 and single["train_batch"]["grad_accum_steps"] == 16
 
@@ -290,7 +291,7 @@ def test_engine_config_filenames() -> None:
 
 def test_rendering_is_torch_free() -> None:
     code = (
-        "import sys, zerofit.render, zerofit.foreign_ds, zerofit.commands.plan, zerofit.commands.presets; "
+        "import sys, zerofit.engine, zerofit.commands.plan, zerofit.commands.presets, zerofit.cli; "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
@@ -302,7 +303,7 @@ def test_an_uncatalogued_hub_id_is_read_from_the_hf_cache(
     # A hub id outside the catalogue plans from its config.json in the local HF cache (no weights, no network).
     from transformers import LlamaConfig
 
-    from zerofit.planner.catalogue import TINY_LLAMA_CONFIG, model_config_dict
+    from zerofit.catalogue import TINY_LLAMA_CONFIG, model_config_dict
 
     cfg = {k: v for k, v in TINY_LLAMA_CONFIG.items() if k not in ("architectures", "model_type")}
     folder = tmp_path / "cache" / "models--someone--cached-llama" / "snapshots" / "abc"
@@ -313,3 +314,68 @@ def test_an_uncatalogued_hub_id_is_read_from_the_hf_cache(
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
     assert model_config_dict("someone/cached-llama")["hidden_size"] == 96
+
+
+# ------------------------------------------------------------------------------------- one spec, every reader
+
+
+def test_deepspeed_spec_states_its_facts_once() -> None:
+    offload = render_spec(resolved_for("zero3_offload", 2, "bf16"))
+    assert isinstance(offload, DeepSpeedSpec)
+    assert (offload.zero_stage, offload.offload_optimizer, offload.offload_params) == (3, True, True)
+    assert offload.builds_optimizer and offload.engine_optimizer == "AdamW"
+    assert offload.describe_optimizer("adamw").startswith("DeepSpeed AdamW")
+    assert offload.grad_divide_factor == 2.0 and offload.sync.every_micro_step
+    zero1 = render_spec(resolved_for("zero1", 2, "bf16"))
+    assert zero1.describe_grad_sync() == "once per window, at the boundary (ZeRO-1)"
+    assert (
+        render_spec(resolved_for("zero1", 1, "bf16")).describe_grad_sync() == "none (one data-parallel rank)"
+    )
+
+
+def _edited_preset(monkeypatch: pytest.MonkeyPatch, name: str, **changes: Any) -> None:
+    """Make preset `name` read as if its file said `changes` (zero_optimization keys as zero__KEY)."""
+    import dataclasses
+
+    import zerofit.presets as presets_module
+
+    presets = dict(list_presets())
+    body = json.loads(json.dumps(presets[name].body))
+    for key, value in changes.items():
+        section, _, leaf = key.partition("__")
+        if leaf:
+            body[section][leaf] = value
+        else:
+            body[section] = value
+    presets[name] = dataclasses.replace(presets[name], body=body)
+    monkeypatch.setattr(presets_module, "list_presets", lambda: presets)
+
+
+def test_planner_and_engine_read_the_same_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One preset value changed: the engine config, the planner's scenario and its estimate all follow."""
+    from zerofit.planner.estimate import estimate
+    from zerofit.planner.scenario import scenario_for
+
+    resolved = resolved_for("zero2", 2, "bf16", "model.name_or_path=meta-llama/Llama-2-7b-hf")
+    before = render_spec(resolved)
+    scn_before = scenario_for(resolved, before)
+    assert (scn_before.zero_stage, scn_before.offload_optimizer) == (2, False)
+
+    _edited_preset(monkeypatch, "zero2", zero_optimization__offload_optimizer={"device": "cpu"})
+    after = render_spec(resolved)
+    scn_after = scenario_for(resolved, after)
+    # The engine receives the offload ...
+    assert after.to_json()["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+    # ... DeepSpeed now builds its CPU Adam, and the planner sees the same: the state moves to the host.
+    assert after.builds_optimizer and scn_after.offload_optimizer and scn_after.ds_builds_optimizer
+    est_before, est_after = estimate(scn_before), estimate(scn_after)
+    assert est_after.tensors_gib < est_before.tensors_gib
+    assert est_after.host_ram_gib > est_before.host_ram_gib
+    assert any("optimizer state (DeepSpeed CPU Adam" in line for line in est_after.host_breakdown)
+
+    _edited_preset(monkeypatch, "zero2", zero_optimization__stage=3)
+    stage3 = render_spec(resolved)
+    assert (
+        stage3.to_json()["zero_optimization"]["stage"] == 3 and scenario_for(resolved, stage3).zero_stage == 3
+    )
+    assert "stage3_prefetch_bucket_size" in stage3.to_json()["zero_optimization"]  # sized for stage 3 too

@@ -9,6 +9,7 @@ import torch
 
 from zerofit.metrics import throughput
 from zerofit.metrics.throughput import mfu, throughput_fields, train_flops_per_token
+from zerofit.planner.gpus import get_gpu
 
 
 def test_flops_formula_full_vs_lora() -> None:
@@ -31,7 +32,8 @@ def test_mfu_with_a_known_gpu_peak(monkeypatch: pytest.MonkeyPatch) -> None:
         is_available=lambda: True, get_device_name=lambda d: "NVIDIA GeForce RTX 3090"
     )
     monkeypatch.setattr(throughput.torch, "cuda", fake_cuda)
-    monkeypatch.setattr(throughput, "_peak_lookup", lambda: lambda name, precision="bf16": 71.0)
+    # The planner's GPU catalogue knows the card: 71 TFLOP/s dense bf16.
+    assert get_gpu("rtx3090").bf16_tflops == 71.0
     gpu = torch.device("cuda", 0)
     # 2 GPUs at 71 TFLOP/s; 2,500 tokens/s x 2.84e10 FLOPs/token = 71 TFLOP/s = half of the two cards.
     assert mfu(2500.0, 2.84e10, gpu, world_size=2) == pytest.approx(0.5)

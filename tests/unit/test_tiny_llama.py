@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from zerofit import tiny_llama
-from zerofit.planner.catalogue import TINY_LLAMA_CONFIG
+from zerofit.catalogue import TINY_LLAMA_CONFIG
 from zerofit.tiny_llama import ensure_tiny_llama, tiny_llama_path
 
 

@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 import torch
 
+from config_helpers import one_process_strategy
 from zerofit.data import IGNORE_INDEX, Example, collate
-from zerofit.strategies.env import LaunchEnv
+from zerofit.loss import count_label_tokens, token_sum_loss
 from zerofit.strategies.single import SingleStrategy
-from zerofit.train import StepResult, TrainRun, count_label_tokens, token_sum_loss, train_loop, train_step
+from zerofit.train import StepResult, TrainRun, train_loop, train_step
 
 VOCAB = 11
 
@@ -45,7 +46,7 @@ def _examples() -> list[Example]:
 
 
 def _strategy(model: torch.nn.Module, lr: float = 0.1) -> SingleStrategy:
-    strategy = SingleStrategy(LaunchEnv(0, 1, 0, False), {"precision": "fp32"})
+    strategy = one_process_strategy()
     strategy.prepare(
         model,
         lambda m: torch.optim.SGD(m.parameters(), lr=lr),
@@ -181,3 +182,20 @@ def test_mfu_is_logged_from_input_tokens_where_the_device_peak_is_known(
     # Input tokens include the prompt (masked from the loss), so MFU counts more tokens than the loss does.
     assert result.input_tokens > result.tokens > 0
     assert row["mfu"] == pytest.approx(result.input_tokens / row["step_time_s"] * 1e6 / 1e12)
+
+
+def test_every_logged_field_is_a_documented_contract() -> None:
+    """docs/contracts.md lists every field the loop writes to metrics.jsonl (rank fields as `rank{r}`)."""
+    import re
+    from pathlib import Path
+
+    contracts = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text()
+    sink = _Sink()
+    train_loop(_loop_run(sink, _Checkpoints(), max_steps=1, max_grad_norm=1.0))
+    fields = {"step", *sink.rows[0][1]}
+    rank_field = re.compile(r"rank\d+")
+    undocumented = {f for f in fields if "`" + rank_field.sub("rank{r}", f) + "`" not in contracts}
+    # Memory fields beyond the per-rank contract fields are telemetry (zerofit.metrics.memory), not contract.
+    contract_memory = re.compile(r"^mem/rank\d+/(allocated|reserved|peak)_gib$")
+    undocumented = {f for f in undocumented if not f.startswith("mem/") or contract_memory.match(f)}
+    assert not undocumented, f"metrics.jsonl fields missing from docs/contracts.md: {sorted(undocumented)}"

@@ -1,8 +1,9 @@
 """`zerofit plan --config FILE [--world-size N] [--json] [key=value ...]`: everything decided before launch.
 
-Loads and resolves the config exactly as the launcher does, then shows the batch plan (every factor,
-samples and tokens per optimizer step), the rendered engine config and where the run would write it.
-Nothing is loaded or launched, so a bad split or a conflicting DeepSpeed file fails here in a second.
+Loads and resolves the config exactly as the launcher does, renders its engine spec once, then shows the
+batch plan (every factor, samples and tokens per optimizer step), the memory verdict for that spec and
+the engine config the run would write. Nothing is loaded or launched (unless `--probe` asks for real steps
+on a GPU), so a bad split or a conflicting DeepSpeed file fails here in a second.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.engine import EngineSpec, render_spec
 from zerofit.errors import LaunchError
-from zerofit.render import engine_config_filename, render_engine_config
+from zerofit.messages import quiet_libraries
+from zerofit.planner import choose_micro_batch
 
 
 def default_world_size() -> int:
@@ -56,32 +59,52 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
 
 
 def build_plan_report(
-    resolved: ResolvedConfig, device_type: str = "cpu", **memory_options: Any
+    resolved: ResolvedConfig, spec: EngineSpec, *, probe: bool = False, **memory_options: Any
 ) -> dict[str, Any]:
     """Everything `zerofit plan` shows, as one JSON-able dict (what `--json` prints).
 
     Keys: `batch`, `strategy`, `preset`, `engine_config` (the exact dict the engine receives),
-    `engine_config_file`, `run_dir`, `world_size`, `config` (the resolved config). Raises `ConfigError`
-    when the engine config cannot be rendered (e.g. a conflicting `distributed.ds_config`).
+    `engine_config_file`, `run_dir`, `world_size`, `config` (the resolved config), `memory` (the planner's
+    verdict for `spec`; memory_options: gpu, gpu_mem, trace; with `probe`, the probe's measurements).
     """
-    cfg = resolved.config
-    strategy = cfg.distributed.strategy
-    report: dict[str, Any] = {
-        "batch": batch_report(resolved),
-        "strategy": strategy,
-        "preset": cfg.distributed.preset,
-        "ds_config": cfg.distributed.ds_config,
-        "world_size": resolved.world_size,
-        "engine_config": render_engine_config(resolved, device_type=device_type),
-        "engine_config_file": str(resolved.run_dir / engine_config_filename(strategy)),
-        "run_dir": str(resolved.run_dir),
-        "config": cfg.model_dump(mode="json"),
-    }
-    # The memory planner's verdict (memory_options: gpu, gpu_mem, trace, probe; see zerofit.planner.report).
     from zerofit.planner.report import memory_report
 
-    report["memory"] = memory_report(resolved, **memory_options)
+    cfg = resolved.config
+    report: dict[str, Any] = {
+        "batch": batch_report(resolved),
+        "strategy": spec.strategy,
+        "preset": spec.preset,
+        "ds_config": cfg.distributed.ds_config,
+        "world_size": resolved.world_size,
+        "engine_config": spec.to_json(),
+        "engine_config_file": str(resolved.run_dir / spec.filename),
+        "run_dir": str(resolved.run_dir),
+        "config": cfg.model_dump(mode="json"),
+        "memory": memory_report(resolved, spec, **memory_options),
+    }
+    if probe:
+        report["memory"]["probe"] = probe_report(resolved, report["memory"])
     return report
+
+
+def probe_report(resolved: ResolvedConfig, memory: dict[str, Any]) -> dict[str, Any]:
+    """`--probe`: real steps on the GPU for the micro-batches the analytic plan does not rule out."""
+    from zerofit.probe import probe_micro_batches
+
+    per_rank = resolved.plan.samples_per_rank
+    table = memory.get("micro_batch_table") or []
+    # Each candidate loads the model in a fresh process: skip sizes predicted far beyond the card.
+    gpu = memory.get("gpu")
+    limit = gpu["memory_gib"] * 1.15 if gpu else float("inf")
+    candidates = [row["micro_batch_size"] for row in table if row["total_gib"] <= limit]
+    candidates = candidates or [min((row["micro_batch_size"] for row in table), default=1)]
+    results = probe_micro_batches(
+        resolved.config.model_dump(mode="json"), resolved.world_size, candidates, per_rank
+    )
+    return {
+        "results": [r.as_dict() for r in results],
+        "micro_batch_size": next((r.micro_batch_size for r in results if r.ok), None),
+    }
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
@@ -115,8 +138,6 @@ def print_report(report: dict[str, Any], console: Console) -> None:
 def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
-    from zerofit.run import quiet_libraries
-
     quiet_libraries()  # the planner imports transformers/peft/bitsandbytes; their chatter would bury the plan
     from zerofit.planner.report import check_gpu_options
 
@@ -128,14 +149,10 @@ def run(args: argparse.Namespace) -> int:
         from zerofit.planner.gpus import parse_memory_gib
 
         overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(args.gpu_mem)}")
-    resolved = resolve(load_config(args.config, overrides), world_size)
+    resolved = resolve(load_config(args.config, overrides), world_size, choose_micro_batch)
+    spec = render_spec(resolved, device_type=args.device)
     report = build_plan_report(
-        resolved,
-        device_type=args.device,
-        gpu=args.gpu,
-        gpu_mem=args.gpu_mem,
-        trace=args.trace,
-        probe=args.probe,
+        resolved, spec, gpu=args.gpu, gpu_mem=args.gpu_mem, trace=args.trace, probe=args.probe
     )
     if args.json:
         print(json.dumps(report, indent=2))

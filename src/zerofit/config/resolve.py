@@ -2,20 +2,27 @@
 
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
-`batch.micro_batch_size=auto` is decided here too, by the memory planner (`zerofit.planner.search`).
+`batch.micro_batch_size=auto` is decided here too, by the micro-batch chooser the caller passes in (the
+memory planner's, `zerofit.planner.choose_micro_batch`): the config layer sits below the planner and
+never imports it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
-from zerofit.config.schema import TINY_LLAMA, ZerofitConfig
+from zerofit.catalogue import TINY_LLAMA
+from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.presets import DEFAULT_PRESET, list_presets
+
+# `batch.micro_batch_size=auto`: (config, world size) -> the micro-batch to use; raises ConfigError.
+MicroBatchChooser = Callable[[ZerofitConfig, int], int]
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,16 @@ class ResolvedConfig:
         """How the model is adapted (`full`, `lora`, `qlora`, `lora-8bit`)."""
         return adaptation_method(self.config)
 
+    @classmethod
+    def for_planning(cls, config: ZerofitConfig, plan: BatchPlan) -> ResolvedConfig:
+        """An unvalidated what-if: `config` at `plan`, for the planner to render and estimate.
+
+        Never launched: `resolve()` is what validates a config; this only pairs it with a split so the
+        engine spec of a candidate (another micro-batch, a remedy) can be rendered the way a run would be.
+        """
+        name = config.run_name or "planning"
+        return cls(config=config, plan=plan, world_size=plan.dp_size, run_dir=Path(config.output_dir) / name)
+
 
 def adaptation_method(cfg: ZerofitConfig) -> str:
     """`full`, `lora`, `qlora` or `lora-8bit`: how the model is adapted, for names and tables."""
@@ -62,7 +79,8 @@ def default_run_name(cfg: ZerofitConfig, plan: BatchPlan) -> str:
     )
 
 
-def _wandb_key_configured() -> bool:
+def wandb_key_configured() -> bool:
+    """True when W&B has an API key here (`WANDB_API_KEY` or a ~/.netrc entry for api.wandb.ai)."""
     if os.environ.get("WANDB_API_KEY"):
         return True
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
@@ -78,10 +96,13 @@ def _check_positive(problems: list[str], **values: float | int | None) -> None:
             problems.append(f"{key.replace('__', '.')} = {value!r}: must be > 0")
 
 
-def resolve(config: ZerofitConfig, world_size: int) -> ResolvedConfig:
+def resolve(
+    config: ZerofitConfig, world_size: int, choose_micro_batch: MicroBatchChooser | None = None
+) -> ResolvedConfig:
     """Validate `config` for a launch of `world_size` ranks and fill every derived value.
 
-    Raises one `ConfigError` listing every problem found.
+    `choose_micro_batch` decides `batch.micro_batch_size=auto` (without one, `auto` is refused). Raises
+    one `ConfigError` listing every problem found.
     """
     cfg = config.model_copy(deep=True)
     problems: list[str] = []
@@ -126,17 +147,19 @@ def resolve(config: ZerofitConfig, world_size: int) -> ResolvedConfig:
     b = cfg.batch
     plan: BatchPlan | None = None
     if b.micro_batch_size == "auto":
-        # The memory planner picks the largest micro-batch that fits and divides global / dp (imported
-        # here: planning needs the model's shapes, which a plain integer micro-batch never pays for).
-        from zerofit.planner.search import choose_auto_micro_batch
-
-        try:
-            micro = choose_auto_micro_batch(cfg, world_size)
-            plan = solve_batch(world_size, b.global_batch_size, micro, None)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-        except BatchConfigError as exc:
-            problems.append(f"batch: {exc}")
+        if choose_micro_batch is None:
+            problems.append(
+                "batch.micro_batch_size = 'auto' needs the memory planner to choose it, and this entry point "
+                "has none; pass an integer batch.micro_batch_size"
+            )
+        elif not problems:  # the planner renders the engine: only for an engine choice that is valid
+            try:
+                micro = choose_micro_batch(cfg, world_size)
+                plan = solve_batch(world_size, b.global_batch_size, micro, None)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+            except BatchConfigError as exc:
+                problems.append(f"batch: {exc}")
     else:
         try:
             plan = solve_batch(world_size, b.global_batch_size, b.micro_batch_size, b.grad_accum_steps)
@@ -203,7 +226,7 @@ def resolve(config: ZerofitConfig, world_size: int) -> ResolvedConfig:
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps
     if cfg.logging.wandb.mode is None:
-        cfg.logging.wandb.mode = "online" if _wandb_key_configured() else "offline"
+        cfg.logging.wandb.mode = "online" if wandb_key_configured() else "offline"
     if cfg.run_name is None:
         cfg.run_name = default_run_name(cfg, plan)
     return ResolvedConfig(

@@ -1,4 +1,4 @@
-"""The typed run configuration (DESIGN contract 2).
+"""The typed run configuration (docs/contracts.md, "Config keys").
 
 Every section forbids unknown keys so a typo fails loudly (with a did-you-mean, see `loader.py`) instead of
 being silently ignored. Defaults here are the values a user gets when a key is absent; derived values
@@ -11,10 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerofit.catalogue import TINY_LLAMA
+
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
-TINY_LLAMA = "tiny-llama"
 
 
 class _Section(BaseModel):

@@ -47,7 +47,7 @@ def _jsonable(value: Any) -> Any:
 
 
 class JsonlSink:
-    """Appends one JSON object per logged step to `metrics.jsonl` (DESIGN contract 4), flushed each line."""
+    """Appends one JSON object per logged step to `metrics.jsonl` (docs/contracts.md), flushed each line."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -1,4 +1,4 @@
-"""Memory telemetry for one rank, and the per-rank fields of `metrics.jsonl` (DESIGN contract 4).
+"""Memory telemetry for one rank, and the per-rank fields of `metrics.jsonl` (docs/contracts.md).
 
 The training loop calls `memory_snapshot(device)` on every rank at each logged step, gathers the small
 dicts to rank 0 with one `strategy.all_gather_object` (no per-micro-step syncs), and merges

@@ -10,7 +10,11 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zerofit.config.resolve import ResolvedConfig
+    from zerofit.engine.spec import EngineSpec
 
 # Libraries whose version changes numerics or memory; the rest are noise.
 _LIBRARIES = ("zerofit", "torch", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "wandb")
@@ -56,20 +60,18 @@ def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
     return {"commit": sha, "dirty": bool(dirty)}
 
 
-def planner_prediction(resolved: Any) -> dict[str, Any] | None:
-    """The memory planner's per-rank prediction for this config (`{"memory": {...}}`), if available.
+def planner_prediction(resolved: ResolvedConfig, spec: EngineSpec) -> dict[str, Any] | None:
+    """The memory planner's per-rank prediction for this run (`{"memory": {...}}`), from its engine spec.
 
-    The planner (`zerofit.planner.memory`: `scenario_from_config` -> `estimate`) is optional here: it may
-    not exist in a build, may not know the model, or may fail; none of that may stop a run from logging,
-    so every failure gives `None`. `memory.tensors_gib` is comparable to the measured `peak_gib` on CUDA
-    (max allocated); `memory.total_gib` adds the CUDA context and allocator allowance.
+    `memory.tensors_gib` is comparable to the measured `peak_gib` on CUDA (max allocated); `memory.total_gib`
+    adds the CUDA context and allocator allowance. The prediction is informative only: a model the planner
+    cannot shape (an unusual local architecture) gives `None`, never a failed run.
     """
+    from zerofit.planner.estimate import estimate
+    from zerofit.planner.scenario import scenario_for
+
     try:
-        from zerofit.planner.memory import estimate, scenario_from_config
-    except ImportError:
-        return None
-    try:
-        prediction = estimate(scenario_from_config(resolved.config, resolved.world_size)).as_dict()
-    except Exception:  # the prediction is informative only; a planner bug must not fail training
+        prediction = estimate(scenario_for(resolved, spec)).as_dict()
+    except Exception:  # a planner gap must not fail training; metrics.jsonl still records what happened
         return None
     return {"memory": prediction}

@@ -1,6 +1,6 @@
 """`open_sinks`: the one place that decides where a run's metrics go.
 
-Rank 0 gets `metrics.jsonl` (always, DESIGN contract 4), `run_info.json` + `summary.json`, W&B (unless
+Rank 0 gets `metrics.jsonl` (always, docs/contracts.md), `run_info.json` + `summary.json`, W&B (unless
 disabled) and the console (if `logging.console`); every other rank gets a `NullSink`, so the training loop
 logs unconditionally and never branches on rank.
 """
@@ -11,17 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config.resolve import ResolvedConfig
+from zerofit.engine.spec import EngineSpec
 from zerofit.metrics.base import JsonlSink, MetricsSink, MultiSink, NullSink
 from zerofit.metrics.run_info import git_commit, library_versions, planner_prediction
 from zerofit.metrics.summary import RunFilesSink, predicted_peak_gib
 
 
-def run_config(resolved: ResolvedConfig, extra_config: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_config(
+    resolved: ResolvedConfig, spec: EngineSpec, extra_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Everything that defines a run, as one JSON-able dict (for W&B config and `run_info.json`).
 
-    The fully resolved config, the batch plan, world size and run dir, the planner's prediction (when
-    `zerofit.planner` can make one), library versions, the git commit, and whatever the loop passes in
-    `extra_config` (engine config, parameter counts, data stats); the loop's keys win on a clash.
+    The fully resolved config, the batch plan, world size and run dir, the engine config (the spec as the
+    engine received it), the planner's prediction for that spec, library versions, the git commit, and
+    whatever the caller passes in `extra_config` (parameter counts, data stats); the caller's keys win on a
+    clash.
     """
     plan = resolved.plan
     out: dict[str, Any] = resolved.config.model_dump(mode="json")
@@ -35,7 +39,8 @@ def run_config(resolved: ResolvedConfig, extra_config: dict[str, Any] | None = N
     out["run_dir"] = str(resolved.run_dir)
     out["method"] = resolved.method
     out["effective_lr"] = resolved.effective_lr
-    prediction = planner_prediction(resolved)
+    out["engine_config"] = spec.to_json()
+    prediction = planner_prediction(resolved, spec)
     if prediction is not None:
         out["planner_prediction"] = prediction
     out["versions"] = library_versions()
@@ -46,6 +51,7 @@ def run_config(resolved: ResolvedConfig, extra_config: dict[str, Any] | None = N
 
 def open_sinks(
     resolved: ResolvedConfig,
+    spec: EngineSpec,
     rank: int,
     extra_config: dict[str, Any],
     *,
@@ -60,7 +66,7 @@ def open_sinks(
         return NullSink()
     cfg = resolved.config
     run_dir = Path(resolved.run_dir)
-    config = run_config(resolved, extra_config)
+    config = run_config(resolved, spec, extra_config)
     sinks: list[MetricsSink] = [
         JsonlSink(run_dir / "metrics.jsonl"),
         RunFilesSink(run_dir, predicted_peak_gib(config)),

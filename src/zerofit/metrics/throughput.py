@@ -16,10 +16,9 @@ model processed (padding and prompt included), not only the valid label tokens o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
+
+from zerofit.planner.gpus import gpu_peak_tflops
 
 
 def train_flops_per_token(
@@ -29,35 +28,14 @@ def train_flops_per_token(
     return 4.0 * n_total + 2.0 * n_trainable + 12.0 * n_layers * hidden * seq_len
 
 
-def _peak_lookup() -> Callable[[str], float | None] | None:
-    # The GPU catalogue belongs to the planner (zerofit.planner.gpus); it may not be in this build.
-    try:
-        from zerofit.planner.gpus import gpu_peak_tflops  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return gpu_peak_tflops
-
-
 def device_peak_tflops(device: torch.device, precision: str = "bf16") -> float | None:
-    """Dense peak TFLOP/s of `device` for `precision`, or None where unknown (CPU, unlisted GPU)."""
+    """Dense peak TFLOP/s of `device` for `precision`, or None where unknown (CPU, unlisted GPU, fp32)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    lookup = _peak_lookup()
-    if lookup is None:
-        return None
-    name = torch.cuda.get_device_name(device)
     try:
-        peak = _call_lookup(lookup, name, precision)
-    except (KeyError, ValueError, LookupError):
+        return float(gpu_peak_tflops(torch.cuda.get_device_name(device), precision))
+    except KeyError:  # a GPU or precision the planner's catalogue has no peak for
         return None
-    return float(peak) if peak else None
-
-
-def _call_lookup(lookup: Callable[..., Any], name: str, precision: str) -> Any:
-    try:
-        return lookup(name, precision)
-    except TypeError:  # a catalogue that only knows one (bf16/fp16 tensor) peak per card
-        return lookup(name)
 
 
 def mfu(

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zerofit.config.resolve import ResolvedConfig
+from zerofit.config.resolve import ResolvedConfig, wandb_key_configured
+from zerofit.messages import say
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 
 STEP_METRIC = "train/step"
@@ -81,7 +82,7 @@ class WandbSink:
         resolved: ResolvedConfig,
         *,
         config_path: str | Path | None = None,
-        notice: Callable[[str], None] = print,
+        notice: Callable[[str], None] = say,
         init_timeout: float = INIT_TIMEOUT_S,
         key_configured: bool | None = None,
     ) -> None:
@@ -107,9 +108,7 @@ class WandbSink:
             "reinit": "finish_previous",
         }
         if key_configured is None:
-            from zerofit.config.resolve import _wandb_key_configured
-
-            key_configured = _wandb_key_configured()
+            key_configured = wandb_key_configured()
         if self.mode == "offline" and not key_configured:
             notice(
                 "zerofit: W&B logging offline (no API key in WANDB_API_KEY or ~/.netrc); files in "

@@ -17,23 +17,23 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from zerofit.config.resolve import ResolvedConfig
+    from zerofit.engine.spec import EngineSpec
 
 
 def memory_report(
     resolved: ResolvedConfig,
+    spec: EngineSpec,
     gpu: str | None = None,
     gpu_mem: str | None = None,
     trace: bool = False,
-    probe: bool = False,
 ) -> dict[str, Any]:
-    """Analytic estimate + verdict (+ `--trace` / `--probe` results) for a resolved config, as a dict."""
-    from zerofit.planner.memory import scenario_from_config
-    from zerofit.planner.search import plan_memory, resolve_budget, samples_per_rank
+    """Analytic estimate + verdict (+ the `--trace` result) for a resolved run and its spec, as a dict."""
+    from zerofit.planner.scenario import scenario_for
+    from zerofit.planner.search import plan_memory, resolve_budget
 
-    cfg, world = resolved.config, resolved.world_size
-    budget = resolve_budget(cfg, gpu=gpu, gpu_mem=gpu_mem)
+    budget = resolve_budget(resolved.config, gpu=gpu, gpu_mem=gpu_mem)
     try:
-        plan = plan_memory(cfg, world, budget)
+        plan = plan_memory(resolved, spec, budget)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         # A local model transformers cannot build on the meta device: the batch plan still stands.
         return {"error": f"memory planner: {type(exc).__name__}: {exc}"}
@@ -41,22 +41,9 @@ def memory_report(
     if trace:
         from zerofit.planner.trace import trace_memory
 
-        traced = trace_memory(scenario_from_config(cfg, world))
+        traced = trace_memory(scenario_for(resolved, spec))
         out["trace"] = traced.as_dict()
         out["trace"]["analytic_vs_trace"] = round(plan.estimate.tensors_gib / traced.tensors_gib - 1.0, 4)
-    if probe:
-        from zerofit.planner.probe import probe_micro_batches
-
-        per_rank = samples_per_rank(cfg, world) or resolved.plan.micro_batch_size
-        # Each candidate loads the model in a fresh process: skip sizes predicted far beyond the card.
-        limit = budget.gib * 1.15 if budget is not None else float("inf")
-        candidates = [row.micro_batch_size for row in plan.table if row.total_gib <= limit]
-        candidates = candidates or [min((row.micro_batch_size for row in plan.table), default=1)]
-        results = probe_micro_batches(cfg.model_dump(mode="json"), world, candidates, per_rank)
-        out["probe"] = {
-            "results": [r.as_dict() for r in results],
-            "micro_batch_size": next((r.micro_batch_size for r in results if r.ok), None),
-        }
     return out
 
 

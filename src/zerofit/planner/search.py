@@ -2,7 +2,7 @@
 
 Everything here keeps the global batch fixed: a micro-batch size is a candidate only if it divides the
 samples each rank processes per optimizer step (global / dp), so gradient accumulation stays whole and the
-training is the same whichever candidate is chosen (DESIGN: "one global batch").
+training is the same whichever candidate is chosen (docs/design.md: "one global batch").
 
 Verdicts, for the card's usable memory M (torch's `total_memory`):
   - fits:          total (tensors + allowance) <= (1 - headroom) x M    (headroom: planner.headroom, 5%)
@@ -13,15 +13,18 @@ Verdicts, for the card's usable memory M (torch's `total_memory`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zerofit.errors import ConfigError
+from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
-from zerofit.planner.memory import MemoryEstimate, Scenario, estimate, scenario_from_config
+from zerofit.planner.scenario import Scenario, scenario_for, scenario_from_config
 
 if TYPE_CHECKING:
+    from zerofit.config.resolve import ResolvedConfig
     from zerofit.config.schema import ZerofitConfig
+    from zerofit.engine.spec import EngineSpec
 
 DEFAULT_HEADROOM = 0.05
 
@@ -299,28 +302,18 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
     return out
 
 
-def plan_memory(
-    cfg: ZerofitConfig,
-    world_size: int,
-    budget: Budget | None,
-    micro_batch_size: int | None = None,
-) -> MemoryPlan:
-    """Estimate, verdict, micro-batch table and (when it does not fit) remedies for a resolved config."""
-    per_rank = samples_per_rank(cfg, world_size)
-    micro = micro_batch_size if micro_batch_size is not None else cfg.batch.micro_batch_size
-    table: list[MicroRow] = []
-    if per_rank is not None:
-        table = micro_table(scenario_from_config(cfg, world_size, 1, per_rank), per_rank, budget)
+def plan_memory(resolved: ResolvedConfig, spec: EngineSpec, budget: Budget | None) -> MemoryPlan:
+    """Estimate, verdict, micro-batch table and (when it does not fit) remedies for a resolved run."""
+    cfg, world = resolved.config, resolved.world_size
+    per_rank = spec.plan.samples_per_rank
+    table = micro_table(scenario_for(resolved, spec, 1, per_rank), per_rank, budget)
     auto = largest_fitting(table) if budget is not None else None
-    if not isinstance(micro, int):
-        micro = auto or 1
-    gas = (per_rank // micro) if per_rank and per_rank % micro == 0 else (cfg.batch.grad_accum_steps or 1)
-    est = estimate(scenario_from_config(cfg, world_size, micro, gas))
+    est = estimate(scenario_for(resolved, spec))
     result = MemoryPlan(
         est, budget, verdict(est.total_gib, budget) if budget else None, table, auto_micro_batch_size=auto
     )
     if budget is not None and result.verdict != "fits":
-        result.remedies = remedies(cfg, world_size, budget)
+        result.remedies = remedies(cfg, world, budget)
     return result
 
 
@@ -374,8 +367,3 @@ def choose_auto_micro_batch(cfg: ZerofitConfig, world_size: int) -> int:
             )
         raise ConfigError(["\n".join(lines)])
     return chosen
-
-
-def scenario_for(cfg: ZerofitConfig, world_size: int, **changes: Any) -> Scenario:
-    """The memory scenario of `cfg`, with dataclass field overrides (for tests and benchmarks)."""
-    return replace(scenario_from_config(cfg, world_size), **changes)

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from zerofit.planner.catalogue import model_config_dict
+from zerofit.catalogue import model_config_dict
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
 _CACHE_VERSION = 3
@@ -262,7 +262,7 @@ def model_shape(name_or_path: str) -> ModelShape:
 
 
 def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool) -> dict[str, Any]:
-    from zerofit.model import apply_lora, lora_config
+    from zerofit.lora import apply_lora, lora_config
 
     model = apply_lora(
         build_meta_model(name_or_path, num_layers), lora_config(r, 2 * r, 0.0, targets, use_dora)

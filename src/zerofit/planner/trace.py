@@ -6,7 +6,7 @@ data, so a 7B step "runs" in about a second in a few hundred MB of RAM. `MemTrac
 _tools) follows every storage through forward, backward and the optimizer step and reports the peak, split
 into parameters, gradients, activations, temporaries and optimizer state.
 
-How the step is emulated, and why (see ../shared/PLATFORM.md, "Measuring memory without a GPU"):
+How the step is emulated, and why (docs/platform.md, "Measuring memory without a GPU"):
   - meta build + `to_empty` inside the fake mode (real init would allocate 28 GB for a 7B model);
   - `MemTracker` is subclassed to hook only parameters that require grad (the stock one fails on frozen
     ones, which is every base weight under LoRA);
@@ -24,7 +24,7 @@ How the step is emulated, and why (see ../shared/PLATFORM.md, "Measuring memory 
     CPU offload) is not traceable; it is added from the analytic model's formulas and reported separately.
 
 Only 1 and 2 decoder layers are traced; a peak is linear in the layer count, so N layers are extrapolated
-as p1 + (N - 1) (p2 - p1) (PLATFORM.md: exact to 0.01 GiB against a full 32-layer trace).
+as p1 + (N - 1) (p2 - p1) (docs/platform.md: exact to 0.01 GiB against a full 32-layer trace).
 """
 
 from __future__ import annotations
@@ -34,12 +34,16 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zerofit.lora import apply_lora, lora_config
+from zerofit.loss import token_sum_loss
+from zerofit.planner.estimate import untraced_state
+from zerofit.planner.gpus import GIB
+from zerofit.planner.scenario import compute_profile
 from zerofit.planner.shapes import build_meta_model, decoder_layers, model_shape
 
 if TYPE_CHECKING:
-    from zerofit.planner.memory import Scenario
+    from zerofit.planner.scenario import Scenario
 
-GIB = 2**30
 # MemTracker categories, in the order reports show them.
 CATEGORIES = ("Parameter", "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other")
 
@@ -214,24 +218,9 @@ def _masks_as_on_device() -> Any:
         yield
 
 
-def _loss_like_train(logits: Any, labels: Any) -> Any:
-    """The tensor ops of `zerofit.train.token_sum_loss` (shift, fp32 upcast, CE with reduction sum).
-
-    Repeated here because the real function also counts valid tokens with `int(...)`, which a fake tensor
-    cannot answer; the ops that allocate are the same.
-    """
-    import torch.nn.functional as F
-
-    shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
-    shift_labels = labels[:, 1:].reshape(-1)
-    return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
-
-
 def build_traced_model(scn: Scenario, num_layers: int) -> Any:
     """The configured model with `num_layers` decoder layers, on the meta device, in the engine's dtypes."""
     import torch
-
-    from zerofit.planner.memory import compute_profile
 
     prof = compute_profile(scn)
     model = build_meta_model(
@@ -240,8 +229,6 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
     if scn.quantization != "none":
         _emulate_quantization(model, prof.half_dtype or torch.float32)
     if scn.lora:
-        from zerofit.model import apply_lora, lora_config
-
         model = apply_lora(
             model, lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
         )
@@ -262,8 +249,6 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
 def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from zerofit.planner.memory import compute_profile
 
     prof = compute_profile(scn)
     model = build_traced_model(scn, num_layers)
@@ -295,7 +280,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         def micro_step() -> None:
             with autocast:
                 logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-                loss = _loss_like_train(logits, labels)
+                loss = token_sum_loss(logits, labels)
             loss.backward()
 
         def window(tracker: Any = None) -> None:
@@ -333,8 +318,6 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
 
 def trace_memory(scn: Scenario) -> TraceResult:
     """Trace the configured step with 1 and 2 decoder layers and extrapolate to the model's layer count."""
-    from zerofit.planner.memory import untraced_state
-
     n = model_shape(scn.model).num_layers
     t1, t2 = _trace_layers(scn, 1), _trace_layers(scn, 2)
     traced = t1.peak_bytes + (n - 1) * (t2.peak_bytes - t1.peak_bytes)

@@ -2,11 +2,11 @@
 
 The loop owns the gradient-accumulation arithmetic (token-normalized loss, one clip, one step per window);
 a strategy only says how to run backward, when to synchronize gradients, and how to step, save and load on
-its engine. See "Gradient accumulation, done right" in DESIGN.md.
+its engine. See "Gradient accumulation" in docs/design.md.
 
-The one number a strategy reports about the arithmetic is `grad_divide_factor`: what its engine divides the
-*sum* of the ranks' gradients by when it reduces them (DeepSpeed, DDP and FSDP average over dp ranks; one
-process divides by nothing). The loop multiplies its token-normalized loss by it, in one place, so the
+The one number a strategy reports about the arithmetic is `grad_divide_factor` (from its spec): what its
+engine divides the *sum* of the ranks' gradients by when it reduces them (DeepSpeed and DDP average over dp
+ranks; zerofit sets FSDP2 to sum; one process divides by nothing). The loop multiplies its token-normalized loss by it, in one place, so the
 reduced gradient is exactly the gradient of (sum of token losses of the global batch) / (its tokens).
 """
 
@@ -22,7 +22,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerofit.engine.spec import EngineSpec
 from zerofit.errors import LaunchError
+from zerofit.precision import torch_dtype
 from zerofit.strategies.env import LaunchEnv
 
 OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
@@ -64,9 +66,9 @@ def check_precision(precision: str, device: torch.device) -> None:
             f"train.precision = 'bf16' but {name} has no bfloat16 support (it needs compute capability 8.0+, "
             "e.g. RTX 30xx/A100); set train.precision=fp16 (with loss scaling) or fp32"
         )
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if dtype is None:
+    if precision == "fp32":
         return
+    dtype = torch_dtype(precision)
     try:
         x = torch.ones(4, 4, dtype=dtype, device=device)
         (x @ x).sum().item()
@@ -95,9 +97,10 @@ class Strategy(ABC):
     # False after a `clip_and_step` whose update was skipped (fp16 loss-scale overflow).
     step_applied: bool = True
 
-    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
+    def __init__(self, env: LaunchEnv, spec: EngineSpec) -> None:
         self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
-        self.engine_config = engine_config
+        self.spec = spec
+        self.grad_divide_factor = spec.grad_divide_factor
         self.device = pick_device(env)
         if self.device.type == "cpu":
             limit_cpu_threads()

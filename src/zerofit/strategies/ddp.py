@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from zerofit.engine.spec import LocalSpec
 from zerofit.strategies.base import backend_for
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy
@@ -23,11 +24,10 @@ class DDPStrategy(SingleStrategy):
 
     name = "ddp"
 
-    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
-        super().__init__(env, engine_config)
+    def __init__(self, env: LaunchEnv, spec: LocalSpec) -> None:
+        super().__init__(env, spec)  # spec.grad_divide_factor = dp: DDP averages gradients over ranks
         if not dist.is_initialized():
             dist.init_process_group(backend_for(self.device), device_id=self._device_id())
-        self.grad_divide_factor = float(self.world_size)  # DDP averages gradients over ranks
 
     def _device_id(self) -> torch.device | None:
         return self.device if self.device.type == "cuda" else None

@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO 0-3 (and the offload presets), driven directly (no accelerate).
 
-The rendered DeepSpeed dict is passed to `deepspeed.initialize` as is; it is exactly what the run directory
-records. Our loop owns the gradient arithmetic, so:
+The spec's DeepSpeed dict is passed to `deepspeed.initialize` as is; it is exactly what the run directory
+records, and the spec's facts (ZeRO stage, precision, whether DeepSpeed builds the optimizer) are read
+from the spec, never from the dict. Our loop owns the gradient arithmetic, so:
 
 - the accumulation boundary is set explicitly each micro-step (`set_gradient_accumulation_boundary`);
 - backward is `engine.backward(loss, scale_wrt_gas=False)`: DeepSpeed must not divide by GAS again, and
@@ -16,7 +17,6 @@ gradient partitioning needs it): more communication per window, less gradient me
 
 from __future__ import annotations
 
-import copy
 import logging
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from zerofit.engine.spec import DeepSpeedSpec
 from zerofit.errors import LaunchError
 from zerofit.strategies.base import (
     OptimizerFactory,
@@ -35,14 +36,6 @@ from zerofit.strategies.base import (
 from zerofit.strategies.env import LaunchEnv
 
 TAG = "engine"  # DeepSpeed's checkpoint tag inside our own (atomic) step directory
-
-
-def _precision(config: dict[str, Any]) -> str:
-    if config.get("bf16", {}).get("enabled"):
-        return "bf16"
-    if config.get("fp16", {}).get("enabled"):
-        return "fp16"
-    return "fp32"
 
 
 def _check_accelerator_precision(precision: str, accelerator: Any) -> None:
@@ -67,9 +60,10 @@ class DeepSpeedStrategy(Strategy):
 
     name = "deepspeed"
 
-    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
-        super().__init__(env, engine_config)
-        self.precision = _precision(engine_config)
+    def __init__(self, env: LaunchEnv, spec: DeepSpeedSpec) -> None:
+        super().__init__(env, spec)  # spec.grad_divide_factor = dp: DeepSpeed averages over dp ranks
+        self.spec: DeepSpeedSpec = spec
+        self.precision = spec.dtypes.precision
         check_precision(self.precision, self.device)
         import deepspeed
         from deepspeed.accelerator import get_accelerator
@@ -81,8 +75,7 @@ class DeepSpeedStrategy(Strategy):
         deepspeed.init_distributed(
             dist_backend=backend_for(self.device), auto_mpi_discovery=False, verbose=False
         )
-        self.stage = int(engine_config.get("zero_optimization", {}).get("stage", 0))
-        self.grad_divide_factor = float(self.world_size)  # DeepSpeed averages gradients over dp ranks
+        self.stage = spec.zero_stage
         self.engine: Any = None
 
     def prepare(
@@ -95,11 +88,11 @@ class DeepSpeedStrategy(Strategy):
 
         from zerofit.optim import param_groups
 
-        config = copy.deepcopy(self.engine_config)  # DeepSpeed fills defaults into the dict it is given
+        config = self.spec.to_json()  # a copy: DeepSpeed fills defaults into the dict it is given
         self._frozen = any(not p.requires_grad for p in model.parameters())
-        if "optimizer" in config or make_optimizer is None:
-            # The config's optimizer (offload presets: DeepSpeed's CPU Adam); we only hand it param groups.
-            weight_decay = float(config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0))
+        if make_optimizer is None:
+            # The spec's optimizer (offload presets: DeepSpeed's CPU Adam); we only hand it param groups.
+            weight_decay = float(config["optimizer"].get("params", {}).get("weight_decay", 0.0))
             optimizer, params = None, param_groups(model, weight_decay)
         else:
             optimizer, params = make_optimizer(model), None

@@ -1,4 +1,4 @@
-"""PyTorch FSDP2 (`fully_shard`), driven by the rendered plan (`fsdp.json` in the run directory).
+"""PyTorch FSDP2 (`fully_shard`), driven by its spec (`FSDPSpec`; `fsdp.json` in the run directory).
 
 Order, as the plan says: each decoder layer (by class name) is `fully_shard`-ed, then the root, so every
 layer's parameters are gathered and freed on their own and the root holds only embeddings, final norm and
@@ -7,8 +7,8 @@ head. Then the optimizer is built on the sharded (DTensor) parameters.
 Accumulation: with `sync = boundary_only` gradient reduce-scatter is skipped on non-boundary micro-steps
 (`set_requires_gradient_sync(False)`: one reduce-scatter per window, but each rank holds an unsharded
 gradient copy meanwhile); with `every_micro_step` gradients are reduce-scattered and accumulated sharded.
-FSDP divides the summed gradient by `gradient_divide_factor` (by default the dp size), which is reported
-to the loop as `grad_divide_factor`.
+FSDP divides the summed gradient by the spec's `grad_divide_factor` (zerofit sets 1.0: FSDP sums), which
+is reported to the loop as `grad_divide_factor`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from zerofit.engine.spec import FSDPSpec
 from zerofit.errors import ConfigError
 from zerofit.strategies.base import (
     OptimizerFactory,
@@ -50,51 +51,33 @@ from zerofit.strategies.env import LaunchEnv
 EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
-    return getattr(torch, name) if name else None
-
-
 class FSDPStrategy(Strategy):
     """FSDP2 shards of the model, an optimizer over DTensor parameters, DCP checkpoints."""
 
     name = "fsdp"
 
-    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
-        super().__init__(env, engine_config)
-        mp = engine_config.get("mixed_precision", {})
-        self.param_dtype = _dtype(mp.get("param_dtype"))
-        if self.param_dtype in (torch.bfloat16, torch.float16):
-            check_precision("bf16" if self.param_dtype == torch.bfloat16 else "fp16", self.device)
+    def __init__(self, env: LaunchEnv, spec: FSDPSpec) -> None:
+        super().__init__(env, spec)
+        self.spec: FSDPSpec = spec
+        if spec.dtypes.half is not None:
+            check_precision(spec.dtypes.half, self.device)
         if not dist.is_initialized():
             device_id = self.device if self.device.type == "cuda" else None
             dist.init_process_group(backend_for(self.device), device_id=device_id)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
-        accumulation = engine_config.get("gradient_accumulation", {})
-        self.sync_every_micro_step = accumulation.get("sync", "boundary_only") == "every_micro_step"
-        factor = engine_config.get("gradient_divide_factor")
-        self.custom_divide_factor = float(factor) if factor is not None else None
-        # FSDP's default reduction averages over the dp ranks.
-        self.grad_divide_factor = self.custom_divide_factor or float(self.world_size)
         # fp16 needs loss scaling; the sharded scaler agrees on overflow across ranks (one all-reduce).
-        self.scaler = ShardedGradScaler(self.device.type) if engine_config.get("grad_scaler") else None
+        self.scaler = ShardedGradScaler(self.device.type) if spec.dtypes.loss_scaling else None
         self.model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
 
     def _policies(self) -> dict[str, Any]:
-        plan = self.engine_config
-        mp = plan.get("mixed_precision", {})
-        # Pinned host memory needs an accelerator (pinning raises on a CPU-only machine).
-        pin = bool(plan.get("cpu_offload_pin_memory", self.device.type == "cuda"))
-        offload = CPUOffloadPolicy(pin_memory=pin) if plan.get("cpu_offload") else OffloadPolicy()
+        spec = self.spec
+        offload = CPUOffloadPolicy(pin_memory=spec.pin_memory) if spec.cpu_offload else OffloadPolicy()
         return {
             "mesh": self.mesh,
-            "reshard_after_forward": bool(plan.get("reshard_after_forward", True)),
-            "mp_policy": MixedPrecisionPolicy(
-                param_dtype=_dtype(mp.get("param_dtype")),
-                reduce_dtype=_dtype(mp.get("reduce_dtype")),
-                output_dtype=_dtype(mp.get("output_dtype")),
-            ),
+            "reshard_after_forward": spec.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(**spec.mixed_precision_dtypes()),
             "offload_policy": offload,
         }
 
@@ -106,7 +89,7 @@ class FSDPStrategy(Strategy):
     ) -> torch.nn.Module:
         if make_optimizer is None:
             raise ValueError("FSDP needs a client optimizer")
-        layer_class = self.engine_config.get("wrap", {}).get("layer_class", "LlamaDecoderLayer")
+        layer_class = self.spec.layer_class
         layers = [m for m in model.modules() if type(m).__name__ == layer_class]
         if not layers:
             found = sorted({type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__})
@@ -122,20 +105,20 @@ class FSDPStrategy(Strategy):
         for layer in layers:
             fully_shard(layer, **policies)
         fully_shard(model, **policies)
-        if self.custom_divide_factor is not None:
-            for module in model.modules():
-                if isinstance(module, FSDPModule):
-                    module.set_gradient_divide_factor(self.custom_divide_factor)
-                    # A custom factor otherwise uses NCCL's PREMUL_SUM, which gloo lacks; plain SUM + a
-                    # separate scaling works on every backend.
-                    module.set_force_sum_reduction_for_comms(True)
+        # The spec's factor replaces FSDP's default average over the dp ranks (zerofit: 1.0, a sum).
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(self.grad_divide_factor)
+                # A custom factor otherwise uses NCCL's PREMUL_SUM, which gloo lacks; plain SUM + a
+                # separate scaling works on every backend.
+                module.set_force_sum_reduction_for_comms(True)
         self.model = model
         self.optimizer = make_optimizer(model)  # on the sharded DTensor parameters
         self.scheduler = make_scheduler(self.optimizer)
         return model
 
     def accumulate(self, is_last: bool) -> AbstractContextManager[None]:
-        if not self.sync_every_micro_step:
+        if not self.spec.sync.every_micro_step:
             self.model.set_requires_gradient_sync(is_last)
         return nullcontext()
 

@@ -12,24 +12,12 @@ from typing import Any
 
 import torch
 
+from zerofit.engine.spec import LocalSpec
+from zerofit.precision import torch_dtype
 from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy, check_precision
 from zerofit.strategies.env import LaunchEnv
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-}
 STATE_FILE = "state.pt"
-
-
-def _autocast_dtype(engine_config: dict[str, Any]) -> torch.dtype | None:
-    """The autocast dtype the rendered engine config asks for (None = run in the weights' dtype)."""
-    name = engine_config.get("autocast_dtype")
-    if name is None and engine_config.get("precision") in ("bf16", "fp16"):
-        name = engine_config["precision"]
-    return _DTYPES.get(str(name)) if name else None
 
 
 def grad_norm_and_clip(params: list[torch.nn.Parameter], max_grad_norm: float | None) -> torch.Tensor:
@@ -45,12 +33,12 @@ class SingleStrategy(Strategy):
 
     name = "single"
 
-    def __init__(self, env: LaunchEnv, engine_config: dict[str, Any]) -> None:
-        super().__init__(env, engine_config)
-        check_precision(str(engine_config.get("precision", "fp32")), self.device)
-        self.autocast_dtype = _autocast_dtype(engine_config)
-        use_scaler = bool(engine_config.get("grad_scaler", self.autocast_dtype == torch.float16))
-        self.scaler = torch.amp.GradScaler(self.device.type) if use_scaler else None
+    def __init__(self, env: LaunchEnv, spec: LocalSpec) -> None:
+        super().__init__(env, spec)
+        dtypes = spec.dtypes
+        check_precision(dtypes.precision, self.device)
+        self.autocast_dtype = torch_dtype(dtypes.autocast) if dtypes.autocast else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if dtypes.loss_scaling else None
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zerofit.engine.deepspeed_keys import hidden_size_buckets, model_hidden_size
 from zerofit.errors import ConfigError
-from zerofit.render import hidden_size_buckets, model_hidden_size
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig
 
-__all__ = ["check_foreign_ds_config", "filled_foreign_ds_config", "load_foreign_ds_config"]
+__all__ = ["filled_user_ds_config", "load_user_ds_config"]
 
 AUTO = "auto"
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -46,7 +46,7 @@ class _Slot:
     zerofit_key: str | None
 
 
-def load_foreign_ds_config(path: str | Path) -> dict[str, Any]:
+def load_user_ds_config(path: str | Path) -> dict[str, Any]:
     """Read a DeepSpeed JSON file; a missing, unreadable or non-object file is a `ConfigError`."""
     file = Path(path)
     where = f"distributed.ds_config = {str(file)!r}"
@@ -134,7 +134,7 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
     if path is None:
         return {}, []
     try:
-        body = copy.deepcopy(load_foreign_ds_config(path))
+        body = copy.deepcopy(load_user_ds_config(path))
     except ConfigError as exc:
         return {}, exc.problems
     where = f"distributed.ds_config = {path!r}"
@@ -147,7 +147,17 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
     slots = _slots(resolved)
     for dotted, slot in slots.items():
         present, value = _get(body, dotted)
-        if not present or value == AUTO or slot.zerofit_key is None or _same(value, slot.value):
+        if not present or value == AUTO or slot.zerofit_key is None:
+            continue
+        if cfg.batch.micro_batch_size == AUTO and dotted in _BATCH_KEYS[1:]:
+            # Planning for `auto` (before a micro-batch is chosen): the file may not pin the split.
+            problems.append(
+                f"{where} hard-codes {dotted} = {value!r}, but batch.micro_batch_size = 'auto' lets the "
+                f'planner choose the split. Fix: set "{dotted}": "auto" in the file (or delete it), or set '
+                f"{_override(slot.zerofit_key, value)} instead of auto"
+            )
+            continue
+        if _same(value, slot.value):
             continue
         if dotted in _BATCH_KEYS:
             context = f"the batch plan is {plan.describe()} at world size {resolved.world_size}"
@@ -243,12 +253,7 @@ def _optimizer_problems(body: dict[str, Any], optimizer_name: str, where: str) -
     return []
 
 
-def check_foreign_ds_config(resolved: ResolvedConfig) -> list[str]:
-    """Every problem with `distributed.ds_config` against the resolved config (empty: none, or no file)."""
-    return _fill(resolved)[1]
-
-
-def filled_foreign_ds_config(resolved: ResolvedConfig) -> dict[str, Any]:
+def filled_user_ds_config(resolved: ResolvedConfig) -> dict[str, Any]:
     """The user's DeepSpeed file with every `auto` filled; `ConfigError` listing all conflicts otherwise."""
     body, problems = _fill(resolved)
     if problems:

@@ -11,11 +11,22 @@ import pytest
 from _deepspeed_world import deepspeed_config_at
 
 from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.engine import render_spec
+from zerofit.engine.user_ds_config import filled_user_ds_config
 from zerofit.errors import ConfigError
-from zerofit.foreign_ds import check_foreign_ds_config, filled_foreign_ds_config
-from zerofit.render import render_engine_config
+from zerofit.planner import choose_micro_batch
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def ds_config_problems(resolved: ResolvedConfig) -> list[str]:
+    """Every problem the filler finds with the user's file ([] when it renders)."""
+    try:
+        filled_user_ds_config(resolved)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
 
 # The HF Trainer's documented ZeRO-3 example, "auto" everywhere it allows.
 HF_ZERO3: dict[str, Any] = {
@@ -77,7 +88,7 @@ def _resolved(
             *overrides,
         ],
     )
-    return resolve(cfg, world_size)
+    return resolve(cfg, world_size, choose_micro_batch)
 
 
 def _with(**changes: Any) -> dict[str, Any]:
@@ -116,8 +127,8 @@ def test_every_auto_is_filled_and_deepspeed_accepts_it(tmp_path: Path, dp: int, 
         "scheduler.warmup_steps=0",
         world_size=dp,
     )
-    assert check_foreign_ds_config(resolved) == []
-    rendered = render_engine_config(resolved)
+    assert ds_config_problems(resolved) == []
+    rendered = render_spec(resolved).to_json()
     assert not _has_auto(rendered)
     plan = resolved.plan
     assert rendered["train_batch_size"] == 32
@@ -157,14 +168,14 @@ def test_every_auto_is_filled_and_deepspeed_accepts_it(tmp_path: Path, dp: int, 
 def test_hard_coded_batch_that_disagrees_is_refused_with_both_values(tmp_path: Path) -> None:
     body = _with(train_batch_size=32, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2)
     resolved = _resolved(tmp_path, body)  # demo: global 16 = micro 4 x accum 2 x dp 2
-    problems = check_foreign_ds_config(resolved)
+    problems = ds_config_problems(resolved)
     assert len(problems) == 1
     msg = problems[0]
     assert "train_batch_size = 32" in msg and "train_batch_size = 16" in msg
     assert "global 16 = micro 4 x accum 2 x dp 2" in msg and "world size 2" in msg
     assert '"train_batch_size": "auto"' in msg and "batch.global_batch_size=32" in msg
     with pytest.raises(ConfigError) as err:
-        render_engine_config(resolved)
+        render_spec(resolved).to_json()
     assert err.value.problems == problems
 
 
@@ -180,13 +191,13 @@ def test_hard_coded_values_that_agree_are_fine(tmp_path: Path) -> None:
         optimizer__params__betas=[0.9, 0.999],
     )
     resolved = _resolved(tmp_path, body)
-    assert check_foreign_ds_config(resolved) == []
-    assert render_engine_config(resolved)["train_batch_size"] == 16
+    assert ds_config_problems(resolved) == []
+    assert render_spec(resolved).to_json()["train_batch_size"] == 16
 
 
 def test_missing_batch_keys_are_written_from_the_plan(tmp_path: Path) -> None:
     body = {"zero_optimization": {"stage": 1}}
-    rendered = render_engine_config(_resolved(tmp_path, body, world_size=4))
+    rendered = render_spec(_resolved(tmp_path, body, world_size=4)).to_json()
     assert (rendered["train_batch_size"], rendered["train_micro_batch_size_per_gpu"]) == (16, 4)
     assert rendered["gradient_accumulation_steps"] == 1
     assert rendered["bf16"] == {"enabled": True} and rendered["zero_allow_untested_optimizer"] is True
@@ -194,57 +205,57 @@ def test_missing_batch_keys_are_written_from_the_plan(tmp_path: Path) -> None:
 
 
 def test_bf16_and_fp16_both_enabled(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(fp16__enabled=True, bf16__enabled=True)))
+    problems = ds_config_problems(_resolved(tmp_path, _with(fp16__enabled=True, bf16__enabled=True)))
     assert len(problems) == 1 and "enables both fp16 and bf16" in problems[0]
 
 
 def test_precision_that_disagrees_with_train_precision(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(fp16__enabled=True)))  # demo: bf16
+    problems = ds_config_problems(_resolved(tmp_path, _with(fp16__enabled=True)))  # demo: bf16
     assert len(problems) == 1
     assert "enables fp16" in problems[0] and "train.precision = 'bf16'" in problems[0]
     assert "train.precision=fp16" in problems[0]
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(bf16__enabled=False)))
+    problems = ds_config_problems(_resolved(tmp_path, _with(bf16__enabled=False)))
     assert len(problems) == 1 and "disables bf16" in problems[0]
 
 
 def test_legacy_bfloat16_key_is_understood(tmp_path: Path) -> None:
     body = _with(bf16=None, bfloat16={"enabled": True}, fp16=None)
-    rendered = render_engine_config(_resolved(tmp_path, body))
+    rendered = render_spec(_resolved(tmp_path, body)).to_json()
     assert rendered["bf16"] == {"enabled": True} and "bfloat16" not in rendered
 
 
 def test_hard_coded_lr_that_disagrees(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(optimizer__params__lr=3e-5)))
+    problems = ds_config_problems(_resolved(tmp_path, _with(optimizer__params__lr=3e-5)))
     assert len(problems) == 1
     assert "optimizer.params.lr = 3e-05" in problems[0] and "optimizer.lr=3e-05" in problems[0]
 
 
 def test_hard_coded_schedule_length_that_disagrees(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(scheduler__params__total_num_steps=1000)))
+    problems = ds_config_problems(_resolved(tmp_path, _with(scheduler__params__total_num_steps=1000)))
     assert len(problems) == 1 and "train.max_steps=1000" in problems[0]
 
 
 def test_auto_that_zerofit_cannot_fill(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(zero_optimization__stage="auto")))
+    problems = ds_config_problems(_resolved(tmp_path, _with(zero_optimization__stage="auto")))
     assert len(problems) == 1
     assert 'zero_optimization.stage = "auto"' in problems[0] and "no value to fill it with" in problems[0]
 
 
 def test_optimizer_block_with_a_client_optimizer_name(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, HF_ZERO3, "optimizer.name=adamw_8bit"))
+    problems = ds_config_problems(_resolved(tmp_path, HF_ZERO3, "optimizer.name=adamw_8bit"))
     assert len(problems) == 1
     assert (
         "optimizer.name = 'adamw_8bit'" in problems[0] and "delete the file's optimizer block" in problems[0]
     )
-    problems = check_foreign_ds_config(_resolved(tmp_path, _with(optimizer__type="Lamb")))
+    problems = ds_config_problems(_resolved(tmp_path, _with(optimizer__type="Lamb")))
     assert len(problems) == 1 and "'Lamb'" in problems[0]
 
 
 def test_file_without_optimizer_block_follows_the_preset_rules(tmp_path: Path) -> None:
     body = _with(optimizer=None, scheduler=None)
-    rendered = render_engine_config(_resolved(tmp_path, body))
+    rendered = render_spec(_resolved(tmp_path, body)).to_json()
     assert rendered["optimizer"]["type"] == "AdamW"  # optimizer offload + adamw: DeepSpeed's CPU Adam
-    rendered = render_engine_config(_resolved(tmp_path, body, "optimizer.name=paged_adamw_8bit"))
+    rendered = render_spec(_resolved(tmp_path, body, "optimizer.name=paged_adamw_8bit")).to_json()
     assert "optimizer" not in rendered and rendered["zero_force_ds_cpu_optimizer"] is False
 
 
@@ -252,19 +263,48 @@ def test_all_conflicts_are_reported_together(tmp_path: Path) -> None:
     body = _with(
         train_micro_batch_size_per_gpu=8, fp16__enabled=True, bf16__enabled=True, gradient_clipping=0.5
     )
-    problems = check_foreign_ds_config(_resolved(tmp_path, body))
+    problems = ds_config_problems(_resolved(tmp_path, body))
     assert len(problems) == 3
     with pytest.raises(ConfigError, match=r"\(3 problems\)"):
-        filled_foreign_ds_config(_resolved(tmp_path, body))
+        filled_user_ds_config(_resolved(tmp_path, body))
 
 
 def test_invalid_json_and_non_object(tmp_path: Path) -> None:
-    problems = check_foreign_ds_config(_resolved(tmp_path, '{"train_batch_size": 16,\n  oops}'))
+    problems = ds_config_problems(_resolved(tmp_path, '{"train_batch_size": 16,\n  oops}'))
     assert len(problems) == 1 and "not valid JSON at line 2" in problems[0]
-    problems = check_foreign_ds_config(_resolved(tmp_path, "[1, 2]"))
+    problems = ds_config_problems(_resolved(tmp_path, "[1, 2]"))
     assert "must hold a JSON object" in problems[0]
 
 
 def test_no_foreign_file_means_no_problems(tmp_path: Path) -> None:
     cfg = load_config(REPO / "configs" / "demo.yaml", [f"data.path={REPO / 'data' / 'demo.jsonl'}"])
-    assert check_foreign_ds_config(resolve(cfg, 1)) == []
+    assert ds_config_problems(resolve(cfg, 1)) == []
+
+
+# --------------------------------------------------------------- micro_batch_size=auto with the user's file
+
+
+def _auto(tmp_path: Path, body: dict[str, Any] | str) -> ResolvedConfig:
+    return _resolved(tmp_path, body, "batch.micro_batch_size=auto", "planner.gpu=rtx3090")
+
+
+def test_auto_micro_batch_plans_the_users_file_and_fills_the_split(tmp_path: Path) -> None:
+    resolved = _auto(tmp_path, HF_ZERO3)
+    rendered = render_spec(resolved).to_json()
+    assert (
+        rendered["train_micro_batch_size_per_gpu"] == resolved.plan.micro_batch_size == 8
+    )  # demo: 16 / dp 2
+    assert rendered["zero_optimization"]["stage"] == 3
+
+
+def test_auto_micro_batch_refuses_a_file_that_pins_the_split(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="lets the planner choose the split") as err:
+        _auto(tmp_path, _with(train_micro_batch_size_per_gpu=4))
+    assert "batch.micro_batch_size=4" in str(err.value)
+
+
+def test_auto_micro_batch_with_a_malformed_file_is_an_error_not_a_guess(tmp_path: Path) -> None:
+    # The planner reads the engine through the same rendering as the run: a broken file is never planned
+    # as if it were empty.
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        _auto(tmp_path, '{"zero_optimization": {"stage": 3,}}')

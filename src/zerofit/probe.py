@@ -2,7 +2,8 @@
 
 The analytic planner predicts; the probe measures. For each micro-batch size that divides the per-rank
 samples of the global batch (largest first), a fresh child process builds the run exactly as the launcher
-does (`build_model`, the configured strategy and optimizer), runs two optimizer steps on synthetic
+does (`zerofit.assembly.assemble`: the same spec, strategy, model placement and optimizer), runs two
+optimizer steps on synthetic
 max-length micro-batches (padded, so attention takes the masked path) and reports
 `torch.cuda.max_memory_allocated()` / `max_memory_reserved()`. A `torch.cuda.OutOfMemoryError` marks
 the size as too big and the next smaller one is tried; the first that completes is the answer. The
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.errors import LaunchError
+from zerofit.loss import IGNORE_INDEX
 
 RESULT_PREFIX = "ZEROFIT_PROBE_RESULT "
 PROBE_STEPS = 2  # the first step creates the optimizer state; the second is what steady state looks like
@@ -86,7 +88,7 @@ def probe_micro_batches(
 
 
 def _run_child(cfg_file: Path, world_size: int, micro: int, gas: int, timeout_s: float) -> ProbeResult:
-    module = ["-m", "zerofit.planner.probe", "--config-json", str(cfg_file), "--micro", str(micro)]
+    module = ["-m", "zerofit.probe", "--config-json", str(cfg_file), "--micro", str(micro)]
     if world_size > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size}", *module]
     else:
@@ -115,7 +117,7 @@ def _run_child(cfg_file: Path, world_size: int, micro: int, gas: int, timeout_s:
     return ProbeResult(micro, gas, False, oom, None, None, seconds, tail[0][:300])
 
 
-def _synthetic_batch(micro: int, seq: int, vocab: int, pad_id: int) -> dict[str, Any]:
+def synthetic_batch(micro: int, seq: int, vocab: int, pad_id: int) -> dict[str, Any]:
     import torch
 
     ids = torch.randint(3, max(vocab, 4), (micro, seq), dtype=torch.long)
@@ -124,7 +126,7 @@ def _synthetic_batch(micro: int, seq: int, vocab: int, pad_id: int) -> dict[str,
         mask[-1, -1] = 0  # one padded position: zerofit's right-padded batches take the masked attention path
         ids[-1, -1] = pad_id
     labels = ids.clone()
-    labels[mask == 0] = -100
+    labels[mask == 0] = IGNORE_INDEX
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
@@ -140,36 +142,25 @@ def _child(config_json: str, micro: int) -> int:
     data = json.loads(Path(config_json).read_text())
     data["batch"]["micro_batch_size"] = micro
     data["batch"]["grad_accum_steps"] = None
+    data.setdefault("train", {})["max_steps"] = PROBE_STEPS
     data.setdefault("logging", {}).setdefault("wandb", {})["mode"] = "disabled"
     cfg = ZerofitConfig.model_validate(data)
     result: dict[str, Any] = {"ok": False, "oom": False, "micro_batch_size": micro}
-    strategy = None
+    run = None
     try:
-        from zerofit.model import build_model
-        from zerofit.optim import build_optimizer, build_scheduler
-        from zerofit.render import render_engine_config
-        from zerofit.strategies import build_strategy
+        from zerofit.assembly import assemble
         from zerofit.train import train_step
 
-        resolved = resolve(cfg, env.world_size)
-        engine_config = render_engine_config(resolved, "cuda")
-        strategy = build_strategy(resolved, engine_config)
-        built = build_model(resolved.config)
-        model = strategy.prepare(
-            built.model,
-            lambda m: build_optimizer(m, resolved.config, resolved.effective_lr),
-            lambda opt: build_scheduler(opt, resolved.config, PROBE_STEPS),
-        )
-        vocab = int(getattr(built.model.config, "vocab_size", 32000))
-        pad = int(built.tokenizer.pad_token_id or 0)
-        plan = resolved.plan
+        run = assemble(resolve(cfg, env.world_size), with_data=False)
+        vocab = int(getattr(run.built.model.config, "vocab_size", 32000))
+        pad = int(run.built.tokenizer.pad_token_id or 0)
+        plan = run.spec.plan
         torch.cuda.reset_peak_memory_stats()
         for _ in range(PROBE_STEPS):
             batches = [
-                _synthetic_batch(micro, cfg.data.max_seq_len, vocab, pad)
-                for _ in range(plan.grad_accum_steps)
+                synthetic_batch(micro, cfg.data.max_seq_len, vocab, pad) for _ in range(plan.grad_accum_steps)
             ]
-            train_step(strategy, model, batches, resolved.config.train.max_grad_norm)
+            train_step(run.strategy, run.model, batches, cfg.train.max_grad_norm)
         torch.cuda.synchronize()
         result["ok"] = True
     except torch.cuda.OutOfMemoryError as exc:
@@ -180,15 +171,15 @@ def _child(config_json: str, micro: int) -> int:
             result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
         print(RESULT_PREFIX + json.dumps(result), flush=True)
-        if strategy is not None:
+        if run is not None:
             # Teardown after an OOM may fail too; it must not hide the result already printed.
             with contextlib.suppress(Exception):
-                strategy.close()
+                run.close()
     return 0 if result["ok"] else 3
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child entry point: `python -m zerofit.planner.probe --config-json FILE --micro N`."""
+    """Child entry point: `python -m zerofit.probe --config-json FILE --micro N`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--micro", type=int, required=True)

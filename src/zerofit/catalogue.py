@@ -1,7 +1,8 @@
-"""Model shapes without weights: built-in config.json contents for common 7-8B models and `tiny-llama`.
+"""The model catalogue: config.json contents for common 7-8B models and the built-in `tiny-llama`.
 
-Planning (and rendering bucket sizes) needs only a model's config, never its weights, so `zerofit plan`
-works offline for the catalogued hub ids and for any local HF folder.
+The ground floor of zerofit: the renderer (bucket sizes, FSDP's layer class), the planner (shapes) and the
+built-in model all read a model's config from here, never its weights, so `zerofit plan` works offline for
+the catalogued hub ids and for any local HF folder.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zerofit.config.schema import TINY_LLAMA
 from zerofit.errors import ConfigError
+
+# The name that selects the built-in random-init model (`model.name_or_path: tiny-llama`).
+TINY_LLAMA = "tiny-llama"
 
 # The built-in random-init model: small enough to train in seconds on 2 CPU cores, shaped like a real Llama
 # (GQA, SwiGLU, untied embeddings) so every code path a 7B model takes is exercised.

@@ -1,0 +1,251 @@
+"""Render a resolved config into the typed spec of its engine, once (`render_spec`).
+
+This is the one place where the batch plan meets an engine and where a preset or a user's DeepSpeed file
+is read: the batch triple, precision, clipping, the optimizer hand-off, offload and the model-derived
+bucket sizes are decided here, concretely, and every later reader (strategy, planner, printed plan, the
+engine file in the run directory) takes them from the spec. No torch import: `zerofit plan` renders on
+any machine.
+
+DeepSpeed rules (from a preset, or a user's own file via `distributed.ds_config`, see `user_ds_config.py`):
+  - batch triple from the plan; `gradient_clipping` = train.max_grad_norm (0.0 = off);
+  - bf16 / fp16 blocks from train.precision (fp16 with dynamic loss scaling);
+  - offload presets with optimizer.name=adamw get a DeepSpeed `optimizer` block (DeepSpeed's CPU Adam runs
+    the step); otherwise the client passes its own torch/bitsandbytes optimizer, which ZeRO must be told
+    to accept (`zero_allow_untested_optimizer`, and `zero_force_ds_cpu_optimizer: false` under offload);
+  - bucket sizes from the model's hidden size where the preset or file does not fix them;
+  - DeepSpeed's own monitors and step printing off: zerofit logs itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from zerofit.catalogue import model_config_dict
+from zerofit.engine.deepspeed_keys import (
+    bucket_keys,
+    hidden_size_buckets,
+    model_hidden_size,
+    offloads,
+    optimizer_block,
+    precision_blocks,
+)
+from zerofit.engine.spec import DeepSpeedSpec, EngineSpec, FSDPSpec, GradSync, LocalSpec
+from zerofit.engine.user_ds_config import filled_user_ds_config
+from zerofit.errors import ConfigError
+from zerofit.precision import tensor_dtypes
+from zerofit.presets import get_preset
+
+if TYPE_CHECKING:
+    from zerofit.config.resolve import ResolvedConfig
+
+__all__ = ["decoder_layer_class", "render_spec"]
+
+# Large enough that DeepSpeed never prints its own step lines; zerofit's console sink reports progress.
+_STEPS_PER_PRINT = 10**9
+
+# Decoder-layer class by HF `model_type`, for the FSDP wrap policy; other models fall back to
+# `<Arch>ForCausalLM` -> `<Arch>DecoderLayer`, the transformers naming convention.
+_DECODER_LAYER_BY_MODEL_TYPE = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+}
+
+
+def render_spec(resolved: ResolvedConfig, device_type: str = "cpu") -> EngineSpec:
+    """The spec of the engine `resolved` names (DeepSpeed, FSDP2, or one process / DDP).
+
+    `device_type` is the device the FSDP mesh is built on (`cpu` or `cuda`); other engines ignore it.
+    Raises `ConfigError` for a user's DeepSpeed file that is unreadable or conflicts with the resolved
+    config, and for a model whose shape zerofit cannot look up when the engine needs it.
+    """
+    strategy = resolved.config.distributed.strategy
+    if strategy == "deepspeed":
+        return _deepspeed(resolved)
+    if strategy == "fsdp":
+        return _fsdp(resolved, device_type)
+    return _local(resolved)
+
+
+def _common(resolved: ResolvedConfig) -> dict[str, Any]:
+    """The fields every spec shares."""
+    cfg = resolved.config
+    return {
+        "strategy": cfg.distributed.strategy,
+        "preset": cfg.distributed.preset,
+        "plan": resolved.plan,
+        "dtypes": tensor_dtypes(cfg.train.precision, cfg.distributed.strategy, lora=cfg.lora.enabled),
+        "max_grad_norm": cfg.train.max_grad_norm,
+    }
+
+
+# --------------------------------------------------------------------------------------------- DeepSpeed
+
+
+def _merge_missing(ours: dict[str, Any], theirs: dict[str, Any], ours_first: bool = True) -> dict[str, Any]:
+    """`theirs` merged over `ours` (theirs wins on every leaf).
+
+    Key order only serves the reader of ds_config.json: at the top level zerofit's keys (the batch triple)
+    come first; inside a block (zero_optimization) the preset's or user's keys come first.
+    """
+    first, second = (ours, theirs) if ours_first else (theirs, ours)
+    out: dict[str, Any] = {}
+    for key in [*first, *(k for k in second if k not in first)]:
+        mine, other = ours.get(key), theirs.get(key)
+        if isinstance(mine, dict) and isinstance(other, dict):
+            out[key] = _merge_missing(mine, other, ours_first=False)
+        else:
+            out[key] = copy.deepcopy(other if key in theirs else mine)
+    return out
+
+
+def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
+    cfg, plan = resolved.config, resolved.plan
+    user_file = cfg.distributed.ds_config
+    if user_file is not None:
+        # Every `auto` filled, every hard-coded value checked against the plan (raises on conflicts).
+        body = filled_user_ds_config(resolved)
+    else:
+        body = copy.deepcopy(get_preset(str(cfg.distributed.preset)).body)
+
+    ours: dict[str, Any] = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        **precision_blocks(cfg.train.precision),
+        "gradient_clipping": float(cfg.train.max_grad_norm or 0.0),
+    }
+
+    zero = body.get("zero_optimization")
+    zero = zero if isinstance(zero, dict) else {}
+    offload_optimizer = offloads(zero, "offload_optimizer")
+    if "optimizer" not in body:
+        if offload_optimizer and cfg.optimizer.name == "adamw":
+            # DeepSpeed's CPU Adam runs the step on the host; a torch AdamW there would be far slower.
+            ours["optimizer"] = optimizer_block(resolved)
+        else:
+            # The client passes its own torch / bitsandbytes optimizer to deepspeed.initialize.
+            ours["zero_allow_untested_optimizer"] = True
+            if offload_optimizer:
+                ours["zero_force_ds_cpu_optimizer"] = False
+
+    stage = int(zero.get("stage", 0))
+    if "zero_optimization" in body:
+        missing = [k for k in bucket_keys(stage) if k not in zero]
+        if missing:
+            buckets = hidden_size_buckets(model_hidden_size(cfg.model.name_or_path), stage)
+            ours["zero_optimization"] = {k: buckets[k] for k in missing}
+
+    # zerofit writes metrics.jsonl / W&B itself; DeepSpeed's monitors would log a second, differently
+    # stepped copy (DeepSpeed counts micro-steps in some places).
+    ours.update(
+        {
+            "steps_per_print": _STEPS_PER_PRINT,
+            "wall_clock_breakdown": False,
+            "tensorboard": {"enabled": False},
+            "wandb": {"enabled": False},
+            "csv_monitor": {"enabled": False},
+        }
+    )
+    config = _merge_missing(ours, body)
+    block = config.get("optimizer")
+    return DeepSpeedSpec(
+        **_common(resolved),
+        sync=GradSync(
+            "every_micro_step" if stage >= 2 else "boundary_only",
+            "ZeRO-2/3 reduce-scatter every micro-step into their gradient partitions (by design)"
+            if stage >= 2
+            else "ZeRO-0/1 reduce gradients once per window, at the accumulation boundary",
+        ),
+        grad_divide_factor=float(plan.dp_size),  # DeepSpeed averages gradients over the dp ranks
+        config=config,
+        zero_stage=stage,
+        offload_optimizer=offload_optimizer,
+        offload_params=offloads(zero, "offload_param"),
+        engine_optimizer=str(block.get("type", "optimizer")) if isinstance(block, dict) else None,
+        user_file=user_file,
+    )
+
+
+# --------------------------------------------------------------------------------------------- FSDP2
+
+
+def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
+    """The transformer-block class FSDP shards one by one, from an HF config dict."""
+    model_type = model_cfg.get("model_type")
+    if model_type in _DECODER_LAYER_BY_MODEL_TYPE:
+        return _DECODER_LAYER_BY_MODEL_TYPE[model_type]
+    for arch in model_cfg.get("architectures") or []:
+        if isinstance(arch, str) and arch.endswith("ForCausalLM"):
+            return arch.removesuffix("ForCausalLM") + "DecoderLayer"
+    raise ConfigError(
+        [
+            f"cannot tell which module class is the decoder layer of model_type {model_type!r} "
+            f"(architectures {model_cfg.get('architectures')!r}) for FSDP wrapping; use "
+            "distributed.strategy=deepspeed or a llama / mistral / qwen2 model"
+        ]
+    )
+
+
+_FSDP_SYNC_EVERY = (
+    "Gradients are reduce-scattered and moved to the CPU after every micro-step: skipping the sync "
+    "would keep a full unsharded gradient on the accelerator across the window, which is exactly "
+    "the memory CPU offload exists to save; the price is one reduce-scatter per micro-step."
+)
+_FSDP_SYNC_BOUNDARY = (
+    "Gradient reduce-scatter is skipped on non-boundary micro-steps (set_requires_gradient_sync"
+    "(False)), saving communication at the cost of holding an unsharded gradient copy per rank "
+    "(about one full gradient of the trainable parameters) until the last micro-step."
+)
+_FSDP_NOTES = (
+    "gradient_divide_factor 1.0 makes FSDP sum gradients over ranks instead of averaging them. "
+    "The loop divides every micro-batch's summed token loss by the valid-token count of the whole "
+    "global batch (all-reduced over dp before the first backward), so the sum over ranks is already "
+    "the global token mean: nothing else may rescale it (no division by dp or grad_accum_steps). "
+    "A loop that keeps FSDP's default averaging must instead multiply its loss by dp."
+)
+
+
+def _fsdp(resolved: ResolvedConfig, device_type: str) -> FSDPSpec:
+    cfg = resolved.config
+    preset = get_preset(str(cfg.distributed.preset))
+    cpu_offload = bool(preset.body.get("cpu_offload", False))
+    return FSDPSpec(
+        **_common(resolved),
+        sync=GradSync("every_micro_step", _FSDP_SYNC_EVERY)
+        if cpu_offload
+        else GradSync("boundary_only", _FSDP_SYNC_BOUNDARY),
+        grad_divide_factor=1.0,  # FSDP sums; the loop's normalizer is already the global token count
+        mesh_device_type=device_type,
+        reshard_after_forward=bool(preset.body.get("reshard_after_forward", True)),
+        cpu_offload=cpu_offload,
+        # Pinned host memory needs an accelerator; on a CPU-only machine pinning raises.
+        pin_memory=cpu_offload and device_type != "cpu",
+        layer_class=decoder_layer_class(model_config_dict(cfg.model.name_or_path)),
+        notes=_FSDP_NOTES,
+    )
+
+
+# --------------------------------------------------------------------------------------------- DDP / single
+
+
+def _local(resolved: ResolvedConfig) -> LocalSpec:
+    if resolved.config.distributed.strategy == "ddp":
+        sync = GradSync(
+            "boundary_only",
+            "Gradient all-reduce runs only on the last micro-step of a window (DDP no_sync() on the "
+            "others): the local gradients accumulate in place, so skipping the sync costs no memory.",
+        )
+        notes = (
+            "DDP averages gradients over ranks; the loop divides each micro-batch's summed token loss by the "
+            "global valid-token count and multiplies by dp to undo that average."
+        )
+        divide = float(resolved.plan.dp_size)
+    else:
+        sync = GradSync("none", "One process: there is no gradient communication to skip.")
+        notes = (
+            "One process; the loop divides each micro-batch's summed token loss by the window's token count."
+        )
+        divide = 1.0
+    return LocalSpec(**_common(resolved), sync=sync, grad_divide_factor=divide, notes=notes)

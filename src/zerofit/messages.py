@@ -1,0 +1,51 @@
+"""What zerofit says to its user, and the one way it says it.
+
+- `say`: progress and results, one line on stdout, from rank 0 only (every rank may call it);
+- `warn`: something the user should know but need not stop for, one line on stderr;
+- `error`: a `ZerofitError` (or any user error) as one paragraph on stderr, never a traceback;
+- `quiet_libraries`: silence library chatter that would bury those lines.
+
+The training loop's per-step progress and tables are the console sink's (`zerofit.metrics.console`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+__all__ = ["error", "quiet_libraries", "say", "warn"]
+
+
+def say(message: str, *, rank: int = 0) -> None:
+    """Print `message` on stdout once per run: on rank 0, silently nowhere else."""
+    if rank == 0:
+        print(message, flush=True)
+
+
+def warn(message: str) -> None:
+    """Print one warning line on stderr (every rank that calls it)."""
+    print(f"zerofit: warning: {message}", file=sys.stderr, flush=True)
+
+
+def error(source: str, exc: BaseException | str) -> None:
+    """Print a user error as `<source>: error: <paragraph>` on stderr; the caller exits non-zero."""
+    print(f"{source}: error: {exc}", file=sys.stderr, flush=True)
+
+
+def quiet_libraries() -> None:
+    """Silence library chatter that would bury the plan and the progress line (errors still show)."""
+    # bitsandbytes warns at import that an optional CPU kernel package is missing; it is not needed.
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    # Deprecations inside transformers/DeepSpeed internals that users cannot act on.
+    warnings.filterwarnings(
+        "ignore",
+        category=FutureWarning,
+        message=r".*(is_gradient_checkpointing|all_gather_into_tensor|reduce_scatter_tensor).*",
+    )
+    # FSDP's sharded grad scaler (fp16) keeps a 1-element found-inf tensor that DTensor warns about.
+    warnings.filterwarnings("ignore", category=UserWarning, message=r"Found a non-scalar tensor with numel=1")

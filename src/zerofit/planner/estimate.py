@@ -1,0 +1,179 @@
+"""The analytic memory model: per-rank peak GPU memory of one training step, with a breakdown to check by hand.
+
+Everything is counted in bytes from the model's exact shapes (`shapes.py`) and what zerofit's engines do
+(`model.py`, `strategies/`, `train.py`), then reported in GiB. The model mirrors, term by term, what a
+tensor-level trace of the step sees (`trace.py`), and the tests hold the two within 5% across a matrix.
+
+Peak = max over the two phases of a step:
+
+  forward/backward = resident state + gradients held from earlier micro-steps of the window
+                     + activations at their peak (all layers' saved tensors, the logits and the loss's fp32
+                       temporaries, or with checkpointing the layer inputs + one recomputed layer)
+  optimizer step   = resident state + gradients + the optimizer's temporaries
+
+Resident state (`state.py`) = weights as the engine holds them (dtype, quantization, ZeRO / FSDP sharding,
+offload) + optimizer state + master weights (DeepSpeed, mixed precision) + the engine's gradient buffers.
+Activations: `activations.py`.
+
+`total` adds a stated allowance for what is not a tensor: the CUDA context, cuBLAS workspace, NCCL buffers and
+caching-allocator fragmentation (constants below, documented where they are defined).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from zerofit.planner.activations import activation_terms
+from zerofit.planner.gpus import GIB
+from zerofit.planner.scenario import Scenario, compute_profile
+from zerofit.planner.state import model_state, param_counts, quantized_weight_bytes
+from zerofit.precision import dtype_bytes
+
+# --- Allowance: device memory that is not a tensor (documented constants) --------------------------------
+# The CUDA context (driver state, kernels of torch, cuBLAS and cuDNN loaded on first use) is not counted by
+# torch.cuda.memory_allocated but occupies the card: about 0.3-0.5 GiB on Ampere/Hopper with torch 2.x.
+CUDA_CONTEXT_GIB = 0.5
+# cuBLAS/cuBLASLt workspaces and other per-stream scratch (a few MiB each, several streams).
+WORKSPACE_GIB = 0.1
+# NCCL communicator buffers when there is more than one rank.
+NCCL_GIB = 0.3
+# The caching allocator rounds blocks and cannot always reuse freed ones: reserved exceeds allocated by
+# roughly 5-10% in steady state for these workloads; 8% of the tensor peak is held back for it.
+FRAGMENTATION_FRACTION = 0.08
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-rank peak GPU memory of one step, its breakdown (GiB) and the host RAM the run needs."""
+
+    scenario: Scenario
+    tensors_gib: float  # peak bytes of live tensors (comparable to a trace / torch.cuda.max_memory_allocated)
+    total_gib: float  # tensors + allowance (what the card must hold)
+    allowance_gib: float
+    breakdown: dict[str, float]  # named GiB lines of the peak phase; they sum to tensors_gib
+    allowance: dict[str, float]
+    peak_phase: str
+    phases_gib: dict[str, float]
+    host_ram_gib: float
+    host_breakdown: dict[str, float]
+    per_layer_token_bytes: dict[str, int]
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form (the `memory` block of `zerofit plan --json`)."""
+        return {
+            "tensors_gib": round(self.tensors_gib, 3),
+            "total_gib": round(self.total_gib, 3),
+            "allowance_gib": round(self.allowance_gib, 3),
+            "breakdown": {k: round(v, 4) for k, v in self.breakdown.items()},
+            "allowance": {k: round(v, 3) for k, v in self.allowance.items()},
+            "peak_phase": self.peak_phase,
+            "phases_gib": {k: round(v, 3) for k, v in self.phases_gib.items()},
+            "host_ram_gib": round(self.host_ram_gib, 2),
+            "host_breakdown": {k: round(v, 3) for k, v in self.host_breakdown.items()},
+            "activation_bytes_per_token_per_layer": self.per_layer_token_bytes,
+            "micro_batch_size": self.scenario.micro_batch_size,
+            "seq_len": self.scenario.seq_len,
+            "notes": self.notes,
+        }
+
+
+def allowance_gib(tensors_gib: float, dp_size: int) -> dict[str, float]:
+    """The non-tensor device memory held back on top of the tensor peak (see the constants above)."""
+    out = {
+        "CUDA context": CUDA_CONTEXT_GIB,
+        "cuBLAS workspace": WORKSPACE_GIB,
+        f"allocator fragmentation ({FRAGMENTATION_FRACTION:.0%} of tensors)": FRAGMENTATION_FRACTION
+        * tensors_gib,
+    }
+    if dp_size > 1:
+        out["NCCL buffers"] = NCCL_GIB
+    return out
+
+
+def estimate(scn: Scenario) -> MemoryEstimate:
+    """The analytic per-rank peak for `scn`, with a breakdown a reader can check by hand."""
+    state = model_state(scn)
+    acts = activation_terms(scn)
+    resident = sum(state.gpu.values())
+    window = sum(state.window_grads.values())
+    held = window if scn.grad_accum_steps > 1 else 0
+    fwd = resident + held + acts.peak
+    step = resident + window + sum(state.step_temps.values())
+    breakdown: dict[str, int] = dict(state.gpu)
+    if fwd >= step:
+        phase = f"forward/backward: {acts.where}"
+        if held:
+            breakdown.update({f"{k} held across the window": n for k, n in state.window_grads.items()})
+        breakdown.update({f"activations: {k}": n for k, n in acts.lines.items()})
+    else:
+        phase = "optimizer step"
+        breakdown.update(state.window_grads)
+        breakdown.update(state.step_temps)
+    tensors = max(fwd, step)
+    tensors_gib = tensors / GIB
+    allowance = allowance_gib(tensors_gib, scn.dp_size)
+    host = dict(state.host)
+    host_gib = sum(host.values()) / GIB
+    notes = list(state.notes)
+    if scn.quantization != "none" and scn.zero_stage == 3:
+        notes.append(
+            "ZeRO-3 with k-bit base weights: the quantized weights are counted whole on every rank (an upper "
+            "bound; ZeRO-3 partitions the non-quantized parameters)"
+        )
+    if scn.quantization != "none" and scn.strategy == "fsdp":
+        notes.append(
+            "FSDP2 with 4-bit base weights: the packed weights are sharded like any parameter (8-bit under "
+            "FSDP2 is refused by resolve)"
+        )
+    return MemoryEstimate(
+        scenario=scn,
+        tensors_gib=tensors_gib,
+        total_gib=tensors_gib + sum(allowance.values()),
+        allowance_gib=sum(allowance.values()),
+        breakdown={k: n / GIB for k, n in breakdown.items() if n},
+        allowance=allowance,
+        peak_phase=phase,
+        phases_gib={"forward/backward": fwd / GIB, "optimizer step": step / GIB},
+        host_ram_gib=host_gib,
+        host_breakdown={k: n / GIB for k, n in host.items() if n},
+        per_layer_token_bytes=dict(acts.per_layer_token_terms),
+        notes=notes,
+    )
+
+
+def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:
+    """What the fake-tensor trace cannot see: (resident bytes to add, optimizer-step peak or None, notes).
+
+    The trace runs the model (weights in the engine's compute dtypes, unsharded), autograd and, for
+    `single`/`ddp` with AdamW, the real torch optimizer. Engine-owned state comes from `model_state`:
+    every resident line the trace does not measure (master weights, partitions, buckets, 8-bit optimizer
+    state), minus unsharded weights the engine does not hold (ZeRO-3, FSDP). Quantized weights are traced
+    as half-precision stand-ins and swapped for their quantized bytes. When the optimizer step itself is
+    not traced, its peak is the analytic one (returned second).
+    """
+    prof = compute_profile(scn)
+    state = model_state(scn)
+    counts = param_counts(scn)
+    notes: list[str] = []
+    added = 0
+    for key, n in state.gpu.items():
+        if key not in state.traced:
+            added += n
+            notes.append(f"added analytically: {key} ({n / GIB:.3f} GiB)")
+    if state.trace_weight_surplus:
+        added -= state.trace_weight_surplus
+        notes.append(
+            f"unsharded weights the engine does not hold: -{state.trace_weight_surplus / GIB:.3f} GiB"
+        )
+    if counts.quantized and scn.strategy != "fsdp":
+        half_b = dtype_bytes(prof.half) if prof.half else 4
+        quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
+        added += quant_b - counts.quantized * half_b
+        notes.append("quantized weights: traced as half-precision stand-ins, swapped for their 4/8-bit bytes")
+    step = None
+    if not prof.traced_optimizer:
+        step = sum(state.gpu.values()) + sum(state.window_grads.values()) + sum(state.step_temps.values())
+        notes.append("optimizer step (not traceable for this engine/optimizer): analytic")
+    return added, step, notes

@@ -1,0 +1,183 @@
+"""The memory scenario: everything one training step's memory depends on, derived from the engine spec.
+
+A `Scenario` is a flat, hashable record (model, sequence, split, engine facts, adaptation, numerics) the
+analytic model (`state.py`, `activations.py`, `estimate.py`) and the tensor trace (`trace.py`) both read.
+It is built from the run's rendered engine spec (`scenario_for`), so the planner sees exactly the engine
+the run will get: the ZeRO stage, offload, who builds the optimizer and every dtype come from the spec,
+never from a second reading of the preset or of a user's DeepSpeed file. `ComputeProfile` is the dtype
+view of a scenario, from the one precision table (`zerofit.precision`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from zerofit.precision import tensor_dtypes, torch_dtype
+
+if TYPE_CHECKING:
+    from zerofit.config.resolve import ResolvedConfig
+    from zerofit.config.schema import ZerofitConfig
+    from zerofit.engine.spec import EngineSpec
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything the memory of one training step depends on (built from an engine spec by `scenario_for`)."""
+
+    model: str
+    seq_len: int
+    micro_batch_size: int
+    grad_accum_steps: int = 1
+    dp_size: int = 1
+    strategy: str = "single"  # single | ddp | deepspeed | fsdp
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    ds_builds_optimizer: bool = False  # DeepSpeed's own (CPU) Adam instead of the client optimizer
+    fsdp_cpu_offload: bool = False
+    precision: str = "bf16"
+    lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] | str = "all-linear"
+    use_dora: bool = False
+    quantization: str = "none"  # none | 8bit | 4bit
+    double_quant: bool = True
+    optimizer: str = "adamw"
+    activation_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
+    # without autocast (how the 7B reference figures in docs/platform.md were measured).
+    autocast: bool | None = None
+
+    def with_micro(self, micro: int, grad_accum_steps: int) -> Scenario:
+        """The same run at another micro-batch size (and the accumulation that keeps the global batch)."""
+        return replace(self, micro_batch_size=micro, grad_accum_steps=grad_accum_steps)
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Dtypes the engine computes and stores in: the scenario's view of `zerofit.precision`'s rule."""
+
+    load: str  # dtype from_pretrained loads in
+    half: str | None  # bf16/fp16 when training in half precision
+    autocast: bool  # single/ddp: torch.autocast around forward and backward
+    cast_params_to: str | None  # DeepSpeed / FSDP2 in half precision: every parameter computes in this dtype
+    traced_optimizer: bool  # the optimizer is a torch AdamW the trace can run
+    grads_leave_autograd: bool  # the engine moves each gradient into its own (partitioned) buffer at once
+
+    @property
+    def load_dtype(self) -> Any:
+        """`load` as a torch dtype."""
+        return torch_dtype(self.load)
+
+    @property
+    def half_dtype(self) -> Any:
+        """`half` as a torch dtype (None in fp32)."""
+        return torch_dtype(self.half) if self.half else None
+
+    @property
+    def cast_dtype(self) -> Any:
+        """`cast_params_to` as a torch dtype (None when the engine casts nothing)."""
+        return torch_dtype(self.cast_params_to) if self.cast_params_to else None
+
+
+def compute_profile(scn: Scenario) -> ComputeProfile:
+    """The engine's dtypes for `scn`, from the one precision table."""
+    dtypes = tensor_dtypes(scn.precision, scn.strategy, lora=scn.lora)
+    autocast = dtypes.autocast is not None
+    if scn.autocast is not None:
+        autocast = scn.autocast and dtypes.half is not None
+    fsdp_sync_each = scn.strategy == "fsdp" and (scn.grad_accum_steps == 1 or scn.fsdp_cpu_offload)
+    return ComputeProfile(
+        load=dtypes.load,
+        half=dtypes.half,
+        autocast=autocast,
+        cast_params_to=dtypes.half_cast,
+        traced_optimizer=scn.strategy in ("single", "ddp") and scn.optimizer == "adamw",
+        grads_leave_autograd=(scn.strategy == "deepspeed" and scn.zero_stage >= 2) or fsdp_sync_each,
+    )
+
+
+# ------------------------------------------------------------------------------------ scenario from the spec
+
+
+def scenario_for(
+    resolved: ResolvedConfig,
+    spec: EngineSpec,
+    micro_batch_size: int | None = None,
+    grad_accum_steps: int | None = None,
+) -> Scenario:
+    """The memory scenario of a run: its config's model, data and adaptation, its spec's engine.
+
+    `micro_batch_size` / `grad_accum_steps` override the spec's split (the micro-batch search varies
+    them; nothing else about the engine depends on the split).
+    """
+    from zerofit.engine.spec import DeepSpeedSpec, FSDPSpec
+
+    cfg = resolved.config
+    plan = spec.plan
+    ds = spec if isinstance(spec, DeepSpeedSpec) else None
+    lora = cfg.lora
+    return Scenario(
+        model=cfg.model.name_or_path,
+        seq_len=cfg.data.max_seq_len,
+        micro_batch_size=micro_batch_size if micro_batch_size is not None else plan.micro_batch_size,
+        grad_accum_steps=grad_accum_steps if grad_accum_steps is not None else plan.grad_accum_steps,
+        dp_size=plan.dp_size,
+        strategy=spec.strategy,
+        zero_stage=ds.zero_stage if ds else 0,
+        offload_optimizer=bool(ds and ds.offload_optimizer),
+        offload_params=bool(ds and ds.offload_params),
+        ds_builds_optimizer=spec.builds_optimizer,
+        fsdp_cpu_offload=isinstance(spec, FSDPSpec) and spec.cpu_offload,
+        precision=spec.dtypes.precision,
+        lora=lora.enabled,
+        lora_r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        lora_targets=lora.target_modules
+        if isinstance(lora.target_modules, str)
+        else tuple(lora.target_modules),
+        use_dora=lora.use_dora,
+        quantization=cfg.quantization.load_in,
+        double_quant=cfg.quantization.double_quant,
+        optimizer=cfg.optimizer.name,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        attn_implementation=cfg.model.attn_implementation,
+    )
+
+
+def scenario_from_config(
+    cfg: ZerofitConfig,
+    world_size: int,
+    micro_batch_size: int | None = None,
+    grad_accum_steps: int | None = None,
+) -> Scenario:
+    """The scenario of a config that has not been resolved: planning what-ifs, the `auto` search, tests.
+
+    Renders the engine spec exactly as a run would (at micro 1 when the config gives no split) and derives
+    the scenario from it.
+    """
+    from zerofit.batching import BatchPlan
+    from zerofit.config.resolve import ResolvedConfig
+    from zerofit.engine.render import render_spec
+
+    b = cfg.batch
+    micro = micro_batch_size if micro_batch_size is not None else b.micro_batch_size
+    micro = micro if isinstance(micro, int) else 1
+    gas = grad_accum_steps if grad_accum_steps is not None else b.grad_accum_steps
+    if gas is None:  # keep the config's global batch where it divides, as resolve() would
+        per_rank = (b.global_batch_size or 0) // world_size
+        gas = per_rank // micro if per_rank and per_rank % micro == 0 else 1
+    plan = BatchPlan(micro * gas * world_size, micro, gas, world_size)
+    planned = cfg
+    if cfg.distributed.preset is None:
+        from zerofit.presets import DEFAULT_PRESET
+
+        planned = cfg.model_copy(deep=True)
+        planned.distributed.preset = DEFAULT_PRESET[cfg.distributed.strategy]
+    resolved = ResolvedConfig.for_planning(planned, plan)
+    return scenario_for(resolved, render_spec(resolved))

@@ -1,0 +1,44 @@
+"""Configs and one-process engines for in-process tests, built the way a run builds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.engine import LocalSpec, render_spec
+from zerofit.strategies.env import LaunchEnv
+from zerofit.strategies.single import SingleStrategy
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DATA = str(REPO / "data" / "demo.jsonl")
+
+
+def config(base: dict[str, Any], **sections: dict[str, Any]) -> ZerofitConfig:
+    """`base` (a raw config dict) with each keyword section merged into its section, validated."""
+    raw = {name: dict(values) if isinstance(values, dict) else values for name, values in base.items()}
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return ZerofitConfig.model_validate(raw)
+
+
+def one_process_spec(precision: str = "fp32") -> LocalSpec:
+    """The engine spec of a plain one-process run (`distributed.strategy=single`) at `precision`."""
+    cfg = load_config(
+        None,
+        [
+            "distributed.strategy=single",
+            f"train.precision={precision}",
+            "batch.global_batch_size=1",
+            "batch.micro_batch_size=1",
+            f"data.path={DEMO_DATA}",
+        ],
+    )
+    spec = render_spec(resolve(cfg, 1))
+    assert isinstance(spec, LocalSpec)
+    return spec
+
+
+def one_process_strategy(precision: str = "fp32") -> SingleStrategy:
+    """A `SingleStrategy` for rank 0 of 1 (no process group), not yet prepared."""
+    return SingleStrategy(LaunchEnv(0, 1, 0, False), one_process_spec(precision))
