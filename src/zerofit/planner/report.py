@@ -41,9 +41,13 @@ def memory_report(
     if trace:
         from zerofit.planner.trace import trace_memory
 
-        traced = trace_memory(scenario_for(resolved, spec))
-        out["trace"] = traced.as_dict()
-        out["trace"]["analytic_vs_trace"] = round(plan.estimate.tensors_gib / traced.tensors_gib - 1.0, 4)
+        try:
+            traced = trace_memory(scenario_for(resolved, spec))
+        except ValueError as exc:
+            out["notes"] = [*out.get("notes", []), f"--trace skipped: {exc}"]
+        else:
+            out["trace"] = traced.as_dict()
+            out["trace"]["analytic_vs_trace"] = round(plan.estimate.tensors_gib / traced.tensors_gib - 1.0, 4)
     return out
 
 
