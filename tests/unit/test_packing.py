@@ -123,6 +123,22 @@ def test_packed_rows_give_the_padded_batch_loss_and_gradients() -> None:
     assert abs(crossing_loss - ref_loss) > 1e-3
 
 
+class _Sink:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.rows.append(metrics)
+
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _NoCheckpoints:
+    def after_step(self, steps_done: int) -> None: ...
+
+
 def test_train_loop_with_a_token_budget_logs_useful_and_processed_tokens() -> None:
     """The loop's packed path (`TrainRun.packed_row_tokens`) trains the same global batches as the padded
     one, and metrics.jsonl says what padding cost: processed > useful tokens, less so when packed."""
@@ -142,19 +158,7 @@ def test_train_loop_with_a_token_budget_logs_useful_and_processed_tokens() -> No
             lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
             lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
         )
-        logged: list[dict[str, Any]] = []
-
-        class Sink:
-            def log(self, step: int, metrics: dict[str, Any]) -> None:
-                logged.append(metrics)
-
-            def log_config(self, config: dict[str, Any]) -> None: ...
-
-            def close(self) -> None: ...
-
-        class NoCheckpoints:
-            def after_step(self, steps_done: int) -> None: ...
-
+        sink = _Sink()
         run = TrainRun(
             strategy=strategy,
             model=model,
@@ -164,12 +168,12 @@ def test_train_loop_with_a_token_budget_logs_useful_and_processed_tokens() -> No
             max_steps=2,
             max_grad_norm=None,
             pad_id=0,
-            sink=Sink(),
-            checkpointer=NoCheckpoints(),
+            sink=sink,
+            checkpointer=_NoCheckpoints(),
             packed_row_tokens=row_tokens,
         )
         results[name] = train_loop(run)
-        rows[name] = logged
+        rows[name] = sink.rows
     for padded, packed in zip(results["padded"], results["packed"], strict=True):
         assert packed.tokens == padded.tokens and packed.input_tokens == padded.input_tokens
         assert packed.loss == pytest.approx(padded.loss, abs=1e-5)  # step 2 also checks the update
