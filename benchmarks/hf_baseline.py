@@ -6,8 +6,8 @@ batch, gradient checkpointing (non-reentrant) as the shipped 3090 recipe, AdamW 
 clipping at 1.0, bf16 (fp32 on request), and a collator that right-pads each micro-batch to its longest
 example (labels -100 on padding), which is what HF's seq2seq / completion collators do.
 
-Measured: the time of every optimizer step (Trainer callbacks, CUDA synchronized), after one warm-up
-step; label, useful (non-pad) and processed tokens of the same steps, counted at the model's forward;
+Measured: the time of every optimizer step (Trainer callbacks, CUDA synchronized; wall and process CPU
+time), after one warm-up step; label, useful (non-pad) and processed tokens of the same steps, counted at the model's forward;
 peak allocated / reserved memory on CUDA (reset after the warm-up step). The first version of this script
 measured the GPU baseline of docs/platform.md (2026-12-01: 6,959 tokens/s at 4 x 1024, 15.74 GiB).
 
@@ -102,18 +102,19 @@ def train_hf(
     class Timer(TrainerCallback):
         def __init__(self) -> None:
             self.steps: list[dict[str, float]] = []
-            self.start = 0.0
+            self.start = self.cpu_start = 0.0
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if cuda:
                 torch.cuda.synchronize()
             counted.update(label=0, useful=0, processed=0)
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if cuda:
                 torch.cuda.synchronize()
-            self.steps.append({"seconds": time.perf_counter() - self.start, **counted})
+            cpu = time.process_time() - self.cpu_start
+            self.steps.append({"seconds": time.perf_counter() - self.start, "cpu_seconds": cpu, **counted})
             if len(self.steps) == 1 and cuda:
                 torch.cuda.reset_peak_memory_stats()
 
@@ -160,6 +161,10 @@ def train_hf(
             tokens_per_s=round(sum(s["label"] for s in steady) / seconds, 1),
             useful_tokens_per_s=round(sum(s["useful"] for s in steady) / seconds, 1),
             processed_tokens_per_s=round(sum(s["processed"] for s in steady) / seconds, 1),
+            cpu_s_per_step=round(sum(s["cpu_seconds"] for s in steady) / len(steady), 4),
+            useful_tokens_per_cpu_s=round(
+                sum(s["useful"] for s in steady) / sum(s["cpu_seconds"] for s in steady), 1
+            ),
         )
         if cuda:
             result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
