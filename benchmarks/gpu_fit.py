@@ -1,25 +1,34 @@
-"""Do the shipped 3090 recipes fit a 24 GB card, and does the planner predict their peak? (needs a GPU)
+"""Do the 3090 recipes fit a 24 GB card, does the planner predict them, and how fast are they against HF
+Trainer + peft on the same shape and cap? (needs a GPU; `--smoke` checks the script on CPU)
 
-For each recipe this script
-  1. caps the CUDA caching allocator at --cap-gib (default 24 GiB) with
-     `torch.cuda.set_per_process_memory_fraction`, so a bigger card behaves like a 3090 for allocation;
-  2. trains the recipe's exact pipeline (`zerofit.assembly.assemble`, as the launcher builds it, then
-     `train_step`: the recipe's precision, LoRA/QLoRA, optimizer, checkpointing, batch split and model
-     placement) on a Llama-2-7B-shaped model with
-     random weights (written once to a local folder: nothing is downloaded) and synthetic max-length
-     micro-batches (right-padded, like zerofit's collate);
-  3. measures peak allocated / reserved memory over steady-state steps and tokens/s;
-  4. compares with the planner for the same budget: predicted tensor peak vs `max_memory_allocated`,
-     predicted total vs `max_memory_reserved` + CUDA context (`mem_get_info` before/after);
-and writes one JSON file under benchmarks/results/ (gpu_fit-<gpu>-<utc time>.json).
+Every case runs in its own child process (an OOM or a DeepSpeed engine must not leak into the next, and no
+process but the case's own holds GPU memory while it is measured; the random 7B model is written by a child
+too). In each child the CUDA caching allocator is capped at --cap-gib (default 24 GiB) with
+`torch.cuda.set_per_process_memory_fraction`, so a bigger card allocates like a 3090, and the CUDA context
+is read (`mem_get_info`) before the first tensor.
 
-Each recipe runs in its own child process (an OOM or a DeepSpeed engine must not leak into the next).
-The FSDP recipe needs 2 GPUs and is skipped on one; the ZeRO-3 offload recipe needs ~140 GiB of host RAM
-and is only run with --with-offload.
+zerofit cases train the recipe's exact pipeline (`zerofit.assembly.assemble` + `zerofit.train.train_loop`,
+as the launcher builds it) on a Llama-2-7B-shaped model with random bf16 weights (no download), on one of
+two workloads of the same examples for zerofit and HF (`workloads.py`): `max_length` (every example 1024
+tokens, all labels) and `real_length` (log-normal lengths, median 30% of the max, masked prompts).
 
-    python benchmarks/gpu_fit.py                       # LoRA + QLoRA recipes, 24 GiB cap
-    python benchmarks/gpu_fit.py --with-offload --steps 4
-    python benchmarks/gpu_fit.py --smoke               # CPU, tiny-llama, 2 steps: checks the script itself
+    lora          configs/llama2-7b-lora-3090.yaml as shipped (ZeRO-2, micro 4, every layer checkpointed)
+    lora-nockpt   the same without checkpointing at micro 1 (the planner says it does not fit: measured)
+    lora-auto     micro-batch and checkpointed layers chosen by the planner (`auto`), chunked loss
+    lora-real     the recipe as shipped on the real-length workload (micro-batches padded to the longest)
+    lora-packed   real-length, `batch.tokens_per_micro_batch=auto` + `train.activation_checkpointing=auto`
+    qlora         configs/llama2-7b-qlora-3090.yaml; lora-2gpu-fsdp (2 GPUs), full-zero3-offload (opt-in)
+    hf, hf-real   HF Trainer + peft (`hf_baseline.py`): micro 4 x accum 8, checkpointing, same cap, on the
+                  max-length and real-length workloads
+
+Each zerofit case records the planner's prediction for the same budget (tensor peak vs
+`max_memory_allocated`, total vs `max_memory_reserved` + context, tokens/s vs the speed model) and the
+measured label / useful / processed tokens/s; the report prints zerofit / HF in useful tokens/s. One JSON
+file is written under benchmarks/results/ (gpu_fit-<gpu>-<utc time>.json).
+
+    python benchmarks/gpu_fit.py                                   # the default cases, 24 GiB cap
+    python benchmarks/gpu_fit.py --cases lora,lora-auto,hf --steps 3
+    python benchmarks/gpu_fit.py --smoke                           # CPU + tiny-llama: checks the script
 """
 
 from __future__ import annotations
@@ -35,127 +44,162 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 GIB = 2**30
+LORA = "configs/llama2-7b-lora-3090.yaml"
+AUTO = ["batch.micro_batch_size=auto", "train.activation_checkpointing=auto"]
+PACKED = [
+    "batch.micro_batch_size=null",
+    "batch.tokens_per_micro_batch=auto",
+    "train.activation_checkpointing=auto",
+]
+CASES: dict[str, dict[str, Any]] = {
+    "lora": {"config": LORA, "overrides": [], "workload": "max_length"},
+    "lora-nockpt": {
+        "config": LORA,
+        "overrides": ["train.activation_checkpointing=false", "batch.micro_batch_size=1"],
+        "workload": "max_length",
+    },
+    "lora-auto": {"config": LORA, "overrides": AUTO, "workload": "max_length"},
+    "lora-real": {"config": LORA, "overrides": [], "workload": "real_length"},
+    "lora-packed": {"config": LORA, "overrides": PACKED, "workload": "real_length"},
+    "qlora": {"config": "configs/llama2-7b-qlora-3090.yaml", "overrides": [], "workload": "max_length"},
+    "lora-2gpu-fsdp": {"config": "configs/mistral-7b-lora-2x3090-fsdp.yaml", "overrides": [], "workload": "max_length", "nproc": 2},
+    "full-zero3-offload": {"config": "configs/llama2-7b-full-zero3-offload-3090.yaml", "overrides": [], "workload": "max_length"},
+    "hf": {"hf": True, "workload": "max_length"},
+    "hf-real": {"hf": True, "workload": "real_length"},
+}  # fmt: skip
+DEFAULT_CASES = "lora,lora-nockpt,lora-auto,lora-real,lora-packed,qlora,hf,hf-real,lora-2gpu-fsdp"
+RATIOS = [("lora", "hf"), ("lora-auto", "hf"), ("lora-real", "hf-real"), ("lora-packed", "hf-real")]
+HF_SPLIT = {"micro": 4, "gas": 8, "seq": 1024}  # the LoRA recipe's shape: global 32 = 4 x 8, 1024 tokens
 BASE_MODEL = "meta-llama/Llama-2-7b-hf"  # shape only: the catalogue's config.json, random weights
-RECIPES = {
-    "lora": "configs/llama2-7b-lora-3090.yaml",
-    "qlora": "configs/llama2-7b-qlora-3090.yaml",
-    "full-zero3-offload": "configs/llama2-7b-full-zero3-offload-3090.yaml",
-    "lora-2gpu-fsdp": "configs/mistral-7b-lora-2x3090-fsdp.yaml",
-}
 RESULT_PREFIX = "GPU_FIT_RESULT "
 
 
 # ------------------------------------------------------------------------------------------ the model
 
 
-def random_model_dir(name: str, cache: Path) -> Path:
-    """A local HF folder with `name`'s config, random bf16 weights and a small tokenizer (built once)."""
+def build_random_model(name: str, target: Path) -> None:
+    """A local HF folder with `name`'s config, random bf16 weights and a small tokenizer (run in a child)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zerofit.planner.shapes import hf_config
     from zerofit.tiny_llama import ensure_tiny_llama
 
-    target = cache / name.replace("/", "--")
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
-        return target
     target.mkdir(parents=True, exist_ok=True)
-    config = hf_config(name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):  # random init on the GPU: seconds instead of minutes on the CPU
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.bfloat16)
     model.save_pretrained(target, safe_serialization=True)
-    del model
     # Token ids in the benchmark are synthetic; the tokenizer only supplies a pad id.
     AutoTokenizer.from_pretrained(ensure_tiny_llama(0)).save_pretrained(target)
+
+
+def random_model_dir(name: str, cache: Path) -> Path:
+    """The random model's folder, written once by a child process (this process never touches the GPU)."""
+    target = cache / name.replace("/", "--")
+    if not ((target / "config.json").is_file() and any(target.glob("*.safetensors"))):
+        subprocess.run(
+            [sys.executable, __file__, "--build-model", name, "--model-dir", str(target)],
+            check=True,
+            cwd=REPO,
+        )
     return target
 
 
-# ------------------------------------------------------------------------------------------ one recipe
+# ------------------------------------------------------------------------------------------ one zerofit case
 
 
-def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smoke: bool) -> dict[str, Any]:
-    """Train `steps` optimizer steps of one recipe in this process; measure and compare with the planner."""
+def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke: bool) -> dict[str, Any]:
+    """Train one zerofit case in this process; measure, and compare with the planner."""
     import torch
 
     import zerofit.planner.search as search
-    from zerofit.assembly import assemble
+    from workloads import describe, run_zerofit, workload
     from zerofit.config import load_config, resolve
+    from zerofit.engine import render_spec
+    from zerofit.errors import ConfigError
     from zerofit.planner import choose_micro_batch
+    from zerofit.planner.gpus import gpu_from_device_name
+    from zerofit.planner.scenario import scenario_for
     from zerofit.planner.search import Budget, plan_memory
-    from zerofit.probe import synthetic_batch
+    from zerofit.planner.speed import predict_speed
     from zerofit.strategies.env import launch_env
-    from zerofit.train import train_step
 
+    spec = CASES[case]
     env = launch_env()
     cuda = torch.cuda.is_available() and not smoke
-    out: dict[str, Any] = {"recipe": recipe, "config": RECIPES[recipe], "cap_gib": cap_gib, "ok": False}
-    context_gib = 0.0
+    out: dict[str, Any] = {
+        "case": case,
+        "config": spec["config"],
+        "workload": spec["workload"],
+        "cap_gib": cap_gib,
+    }
+    out.update(ok=False, overrides=spec["overrides"])
+    context_gib, gpu = 0.0, None
     if cuda:
         torch.cuda.set_device(env.local_rank)
-        free0, total = torch.cuda.mem_get_info()
+        free0, total = torch.cuda.mem_get_info()  # the context exists now, no tensor yet
+        context_gib = (total - free0) / GIB
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
-        context_gib = (total - free0) / GIB  # what the CUDA context took before any tensor
         out["device"] = torch.cuda.get_device_name()
-        # `batch.micro_batch_size: auto` must plan for the capped budget, not the whole card.
+        gpu = gpu_from_device_name(out["device"])
+        # `auto` must plan for the capped budget (the card's speed, 24 GiB of memory), not the whole card.
         search.detected_gpu = lambda: (f"{out['device']} capped at {cap_gib} GiB", cap_gib)
 
     overrides = [
         "logging.wandb.mode=disabled",
+        "logging.console=false",
         f"output_dir={tempfile.mkdtemp(prefix='gpu-fit-')}",
-        f"train.max_steps={steps + 1}",
+        *spec["overrides"],
     ]
     if smoke:
         overrides += ["model.name_or_path=tiny-llama", "data.max_seq_len=64", "planner.gpu_memory_gib=1"]
     else:
         overrides.append(f"model.name_or_path={model_dir}")
-    cfg = load_config(str(REPO / RECIPES[recipe]), overrides)
-    run = assemble(resolve(cfg, env.world_size, choose_micro_batch), with_data=False)
-    cfg, plan = run.resolved.config, run.spec.plan
-    predicted = plan_memory(run.resolved, run.spec, Budget(cap_gib, f"cap {cap_gib} GiB"))
-    out.update(
-        {
-            "batch": {
-                "global": plan.global_batch_size,
-                "micro": plan.micro_batch_size,
-                "accum": plan.grad_accum_steps,
-            },
-            "seq_len": cfg.data.max_seq_len,
-            "predicted": {
-                "tensors_gib": round(predicted.estimate.tensors_gib, 3),
-                "total_gib": round(predicted.estimate.total_gib, 3),
-                "verdict": predicted.verdict,
-                "peak_phase": predicted.estimate.peak_phase,
-                "host_ram_gib": round(predicted.estimate.host_ram_gib, 1),
-            },
-        }
-    )
     try:
-        built, model, strategy = run.built, run.model, run.strategy
-        vocab = int(getattr(built.model.config, "vocab_size", 32000))
-        pad = int(built.tokenizer.pad_token_id or 0)
-        seq = cfg.data.max_seq_len
+        resolved = resolve(
+            load_config(str(REPO / spec["config"]), overrides), env.world_size, choose_micro_batch
+        )
+    except ConfigError as exc:  # e.g. `auto` finds nothing that fits: the planner's answer, recorded
+        out["error"] = str(exc)[:600]
+        return out
+    cfg, plan = resolved.config, resolved.plan
+    budget = Budget(cap_gib, f"cap {cap_gib} GiB", gpu)
+    scn = scenario_for(resolved, render_spec(resolved, "cuda" if cuda else "cpu"))
+    predicted = plan_memory(resolved, render_spec(resolved, "cuda" if cuda else "cpu"), budget)
+    out.update(
+        batch={
+            "global": plan.global_batch_size,
+            "micro": plan.micro_batch_size,
+            "accum": plan.grad_accum_steps,
+        },
+        seq_len=cfg.data.max_seq_len,
+        tokens_per_micro_batch=cfg.batch.tokens_per_micro_batch,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        cross_entropy=cfg.train.cross_entropy,
+        predicted={
+            "tensors_gib": round(predicted.estimate.tensors_gib, 3),
+            "total_gib": round(predicted.estimate.total_gib, 3),
+            "verdict": predicted.verdict,
+            "peak_phase": predicted.estimate.peak_phase,
+            "tokens_per_s": round(predict_speed(scn, gpu).tokens_per_s, 1),
+        },
+    )
+    vocab = 128 if smoke else 32000
+    examples = workload(spec["workload"], plan.global_batch_size * (steps + 1), cfg.data.max_seq_len, vocab)
+    out["data"] = describe(examples)
 
-        def one_step() -> float:
-            batches = [
-                synthetic_batch(plan.micro_batch_size, seq, vocab, pad) for _ in range(plan.grad_accum_steps)
-            ]
-            start = time.perf_counter()
-            train_step(strategy, model, batches, cfg.train.max_grad_norm)
-            if cuda:
-                torch.cuda.synchronize()
-            return time.perf_counter() - start
-
-        one_step()  # creates the optimizer state (and compiles / warms up kernels)
-        if cuda:
+    def after_step(done: int) -> None:
+        if done == 1 and cuda:  # the first step creates the optimizer state: measure the steady state
             torch.cuda.reset_peak_memory_stats()
-        times = [one_step() for _ in range(steps)]
-        tokens = plan.global_batch_size * seq  # every position is processed (one padded token aside)
-        out["tokens_per_s"] = round(tokens / (sum(times) / len(times)), 1)
-        out["step_time_s"] = round(sum(times) / len(times), 3)
+
+    try:
+        out.update(run_zerofit(resolved, examples, steps, after_step))
         if cuda:
             allocated = torch.cuda.max_memory_allocated() / GIB
             reserved = torch.cuda.max_memory_reserved() / GIB
@@ -170,6 +214,9 @@ def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smok
                 "total_over_reserved_plus_context": round(
                     predicted.estimate.total_gib / (reserved + context_gib) - 1, 4
                 ),
+                "tokens_per_s": round(
+                    out["predicted"]["tokens_per_s"] / out["processed_tokens_per_s"] - 1, 4
+                ),
             }
         out["ok"] = True
     except torch.cuda.OutOfMemoryError as exc:
@@ -177,20 +224,50 @@ def run_one(recipe: str, model_dir: str | None, cap_gib: float, steps: int, smok
         out["error"] = str(exc).splitlines()[0][:300]
         if cuda:
             out["measured"] = {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 3)}
-    finally:
-        run.close()
     return out
 
 
 # ------------------------------------------------------------------------------------------ the driver
 
 
-def _child(recipe: str, args: argparse.Namespace, model_dir: Path | None) -> dict[str, Any]:
+def _run_child(case: str, cmd: list[str]) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=REPO)
+    prefix = "HF_BASELINE " if CASES[case].get("hf") else RESULT_PREFIX
+    found = [json.loads(line[len(prefix) :]) for line in proc.stdout.splitlines() if line.startswith(prefix)]
+    if found:
+        result = {"case": case, **found[0]}
+    else:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        result = {"case": case, "ok": False, "error": " | ".join(tail)[-600:], "returncode": proc.returncode}
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    return result
+
+
+def child_command(case: str, args: argparse.Namespace, model_dir: Path | None) -> list[str]:
+    spec = CASES[case]
+    if spec.get("hf"):
+        cmd = [sys.executable, str(REPO / "benchmarks" / "hf_baseline.py"), "--workload", spec["workload"]]
+        cmd += ["--micro", str(HF_SPLIT["micro"]), "--gas", str(HF_SPLIT["gas"]), "--steps", str(args.steps)]
+        if args.smoke:
+            from zerofit.tiny_llama import ensure_tiny_llama
+
+            return [*cmd, "--model-dir", str(ensure_tiny_llama(0)), "--seq", "64", "--precision", "fp32"]
+        return [
+            *cmd,
+            "--model-dir",
+            str(model_dir),
+            "--seq",
+            str(HF_SPLIT["seq"]),
+            "--cap-gib",
+            str(args.cap_gib),
+        ]
     cmd = [
         sys.executable,
         __file__,
         "--one",
-        recipe,
+        case,
         "--cap-gib",
         str(args.cap_gib),
         "--steps",
@@ -200,55 +277,43 @@ def _child(recipe: str, args: argparse.Namespace, model_dir: Path | None) -> dic
         cmd += ["--model-dir", str(model_dir)]
     if args.smoke:
         cmd.append("--smoke")
-    nproc = 2 if recipe == "lora-2gpu-fsdp" else 1
+    nproc = spec.get("nproc", 1)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *cmd[1:]]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=REPO)
-    found = [
-        json.loads(line[len(RESULT_PREFIX) :])
-        for line in proc.stdout.splitlines()
-        if line.startswith(RESULT_PREFIX)
-    ]
-    if found:
-        result = found[0]
-    else:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        result = {
-            "recipe": recipe,
-            "ok": False,
-            "error": " | ".join(tail)[-600:],
-            "returncode": proc.returncode,
-        }
-    result["wall_s"] = round(time.perf_counter() - start, 1)
-    return result
+    return cmd
+
+
+def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
+    """zerofit / HF in useful tokens/s, for every pair that both ran."""
+    by = {r["case"]: r for r in results if r.get("ok")}
+    return {
+        f"{zf} / {hf}": round(by[zf]["useful_tokens_per_s"] / by[hf]["useful_tokens_per_s"], 3)
+        for zf, hf in RATIOS
+        if zf in by and hf in by
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="allocator cap emulating the card (GiB)")
     parser.add_argument(
-        "--steps", type=int, default=3, help="measured optimizer steps after one warm-up step"
+        "--steps", type=int, default=2, help="measured optimizer steps after one warm-up step"
     )
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list of {', '.join(CASES)}")
     parser.add_argument(
-        "--recipes", default="lora,qlora,lora-2gpu-fsdp", help=f"comma list of {', '.join(RECIPES)}"
+        "--cache", default=str(REPO / ".cache" / "gpu_fit"), help="where the random 7B model is"
     )
-    parser.add_argument(
-        "--with-offload", action="store_true", help="also run the ZeRO-3 offload recipe (~140 GiB RAM)"
-    )
-    parser.add_argument(
-        "--cache", default=str(REPO / ".cache" / "gpu_fit"), help="where the random 7B model is written"
-    )
-    parser.add_argument(
-        "--smoke", action="store_true", help="CPU + tiny-llama, to check the script without a GPU"
-    )
+    parser.add_argument("--smoke", action="store_true", help="CPU + tiny-llama, to check the script")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--build-model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.build_model:
+        build_random_model(args.build_model, Path(args.model_dir))
+        return 0
     if args.one:
-        result = run_one(args.one, args.model_dir, args.cap_gib, args.steps, args.smoke)
+        result = run_case(args.one, args.model_dir, args.cap_gib, args.steps, args.smoke)
         if int(os.environ.get("RANK", "0")) == 0:
             print(RESULT_PREFIX + json.dumps(result), flush=True)
         return 0 if result["ok"] else 3
@@ -260,43 +325,52 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_fit.py measures GPU memory and needs a CUDA device (use --smoke to check the script on CPU)"
         )
         return 2
-    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    if args.with_offload and "full-zero3-offload" not in recipes:
-        recipes.append("full-zero3-offload")
-    unknown = [r for r in recipes if r not in RECIPES]
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
     if unknown:
-        parser.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # no context is created here
     model_dirs: dict[str, Path] = {}
     results = []
-    for recipe in recipes:
-        if recipe == "lora-2gpu-fsdp" and gpus < 2 and not args.smoke:
-            results.append({"recipe": recipe, "ok": False, "skipped": f"needs 2 GPUs, {gpus} visible"})
-            continue
-        if args.smoke and recipe == "lora-2gpu-fsdp":
-            results.append({"recipe": recipe, "ok": False, "skipped": "smoke runs one process"})
+    for case in cases:
+        nproc = CASES[case].get("nproc", 1)
+        if nproc > 1 and (args.smoke or gpus < nproc):
+            results.append(
+                {
+                    "case": case,
+                    "ok": False,
+                    "skipped": f"needs {nproc} GPUs, {0 if args.smoke else gpus} used",
+                }
+            )
             continue
         model_dir = None
         if not args.smoke:
             from zerofit.config import load_config
 
-            base = load_config(str(REPO / RECIPES[recipe]), []).model.name_or_path
+            base = (
+                BASE_MODEL
+                if CASES[case].get("hf")
+                else load_config(str(REPO / CASES[case]["config"])).model.name_or_path
+            )
             if base not in model_dirs:
                 model_dirs[base] = random_model_dir(base, Path(args.cache))
             model_dir = model_dirs[base]
-        print(f"[gpu_fit] {recipe} ...", flush=True)
-        results.append(_child(recipe, args, model_dir))
+        print(f"[gpu_fit] {case} ...", flush=True)
+        results.append(_run_child(case, child_command(case, args, model_dir)))
         print(f"[gpu_fit] {json.dumps(results[-1])}", flush=True)
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    device = results[0].get("device", "cpu") if results else "cpu"
+    device = next((r["device"] for r in results if r.get("device")), device)
     report = {
         "script": "benchmarks/gpu_fit.py",
+        "command": "python benchmarks/gpu_fit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": device,
         "torch": torch.__version__,
         "cap_gib": args.cap_gib,
         "steps": args.steps,
         "smoke": args.smoke,
+        "ratios_useful_tokens_per_s": ratios(results),
         "results": results,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -307,12 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         pred, meas = r.get("predicted", {}), r.get("measured", {})
         print(
-            f"  {r['recipe']:20s} ok={r.get('ok')} predicted {pred.get('tensors_gib', '-')} GiB tensors / "
-            f"{pred.get('total_gib', '-')} total; measured {meas.get('peak_allocated_gib', '-')} allocated / "
-            f"{meas.get('reserved_plus_context_gib', '-')} reserved+context; {r.get('tokens_per_s', '-')} tok/s"
+            f"  {r['case']:15s} ok={r.get('ok')} useful {r.get('useful_tokens_per_s', '-')} tok/s "
+            f"(processed {r.get('processed_tokens_per_s', '-')}); predicted {pred.get('tensors_gib', '-')} GiB "
+            f"tensors / {pred.get('total_gib', '-')} total; measured {meas.get('peak_allocated_gib', meas.get('peak_allocated_gib', '-'))} "
+            f"allocated / {meas.get('reserved_plus_context_gib', r.get('peak_reserved_gib', '-'))} reserved(+context)"
             + (f"  [{r.get('skipped') or r.get('error')}]" if not r.get("ok") else "")
         )
-    return 0 if all(r.get("ok") or r.get("skipped") for r in results) else 1
+    for pair, value in report["ratios_useful_tokens_per_s"].items():
+        print(f"  zerofit / HF, useful tokens/s, {pair}: {value:.2f}x")
+    return 0 if all(r.get("ok") or r.get("skipped") or r["case"] == "lora-nockpt" for r in results) else 1
 
 
 if __name__ == "__main__":

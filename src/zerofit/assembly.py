@@ -23,6 +23,7 @@ import torch
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.data import DataStats, Example, GlobalBatchSampler, load_sft_dataset
 from zerofit.engine import EngineSpec, render_spec
+from zerofit.errors import LaunchError
 from zerofit.loss import IGNORE_INDEX
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.model import BuiltModel, build_model, load_tokenizer
@@ -94,6 +95,8 @@ class PreparedRun:
             log_every=cfg.logging.log_every,
             flops_per_token=self.flops_per_token,
             precision=cfg.train.precision,
+            cross_entropy=cfg.train.cross_entropy,
+            packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
         )
 
     def record(self) -> dict[str, Any]:
@@ -160,6 +163,12 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
     try:
         resolved = claim_run_dir(resolved, strategy)
         cfg = resolved.config
+        if cfg.train.cross_entropy == "liger" and strategy.device.type != "cuda":
+            raise LaunchError(
+                f"train.cross_entropy = 'liger' runs Triton kernels on CUDA, and this rank trains on "
+                f"{strategy.device}; use train.cross_entropy=chunked (the default: the same token sums in "
+                "pure PyTorch)"
+            )
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)
         data = _load_data(resolved, tokenizer) if with_data else None

@@ -3,17 +3,44 @@
 The loop (`zerofit.train`) divides these sums by the valid label tokens of the whole global batch; the
 planner's trace (`zerofit.planner.trace`) runs the same ops to measure their memory. Labels are unshifted
 (HF-style): token t's logits predict label t+1, and `IGNORE_INDEX` marks positions the loss skips
-(bos, prompt tokens, padding).
+(bos, prompt tokens, padding, the first token of every packed document).
+
+Three implementations of the same sum (`train.cross_entropy`):
+
+- `chunked` (default): a custom autograd function that walks the tokens in chunks, so the fp32 upcast of
+  the logits, the log-probabilities and their fp32 gradient only ever exist for one chunk
+  (`chunk_tokens(vocab)` rows, ~128 MiB of fp32); the gradient it hands back is in the logits' dtype.
+  Unchunked, a micro-batch of 4 x 1024 tokens with a 32k vocabulary holds 0.49 GiB of fp32
+  log-probabilities and 0.98 GiB of fp32 gradients at once (13.7 of 31.4 GiB of tensors for Llama-3-8B's
+  128k vocabulary at 4 x 2048).
+- `unchunked`: `F.cross_entropy` on the fp32 upcast of every logit (the reference the tests compare with).
+- `liger`: Liger-Kernel's Triton cross-entropy (CUDA only, `pip install liger-kernel`), which writes the
+  gradient into the logits' own storage in forward.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IGNORE_INDEX", "count_label_tokens", "token_sum_loss"]
+__all__ = [
+    "CROSS_ENTROPY_IMPLS",
+    "IGNORE_INDEX",
+    "chunk_tokens",
+    "chunked_token_sum_loss",
+    "count_label_tokens",
+    "liger_available",
+    "shifted_targets",
+    "token_sum_loss",
+]
 
 IGNORE_INDEX = -100  # label value the loss skips (bos, prompt tokens, padding)
+CROSS_ENTROPY_IMPLS = ("chunked", "unchunked", "liger")
+# fp32 bytes of one chunk of logits: small next to a 7B step, large enough that a handful of chunks cover
+# a micro-batch (32k vocabulary: 1,048 tokens per chunk; 128k: 261).
+CHUNK_FP32_BYTES = 2**27
 
 
 def count_label_tokens(labels: torch.Tensor) -> int:
@@ -22,13 +49,108 @@ def count_label_tokens(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk of the chunked loss: `CHUNK_FP32_BYTES` of fp32 logits."""
+    return max(1, CHUNK_FP32_BYTES // (4 * vocab_size))
+
+
+def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
+    """The target of every position, flattened: label t+1 at position t, IGNORE_INDEX at each row's end.
+
+    Shifting the labels instead of the logits keeps the logits a free `view(-1, vocab)` (slicing off the
+    last position would copy all of them); the last position's gradient is simply zero.
+    """
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[:, :-1] = labels[:, 1:]
+    return targets.reshape(-1)
+
+
+class _ChunkedCrossEntropySum(torch.autograd.Function):
+    """Sum of cross-entropy over valid targets, computed chunk by chunk in fp32.
+
+    Forward keeps only each row's log-sum-exp (fp32, one number per token) besides the logits themselves;
+    backward recomputes softmax one chunk at a time and writes the gradient in the logits' dtype.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        n = logits.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for start in range(0, n, chunk):
+            x = logits[start : start + chunk].float()
+            t = targets[start : start + chunk]
+            valid = t != IGNORE_INDEX
+            lse_c = torch.logsumexp(x, dim=-1)
+            picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+            total += torch.where(valid, lse_c - picked, 0.0).sum()
+            lse[start : start + chunk] = lse_c
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk = chunk
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        scale = grad_out.float()
+        for start in range(0, logits.shape[0], ctx.chunk):
+            stop = start + ctx.chunk
+            t = targets[start:stop]
+            valid = t != IGNORE_INDEX
+            # softmax - one_hot(target), for valid rows only, times the incoming gradient.
+            # bf16/fp16 minus fp32 promotes to one new fp32 tensor (no separate upcast copy).
+            g = torch.sub(logits[start:stop], lse[start:stop, None]).exp_()
+            g.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(lse[start:stop, None], -1.0))
+            g.mul_((valid.float() * scale).unsqueeze(1))
+            grad[start:stop] = g
+        return grad, None, None
+
+
+def chunked_token_sum_loss(
+    logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
+    """`token_sum_loss` with the chunked custom autograd function (see the module docstring)."""
+    vocab = logits.size(-1)
+    flat = logits.reshape(-1, vocab)  # a view: the model's logits are contiguous
+    targets = shifted_targets(labels.to(logits.device))
+    return _ChunkedCrossEntropySum.apply(flat, targets, chunk or chunk_tokens(vocab))
+
+
+def liger_available() -> bool:
+    """True when Liger-Kernel can be imported (it needs Triton and a CUDA device to run)."""
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _liger_token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.transformers import LigerCrossEntropyLoss
+
+    vocab = logits.size(-1)
+    targets = shifted_targets(labels.to(logits.device))
+    loss = LigerCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss(logits.reshape(-1, vocab), targets).float()
+
+
+def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chunked") -> torch.Tensor:
     """Sum (not mean) of next-token cross-entropy over valid labels, in fp32.
 
-    A batch with no valid label gives a zero sum that still carries a graph, so every rank runs the same
-    backward. The count that normalizes it is `count_label_tokens`, taken once per window on the host (no
-    device sync per micro-step).
+    `impl` is `train.cross_entropy` (chunked, unchunked or liger: the same sum). A batch with no valid
+    label gives a zero sum that still carries a graph, so every rank runs the same backward. The count that
+    normalizes it is `count_label_tokens`, taken once per window on the host (no device sync per
+    micro-step).
     """
+    if impl == "chunked":
+        return chunked_token_sum_loss(logits, labels)
+    if impl == "liger":
+        return _liger_token_sum_loss(logits, labels)
+    if impl != "unchunked":
+        raise ValueError(
+            f"unknown cross-entropy implementation {impl!r}; expected one of {CROSS_ENTROPY_IMPLS}"
+        )
     shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
     shift_labels = labels[:, 1:].reshape(-1).to(shift_logits.device)
     return F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")

@@ -1,12 +1,12 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
     resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    -> use_cache off -> train mode
+    (the first n decoder layers) -> use_cache off -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
 The order matters: quantization happens at load time; k-bit preparation freezes the base and upcasts
 what is not quantized before peft adds adapters; checkpointing is enabled on the Hugging Face model
-underneath peft so each decoder layer is recomputed (non-reentrant) in backward.
+underneath peft so each checkpointed decoder layer is recomputed (non-reentrant) in backward.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from zerofit.catalogue import TINY_LLAMA
+from zerofit.checkpointing import checkpointed_layers, enable_activation_checkpointing
 from zerofit.config.schema import ZerofitConfig
 from zerofit.lora import apply_lora, lora_config
 from zerofit.precision import tensor_dtypes, torch_dtype
@@ -144,13 +145,12 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         config = lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
         model = apply_lora(model, config, seed=cfg.seed)
 
-    # 5. Activation checkpointing, non-reentrant (the reentrant variant needs inputs that require grad and
-    #    breaks with frozen embeddings). transformers 5 names it `activation_checkpointing_enable` (the old
-    #    `gradient_checkpointing_enable` is a deprecated alias) and makes embedding outputs require grad.
-    if cfg.train.activation_checkpointing:
-        _hf_model(model).activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+    # 5. Activation checkpointing of the first n decoder layers (`true`: all of them), non-reentrant: the
+    #    reentrant variant needs inputs that require grad and breaks with frozen embeddings
+    #    (`zerofit.checkpointing`; transformers 5 makes the embedding output require grad itself).
+    hf = _hf_model(model)
+    n_ckpt = checkpointed_layers(cfg.train.activation_checkpointing, hf.config.num_hidden_layers)
+    enable_activation_checkpointing(hf, n_ckpt)
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.

@@ -160,7 +160,7 @@ def _child(config_json: str, micro: int) -> int:
             batches = [
                 synthetic_batch(micro, cfg.data.max_seq_len, vocab, pad) for _ in range(plan.grad_accum_steps)
             ]
-            train_step(run.strategy, run.model, batches, cfg.train.max_grad_norm)
+            train_step(run.strategy, run.model, batches, cfg.train.max_grad_norm, cfg.train.cross_entropy)
         torch.cuda.synchronize()
         result["ok"] = True
     except torch.cuda.OutOfMemoryError as exc:

@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -109,6 +109,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"  data         {cfg.data.path}: {stats.n_examples:,} examples ({stats.n_truncated} truncated to "
         f"{cfg.data.max_seq_len} tokens, {stats.n_dropped} dropped), {sampler.steps_per_epoch} steps/epoch",
         f"  grad sync    {spec.describe_grad_sync()}",
+        f"  compute      {describe_compute(cfg, built.model)}",
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {s.name} schedule, warmup {s.warmup_steps}",
         f"  steps        {t.max_steps} optimizer steps (~{epochs:.2f} epochs)",
         f"  run dir      {resolved.run_dir}",
@@ -119,6 +120,23 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
             "of every epoch's order are not trained on (set train.partial_window=normalize to use them)"
         )
     return "\n".join(lines)
+
+
+def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
+    """Checkpointing (as resolved: `auto` is a number by now), the loss, and the token budget if any."""
+    from zerofit.checkpointing import checkpointed_layers, describe_checkpointing
+
+    layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
+    n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
+    text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {cfg.train.cross_entropy} cross-entropy"
+    tokens = cfg.batch.tokens_per_micro_batch
+    if tokens is not None:
+        rows = cfg.batch.micro_batch_size
+        text += (
+            f", token budget {tokens} per micro-batch ({rows} packed rows of {cfg.data.max_seq_len}; "
+            "micro = rows, accum = at most)"
+        )
+    return text
 
 
 def loss_summary(losses: list[float]) -> str:

@@ -3,8 +3,9 @@
     train_step: count the window's valid label tokens on this rank -> all-reduce once (before any
                 backward) -> per micro-step: forward, token *sum* / global tokens (x the engine's gradient
                 divide factor), backward (sync only on the last) -> clip once, step once -> loss.
-    train_loop: for each optimizer step: this rank's micro-batches of global batch `step` -> train_step ->
-                metrics (docs/contracts.md, metrics.jsonl) -> periodic checkpoint.
+    train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
+                of examples each, or packed rows under a token budget) -> train_step -> metrics
+                (docs/contracts.md, metrics.jsonl) -> periodic checkpoint.
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
 normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
@@ -19,7 +20,15 @@ from typing import Any, Protocol
 import torch
 
 from zerofit.batching import BatchPlan
-from zerofit.data import Example, GlobalBatchSampler, collate, split_global_batch
+from zerofit.data import (
+    Example,
+    GlobalBatchSampler,
+    collate,
+    collate_packed,
+    model_inputs,
+    packed_micro_batches,
+    split_global_batch,
+)
 from zerofit.loss import count_label_tokens, token_sum_loss
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
@@ -30,12 +39,14 @@ from zerofit.strategies.base import Strategy
 @dataclass(frozen=True)
 class StepResult:
     """What one optimizer step did: global token-mean loss, pre-clip grad norm, global valid label tokens,
-    and global input tokens (padding and prompts included: what the model computed on, for MFU)."""
+    global input tokens (prompts included, padding not: the useful tokens the model computed on, for MFU)
+    and global processed tokens (every position of every micro-batch, padding included)."""
 
     loss: float
     grad_norm: float
     tokens: int
     input_tokens: int
+    processed_tokens: int = 0
 
 
 def train_step(
@@ -43,18 +54,23 @@ def train_step(
     model: torch.nn.Module,
     micro_batches: list[dict[str, torch.Tensor]],
     max_grad_norm: float | None,
+    cross_entropy: str = "chunked",
 ) -> StepResult:
-    """One global batch: this rank's `micro_batches` (exactly grad_accum_steps of them), one optimizer step."""
+    """One global batch: this rank's `micro_batches` (as many as every other rank's), one optimizer step.
+
+    `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.loss`).
+    """
     # 1. The normalizer: valid label tokens of the whole global batch, over all ranks, before any backward
-    #    (input tokens ride along in the same all-reduce, for throughput accounting).
+    #    (useful and processed input tokens ride along in the same all-reduce, for throughput accounting).
     local = torch.tensor(
         [
             sum(count_label_tokens(b["labels"]) for b in micro_batches),
             sum(int(b["attention_mask"].sum()) for b in micro_batches),
+            sum(b["input_ids"].numel() for b in micro_batches),
         ],
         dtype=torch.int64,
     )
-    tokens, input_tokens = (int(x) for x in strategy.all_reduce_sum(local))
+    tokens, input_tokens, processed_tokens = (int(x) for x in strategy.all_reduce_sum(local))
     # 2. The one place that scales the loss: by the global token count, and back up by what the engine
     #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
     #    gradient of (sum of token losses) / tokens. max(., 1): an all-masked window contributes zero.
@@ -63,18 +79,14 @@ def train_step(
     local_loss_sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
     for j, batch in enumerate(micro_batches):
         with strategy.accumulate(is_last=j == len(micro_batches) - 1):
-            logits = model(
-                input_ids=batch["input_ids"].to(strategy.device),
-                attention_mask=batch["attention_mask"].to(strategy.device),
-                use_cache=False,
-            ).logits
-            loss_sum = token_sum_loss(logits, batch["labels"])
+            logits = model(**model_inputs(batch, strategy.device), use_cache=False).logits
+            loss_sum = token_sum_loss(logits, batch["labels"], cross_entropy)
             strategy.backward(loss_sum * scale)
         local_loss_sum += loss_sum.detach().double()
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
     loss = float(strategy.all_reduce_sum(local_loss_sum)) / max(tokens, 1)
-    return StepResult(loss=loss, grad_norm=grad_norm, tokens=tokens, input_tokens=input_tokens)
+    return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens)
 
 
 class Checkpointing(Protocol):
@@ -100,14 +112,30 @@ class TrainRun:
     log_every: int = 1
     flops_per_token: float | None = None  # model FLOPs per trained token, for MFU (None: not reported)
     precision: str = "bf16"
+    cross_entropy: str = "chunked"
+    packed_row_tokens: int | None = None  # token budget: rows of this many tokens (data.max_seq_len)
 
 
 def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
-    """This rank's collated micro-batches of global batch `step`, and the global batch's sample count."""
+    """This rank's collated micro-batches of global batch `step`, and the global batch's sample count.
+
+    Without a token budget: `grad_accum_steps` micro-batches of `micro_batch_size` examples. With one
+    (`packed_row_tokens`): packed rows, `micro_batch_size` rows per micro-batch, as many micro-batches as
+    the rank that needs the most (at most `grad_accum_steps`).
+    """
     indices = run.sampler.batch_indices(step)
-    p = run.plan
-    mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, run.strategy.rank)
-    return [collate([run.examples[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+    p, rank = run.plan, run.strategy.rank
+    if run.packed_row_tokens is None:
+        mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank)
+        return [collate([run.examples[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+    lengths = {i: len(run.examples[i].input_ids) for i in indices}
+    packed = packed_micro_batches(
+        indices, lengths, p.micro_batch_size, run.packed_row_tokens, p.dp_size, rank
+    )
+    micro_batches = [
+        collate_packed([[run.examples[i] for i in row] for row in rows], run.pad_id) for rows in packed
+    ]
+    return micro_batches, len(indices)
 
 
 def step_metrics(
@@ -123,7 +151,8 @@ def step_metrics(
             step_time_s=seconds,
             tokens=result.tokens,
             samples=samples,
-            processed_tokens=result.input_tokens,
+            useful_tokens=result.input_tokens,
+            processed_tokens=result.processed_tokens,
             flops_per_token=run.flops_per_token,
             device=run.strategy.device,
             world_size=run.plan.dp_size,
@@ -150,7 +179,7 @@ def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
         started = time.perf_counter()
         micro_batches, samples = rank_micro_batches(run, step)
         lr = run.strategy.current_lr()  # the LR this step's update uses
-        result = train_step(run.strategy, run.model, micro_batches, run.max_grad_norm)
+        result = train_step(run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy)
         seconds = time.perf_counter() - started
         results.append(result)
         steps_done = step + 1

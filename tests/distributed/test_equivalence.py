@@ -5,6 +5,8 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
 
     (micro 8, GAS 1, single)  (micro 2, GAS 4, single)  (micro 2, GAS 2, dp 2) on DeepSpeed ZeRO-0/2/3
     (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
+    token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
+    micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
 
 through the real launchers (python, deepspeed, torchrun; gloo). Over 4 optimizer steps the per-step losses
 (metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
@@ -41,6 +43,8 @@ SPLITS = [
     Launch("zero3", "deepspeed", ("distributed.preset=zero3", "batch.micro_batch_size=2")),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
     Launch("ddp", "torchrun", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
+    Launch("zero2-packed", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
+    Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
 ]
 EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "single-m8": (8, 1, 1),
@@ -50,6 +54,8 @@ EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "zero3": (2, 2, 2),
     "fsdp": (1, 4, 2),
     "ddp": (2, 2, 2),
+    "zero2-packed": (2, 2, 2),  # rows per micro-batch, the most micro-steps, dp
+    "fsdp-packed": (1, 4, 2),
 }
 
 
@@ -104,6 +110,24 @@ def test_losses_and_tokens_agree_with_one_big_batch(runs: dict[str, RunResult], 
     ref, run = runs["single-m8"], runs[name]
     assert run.series("tokens") == ref.series("tokens")
     assert _max_diff(run.series("loss"), ref.series("loss")) < TOL, (run.series("loss"), ref.series("loss"))
+
+
+def test_packed_runs_computed_less_padding(runs: dict[str, RunResult]) -> None:
+    """The token budget packs the same examples into fewer processed positions (padding is what it saves)."""
+    padded, packed = runs["zero2"], runs["zero2-packed"]
+    assert packed.series("tokens") == padded.series("tokens")
+    # (The partial window is left out: there the padded run's empty micro-batches count a pad token each.)
+    full_windows = [
+        (a, b) for a, b in zip(padded.metrics, packed.metrics, strict=True) if not a["partial_window"]
+    ]
+    assert len(full_windows) == STEPS - 1
+    for a, b in full_windows:
+        processed = (
+            a["processed_tokens_per_s"] * a["step_time_s"],
+            b["processed_tokens_per_s"] * b["step_time_s"],
+        )
+        useful = (a["useful_tokens_per_s"] * a["step_time_s"], b["useful_tokens_per_s"] * b["step_time_s"])
+        assert useful[0] == pytest.approx(useful[1], rel=1e-6) and processed[1] < processed[0]
 
 
 @pytest.mark.parametrize("name", [launch.name for launch in SPLITS[1:]])

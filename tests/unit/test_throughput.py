@@ -41,10 +41,13 @@ def test_mfu_with_a_known_gpu_peak(monkeypatch: pytest.MonkeyPatch) -> None:
         step_time_s=1.0,
         tokens=2000,
         samples=8,
-        processed_tokens=2500,
+        useful_tokens=2500,
+        processed_tokens=4000,
         flops_per_token=2.84e10,
         device=gpu,
         world_size=2,
     )
-    assert fields["mfu"] == pytest.approx(0.5)  # processed tokens (incl. padding) feed MFU
+    assert fields["mfu"] == pytest.approx(0.5)  # useful input tokens (prompts, not padding) feed MFU
     assert fields["tokens_per_s"] == 2000.0
+    # Label, useful and processed tokens are three rates: padding costs 4000 / 2500 here.
+    assert (fields["useful_tokens_per_s"], fields["processed_tokens_per_s"]) == (2500.0, 4000.0)

@@ -50,6 +50,7 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
         "samples_per_optimizer_step": plan.global_batch_size,
         "samples_per_rank_per_optimizer_step": plan.samples_per_rank,
         "max_tokens_per_optimizer_step": plan.global_batch_size * max_seq_len,
+        "tokens_per_micro_batch": resolved.config.batch.tokens_per_micro_batch,
         "tokens_note": (
             f"upper bound: global_batch_size x data.max_seq_len ({plan.global_batch_size} x {max_seq_len}); "
             "the loss averages over the valid label tokens actually present, which padding and prompt masking "
@@ -115,8 +116,23 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     table.add_column("value", justify="right")
     table.add_column("meaning")
     table.add_row("global_batch_size", str(b["global_batch_size"]), "samples per optimizer step")
-    table.add_row("micro_batch_size", str(b["micro_batch_size"]), "samples per forward/backward, per rank")
-    table.add_row("grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step")
+    if b.get("tokens_per_micro_batch"):
+        table.add_row(
+            "tokens_per_micro_batch",
+            str(b["tokens_per_micro_batch"]),
+            f"token budget: whole examples packed into {b['micro_batch_size']} rows of data.max_seq_len",
+        )
+        table.add_row(
+            "micro_batch_size", str(b["micro_batch_size"]), "packed rows per forward/backward, per rank"
+        )
+        table.add_row(
+            "grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step, at most"
+        )
+    else:
+        table.add_row(
+            "micro_batch_size", str(b["micro_batch_size"]), "samples per forward/backward, per rank"
+        )
+        table.add_row("grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step")
     table.add_row("dp_size", str(b["dp_size"]), "data-parallel ranks (the launcher's world size)")
     table.add_row(
         "samples / rank / step", str(b["samples_per_rank_per_optimizer_step"]), "micro x accum, on each rank"

@@ -2,9 +2,11 @@
 
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
-`batch.micro_batch_size=auto` is decided here too, by the micro-batch chooser the caller passes in (the
-memory planner's, `zerofit.planner.choose_micro_batch`): the config layer sits below the planner and
-never imports it.
+`auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`) is
+decided here too, by the plan chooser the caller passes in (the memory planner's,
+`zerofit.planner.choose_micro_batch`): the config layer sits below the planner and never imports it.
+A token budget (`batch.tokens_per_micro_batch`) is a micro-batch of packed rows: tokens / max_seq_len
+rows, which is what `batch.micro_batch_size` holds after `resolve()`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,22 @@ from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
+from zerofit.loss import liger_available
 from zerofit.presets import DEFAULT_PRESET, list_presets
 
-# `batch.micro_batch_size=auto`: (config, world size) -> the micro-batch to use; raises ConfigError.
-MicroBatchChooser = Callable[[ZerofitConfig, int], int]
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """What the planner decides for the `auto` keys: the micro-batch (rows of packed tokens under a token
+    budget) and the decoder layers to checkpoint (`true`, `false` or a number)."""
+
+    micro_batch_size: int
+    activation_checkpointing: bool | int
+
+
+# `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
+PlanChooser = Callable[[ZerofitConfig, int], PlanChoice]
+MicroBatchChooser = PlanChooser  # the name callers have used since `micro_batch_size=auto`
 
 
 @dataclass(frozen=True)
@@ -96,13 +110,98 @@ def _check_positive(problems: list[str], **values: float | int | None) -> None:
             problems.append(f"{key.replace('__', '.')} = {value!r}: must be > 0")
 
 
+def micro_batch_setting(cfg: ZerofitConfig, problems: list[str] | None = None) -> int | str | None:
+    """`batch.micro_batch_size`, or under a token budget the rows per micro-batch it gives (`auto` stays
+    `auto`). Problems with the token budget are appended to `problems` (and give None)."""
+    b, seq = cfg.batch, cfg.data.max_seq_len
+    tokens = b.tokens_per_micro_batch
+    if tokens is None:
+        return b.micro_batch_size
+    found = problems if problems is not None else []
+    if b.micro_batch_size is not None:
+        found.append(
+            f"batch.tokens_per_micro_batch = {tokens!r} and batch.micro_batch_size = {b.micro_batch_size!r}: a "
+            "token budget decides the micro-batch (tokens / data.max_seq_len packed rows), so set one of them"
+        )
+        return None
+    if tokens == "auto":
+        return "auto"
+    if tokens <= 0 or seq <= 0 or tokens % seq:
+        lower, upper = max(seq, tokens // max(seq, 1) * seq), (tokens // max(seq, 1) + 1) * seq
+        found.append(
+            f"batch.tokens_per_micro_batch = {tokens}: examples are packed into rows of data.max_seq_len = {seq} "
+            f"tokens, so the budget must be a positive multiple of {seq} (e.g. {lower} or {upper})"
+        )
+        return None
+    return tokens // seq
+
+
+def _resolve_batch(
+    cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, problems: list[str]
+) -> tuple[BatchPlan | None, PlanChoice | None]:
+    """The exact split (and, where a key is `auto`, the planner's choice), or problems appended."""
+    b = cfg.batch
+    micro = micro_batch_setting(cfg, problems)
+    ckpt = cfg.train.activation_checkpointing
+    if not isinstance(ckpt, (bool, str)) and ckpt < 0:
+        problems.append(
+            f"train.activation_checkpointing = {ckpt}: the number of checkpointed decoder layers must be >= 0 "
+            "(or true, false, auto)"
+        )
+    if micro is None and b.tokens_per_micro_batch is not None:
+        return None, None  # the token budget's problem is already reported
+    autos = [
+        key
+        for key, value in (
+            ("batch.micro_batch_size", b.micro_batch_size),
+            ("batch.tokens_per_micro_batch", b.tokens_per_micro_batch),
+            ("train.activation_checkpointing", ckpt),
+        )
+        if value == "auto"
+    ]
+    if not autos:
+        try:
+            return solve_batch(world_size, b.global_batch_size, micro, b.grad_accum_steps), None  # type: ignore[arg-type]
+        except BatchConfigError as exc:
+            problems.append(_batch_problem(cfg, exc))
+            return None, None
+    if chooser is None:
+        problems.append(
+            f"{' and '.join(autos)} = 'auto' needs the memory planner to choose it, and this entry point has "
+            "none; set a value instead of auto"
+        )
+        return None, None
+    if problems:  # the planner renders the engine: only for an engine choice that is valid
+        return None, None
+    try:
+        choice = chooser(cfg, world_size)
+        return solve_batch(world_size, b.global_batch_size, choice.micro_batch_size, None), choice
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    except BatchConfigError as exc:
+        problems.append(_batch_problem(cfg, exc))
+    return None, None
+
+
+def _batch_problem(cfg: ZerofitConfig, exc: BatchConfigError) -> str:
+    """A batch split error, said in the token budget's terms when that is what the user set."""
+    tokens, seq = cfg.batch.tokens_per_micro_batch, cfg.data.max_seq_len
+    if tokens is None:
+        return f"batch: {exc}"
+    return (
+        f"batch: batch.tokens_per_micro_batch = {tokens} packs {seq}-token rows, {tokens // seq if isinstance(tokens, int) else 'auto'} "
+        f"per micro-batch, and the micro-batch counts rows here (multiply a valid micro_batch_size by {seq} "
+        f"for a valid token budget): {exc}"
+    )
+
+
 def resolve(
-    config: ZerofitConfig, world_size: int, choose_micro_batch: MicroBatchChooser | None = None
+    config: ZerofitConfig, world_size: int, choose_micro_batch: PlanChooser | None = None
 ) -> ResolvedConfig:
     """Validate `config` for a launch of `world_size` ranks and fill every derived value.
 
-    `choose_micro_batch` decides `batch.micro_batch_size=auto` (without one, `auto` is refused). Raises
-    one `ConfigError` listing every problem found.
+    `choose_micro_batch` (the planner's plan chooser) decides every `auto` key (without one, `auto` is
+    refused). Raises one `ConfigError` listing every problem found.
     """
     cfg = config.model_copy(deep=True)
     problems: list[str] = []
@@ -144,27 +243,7 @@ def resolve(
             problems.append(f"distributed.ds_config = {cfg.distributed.ds_config!r}: file does not exist")
 
     # Batch: exact split for this world size; `auto` is the planner's to decide.
-    b = cfg.batch
-    plan: BatchPlan | None = None
-    if b.micro_batch_size == "auto":
-        if choose_micro_batch is None:
-            problems.append(
-                "batch.micro_batch_size = 'auto' needs the memory planner to choose it, and this entry point "
-                "has none; pass an integer batch.micro_batch_size"
-            )
-        elif not problems:  # the planner renders the engine: only for an engine choice that is valid
-            try:
-                micro = choose_micro_batch(cfg, world_size)
-                plan = solve_batch(world_size, b.global_batch_size, micro, None)
-            except ConfigError as exc:
-                problems.extend(exc.problems)
-            except BatchConfigError as exc:
-                problems.append(f"batch: {exc}")
-    else:
-        try:
-            plan = solve_batch(world_size, b.global_batch_size, b.micro_batch_size, b.grad_accum_steps)
-        except BatchConfigError as exc:
-            problems.append(f"batch: {exc}")
+    plan, choice = _resolve_batch(cfg, world_size, choose_micro_batch, problems)
 
     t, o, s, d = cfg.train, cfg.optimizer, cfg.scheduler, cfg.data
     _check_positive(
@@ -219,9 +298,20 @@ def resolve(
     if name != TINY_LLAMA and name.startswith((".", "/")) and not Path(name).is_dir():
         problems.append(f"model.name_or_path = {name!r}: local model folder does not exist")
 
+    if t.cross_entropy == "liger" and not liger_available():
+        problems.append(
+            "train.cross_entropy = 'liger' needs Liger-Kernel, which is not installed here (it runs on CUDA "
+            "only: pip install liger-kernel); use train.cross_entropy=chunked (the default: pure PyTorch, "
+            "the same token sums, no full fp32 logits)"
+        )
+
     if problems or plan is None:
         raise ConfigError(problems)
 
+    if choice is not None and t.activation_checkpointing == "auto":
+        cfg.train.activation_checkpointing = choice.activation_checkpointing
+    if cfg.batch.tokens_per_micro_batch is not None:
+        cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * d.max_seq_len
     cfg.batch.global_batch_size = plan.global_batch_size
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps

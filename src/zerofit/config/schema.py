@@ -48,6 +48,11 @@ class BatchSection(_Section):
     global_batch_size: int | None = None
     micro_batch_size: int | Literal["auto"] | None = None
     grad_accum_steps: int | None = Field(None, description="Normally derived from the other two.")
+    tokens_per_micro_batch: int | Literal["auto"] | None = Field(
+        None,
+        description="Token budget of a micro-batch: pack whole examples into rows of data.max_seq_len "
+        "tokens, tokens_per_micro_batch / max_seq_len rows per micro-batch (replaces micro_batch_size).",
+    )
 
 
 class DistributedSection(_Section):
@@ -65,7 +70,12 @@ class TrainSection(_Section):
 
     max_steps: int = Field(20, description="Optimizer steps (not micro-steps).")
     precision: Precision = "bf16"
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | int | Literal["auto"] = Field(
+        False, description="true, false, the number of decoder layers to recompute (the first n), or auto."
+    )
+    cross_entropy: Literal["chunked", "unchunked", "liger"] = Field(
+        "chunked", description="How the loss runs over the vocabulary (zerofit.loss); the same token sums."
+    )
     max_grad_norm: float | None = Field(1.0, description="Clip after the window; null or 0 disables.")
     partial_window: Literal["drop", "normalize"] = "drop"
 

@@ -1,7 +1,8 @@
-"""Training data: records (`sft.py`: read, tokenize, mask) and global batches (`batches.py`: order, split,
-collate)."""
+"""Training data: records (`sft.py`: read, tokenize, mask), global batches (`batches.py`: order, split,
+collate) and token-budget micro-batches (`packing.py`: pack whole examples into rows)."""
 
-from zerofit.data.batches import GlobalBatchSampler, collate, split_global_batch
+from zerofit.data.batches import GlobalBatchSampler, collate, model_inputs, split_global_batch
+from zerofit.data.packing import collate_packed, packed_micro_batches
 from zerofit.data.sft import DataStats, Example, load_sft_dataset, tokenize_example
 from zerofit.loss import IGNORE_INDEX
 
@@ -11,7 +12,10 @@ __all__ = [
     "Example",
     "GlobalBatchSampler",
     "collate",
+    "collate_packed",
     "load_sft_dataset",
+    "model_inputs",
+    "packed_micro_batches",
     "split_global_batch",
     "tokenize_example",
 ]

@@ -137,3 +137,16 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         attention_mask[i, :n] = 1
         labels[i, :n] = torch.tensor(e.labels, dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The model's keyword arguments for a collated micro-batch, on `device`.
+
+    A padded batch (`collate`) passes its attention mask. A packed batch (`zerofit.data.packing`) passes
+    its position ids and no mask: transformers then keeps attention within each document (it reads the
+    documents off the restarting position ids, which it only does when no 2-D mask is given and no KV cache
+    exists: call the model with `use_cache=False`, as `train_step` does).
+    """
+    if "position_ids" in batch:
+        return {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
+    return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}

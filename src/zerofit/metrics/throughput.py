@@ -11,7 +11,11 @@ FLOPs per trained token (stated, because every framework counts differently):
 so full fine-tuning gives the familiar 6N (+ attention) and LoRA about 4N. N counts the matmul weights
 (embedding lookups are not multiplies, but a tied or untied LM head is). Recomputation under activation
 checkpointing is *not* counted: that is MFU, not hardware FLOPs utilization. MFU uses every token the
-model processed (padding and prompt included), not only the valid label tokens of the loss.
+model computed on usefully (prompts included, padding not), not only the valid label tokens of the loss.
+
+Three token rates per step: `tokens_per_s` (valid label tokens: what the loss learns from),
+`useful_tokens_per_s` (input tokens that are not padding) and `processed_tokens_per_s` (every position of
+every micro-batch, padding included): their ratio is what padding costs, and what packing saves.
 """
 
 from __future__ import annotations
@@ -62,24 +66,31 @@ def throughput_fields(
     step_time_s: float,
     tokens: float,
     samples: float,
+    useful_tokens: float | None = None,
     processed_tokens: float | None = None,
     flops_per_token: float | None = None,
     device: torch.device | None = None,
     world_size: int = 1,
     precision: str = "bf16",
 ) -> dict[str, float]:
-    """`tokens_per_s` (valid label tokens), `samples_per_s`, `step_time_s`, and `mfu` where known.
+    """`tokens_per_s` (valid label tokens), `samples_per_s`, `step_time_s`, `useful_tokens_per_s` and
+    `processed_tokens_per_s` where their counts are given, and `mfu` where known.
 
-    All counts are for the whole global batch (every rank). `processed_tokens` (input tokens including
-    padding and prompts) feeds MFU; it defaults to `tokens`.
+    All counts are for the whole global batch (every rank). `useful_tokens` (input tokens, prompts included,
+    padding not) feeds MFU; it defaults to `tokens`.
     """
+    rate = (lambda n: n / step_time_s) if step_time_s > 0 else (lambda n: 0.0)
     out = {
         "step_time_s": step_time_s,
-        "tokens_per_s": tokens / step_time_s if step_time_s > 0 else 0.0,
-        "samples_per_s": samples / step_time_s if step_time_s > 0 else 0.0,
+        "tokens_per_s": rate(tokens),
+        "samples_per_s": rate(samples),
     }
+    if useful_tokens is not None:
+        out["useful_tokens_per_s"] = rate(useful_tokens)
+    if processed_tokens is not None:
+        out["processed_tokens_per_s"] = rate(processed_tokens)
     if flops_per_token is not None and device is not None and step_time_s > 0:
-        processed = tokens if processed_tokens is None else processed_tokens
+        processed = tokens if useful_tokens is None else useful_tokens
         value = mfu(
             processed / step_time_s, flops_per_token, device, world_size=world_size, precision=precision
         )

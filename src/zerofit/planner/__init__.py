@@ -1,7 +1,9 @@
-"""Memory planning: model shapes, per-rank peak memory, GPU catalogue, micro-batch search (all analytic).
+"""Memory planning: model shapes, per-rank peak memory, GPU catalogue, the speed model and the search for
+the fastest plan that fits (all analytic).
 
-`choose_micro_batch` is what `resolve()` is handed for `batch.micro_batch_size=auto`; it imports the
-search only when called, so resolving an integer micro-batch never pays for the planner.
+`choose_micro_batch` is what `resolve()` is handed for every `auto` key (micro-batch, token budget,
+activation checkpointing); it imports the search only when called, so resolving a config without `auto`
+never pays for the planner.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from zerofit.config.resolve import PlanChoice
     from zerofit.config.schema import ZerofitConfig
 
 
-def choose_micro_batch(cfg: ZerofitConfig, world_size: int) -> int:
-    """`batch.micro_batch_size=auto`: the largest micro-batch that fits and divides global / dp."""
-    from zerofit.planner.search import choose_auto_micro_batch
+def choose_micro_batch(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
+    """The `auto` keys' values: the fastest (micro-batch, checkpointed layers) that fits the GPU and keeps
+    the global batch (`zerofit.planner.search.choose_plan`)."""
+    from zerofit.planner.search import choose_plan
 
-    return choose_auto_micro_batch(cfg, world_size)
+    return choose_plan(cfg, world_size)

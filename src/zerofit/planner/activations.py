@@ -11,12 +11,18 @@ come from which tensors autograd saves for backward:
     S x S probabilities (fp32 softmax output and its half copy);
   - SwiGLU saves gate and up outputs and the activation's output;
   - dropout keeps a one-byte mask per element (CUDA).
+
+Selective checkpointing (the first n of L layers recomputed) keeps n layer inputs and L - n layers of saved
+tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.loss`): unchunked holds fp32
+log-probabilities and two fp32 (tokens x vocab) gradients, chunked a gradient in the logits' dtype and one
+fp32 chunk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zerofit.loss import chunk_tokens
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
 from zerofit.planner.shapes import LoraShape, ModelShape, lora_shape, model_shape
 from zerofit.planner.state import ParamCounts, dtype_label, param_counts
@@ -77,7 +83,7 @@ def _layer_split(
     norm = 4 * h + 4 + (dt.resid * h if full else 0)
     terms.append(("2 RMSNorms (fp32 input, rstd" + (", normalized output)" if full else ")"), 2 * norm))
 
-    masked = scn.micro_batch_size > 1  # zerofit pads micro-batches of >1 sequence: masked attention
+    masked = scn.masked_attention  # padded micro-batches of >1 sequence, or packed rows: masked attention
     kv_saved = q_dim if (masked or scn.attn_implementation == "eager") else kv_dim
     if scn.attn_implementation == "eager":
         s = scn.seq_len
@@ -237,15 +243,73 @@ def _transients(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _D
     return _Transients(forward_extra=forward_extra, backward_extra=backward_extra, incoming_grads=incoming)
 
 
-def activation_terms(scn: Scenario) -> ActivationTerms:
+def _loss_candidates(
+    scn: Scenario,
+    dt: _Dt,
+    logits_key: str,
+    logits: int,
+    tokens: int,
+    ce_tokens: int,
+    vocab: int,
+    half: str | None,
+) -> list[tuple[str, dict[str, int]]]:
+    """The loss's own peaks (forward and backward of the cross-entropy), lines besides the saved tensors."""
+    if scn.cross_entropy == "unchunked":
+        return [
+            (
+                "loss backward (cross-entropy's fp32 gradients)",
+                {
+                    logits_key: logits,
+                    "log-probabilities (fp32) + targets": 4 * vocab * ce_tokens + 8 * ce_tokens,
+                    "cross-entropy backward: 2 fp32 (tokens x vocab) gradients": 8 * vocab * ce_tokens,
+                },
+            )
+        ]
+    per_token = {"cross-entropy: per-token log-sum-exp (fp32) + targets": 12 * tokens}
+    if scn.cross_entropy == "liger":
+        # Liger computes the gradient in forward, into the logits' own storage.
+        return [
+            ("loss (Liger cross-entropy, gradient in the logits' storage)", {logits_key: logits, **per_token})
+        ]
+    chunk = min(chunk_tokens(vocab), tokens)
+    upcasts = 1 if dt.logits == 4 else 2  # the fp32 copy of the chunk (none for fp32 logits) + logsumexp's
+    return [
+        (
+            "loss backward (chunked cross-entropy)",
+            {
+                logits_key: logits,
+                f"chunked cross-entropy: logits gradient ({dtype_label(dt.logits, half)}, {tokens} x {vocab:,})": (
+                    dt.logits * vocab * tokens
+                ),
+                f"chunked cross-entropy: one fp32 chunk ({chunk} tokens x {vocab:,})": 4 * vocab * chunk,
+                **per_token,
+            },
+        ),
+        (
+            "loss forward (chunked cross-entropy)",
+            {
+                logits_key: logits,
+                f"chunked cross-entropy: fp32 chunk + logsumexp temporary ({chunk} tokens x {vocab:,})": (
+                    upcasts * 4 * vocab * chunk
+                ),
+                **per_token,
+            },
+        ),
+    ]
+
+
+def activation_terms(scn: Scenario, layer_resident: dict[str, int] | None = None) -> ActivationTerms:
     """Activations, logits and loss temporaries at the forward/backward peak (bytes, per rank).
 
-    Candidates (the largest is the peak):
-      - end of forward (no checkpointing): every layer's saved tensors + the last layer's live set;
-      - loss backward: saved tensors (or checkpointed inputs) + logits + log-probabilities + the two fp32
-        (tokens x vocab) gradients of the cross-entropy backward;
-      - backward of the last layer (recomputed under checkpointing): its saved tensors + the gradients in
-        flight around its down projection, with the logits still held by the training loop.
+    With n of L decoder layers checkpointed (the first n), the candidates (the largest is the peak):
+      - end of forward (n < L): n layer inputs + L - n layers' saved tensors + the last layer's live set;
+      - the loss (forward and backward of the cross-entropy, see `_loss_candidates`), on top of all saved;
+      - backward of the last layer (recomputed when n = L): its saved tensors + the gradients in flight
+        around its down projection, with the logits still held by the training loop;
+      - recomputation of layer n - 1 in backward (n > 0): the n checkpointed inputs (the layers above have
+        released theirs) + the recomputed layer + the gradients waiting at its output.
+    `layer_resident`: bytes that exist only while a decoder layer runs (FSDP2's gathered layers); added to
+    the candidates inside a layer.
     """
     prof = compute_profile(scn)
     shape = model_shape(scn.model)
@@ -256,31 +320,39 @@ def activation_terms(scn: Scenario) -> ActivationTerms:
     tokens, ce_tokens = b * s, b * (s - 1)
     h, v, n_layers = shape.hidden_size, shape.vocab_size, shape.num_layers
     full = not scn.lora
+    n_ckpt = scn.checkpointed(n_layers)
+    n_saved = n_layers - n_ckpt
+    in_layer = dict(layer_resident or {})
 
     terms, post_attention_tok = _layer_split(scn, shape, lora, dt)
     per_layer_tok = sum(n for _, n in terms)
     tr = _transients(scn, shape, lora, dt)
     # Under LoRA nothing before layer 0's first adapter needs a gradient: its first RMSNorm saves nothing.
-    layer0_saving = 0 if (full or scn.activation_checkpointing) else 4 * h + 4
+    layer0_saving = 0 if (full or n_ckpt) else 4 * h + 4
 
     # Shared by all layers: rotary cos/sin (one sequence wide). The boolean padding mask (B x 1 x S x S)
     # lives through the forward; under checkpointing every layer keeps it as an input until backward.
     rope = 2 * s * shape.head_dim * dt.resid
-    bool_mask = b * s * s if (b > 1 and scn.attn_implementation == "sdpa") else 0
+    bool_mask = b * s * s if (scn.masked_attention and scn.attn_implementation == "sdpa") else 0
+    ckpt_inputs: dict[str, int] = {}
+    if n_ckpt:
+        ckpt_inputs[f"checkpointed layer inputs ({n_ckpt} layers x {tokens} tokens x {dt.resid * h:,} B)"] = (
+            n_ckpt * dt.resid * h * tokens
+        )
+        ckpt_inputs["rotary cos/sin + boolean padding mask (kept by the checkpoints)"] = rope + bool_mask
+    else:
+        ckpt_inputs["rotary cos/sin"] = rope
+    saved: dict[str, int] = {}
+    if n_saved:
+        saved[f"saved activations ({n_saved} layers x {tokens} tokens x {per_layer_tok:,} B)"] = (
+            n_saved * per_layer_tok - layer0_saving
+        ) * tokens
     base: dict[str, int] = {}
     copies = _autocast_weight_copies(scn, shape, counts, dt)
     if copies:
         base["autocast half copies of fp32 matmul weights"] = copies
-    if scn.activation_checkpointing:
-        base[f"checkpointed layer inputs ({n_layers} layers x {tokens} tokens x {dt.resid * h:,} B)"] = (
-            n_layers * dt.resid * h * tokens
-        )
-        base["rotary cos/sin + boolean padding mask (kept by the checkpoints)"] = rope + bool_mask
-    else:
-        base[f"saved activations ({n_layers} layers x {tokens} tokens x {per_layer_tok:,} B)"] = (
-            n_layers * per_layer_tok - layer0_saving
-        ) * tokens
-        base["rotary cos/sin"] = rope
+    base.update(ckpt_inputs)
+    base.update(saved)
 
     final_norm = (4 * h + 4 + (dt.resid * h if full else 0)) * tokens
     head_input = 0
@@ -293,65 +365,73 @@ def activation_terms(scn: Scenario) -> ActivationTerms:
     head_grad = 4 * v * h if full and not prof.grads_leave_autograd else 0
 
     candidates: list[tuple[str, dict[str, int]]] = []
-    candidates.append(
-        (
-            "loss backward (cross-entropy's fp32 gradients)",
-            {
-                "final norm + lm_head saved inputs": final_norm + head_input + ids,
-                logits_key: logits,
-                "log-probabilities (fp32) + targets": 4 * v * ce_tokens + 8 * ce_tokens,
-                "cross-entropy backward: 2 fp32 (tokens x vocab) gradients": 8 * v * ce_tokens,
-            },
+    for where, lines in _loss_candidates(scn, dt, logits_key, logits, tokens, ce_tokens, v, prof.half):
+        candidates.append(
+            (where, {**base, "final norm + lm_head saved inputs": final_norm + head_input + ids, **lines})
         )
-    )
-    last_layer = {logits_key: logits}
+
+    last_layer = {**base, logits_key: logits}
     if ids:
         last_layer["input ids (embedding backward)"] = ids
     # A recomputed layer's first RMSNorm saves its input; in fp32 that is the checkpointed input itself.
     recomputed_tok = per_layer_tok - (4 * h if dt.resid == 4 else 0)
     recomputed = f"recomputed last layer ({tokens} tokens x {recomputed_tok:,} B)"
-    if scn.activation_checkpointing:
+    last_recomputed = n_saved == 0
+    if last_recomputed:
         last_layer[recomputed] = recomputed_tok * tokens
     last_layer["gradients in flight at its down projection"] = tr.backward_extra * tokens
     if head_grad:
         last_layer["lm_head weight gradient (fp32)"] = head_grad
+    last_layer.update(in_layer)
     candidates.append(
-        ("backward of the last layer" + (" (recomputed)" if scn.activation_checkpointing else ""), last_layer)
+        ("backward of the last layer" + (" (recomputed)" if last_recomputed else ""), last_layer)
     )
     if scn.attn_implementation == "eager":
         # Eager attention's backward: the fp32 gradient of the softmax output and the softmax backward's
         # fp32 result (both heads x S wide per token) while the half probabilities are already released.
         # Everything the layer saved after attention has been released by then.
         att_bwd = {k: n for k, n in last_layer.items() if k != "gradients in flight at its down projection"}
-        if scn.activation_checkpointing:
+        if last_recomputed:
             att_bwd[recomputed] -= post_attention_tok * tokens
         att_bwd["eager attention backward: 2 fp32 (heads x S) gradients, later saves released"] = (
-            (8 - dt.att) * shape.num_heads * s
-            + dt.resid * h
-            - (0 if scn.activation_checkpointing else post_attention_tok)
+            (8 - dt.att) * shape.num_heads * s + dt.resid * h - (0 if last_recomputed else post_attention_tok)
         ) * tokens
         candidates.append(("eager attention backward of the last layer", att_bwd))
     live = {"live tensors around the last layer's down projection": tr.forward_extra * tokens}
     if ids:
         live["input ids (embedding backward)"] = ids
-    if scn.activation_checkpointing:
-        # The recomputation inside backward runs the layer's forward again with the logits still held.
-        recompute = {logits_key: logits, recomputed: recomputed_tok * tokens, **live}
-        recompute["gradients waiting at the layer's output"] = tr.incoming_grads * tokens
-        candidates.append(("recomputation of the last layer in backward", recompute))
-    else:
-        # Forward keeps the embedding output (the model's local) and the boolean mask alive throughout.
-        fwd_common = {
-            "embedding output + boolean padding mask (forward only)": dt.resid * h * tokens + bool_mask
+    if n_ckpt:
+        # The recomputation inside backward runs the top checkpointed layer's forward again with the logits
+        # still held; the saved tensors of the layers above it are already released.
+        top = "the last layer" if last_recomputed else f"layer {n_ckpt - 1} (the last checkpointed)"
+        recompute = {
+            **{k: n for k, n in base.items() if k not in saved},
+            logits_key: logits,
+            (recomputed if last_recomputed else recomputed.replace("last layer", f"layer {n_ckpt - 1}")): (
+                recomputed_tok * tokens
+            ),
+            **live,
         }
-        candidates.append(("end of forward (last layer's down projection)", {**fwd_common, **live}))
+        recompute["gradients waiting at the layer's output"] = tr.incoming_grads * tokens
+        recompute.update(in_layer)
+        candidates.append((f"recomputation of {top} in backward", recompute))
+    if n_saved:
+        # Forward keeps the embedding output (the model's local) and the boolean mask alive throughout
+        # (under checkpointing both are already counted: layer 0's checkpointed input, the checkpoints' mask).
+        fwd_common = (
+            {}
+            if n_ckpt
+            else {"embedding output + boolean padding mask (forward only)": dt.resid * h * tokens + bool_mask}
+        )
+        candidates.append(
+            ("end of forward (last layer's down projection)", {**base, **fwd_common, **live, **in_layer})
+        )
         # The final RMSNorm: its input, fp32 upcast (saved; the input itself when already fp32) and rstd,
         # the fp32 product, and two results in the residual dtype.
         upcast = 4 * h if dt.resid != 4 else 0
         final_norm_fwd = (3 * dt.resid * h + upcast + 4 * h + 8) * tokens
         candidates.append(
-            ("end of forward (final norm)", {**fwd_common, "final norm forward": final_norm_fwd})
+            ("end of forward (final norm)", {**base, **fwd_common, "final norm forward": final_norm_fwd})
         )
-    where, extra = max(candidates, key=lambda c: sum(c[1].values()))
-    lines = {**base, **extra}
+    where, lines = max(candidates, key=lambda c: sum(c[1].values()))
     return ActivationTerms(peak=sum(lines.values()), lines=lines, where=where, per_layer_token_terms=terms)

@@ -2,7 +2,8 @@
 
 `memory_report` is what `build_plan_report` stores under `memory`; `print_memory` prints it after the
 batch table: the breakdown (GiB lines that add up to the tensor peak), the allowance, the verdict for the
-GPU with its headroom, the micro-batch table, the host RAM, and remedies when the run does not fit.
+GPU with its headroom, the micro-batch table, the host RAM, the fastest plans that fit (the chosen one,
+the runner-up and the predicted speed-up), and remedies when the run does not fit.
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ def memory_report(
     if trace:
         from zerofit.planner.trace import trace_memory
 
-        traced = trace_memory(scenario_for(resolved, spec))
-        out["trace"] = traced.as_dict()
-        out["trace"]["analytic_vs_trace"] = round(plan.estimate.tensors_gib / traced.tensors_gib - 1.0, 4)
+        try:
+            traced = trace_memory(scenario_for(resolved, spec))
+        except ValueError as exc:
+            out["notes"] = [*out.get("notes", []), f"--trace skipped: {exc}"]
+        else:
+            out["trace"] = traced.as_dict()
+            out["trace"]["analytic_vs_trace"] = round(plan.estimate.tensors_gib / traced.tensors_gib - 1.0, 4)
     return out
 
 
@@ -100,6 +105,8 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
                 (row["verdict"] or "-") + mark,
             )
         console.print(t)
+    if memory.get("speed"):
+        print_speed(memory["speed"], console)
     if memory.get("remedies"):
         t = Table(
             title="Remedies (each alone, then combined), predicted at the largest micro-batch that fits"
@@ -126,6 +133,62 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
             )
     for note in memory.get("notes") or []:
         console.print(f"Note: {note}")
+
+
+def _plan_line(option: dict[str, Any]) -> str:
+    n, layers = option["checkpointed_layers"], option["num_layers"]
+    ckpt = "all layers" if n >= layers else ("none" if n == 0 else f"first {n} of {layers} layers")
+    return (
+        f"micro {option['micro_batch_size']} x accum {option['grad_accum_steps']}, checkpointing {ckpt}: "
+        f"{option['tokens_per_s']:,.0f} tokens/s, {option['total_gib']:.2f} GiB"
+    )
+
+
+def print_speed(speed: dict[str, Any], console: Console) -> None:
+    """The fastest plans that fit (`memory.speed` of `zerofit plan --json`), the chosen one, the runner-up and
+    the predicted speed-up."""
+    rates = speed["rates_of"] + (
+        " (no GPU named: reference rates, only ratios mean something)" if speed["reference_rates"] else ""
+    )
+    t = Table(
+        title=f"Fastest plans that fit: fewest checkpointed layers per micro-batch (speed model: {rates})"
+    )
+    for col in ("micro", "accum", "checkpointed layers", "total GiB", "predicted tokens/s", "recompute"):
+        t.add_column(col, justify="right")
+    for o in speed["options"]:
+        t.add_row(
+            str(o["micro_batch_size"]),
+            str(o["grad_accum_steps"]),
+            f"{o['checkpointed_layers']} of {o['num_layers']}",
+            f"{o['total_gib']:.2f}",
+            f"{o['tokens_per_s']:,.0f}",
+            f"{o['recompute_fraction']:.0%}",
+        )
+    console.print(t)
+    chosen, runner_up, base = speed["chosen"], speed["runner_up"], speed["baseline"]
+    if chosen is None:
+        console.print("Chosen plan: none fits")
+        return
+    console.print(f"Chosen plan: {_plan_line(chosen)}")
+    if runner_up is not None:
+        console.print(f"Runner-up:   {_plan_line(runner_up)}")
+    if base is not None:
+        console.print(
+            f"Predicted speed-up: {speed['speedup_vs_baseline']:.2f}x over full checkpointing with the unchunked "
+            f"loss at the largest micro-batch that fits (micro {base['micro_batch_size']}: "
+            f"{base['tokens_per_s']:,.0f} tokens/s)"
+        )
+    configured = speed["configured"]
+    same = (configured["micro_batch_size"], configured["checkpointed_layers"]) == (
+        chosen["micro_batch_size"],
+        chosen["checkpointed_layers"],
+    )
+    if not same:
+        ratio = chosen["tokens_per_s"] / configured["tokens_per_s"]
+        console.print(
+            f"Configured:  {_plan_line(configured)} (the chosen plan is {ratio:.2f}x faster: "
+            "batch.micro_batch_size=auto train.activation_checkpointing=auto)"
+        )
 
 
 def check_gpu_options(gpu: str | None, gpu_mem: str | None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from zerofit.checkpointing import checkpointed_layers
 from zerofit.precision import tensor_dtypes, torch_dtype
 
 if TYPE_CHECKING:
@@ -46,8 +47,13 @@ class Scenario:
     quantization: str = "none"  # none | 8bit | 4bit
     double_quant: bool = True
     optimizer: str = "adamw"
-    activation_checkpointing: bool = False
+    # true (every decoder layer), false, or how many of the first layers are recomputed in backward.
+    activation_checkpointing: bool | int = False
     attn_implementation: str = "sdpa"
+    cross_entropy: str = "chunked"  # chunked | unchunked | liger (zerofit.loss)
+    # Token budget: micro_batch_size rows of seq_len tokens, each packing whole examples (attention is
+    # masked per document, so always the masked path).
+    packed: bool = False
     # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
     # without autocast (how the 7B reference figures in docs/platform.md were measured).
     autocast: bool | None = None
@@ -55,6 +61,19 @@ class Scenario:
     def with_micro(self, micro: int, grad_accum_steps: int) -> Scenario:
         """The same run at another micro-batch size (and the accumulation that keeps the global batch)."""
         return replace(self, micro_batch_size=micro, grad_accum_steps=grad_accum_steps)
+
+    def with_checkpointing(self, layers: bool | int) -> Scenario:
+        """The same run with another `train.activation_checkpointing` (true, false or a layer count)."""
+        return replace(self, activation_checkpointing=layers)
+
+    def checkpointed(self, num_layers: int) -> int:
+        """How many of the model's `num_layers` decoder layers are checkpointed."""
+        return checkpointed_layers(self.activation_checkpointing, num_layers)
+
+    @property
+    def masked_attention(self) -> bool:
+        """Attention takes the masked path: a padded micro-batch of several sequences, or packed rows."""
+        return self.micro_batch_size > 1 or self.packed
 
 
 @dataclass(frozen=True)
@@ -145,8 +164,13 @@ def scenario_for(
         quantization=cfg.quantization.load_in,
         double_quant=cfg.quantization.double_quant,
         optimizer=cfg.optimizer.name,
-        activation_checkpointing=cfg.train.activation_checkpointing,
+        # `auto` before the planner decides it: planned as full checkpointing (the smallest peak).
+        activation_checkpointing=True
+        if cfg.train.activation_checkpointing == "auto"
+        else cfg.train.activation_checkpointing,
         attn_implementation=cfg.model.attn_implementation,
+        cross_entropy=cfg.train.cross_entropy,
+        packed=cfg.batch.tokens_per_micro_batch is not None,
     )
 
 
@@ -162,11 +186,11 @@ def scenario_from_config(
     the scenario from it.
     """
     from zerofit.batching import BatchPlan
-    from zerofit.config.resolve import ResolvedConfig
+    from zerofit.config.resolve import ResolvedConfig, micro_batch_setting
     from zerofit.engine.render import render_spec
 
     b = cfg.batch
-    micro = micro_batch_size if micro_batch_size is not None else b.micro_batch_size
+    micro = micro_batch_size if micro_batch_size is not None else micro_batch_setting(cfg)
     micro = micro if isinstance(micro, int) else 1
     gas = grad_accum_steps if grad_accum_steps is not None else b.grad_accum_steps
     if gas is None:  # keep the config's global batch where it divides, as resolve() would

@@ -4,6 +4,12 @@ Everything here keeps the global batch fixed: a micro-batch size is a candidate 
 samples each rank processes per optimizer step (global / dp), so gradient accumulation stays whole and the
 training is the same whichever candidate is chosen (docs/design.md: "one global batch").
 
+The fastest plan: every (micro-batch, checkpointed layers) pair that fits is scored by the cost model of
+`speed.py` (recomputation FLOPs per checkpointed layer against the per-micro-step overhead a bigger
+micro-batch amortizes); for each micro-batch the fewest checkpointed layers that fit is the fastest, and
+the best micro-batch wins. `auto` keys (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`,
+`train.activation_checkpointing`) take that plan.
+
 Verdicts, for the card's usable memory M (torch's `total_memory`):
   - fits:          total (tensors + allowance) <= (1 - headroom) x M    (headroom: planner.headroom, 5%)
   - tight:         fits in M but inside the headroom: may OOM on an unlucky allocation pattern
@@ -13,13 +19,17 @@ Verdicts, for the card's usable memory M (torch's `total_memory`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from zerofit.checkpointing import describe_checkpointing
+from zerofit.config.resolve import PlanChoice, micro_batch_setting
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
 from zerofit.planner.scenario import Scenario, scenario_for, scenario_from_config
+from zerofit.planner.shapes import model_shape
+from zerofit.planner.speed import SpeedEstimate, predict_speed
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig
@@ -149,6 +159,7 @@ class MemoryPlan:
     table: list[MicroRow] = field(default_factory=list)
     remedies: list[Remedy] = field(default_factory=list)
     auto_micro_batch_size: int | None = None
+    speed: SpeedPlan | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -177,9 +188,38 @@ class MemoryPlan:
                 "micro_batch_table": [row.as_dict() for row in self.table],
                 "auto_micro_batch_size": self.auto_micro_batch_size,
                 "remedies": [r.as_dict() for r in self.remedies],
+                "speed": None if self.speed is None else self.speed.as_dict(),
             }
         )
         return out
+
+
+@dataclass
+class SpeedPlan:
+    """The fastest plans under the budget (one per micro-batch, fastest first), the configured plan, and the
+    baseline the speed-up is measured against (`baseline_option`)."""
+
+    options: list[PlanOption]
+    configured: PlanOption
+    baseline: PlanOption | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The `memory.speed` block of `zerofit plan --json`."""
+        chosen = self.options[0] if self.options else None
+        runner_up = self.options[1] if len(self.options) > 1 else None
+        base = self.baseline.speed.tokens_per_s if self.baseline else None
+        return {
+            "model": "t_micro = overhead + tokens x FLOPs/token (recompute included) / sustained rate",
+            "rates_of": self.configured.speed.gpu,
+            "reference_rates": self.configured.speed.reference,
+            "chosen": chosen.as_dict() if chosen else None,
+            "runner_up": runner_up.as_dict() if runner_up else None,
+            "configured": self.configured.as_dict(),
+            "baseline": self.baseline.as_dict() if self.baseline else None,
+            "speedup_vs_baseline": round(chosen.speed.tokens_per_s / base, 3) if chosen and base else None,
+            "configured_vs_baseline": round(self.configured.speed.tokens_per_s / base, 3) if base else None,
+            "options": [o.as_dict() for o in self.options],
+        }
 
 
 def micro_table(scn: Scenario, per_rank: int, budget: Budget | None) -> list[MicroRow]:
@@ -205,10 +245,99 @@ def largest_fitting(table: list[MicroRow]) -> int | None:
     return max(fitting) if fitting else None
 
 
+@dataclass
+class PlanOption:
+    """One (micro-batch, checkpointed decoder layers) pair: its predicted memory and speed."""
+
+    micro_batch_size: int
+    grad_accum_steps: int
+    checkpointed_layers: int
+    num_layers: int
+    tensors_gib: float
+    total_gib: float
+    verdict: str | None
+    speed: SpeedEstimate
+
+    @property
+    def checkpointing(self) -> bool | int:
+        """The `train.activation_checkpointing` value of this option (true, false or a layer count)."""
+        if self.checkpointed_layers >= self.num_layers:
+            return True
+        return self.checkpointed_layers or False
+
+    def describe(self) -> str:
+        """E.g. `micro 8 x accum 4, checkpointing first 12 of 32 layers`."""
+        ckpt = describe_checkpointing(self.checkpointed_layers, self.num_layers)
+        return f"micro {self.micro_batch_size} x accum {self.grad_accum_steps}, checkpointing {ckpt}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return {
+            "micro_batch_size": self.micro_batch_size,
+            "grad_accum_steps": self.grad_accum_steps,
+            "checkpointed_layers": self.checkpointed_layers,
+            "num_layers": self.num_layers,
+            "tensors_gib": round(self.tensors_gib, 3),
+            "total_gib": round(self.total_gib, 3),
+            "verdict": self.verdict,
+            "tokens_per_s": round(self.speed.tokens_per_s, 1),
+            "step_time_s": round(self.speed.step_time_s, 3),
+            "recompute_fraction": round(self.speed.recompute_fraction, 4),
+        }
+
+
+def plan_option(scn: Scenario, budget: Budget | None) -> PlanOption:
+    """Memory and speed of one scenario as a plan option."""
+    layers = model_shape(scn.model).num_layers
+    est = estimate(scn)
+    return PlanOption(
+        micro_batch_size=scn.micro_batch_size,
+        grad_accum_steps=scn.grad_accum_steps,
+        checkpointed_layers=scn.checkpointed(layers),
+        num_layers=layers,
+        tensors_gib=est.tensors_gib,
+        total_gib=est.total_gib,
+        verdict=verdict(est.total_gib, budget) if budget else None,
+        speed=predict_speed(scn, budget.gpu if budget else None),
+    )
+
+
+def fastest_options(
+    scn: Scenario, per_rank: int, budget: Budget, micros: list[int] | None = None, layers: int | None = None
+) -> list[PlanOption]:
+    """For each micro-batch (`micros`, default every divisor of `per_rank`): the option with the fewest
+    checkpointed layers that fits (or exactly `layers` checkpointed, when given), fastest first.
+
+    Fewer checkpointed layers is always faster at a given micro-batch (less recomputation), and the peak
+    only grows as layers stop being checkpointed, so the scan stops at the first fitting count.
+    """
+    num_layers = model_shape(scn.model).num_layers
+    counts = [layers] if layers is not None else list(range(num_layers + 1))
+    options = []
+    for m in micros if micros is not None else divisors(per_rank):
+        at_micro = scn.with_micro(m, per_rank // m)
+        for n in counts:
+            option = plan_option(at_micro.with_checkpointing(n), budget)
+            if option.verdict == "fits":
+                options.append(option)
+                break
+    return sorted(options, key=lambda o: -o.speed.tokens_per_s)
+
+
+def baseline_option(scn: Scenario, per_rank: int, budget: Budget) -> PlanOption | None:
+    """Full checkpointing at the largest micro-batch that fits: what `auto` picked before selective
+    checkpointing and the chunked loss (the reference for the predicted speed-up)."""
+    full = scn.with_checkpointing(True)
+    if scn.cross_entropy == "chunked":
+        full = replace(full, cross_entropy="unchunked")
+    fitting = fastest_options(full, per_rank, budget, layers=model_shape(scn.model).num_layers)
+    return max(fitting, key=lambda o: o.micro_batch_size) if fitting else None
+
+
 def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[tuple[str, str, dict[str, Any]]]:
     """(name, how, config changes) for every remedy that applies to `cfg`."""
     out: list[tuple[str, str, dict[str, Any]]] = []
-    if not cfg.train.activation_checkpointing:
+    if cfg.train.activation_checkpointing is not True:
         out.append(("activation checkpointing", "train.activation_checkpointing=true", {"ckpt": True}))
     if not cfg.lora.enabled:
         out.append(("LoRA instead of full fine-tuning", "lora.enabled=true", {"lora": True}))
@@ -303,67 +432,125 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
 
 
 def plan_memory(resolved: ResolvedConfig, spec: EngineSpec, budget: Budget | None) -> MemoryPlan:
-    """Estimate, verdict, micro-batch table and (when it does not fit) remedies for a resolved run."""
+    """Estimate, verdict, micro-batch table, the fastest plans and (when it does not fit) remedies."""
     cfg, world = resolved.config, resolved.world_size
     per_rank = spec.plan.samples_per_rank
+    configured = scenario_for(resolved, spec)
     table = micro_table(scenario_for(resolved, spec, 1, per_rank), per_rank, budget)
     auto = largest_fitting(table) if budget is not None else None
-    est = estimate(scenario_for(resolved, spec))
+    est = estimate(configured)
     result = MemoryPlan(
         est, budget, verdict(est.total_gib, budget) if budget else None, table, auto_micro_batch_size=auto
     )
-    if budget is not None and result.verdict != "fits":
-        result.remedies = remedies(cfg, world, budget)
+    if budget is not None:
+        result.speed = SpeedPlan(
+            options=fastest_options(configured, per_rank, budget),
+            configured=plan_option(configured, budget),
+            baseline=baseline_option(configured, per_rank, budget),
+        )
+        if result.verdict != "fits":
+            result.remedies = remedies(cfg, world, budget)
     return result
 
 
-def choose_auto_micro_batch(cfg: ZerofitConfig, world_size: int) -> int:
-    """`batch.micro_batch_size=auto`: the largest micro-batch that fits AND divides global / dp.
-
-    Raises `ConfigError` (with the table and the remedies) when no budget is known or nothing fits.
-    """
-    b = cfg.batch
-    if b.global_batch_size is None:
-        raise ConfigError(
-            [
-                "batch.micro_batch_size = 'auto' needs batch.global_batch_size (auto keeps the global batch and "
-                "picks the largest micro-batch that fits and divides it); set batch.global_batch_size"
-            ]
-        )
-    if b.grad_accum_steps is not None:
-        raise ConfigError(
-            [
-                f"batch.micro_batch_size = 'auto' with batch.grad_accum_steps = {b.grad_accum_steps}: auto derives "
-                "the accumulation from the micro-batch it picks; drop batch.grad_accum_steps"
-            ]
-        )
-    per_rank = samples_per_rank(cfg, world_size)
-    if per_rank is None:
-        raise ConfigError(
-            [
-                f"batch.global_batch_size = {b.global_batch_size} is not divisible by the {world_size} data-parallel "
-                "ranks; batch.micro_batch_size = 'auto' can only pick among divisors of global / dp"
-            ]
-        )
+def _budget_for_auto(cfg: ZerofitConfig, keys: str) -> Budget:
     budget = resolve_budget(cfg)
     if budget is None:
         raise ConfigError(
             [
-                "batch.micro_batch_size = 'auto' needs the GPU's memory and no CUDA device is visible here: set "
-                "planner.gpu (e.g. rtx3090) or planner.gpu_memory_gib (e.g. 24), or pass an integer micro-batch"
+                f"{keys} = 'auto' needs the GPU's memory and no CUDA device is visible here: set planner.gpu (e.g. "
+                "rtx3090) or planner.gpu_memory_gib (e.g. 24), or give a value instead of auto"
             ]
         )
-    table = micro_table(scenario_from_config(cfg, world_size, 1, per_rank), per_rank, budget)
-    chosen = largest_fitting(table)
-    if chosen is None:
-        smallest = table[0]
-        lines = [
-            f"batch.micro_batch_size = 'auto': not even micro-batch 1 fits {budget.source} "
-            f"({budget.gib:.1f} GiB, {budget.headroom:.0%} headroom): predicted {smallest.total_gib:.1f} GiB. Remedies:"
-        ]
-        for r in remedies(cfg, world_size, budget):
-            lines.append(
-                f"    {r.name}: {r.total_gib:.1f} GiB at micro {r.micro_batch_size} ({r.verdict}) - {r.how}"
+    return budget
+
+
+def _nothing_fits(
+    cfg: ZerofitConfig, world_size: int, budget: Budget, what: str, smallest: str, total_gib: float
+) -> ConfigError:
+    lines = [
+        f"{what}: not even {smallest} fits {budget.source} ({budget.gib:.1f} GiB, {budget.headroom:.0%} "
+        f"headroom): predicted {total_gib:.1f} GiB. Remedies:"
+    ]
+    for r in remedies(cfg, world_size, budget):
+        lines.append(
+            f"    {r.name}: {r.total_gib:.1f} GiB at micro {r.micro_batch_size} ({r.verdict}) - {r.how}"
+        )
+    return ConfigError(["\n".join(lines)])
+
+
+def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
+    """Decide the `auto` keys: the fastest (micro-batch, checkpointed layers) that fits, keeping the global
+    batch (the micro-batch divides global / dp). `batch.micro_batch_size` may be the rows of a token budget.
+
+    - micro auto, checkpointing fixed: the largest micro-batch that fits;
+    - micro fixed, checkpointing auto: the fewest checkpointed layers that fit at that micro-batch;
+    - both auto: the pair with the highest predicted tokens/s (`speed.py`).
+    Raises `ConfigError` (with the remedies) when no budget is known or nothing fits.
+    """
+    b, t = cfg.batch, cfg.train
+    micro = micro_batch_setting(cfg)
+    micro_key = (
+        "batch.tokens_per_micro_batch" if b.tokens_per_micro_batch is not None else "batch.micro_batch_size"
+    )
+    keys = " and ".join(
+        k
+        for k, v in ((micro_key, micro), ("train.activation_checkpointing", t.activation_checkpointing))
+        if v == "auto"
+    )
+    if micro == "auto":
+        if b.global_batch_size is None:
+            raise ConfigError(
+                [
+                    f"{micro_key} = 'auto' needs batch.global_batch_size (auto keeps the global batch and picks "
+                    "the largest micro-batch that fits and divides it); set batch.global_batch_size"
+                ]
             )
-        raise ConfigError(["\n".join(lines)])
-    return chosen
+        if b.grad_accum_steps is not None:
+            raise ConfigError(
+                [
+                    f"{micro_key} = 'auto' with batch.grad_accum_steps = {b.grad_accum_steps}: auto derives the "
+                    "accumulation from the micro-batch it picks; drop batch.grad_accum_steps"
+                ]
+            )
+    per_rank = samples_per_rank(cfg, world_size) if micro == "auto" or b.global_batch_size else None
+    if micro == "auto" and per_rank is None:
+        raise ConfigError(
+            [
+                f"batch.global_batch_size = {b.global_batch_size} is not divisible by the {world_size} data-parallel "
+                f"ranks; {micro_key} = 'auto' can only pick among divisors of global / dp"
+            ]
+        )
+    budget = _budget_for_auto(cfg, keys)
+    scn = scenario_from_config(cfg, world_size, 1, per_rank or 1)
+    fixed_layers = (
+        None if t.activation_checkpointing == "auto" else scn.checkpointed(model_shape(scn.model).num_layers)
+    )
+    if micro == "auto":
+        assert per_rank is not None
+        options = fastest_options(scn, per_rank, budget, layers=fixed_layers)
+        if fixed_layers is not None:
+            options.sort(key=lambda o: -o.micro_batch_size)  # largest micro-batch (the fastest too)
+        if not options:
+            at_one = scn if fixed_layers is not None else scn.with_checkpointing(True)
+            what = "micro-batch 1" + ("" if fixed_layers is not None else " with every layer checkpointed")
+            raise _nothing_fits(cfg, world_size, budget, f"{keys} = 'auto'", what, estimate(at_one).total_gib)
+        best = options[0]
+        return PlanChoice(
+            best.micro_batch_size, best.checkpointing if fixed_layers is None else t.activation_checkpointing
+        )  # type: ignore[arg-type]
+    assert isinstance(micro, int)
+    per = per_rank if per_rank is not None and per_rank % micro == 0 else micro
+    options = fastest_options(scn, per, budget, micros=[micro])
+    if not options:
+        full = estimate(scn.with_micro(micro, per // micro).with_checkpointing(True)).total_gib
+        raise _nothing_fits(
+            cfg, world_size, budget, "train.activation_checkpointing = 'auto'",
+            f"checkpointing every layer at micro {micro}", full,
+        )  # fmt: skip
+    return PlanChoice(micro, options[0].checkpointing)
+
+
+def choose_auto_micro_batch(cfg: ZerofitConfig, world_size: int) -> int:
+    """`batch.micro_batch_size=auto` alone: the largest micro-batch that fits AND divides global / dp."""
+    return choose_plan(cfg, world_size).micro_batch_size

@@ -90,6 +90,7 @@ class StateTerms:
     gpu: dict[str, int] = field(default_factory=dict)  # always resident
     window_grads: dict[str, int] = field(default_factory=dict)  # held between micro-steps of a window
     step_temps: dict[str, int] = field(default_factory=dict)  # only during the optimizer step
+    in_layer: dict[str, int] = field(default_factory=dict)  # only while a decoder layer runs (FSDP2 gathers)
     host: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # For the trace: lines it measures itself (plain weights, autograd gradients, torch AdamW), and bytes
@@ -235,12 +236,15 @@ def _fsdp_state(
     sharded = (quant_b + counts.frozen * frozen_b + T * 4) // dp
     where[f"sharded weights (original dtypes, 1/{dp})"] = sharded
     # Unsharded in param_dtype: the root group (embeddings, final norm, lm_head) stays gathered through the
-    # step; decoder layers are gathered one at a time plus the next one prefetched.
+    # step; decoder layers are gathered one at a time plus the next one prefetched, only while layers run
+    # (the loss and the optimizer step see the root alone: measured on one GPU, docs/platform.md).
     layer_numel = shape.layer_params + (counts.trainable // shape.num_layers if scn.lora else 0)
     root_numel = shape.total_params - shape.num_layers * shape.layer_params
-    t.gpu[f"gathered weights: root + 2 layers ({dtype_label(half_b, prof.half)})"] = (
-        root_numel + 2 * layer_numel
-    ) * half_b
+    half = dtype_label(half_b, prof.half)
+    t.gpu[f"gathered weights: root (embeddings, final norm, lm_head; {half})"] = root_numel * half_b
+    t.in_layer[f"gathered weights: 2 decoder layers (running + prefetched; {half})"] = (
+        2 * layer_numel * half_b
+    )
     t.gpu[f"sharded gradients (fp32, 1/{dp})"] = T * 4 // dp if not scn.fsdp_cpu_offload else 0
     if scn.fsdp_cpu_offload:
         t.host[f"sharded gradients (fp32, 1/{dp})"] = T * 4 // dp

@@ -34,6 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zerofit.checkpointing import enable_activation_checkpointing
 from zerofit.lora import apply_lora, lora_config
 from zerofit.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
@@ -234,8 +235,9 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
         )
         _cuda_like_dropout(model)
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if scn.activation_checkpointing:
-        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # The traced model has 1 or 2 layers: checkpointing is traced as all or none (see `trace_memory`).
+    all_layers = scn.checkpointed(model_shape(scn.model).num_layers) == model_shape(scn.model).num_layers
+    enable_activation_checkpointing(hf, num_layers if all_layers else 0)
     hf.config.use_cache = False
     if prof.cast_params_to is not None:
         # DeepSpeed / FSDP2 compute with every parameter in the half dtype (buffers stay fp32).
@@ -280,7 +282,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         def micro_step() -> None:
             with autocast:
                 logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-                loss = token_sum_loss(logits, labels)
+                loss = token_sum_loss(logits, labels, scn.cross_entropy)
             loss.backward()
 
         def window(tracker: Any = None) -> None:
@@ -317,8 +319,17 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
 
 
 def trace_memory(scn: Scenario) -> TraceResult:
-    """Trace the configured step with 1 and 2 decoder layers and extrapolate to the model's layer count."""
+    """Trace the configured step with 1 and 2 decoder layers and extrapolate to the model's layer count.
+
+    Checkpointing is traced as all layers or none: a peak with the first n of L layers checkpointed is not
+    linear in the layer count, so a selective plan raises ValueError (the analytic model covers it).
+    """
     n = model_shape(scn.model).num_layers
+    if 0 < scn.checkpointed(n) < n:
+        raise ValueError(
+            f"the trace covers activation checkpointing of all layers or none, not the first {scn.checkpointed(n)} "
+            f"of {n}; trace with train.activation_checkpointing=true or false"
+        )
     t1, t2 = _trace_layers(scn, 1), _trace_layers(scn, 2)
     traced = t1.peak_bytes + (n - 1) * (t2.peak_bytes - t1.peak_bytes)
     by_cat = {

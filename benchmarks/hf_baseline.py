@@ -1,0 +1,219 @@
+"""The baseline zerofit is measured against: Hugging Face Trainer + peft LoRA on the same examples.
+
+What a user would write without zerofit: `get_peft_model` (LoRA r16, alpha 32, dropout 0.05 on all linear
+layers), `Trainer` with `per_device_train_batch_size` x `gradient_accumulation_steps` = the same global
+batch, gradient checkpointing (non-reentrant) as the shipped 3090 recipe, AdamW (torch), cosine schedule,
+clipping at 1.0, bf16 (fp32 on request), and a collator that right-pads each micro-batch to its longest
+example (labels -100 on padding), which is what HF's seq2seq / completion collators do.
+
+Measured: the time of every optimizer step (Trainer callbacks, CUDA synchronized; wall and process CPU
+time), after one warm-up step; label, useful (non-pad) and processed tokens of the same steps, counted at the model's forward;
+peak allocated / reserved memory on CUDA (reset after the warm-up step). The first version of this script
+measured the GPU baseline of docs/platform.md (2026-12-01: 6,959 tokens/s at 4 x 1024, 15.74 GiB).
+
+    python benchmarks/hf_baseline.py --model-dir DIR --workload max_length --micro 4 --gas 8 --seq 1024 \
+        --steps 2 --cap-gib 24 --out result.json          (one JSON line is also printed: HF_BASELINE {...})
+
+`train_hf` is the same measurement as a function (the CPU benchmark calls it in-process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zerofit.data import Example
+
+GIB = 2**30
+RESULT_PREFIX = "HF_BASELINE "
+
+
+def train_hf(
+    model_dir: str,
+    examples: list[Example],
+    *,
+    micro: int,
+    gas: int,
+    steps: int,
+    precision: str = "bf16",
+    checkpointing: bool = True,
+    cap_gib: float | None = None,
+    seed: int = 42,
+    output_dir: str = "/tmp/hf-baseline",
+) -> dict[str, Any]:
+    """`steps` + 1 optimizer steps of HF Trainer + peft on `examples` (the first is warm-up)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    if cuda and cap_gib is not None:
+        _, total = torch.cuda.mem_get_info()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    if cuda:
+        model = model.cuda()
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"
+        ),
+    )
+    pad_id = int(model.config.pad_token_id or 0)
+    rows = examples[: micro * gas * (steps + 1)]
+
+    class Examples(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(rows)
+
+        def __getitem__(self, i: int) -> dict[str, list[int]]:
+            return {"input_ids": rows[i].input_ids, "labels": rows[i].labels}
+
+    def pad_to_longest(features: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        width = max(len(f["input_ids"]) for f in features)
+        ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(features), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for i, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[i, :n] = torch.tensor(f["input_ids"])
+            labels[i, :n] = torch.tensor(f["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    counted = {"label": 0, "useful": 0, "processed": 0}
+
+    def count_tokens(_module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        mask, labels = kwargs.get("attention_mask"), kwargs.get("labels")
+        if mask is not None:
+            counted["useful"] += int(mask.sum())
+            counted["processed"] += mask.numel()
+        if labels is not None:
+            counted["label"] += int((labels[:, 1:] != -100).sum())
+
+    model.register_forward_pre_hook(count_tokens, with_kwargs=True)
+
+    class Timer(TrainerCallback):
+        def __init__(self) -> None:
+            self.steps: list[dict[str, float]] = []
+            self.start = self.cpu_start = 0.0
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+            counted.update(label=0, useful=0, processed=0)
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if cuda:
+                torch.cuda.synchronize()
+            cpu = time.process_time() - self.cpu_start
+            self.steps.append({"seconds": time.perf_counter() - self.start, "cpu_seconds": cpu, **counted})
+            if len(self.steps) == 1 and cuda:
+                torch.cuda.reset_peak_memory_stats()
+
+    timer = Timer()
+    args = TrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=gas,
+        max_steps=steps + 1,
+        learning_rate=2e-4,
+        lr_scheduler_type="cosine",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        bf16=precision == "bf16",
+        gradient_checkpointing=checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
+        optim="adamw_torch",
+        logging_steps=1000,
+        save_strategy="no",
+        report_to="none",
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        use_cpu=not cuda,
+        seed=seed,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Examples(), data_collator=pad_to_longest, callbacks=[timer]
+    )
+    result: dict[str, Any] = {
+        "micro": micro,
+        "gas": gas,
+        "checkpointing": checkpointing,
+        "precision": precision,
+        "cap_gib": cap_gib,
+    }
+    try:
+        trainer.train()
+        steady = timer.steps[1:] or timer.steps
+        seconds = sum(s["seconds"] for s in steady)
+        result.update(
+            ok=True,
+            step_times=[round(s["seconds"], 4) for s in timer.steps],
+            step_time_s=round(seconds / len(steady), 4),
+            tokens_per_s=round(sum(s["label"] for s in steady) / seconds, 1),
+            useful_tokens_per_s=round(sum(s["useful"] for s in steady) / seconds, 1),
+            processed_tokens_per_s=round(sum(s["processed"] for s in steady) / seconds, 1),
+            cpu_s_per_step=round(sum(s["cpu_seconds"] for s in steady) / len(steady), 4),
+            useful_tokens_per_cpu_s=round(
+                sum(s["useful"] for s in steady) / sum(s["cpu_seconds"] for s in steady), 1
+            ),
+        )
+        if cuda:
+            result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
+            result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
+    except torch.cuda.OutOfMemoryError as exc:
+        result.update(ok=False, oom=True, error=str(exc).splitlines()[0][:300])
+        if cuda:
+            result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--workload", choices=["max_length", "real_length"], default="max_length")
+    parser.add_argument("--micro", type=int, default=4)
+    parser.add_argument("--gas", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--cap-gib", type=float, default=None)
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--out", default=None, help="append the result as one JSON line to this file")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from transformers import AutoConfig
+
+    from workloads import describe, workload
+
+    vocab = int(AutoConfig.from_pretrained(args.model_dir).vocab_size)
+    examples = workload(args.workload, args.micro * args.gas * (args.steps + 1), args.seq, vocab)
+    result = train_hf(
+        args.model_dir,
+        examples,
+        micro=args.micro,
+        gas=args.gas,
+        steps=args.steps,
+        precision=args.precision,
+        checkpointing=not args.no_checkpointing,
+        cap_gib=args.cap_gib,
+    )
+    result.update(workload=args.workload, seq=args.seq, data=describe(examples))
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+    return 0 if result.get("ok") else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

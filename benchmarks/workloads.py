@@ -1,0 +1,176 @@
+"""What the zerofit-vs-HF benchmarks feed both trainers, and how zerofit is run on it in-process.
+
+Two workloads of the same examples for both trainers (token ids are random: speed and memory do not
+depend on them):
+
+- `max_length`: every example is `seq` tokens, all of them labels (as the GPU runs of 2026-12-01);
+- `real_length`: lengths drawn from a log-normal (median 30% of `seq`, sigma 0.7: a long tail of long
+  examples, as SFT data tends to have), clipped to [16, seq], with the first 20-60% of every example a
+  masked prompt. Padding to a micro-batch's longest example wastes much of the compute here; packing
+  (`batch.tokens_per_micro_batch`) does not.
+
+`run_zerofit` trains a resolved config on such examples exactly as the launcher's loop does
+(`zerofit.assembly.assemble` + `zerofit.train.train_loop`), and returns the steady-state throughput of the
+fields the loop writes to metrics.jsonl, plus the process CPU time per step (on a CPU shared with other
+work, CPU time measures the work done where wall time measures the neighbours too).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zerofit.config import ResolvedConfig
+    from zerofit.data import Example
+
+IGNORE_INDEX = -100
+
+
+def max_length_examples(n: int, seq: int, vocab: int, seed: int = 0) -> list[Example]:
+    """`n` examples of exactly `seq` tokens, every token a label."""
+    from zerofit.data import Example
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids = [rng.randrange(3, vocab) for _ in range(seq)]
+        out.append(Example(ids, list(ids)))
+    return out
+
+
+def real_length_examples(n: int, seq: int, vocab: int, seed: int = 0) -> list[Example]:
+    """`n` examples with log-normal lengths (median 0.3 x seq, sigma 0.7, clipped to [16, seq]) and a masked
+    prompt of 20-60% of each."""
+    from zerofit.data import Example
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = int(min(seq, max(16, round(rng.lognormvariate(math.log(0.3 * seq), 0.7)))))
+        ids = [1] + [rng.randrange(3, vocab) for _ in range(length - 1)]
+        prompt = max(1, int(length * rng.uniform(0.2, 0.6)))
+        out.append(Example(ids, [IGNORE_INDEX] * prompt + ids[prompt:]))
+    return out
+
+
+def workload(name: str, n: int, seq: int, vocab: int, seed: int = 0) -> list[Example]:
+    """`max_length` or `real_length` examples."""
+    if name == "max_length":
+        return max_length_examples(n, seq, vocab, seed)
+    if name == "real_length":
+        return real_length_examples(n, seq, vocab, seed)
+    raise ValueError(f"unknown workload {name!r}: max_length or real_length")
+
+
+def describe(examples: list[Example]) -> dict[str, float]:
+    """Length statistics of a workload (for the results file)."""
+    lengths = [len(e.input_ids) for e in examples]
+    return {
+        "examples": len(lengths),
+        "mean_tokens": round(statistics.fmean(lengths), 1),
+        "median_tokens": statistics.median(lengths),
+        "max_tokens": max(lengths),
+        "label_tokens_per_example": round(
+            statistics.fmean(sum(lab != IGNORE_INDEX for lab in e.labels[1:]) for e in examples), 1
+        ),
+    }
+
+
+class _Rows:
+    """A metrics sink that keeps the rows (what metrics.jsonl would get)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.rows.append({"step": step, **metrics})
+
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _StepHook:
+    """Stands in for the checkpointer: calls `callback(steps_done)` after every step (or nothing)."""
+
+    def __init__(self, callback: Callable[[int], None] | None) -> None:
+        self.callback = callback
+
+    def after_step(self, steps_done: int) -> None:
+        if self.callback is not None:
+            self.callback(steps_done)
+
+
+def run_zerofit(
+    resolved: ResolvedConfig,
+    examples: list[Example],
+    steps: int,
+    after_step: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Train `steps` + 1 optimizer steps of `resolved` on `examples` (the first is warm-up: it creates the
+    optimizer state); returns the steady-state means of the logged throughput fields and the losses.
+    `after_step(steps_done)` runs after every step (the GPU benchmark resets its memory peaks there)."""
+    from zerofit.assembly import assemble
+    from zerofit.data import GlobalBatchSampler
+    from zerofit.train import TrainRun, train_loop
+
+    cfg = resolved.config
+    cpu_marks: list[float] = []  # process CPU time after every step: steadier than wall time on a shared CPU
+
+    def mark(done: int) -> None:
+        cpu_marks.append(time.process_time())
+        if after_step is not None:
+            after_step(done)
+
+    run = assemble(resolved, with_data=False)
+    try:
+        sink = _Rows()
+        loop = TrainRun(
+            strategy=run.strategy,
+            model=run.model,
+            examples=examples,
+            sampler=GlobalBatchSampler(
+                len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle
+            ),
+            plan=run.spec.plan,
+            max_steps=steps + 1,
+            max_grad_norm=cfg.train.max_grad_norm,
+            pad_id=int(run.built.tokenizer.pad_token_id),
+            sink=sink,
+            checkpointer=_StepHook(mark),
+            flops_per_token=run.flops_per_token,
+            precision=cfg.train.precision,
+            cross_entropy=cfg.train.cross_entropy,
+            packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
+        )
+        results = train_loop(loop)
+    finally:
+        run.close()
+    steady = sink.rows[1:] or sink.rows
+    seconds = sum(r["step_time_s"] for r in steady)
+    cpu_seconds = cpu_marks[-1] - cpu_marks[0] if len(cpu_marks) > 1 else float("nan")
+
+    def count(field: str) -> float:
+        return sum(r[field] * r["step_time_s"] for r in steady)
+
+    return {
+        "step_time_s": round(seconds / len(steady), 4),
+        "tokens_per_s": round(count("tokens_per_s") / seconds, 1),
+        "useful_tokens_per_s": round(count("useful_tokens_per_s") / seconds, 1),
+        "processed_tokens_per_s": round(count("processed_tokens_per_s") / seconds, 1),
+        "cpu_s_per_step": round(cpu_seconds / len(steady), 4),
+        "useful_tokens_per_cpu_s": round(count("useful_tokens_per_s") / cpu_seconds, 1),
+        "losses": [round(r.loss, 5) for r in results],
+        "split": {
+            "micro_batch_size": resolved.plan.micro_batch_size,
+            "grad_accum_steps": resolved.plan.grad_accum_steps,
+            "tokens_per_micro_batch": cfg.batch.tokens_per_micro_batch,
+            "activation_checkpointing": cfg.train.activation_checkpointing,
+            "cross_entropy": cfg.train.cross_entropy,
+        },
+    }

@@ -1,0 +1,99 @@
+"""How fast a plan runs: the cost model the planner maximizes when it picks (micro-batch, checkpointed layers).
+
+One micro-step of a rank costs a fixed overhead plus its FLOPs at a sustained rate:
+
+    t_micro = overhead + tokens x flops_per_token(n) / rate
+    overhead = MICRO_STEP_OVERHEAD_S_PER_LAYER x decoder layers     (kernel launches, LoRA's small ops,
+                                                                     ZeRO's per-micro-step reduce)
+    rate     = SUSTAINED_FRACTION x the GPU's dense bf16 peak        (/ FP32_SLOWDOWN in fp32)
+    flops_per_token(n) = forward 2 N + 4 L h s
+                       + backward 2 N (activation gradients) + 2 N_trainable + 8 L h s
+                       + recompute (n / L) x (2 N_layers + 4 L h s)   for n of L layers checkpointed
+
+with N the matmul weights (decoder layers + lm_head), N_layers those of the decoder layers, h the hidden
+size, s the sequence length (attention: PaLM's 12 L h s per token, forward 4, backward 8). A step is
+`grad_accum_steps` micro-steps; tokens/s is the global batch's tokens over the step time. A 4-bit base
+dequantizes every weight on the fly: KBIT_SLOWDOWN on the compute term.
+
+So a bigger micro-batch amortizes the overhead, and every checkpointed layer adds its forward again: the
+planner trades one against the other under the memory budget.
+
+Calibration (docs/platform.md, GPU measurements 2026-12-01: Llama-2-7B LoRA r16, ZeRO-2, bf16, full
+checkpointing, H200 capped at 24 GiB): micro 4 -> 8 at 1024 tokens and micro 2 -> 4 at 2048 tokens give
+the same per-token slope (1.09e-4 and 1.15e-4 s/token for 41.6 and 43.8 GFLOP/token: 380 TFLOP/s, 38.5% of
+the H200's 989) and the same fixed part (0.090 and 0.104 s per micro-step, ~3 ms per layer). The model
+then reproduces the four measured step times within 2%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zerofit.planner.gpus import GPUS
+from zerofit.planner.shapes import lora_shape, model_shape
+
+if TYPE_CHECKING:
+    from zerofit.planner.gpus import GPU
+    from zerofit.planner.scenario import Scenario
+
+SUSTAINED_FRACTION = 0.385
+MICRO_STEP_OVERHEAD_S_PER_LAYER = 0.003
+FP32_SLOWDOWN = 4.0  # fp32 matmuls (TF32 at best) against the bf16 tensor peak
+# QLoRA (4-bit, single) ran at 5,832 tokens/s where bf16 LoRA (ZeRO-2) ran at 7,815 (4 x 2048, same card).
+KBIT_SLOWDOWN = 1.34
+REFERENCE_GPU = "rtx3090"  # whose rates are used when the budget names no GPU (speeds are then relative)
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    """Predicted time of one optimizer step and the throughput it gives (all ranks together)."""
+
+    step_time_s: float
+    tokens_per_s: float
+    flops_per_token: float  # including recomputation
+    recompute_fraction: float  # share of flops_per_token that recomputes checkpointed layers
+    gpu: str  # whose rates were used
+    reference: bool  # True: the GPU was not named, only ratios between plans mean something
+
+
+def flops_per_token(scn: Scenario) -> tuple[float, float]:
+    """(FLOPs per trained token including recomputation, the recomputation's part), per the module formula."""
+    shape = model_shape(scn.model)
+    n_layers, h, s = shape.num_layers, shape.hidden_size, scn.seq_len
+    layer_matmul = float(shape.layer_linear_weight_params * n_layers)
+    matmul = layer_matmul + shape.vocab_size * h
+    if scn.lora:
+        trainable = float(lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora).trainable_params)
+    else:
+        trainable = matmul
+    attention = 4.0 * n_layers * h * s
+    forward = 2 * matmul + attention
+    backward = 2 * matmul + 2 * trainable + 2 * attention
+    ckpt = scn.checkpointed(n_layers)
+    recompute = ckpt / n_layers * (2 * layer_matmul + attention)
+    return forward + backward + recompute, recompute
+
+
+def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
+    """The cost model for `scn` on `gpu` (the reference GPU's rates when None)."""
+    card = gpu if gpu is not None else GPUS[REFERENCE_GPU]
+    rate = SUSTAINED_FRACTION * card.bf16_tflops * 1e12
+    if scn.precision == "fp32":
+        rate /= FP32_SLOWDOWN
+    if scn.quantization == "4bit":
+        rate /= KBIT_SLOWDOWN
+    total, recompute = flops_per_token(scn)
+    n_layers = model_shape(scn.model).num_layers
+    micro_tokens = scn.micro_batch_size * scn.seq_len
+    t_micro = MICRO_STEP_OVERHEAD_S_PER_LAYER * n_layers + micro_tokens * total / rate
+    step = scn.grad_accum_steps * t_micro
+    global_tokens = micro_tokens * scn.grad_accum_steps * scn.dp_size
+    return SpeedEstimate(
+        step_time_s=step,
+        tokens_per_s=global_tokens / step,
+        flops_per_token=total,
+        recompute_fraction=recompute / total,
+        gpu=card.name,
+        reference=gpu is None,
+    )
