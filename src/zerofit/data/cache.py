@@ -36,6 +36,7 @@ __all__ = [
 
 PIPELINE_VERSION = 1  # bump when zerofit tokenizes, masks, truncates or chunks differently
 _ARRAYS = ("input_ids", "label_mask", "offsets", "records")
+_BLOCK_TOKENS = 1 << 20  # tokens turned into lists at a time when loading
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -115,8 +116,9 @@ def save_cached(
 def load_cached(key: str) -> CachedData | None:
     """The entry for `key`, or None when there is none (or it cannot be read: then it is rebuilt).
 
-    The arrays are memory-mapped and turned into lists one example at a time, so loading holds little
-    beyond the examples themselves; an example learned on every token shares one list for ids and labels.
+    The arrays are memory-mapped and turned into lists a block of about `_BLOCK_TOKENS` tokens at a time,
+    so loading holds little beyond the examples themselves; an example learned on every token shares one
+    list for its ids and labels.
     """
     folder = entry_dir(key)
     try:
@@ -124,12 +126,23 @@ def load_cached(key: str) -> CachedData | None:
         arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
     except (OSError, ValueError):
         return None
-    flat_ids, mask = arrays["input_ids"], arrays["label_mask"]
+    flat_ids, mask, offsets = arrays["input_ids"], arrays["label_mask"], arrays["offsets"].tolist()
+    n = len(offsets) - 1
     ids: list[list[int]] = []
     labels: list[list[int]] = []
-    for a, b in itertools.pairwise(arrays["offsets"].tolist()):
-        example = flat_ids[a:b].tolist()
-        part = mask[a:b]
-        ids.append(example)
-        labels.append(example if part.all() else np.where(part, flat_ids[a:b], IGNORE_INDEX).tolist())
+    first = 0
+    while first < n:
+        last = first + 1  # examples [first, last) make one block
+        while last < n and offsets[last + 1] - offsets[first] <= _BLOCK_TOKENS:
+            last += 1
+        base, end = offsets[first], offsets[last]
+        block_mask = np.asarray(mask[base:end], dtype=bool)
+        block_ids = np.asarray(flat_ids[base:end])
+        id_list = block_ids.tolist()
+        label_list = np.where(block_mask, block_ids, IGNORE_INDEX).tolist()
+        for k in range(first, last):
+            a, b = offsets[k] - base, offsets[k + 1] - base
+            ids.append(id_list[a:b])
+            labels.append(ids[-1] if block_mask[a:b].all() else label_list[a:b])
+        first = last
     return CachedData(ids, labels, arrays["records"].tolist(), meta)
