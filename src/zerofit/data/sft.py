@@ -143,7 +143,7 @@ class _Tokenizer:
         self.detected = fmt == "auto"
         self.examples: list[Example] = []
         self.records: list[int] = []
-        self.n_records = self.n_truncated = self.n_dropped = self.n_split = 0
+        self.n_truncated = self.n_dropped = self.n_split = 0
         self.longest_prompt = 0
         self.prompt_cut = False  # some prompt was too long to tokenize whole: longest_prompt is a floor
 
