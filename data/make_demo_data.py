@@ -2,8 +2,11 @@
 
 Four tasks over short random strings and numbers (copy, reverse, upper-case, two-number addition), with
 varied lengths so padding and token-weighted loss matter. Seeded: running it again writes the same bytes.
+`--chat` writes the same tasks as multi-turn chat instead (data/demo_chat.jsonl, `messages` format: 1-3
+user/assistant turns, some with a system message).
 
     python data/make_demo_data.py [--n 3000] [--seed 0] [--out data/demo.jsonl]
+    python data/make_demo_data.py --chat --n 1000 --out data/demo_chat.jsonl
 """
 
 from __future__ import annotations
@@ -61,15 +64,34 @@ def make_pairs(n: int, seed: int) -> list[dict[str, str]]:
     return pairs
 
 
+def make_conversations(n: int, seed: int) -> list[dict[str, list[dict[str, str]]]]:
+    """`n` conversations of 1-3 task turns each; about one in five opens with a system message."""
+    rng = random.Random(seed)
+    conversations = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": "be exact"}] if rng.random() < 0.2 else []
+        for _ in range(rng.randint(1, 3)):
+            prompt, response = rng.choice(TASKS)(rng)
+            messages.append({"role": "user", "content": prompt.rstrip("\n")})
+            messages.append({"role": "assistant", "content": response})
+        conversations.append({"messages": messages})
+    return conversations
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=3000, help="number of pairs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "demo.jsonl")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: data/demo.jsonl or data/demo_chat.jsonl"
+    )
+    parser.add_argument("--chat", action="store_true", help="multi-turn chat (messages format)")
     args = parser.parse_args()
-    lines = [json.dumps(p, ensure_ascii=True) for p in make_pairs(args.n, args.seed)]
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {len(lines)} pairs to {args.out}")
+    records = make_conversations(args.n, args.seed) if args.chat else make_pairs(args.n, args.seed)
+    out = args.out or Path(__file__).resolve().parent / ("demo_chat.jsonl" if args.chat else "demo.jsonl")
+    lines = [json.dumps(r, ensure_ascii=True) for r in records]
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {len(lines)} {'conversations' if args.chat else 'pairs'} to {out}")
 
 
 if __name__ == "__main__":

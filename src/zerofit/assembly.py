@@ -14,6 +14,7 @@ decided once, on rank 0, for every rank.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerofit.config.resolve import ResolvedConfig
-from zerofit.data import DataStats, Example, GlobalBatchSampler, load_sft_dataset
+from zerofit.data import (
+    DataStats,
+    Example,
+    GlobalBatchSampler,
+    TokenizedData,
+    hold_out,
+    load_examples,
+    set_chat_template,
+)
 from zerofit.engine import EngineSpec, render_spec
-from zerofit.errors import LaunchError
+from zerofit.errors import DataError, LaunchError
+from zerofit.evaluate import Evaluator
 from zerofit.loss import IGNORE_INDEX
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.model import BuiltModel, build_model, load_tokenizer
@@ -40,11 +50,14 @@ __all__ = ["PreparedRun", "TrainData", "assemble", "claim_run_dir", "device_type
 
 @dataclass
 class TrainData:
-    """The tokenized training examples, what loading did to the file, and the global-batch order."""
+    """The tokenized training examples, what loading did to the source, the global-batch order, and the
+    evaluation examples (None without `data.eval_path` / `data.eval_split`)."""
 
     examples: list[Example]
     stats: DataStats
     sampler: GlobalBatchSampler
+    eval_examples: list[Example] | None = None
+    eval_stats: DataStats | None = None
 
     @property
     def mean_label_tokens(self) -> float:
@@ -97,6 +110,22 @@ class PreparedRun:
             precision=cfg.train.precision,
             cross_entropy=cfg.train.cross_entropy,
             packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
+            evaluator=self.evaluator(),
+        )
+
+    def evaluator(self) -> Evaluator | None:
+        """The loop's evaluation hook, when the run has evaluation data."""
+        if self.data is None or self.data.eval_examples is None:
+            return None
+        cfg = self.resolved.config
+        return Evaluator(
+            strategy=self.strategy,
+            model=self.model,
+            examples=self.data.eval_examples,
+            micro_batch_size=self.spec.plan.micro_batch_size,
+            pad_id=int(self.built.tokenizer.pad_token_id),
+            every_steps=cfg.eval.every_steps,
+            max_steps=cfg.train.max_steps,
         )
 
     def record(self) -> dict[str, Any]:
@@ -107,6 +136,8 @@ class PreparedRun:
         }
         if self.data is not None:
             out["data_stats"] = dataclasses.asdict(self.data.stats)
+            if self.data.eval_stats is not None:
+                out["eval_data_stats"] = dataclasses.asdict(self.data.eval_stats)
         return out
 
     def close(self) -> None:
@@ -141,13 +172,65 @@ def _holds_run(folder: Path) -> bool:
     return folder.is_dir() and any(folder.iterdir())
 
 
-def _load_data(resolved: ResolvedConfig, tokenizer: Any) -> TrainData:
+def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData]) -> TokenizedData:
+    """`load(is_rank0)` on rank 0, then on the others: rank 0 fills the tokenization cache (with progress),
+    the others read it instead of tokenizing again. A DataError on rank 0 is raised on every rank."""
+    problem, data = None, None
+    if strategy.rank == 0:
+        try:
+            data = load(True)
+        except DataError as exc:
+            problem = str(exc)
+    problem = strategy.broadcast_object(problem)  # also holds the other ranks until rank 0 is done
+    if problem is not None:
+        raise DataError(problem)
+    return data if data is not None else load(False)
+
+
+def _load_data(
+    resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy
+) -> tuple[ResolvedConfig, TrainData]:
+    """Training and evaluation data, and the config with `data.format` resolved to the format found."""
     cfg = resolved.config
-    examples, stats = load_sft_dataset(cfg.data.path, tokenizer, cfg.data.max_seq_len)
+    d = cfg.data
+
+    def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData]:
+        return lambda show: load_examples(
+            path,
+            tokenizer,
+            d.max_seq_len,
+            format=d.format,
+            split=split,
+            subset=d.subset,
+            cache=d.cache,
+            progress=show,
+            key=key,
+        )
+
+    train = _rank0_first(strategy, reader(d.path, d.split, "data.path"))
+    held: TokenizedData | None = None
+    if d.eval_path is not None:
+        split = d.eval_split if isinstance(d.eval_split, str) else "train"
+        held = _rank0_first(strategy, reader(d.eval_path, split, "data.eval_path"))
+    elif isinstance(d.eval_split, str):
+        held = _rank0_first(strategy, reader(d.path, d.eval_split, "data.path"))
+    elif d.eval_split is not None:
+        train, held = hold_out(train, d.eval_split, cfg.seed)
     sampler = GlobalBatchSampler(
-        len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle, cfg.train.partial_window
+        len(train.examples), resolved.plan.global_batch_size, cfg.seed, d.shuffle, cfg.train.partial_window
     )
-    return TrainData(examples, stats, sampler)
+    data = TrainData(
+        train.examples,
+        train.stats,
+        sampler,
+        held.examples if held is not None else None,
+        held.stats if held is not None else None,
+    )
+    if d.format == "auto":  # config.yaml says what was used: no `auto` is left in a resolved config
+        new_cfg = cfg.model_copy(deep=True)
+        new_cfg.data.format = train.stats.format  # type: ignore[assignment]
+        resolved = dataclasses.replace(resolved, config=new_cfg)
+    return resolved, data
 
 
 def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun:
@@ -171,7 +254,10 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
             )
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)
-        data = _load_data(resolved, tokenizer) if with_data else None
+        set_chat_template(tokenizer, cfg.data.chat_template)  # exported with it, for generation later
+        data = None
+        if with_data:
+            resolved, data = _load_data(resolved, tokenizer, strategy)
         set_seed(cfg.seed)  # the same LoRA init and dropout stream on every rank and every split
         # Quantized weights are quantized on the GPU they will live on, at load time (one GPU per rank).
         on_gpu = strategy.device.type == "cuda" and cfg.quantization.load_in != "none"

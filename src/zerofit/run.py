@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
     from zerofit.assembly import PreparedRun
+    from zerofit.data import DataStats
 
 EXIT_USER_ERROR = 2
 
@@ -106,8 +108,8 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"trainable ({trainable_pct:.2f}%), {resolved.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
         f"  engine       {spec.describe_engine()}, precision {t.precision}, clip {t.max_grad_norm or 'off'}",
         f"  engine file  {engine_file}",
-        f"  data         {cfg.data.path}: {stats.n_examples:,} examples ({stats.n_truncated} truncated to "
-        f"{cfg.data.max_seq_len} tokens, {stats.n_dropped} dropped), {sampler.steps_per_epoch} steps/epoch",
+        f"  data         {describe_data(cfg.data.path, stats, cfg.data.max_seq_len)}, {sampler.steps_per_epoch} steps/epoch",
+        *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {s.name} schedule, warmup {s.warmup_steps}",
@@ -139,6 +141,30 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     return text
 
 
+def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
+    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 0 dropped)`."""
+    how = [stats.format + (", detected" if stats.detected else "")]
+    if stats.from_cache:
+        how.append("from the tokenization cache")
+    notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens, {stats.n_dropped} dropped"
+    if stats.n_split:
+        notes += f", {stats.n_split} long texts split"
+    return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"
+
+
+def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
+    """Where the evaluation data comes from and when the loss is computed."""
+    d = cfg.data
+    if d.eval_path is not None:
+        source = d.eval_path
+    elif isinstance(d.eval_split, str):
+        source = f"split {d.eval_split!r} of {d.path}"
+    else:
+        source = f"{d.eval_split:g} of {d.path}'s records held out"
+    when = f"every {cfg.eval.every_steps} steps and at the end" if cfg.eval.every_steps else "at the end"
+    return f"{stats.n_examples:,} examples ({source}), loss {when}"
+
+
 def loss_summary(losses: list[float]) -> str:
     """Start and end loss, each a mean over a few steps (one global batch's loss is noisy)."""
     k = max(1, min(10, len(losses) // 2))
@@ -153,8 +179,17 @@ def announce(run: PreparedRun) -> None:
     run.strategy.barrier()
 
 
-def train_run(resolved: ResolvedConfig, config_path: str) -> int:
-    """Build everything for a resolved config and train it; returns the exit code."""
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: its exit code, run directory (after any `-2` suffix) and final export."""
+
+    exit_code: int
+    run_dir: Path
+    export_dir: Path | None = None
+
+
+def train_run(resolved: ResolvedConfig, config_path: str | None) -> RunOutcome:
+    """Build everything for a resolved config and train it (`zerofit.api.train` calls it in-process)."""
     quiet_libraries()
     from zerofit.assembly import assemble
     from zerofit.checkpoint import Checkpointer, export_final
@@ -186,7 +221,7 @@ def train_run(resolved: ResolvedConfig, config_path: str) -> int:
         # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
         # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
         strategy.barrier()
-        return 0
+        return RunOutcome(0, resolved.run_dir, exported)
     finally:
         run.close()
 
@@ -197,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = launch_env()
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
-        return train_run(resolved, args.config)
+        return train_run(resolved, args.config).exit_code
     except ZerofitError as exc:
         # One paragraph, every rank, no traceback: the message names the field, the rule and the fix.
         error(f"zerofit (rank {env.rank})", exc)

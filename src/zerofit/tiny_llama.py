@@ -17,6 +17,22 @@ import torch
 from zerofit.catalogue import TINY_LLAMA_CONFIG
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+# A chat template for `messages` data: one letter per role, assistant turns end with eos. The
+# `{% generation %}` marks tell transformers which tokens are the assistant's (the loss mask).
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- 'a: ' -}}{%- generation -%}{{- message['content'] + eos_token -}}{%- endgeneration -%}"
+    "{%- else -%}"
+    "{{- message['role'][0] + ': ' + message['content'] + '\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'a: ' -}}{%- endif -%}"
+)
+# Bump when the files written by `_build_into` change (the chat template came with 2): the cache folder
+# name carries it, so checkouts with an older or newer tiny-llama never share a folder.
+FILES_VERSION = 2
 # Specials first so their ids match TINY_LLAMA_CONFIG (pad 0, bos 1, eos 2); then tab, newline and the 95
 # printable ASCII characters: 101 tokens, within the model's vocab_size of 128.
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -33,7 +49,7 @@ def cache_dir() -> Path:
 
 def tiny_llama_path(seed: int = 0) -> Path:
     """The folder `ensure_tiny_llama(seed)` builds (it may not exist yet)."""
-    return cache_dir() / f"tiny-llama-seed{seed}"
+    return cache_dir() / f"tiny-llama-seed{seed}-v{FILES_VERSION}"
 
 
 def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazily: transformers is slow to import)
@@ -41,6 +57,7 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazi
 
     Encoding never adds special tokens by itself (no post-processor): the data pipeline adds bos/eos
     explicitly, so masking is the same for every tokenizer. Characters outside the vocabulary map to <unk>.
+    It carries `CHAT_TEMPLATE`, so chat (`messages`) data trains on tiny-llama too.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -59,6 +76,7 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazi
         eos_token=EOS,
         unk_token=UNK,
         pad_token=PAD,
+        chat_template=CHAT_TEMPLATE,
         model_max_length=TINY_LLAMA_CONFIG["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )

@@ -4,8 +4,8 @@
                 backward) -> per micro-step: forward, token *sum* / global tokens (x the engine's gradient
                 divide factor), backward (sync only on the last) -> clip once, step once -> loss.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
-                of examples each, or packed rows under a token budget) -> train_step -> metrics
-                (docs/contracts.md, metrics.jsonl) -> periodic checkpoint.
+                of examples each, or packed rows under a token budget) -> train_step -> evaluation when
+                due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> periodic checkpoint.
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
 normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
@@ -95,6 +95,13 @@ class Checkpointing(Protocol):
     def after_step(self, steps_done: int) -> None: ...
 
 
+class Evaluating(Protocol):
+    """What the loop needs from `zerofit.evaluate.Evaluator`: the `eval/*` metrics when an evaluation is due
+    after `steps_done` optimizer steps, else {} (every rank calls it at every step)."""
+
+    def after_step(self, steps_done: int) -> dict[str, Any]: ...
+
+
 @dataclass
 class TrainRun:
     """Everything the loop touches, built by `zerofit.run`."""
@@ -114,6 +121,7 @@ class TrainRun:
     precision: str = "bf16"
     cross_entropy: str = "chunked"
     packed_row_tokens: int | None = None  # token budget: rows of this many tokens (data.max_seq_len)
+    evaluator: Evaluating | None = None  # None: no evaluation data
 
 
 def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
@@ -183,8 +191,9 @@ def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
         seconds = time.perf_counter() - started
         results.append(result)
         steps_done = step + 1
-        if steps_done % run.log_every == 0 or steps_done == run.max_steps:
+        evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None else {}
+        if evaluated or steps_done % run.log_every == 0 or steps_done == run.max_steps:
             metrics = step_metrics(run, step, result, lr, seconds, samples)
-            run.sink.log(steps_done, {**metrics, **memory_fields(run.strategy)})
+            run.sink.log(steps_done, {**metrics, **evaluated, **memory_fields(run.strategy)})
         run.checkpointer.after_step(steps_done)
     return results

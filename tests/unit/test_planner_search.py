@@ -115,8 +115,9 @@ def test_a_config_that_cannot_fit_gets_every_remedy_with_its_peak() -> None:
 # ----------------------------------------------------------------------------------------- recipes
 
 
-# The demo trains the CPU-sized tiny model anywhere; every other shipped config is a recipe for a GPU.
-GPU_RECIPES = [p for p in RECIPES if p.stem != "demo"]
+# The demos (`demo`, `demo-chat`) train the CPU-sized tiny model anywhere; every other shipped config is a
+# recipe for a GPU.
+GPU_RECIPES = [p for p in RECIPES if not p.stem.startswith("demo")]
 
 
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=[p.stem for p in GPU_RECIPES])

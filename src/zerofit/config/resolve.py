@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,6 @@ from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
-from zerofit.loss import liger_available
 from zerofit.presets import DEFAULT_PRESET, list_presets
 
 
@@ -37,6 +37,18 @@ class PlanChoice:
 # `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
 PlanChooser = Callable[[ZerofitConfig, int], PlanChoice]
 MicroBatchChooser = PlanChooser  # the name callers have used since `micro_batch_size=auto`
+
+# Suffixes of the data files zerofit reads (`zerofit.data.records`); a path with one names a local file.
+DATA_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """True for `org/name` or `name` that is no data-file name: `data.path` is then a hub dataset id.
+
+    Only consulted for paths that do not exist locally, so `data/missing.jsonl` stays a missing file.
+    """
+    return bool(_HUB_ID.match(path)) and not path.lower().endswith(DATA_FILE_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -195,6 +207,61 @@ def _batch_problem(cfg: ZerofitConfig, exc: BatchConfigError) -> str:
     )
 
 
+def _check_data_path(problems: list[str], key: str, path: str) -> None:
+    """A local file or folder that exists, or a hub dataset id (checked when the data loads)."""
+    if not Path(path).expanduser().exists() and not looks_like_hub_id(path):
+        problems.append(
+            f"{key} = {path!r}: file does not exist (relative paths are from {os.getcwd()}); give a data file "
+            f"({', '.join(DATA_FILE_SUFFIXES)}), a `datasets` save_to_disk folder or a hub dataset id (org/name)"
+        )
+
+
+def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
+    """Data sources exist, the evaluation data is asked for one way only, and evaluations have data."""
+    d = cfg.data
+    _check_data_path(problems, "data.path", d.path)
+    if d.eval_path is not None:
+        _check_data_path(problems, "data.eval_path", d.eval_path)
+    split = d.eval_split
+    if isinstance(split, float) and not 0.0 < split < 1.0:
+        problems.append(
+            f"data.eval_split = {split}: a held-out fraction must be in (0, 1), e.g. 0.02 (or a split name)"
+        )
+    if isinstance(split, float) and d.eval_path is not None:
+        problems.append(
+            f"data.eval_split = {split} holds out part of data.path, but data.eval_path = {d.eval_path!r} is "
+            "set too; use one of them (data.eval_split may name the split of data.eval_path instead)"
+        )
+    if isinstance(split, str):
+        key, target = ("data.eval_path", d.eval_path) if d.eval_path is not None else ("data.path", d.path)
+        if Path(target).expanduser().is_file():
+            problems.append(
+                f"data.eval_split = {split!r} names a split, but {key} = {target!r} is a file, which has no "
+                "splits; hold out a fraction (data.eval_split=0.02) or set data.eval_path to the eval file"
+            )
+    if cfg.eval.every_steps < 0:
+        problems.append(f"eval.every_steps = {cfg.eval.every_steps}: must be >= 0 (0 = only at the end)")
+    if cfg.eval.every_steps > 0 and d.eval_path is None and split is None:
+        problems.append(
+            f"eval.every_steps = {cfg.eval.every_steps} but there is no evaluation data; set data.eval_path "
+            "or data.eval_split (e.g. data.eval_split=0.02), or eval.every_steps=0"
+        )
+    template = d.chat_template
+    if template is not None and "{" not in template and not Path(template).expanduser().is_file():
+        problems.append(
+            f"data.chat_template = {template!r}: neither a file nor a Jinja template; give the template "
+            "text or the path of a .jinja file"
+        )
+
+
+def _liger_available() -> bool:
+    """`zerofit.loss.liger_available`, imported only when asked: `zerofit.loss` imports torch, and resolving
+    a config (`zerofit plan`, `import zerofit`) stays torch-free otherwise."""
+    from zerofit.loss import liger_available
+
+    return liger_available()
+
+
 def resolve(
     config: ZerofitConfig, world_size: int, choose_micro_batch: PlanChooser | None = None
 ) -> ResolvedConfig:
@@ -290,15 +357,12 @@ def resolve(
             "quantization.load_in=4bit (QLoRA shards under FSDP2), or distributed.strategy=deepspeed (8-bit "
             "works with every ZeRO stage), ddp or single"
         )
-    if not Path(d.path).is_file():
-        problems.append(
-            f"data.path = {d.path!r}: file does not exist (relative paths are from {os.getcwd()})"
-        )
+    _check_data(problems, cfg)
     name = cfg.model.name_or_path
     if name != TINY_LLAMA and name.startswith((".", "/")) and not Path(name).is_dir():
         problems.append(f"model.name_or_path = {name!r}: local model folder does not exist")
 
-    if t.cross_entropy == "liger" and not liger_available():
+    if t.cross_entropy == "liger" and not _liger_available():
         problems.append(
             "train.cross_entropy = 'liger' needs Liger-Kernel, which is not installed here (it runs on CUDA "
             "only: pip install liger-kernel); use train.cross_entropy=chunked (the default: pure PyTorch, "

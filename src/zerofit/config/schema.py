@@ -113,12 +113,36 @@ class LoraSection(_Section):
     use_dora: bool = False
 
 
-class DataSection(_Section):
-    """Training data: JSONL with one {"prompt", "response"} object per line."""
+DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text"]
 
-    path: str = "data/demo.jsonl"
+
+class DataSection(_Section):
+    """Training (and evaluation) data: where it is, how its records are laid out, how long a sequence is."""
+
+    path: str = Field(
+        "data/demo.jsonl",
+        description="A .jsonl/.json/.parquet/.csv file, a `datasets` save_to_disk folder, or a hub dataset id.",
+    )
+    format: DataFormat = Field("auto", description="How records are laid out; `auto` detects it.")
+    split: str = Field("train", description="Split of a hub dataset or a saved DatasetDict.")
+    subset: str | None = Field(None, description="Configuration (subset) of a hub dataset.")
+    chat_template: str | None = Field(
+        None,
+        description="Jinja chat template (text or a file) for `messages` data, overriding the tokenizer's.",
+    )
     max_seq_len: int = 512
     shuffle: bool = True
+    cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")
+    eval_path: str | None = Field(None, description="Evaluation data, any source `path` accepts.")
+    eval_split: float | str | None = Field(
+        None, description="A fraction of `path` held out for evaluation, or the name of its eval split."
+    )
+
+
+class EvalSection(_Section):
+    """When the evaluation loss is computed (on `data.eval_path` or `data.eval_split`)."""
+
+    every_steps: int = Field(0, description="Optimizer steps between evaluations; 0 = only at the end.")
 
 
 class CheckpointSection(_Section):
@@ -182,6 +206,7 @@ class ZerofitConfig(_Section):
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
     lora: LoraSection = Field(default_factory=LoraSection)
     data: DataSection = Field(default_factory=DataSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     planner: PlannerSection = Field(default_factory=PlannerSection)

@@ -1,23 +1,45 @@
-"""Supervised fine-tuning records: read prompt/response JSONL, tokenize, mask the prompt, truncate.
+"""Supervised fine-tuning data: read records from any source, tell their format, tokenize, mask, truncate.
 
-Each line becomes an `Example` (input ids and unshifted labels, IGNORE_INDEX on bos and prompt tokens);
-`DataStats` says what loading did to the file. Every problem raises `DataError` naming the file and line.
+    open_source (records.py) -> detect_format / parse_record (formats.py) -> token ids:
+      prompt_response, alpaca   [bos] + prompt + response + [eos]; labels on the response and eos
+      messages                  the tokenizer's chat template (chat.py); labels on every assistant turn
+      text                      [bos] + text + [eos] cut into max_seq_len chunks (overlapping by one token,
+                                so every token after the first is learned once); labels on every token
+    -> `Example`s, `DataStats` (what loading did), and the record each example came from (for held-out
+       evaluation splits, `holdout.py`)
+
+A sequence longer than `max_seq_len` is truncated (a text document is cut into several examples instead);
+an example left with no label token is dropped and counted. Text is never tokenized beyond what a
+sequence can keep (`tokenize.py`). With `cache=True` the result is stored and reused (`cache.py`). Every
+problem raises `DataError` naming the source and the record.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zerofit.data.cache import CachedData, cache_key, load_cached, save_cached, tokenizer_fingerprint
+from zerofit.data.chat import require_chat_template, tokenize_conversation
+from zerofit.data.formats import Conversation, Document, PromptResponse, detect_format, parse_record
+from zerofit.data.progress import tokenizing_progress
+from zerofit.data.records import RecordSource, open_source
+from zerofit.data.tokenize import encode_document, encode_head
 from zerofit.errors import DataError
 from zerofit.loss import IGNORE_INDEX
+
+__all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
+
+_PROGRESS_EVERY = 256  # records between progress-bar refreshes
 
 
 @dataclass
 class Example:
-    """One tokenized training sequence; `labels` is IGNORE_INDEX on bos and prompt tokens (not shifted: HF-style)."""
+    """One tokenized training sequence; `labels` is IGNORE_INDEX where the loss skips (not shifted: HF-style)."""
 
     input_ids: list[int]
     labels: list[int]
@@ -25,52 +47,50 @@ class Example:
 
 @dataclass
 class DataStats:
-    """What loading did to the file: lines read, examples kept, truncated, and dropped (no response left)."""
+    """What loading did to the source.
+
+    `n_lines`: records read (for a JSONL file: lines, blank ones included); `n_truncated`: examples cut to
+    max_seq_len; `n_dropped`: records with nothing left to learn; `n_split`: text documents longer than
+    max_seq_len, cut into several examples; `detected`: the format came from `data.format=auto`.
+    """
 
     n_lines: int
     n_examples: int
     n_truncated: int
     n_dropped: int
+    format: str = "prompt_response"
+    source: str = ""
+    n_split: int = 0
+    detected: bool = False
+    from_cache: bool = False
 
 
-def _parse_line(raw: bytes, path: Path, lineno: int) -> tuple[str, str] | None:
-    """(prompt, response) of one JSONL line, None for a blank line, DataError naming file:line otherwise."""
-    where = f"{path}:{lineno}"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start}); save the file as UTF-8."
-        ) from None
-    if not text.strip():
-        return None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(
-            f"{where}: invalid JSON ({exc.msg} at column {exc.colno}); each line must be one JSON object "
-            'like {"prompt": "...", "response": "..."}.'
-        ) from None
-    if not isinstance(obj, dict):
-        raise DataError(
-            f"{where}: expected a JSON object with string keys 'prompt' and 'response', got a "
-            f"{type(obj).__name__}."
-        )
-    values: list[str] = []
-    for key in ("prompt", "response"):
-        if key not in obj:
-            present = ", ".join(repr(k) for k in obj) or "none"
-            raise DataError(
-                f"{where}: missing key {key!r} (keys present: {present}); each line needs string keys "
-                "'prompt' and 'response'."
-            )
-        if not isinstance(obj[key], str):
-            raise DataError(
-                f"{where}: {key!r} must be a string, got {type(obj[key]).__name__} ({obj[key]!r:.60}); "
-                "convert it to text in the data file."
-            )
-        values.append(obj[key])
-    return values[0], values[1]
+@dataclass
+class TokenizedData:
+    """Examples, what loading did, and the record (0-based, in source order) each example came from."""
+
+    examples: list[Example]
+    stats: DataStats
+    records: list[int] = field(default_factory=list)
+
+
+def _has_labels(labels: list[int]) -> bool:
+    # Position 0 predicts nothing (`count_label_tokens`), so a label there alone teaches nothing.
+    return any(label != IGNORE_INDEX for label in labels[1:])
+
+
+def _prompt_response(
+    tokenizer: Any, prompt: str, response: str, max_seq_len: int
+) -> tuple[Example, bool, int, bool]:
+    """`tokenize_example`, plus whether the prompt was only tokenized in part (its length is then a floor)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    prompt_head, prompt_cut = encode_head(tokenizer, prompt, max_seq_len)
+    prompt_ids = bos + prompt_head
+    response_ids = [*encode_head(tokenizer, response, max_seq_len)[0], tokenizer.eos_token_id]
+    input_ids = prompt_ids + response_ids
+    labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids
+    truncated = len(input_ids) > max_seq_len
+    return Example(input_ids[:max_seq_len], labels[:max_seq_len]), truncated, len(prompt_ids), prompt_cut
 
 
 def tokenize_example(
@@ -78,61 +98,227 @@ def tokenize_example(
 ) -> tuple[Example, bool, int]:
     """Tokenize one pair as [bos] + prompt + response + [eos], truncated to `max_seq_len`.
 
-    Returns (example, was_truncated, prompt_length_with_bos). Labels are IGNORE_INDEX on bos and prompt, the token
-    ids on response and eos; a tokenizer without a bos token simply gets none.
+    Returns (example, was_truncated, prompt_length_with_bos). Labels are IGNORE_INDEX on bos and prompt, the
+    token ids on response and eos; a tokenizer without a bos token simply gets none. A prompt or response
+    far longer than `max_seq_len` is only tokenized as far as the sequence reaches (the prompt length is then
+    that far).
+    """
+    example, truncated, prompt_len, _ = _prompt_response(tokenizer, prompt, response, max_seq_len)
+    return example, truncated, prompt_len
+
+
+def document_chunks(tokenizer: Any, text: str, max_seq_len: int) -> list[list[int]]:
+    """[bos] + text + [eos] cut into sequences of at most `max_seq_len` tokens.
+
+    Each chunk starts with the last token of the one before: position 0 predicts nothing, so with this
+    one-token overlap every token after the first is predicted exactly once, eos included.
     """
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    prompt_ids = bos + tokenizer.encode(prompt, add_special_tokens=False)
-    response_ids = [*tokenizer.encode(response, add_special_tokens=False), tokenizer.eos_token_id]
-    input_ids = prompt_ids + response_ids
-    labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids
-    truncated = len(input_ids) > max_seq_len
-    return Example(input_ids[:max_seq_len], labels[:max_seq_len]), truncated, len(prompt_ids)
+    stride = max(max_seq_len - 1, 1)
+    chunks: list[list[int]] = []
+
+    def cut(pending: list[int], final: bool) -> list[int]:
+        # Emit whole chunks while more than a chunk is pending (at the end: while any tokens are).
+        start = 0
+        while len(pending) - start > max_seq_len:
+            chunks.append(pending[start : start + max_seq_len])
+            start += stride
+        if final and len(pending) - start >= 2:
+            chunks.append(pending[start:])
+        return pending[start:]
+
+    pending = list(bos)
+    for piece in encode_document(tokenizer, text):
+        pending = cut(pending + piece, final=False)
+    cut([*pending, tokenizer.eos_token_id], final=True)
+    return chunks
 
 
-def load_sft_dataset(path: str | Path, tokenizer: Any, max_seq_len: int) -> tuple[list[Example], DataStats]:
-    """Read a prompt/response JSONL file into masked, truncated examples, plus counts of what happened.
+class _Tokenizer:
+    """Turns a source's records into examples, counting what happens (one instance per load)."""
 
-    Blank lines are skipped. An example whose response is truncated away entirely has nothing to learn and
-    is dropped (counted). Every problem raises `DataError` naming the file and, where it applies, the line.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(
-            f"data.path = {str(path)!r}: file does not exist; point data.path at a JSONL file with one "
-            '{"prompt": ..., "response": ...} object per line.'
+    def __init__(self, tokenizer: Any, max_seq_len: int, fmt: str, key: str) -> None:
+        self.tokenizer, self.max_seq_len, self.key = tokenizer, max_seq_len, key
+        self.format: str | None = None if fmt == "auto" else fmt
+        self.detected = fmt == "auto"
+        self.examples: list[Example] = []
+        self.records: list[int] = []
+        self.n_truncated = self.n_dropped = self.n_split = 0
+        self.longest_prompt = 0
+        self.prompt_cut = False  # some prompt was too long to tokenize whole: longest_prompt is a floor
+
+    def add(self, index: int, where: str, record: dict[str, Any], source: RecordSource) -> None:
+        if self.format is None:
+            self.format = detect_format(record, where, self.key)
+        if index == 0 and self.format == "messages":  # before tokenizing anything: the fix is in the config
+            require_chat_template(self.tokenizer, f"{self.key} = {source.name!r}")
+        parsed = parse_record(self.format, record, where)
+        if isinstance(parsed, PromptResponse):
+            example, truncated, prompt_len, prompt_cut = _prompt_response(
+                self.tokenizer, parsed.prompt, parsed.response, self.max_seq_len
+            )
+            self.longest_prompt = max(self.longest_prompt, prompt_len)
+            self.prompt_cut |= prompt_cut
+            self._keep(index, [example], truncated)
+        elif isinstance(parsed, Conversation):
+            ids, mask, truncated = tokenize_conversation(
+                self.tokenizer, parsed.messages, self.max_seq_len, where
+            )
+            labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]
+            self._keep(index, [Example(ids, labels)], truncated)
+        elif isinstance(parsed, Document):
+            chunks = document_chunks(self.tokenizer, parsed.text, self.max_seq_len) if parsed.text else []
+            self.n_split += len(chunks) > 1
+            # Every token is a label: one list serves as both (the loop never writes into either).
+            self._keep(index, [Example(c, c) for c in chunks], False)
+
+    def _keep(self, index: int, examples: list[Example], truncated: bool) -> None:
+        kept = [e for e in examples if _has_labels(e.labels)]
+        if not kept:
+            self.n_dropped += 1
+            return
+        self.n_truncated += truncated
+        self.examples.extend(kept)
+        self.records.extend([index] * len(kept))
+
+    def nothing_left(self, source: RecordSource) -> DataError:
+        """The error for a source that gave no example, saying why."""
+        what = source.name
+        if self.n_dropped == 0:
+            return DataError(
+                f"{what}: no examples ({source.kind} with {source.rows} records or lines, none with data); add records "
+                'such as {"prompt": "...", "response": "..."} or {"messages": [...]}.'
+            )
+        n, limit = self.n_dropped, self.max_seq_len
+        if self.format in ("prompt_response", "alpaca"):
+            if self.prompt_cut:
+                longest = f"the longest prompt has more than {limit} tokens"
+                fix = "shorten the prompts or raise data.max_seq_len"
+            else:
+                longest = f"the longest prompt is {self.longest_prompt} tokens including bos"
+                fix = f"set data.max_seq_len to at least {self.longest_prompt + 2} (prompt + one response token + eos)"
+            return DataError(
+                f"{what}: all {n} examples were dropped because data.max_seq_len = {limit} leaves no room for "
+                f"any response token ({longest}); {fix}."
+            )
+        if self.format == "messages":
+            return DataError(
+                f"{what}: all {n} conversations were dropped: none has an assistant turn within the first "
+                f"data.max_seq_len = {limit} tokens (or any assistant message at all); raise data.max_seq_len, "
+                "shorten the system and user turns, or check the roles ('assistant' / ShareGPT 'gpt')."
+            )
+        return DataError(f"{what}: all {n} texts are empty; put the documents under the key 'text'.")
+
+    def result(self, source: RecordSource) -> TokenizedData:
+        if not self.examples:
+            raise self.nothing_left(source)
+        stats = DataStats(
+            n_lines=source.rows,
+            n_examples=len(self.examples),
+            n_truncated=self.n_truncated,
+            n_dropped=self.n_dropped,
+            format=self.format or "auto",
+            source=source.describe(),
+            n_split=self.n_split,
+            detected=self.detected,
         )
+        return TokenizedData(self.examples, stats, self.records)
+
+
+def _tokenize_source(
+    source: RecordSource, tokenizer: Any, max_seq_len: int, fmt: str, key: str, progress: bool
+) -> TokenizedData:
+    state = _Tokenizer(tokenizer, max_seq_len, fmt, key)
+    with tokenizing_progress(source, progress) as update:
+        for index, (where, record) in enumerate(source):
+            if index % _PROGRESS_EVERY == 0:
+                update()
+            state.add(index, where, record, source)
+    return state.result(source)
+
+
+def _from_cache(hit: CachedData) -> TokenizedData:
+    examples = [Example(ids, labels) for ids, labels in zip(hit.ids, hit.labels, strict=True)]
+    stats = DataStats(**{**hit.meta["stats"], "from_cache": True})
+    return TokenizedData(examples, stats, hit.records)
+
+
+def load_examples(
+    path: str | Path,
+    tokenizer: Any,
+    max_seq_len: int,
+    *,
+    format: str = "auto",
+    split: str = "train",
+    subset: str | None = None,
+    cache: bool = False,
+    progress: bool = False,
+    key: str = "data.path",
+) -> TokenizedData:
+    """Read and tokenize the data `path` names (a file, a save_to_disk folder or a hub dataset id).
+
+    `format`: a `data.format` value (`auto` detects it from the first record). `split` / `subset`: for hub
+    datasets and saved DatasetDicts. `cache`: reuse / store the result in the tokenization cache.
+    `progress`: show progress (rank 0). `key`: the config key that named `path`, for messages.
+    """
+    with _gc_paused():
+        return _load(path, tokenizer, max_seq_len, format, split, subset, cache, progress, key)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the examples are built: it would scan the growing heap of example
+    lists again and again (two thirds of a 100k-example cache load); they hold no cycles to collect."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(
+    path: str | Path,
+    tokenizer: Any,
+    max_seq_len: int,
+    format: str,
+    split: str,
+    subset: str | None,
+    cache: bool,
+    progress: bool,
+    key: str,
+) -> TokenizedData:
+    source = open_source(path, split=split, subset=subset, key=key)
     if tokenizer.eos_token_id is None:
         raise DataError(
-            f"{path}: the tokenizer has no eos token, so responses cannot be terminated; use a model whose "
-            "tokenizer defines eos_token."
+            f"{source.describe()}: the tokenizer has no eos token, so sequences cannot be terminated; use a "
+            "model whose tokenizer defines eos_token."
         )
-    examples: list[Example] = []
-    n_lines = n_truncated = n_dropped = 0
-    longest_prompt = 0
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            n_lines = lineno
-            pair = _parse_line(raw, path, lineno)
-            if pair is None:
-                continue
-            example, truncated, prompt_len = tokenize_example(*pair, tokenizer, max_seq_len)
-            longest_prompt = max(longest_prompt, prompt_len)
-            if all(label == IGNORE_INDEX for label in example.labels):
-                n_dropped += 1
-                continue
-            n_truncated += truncated
-            examples.append(example)
-    if not examples and n_dropped == 0:
-        raise DataError(
-            f"{path}: no examples (the file has {n_lines} lines, none with data); add lines of the form "
-            '{"prompt": "...", "response": "..."}.'
-        )
-    if not examples:
-        raise DataError(
-            f"{path}: all {n_dropped} examples were dropped because data.max_seq_len = {max_seq_len} leaves "
-            f"no room for any response token (the longest prompt is {longest_prompt} tokens including bos); "
-            f"set data.max_seq_len to at least {longest_prompt + 2} (prompt + one response token + eos)."
-        )
-    stats = DataStats(n_lines=n_lines, n_examples=len(examples), n_truncated=n_truncated, n_dropped=n_dropped)
-    return examples, stats
+    entry = None
+    if cache:
+        fingerprint = source.fingerprint()
+        if fingerprint is not None:
+            entry = cache_key(
+                source=fingerprint,
+                tokenizer=tokenizer_fingerprint(tokenizer),
+                format=format,
+                max_seq_len=max_seq_len,
+            )
+            hit = load_cached(entry)
+            if hit is not None:
+                return _from_cache(hit)
+    data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress)
+    if entry is not None:
+        ids = [e.input_ids for e in data.examples]
+        labels = [e.labels for e in data.examples]
+        save_cached(entry, ids, labels, data.records, {"stats": asdict(data.stats)})
+    return data
+
+
+def load_sft_dataset(
+    path: str | Path, tokenizer: Any, max_seq_len: int, **options: Any
+) -> tuple[list[Example], DataStats]:
+    """`load_examples` as (examples, stats); `options` as there (format, split, subset, cache, ...)."""
+    data = load_examples(path, tokenizer, max_seq_len, **options)
+    return data.examples, data.stats

@@ -136,6 +136,13 @@ def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
         ("optimizer steps", [str(s["steps"]) for s in summaries]),
         ("final loss", [_fmt(s["final_loss"], ".4f") for s in summaries]),
         ("min loss", [_fmt(s["min_loss"], ".4f") for s in summaries]),
+    ]
+    if any(s.get("eval_loss") is not None for s in summaries):
+        rows += [
+            ("final eval loss", [_fmt(s.get("eval_loss"), ".4f") for s in summaries]),
+            ("min eval loss", [_fmt(s.get("min_eval_loss"), ".4f") for s in summaries]),
+        ]
+    rows += [
         ("tokens seen", [_fmt(s["tokens_seen"], ",.0f") for s in summaries]),
         ("mean tokens/s", [_fmt(s["mean_tokens_per_s"], ",.1f") for s in summaries]),
         ("peak memory, max rank", [_fmt(s["peak_gib"], ".3f", " GiB") for s in summaries]),
@@ -199,8 +206,9 @@ def build_tables(runs: list[LoadedRun]) -> tuple[Group, Table]:
 def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str]]:
     """Write the comparison PNGs into `out_dir`; returns each file with the labels of its plotted series.
 
-    loss_vs_step.png, loss_vs_tokens.png, peak_memory_per_rank.png (one line per run and rank),
-    tokens_per_s.png. Series with no data are left out (and so not returned).
+    loss_vs_step.png, eval_loss_vs_step.png (when a run has evaluations), loss_vs_tokens.png,
+    peak_memory_per_rank.png (one line per run and rank), tokens_per_s.png. Series with no data are left out
+    (and so not returned).
     """
     import matplotlib
 
@@ -250,6 +258,14 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
         "loss",
         per_run("loss"),
     )
+    if any(run.series("eval/loss")[0] for run in runs):
+        figure(
+            "eval_loss_vs_step.png",
+            "Eval loss (token-weighted, whole eval set)",
+            "optimizer step",
+            "eval loss",
+            per_run("eval/loss"),
+        )
     figure(
         "loss_vs_tokens.png",
         "Loss vs tokens seen",

@@ -115,6 +115,11 @@ def summary_table(result: dict[str, Any], title: str = "run") -> Table:
         ("optimizer steps", str(result.get("steps", 0))),
         ("final loss", _fmt(result.get("final_loss"), ".4f")),
         ("min loss", _fmt(result.get("min_loss"), ".4f")),
+        *(
+            [("eval loss (last)", _fmt(result["eval_loss"], ".4f"))]
+            if result.get("eval_loss") is not None
+            else []
+        ),
         ("tokens seen", _fmt(result.get("tokens_seen"), ",.0f")),
         ("mean tokens/s", _fmt(result.get("mean_tokens_per_s"), ",.1f")),
         (f"peak memory, max over ranks ({source})", _fmt(result.get("peak_gib"), ".3f") + " GiB"),

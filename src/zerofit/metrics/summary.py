@@ -46,7 +46,8 @@ def predicted_peak_gib(run_config: dict[str, Any]) -> float | None:
 class RunSummary:
     """Accumulates per-step metrics into the run's outcome.
 
-    - `final_loss` / `min_loss`: last and lowest logged `loss`.
+    - `final_loss` / `min_loss`: last and lowest logged `loss`; `eval_loss` / `min_eval_loss`: the same of
+      `eval/loss` (None for a run without evaluation data).
     - `peak_gib_rank{r}` and `peak_gib`: the largest `mem/rank{r}/peak_gib` of each rank and over all ranks.
     - `mean_tokens_per_s`: mean of `tokens_per_s` over logged steps, leaving out the first one when there
       are several (it includes warm-up: kernel compilation, allocator growth, JIT of DeepSpeed ops).
@@ -60,6 +61,8 @@ class RunSummary:
         self.last_step: int | None = None
         self.final_loss: float | None = None
         self.min_loss: float | None = None
+        self.eval_loss: float | None = None
+        self.min_eval_loss: float | None = None
         self.tokens_seen = 0.0
         self.rank_peaks: dict[int, float] = {}
         self.throughputs: list[float] = []
@@ -80,6 +83,12 @@ class RunSummary:
         if loss is not None:
             self.final_loss = loss
             self.min_loss = loss if self.min_loss is None else min(self.min_loss, loss)
+        eval_loss = _number(metrics.get("eval/loss"))
+        if eval_loss is not None:
+            self.eval_loss = eval_loss
+            self.min_eval_loss = (
+                eval_loss if self.min_eval_loss is None else min(self.min_eval_loss, eval_loss)
+            )
         self.tokens_seen += _number(metrics.get("tokens")) or 0.0
         tps = _number(metrics.get("tokens_per_s"))
         if tps is not None:
@@ -115,6 +124,8 @@ class RunSummary:
             "last_step": self.last_step,
             "final_loss": self.final_loss,
             "min_loss": self.min_loss,
+            "eval_loss": self.eval_loss,
+            "min_eval_loss": self.min_eval_loss,
             "tokens_seen": self.tokens_seen,
             "mean_tokens_per_s": self.mean_tokens_per_s,
             "peak_gib": self.measured_peak,

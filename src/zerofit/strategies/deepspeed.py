@@ -165,4 +165,10 @@ class DeepSpeedStrategy(Strategy):
 
     def close(self) -> None:
         self.engine = None
-        super().close()
+        if self.distributed:
+            import deepspeed.comm
+
+            # DeepSpeed's teardown also drops the groups it cached (a clone of the world group); torch's
+            # alone would leave them, and a second run in the same process (`zerofit.train` called twice
+            # in a notebook) would reuse a dead group.
+            deepspeed.comm.destroy_process_group()

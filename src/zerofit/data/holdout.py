@@ -1,0 +1,41 @@
+"""A held-out evaluation split (`data.eval_split: 0.02`): a seeded choice of records, the same on every rank
+and for every batch split.
+
+Records, not examples, are held out: the examples of one long text document (cut into several) all land on
+the same side, so evaluation never scores text the model trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from zerofit.data.sft import TokenizedData
+from zerofit.errors import DataError
+
+__all__ = ["hold_out"]
+
+
+def hold_out(data: TokenizedData, fraction: float, seed: int) -> tuple[TokenizedData, TokenizedData]:
+    """(train, eval): `fraction` of `data`'s records (at least one, rounded) for evaluation, the rest to train.
+
+    The training side keeps the source's counts of truncated and dropped records (the plan reports them for
+    the source); the evaluation side counts only its records and examples.
+    """
+    records = sorted(set(data.records))
+    n_eval = max(1, round(fraction * len(records)))
+    if n_eval >= len(records):
+        raise DataError(
+            f"data.eval_split = {fraction} of {len(records)} records leaves none to train on; lower "
+            "data.eval_split or add data."
+        )
+    # A string seed is hashed with SHA-512 by `random.Random`: the same choice in every process.
+    chosen = set(random.Random(f"zerofit-eval-split:{seed}").sample(records, n_eval))
+    parts: dict[bool, TokenizedData] = {}
+    for held in (False, True):
+        keep = [i for i, r in enumerate(data.records) if (r in chosen) == held]
+        stats = dataclasses.replace(data.stats, n_examples=len(keep))
+        if held:
+            stats = dataclasses.replace(stats, n_lines=n_eval, n_truncated=0, n_dropped=0, n_split=0)
+        parts[held] = TokenizedData([data.examples[i] for i in keep], stats, [data.records[i] for i in keep])
+    return parts[False], parts[True]

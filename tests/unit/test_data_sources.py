@@ -1,0 +1,267 @@
+"""Data sources: the same records from JSONL, JSON, CSV/TSV, Parquet, a `save_to_disk` folder and a hub dataset id
+(loaded offline from a `datasets` cache laid out as an online load leaves it) give the same examples; the
+tokenization cache; held-out evaluation splits; and the config checks of the data keys."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config_helpers import DEMO_DATA
+from zerofit.config import load_config, resolve
+from zerofit.data import hold_out, load_examples
+from zerofit.data import sft as sft_module
+from zerofit.errors import ConfigError, DataError
+from zerofit.tiny_llama import ensure_tiny_llama
+
+PAIRS = [{"prompt": f"q{i}: {'ab' * (i % 5)}", "response": f"a{i}"} for i in range(12)]
+CHATS = [
+    {
+        "messages": [
+            {"role": "user", "content": f"hi {i}"},
+            {"role": "assistant", "content": "x" * (i % 4 + 1)},
+        ]
+    }
+    for i in range(6)
+]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ensure_tiny_llama(0))
+
+
+def _jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _dataset(records: list[dict[str, Any]]) -> Any:
+    import datasets
+
+    return datasets.Dataset.from_list(records)
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `datasets` cache holding hub dataset `zerofit-test/pairs` (splits train, test) as an online
+    `load_dataset` leaves it: `<cache>/<org>___<name>/<config>/<version>/<revision>/` with the Arrow files
+    and dataset_info.json, written by the same JSON builder the hub loader uses."""
+    from datasets.packaged_modules.json.json import Json
+
+    root = tmp_path_factory.mktemp("hub")
+    train, test = _jsonl(root / "train.jsonl", PAIRS), _jsonl(root / "test.jsonl", PAIRS[:3])
+    builder = Json(
+        cache_dir=str(root / "build"),
+        dataset_name="pairs",
+        data_files={"train": str(train), "test": str(test)},
+    )
+    builder.download_and_prepare()
+    revision = root / "cache" / "zerofit-test___pairs" / "default" / "0.0.0" / "0123456789abcdef"
+    revision.parent.mkdir(parents=True)
+    shutil.move(builder.cache_dir, revision)
+    return root / "cache"
+
+
+@pytest.fixture
+def offline_hub(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hub_cache)
+    assert datasets.config.HF_HUB_OFFLINE  # tests run offline (conftest): only the cache can answer
+    return hub_cache
+
+
+# ---------------------------------------------------------------- one set of records, every source
+
+
+def _write_sources(folder: Path) -> dict[str, str]:
+    _jsonl(folder / "pairs.jsonl", PAIRS)
+    (folder / "pairs.json").write_text(json.dumps(PAIRS, indent=1))
+    _jsonl(folder / "lines.json", PAIRS)  # JSON lines under a .json name
+    for name, delimiter in (("pairs.csv", ","), ("pairs.tsv", "\t")):
+        with (folder / name).open("w", newline="") as f:
+            writer = csv.DictWriter(f, ["prompt", "response"], delimiter=delimiter)
+            writer.writeheader()
+            writer.writerows(PAIRS)
+    _dataset(PAIRS).to_parquet(str(folder / "pairs.parquet"))
+    _dataset(PAIRS).save_to_disk(str(folder / "saved"))
+    import datasets
+
+    datasets.DatasetDict({"train": _dataset(PAIRS), "test": _dataset(PAIRS[:3])}).save_to_disk(
+        str(folder / "dict")
+    )
+    return {
+        name: str(folder / name)
+        for name in ("pairs.json", "lines.json", "pairs.csv", "pairs.tsv", "pairs.parquet", "saved", "dict")
+    }
+
+
+def test_every_source_gives_the_same_examples(tmp_path: Path, tok: Any, offline_hub: Path) -> None:
+    sources = _write_sources(tmp_path)
+    reference = load_examples(tmp_path / "pairs.jsonl", tok, 64)
+    sources["hub"] = "zerofit-test/pairs"
+    for name, path in sources.items():
+        data = load_examples(path, tok, 64)
+        assert data.examples == reference.examples, name
+        assert (data.stats.n_lines, data.stats.format) == (12, "prompt_response"), name
+    kinds = {name: load_examples(path, tok, 64).stats.source for name, path in sources.items()}
+    assert "Parquet file" in kinds["pairs.parquet"] and "save_to_disk folder" in kinds["saved"]
+    assert kinds["hub"] == "zerofit-test/pairs (hub dataset, split 'train')"
+
+
+def test_splits_of_a_saved_dataset_dict_and_a_hub_dataset(
+    tmp_path: Path, tok: Any, offline_hub: Path
+) -> None:
+    sources = _write_sources(tmp_path)
+    test_pairs = load_examples(_jsonl(tmp_path / "t.jsonl", PAIRS[:3]), tok, 64).examples
+    assert load_examples(sources["dict"], tok, 64, split="test").examples == test_pairs
+    assert load_examples("zerofit-test/pairs", tok, 64, split="test").examples == test_pairs
+    with pytest.raises(DataError, match=r"has no split 'valid' \(splits: 'train', 'test'\)"):
+        load_examples(sources["dict"], tok, 64, split="valid")
+    with pytest.raises(DataError, match=r"zerofit-test/pairs.*valid.*data\.split"):
+        load_examples("zerofit-test/pairs", tok, 64, split="valid")
+
+
+def test_chat_records_from_parquet_and_save_to_disk(tmp_path: Path, tok: Any) -> None:
+    reference = load_examples(_jsonl(tmp_path / "c.jsonl", CHATS), tok, 64).examples
+    _dataset(CHATS).to_parquet(str(tmp_path / "c.parquet"))
+    _dataset(CHATS).save_to_disk(str(tmp_path / "c-saved"))
+    assert load_examples(tmp_path / "c.parquet", tok, 64).examples == reference
+    assert load_examples(tmp_path / "c-saved", tok, 64).examples == reference
+
+
+def test_a_hub_dataset_neither_cached_nor_reachable(tok: Any, offline_hub: Path) -> None:
+    with pytest.raises(DataError) as err:
+        load_examples("zerofit-test/not-there", tok, 64, key="data.eval_path")
+    msg = str(err.value)
+    assert msg.startswith("data.eval_path = 'zerofit-test/not-there' is not a local file or folder")
+    assert "HF_HUB_OFFLINE" in msg and "cache" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("bad.csv", 'prompt,response\n"a","b","c"\n', "bad.csv:2: more cells than the header's 2 columns"),
+        ("bad.parquet", "not parquet", "bad.parquet: not a readable Parquet file"),
+        ("bad.json", '[{"prompt": "a", "response": "b"},\n oops]', "bad.json:2: invalid JSON"),
+        ("scalars.json", "[1, 2]", "scalars.json item 0: expected a JSON object"),
+    ],
+)
+def test_bad_files_name_the_place(tmp_path: Path, tok: Any, name: str, content: str, needle: str) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError) as err:
+        load_examples(tmp_path / name, tok, 64)
+    assert needle in str(err.value)
+
+
+def test_a_folder_that_is_no_saved_dataset(tmp_path: Path, tok: Any) -> None:
+    with pytest.raises(DataError, match=r"is a folder but not one written by `datasets` save_to_disk"):
+        load_examples(tmp_path, tok, 64)
+
+
+# ---------------------------------------------------------------- tokenization cache
+
+
+def test_the_cache_serves_a_second_load_without_tokenizing(
+    tmp_path: Path, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))
+    chats = _jsonl(tmp_path / "c.jsonl", CHATS)
+    text = _jsonl(tmp_path / "t.jsonl", [{"text": "abcdefgh" * 20}])
+    first = [load_examples(p, tok, 64, cache=True) for p in (chats, text)]
+    assert not any(d.stats.from_cache for d in first)
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("tokenized again")
+
+    real = sft_module._tokenize_source
+    monkeypatch.setattr(sft_module, "_tokenize_source", refuse)
+    again = [load_examples(p, tok, 64, cache=True) for p in (chats, text)]
+    for before, after in zip(first, again, strict=True):
+        assert after.stats.from_cache
+        assert after.examples == before.examples and after.records == before.records
+        assert {**vars(after.stats), "from_cache": False} == vars(before.stats)
+    # Anything that changes the tokens is a new key: the content, max_seq_len, the tokenizer's template.
+    monkeypatch.setattr(sft_module, "_tokenize_source", real)
+    _jsonl(chats, CHATS[:3])
+    assert not load_examples(chats, tok, 64, cache=True).stats.from_cache
+    assert not load_examples(chats, tok, 32, cache=True).stats.from_cache
+    tok_copy = type(tok).from_pretrained(ensure_tiny_llama(0))
+    tok_copy.chat_template = tok.chat_template.replace("a: ", "b: ")
+    assert not load_examples(chats, tok_copy, 64, cache=True).stats.from_cache
+    assert load_examples(chats, tok, 64, cache=True).stats.from_cache
+    entries = list((tmp_path / "cache" / "tokenized").iterdir())
+    assert len(entries) == 5 and not [e for e in entries if e.name.startswith(".")]  # no temporary left
+
+
+# ---------------------------------------------------------------- held-out evaluation split
+
+
+def test_hold_out_is_seeded_disjoint_and_keeps_documents_whole(tmp_path: Path, tok: Any) -> None:
+    docs = [{"text": "x" * (5 + 40 * (i % 2))} for i in range(20)]  # every other one splits into chunks
+    data = load_examples(_jsonl(tmp_path / "t.jsonl", docs), tok, 16)
+    train, held = hold_out(data, 0.2, seed=3)
+    assert len(set(held.records)) == 4 and not set(held.records) & set(train.records)
+    assert sorted(train.records + held.records) == sorted(data.records)  # every chunk, on one side
+    assert hold_out(data, 0.2, seed=3)[1].records == held.records
+    assert hold_out(data, 0.2, seed=4)[1].records != held.records
+    assert (held.stats.n_lines, held.stats.n_examples) == (4, len(held.examples))
+    assert train.stats.n_examples == len(train.examples) == len(data.examples) - len(held.examples)
+    with pytest.raises(DataError, match=r"data\.eval_split = 0\.99 of 20 records leaves none to train on"):
+        hold_out(data, 0.99, seed=3)
+
+
+# ---------------------------------------------------------------- config checks of the data keys
+
+
+def _problems(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        resolve(
+            load_config(
+                None,
+                [
+                    f"data.path={DEMO_DATA}",
+                    "batch.global_batch_size=4",
+                    "batch.micro_batch_size=4",
+                    *overrides,
+                ],
+            ),
+            1,
+        )
+    return str(err.value)
+
+
+def test_data_paths_are_files_folders_or_hub_ids(tmp_path: Path) -> None:
+    base = ["batch.global_batch_size=4", "batch.micro_batch_size=4"]
+    for path in ("org/some-dataset", "squad", str(tmp_path)):
+        resolve(load_config(None, [f"data.path={path}", *base]), 1)  # checked when the data loads
+    msg = _problems("data.path=data/missing.jsonl")
+    assert "data.path = 'data/missing.jsonl': file does not exist" in msg
+    assert "data.eval_path = './nope'" in _problems("data.eval_path=./nope")
+
+
+def test_evaluation_keys_are_checked_together() -> None:
+    assert "must be in (0, 1)" in _problems("data.eval_split=1.5")
+    assert "use one of them" in _problems("data.eval_split=0.1", f"data.eval_path={DEMO_DATA}")
+    assert "is a file, which has no splits" in _problems("data.eval_split=test")
+    msg = _problems("eval.every_steps=10")
+    assert "no evaluation data" in msg and "data.eval_split=0.02" in msg
+    assert "neither a file nor a Jinja template" in _problems("data.chat_template=missing.jinja")
+    cfg = load_config(
+        None,
+        [
+            f"data.path={DEMO_DATA}",
+            "batch.global_batch_size=4",
+            "batch.micro_batch_size=4",
+            "data.eval_split=0.02",
+        ],
+    )
+    assert resolve(cfg, 1).config.data.eval_split == 0.02
