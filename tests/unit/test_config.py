@@ -178,9 +178,18 @@ def test_default_preset_per_strategy(strategy: str, preset: str | None) -> None:
 def test_wandb_mode_default_is_concrete(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     assert resolve(load_config(DEMO, ["logging.wandb.mode=null"]), 1).config.logging.wandb.mode == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert resolve(load_config(DEMO, ["logging.wandb.mode=null"]), 1).config.logging.wandb.mode == "online"
+
+
+@pytest.mark.parametrize("mode", ["null", "offline", "online"])
+def test_wandb_mode_disabled_in_the_environment_wins(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # W&B's own off switch, as CI and the README test use it: config.yaml then records what ran.
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    resolved = resolve(load_config(DEMO, [f"logging.wandb.mode={mode}"]), 1)
+    assert resolved.config.logging.wandb.mode == "disabled"
 
 
 def test_explicit_run_name_is_kept() -> None:

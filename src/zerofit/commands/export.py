@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from zerofit.messages import quiet_libraries, say
+from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
 
 
 def register(subparsers: Any) -> None:
@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export, then say what was written and how to load it."""
+    quiet_deepspeed_on_cpu()
     quiet_libraries()
     from zerofit.export import export_run
 

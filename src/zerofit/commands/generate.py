@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zerofit.messages import quiet_libraries
+from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError([f"--max-new-tokens {args.max_new_tokens}: must be >= 1"])
     if args.temperature < 0:
         raise ConfigError([f"--temperature {args.temperature}: must be >= 0 (0 = greedy)"])
+    quiet_deepspeed_on_cpu()
     quiet_libraries()
     from zerofit.generate import load_generator
 
@@ -61,4 +62,9 @@ def run(args: argparse.Namespace) -> int:
     text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
+    if not text.strip():
+        warn(
+            "the continuation is empty: the model's first new token ended the sequence (an undertrained model "
+            "often does); try --temperature 0.8 to sample past it"
+        )
     return 0

@@ -276,7 +276,11 @@ def resolve(
     cfg.batch.global_batch_size = plan.global_batch_size
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps
-    if cfg.logging.wandb.mode is None:
+    if os.environ.get("WANDB_MODE") == "disabled":
+        # W&B's own off switch (CI, tests, a shell without W&B) wins over the config, as in any W&B program;
+        # config.yaml then records the mode that ran.
+        cfg.logging.wandb.mode = "disabled"
+    elif cfg.logging.wandb.mode is None:
         cfg.logging.wandb.mode = "online" if wandb_key_configured() else "offline"
     if cfg.run_name is None:
         cfg.run_name = default_run_name(cfg, plan)

@@ -76,7 +76,9 @@ def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | No
     cfg = run.config
     b, t, o, s, lora = cfg.batch, cfg.train, cfg.optimizer, cfg.scheduler, cfg.lora
     method = adaptation_method(cfg)
-    split = f"global {b.global_batch_size} = micro {b.micro_batch_size} x accum {b.grad_accum_steps}"
+    micro, accum = int(b.micro_batch_size or 1), int(b.grad_accum_steps or 1)  # resolved: ints
+    dp = int(b.global_batch_size or 0) // (micro * accum)
+    split = f"global {b.global_batch_size} = micro {micro} x accum {accum} x dp {dp}"
     engine = cfg.distributed.strategy + (f" / {cfg.distributed.preset}" if cfg.distributed.preset else "")
     data = f"`{cfg.data.path}`"
     fmt = run.data_value("format")
@@ -101,13 +103,10 @@ def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | No
         ("data", data),
         (
             "training",
-            f"{t.max_steps} optimizer steps, {split} (per data-parallel rank), {engine}, {t.precision}, "
-            f"{o.name} lr {o.lr:g}, {s.name} schedule, warmup {s.warmup_steps}",
+            f"{t.max_steps} optimizer steps of {split}, {engine}, {t.precision}, {o.name} lr {o.lr:g}, "
+            f"{s.name} schedule, warmup {s.warmup_steps}",
         ),
-        (
-            "weights",
-            f"{source.describe()}" + (f", step {source.step}" if source.kind == "checkpoint" else ""),
-        ),
+        ("weights", source.describe()),
         ("this folder", what),
     ]
     found = losses(run.run_dir, source.step)
@@ -116,28 +115,29 @@ def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | No
             step, value = found[name]
             rows.append((f"{name} loss", f"{value:.4f} (step {step})"))
     table = "\n".join(f"| {key} | {value} |" for key, value in rows)
-    library = "peft" if kind == "adapter" else "transformers"
     front = yaml.safe_dump(
         {
             **({"base_model": cfg.model.name_or_path} if cfg.model.name_or_path != TINY_LLAMA else {}),
-            "library_name": library,
+            "library_name": "peft" if kind == "adapter" else "transformers",
             "tags": ["zerofit", method.split(" ")[0]],
         },
         sort_keys=False,
     )
     if kind == "adapter":
         load = (
-            "from peft import AutoPeftModelForCausalLM\n"
-            'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # loads the base, then the adapter'
+            "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # the base, then the adapter\n'
         )
     else:
-        load = 'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("<this folder>")'
+        load = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            'model = AutoModelForCausalLM.from_pretrained("<this folder>")\n'
+        )
+    load += 'tokenizer = AutoTokenizer.from_pretrained("<this folder>")\n'
     config = yaml.safe_dump(run.raw, sort_keys=False)
     return (
         f"---\n{front}---\n\n# {cfg.run_name}\n\nFine-tuned with zerofit; exported by `zerofit export` from "
-        f"`{run.run_dir}`.\n\n| | |\n|---|---|\n{table}\n\n## Load it\n\n```python\n{load}\n"
-        "from transformers import AutoTokenizer\n"
-        'tokenizer = AutoTokenizer.from_pretrained("<this folder>")\n```\n\n'
+        f"`{run.run_dir}`.\n\n| | |\n|---|---|\n{table}\n\n## Load it\n\n```python\n{load}```\n\n"
         'Or sample from it: `zerofit generate <this folder> --prompt "..."`.\n\n'
         f"## Training config (as resolved by zerofit)\n\n```yaml\n{config}```\n"
     )

@@ -102,7 +102,7 @@ class TrainedModel:
 
 def tokenizer_for(run: RunConfig, source: WeightsSource | None = None) -> Any:
     """The run's tokenizer: the one its final export saved (pad token settled), else the base model's; with
-    the run's `data.chat_template`, when it set one and the tokenizer has none."""
+    the run's `data.chat_template` when it set one (training formatted its chats with that template)."""
     from transformers import AutoTokenizer
 
     if (
@@ -116,7 +116,7 @@ def tokenizer_for(run: RunConfig, source: WeightsSource | None = None) -> Any:
     else:
         tokenizer = load_tokenizer(run.config)
     template = run.data_value("chat_template")
-    if isinstance(template, str) and template and not getattr(tokenizer, "chat_template", None):
+    if isinstance(template, str) and template:
         tokenizer.chat_template = _template_text(template)
     return tokenizer
 
