@@ -14,7 +14,7 @@ One set of real launches (gloo, CPU, tiny-llama with LoRA, 4 steps of global bat
 
 Asserted: the 2-node losses equal the single-node ones (fp32, within 1e-5); an output_dir that is not shared
 fails on every rank with one paragraph; the adapters exported from state.pt, ZeRO-3 partitions and FSDP2 shards
-agree (same training); a merged export loads with `AutoModelForCausalLM` and its logits match the adapter model
+agree (same training); a merged export of each loads with `AutoModelForCausalLM` and its logits match the adapter model
 built independently with peft (fp32: 1e-5 relative; QLoRA in bf16: within bf16 rounding); the user's
 DeepSpeed schedule is the one that ran; `zerofit generate` prints the model's greedy continuation.
 """
@@ -187,6 +187,7 @@ def exports(runs: dict[str, RunResult], root: Path) -> dict[str, Path]:
         "zero3-merged": ("zero3-2node", ["--merge"]),
         "zero3-step2": ("zero3-2node", ["--step", "2"]),
         "fsdp-adapter": ("fsdp-2node", []),
+        "fsdp-merged": ("fsdp-2node", ["--merge"]),
         "qlora-merged": ("qlora-dsfile", ["--merge"]),
     }
     for name, (run, flags) in jobs.items():
@@ -282,7 +283,7 @@ def test_adapters_from_state_zero3_and_fsdp_shards_agree(exports: dict[str, Path
     assert max(float((step2[k] - ref[k]).abs().max()) for k in ref) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["single-merged", "zero3-merged"])
+@pytest.mark.parametrize("name", ["single-merged", "zero3-merged", "fsdp-merged"])
 def test_merged_export_loads_in_transformers_and_matches_the_adapter(
     exports: dict[str, Path], name: str
 ) -> None:
@@ -333,7 +334,7 @@ def test_export_folder_has_tokenizer_card_and_provenance(
     for text in (
         "tiny-llama",
         "data.jsonl",
-        f"{STEPS} optimizer steps",
+        f"{STEPS} optimizer steps of global 8 = micro 2 x accum 2 x dp 2",
         "checkpoint step-4",
         f"{final_loss:.4f}",
     ):
