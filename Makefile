@@ -1,5 +1,7 @@
 # zerofit developer entry points. Two commands matter on a fresh machine: `make demo` and `make test`.
 PYTHON ?= python3
+# bash: the demo's sample prompt is a $'...' string (it ends in a newline, as the demo data's prompts do).
+SHELL := /bin/bash
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
@@ -31,15 +33,20 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The demo runs with the deepspeed launcher: one rank per GPU, or 2 CPU ranks without a GPU.
+# The demo runs with the deepspeed launcher: one rank per GPU, or 2 CPU ranks without a GPU, on a free
+# rendezvous port (deepspeed's default 29500 may be taken); it ends by sampling from the trained adapter.
 demo: setup
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$$n" -gt 0 ] 2>/dev/null || n=2; \
-	echo "zerofit demo: configs/demo.yaml on $$n rank(s) ($(DS_ACCELERATOR))"; \
-	$(VENV)/bin/deepspeed --num_gpus $$n launchers/launch_finetune.py --config configs/demo.yaml \
+	port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
+	echo "zerofit demo: configs/demo.yaml on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
+	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config configs/demo.yaml \
 	  && run=$$(ls -td runs/*/ | head -1) \
 	  && echo "" && echo "Results in $$run: metrics.jsonl (per-step loss, lr, grad norm, memory), config.yaml," \
 	  && echo "  ds_config.json (what DeepSpeed ran with), adapter/ (the trained LoRA), wandb/ (offline run)." \
-	  && echo "  Plot or compare runs: $(VENV)/bin/zerofit compare $$run"
+	  && echo "  Plot or compare runs: $(VENV)/bin/zerofit compare $$run" \
+	  && echo "  Export (adapter, or merged into the base): $(VENV)/bin/zerofit export $$run --merge --out exports/demo" \
+	  && echo "" && echo "A sample from the trained adapter: zerofit generate $$run --prompt \$$'add: 12+34\\n'" \
+	  && $(VENV)/bin/zerofit generate $$run --prompt $$'add: 12+34\n' --max-new-tokens 16
 
 clean:
 	rm -rf $(VENV) .cache runs .pytest_cache .ruff_cache

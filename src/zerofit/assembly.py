@@ -38,6 +38,7 @@ from zerofit.loss import IGNORE_INDEX
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.model import BuiltModel, build_model, load_tokenizer
 from zerofit.optim import build_optimizer, build_scheduler
+from zerofit.shared_storage import check_shared_output_dir
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
 from zerofit.train import Checkpointing, TrainRun
@@ -252,6 +253,9 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
                 f"{strategy.device}; use train.cross_entropy=chunked (the default: the same token sums in "
                 "pure PyTorch)"
             )
+        # Every rank writes its part of each checkpoint under output_dir: one filesystem shared by all ranks,
+        # checked in seconds, before the data and a 7B load rather than at the first save.
+        check_shared_output_dir(strategy, Path(cfg.output_dir))
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)
         set_chat_template(tokenizer, cfg.data.chat_template)  # exported with it, for generation later

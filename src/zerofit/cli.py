@@ -1,4 +1,4 @@
-"""`zerofit` command line: plan | presets | compare.
+"""`zerofit` command line: plan | presets | compare | export | generate.
 
 Each subcommand lives in `zerofit.commands.<name>` and exposes `register(subparsers)`, which adds its
 parser and sets `func(args) -> int`. This module only dispatches and turns user errors into one clear
@@ -8,15 +8,18 @@ paragraph with a non-zero exit code (no traceback).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 
-from zerofit.commands import compare, plan, presets
+from zerofit.commands import compare, export, generate, plan, presets
 from zerofit.errors import ZerofitError
 from zerofit.messages import error
 
 # Subcommands, in help order.
-COMMANDS = (plan, presets, compare)
+COMMANDS = (plan, presets, compare, export, generate)
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # dotted.key=value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,9 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse `argv`, with a subcommand's `key=value` overrides allowed before, between and after its flags.
+
+    argparse fills a `nargs="*"` positional from one run of arguments only, and `parse_intermixed_args`
+    refuses parsers with subcommands; so the overrides argparse leaves over (`plan --config X a=1 --json
+    b=2` leaves `b=2`) are appended, in order, to the command's own `overrides`.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all(_OVERRIDE.match(item) for item in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `zerofit` console script."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except ZerofitError as exc:

@@ -11,6 +11,7 @@ The training loop's per-step progress and tables are the console sink's (`zerofi
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 
@@ -31,6 +32,19 @@ def warn(message: str) -> None:
 def error(source: str, exc: BaseException | str) -> None:
     """Print a user error as `<source>: error: <paragraph>` on stderr; the caller exits non-zero."""
     print(f"{source}: error: {exc}", file=sys.stderr, flush=True)
+
+
+def quiet_deepspeed_on_cpu() -> None:
+    """On a machine without CUDA, name the CPU as DeepSpeed's accelerator (what it would detect anyway).
+
+    For the commands that only read weights on the host (`zerofit export`, `zerofit generate`): DeepSpeed,
+    imported on the way by peft / transformers / zero_to_fp32, otherwise warns that it fell back to the CPU.
+    An accelerator the user chose (`DS_ACCELERATOR`) is kept.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def quiet_libraries() -> None:

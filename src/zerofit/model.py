@@ -19,7 +19,9 @@ import torch
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.checkpointing import checkpointed_layers, enable_activation_checkpointing
 from zerofit.config.schema import ZerofitConfig
-from zerofit.lora import apply_lora, lora_config
+from zerofit.errors import ConfigError
+from zerofit.hub import hub_errors
+from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.tiny_llama import ensure_tiny_llama
 
@@ -48,7 +50,7 @@ def load_dtype(cfg: ZerofitConfig) -> torch.dtype:
     return torch_dtype(dtypes.load)
 
 
-def _quantization_config(cfg: ZerofitConfig) -> Any | None:
+def quantization_config(cfg: ZerofitConfig) -> Any | None:
     """The bitsandbytes config for `quantization.load_in` 4bit/8bit, or None (no quantization)."""
     load_in = cfg.quantization.load_in
     if load_in == "none":
@@ -95,12 +97,30 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     """
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        resolve_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code
-    )
+    with hub_errors(cfg.model.name_or_path, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolve_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -> None:
+    """`lora.check_target_modules` on a meta-device build of the model at `path` (milliseconds, no weights).
+
+    Best effort: an architecture that cannot be built from its config alone (custom code) is checked by
+    `apply_lora` after the load instead.
+    """
+    if isinstance(target_modules, str):
+        return
+    from zerofit.planner.shapes import build_meta_model
+
+    try:
+        meta = build_meta_model(path)
+    except (ConfigError, ValueError, KeyError, ImportError):
+        return
+    check_target_modules(meta, target_modules)
 
 
 def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = None) -> BuiltModel:
@@ -115,17 +135,23 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder.
     path = resolve_model_path(cfg)
 
+    # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
+    # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
+    if cfg.lora.enabled:
+        check_lora_targets_before_load(path, cfg.lora.target_modules)
+
     # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
     dtype = load_dtype(cfg)
-    quant = _quantization_config(cfg)
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=dtype,
-        attn_implementation=cfg.model.attn_implementation,
-        quantization_config=quant,
-        trust_remote_code=cfg.model.trust_remote_code,
-        device_map=device_map,
-    )
+    quant = quantization_config(cfg)
+    with hub_errors(cfg.model.name_or_path, "weights"):
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype,
+            attn_implementation=cfg.model.attn_implementation,
+            quantization_config=quant,
+            trust_remote_code=cfg.model.trust_remote_code,
+            device_map=device_map,
+        )
 
     # 3. Quantized base: freeze it and upcast the non-quantized parts (norms, embeddings, lm_head) to fp32
     #    for stable training. Checkpointing is left to step 5, so one place enables it for every model.

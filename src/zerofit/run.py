@@ -112,10 +112,16 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
-        f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {s.name} schedule, warmup {s.warmup_steps}",
+        f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
         f"  steps        {t.max_steps} optimizer steps (~{epochs:.2f} epochs)",
         f"  run dir      {resolved.run_dir}",
     ]
+    if plan.dp_size > 1:
+        lines.append(
+            f"  storage      output_dir {cfg.output_dir!r} is shared by all {plan.dp_size} ranks (checked): each "
+            "writes its part of every checkpoint there, so on several nodes it must be a shared filesystem"
+        )
+    lines += [f"  note         {note}" for note in resolved.notes]
     if sampler.remainder and sampler.partial_window == "drop":
         lines.append(
             f"  note         partial window 'drop': the last {sampler.remainder} of {stats.n_examples} examples "

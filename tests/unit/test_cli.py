@@ -113,6 +113,40 @@ def test_plan_text_shows_every_factor_and_the_engine_config(capsys: pytest.Captu
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config", DEMO, "batch.micro_batch_size=2", "--json", "train.max_steps=7", "--world-size", "2"],
+        ["batch.micro_batch_size=2", "--config", DEMO, "--json", "--world-size", "2", "train.max_steps=7"],
+        ["--json", "batch.micro_batch_size=2", "--world-size", "2", "train.max_steps=7", "--config", DEMO],
+    ],
+)
+def test_plan_takes_overrides_and_flags_in_any_order(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    report = _json_out(capsys, "plan", *argv)
+    assert report["batch"]["formula"] == "global 16 = micro 2 x accum 4 x dp 2"
+    assert report["config"]["train"]["max_steps"] == 7
+
+
+def test_a_stray_flag_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--config", DEMO, "a.b=1", "--jsn"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --jsn" in capsys.readouterr().err
+
+
+def test_plan_says_when_one_override_switches_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    report = _json_out(
+        capsys, "plan", "--config", DEMO, "--json", "--world-size", "2", "distributed.strategy=fsdp"
+    )
+    assert (report["strategy"], report["preset"]) == ("fsdp", "fsdp")
+    assert report["engine_config_file"].endswith("fsdp.json")
+    assert any("replaces the config file's deepspeed preset 'zero2'" in note for note in report["notes"])
+    assert main(["plan", "--config", DEMO, "--world-size", "1", "distributed.strategy=single"]) == 0
+    assert "Note: distributed.strategy = 'single' replaces" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
     ("args", "needle"),
     [
         (["batch.global_bach_size=4"], "did you mean 'batch.global_batch_size'?"),

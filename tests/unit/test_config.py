@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from zerofit.config import ZerofitConfig, load_config, parse_overrides, resolve
+from zerofit.config.loader import validate_config
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError, ZerofitError
 from zerofit.planner import choose_micro_batch
@@ -185,9 +186,18 @@ def test_default_preset_per_strategy(strategy: str, preset: str | None) -> None:
 def test_wandb_mode_default_is_concrete(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     assert resolve(load_config(DEMO, ["logging.wandb.mode=null"]), 1).config.logging.wandb.mode == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert resolve(load_config(DEMO, ["logging.wandb.mode=null"]), 1).config.logging.wandb.mode == "online"
+
+
+@pytest.mark.parametrize("mode", ["null", "offline", "online"])
+def test_wandb_mode_disabled_in_the_environment_wins(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # W&B's own off switch, as CI and the README test use it: config.yaml then records what ran.
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    resolved = resolve(load_config(DEMO, [f"logging.wandb.mode={mode}"]), 1)
+    assert resolved.config.logging.wandb.mode == "disabled"
 
 
 def test_explicit_run_name_is_kept() -> None:
@@ -250,10 +260,62 @@ def test_unknown_preset_lists_the_presets() -> None:
         assert name in msg
 
 
-def test_preset_of_another_engine() -> None:
-    msg = _problems(["distributed.preset=fsdp_offload"])
+def test_preset_of_another_engine_written_with_its_strategy() -> None:
+    # Both written in the same place and contradicting each other: no side wins, the user decides.
+    msg = _problems(["distributed.strategy=deepspeed", "distributed.preset=fsdp_offload"])
     assert "is a fsdp preset but distributed.strategy = 'deepspeed'" in msg
     assert "distributed.strategy=fsdp" in msg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "engine", "note"),
+    [
+        # One override switches engine: the file's DeepSpeed preset gives way to the new engine's default.
+        (
+            ["distributed.strategy=fsdp"],
+            2,
+            ("fsdp", "fsdp"),
+            "replaces the config file's deepspeed preset 'zero2'",
+        ),
+        (["distributed.strategy=single"], 1, ("single", None), "(single takes no preset)"),
+        (["distributed.strategy=ddp"], 2, ("ddp", None), "(ddp takes no preset)"),
+        # A preset alone implies its engine.
+        (["distributed.preset=fsdp_offload"], 2, ("fsdp", "fsdp_offload"), "is a fsdp preset, so"),
+        # Same engine: nothing to say.
+        (["distributed.preset=zero3"], 2, ("deepspeed", "zero3"), None),
+    ],
+)
+def test_switching_engine_takes_one_override(
+    overrides: list[str], world_size: int, engine: tuple[str, str | None], note: str | None
+) -> None:
+    resolved = resolve(load_config(DEMO, overrides), world_size)
+    assert (resolved.config.distributed.strategy, resolved.config.distributed.preset) == engine
+    if note is None:
+        assert resolved.notes == ()
+    else:
+        assert len(resolved.notes) == 1 and note in resolved.notes[0], resolved.notes
+    # The resolved config says the engine outright: reloading config.yaml gives the same engine, no notes.
+    again = resolve(validate_config(resolved.config.model_dump(mode="json")), world_size)
+    assert (again.config.distributed.strategy, again.config.distributed.preset) == engine
+    assert again.notes == ()
+
+
+def test_a_preset_in_a_file_without_a_strategy_implies_it(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(DEMO.read_text().replace("  strategy: deepspeed\n  preset: zero2\n", "  preset: fsdp\n"))
+    resolved = resolve(load_config(path), 2)
+    assert (resolved.config.distributed.strategy, resolved.config.distributed.preset) == ("fsdp", "fsdp")
+    assert resolved.notes == ()  # nothing contradicted: the preset was the only word on the engine
+
+
+def test_switching_away_from_deepspeed_drops_the_files_deepspeed_json(tmp_path: Path) -> None:
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"stage": 2}}')
+    path = tmp_path / "c.yaml"
+    path.write_text(DEMO.read_text().replace("  preset: zero2\n", f"  ds_config: {ds}\n"))
+    resolved = resolve(load_config(path, ["distributed.strategy=fsdp"]), 2)
+    assert resolved.config.distributed.ds_config is None
+    assert any("is not used" in note for note in resolved.notes), resolved.notes
 
 
 def test_micro_batch_auto_says_the_planner_decides(monkeypatch: pytest.MonkeyPatch) -> None:

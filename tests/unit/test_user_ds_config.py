@@ -308,3 +308,46 @@ def test_auto_micro_batch_with_a_malformed_file_is_an_error_not_a_guess(tmp_path
     # as if it were empty.
     with pytest.raises(ConfigError, match="not valid JSON"):
         _auto(tmp_path, '{"zero_optimization": {"stage": 3,}}')
+
+
+# ----------------------------------------------------------------------------------------- scheduler block
+
+
+def test_a_scheduler_block_is_honoured_and_the_plan_says_so(tmp_path: Path) -> None:
+    spec = render_spec(_resolved(tmp_path, HF_ZERO3, "scheduler.warmup_steps=5"))
+    assert spec.engine_scheduler == "WarmupDecayLR"  # the strategy passes no scheduler of its own
+    params = spec.to_json()["scheduler"]["params"]
+    assert params == {
+        "warmup_min_lr": 0.0,
+        "warmup_max_lr": 3e-3,
+        "warmup_num_steps": 5,
+        "total_num_steps": 300,
+    }
+    described = spec.describe_schedule("cosine", 5)
+    assert (
+        described.startswith("DeepSpeed WarmupDecayLR schedule from ") and "'cosine' is not used" in described
+    )
+
+
+def test_without_a_scheduler_block_zerofit_schedules(tmp_path: Path) -> None:
+    spec = render_spec(_resolved(tmp_path, _with(scheduler=None)))
+    assert spec.engine_scheduler is None and "scheduler" not in spec.to_json()
+    assert spec.describe_schedule("cosine", 10) == "cosine schedule, warmup 10"
+
+
+def test_warmup_cosine_autos_follow_min_lr_ratio(tmp_path: Path) -> None:
+    body = _with(
+        scheduler={
+            "type": "WarmupCosineLR",
+            "params": {"total_num_steps": "auto", "warmup_num_steps": "auto", "cos_min_ratio": "auto"},
+        }
+    )
+    spec = render_spec(_resolved(tmp_path, body, "scheduler.min_lr_ratio=0.1"))
+    assert spec.to_json()["scheduler"]["params"]["cos_min_ratio"] == 0.1
+
+
+def test_a_scheduler_deepspeed_does_not_know_is_refused(tmp_path: Path) -> None:
+    problems = ds_config_problems(_resolved(tmp_path, _with(scheduler={"type": "CosineAnnealing"})))
+    assert len(problems) == 1
+    assert "scheduler block of type 'CosineAnnealing'" in problems[0] and "WarmupDecayLR" in problems[0]
+    assert "delete the block" in problems[0]

@@ -65,7 +65,8 @@ def build_plan_report(
     """Everything `zerofit plan` shows, as one JSON-able dict (what `--json` prints).
 
     Keys: `batch`, `strategy`, `preset`, `engine_config` (the exact dict the engine receives),
-    `engine_config_file`, `run_dir`, `world_size`, `config` (the resolved config), `memory` (the planner's
+    `engine_config_file`, `run_dir`, `world_size`, `notes` (what resolve decided for the user, e.g. an engine
+    switch), `schedule` (the LR schedule that runs), `config` (the resolved config), `memory` (the planner's
     verdict for `spec`; memory_options: gpu, gpu_mem, trace; with `probe`, the probe's measurements).
     """
     from zerofit.planner.report import memory_report
@@ -80,6 +81,8 @@ def build_plan_report(
         "engine_config": spec.to_json(),
         "engine_config_file": str(resolved.run_dir / spec.filename),
         "run_dir": str(resolved.run_dir),
+        "notes": list(resolved.notes),
+        "schedule": spec.describe_schedule(cfg.scheduler.name, cfg.scheduler.warmup_steps),
         "config": cfg.model_dump(mode="json"),
         "memory": memory_report(resolved, spec, **memory_options),
     }
@@ -147,6 +150,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     if report.get("ds_config"):
         engine = f"{report['strategy']} (your file {report['ds_config']}, autos filled)"
     console.print(f"Engine: {engine}; run directory: {report['run_dir']}")
+    console.print(f"LR schedule: {report['schedule']}", highlight=False)
+    for note in report.get("notes", []):
+        console.print(f"Note: {note}", highlight=False)
     console.print(f"Engine config (written to {report['engine_config_file']} at launch):")
     console.print_json(json.dumps(report["engine_config"]))
 

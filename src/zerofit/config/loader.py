@@ -143,4 +143,7 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Zerof
                 [f"config file {str(file)!r} must hold a mapping of keys, got {type(loaded).__name__}"]
             )
         raw = loaded
-    return validate_config(deep_merge(raw, parse_overrides(overrides)))
+    overrides = list(overrides)
+    config = validate_config(deep_merge(raw, parse_overrides(overrides)))
+    config.mark_overridden(frozenset(item.partition("=")[0].strip() for item in overrides))
+    return config

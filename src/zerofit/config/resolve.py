@@ -59,6 +59,8 @@ class ResolvedConfig:
     plan: BatchPlan
     world_size: int
     run_dir: Path
+    # What resolve() decided that the user did not literally write (an engine switch), for the plan to say.
+    notes: tuple[str, ...] = ()
 
     @property
     def effective_lr(self) -> float:
@@ -114,6 +116,54 @@ def wandb_key_configured() -> bool:
         return "api.wandb.ai" in netrc.read_text()
     except OSError:
         return False
+
+
+def _settle_engine(cfg: ZerofitConfig) -> list[str]:
+    """Switching engine takes one override; returns what was decided, for the plan to say.
+
+    - `distributed.strategy=X` on the command line, over a config file whose preset (or DeepSpeed file)
+      belongs to another engine: X's default preset replaces it (single / ddp take none).
+    - `distributed.preset=P` on the command line, or a preset with no strategy written anywhere: P's
+      engine is the strategy.
+    Both written in the same place and contradicting each other stays an error (resolve() says so).
+    """
+    d, overridden = cfg.distributed, cfg.overridden
+    presets = list_presets()
+    notes: list[str] = []
+    owner = presets[d.preset].strategy if d.preset in presets else None
+    strategy_cli, preset_cli = "distributed.strategy" in overridden, "distributed.preset" in overridden
+    strategy_written = "strategy" in d.model_fields_set
+    if owner is not None and owner != d.strategy:
+        if (preset_cli and not strategy_cli) or not strategy_written:
+            if strategy_written:
+                notes.append(
+                    f"distributed.preset = {d.preset!r} is a {owner} preset, so distributed.strategy = {owner!r} "
+                    f"(the config file said {d.strategy!r})"
+                )
+            d.strategy = owner  # type: ignore[assignment]
+        elif strategy_cli and not preset_cli:
+            default = DEFAULT_PRESET[d.strategy]
+            notes.append(
+                f"distributed.strategy = {d.strategy!r} replaces the config file's {owner} preset {d.preset!r} "
+                + (
+                    f"with {d.strategy}'s default preset {default!r}"
+                    if default
+                    else f"({d.strategy} takes no preset)"
+                )
+            )
+            d.preset = default
+    if (
+        d.ds_config is not None
+        and d.strategy != "deepspeed"
+        and strategy_cli
+        and "distributed.ds_config" not in overridden
+    ):
+        notes.append(
+            f"distributed.strategy = {d.strategy!r}: the config file's DeepSpeed file distributed.ds_config = "
+            f"{d.ds_config!r} is not used"
+        )
+        d.ds_config = None
+    return notes
 
 
 def _check_positive(problems: list[str], **values: float | int | None) -> None:
@@ -272,6 +322,7 @@ def resolve(
     """
     cfg = config.model_copy(deep=True)
     problems: list[str] = []
+    notes = _settle_engine(cfg)
     strategy = cfg.distributed.strategy
 
     if world_size < 1:
@@ -379,10 +430,18 @@ def resolve(
     cfg.batch.global_batch_size = plan.global_batch_size
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps
-    if cfg.logging.wandb.mode is None:
+    if os.environ.get("WANDB_MODE") == "disabled":
+        # W&B's own off switch (CI, tests, a shell without W&B) wins over the config, as in any W&B program;
+        # config.yaml then records the mode that ran.
+        cfg.logging.wandb.mode = "disabled"
+    elif cfg.logging.wandb.mode is None:
         cfg.logging.wandb.mode = "online" if wandb_key_configured() else "offline"
     if cfg.run_name is None:
         cfg.run_name = default_run_name(cfg, plan)
     return ResolvedConfig(
-        config=cfg, plan=plan, world_size=world_size, run_dir=Path(cfg.output_dir) / cfg.run_name
+        config=cfg,
+        plan=plan,
+        world_size=world_size,
+        run_dir=Path(cfg.output_dir) / cfg.run_name,
+        notes=tuple(notes),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from zerofit.catalogue import TINY_LLAMA
 
@@ -210,3 +210,17 @@ class ZerofitConfig(_Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     planner: PlannerSection = Field(default_factory=PlannerSection)
+
+    # The dotted keys the command line set (recorded by `load_config`), so that `resolve()` can let an
+    # override win over a file value it contradicts (`distributed.strategy=fsdp` on a config with a DeepSpeed
+    # preset). Not a config key: never validated, dumped or written to config.yaml.
+    _overrides: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    @property
+    def overridden(self) -> frozenset[str]:
+        """Dotted keys set by command-line overrides rather than the config file."""
+        return self._overrides
+
+    def mark_overridden(self, keys: frozenset[str]) -> None:
+        """Record which dotted keys came from the command line (see `overridden`)."""
+        self._overrides = frozenset(keys)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig
 
 __all__ = [
+    "DEEPSPEED_SCHEDULERS",
     "FP16_DYNAMIC_LOSS_SCALING",
     "bucket_keys",
     "hidden_size_buckets",
@@ -33,6 +34,10 @@ FP16_DYNAMIC_LOSS_SCALING: dict[str, Any] = {
     "hysteresis": 2,
     "min_loss_scale": 1,
 }
+
+
+# The `scheduler.type` values DeepSpeed builds (deepspeed.runtime.lr_schedules.VALID_LR_SCHEDULES).
+DEEPSPEED_SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
 
 
 def precision_blocks(precision: str) -> dict[str, dict[str, Any]]:

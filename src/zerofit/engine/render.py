@@ -13,7 +13,9 @@ DeepSpeed rules (from a preset, or a user's own file via `distributed.ds_config`
     the step); otherwise the client passes its own torch/bitsandbytes optimizer, which ZeRO must be told
     to accept (`zero_allow_untested_optimizer`, and `zero_force_ds_cpu_optimizer: false` under offload);
   - bucket sizes from the model's hidden size where the preset or file does not fix them;
-  - DeepSpeed's own monitors and step printing off: zerofit logs itself.
+  - DeepSpeed's own monitors and step printing off: zerofit logs itself;
+  - a user file's `scheduler` block is honoured: DeepSpeed builds that schedule (`engine_scheduler`), the
+    strategy passes none of its own, and the plan says which schedule runs.
 """
 
 from __future__ import annotations
@@ -165,7 +167,14 @@ def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
         offload_params=offloads(zero, "offload_param"),
         engine_optimizer=str(block.get("type", "optimizer")) if isinstance(block, dict) else None,
         user_file=user_file,
+        engine_scheduler=_scheduler_type(config),
     )
+
+
+def _scheduler_type(config: dict[str, Any]) -> str | None:
+    """The `scheduler.type` DeepSpeed will build (the user file's block; checked by `user_ds_config`)."""
+    block = config.get("scheduler")
+    return str(block["type"]) if isinstance(block, dict) and "type" in block else None
 
 
 # --------------------------------------------------------------------------------------------- FSDP2

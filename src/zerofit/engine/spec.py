@@ -96,6 +96,10 @@ class EngineSpec:
         """The optimizer that runs the step: `optimizer.name`, or the engine's own."""
         return name
 
+    def describe_schedule(self, name: str, warmup_steps: int) -> str:
+        """The LR schedule that runs: zerofit's `scheduler.*`, or the engine's own (a DeepSpeed block)."""
+        return f"{name} schedule, warmup {warmup_steps}"
+
     def to_json(self) -> dict[str, Any]:
         """The engine file's contents (what the engine receives, as JSON)."""
         raise NotImplementedError
@@ -125,6 +129,9 @@ class DeepSpeedSpec(EngineSpec):
     # DeepSpeed builds the optimizer from the config's `optimizer` block (its CPU Adam under offload).
     engine_optimizer: str | None = None
     user_file: str | None = None  # distributed.ds_config, when the config came from the user's file
+    # DeepSpeed builds the LR schedule from the config's `scheduler` block (a user file's); zerofit's
+    # scheduler.* then does not run, and the strategy passes no scheduler of its own.
+    engine_scheduler: str | None = None
 
     @property
     def builds_optimizer(self) -> bool:
@@ -143,6 +150,17 @@ class DeepSpeedSpec(EngineSpec):
                 "design)"
             )
         return f"once per window, at the boundary (ZeRO-{self.zero_stage})"
+
+    def describe_schedule(self, name: str, warmup_steps: int) -> str:
+        if self.engine_scheduler is None:
+            return super().describe_schedule(name, warmup_steps)
+        params = self.config.get("scheduler", {}).get("params", {})
+        shown = ", ".join(f"{k} {v}" for k, v in params.items()) if isinstance(params, dict) else ""
+        return (
+            f"DeepSpeed {self.engine_scheduler} schedule from {self.user_file or 'the engine config'}"
+            + (f" ({shown})" if shown else "")
+            + f"; scheduler.name {name!r} is not used"
+        )
 
     def describe_optimizer(self, name: str) -> str:
         if self.engine_optimizer is not None:

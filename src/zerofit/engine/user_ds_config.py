@@ -5,7 +5,8 @@ every `"auto"` the Trainer accepts and fills it from the resolved config (the ba
 clipping, precision, optimizer and scheduler hyper-parameters, bucket sizes from the model width). A value
 the file hard-codes must agree with zerofit's; a disagreement is refused at plan time, before any model is
 loaded, with both values and the fix, instead of DeepSpeed's `train_batch_size is not equal to ...`
-assertion at launch or a silently different run.
+assertion at launch or a silently different run. A `scheduler` block is honoured (DeepSpeed runs that
+schedule, and the plan says so) or, when DeepSpeed does not know its type, refused.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerofit.engine.deepspeed_keys import hidden_size_buckets, model_hidden_size
+from zerofit.engine.deepspeed_keys import DEEPSPEED_SCHEDULERS, hidden_size_buckets, model_hidden_size
 from zerofit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -88,6 +89,9 @@ def _slots(resolved: ResolvedConfig) -> dict[str, _Slot]:
             max(1, cfg.scheduler.warmup_steps), "scheduler.warmup_steps"
         ),
         "scheduler.params.total_num_steps": _Slot(cfg.train.max_steps, "train.max_steps"),
+        # WarmupCosineLR's floors, as fractions of the peak.
+        "scheduler.params.warmup_min_ratio": _Slot(0.0, None),
+        "scheduler.params.cos_min_ratio": _Slot(cfg.scheduler.min_lr_ratio, "scheduler.min_lr_ratio"),
     }
 
 
@@ -197,6 +201,7 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
             )
 
     problems.extend(_optimizer_problems(body, cfg.optimizer.name, where))
+    problems.extend(_scheduler_problems(body, cfg.scheduler.name, where))
     return body, problems
 
 
@@ -251,6 +256,23 @@ def _optimizer_problems(body: dict[str, Any], optimizer_name: str, where: str) -
             'describe AdamW only. Fix: use "type": "AdamW" with "auto" params, or delete the block'
         ]
     return []
+
+
+def _scheduler_problems(body: dict[str, Any], scheduler_name: str, where: str) -> list[str]:
+    """A `scheduler` block is honoured: DeepSpeed builds and steps that schedule, and zerofit passes no
+    scheduler of its own (scheduler.name is then not used, which the plan says). It must be one DeepSpeed
+    knows; anything else would fail inside deepspeed.initialize."""
+    if "scheduler" not in body:
+        return []
+    block = body["scheduler"]
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind in DEEPSPEED_SCHEDULERS:
+        return []
+    return [
+        f"{where} has a scheduler block of type {kind!r}, which DeepSpeed does not build (it knows "
+        f"{', '.join(DEEPSPEED_SCHEDULERS)}). Fix: use one of those types, or delete the block to use zerofit's "
+        f"schedule (scheduler.name = {scheduler_name!r})"
+    ]
 
 
 def filled_user_ds_config(resolved: ResolvedConfig) -> dict[str, Any]:

@@ -100,7 +100,9 @@ class DeepSpeedStrategy(Strategy):
             model=model,
             optimizer=optimizer,
             model_parameters=params,
-            lr_scheduler=make_scheduler,  # called with the engine's base optimizer
+            # zerofit's schedule, called with the engine's base optimizer; or none, so that DeepSpeed builds
+            # the one the user's file asks for (a client scheduler would silently replace it).
+            lr_scheduler=None if self.spec.engine_scheduler else make_scheduler,
             config=config,
             dist_init_required=False,
         )

@@ -1,0 +1,76 @@
+"""`zerofit export RUN_DIR --out DIR [--merge] [--step N] [--dtype D]`: a run's weights as a folder other
+tools load.
+
+Without `--merge`, a LoRA run exports its adapter as a peft folder; with `--merge`, the adapter merged into the
+base model (QLoRA: dequantized first) as Hugging Face safetensors that `AutoModelForCausalLM.from_pretrained`
+loads. A full fine-tune always exports the whole model. The weights come from the run's final export or, when
+that is missing or older, its newest complete checkpoint of any engine (ZeRO-3 partitions and FSDP2 shards are
+merged on the CPU); `--step N` picks checkpoint step-N. Tokenizer and model card included; see
+`zerofit.export.folder`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
+
+
+def register(subparsers: Any) -> None:
+    """Add the `export` subcommand."""
+    parser = subparsers.add_parser(
+        "export",
+        help="export a run's adapter (peft), or the model merged into its base (HF safetensors)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (output_dir/run_name)")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="the folder to write (new, empty, or an earlier export)"
+    )
+    parser.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="export checkpoint step-N (default: the newest weights)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        help="dtype of merged / full weights (default auto: the run's train.precision)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export, then say what was written and how to load it."""
+    quiet_deepspeed_on_cpu()
+    quiet_libraries()
+    from zerofit.export import export_run
+
+    result = export_run(
+        Path(args.run_dir), Path(args.out), merge=args.merge, step=args.step, dtype=args.dtype
+    )
+    what = {
+        "adapter": "LoRA adapter (peft)",
+        "merged": f"model with the adapter merged in, {result.dtype}",
+        "model": f"full model, {result.dtype}",
+    }[result.kind]
+    if args.merge and result.kind == "model":
+        say("note: a full fine-tune has no adapter to merge; the export is the whole model either way")
+    load = (
+        "peft.AutoPeftModelForCausalLM.from_pretrained"
+        if result.kind == "adapter"
+        else "transformers.AutoModelForCausalLM.from_pretrained"
+    )
+    say(
+        f"exported {what} from {result.source.describe()} of {args.run_dir}\n"
+        f"  -> {result.out} ({result.size_bytes / 2**20:.2f} MiB of weights, tokenizer, README.md model card)\n"
+        f"  load it with {load}('{result.out}'), or try it: zerofit generate {result.out} --prompt \"...\""
+    )
+    return 0

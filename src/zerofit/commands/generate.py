@@ -1,0 +1,70 @@
+"""`zerofit generate RUN_DIR|EXPORT_DIR --prompt TEXT`: print the trained model's continuation of a prompt.
+
+A smoke check after training: the prompt is encoded as training encoded prompts (the chat template when the
+run trained on `data.format: messages`), decoding is greedy unless `--temperature` is given, and only the new
+text is printed on stdout. See `zerofit.generate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
+
+
+def register(subparsers: Any) -> None:
+    """Add the `generate` subcommand."""
+    parser = subparsers.add_parser(
+        "generate",
+        help="sample from a trained run or an export (a smoke check)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "path", metavar="RUN_DIR|EXPORT_DIR", help="a run directory or a `zerofit export` folder"
+    )
+    parser.add_argument(
+        "--prompt", required=True, help="the prompt text (use $'...\\n' in bash for a newline)"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=64, metavar="N", help="at most N new tokens (default 64)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="sample at temperature T (default 0: greedy)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for sampling (with --temperature)")
+    parser.add_argument(
+        "--step", type=int, default=None, metavar="N", help="a run directory's checkpoint step-N"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, generate, print the completion."""
+    from zerofit.errors import ConfigError
+
+    if args.max_new_tokens < 1:
+        raise ConfigError([f"--max-new-tokens {args.max_new_tokens}: must be >= 1"])
+    if args.temperature < 0:
+        raise ConfigError([f"--temperature {args.temperature}: must be >= 0 (0 = greedy)"])
+    quiet_deepspeed_on_cpu()
+    quiet_libraries()
+    from zerofit.generate import load_generator
+
+    generator = load_generator(Path(args.path), step=args.step)
+    text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+    if not text.strip():
+        warn(
+            "the continuation is empty: the model's first new token ended the sequence (an undertrained model "
+            "often does); try --temperature 0.8 to sample past it"
+        )
+    return 0

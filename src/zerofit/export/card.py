@@ -1,0 +1,143 @@
+"""The model card (`README.md`) of an export: what was trained, on what, how, and how it ended.
+
+It states the base model, the data, the training setup (method, split, engine, precision, optimizer), the
+weights' source (final export or checkpoint step) and the final train loss and, when the run logged one, the
+eval loss; then how to load the folder and the run's full resolved config. Front matter uses the Hugging
+Face model-card keys (`base_model`, `library_name`, `tags`) so the hub renders it as such.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zerofit.catalogue import TINY_LLAMA
+from zerofit.config.resolve import adaptation_method
+from zerofit.export.checkpoints import WeightsSource
+from zerofit.export.trained import RunConfig
+
+__all__ = ["losses", "model_card"]
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _is_eval_loss(key: str) -> bool:
+    # Read tolerantly: `eval_loss`, `eval/loss`, `eval.loss` all count.
+    return key.startswith("eval") and key.endswith("loss")
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def losses(run_dir: Path, up_to_step: int | None = None) -> dict[str, tuple[int, float]]:
+    """`train` and `eval` -> (step, loss) of the last logged row at or before `up_to_step` that has one."""
+    found: dict[str, tuple[int, float]] = {}
+    for row in _rows(run_dir):
+        step = row.get("step")
+        if not isinstance(step, int) or (up_to_step is not None and step > up_to_step):
+            continue
+        loss = _finite(row.get("loss"))
+        if loss is not None:
+            found["train"] = (step, loss)
+        for key, value in row.items():
+            if _is_eval_loss(key) and _finite(value) is not None:
+                found["eval"] = (step, float(value))
+    return found
+
+
+def _base_model(run: RunConfig) -> str:
+    name = run.config.model.name_or_path
+    if name == TINY_LLAMA:
+        return f"{TINY_LLAMA} (zerofit's built-in random-init Llama, seed {run.config.seed})"
+    return name
+
+
+def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | None) -> str:
+    """The README.md text for an export of `run` from `source`; `kind` is `adapter`, `merged` or `model`."""
+    cfg = run.config
+    b, t, o, s, lora = cfg.batch, cfg.train, cfg.optimizer, cfg.scheduler, cfg.lora
+    method = adaptation_method(cfg)
+    micro, accum = int(b.micro_batch_size or 1), int(b.grad_accum_steps or 1)  # resolved: ints
+    dp = int(b.global_batch_size or 0) // (micro * accum)
+    split = f"global {b.global_batch_size} = micro {micro} x accum {accum} x dp {dp}"
+    engine = cfg.distributed.strategy + (f" / {cfg.distributed.preset}" if cfg.distributed.preset else "")
+    data = f"`{cfg.data.path}`"
+    fmt = run.data_value("format")
+    data += f" (format `{fmt}`)" if fmt else ""
+    data += f", max_seq_len {cfg.data.max_seq_len}"
+    eval_source = run.data_value("eval_path") or run.data_value("eval_split")
+    if eval_source:
+        data += f"; eval: `{eval_source}`"
+    if cfg.lora.enabled:
+        targets = (
+            lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+        )
+        method += f" (r {lora.r}, alpha {lora.alpha}, dropout {lora.dropout}, targets: {targets})"
+    what = {
+        "adapter": "the LoRA adapter only (a peft folder; the base model is loaded separately)",
+        "merged": f"the adapter merged into the base model, {dtype} safetensors",
+        "model": f"the whole fine-tuned model, {dtype} safetensors",
+    }[kind]
+    rows = [
+        ("base model", _base_model(run)),
+        ("method", method),
+        ("data", data),
+        (
+            "training",
+            f"{t.max_steps} optimizer steps of {split}, {engine}, {t.precision}, {o.name} lr {o.lr:g}, "
+            f"{s.name} schedule, warmup {s.warmup_steps}",
+        ),
+        ("weights", source.describe()),
+        ("this folder", what),
+    ]
+    found = losses(run.run_dir, source.step)
+    for name in ("train", "eval"):
+        if name in found:
+            step, value = found[name]
+            rows.append((f"{name} loss", f"{value:.4f} (step {step})"))
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
+    front = yaml.safe_dump(
+        {
+            **({"base_model": cfg.model.name_or_path} if cfg.model.name_or_path != TINY_LLAMA else {}),
+            "library_name": "peft" if kind == "adapter" else "transformers",
+            "tags": ["zerofit", method.split(" ")[0]],
+        },
+        sort_keys=False,
+    )
+    if kind == "adapter":
+        load = (
+            "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # the base, then the adapter\n'
+        )
+    else:
+        load = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            'model = AutoModelForCausalLM.from_pretrained("<this folder>")\n'
+        )
+    load += 'tokenizer = AutoTokenizer.from_pretrained("<this folder>")\n'
+    config = yaml.safe_dump(run.raw, sort_keys=False)
+    return (
+        f"---\n{front}---\n\n# {cfg.run_name}\n\nFine-tuned with zerofit; exported by `zerofit export` from "
+        f"`{run.run_dir}`.\n\n| | |\n|---|---|\n{table}\n\n## Load it\n\n```python\n{load}```\n\n"
+        'Or sample from it: `zerofit generate <this folder> --prompt "..."`.\n\n'
+        f"## Training config (as resolved by zerofit)\n\n```yaml\n{config}```\n"
+    )

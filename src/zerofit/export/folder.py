@@ -1,0 +1,161 @@
+"""`export_run`: a run's trained weights as a folder other tools load, written atomically.
+
+    LoRA, default    the adapter as a peft folder (`PeftModel` / `AutoPeftModelForCausalLM` load it)
+    LoRA, merge      the adapters merged into the base (peft's `merge_and_unload`, in fp32, QLoRA
+                     dequantized first), saved as Hugging Face safetensors in `--dtype`, which
+                     `AutoModelForCausalLM.from_pretrained` loads with no peft and no zerofit
+    full fine-tune   the whole model, as Hugging Face safetensors in `--dtype`
+
+Every export also holds the tokenizer, a model card (`README.md`) and `zerofit_export.json` (the source run,
+step, kind and the run's config, which `zerofit generate` reads). The folder is written under a temporary
+name next to `--out` and renamed into place only when complete, so an interrupted export never replaces a
+good one; `--out` must be new, empty, or an earlier zerofit export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zerofit.errors import ConfigError
+from zerofit.export.card import model_card
+from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
+from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for
+from zerofit.lora import apply_lora, lora_config
+from zerofit.model import resolve_model_path
+from zerofit.precision import DTYPES, torch_dtype
+
+__all__ = ["EXPORT_INFO", "ExportResult", "export_run", "output_dtype"]
+
+EXPORT_INFO = "zerofit_export.json"
+_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_run` wrote: the folder, its kind (`adapter`, `merged`, `model`), source and dtype."""
+
+    out: Path
+    kind: str
+    source: WeightsSource
+    dtype: str | None  # torch name of the weights' dtype (None: the adapter as trained)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the weight files."""
+        return sum(p.stat().st_size for p in self.out.glob("*.safetensors"))
+
+
+def output_dtype(run: RunConfig, requested: str) -> str:
+    """The dtype merged / full weights are saved in: `auto` = the run's `train.precision` (bf16 runs, QLoRA
+    included, give bf16), else the requested `bf16`, `fp16` or `fp32`."""
+    name = run.config.train.precision if requested == "auto" else requested
+    if name not in DTYPES:
+        raise ConfigError([f"--dtype {requested!r}: expected auto, {', '.join(DTYPES)}"])
+    return DTYPES[name].torch_name
+
+
+def _check_out(out: Path, run_dir: Path) -> None:
+    """`--out` must not be the run itself or a folder of something else (never delete what zerofit did not write)."""
+    if out.resolve() == run_dir.resolve() or run_dir.resolve().is_relative_to(out.resolve()):
+        raise ConfigError([f"--out {out} would replace the run directory {run_dir}; choose a new folder"])
+    if out.exists() and not out.is_dir():
+        raise ConfigError([f"--out {out} is a file; choose a new folder"])
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
+        raise ConfigError(
+            [
+                f"--out {out} already holds files that are not a zerofit export (no {EXPORT_INFO}); choose a new "
+                "or empty folder (an earlier zerofit export there is replaced, atomically)"
+            ]
+        )
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """`tmp` takes the name `out`; an existing `out` is moved aside first and deleted only afterwards."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path) -> None:
+    """Write a checkpoint's LoRA tensors as a peft folder, through peft, with no base weights loaded: the
+    wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
+    from zerofit.planner.shapes import build_meta_model
+
+    lora = run.config.lora
+    model: Any = apply_lora(
+        build_meta_model(resolve_model_path(run.config)),
+        lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora),
+    )
+    state = read_checkpoint(source.path)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    meta = [n for n, p in model.named_parameters() if p.requires_grad and p.is_meta]
+    if result.unexpected_keys or meta:
+        problem = result.unexpected_keys[:3] or meta[:3]
+        raise ConfigError(
+            [
+                f"{source.describe()} of {run.run_dir} does not fit the LoRA config in its config.yaml ({problem}); "
+                "was config.yaml edited after the run?"
+            ]
+        )
+    # The folder names the base it adapts, as a run's own export does.
+    model.peft_config["default"].base_model_name_or_path = resolve_model_path(run.config)
+    model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
+
+
+def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: bool, dtype: str) -> str:
+    """The weights into `folder`; returns the export's kind."""
+    if run.config.lora.enabled and not merge:
+        if source.kind == "adapter":
+            for name in _ADAPTER_FILES:
+                shutil.copy2(source.path / name, folder / name)
+        else:
+            _adapter_from_checkpoint(run, source, folder)
+        return "adapter"
+    # Merging happens in fp32 (bf16 base weights upcast exactly; adapters are fp32), then one cast.
+    trained = build_trained(run, source)
+    model: Any = trained.model.merge_and_unload() if trained.is_lora else trained.model
+    model = model.to(torch_dtype(dtype))
+    model.config.use_cache = True  # training switched the KV cache off; generation wants it
+    model.save_pretrained(folder, safe_serialization=True)
+    return "merged" if run.config.lora.enabled else "model"
+
+
+def export_run(
+    run_dir: Path, out: Path, *, merge: bool = False, step: int | None = None, dtype: str = "auto"
+) -> ExportResult:
+    """Export the trained weights of `run_dir` into `out` (see the module docstring); returns what was written."""
+    run = read_run_config(Path(run_dir))
+    out = Path(out)
+    _check_out(out, run.run_dir)
+    source = find_weights(run.run_dir, step)
+    out_dtype = output_dtype(run, dtype)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        kind = _write_weights(run, source, tmp, merge, out_dtype)
+        tokenizer_for(run, source).save_pretrained(tmp)
+        weights_dtype = None if kind == "adapter" else out_dtype
+        (tmp / "README.md").write_text(model_card(run, source, kind, weights_dtype))
+        info = {
+            "source_run": str(run.run_dir.resolve()),
+            "source": source.describe(),
+            "step": source.step,
+            "kind": kind,
+            "dtype": weights_dtype,
+            "config": run.raw,
+        }
+        (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out=out, kind=kind, source=source, dtype=weights_dtype)
