@@ -7,19 +7,19 @@ seed before the model, quantized weights placed on the rank's GPU at load time, 
 builds the optimizer".
 
 The order is the user's: the tokenizer and the data come before the model, so a bad data file fails in
-seconds rather than after a 7B load; the run directory is settled before either, so a taken name is
-decided once, on rank 0, for every rank.
+seconds rather than after a 7B load; the run directory (and the checkpoint a resume starts from) is
+settled before either, once, on rank 0, for every rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerofit.checkpoint.resume import ResumePoint, settle_run_dir
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.data import DataStats, Example, GlobalBatchSampler, load_sft_dataset
 from zerofit.engine import EngineSpec, render_spec
@@ -33,8 +33,9 @@ from zerofit.train import Checkpointing, TrainRun
 
 if TYPE_CHECKING:
     from zerofit.metrics.base import MetricsSink
+    from zerofit.signals import StopSignal
 
-__all__ = ["PreparedRun", "TrainData", "assemble", "claim_run_dir", "device_type"]
+__all__ = ["PreparedRun", "TrainData", "assemble", "device_type"]
 
 
 @dataclass
@@ -62,6 +63,7 @@ class PreparedRun:
     built: BuiltModel
     model: torch.nn.Module  # what the loop calls: the engine-wrapped model
     data: TrainData | None  # None for synthetic-batch runs (the probe, the GPU benchmark)
+    resume: ResumePoint | None = None  # the verified checkpoint to load, decided before the model load
 
     @property
     def flops_per_token(self) -> float:
@@ -75,8 +77,11 @@ class PreparedRun:
             seq_len=self.resolved.config.data.max_seq_len,
         )
 
-    def train_run(self, sink: MetricsSink, checkpointer: Checkpointing) -> TrainRun:
-        """The training loop's view of this run, logging to `sink` and checkpointing through `checkpointer`."""
+    def train_run(
+        self, sink: MetricsSink, checkpointer: Checkpointing, stop: StopSignal | None = None
+    ) -> TrainRun:
+        """The training loop's view of this run, logging to `sink`, checkpointing through `checkpointer`,
+        and stopping (after a step, on every rank) when `stop` says a rank got SIGTERM/SIGINT."""
         if self.data is None:
             raise ValueError("assembled without data (with_data=False): there is nothing to train on")
         cfg = self.resolved.config
@@ -94,6 +99,7 @@ class PreparedRun:
             log_every=cfg.logging.log_every,
             flops_per_token=self.flops_per_token,
             precision=cfg.train.precision,
+            stop=stop,
         )
 
     def record(self) -> dict[str, Any]:
@@ -116,28 +122,6 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def claim_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> ResolvedConfig:
-    """The run directory to write: the resolved one, or (when it already holds a run and this is not a
-    resume) the first free `<run_name>-2`, `-3`, ... so an earlier run is never touched. Rank 0 decides."""
-    cfg = resolved.config
-    name = cfg.run_name or "run"
-    if strategy.rank == 0 and not cfg.checkpoint.resume:
-        suffix = 1
-        while _holds_run(Path(cfg.output_dir) / name):
-            suffix += 1
-            name = f"{cfg.run_name}-{suffix}"
-    name = strategy.broadcast_object(name)
-    if name == cfg.run_name:
-        return resolved
-    new_cfg = cfg.model_copy(deep=True)
-    new_cfg.run_name = name
-    return dataclasses.replace(resolved, config=new_cfg, run_dir=Path(new_cfg.output_dir) / name)
-
-
-def _holds_run(folder: Path) -> bool:
-    return folder.is_dir() and any(folder.iterdir())
-
-
 def _load_data(resolved: ResolvedConfig, tokenizer: Any) -> TrainData:
     cfg = resolved.config
     examples, stats = load_sft_dataset(cfg.data.path, tokenizer, cfg.data.max_seq_len)
@@ -158,7 +142,9 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
     spec = render_spec(resolved, device_type())
     strategy = build_strategy(spec)
     try:
-        resolved = claim_run_dir(resolved, strategy)
+        # The run directory and any checkpoint to resume are settled (and refused) before the data and
+        # the model: a bad resume costs seconds.
+        resolved, resume = settle_run_dir(resolved, strategy)
         cfg = resolved.config
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)
@@ -175,7 +161,7 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
         model = strategy.prepare(
             built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps)
         )
-        return PreparedRun(resolved, spec, strategy, built, model, data)
+        return PreparedRun(resolved, spec, strategy, built, model, data, resume)
     except BaseException:
         strategy.close()
         raise
