@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from zerofit.engine.spec import DeepSpeedSpec
-from zerofit.errors import LaunchError
+from zerofit.errors import LaunchError, ResumeError
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,
@@ -177,7 +177,7 @@ class DeepSpeedStrategy(Strategy):
         # refuses those files, so they go through its universal checkpoint format. Without partitioned
         # state (ZeRO-0) every rank's state is whole and loads on any world size.
         if saved_world_size != self.world_size and any(engine_dir.glob("*optim_states.pt")):
-            return self._load_resharded(Path(directory))
+            return self._load_resharded(Path(directory), saved_world_size)
         return self._load(Path(directory))
 
     def _load(self, directory: Path) -> dict[str, Any]:
@@ -192,7 +192,7 @@ class DeepSpeedStrategy(Strategy):
             raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")
         return dict(client_state or {})
 
-    def _load_resharded(self, directory: Path) -> dict[str, Any]:
+    def _load_resharded(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
         """Elastic resume: rank 0 converts the checkpoint to DeepSpeed's universal format (per-parameter
         full fp32 weights and optimizer state, `deepspeed.checkpoint.ds_to_universal`) in a scratch folder
         next to it; every rank then loads its own partitions of it, and the scratch folder is removed."""
@@ -204,10 +204,14 @@ class DeepSpeedStrategy(Strategy):
                 _to_universal(directory / TAG, scratch / TAG)
             except Exception as exc:  # reported on every rank below, instead of a hang at the barrier
                 failure = f"{type(exc).__name__}: {exc}"
+                shutil.rmtree(scratch, ignore_errors=True)
         failure = self.broadcast_object(failure)
         if failure is not None:
-            raise RuntimeError(
-                f"converting {directory} to DeepSpeed's universal checkpoint failed: {failure}"
+            raise ResumeError(
+                f"checkpoint.resume: {directory} was saved on {saved_world_size} rank(s) and this launch has "
+                f"{self.world_size}; converting it to DeepSpeed's universal checkpoint (needed to re-partition "
+                f"ZeRO state) failed: {failure}. Resume on {saved_world_size} rank(s), or start a new run "
+                "(checkpoint.resume=false)"
             )
         # DeepSpeed reads `checkpoint.load_universal` only while loading; setting it on the engine for this
         # one load keeps ds_config.json what the run trains with.
