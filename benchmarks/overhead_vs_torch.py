@@ -187,8 +187,8 @@ class StepClock:
         self.device = device
         self.marks: list[float] = []
 
-    def after_step(self, steps_done: int) -> None:
-        del steps_done
+    def after_step(self, steps_done: int, stopping: bool = False) -> None:
+        del steps_done, stopping
         synchronize(self.device)
         self.marks.append(time.perf_counter())
 

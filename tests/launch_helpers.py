@@ -6,6 +6,7 @@ gets its own free rendezvous port and run name. Results expose the run directory
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +48,10 @@ class Launch:
     nproc: int = 2
     key: str = ""  # results/log key when several launches share a run name (default: the name)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for this launch only
+    # Send a signal mid-run: (signal, "launcher" | "group", rows) sends it to the launcher process (or its
+    # whole process group, as a terminal's Ctrl-C or a scheduler does) once metrics.jsonl has `rows` more
+    # rows than when the launch started.
+    interrupt: tuple[int, str, int] | None = None
 
     @property
     def id(self) -> str:
@@ -118,6 +123,7 @@ def run_launches(
     """Start every launch (at most `max_parallel` at a time) and wait for all; results by `Launch.id`."""
     pending = list(launches)
     running: list[tuple[Launch, subprocess.Popen[str], float, Path, Path]] = []
+    interrupts: dict[int, tuple[int, str, int, Path]] = {}  # pid -> (signal, target, rows to reach, metrics)
     results: dict[str, RunResult] = {}
     base_env = {**os.environ, **(env or {})}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -139,12 +145,24 @@ def run_launches(
                 start_new_session=True,  # so a timeout can stop the launcher and all its ranks
             )
             running.append((launch, proc, time.monotonic(), out, err))
+            if launch.interrupt is not None:
+                sig, target, rows = launch.interrupt
+                metrics = output_dir / launch.name / "metrics.jsonl"
+                interrupts[proc.pid] = (sig, target, _rows(metrics) + rows, metrics)
         for item in list(running):
             launch, proc, started, out, err = item
-            if proc.poll() is None:
-                if time.monotonic() > deadline:
+            if proc.pid in interrupts and _rows(interrupts[proc.pid][3]) >= interrupts[proc.pid][2]:
+                sig, target, _, _ = interrupts.pop(proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    (os.killpg if target == "group" else os.kill)(proc.pid, sig)
+            # Done when the launcher has exited and nothing of its process group is left (the deepspeed
+            # runner dies at once on a signal while launch.py and the ranks finish their stop).
+            if proc.poll() is None or _group_alive(proc.pid):
+                if time.monotonic() < deadline:
+                    continue
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                continue
+                proc.wait()
             running.remove(item)
             results[launch.id] = RunResult(
                 launch=launch,
@@ -154,8 +172,30 @@ def run_launches(
                 seconds=time.monotonic() - started,
                 run_dir=output_dir / launch.name,
             )
-        time.sleep(0.1)
+        time.sleep(0.02 if interrupts else 0.1)
     return results
+
+
+def _rows(metrics: Path) -> int:
+    try:
+        return len(metrics.read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process of process group `pgid` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    import psutil  # (a DeepSpeed dependency)
+
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def run_one(launch: Launch, config: Path, output_dir: Path, **kwargs: Any) -> RunResult:

@@ -10,7 +10,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from zerofit.version import __version__
+
 __all__ = ["RunResult", "__version__", "plan", "train"]
 
 if TYPE_CHECKING:

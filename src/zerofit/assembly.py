@@ -7,8 +7,8 @@ seed before the model, quantized weights placed on the rank's GPU at load time, 
 builds the optimizer".
 
 The order is the user's: the tokenizer and the data come before the model, so a bad data file fails in
-seconds rather than after a 7B load; the run directory is settled before either, so a taken name is
-decided once, on rank 0, for every rank.
+seconds rather than after a 7B load; the run directory (and the checkpoint a resume starts from) is
+settled before either, once, on rank 0, for every rank.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerofit.checkpoint.resume import ResumePoint, settle_run_dir
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.data import (
     DataStats,
@@ -45,8 +46,9 @@ from zerofit.train import Checkpointing, TrainRun
 
 if TYPE_CHECKING:
     from zerofit.metrics.base import MetricsSink
+    from zerofit.signals import StopSignal
 
-__all__ = ["PreparedRun", "TrainData", "assemble", "claim_run_dir", "device_type"]
+__all__ = ["PreparedRun", "TrainData", "assemble", "device_type"]
 
 
 @dataclass
@@ -77,6 +79,7 @@ class PreparedRun:
     built: BuiltModel
     model: torch.nn.Module  # what the loop calls: the engine-wrapped model
     data: TrainData | None  # None for synthetic-batch runs (the probe, the GPU benchmark)
+    resume: ResumePoint | None = None  # the verified checkpoint to load, decided before the model load
 
     @property
     def flops_per_token(self) -> float:
@@ -90,8 +93,11 @@ class PreparedRun:
             seq_len=self.resolved.config.data.max_seq_len,
         )
 
-    def train_run(self, sink: MetricsSink, checkpointer: Checkpointing) -> TrainRun:
-        """The training loop's view of this run, logging to `sink` and checkpointing through `checkpointer`."""
+    def train_run(
+        self, sink: MetricsSink, checkpointer: Checkpointing, stop: StopSignal | None = None
+    ) -> TrainRun:
+        """The training loop's view of this run, logging to `sink`, checkpointing through `checkpointer`,
+        and stopping (after a step, on every rank) when `stop` says a rank got SIGTERM/SIGINT."""
         if self.data is None:
             raise ValueError("assembled without data (with_data=False): there is nothing to train on")
         cfg = self.resolved.config
@@ -112,6 +118,7 @@ class PreparedRun:
             cross_entropy=cfg.train.cross_entropy,
             packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
             evaluator=self.evaluator(),
+            stop=stop,
         )
 
     def evaluator(self) -> Evaluator | None:
@@ -149,28 +156,6 @@ class PreparedRun:
 def device_type() -> str:
     """The device this process trains on: `cuda` when one is visible, else `cpu`."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def claim_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> ResolvedConfig:
-    """The run directory to write: the resolved one, or (when it already holds a run and this is not a
-    resume) the first free `<run_name>-2`, `-3`, ... so an earlier run is never touched. Rank 0 decides."""
-    cfg = resolved.config
-    name = cfg.run_name or "run"
-    if strategy.rank == 0 and not cfg.checkpoint.resume:
-        suffix = 1
-        while _holds_run(Path(cfg.output_dir) / name):
-            suffix += 1
-            name = f"{cfg.run_name}-{suffix}"
-    name = strategy.broadcast_object(name)
-    if name == cfg.run_name:
-        return resolved
-    new_cfg = cfg.model_copy(deep=True)
-    new_cfg.run_name = name
-    return dataclasses.replace(resolved, config=new_cfg, run_dir=Path(new_cfg.output_dir) / name)
-
-
-def _holds_run(folder: Path) -> bool:
-    return folder.is_dir() and any(folder.iterdir())
 
 
 def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData]) -> TokenizedData:
@@ -245,7 +230,9 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
     spec = render_spec(resolved, device_type())
     strategy = build_strategy(spec)
     try:
-        resolved = claim_run_dir(resolved, strategy)
+        # The run directory and any checkpoint to resume are settled (and refused) before the data and
+        # the model: a bad resume costs seconds.
+        resolved, resume = settle_run_dir(resolved, strategy)
         cfg = resolved.config
         if cfg.train.cross_entropy == "liger" and strategy.device.type != "cuda":
             raise LaunchError(
@@ -274,7 +261,7 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
         model = strategy.prepare(
             built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps)
         )
-        return PreparedRun(resolved, spec, strategy, built, model, data)
+        return PreparedRun(resolved, spec, strategy, built, model, data, resume)
     except BaseException:
         strategy.close()
         raise

@@ -31,3 +31,8 @@ class DataError(ZerofitError):
 
 class LaunchError(ZerofitError):
     """The launch environment does not match the request (world size, device, launcher)."""
+
+
+class ResumeError(ZerofitError):
+    """The run cannot resume as asked: nothing to resume, no checkpoint that verifies, or a changed config
+    that would alter the training trajectory."""

@@ -30,8 +30,17 @@ def warn(message: str) -> None:
 
 
 def error(source: str, exc: BaseException | str) -> None:
-    """Print a user error as `<source>: error: <paragraph>` on stderr; the caller exits non-zero."""
-    print(f"{source}: error: {exc}", file=sys.stderr, flush=True)
+    """Print a user error as `<source>: error: <paragraph>` on stderr; the caller exits non-zero.
+
+    One write of the whole paragraph: every rank reports the same error, and a paragraph written line by
+    line would interleave with the other ranks' copies (launchers merge the ranks' output).
+    """
+    text = f"{source}: error: {exc}\n"
+    sys.stderr.flush()
+    try:
+        os.write(sys.stderr.fileno(), text.encode())
+    except (OSError, ValueError, AttributeError):  # a stream without a file descriptor (captured output)
+        print(text, end="", file=sys.stderr, flush=True)
 
 
 def quiet_deepspeed_on_cpu() -> None:

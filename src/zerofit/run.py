@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, ZerofitError
 from zerofit.messages import error, quiet_libraries, say
 from zerofit.planner import choose_micro_batch
+from zerofit.signals import StopSignal, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
@@ -194,35 +196,74 @@ class RunOutcome:
     export_dir: Path | None = None
 
 
-def train_run(resolved: ResolvedConfig, config_path: str | None) -> RunOutcome:
-    """Build everything for a resolved config and train it (`zerofit.api.train` calls it in-process)."""
+def train_run(
+    resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None = None
+) -> RunOutcome:
+    """Build everything for a resolved config and train it (`zerofit.api.train` calls it in-process). The
+    exit code is 128 + the signal when a SIGTERM/SIGINT stopped the run (after a checkpoint)."""
     quiet_libraries()
     from zerofit.assembly import assemble
-    from zerofit.checkpoint import Checkpointer, export_final
+    from zerofit.checkpoint import Checkpointer, checkpoint_record, export_final
+    from zerofit.checkpoint.resume import restore, resume_message
     from zerofit.metrics.setup import open_sinks
     from zerofit.train import train_loop
 
+    stop = stop or StopSignal()
+    asked_name = resolved.config.run_name
     run = assemble(resolved)
     try:
-        resolved, strategy = run.resolved, run.strategy
+        resolved, strategy, point = run.resolved, run.strategy, run.resume
         cfg, rank = resolved.config, strategy.rank
-        checkpointer = Checkpointer(strategy, resolved.run_dir, cfg.checkpoint, cfg.train.max_steps)
-        start_step = checkpointer.resume() if cfg.checkpoint.resume else 0
+        record = checkpoint_record(resolved, strategy.checkpoint_format) if rank == 0 else None
+        elapsed = point.elapsed_s if point else 0.0
+        checkpointer = Checkpointer(
+            strategy, resolved.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed
+        )
+        start_step, history = restore(checkpointer, point, resolved.run_dir)
+        stop.arm(str(resolved.run_dir))  # from here on a signal stops after a step, with a checkpoint
         announce(run)
-        if start_step:
-            say(f"resumed from checkpoint at step {start_step}", rank=rank)
-        sink = open_sinks(resolved, run.spec, rank, run.record(), config_path=config_path)
+        message = resume_message(point, cfg.checkpoint.resume, resolved.run_dir, cfg.train.max_steps)
+        if message:
+            say(message, rank=rank)
+        sink = open_sinks(
+            resolved,
+            run.spec,
+            rank,
+            run.record(),
+            config_path=config_path,
+            history=history,
+            prior_wall_s=elapsed,
+        )
         try:
-            results = train_loop(run.train_run(sink, checkpointer), start_step)
+            results = train_loop(run.train_run(sink, checkpointer, stop), start_step)
+            steps_done = start_step + len(results)
+            stopped = stop.agreed is not None and steps_done < cfg.train.max_steps
+            if stopped:
+                stop.stopped()  # the stop checkpoint is written: later signals change nothing
             exported = (
                 export_final(strategy, run.built.tokenizer, resolved.run_dir)
-                if cfg.checkpoint.save_final
+                if cfg.checkpoint.save_final and not stopped
                 else None
             )
         finally:
             sink.close()
-        if results:
-            say(f"done: {len(results)} steps, {loss_summary([r.loss for r in results])}", rank=rank)
+        losses = [row["loss"] for row in history or [] if row.get("loss") is not None]
+        losses += [r.loss for r in results]
+        if stopped:
+            strategy.barrier()  # every rank's files (and rank 0's summary) are on disk before anyone exits
+            assert stop.agreed is not None
+            again = " checkpoint.resume=true" + (
+                f" run_name={cfg.run_name}" if cfg.run_name != asked_name else ""
+            )
+            say(
+                f"zerofit: stopped by {signal.Signals(stop.agreed).name} after step {steps_done} of "
+                f"{cfg.train.max_steps}; checkpoint {checkpointer.root / f'step-{steps_done}'}; resume with the same "
+                f"command plus{again}",
+                rank=rank,
+            )
+            return RunOutcome(StopSignal.exit_code(stop.agreed), resolved.run_dir)
+        if losses:
+            say(f"done: {steps_done} steps, {loss_summary(losses)}", rank=rank)
         say(f"results: {resolved.run_dir}" + (f" (export: {exported})" if exported else ""), rank=rank)
         # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
         # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
@@ -236,9 +277,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `launchers/launch_finetune.py`; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     env = launch_env()
+    # SIGTERM/SIGINT stop the run cleanly from here on (no KeyboardInterrupt traceback); a launched worker
+    # also exits when its launcher dies.
+    stop = StopSignal(env.rank).install()
+    if env.launched:
+        die_with_parent()
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
-        return train_run(resolved, args.config).exit_code
+        return train_run(resolved, args.config, stop).exit_code
     except ZerofitError as exc:
         # One paragraph, every rank, no traceback: the message names the field, the rule and the fix.
         error(f"zerofit (rank {env.rank})", exc)

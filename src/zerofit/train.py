@@ -5,7 +5,8 @@
                 divide factor), backward (sync only on the last) -> clip once, step once -> loss.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
-                due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> periodic checkpoint.
+                due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> did any rank get a
+                stop signal? -> periodic (or stop) checkpoint.
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
 normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
@@ -33,6 +34,7 @@ from zerofit.loss import count_label_tokens, token_sum_loss
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
+from zerofit.signals import StopSignal
 from zerofit.strategies.base import Strategy
 
 
@@ -92,7 +94,7 @@ def train_step(
 class Checkpointing(Protocol):
     """What the loop needs from `zerofit.checkpoint.Checkpointer`."""
 
-    def after_step(self, steps_done: int) -> None: ...
+    def after_step(self, steps_done: int, stopping: bool = False) -> None: ...
 
 
 class Evaluating(Protocol):
@@ -122,6 +124,7 @@ class TrainRun:
     cross_entropy: str = "chunked"
     packed_row_tokens: int | None = None  # token budget: rows of this many tokens (data.max_seq_len)
     evaluator: Evaluating | None = None  # None: no evaluation data
+    stop: StopSignal | None = None  # SIGTERM/SIGINT: stop after the step in progress, on every rank
 
 
 def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
@@ -195,5 +198,15 @@ def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
         if evaluated or steps_done % run.log_every == 0 or steps_done == run.max_steps:
             metrics = step_metrics(run, step, result, lr, seconds, samples)
             run.sink.log(steps_done, {**metrics, **evaluated, **memory_fields(run.strategy)})
-        run.checkpointer.after_step(steps_done)
+        stopping = run.stop is not None and stop_agreed(run.strategy, run.stop)
+        run.checkpointer.after_step(steps_done, stopping)
+        if stopping:
+            break
     return results
+
+
+def stop_agreed(strategy: Strategy, stop: StopSignal) -> bool:
+    """Whether any rank was asked to stop: one tiny all-reduce after every step, so every rank stops (and
+    saves) after the same step whichever rank got the signal."""
+    votes = strategy.all_reduce_sum(torch.tensor(stop.votes(), dtype=torch.int64))
+    return stop.agree(votes.tolist())

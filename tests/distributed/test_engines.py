@@ -175,7 +175,7 @@ def test_plan_printed_once_with_every_factor(runs: dict[str, RunResult]) -> None
 @pytest.mark.parametrize("name", list(RESUMED))
 def test_resume_continues_exactly(runs: dict[str, RunResult], name: str) -> None:
     straight, resumed = runs[name].check(), runs[RESUMED[name]].check()
-    assert f"resumed from checkpoint at step {EVERY}" in resumed.stdout
+    assert f"checkpoints/step-{EVERY} at step {EVERY} of {STEPS}" in resumed.stdout
     assert [row["step"] for row in resumed.metrics] == list(range(1, STEPS + 1))
     a, b = straight.series("loss"), resumed.series("loss")
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-6, (a, b)

@@ -194,6 +194,6 @@ def test_plan_names_the_quantized_method(runs: dict[str, RunResult]) -> None:
 
 def test_fsdp_8bit_resume_continues_exactly(runs: dict[str, RunResult]) -> None:
     straight, resumed = runs["lora-adamw8-fsdp"].check(), runs[RESUMED].check()
-    assert f"resumed from checkpoint at step {EVERY}" in resumed.stdout
+    assert f"checkpoints/step-{EVERY} at step {EVERY} of {STEPS}" in resumed.stdout
     a, b = straight.series("loss"), resumed.series("loss")
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-6, (a, b)

@@ -37,6 +37,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     long_prompts = "".join(json.dumps({"prompt": "p" * 40, "response": "r"}) + "\n" for _ in range(8))
     (root / "long.jsonl").write_text(long_prompts)
+    (root / "a-file").write_text("not a folder")
     config = write_config(
         root / "base.yaml",
         {
@@ -71,6 +72,12 @@ BAD = {
     "empty-data": ("python", ("data.path={root}/empty.jsonl",), "no examples"),
     "malformed-data": ("python", ("data.path={root}/malformed.jsonl",), "malformed.jsonl:3"),
     "truncated-away": ("python", ("data.path={root}/long.jsonl", "data.max_seq_len=16"), "data.max_seq_len"),
+    "output-dir-is-a-file": ("python", ("output_dir={root}/a-file",), "is a file, not a folder"),
+    "nothing-to-resume": (
+        "python",
+        ("run_name=never-ran", "checkpoint.resume=true"),
+        "never-ran does not exist",
+    ),
 }
 BEFORE_MODEL = {
     "indivisible",
@@ -78,6 +85,8 @@ BEFORE_MODEL = {
     "multi-rank-under-python",
     "unknown-strategy",
     "unknown-preset",
+    "output-dir-is-a-file",
+    "nothing-to-resume",
 }
 # Fails on the data, after the tokenizer (which builds the tiny model into the cache) has loaded.
 REACHES_TOKENIZER = "malformed-data"

@@ -1,15 +1,27 @@
-"""Atomic checkpoints, keep_last and resume, through a one-process strategy."""
+"""Checkpoints in one process: atomic saves with a manifest, verification, fallback to the newest checkpoint
+that verifies, refusal of trajectory-changing config changes, the run-dir rules of `checkpoint.resume`, and
+the metrics.jsonl rewind of a resumed run."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
-from config_helpers import one_process_strategy
-from zerofit.checkpoint import COMPLETE, Checkpointer, complete_checkpoints, latest_checkpoint
+from config_helpers import DEMO_DATA, one_process_strategy
+from zerofit.checkpoint import MANIFEST, Checkpointer, checkpoint_record, complete_checkpoints, verify
+from zerofit.checkpoint.resume import DAMAGED_SUFFIX, find_resume_point, finish_resume, settle_run_dir
+from zerofit.config import load_config, resolve
+from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import CheckpointSection
+from zerofit.errors import ConfigError, ResumeError
+from zerofit.metrics.history import rewind_metrics
 from zerofit.strategies.single import SingleStrategy
 
 
@@ -29,53 +41,258 @@ def _train_one_step(strategy: SingleStrategy) -> None:
     strategy.clip_and_step(None)
 
 
-def test_save_is_atomic_and_keeps_the_last_n(tmp_path: Path) -> None:
+def _resolved(run_dir: Path, *overrides: str) -> ResolvedConfig:
+    cfg = load_config(
+        None,
+        [
+            f"data.path={DEMO_DATA}",
+            f"output_dir={run_dir.parent}",
+            f"run_name={run_dir.name}",
+            "distributed.strategy=single",
+            "batch.global_batch_size=4",
+            "batch.micro_batch_size=2",
+            *overrides,
+        ],
+    )
+    return resolve(cfg, 1)
+
+
+def _saved_run(run_dir: Path, steps: tuple[int, ...] = (2, 4), *overrides: str) -> Checkpointer:
+    """A run directory with checkpoints at `steps`, each manifest recording the config of `overrides`."""
+    strategy = _strategy()
+    record = checkpoint_record(_resolved(run_dir, *overrides), strategy.checkpoint_format)
+    ckpt = Checkpointer(strategy, run_dir, CheckpointSection(keep_last=5), max_steps=10, record=record)
+    for step in range(1, max(steps) + 1):
+        _train_one_step(strategy)
+        if step in steps:
+            ckpt.save(step)
+    return ckpt
+
+
+def test_save_is_atomic_keeps_the_last_n_and_lists_every_file(tmp_path: Path) -> None:
     strategy = _strategy()
     ckpt = Checkpointer(strategy, tmp_path, CheckpointSection(every_steps=2, keep_last=2), max_steps=7)
     for step in range(1, 8):
         _train_one_step(strategy)
         ckpt.after_step(step)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [6, 7]  # every 2, the end, keep 2
-    assert all((folder / COMPLETE).is_file() for _, folder in complete_checkpoints(tmp_path))
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    folder = tmp_path / "checkpoints" / "step-7"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert set(manifest["files"]) == {"state.pt", "rng-rank0.pt"}
+    assert manifest["files"]["state.pt"]["size"] == (folder / "state.pt").stat().st_size
+    assert manifest["step"] == 7 and manifest["world_size"] == 1
+    assert verify(folder) == (manifest, [])
+
+
+def test_a_stop_saves_once_even_when_a_periodic_save_fell_on_the_same_step(tmp_path: Path) -> None:
+    strategy = _strategy()
+    ckpt = Checkpointer(strategy, tmp_path, CheckpointSection(every_steps=2), max_steps=7)
+    _train_one_step(strategy)
+    ckpt.after_step(1, stopping=True)
+    _train_one_step(strategy)
+    ckpt.after_step(2)
+    before = (tmp_path / "checkpoints" / "step-2" / MANIFEST).stat().st_mtime_ns
+    ckpt.after_step(2, stopping=True)
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [1, 2]
+    assert (tmp_path / "checkpoints" / "step-2" / MANIFEST).stat().st_mtime_ns == before
 
 
 def test_a_half_written_checkpoint_is_ignored(tmp_path: Path) -> None:
-    strategy = _strategy()
-    ckpt = Checkpointer(strategy, tmp_path, CheckpointSection(), max_steps=10)
-    good = ckpt.save(3)
-    (tmp_path / "checkpoints" / "step-5.tmp").mkdir()  # a crash mid-save
-    (tmp_path / "checkpoints" / "step-6").mkdir()  # no COMPLETE marker
-    assert latest_checkpoint(tmp_path) == good
+    ckpt = _saved_run(tmp_path / "r", (3,))
+    (ckpt.root / "step-5.tmp").mkdir()  # a crash mid-save
+    (ckpt.root / "step-6").mkdir()  # no manifest
+    assert [s for s, _ in complete_checkpoints(tmp_path / "r")] == [3]
 
 
-def test_saving_a_step_again_replaces_it_whole(tmp_path: Path) -> None:
-    strategy = _strategy()
-    ckpt = Checkpointer(strategy, tmp_path, CheckpointSection(), max_steps=10)
-    ckpt.save(4)
-    (tmp_path / "checkpoints" / "step-4" / "stale").write_text("x")
-    ckpt.save(4)
-    assert not (tmp_path / "checkpoints" / "step-4" / "stale").exists()
-    assert (tmp_path / "checkpoints" / "step-4" / COMPLETE).is_file()
-
-
-def test_resume_restores_model_optimizer_scheduler_rng_and_step(tmp_path: Path) -> None:
+def test_load_restores_model_optimizer_scheduler_rng_and_step(tmp_path: Path) -> None:
     strategy = _strategy()
     ckpt = Checkpointer(strategy, tmp_path, CheckpointSection(), max_steps=10)
     for _ in range(2):
         _train_one_step(strategy)
-    ckpt.save(2)
+    folder = ckpt.save(2)
     expected_rng = torch.rand(3)
     _train_one_step(strategy)
     expected_weight = strategy.unwrap().weight.detach().clone()
 
     fresh = _strategy()
-    assert Checkpointer(fresh, tmp_path, CheckpointSection(), max_steps=10).resume() == 2
+    assert Checkpointer(fresh, tmp_path, CheckpointSection(), max_steps=10).load(folder, 1) == 2
     assert torch.equal(torch.rand(3), expected_rng)
     assert fresh.current_lr() == pytest.approx(0.1 / 3)
     _train_one_step(fresh)
     assert torch.equal(fresh.unwrap().weight, expected_weight)
 
 
-def test_resume_without_checkpoint_starts_at_zero(tmp_path: Path) -> None:
-    assert Checkpointer(_strategy(), tmp_path, CheckpointSection(), max_steps=3).resume() == 0
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda f: (f / "rng-rank0.pt").unlink(), "rng-rank0.pt is missing"),
+        (lambda f: os.truncate(f / "state.pt", 100), "state.pt is 100 bytes, the manifest says"),
+        (lambda f: _flip_last_byte(f / "state.pt"), "state.pt does not match its SHA-256"),
+        (lambda f: (f / MANIFEST).write_text("{"), "manifest.json is unreadable"),
+    ],
+)
+def test_a_damaged_checkpoint_falls_back_to_the_newest_that_verifies(
+    tmp_path: Path, damage: Any, problem: str
+) -> None:
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2, 4))
+    damage(run_dir / "checkpoints" / "step-4")
+    point = find_resume_point(_resolved(run_dir), "torch-state")
+    assert point is not None and point.step == 2 and point.folder.name == "step-2"
+    assert any(problem in note and "resuming from step-2" in note for note in point.notes), point.notes
+    finish_resume(point)  # after the load: the damaged one is set aside, out of the way of pruning
+    assert [s for s, _ in complete_checkpoints(run_dir)] == [2]
+    assert (run_dir / "checkpoints" / f"step-4{DAMAGED_SUFFIX}").is_dir()
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_when_no_checkpoint_verifies_nothing_is_resumed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2,))
+    (run_dir / "checkpoints" / "step-2" / "state.pt").unlink()
+    with pytest.raises(ResumeError, match=r"no checkpoint in .* verifies \(step-2: state.pt is missing\)"):
+        find_resume_point(_resolved(run_dir), "torch-state")
+
+
+def test_a_trajectory_changing_config_change_is_refused_with_the_diff_and_the_override(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2,))
+    changed = _resolved(run_dir, "optimizer.lr=0.5", "batch.global_batch_size=8", "logging.log_every=2")
+    with pytest.raises(ResumeError) as info:
+        find_resume_point(changed, "torch-state")
+    text = str(info.value)
+    assert "optimizer.lr: 0.0002 -> 0.5" in text and "batch.global_batch_size: 4 -> 8" in text
+    assert "checkpoint.allow_changes=[batch.global_batch_size,optimizer.lr]" in text
+    assert "log_every" not in text  # logging cannot change the trajectory
+    accepted = _resolved(
+        run_dir,
+        "optimizer.lr=0.5",
+        "batch.micro_batch_size=1",
+        "logging.log_every=2",
+        "checkpoint.allow_changes=[optimizer]",
+    )
+    point = find_resume_point(accepted, "torch-state")
+    assert point is not None and point.step == 2
+    assert "changed: optimizer.lr: 0.0002 -> 0.5 (accepted by checkpoint.allow_changes)" in point.notes
+    assert "changed: batch.micro_batch_size: 2 -> 1" in point.notes
+    assert "changed: logging.log_every: 1 -> 2" in point.notes
+
+
+def test_the_data_is_compared_by_content_not_by_path(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(Path(DEMO_DATA).read_text())
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2,), f"data.path={data}")
+    assert find_resume_point(_resolved(run_dir), "torch-state") is not None  # same bytes, other path
+    data.write_text(data.read_text().replace("a", "b", 1))
+    with pytest.raises(ResumeError, match=r"data.path: the content of .* changed"):
+        find_resume_point(_resolved(run_dir, f"data.path={data}"), "torch-state")
+
+
+def test_a_checkpoint_loads_only_into_the_engine_layout_that_wrote_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2,))
+    with pytest.raises(ResumeError, match=r"written by the torch-state engine and this launch runs fsdp-dcp"):
+        find_resume_point(_resolved(run_dir), "fsdp-dcp")
+
+
+def _settle(resolved: ResolvedConfig) -> tuple[ResolvedConfig, Any]:
+    strategy = SimpleNamespace(rank=0, broadcast_object=lambda obj: obj, checkpoint_format="torch-state")
+    return settle_run_dir(resolved, strategy)  # type: ignore[arg-type]
+
+
+def test_resume_modes_and_the_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    # true: nothing to resume is an error that says why; auto: start at step 0 in that directory.
+    with pytest.raises(ResumeError, match=r"checkpoint.resume = true, but .*/r does not exist"):
+        _settle(_resolved(run_dir, "checkpoint.resume=true"))
+    assert _settle(_resolved(run_dir, "checkpoint.resume=auto")) == (
+        _resolved(run_dir, "checkpoint.resume=auto"),
+        None,
+    )
+    (run_dir / "checkpoints" / "step-3.tmp").mkdir(parents=True)
+    with pytest.raises(
+        ResumeError, match=r"holds no complete checkpoint \(only an interrupted save: step-3.tmp\)"
+    ):
+        _settle(_resolved(run_dir, "checkpoint.resume=true"))
+    # false: a directory that holds a run is never reused; resume finds the run whatever the world size.
+    _saved_run(run_dir, (2,))
+    fresh, point = _settle(_resolved(run_dir))
+    assert fresh.run_dir == tmp_path / "r-2" and fresh.config.run_name == "r-2" and point is None
+    resumed, point = _settle(_resolved(run_dir, "checkpoint.resume=true"))
+    assert resumed.run_dir == run_dir and point.step == 2 and point.world_size == 1
+
+
+def test_the_default_run_name_does_not_depend_on_the_world_size() -> None:
+    names = {
+        resolve(
+            load_config(
+                None, [f"data.path={DEMO_DATA}", "batch.global_batch_size=8", "batch.micro_batch_size=2"]
+            ),
+            n,
+        ).config.run_name
+        for n in (1, 2, 4)
+    }
+    assert names == {"tiny-llama-lora-zero2-bf16-g8"}
+
+
+def test_run_dir_problems_are_refused_before_anything_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match=r"a-file' is a file, not a folder"):
+        _settle(_resolved(tmp_path / "a-file" / "r"))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # (root may write anywhere)
+    with pytest.raises(ConfigError, match=r"is not writable by this user"):
+        _settle(_resolved(tmp_path / "r"))
+
+
+def test_an_unknown_allowed_change_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"'optimizer.lrr' is not a config key.*did you mean 'optimizer.lr'"
+    ):
+        _resolved(tmp_path / "r", "checkpoint.allow_changes=[optimizer.lrr]")
+
+
+def test_metrics_are_rewound_to_the_resumed_step_and_a_torn_line_is_repaired(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 1.0 / s} for s in (1, 2, 3, 4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "lo')  # killed mid-write
+    assert rewind_metrics(path, 3) == rows[:3]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:3]
+    assert rewind_metrics(tmp_path / "absent.jsonl", 3) == []
+
+
+def test_the_summary_of_a_resumed_run_covers_the_whole_run(tmp_path: Path) -> None:
+    from zerofit.metrics.summary import RunFilesSink
+
+    sink = RunFilesSink(tmp_path)
+    sink.resume_from([{"step": 1, "loss": 3.0, "tokens": 10}, {"step": 2, "loss": 2.0, "tokens": 10}], 100.0)
+    sink.log(3, {"loss": 1.0, "tokens": 10})
+    sink.close()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["steps"], summary["tokens_seen"], summary["final_loss"], summary["min_loss"]) == (
+        3,
+        30,
+        1.0,
+        1.0,
+    )
+    assert summary["wall_s"] >= 100.0
+
+
+def test_resume_point_is_a_plain_record() -> None:
+    # Rank 0 broadcasts it to every rank: it must pickle.
+    import pickle
+
+    from zerofit.checkpoint import ResumePoint
+
+    point = ResumePoint(Path("x"), 3, 2, 1.5, ("note",), (Path("y"),))
+    assert pickle.loads(pickle.dumps(point)) == point and dataclasses.is_dataclass(point)

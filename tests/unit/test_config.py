@@ -167,7 +167,7 @@ def test_resolve_fills_every_derived_value() -> None:
     assert (resolved.plan.global_batch_size, resolved.plan.micro_batch_size) == (16, 4)
     assert (resolved.plan.grad_accum_steps, resolved.plan.dp_size, resolved.world_size) == (2, 2, 2)
     assert cfg.batch.grad_accum_steps == 2
-    assert cfg.run_name == "tiny-llama-lora-zero2-bf16-g16-m4x2x2"  # model, method, preset, split
+    assert cfg.run_name == "tiny-llama-lora-zero2-bf16-g16"  # model, method, preset, precision, global batch
     assert resolved.run_dir == Path("runs") / cfg.run_name
     assert cfg.logging.wandb.mode == "offline"
     assert "auto" not in _decided(cfg)

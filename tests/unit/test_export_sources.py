@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.checkpoint.manifest import MANIFEST
 from zerofit.errors import ConfigError
 from zerofit.export import find_weights, read_checkpoint, read_run_config
 
@@ -20,7 +21,7 @@ def _checkpoint(run: Path, step: int, complete: bool = True, suffix: str = "") -
     folder.mkdir(parents=True)
     (folder / "state.pt").write_bytes(b"")
     if complete:
-        (folder / "COMPLETE").write_text(f"{step}\n")
+        (folder / MANIFEST).write_text(json.dumps({"step": step}))
     return folder
 
 

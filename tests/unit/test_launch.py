@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from zerofit.assembly import claim_run_dir
 from zerofit.config import load_config, resolve
 from zerofit.errors import LaunchError
 from zerofit.run import parse_args, resolve_for_launch
@@ -51,32 +50,6 @@ def test_python_launch_of_a_multi_rank_split_says_how_to_launch() -> None:
     with pytest.raises(Exception, match="dp_size=1") as info:
         resolve_for_launch(cfg, LaunchEnv(0, 1, 0, launched=True))
     assert not isinstance(info.value, LaunchError)
-
-
-def test_a_taken_run_dir_is_never_reused_unless_resuming(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            f"data.path={DATA}",
-            f"output_dir={tmp_path}",
-            "run_name=r",
-            "batch.global_batch_size=4",
-            "batch.micro_batch_size=2",
-        ],
-    )
-    resolved = resolve(cfg, 1)
-    strategy = SimpleNamespace(rank=0, broadcast_object=lambda obj: obj)
-    assert claim_run_dir(resolved, strategy).run_dir == tmp_path / "r"  # type: ignore[arg-type]
-    (tmp_path / "r").mkdir()
-    (tmp_path / "r" / "metrics.jsonl").write_text("{}\n")
-    (tmp_path / "r-2").mkdir()
-    (tmp_path / "r-2" / "config.yaml").write_text("x")
-    claimed = claim_run_dir(resolved, strategy)  # type: ignore[arg-type]
-    assert claimed.run_dir == tmp_path / "r-3" and claimed.config.run_name == "r-3"
-    resuming = resolve(
-        cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"resume": True})}), 1
-    )
-    assert claim_run_dir(resuming, strategy).run_dir == tmp_path / "r"  # type: ignore[arg-type]
 
 
 def test_deepspeed_precision_the_accelerator_lacks_is_refused() -> None:

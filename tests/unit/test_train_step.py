@@ -132,9 +132,12 @@ class _Sink:
 class _Checkpoints:
     def __init__(self) -> None:
         self.steps: list[int] = []
+        self.stopping: list[int] = []
 
-    def after_step(self, steps_done: int) -> None:
+    def after_step(self, steps_done: int, stopping: bool = False) -> None:
         self.steps.append(steps_done)
+        if stopping:
+            self.stopping.append(steps_done)
 
 
 def _loop_run(sink: _Sink, checkpoints: _Checkpoints, max_steps: int, **options: Any) -> TrainRun:
@@ -166,6 +169,26 @@ def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
     row = sink.rows[0][1]
     assert (row["micro_batch_size"], row["grad_accum_steps"], row["dp_size"], row["epoch"]) == (2, 2, 1, 0)
     assert row["mem/source"] in ("cpu_rss", "cuda") and "mem/rank0/peak_gib" in row
+
+
+def test_a_stop_request_ends_the_loop_after_the_step_in_progress_with_a_checkpoint() -> None:
+    import signal
+
+    from zerofit.signals import StopSignal
+
+    stop = StopSignal()
+    stop.arm("test")
+
+    class _SignalAtStep2(_Sink):
+        def log(self, step: int, metrics: dict[str, Any]) -> None:
+            super().log(step, metrics)
+            if step == 2:  # as if SIGTERM arrived while step 2 was running
+                stop.signum = signal.SIGTERM
+
+    sink, checkpoints = _SignalAtStep2(), _Checkpoints()
+    results = train_loop(_loop_run(sink, checkpoints, max_steps=5, max_grad_norm=1.0, stop=stop))
+    assert len(results) == 2 and checkpoints.steps == [1, 2] and checkpoints.stopping == [2]
+    assert stop.agreed == signal.SIGTERM and StopSignal.exit_code(stop.agreed) == 143
 
 
 def test_mfu_is_logged_from_input_tokens_where_the_device_peak_is_known(

@@ -11,12 +11,15 @@ rows, which is what `batch.micro_batch_size` holds after `resolve()`.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
 from zerofit.catalogue import TINY_LLAMA
@@ -99,12 +102,27 @@ def _model_short_name(name_or_path: str) -> str:
 
 
 def default_run_name(cfg: ZerofitConfig, plan: BatchPlan) -> str:
-    """A name that says model, method, preset and split, so runs compare at a glance."""
+    """A name that says model, method, preset, precision and global batch, so runs compare at a glance.
+
+    Not the split (micro x accum x dp): it depends on the world size, and a run resumed on another world
+    size must find its own run directory.
+    """
     engine = cfg.distributed.preset or cfg.distributed.strategy
     return (
         f"{_model_short_name(cfg.model.name_or_path)}-{adaptation_method(cfg)}-{engine}-{cfg.train.precision}-"
-        f"g{plan.global_batch_size}-m{plan.micro_batch_size}x{plan.grad_accum_steps}x{plan.dp_size}"
+        f"g{plan.global_batch_size}"
     )
+
+
+def config_keys(model: type[BaseModel] = ZerofitConfig, prefix: str = "") -> list[str]:
+    """Every dotted key and section of the schema (`optimizer`, `optimizer.lr`, ...)."""
+    out = []
+    for name, field in model.model_fields.items():
+        out.append(prefix + name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out += config_keys(annotation, f"{prefix}{name}.")
+    return out
 
 
 def wandb_key_configured() -> bool:
@@ -394,6 +412,15 @@ def resolve(
         )
     if cfg.checkpoint.keep_last < 1:
         problems.append(f"checkpoint.keep_last = {cfg.checkpoint.keep_last}: must be >= 1")
+    known = config_keys()
+    for key in cfg.checkpoint.allow_changes:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(
+                f"checkpoint.allow_changes: {key!r} is not a config key or section; {hint}(name keys as "
+                "dotted paths, e.g. [optimizer.lr,train.max_steps], or whole sections, e.g. [optimizer])"
+            )
     if cfg.quantization.load_in != "none" and not cfg.lora.enabled:
         problems.append(
             f"quantization.load_in = {cfg.quantization.load_in!r} freezes quantized base weights, so it needs "

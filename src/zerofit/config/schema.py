@@ -148,9 +148,17 @@ class EvalSection(_Section):
 class CheckpointSection(_Section):
     """Checkpointing through the strategy; saves are atomic."""
 
-    every_steps: int = Field(0, description="0 = only at the end of the run.")
+    every_steps: int = Field(0, description="0 = only at the end of the run (and when it is stopped).")
     keep_last: int = 2
-    resume: bool = Field(False, description="Resume from the latest complete checkpoint in the run dir.")
+    resume: bool | Literal["auto"] = Field(
+        False,
+        description="Resume from the newest checkpoint of the run dir that verifies: true (it must exist), "
+        "auto (if there is one), false (a new run).",
+    )
+    allow_changes: list[str] = Field(
+        default_factory=list,
+        description="Config keys (or sections) a resume may change although they alter the trajectory.",
+    )
     save_final: bool = True
 
 

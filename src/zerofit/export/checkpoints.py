@@ -4,7 +4,8 @@ A run leaves its weights in two kinds of places (docs/contracts.md, "Run directo
 
 - the final export, `adapter/` (LoRA: a peft folder) or `model/` (full fine-tuning: a Hugging Face folder),
   written at the end unless `checkpoint.save_final=false`;
-- complete checkpoints, `checkpoints/step-N/` with the `COMPLETE` marker, in their engine's own layout:
+- complete checkpoints, `checkpoints/step-N/` with a `manifest.json` (written last), in their engine's own
+  layout:
 
       engine/            DeepSpeed ZeRO 0-3 (tag `engine`): model states + each rank's fp32 partitions
       dcp/ (+ extra.pt)  FSDP2: a torch.distributed.checkpoint folder holding {"model": ..., "optim": ...}
@@ -115,7 +116,7 @@ def find_weights(run_dir: Path, step: int | None = None) -> WeightsSource:
     raise ConfigError(
         [
             f"{run_dir} holds no trained weights: no final export ({ADAPTER_DIR}/ or {MODEL_DIR}/) and no complete "
-            "checkpoint (checkpoints/step-N/ with a COMPLETE marker); pass the directory of a run that finished "
+            "checkpoint (checkpoints/step-N/ with a manifest.json); pass the directory of a run that finished "
             "a checkpoint (checkpoint.every_steps saves during training; every run saves one at its end)"
         ]
     )
@@ -141,7 +142,7 @@ def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_state_file(path: Path) -> dict[str, torch.Tensor]:
-    return dict(torch.load(path, map_location="cpu", weights_only=False)[STATE_MODEL_KEY])
+    return dict(torch.load(path, map_location="cpu", weights_only=True)[STATE_MODEL_KEY])
 
 
 def _read_dcp(path: Path) -> dict[str, torch.Tensor]:
@@ -166,6 +167,7 @@ def _read_deepspeed(folder: Path) -> dict[str, torch.Tensor]:
     the model-states file (there are no partitions to merge)."""
     engine_dir = folder / DEEPSPEED_TAG
     if not any(engine_dir.glob("*_optim_states.pt")):
+        # DeepSpeed's own file (it pickles its config objects too), read as DeepSpeed itself reads it.
         states = torch.load(engine_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         return dict(states["module"])
     # DeepSpeed announces its accelerator on import, zero_to_fp32 narrates every tensor on stdout and draws

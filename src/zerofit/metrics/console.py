@@ -67,6 +67,11 @@ class ConsoleSink:
             self._task = self._progress.add_task(title, total=self.total, status="")
             self._progress.start()
 
+    def resume_from(self, rows: list[dict[str, Any]], wall_s: float) -> None:
+        """A resumed run: the earlier steps' rows and wall time count in the end-of-run table."""
+        self.summary.replay(rows)
+        self._start -= wall_s
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self.summary.update(step, metrics)
         if self._progress is not None:

@@ -8,13 +8,17 @@ logs unconditionally and never branches on rank.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.engine.spec import EngineSpec
 from zerofit.metrics.base import JsonlSink, MetricsSink, MultiSink, NullSink
 from zerofit.metrics.run_info import git_commit, library_versions, planner_prediction
 from zerofit.metrics.summary import RunFilesSink, predicted_peak_gib
+
+if TYPE_CHECKING:
+    from zerofit.metrics.console import ConsoleSink
+    from zerofit.metrics.wandb_sink import WandbSink
 
 
 def run_config(
@@ -56,29 +60,34 @@ def open_sinks(
     extra_config: dict[str, Any],
     *,
     config_path: str | Path | None = None,
+    history: list[dict[str, Any]] | None = None,
+    prior_wall_s: float = 0.0,
 ) -> MetricsSink:
     """The sinks for this rank, with the run config already logged (`log_config`) on rank 0.
 
     `config_path` (the YAML the user passed) names the W&B group when `logging.wandb.group` is unset;
-    without it the group is the run name minus its split suffix.
+    without it the group is the run name minus its split suffix. A resumed run passes `history` (the
+    kept rows of metrics.jsonl) and `prior_wall_s`: the summaries then cover the whole run, and W&B
+    continues the run's id.
     """
     if rank != 0:
         return NullSink()
     cfg = resolved.config
     run_dir = Path(resolved.run_dir)
     config = run_config(resolved, spec, extra_config)
-    sinks: list[MetricsSink] = [
-        JsonlSink(run_dir / "metrics.jsonl"),
-        RunFilesSink(run_dir, predicted_peak_gib(config)),
+    summaries: list[RunFilesSink | WandbSink | ConsoleSink] = [
+        RunFilesSink(run_dir, predicted_peak_gib(config))
     ]
     if cfg.logging.wandb.mode != "disabled":
         from zerofit.metrics.wandb_sink import WandbSink
 
-        sinks.append(WandbSink(resolved, config_path=config_path))
+        summaries.append(WandbSink(resolved, config_path=config_path, resume=history is not None))
     if cfg.logging.console:
         from zerofit.metrics.console import ConsoleSink
 
-        sinks.append(ConsoleSink(cfg.train.max_steps, title=cfg.run_name or "train"))
-    sink = MultiSink(sinks)
+        summaries.append(ConsoleSink(cfg.train.max_steps, title=cfg.run_name or "train"))
+    for summary in summaries:
+        summary.resume_from(history or [], prior_wall_s)
+    sink = MultiSink([JsonlSink(run_dir / "metrics.jsonl"), *summaries])
     sink.log_config(config)
     return sink

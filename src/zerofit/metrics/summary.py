@@ -105,6 +105,11 @@ class RunSummary:
                 rank = int(match.group(1))
                 self.rank_peaks[rank] = max(self.rank_peaks.get(rank, 0.0), peak)
 
+    def replay(self, rows: list[dict[str, Any]]) -> None:
+        """Fold earlier rows of `metrics.jsonl` in (a resumed run: the summary covers the whole run)."""
+        for row in rows:
+            self.update(int(row["step"]), row)
+
     @property
     def measured_peak(self) -> float | None:
         """The largest per-rank peak seen over the whole run (GiB)."""
@@ -156,6 +161,11 @@ class RunFilesSink:
         self.summary = RunSummary(predicted_peak)
         self._start = time.monotonic()
         self._closed = False
+
+    def resume_from(self, rows: list[dict[str, Any]], wall_s: float) -> None:
+        """A resumed run: the earlier steps' rows and wall time count in the summary."""
+        self.summary.replay(rows)
+        self._start -= wall_s
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self.summary.update(step, metrics)

@@ -6,7 +6,7 @@
   logged by zerofit: wandb finds it itself.
 - Defaults make comparison easy: group = the experiment (the config file's stem, or the run name without
   its split suffix), name = preset + split, so runs of one job over several presets/splits sit together.
-- Files go under the run directory (`run_dir/wandb/`).
+- Files go under the run directory (`run_dir/wandb/`). A resumed run continues the same W&B run id.
 - The optimizer step (`train/step`) is the x-axis of every metric; `train/tokens_seen` is a second x-axis.
 - Logged names equal the `metrics.jsonl` keys, so the two can be compared one to one.
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import secrets
+import string
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +33,9 @@ TOKENS_METRIC = "train/tokens_seen"
 INIT_TIMEOUT_S = 30.0
 FINISH_TIMEOUT_S = 120.0
 
-# The split suffix of a default run name (see `default_run_name`): "-g16-m2x4x2".
-_SPLIT_SUFFIX = re.compile(r"-g\d+-m\d+x\d+x\d+$")
+# The batch suffix of a default run name (see `default_run_name`): "-g16" (earlier names: "-g16-m2x4x2").
+_SPLIT_SUFFIX = re.compile(r"-g\d+(-m\d+x\d+x\d+)?$")
+RUN_ID_FILE = "zerofit-run-id"  # under run_dir/wandb/: the id a resumed run continues
 
 
 def split_label(resolved: ResolvedConfig) -> str:
@@ -85,6 +88,7 @@ class WandbSink:
         notice: Callable[[str], None] = say,
         init_timeout: float = INIT_TIMEOUT_S,
         key_configured: bool | None = None,
+        resume: bool = False,
     ) -> None:
         wb = resolved.config.logging.wandb
         self._notice = notice
@@ -106,6 +110,7 @@ class WandbSink:
             "dir": str(self.dir),
             "job_type": "train",
             "reinit": "finish_previous",
+            **self._run_id(resume),
         }
         if key_configured is None:
             key_configured = wandb_key_configured()
@@ -126,6 +131,25 @@ class WandbSink:
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric(TOKENS_METRIC, step_metric=STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)
+
+    def _run_id(self, resume: bool) -> dict[str, Any]:
+        """The W&B run id: a resumed run continues the id its run directory recorded (`resume="allow"`);
+        a new run gets a fresh id, recorded in `wandb/zerofit-run-id` for its resumes."""
+        id_file = self.dir / "wandb" / RUN_ID_FILE
+        if resume and id_file.is_file() and id_file.read_text().strip():
+            return {"id": id_file.read_text().strip(), "resume": "allow"}
+        run_id = "".join(
+            secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8)
+        )  # W&B's style
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(run_id + "\n")
+        return {"id": run_id}
+
+    def resume_from(self, rows: list[dict[str, Any]], wall_s: float) -> None:
+        """A resumed run: the earlier steps count in the summary and in `train/tokens_seen`."""
+        self._summary.replay(rows)
+        self._start -= wall_s
+        self._tokens_seen = sum(float(row.get("tokens") or 0) for row in rows)
 
     def _init(self, mode: str, timeout: float) -> Any:
         try:
@@ -152,18 +176,22 @@ class WandbSink:
         else:
             self._tokens_seen += float(metrics.get("tokens") or 0)
         row: dict[str, Any] = {STEP_METRIC: step, TOKENS_METRIC: self._tokens_seen}
-        for key, value in metrics.items():
-            if key == "step":
-                continue
-            converted = _history_value(value)
-            if converted is _NOT_NUMERIC:
-                # Labels such as mem/source are constant per run: summary, not a plotted series.
-                if self._strings.get(key) != str(value):
-                    self._strings[key] = str(value)
-                    self.run.summary[key] = str(value)
-            elif converted is not None:
-                row[key] = converted
-        self.run.log(row, step=step)
+        try:
+            for key, value in metrics.items():
+                if key == "step":
+                    continue
+                converted = _history_value(value)
+                if converted is _NOT_NUMERIC:
+                    # Labels such as mem/source are constant per run: summary, not a plotted series.
+                    if self._strings.get(key) != str(value):
+                        self._strings[key] = str(value)
+                        self.run.summary[key] = str(value)
+                elif converted is not None:
+                    row[key] = converted
+            self.run.log(row, step=step)
+        except Exception as exc:  # W&B's service is gone (e.g. a launcher terminated the process tree)
+            self._notice(f"zerofit: W&B stopped logging: {type(exc).__name__}: {_first_line(exc)}")
+            self.run = None
 
     def log_config(self, config: dict[str, Any]) -> None:
         if self.run is None:

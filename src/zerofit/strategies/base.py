@@ -144,8 +144,15 @@ class Strategy(ABC):
         """Save engine state (model, optimizer, scheduler, `client_state`) into `directory` (collective)."""
 
     @abstractmethod
-    def load(self, directory: Path) -> dict[str, Any]:
-        """Restore engine state from `directory`; returns the saved `client_state` (collective)."""
+    def load(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
+        """Restore engine state from `directory`, saved on `saved_world_size` ranks (which may differ from
+        this launch's: elastic resume); returns the saved `client_state` (collective)."""
+
+    @property
+    def checkpoint_format(self) -> str:
+        """The layout of this engine's checkpoints; a checkpoint loads only into the same layout (any world
+        size). `torch-state`: the whole state in one file (single, DDP)."""
+        return "torch-state"
 
     @abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -18,6 +18,7 @@ gradient partitioning needs it): more communication per window, less gradient me
 from __future__ import annotations
 
 import logging
+import shutil
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from zerofit.engine.spec import DeepSpeedSpec
-from zerofit.errors import LaunchError
+from zerofit.errors import LaunchError, ResumeError
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,
@@ -36,6 +37,31 @@ from zerofit.strategies.base import (
 from zerofit.strategies.env import LaunchEnv
 
 TAG = "engine"  # DeepSpeed's checkpoint tag inside our own (atomic) step directory
+
+
+def _to_universal(source: Path, target: Path) -> None:
+    """DeepSpeed's own converter (`python -m deepspeed.checkpoint.ds_to_universal`), in this process and
+    quietly: one worker (no subprocess pool inside a training rank), its progress output captured."""
+    import argparse
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    args = argparse.Namespace(
+        input_folder=str(source),
+        output_folder=str(target),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        # zerofit's client state has no Megatron-style `universal_checkpoint_info`; the converter adds
+        # the default one.
+        inject_missing_state=True,
+    )
+    captured = io.StringIO()
+    with redirect_stdout(captured), redirect_stderr(captured):
+        ds_to_universal(args)
 
 
 def _check_accelerator_precision(precision: str, accelerator: Any) -> None:
@@ -143,7 +169,20 @@ class DeepSpeedStrategy(Strategy):
             exclude_frozen_parameters=self._frozen,
         )
 
-    def load(self, directory: Path) -> dict[str, Any]:
+    @property
+    def checkpoint_format(self) -> str:
+        return f"deepspeed-zero{self.stage}"
+
+    def load(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
+        engine_dir = Path(directory) / TAG
+        # ZeRO partitions optimizer state per rank (`*_optim_states.pt`); on another world size DeepSpeed
+        # refuses those files, so they go through its universal checkpoint format. Without partitioned
+        # state (ZeRO-0) every rank's state is whole and loads on any world size.
+        if saved_world_size != self.world_size and any(engine_dir.glob("*optim_states.pt")):
+            return self._load_resharded(Path(directory), saved_world_size)
+        return self._load(Path(directory))
+
+    def _load(self, directory: Path) -> dict[str, Any]:
         path, client_state = self.engine.load_checkpoint(
             str(directory),
             tag=TAG,
@@ -154,6 +193,40 @@ class DeepSpeedStrategy(Strategy):
         if path is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint in {directory}")
         return dict(client_state or {})
+
+    def _load_resharded(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
+        """Elastic resume: rank 0 converts the checkpoint to DeepSpeed's universal format (per-parameter
+        full fp32 weights and optimizer state, `deepspeed.checkpoint.ds_to_universal`) in a scratch folder
+        next to it; every rank then loads its own partitions of it, and the scratch folder is removed."""
+        scratch = directory.with_name(f".{directory.name}-universal")
+        failure = None
+        if self.rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
+            try:
+                _to_universal(directory / TAG, scratch / TAG)
+            except Exception as exc:  # reported on every rank below, instead of a hang at the barrier
+                failure = f"{type(exc).__name__}: {exc}"
+                shutil.rmtree(scratch, ignore_errors=True)
+        failure = self.broadcast_object(failure)
+        if failure is not None:
+            raise ResumeError(
+                f"checkpoint.resume: {directory} was saved on {saved_world_size} rank(s) and this launch has "
+                f"{self.world_size}; converting it to DeepSpeed's universal checkpoint (needed to re-partition "
+                f"ZeRO state) failed: {failure}. Resume on {saved_world_size} rank(s), or start a new run "
+                "(checkpoint.resume=false)"
+            )
+        # DeepSpeed reads `checkpoint.load_universal` only while loading; setting it on the engine for this
+        # one load keeps ds_config.json what the run trains with.
+        config = self.engine._config
+        config.load_universal_checkpoint = True
+        try:
+            client_state = self._load(scratch)
+        finally:
+            config.load_universal_checkpoint = False
+        self.barrier()
+        if self.rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return client_state
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if self.stage == 3:

@@ -164,7 +164,13 @@ class FSDPStrategy(Strategy):
             extra = {"scheduler": self.scheduler.state_dict(), "client_state": client_state}
             torch.save(extra, Path(directory) / EXTRA_FILE)
 
-    def load(self, directory: Path) -> dict[str, Any]:
+    @property
+    def checkpoint_format(self) -> str:
+        return "fsdp-dcp"
+
+    def load(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
+        # DCP reshards on load: a checkpoint saved on any number of ranks loads onto this mesh.
+        del saved_world_size
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(Path(directory) / "dcp"))
@@ -175,7 +181,7 @@ class FSDPStrategy(Strategy):
             optim_state_dict=state["optim"],
             options=self._options(strict=False),
         )
-        extra = torch.load(Path(directory) / EXTRA_FILE, map_location="cpu", weights_only=False)
+        extra = torch.load(Path(directory) / EXTRA_FILE, map_location="cpu", weights_only=True)
         self.scheduler.load_state_dict(extra["scheduler"])
         return dict(extra["client_state"])
 

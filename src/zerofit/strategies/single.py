@@ -123,9 +123,11 @@ class SingleStrategy(Strategy):
         }
         torch.save(state, Path(directory) / STATE_FILE)
 
-    def load(self, directory: Path) -> dict[str, Any]:
+    def load(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
+        # Every rank saved (rank 0 wrote) the same full state: any world size loads it.
+        del saved_world_size
         assert self.optimizer is not None, "prepare() first"
-        state = torch.load(Path(directory) / STATE_FILE, map_location=self.device, weights_only=False)
+        state = torch.load(Path(directory) / STATE_FILE, map_location=self.device, weights_only=True)
         missing = set(self._trainable_state()) - set(state["model"])
         if missing:
             raise RuntimeError(f"checkpoint {directory} lacks trainable weights: {sorted(missing)[:5]}")

@@ -1,0 +1,144 @@
+"""Checkpoints through the strategy: atomic, verified by a manifest, loadable on another world size.
+
+A checkpoint is written into `checkpoints/step-N.tmp/` (the strategy's engine files and each rank's RNG
+state), then every rank hashes its share of the files, rank 0 writes `manifest.json` (see `manifest.py`)
+and renames the folder to `checkpoints/step-N/`: a crash mid-save leaves a `.tmp` folder that resume
+ignores, never a half-written `step-N` in place of a good one.
+
+Resume restores model, optimizer, scheduler, RNG and the step; the data order needs no state because the
+sampler is a pure function of the step. The strategy loads a checkpoint saved on another world size
+(elastic resume; see each strategy's `load`). RNG streams are per rank: a rank that did not exist when the
+checkpoint was saved keeps its seeded stream.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.checkpoint.manifest import (
+    checkpoint_folders,
+    describe_files,
+    listed_files,
+    write_manifest,
+)
+from zerofit.checkpoint.rundir import CHECKPOINTS
+from zerofit.config.schema import CheckpointSection
+from zerofit.strategies.base import Strategy
+
+
+def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint (one with a manifest) in `run_dir`, oldest first."""
+    return checkpoint_folders(Path(run_dir) / CHECKPOINTS)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves every `checkpoint.every_steps` optimizer steps, at the end, and when a run is stopped.
+
+    `record` is what every manifest states about the run besides its files (config, batch plan, world size,
+    checkpoint format, data fingerprint; see `resume.checkpoint_record`). `elapsed_s` is the wall time the
+    run had already spent before this session (a resumed run's), so manifests carry the whole run's time.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        run_dir: Path,
+        section: CheckpointSection,
+        max_steps: int,
+        record: dict[str, Any] | None = None,
+        elapsed_s: float = 0.0,
+    ) -> None:
+        self.strategy = strategy
+        self.root = Path(run_dir) / CHECKPOINTS
+        self.section = section
+        self.max_steps = max_steps
+        self.record = dict(record or {})
+        self.elapsed_before = elapsed_s
+        self.started = time.monotonic()
+        self.last_saved: int | None = None
+
+    @property
+    def elapsed_s(self) -> float:
+        """Wall time of the whole run so far (earlier sessions included)."""
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def after_step(self, steps_done: int, stopping: bool = False) -> None:
+        """Called by the loop after every optimizer step (on every rank); `stopping` forces a save."""
+        every = self.section.every_steps
+        due = steps_done == self.max_steps or bool(every and steps_done % every == 0) or stopping
+        if due and self.last_saved != steps_done:
+            self.save(steps_done)
+
+    def save(self, steps_done: int) -> Path:
+        """Write checkpoint `step-<steps_done>` atomically, with its manifest (collective)."""
+        rank, world = self.strategy.rank, self.strategy.world_size
+        final = self.root / f"step-{steps_done}"
+        tmp = self.root / f"step-{steps_done}.tmp"
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
+            tmp.mkdir(parents=True)
+        self.strategy.barrier()
+        self.strategy.save(tmp, {"step": steps_done})
+        torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
+        self.strategy.barrier()
+        # Every rank hashes its share of the files; rank 0 lists them all in the manifest.
+        shares = self.strategy.all_gather_object(describe_files(tmp, listed_files(tmp)[rank::world]))
+        if rank == 0:
+            files = {name: meta for share in shares for name, meta in share.items()}
+            manifest = {
+                **self.record,
+                "step": steps_done,
+                "world_size": world,
+                "elapsed_s": round(self.elapsed_s, 3),
+                "files": files,
+            }
+            write_manifest(tmp, manifest)
+            self._replace(tmp, final)
+            self._prune()
+        self.strategy.barrier()
+        self.last_saved = steps_done
+        return final
+
+    @staticmethod
+    def _replace(tmp: Path, final: Path) -> None:
+        # The old folder is moved aside before the new one takes its name, and deleted only afterwards.
+        old = final.with_name(final.name + ".old")
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _prune(self) -> None:
+        for _, folder in complete_checkpoints(self.root.parent)[: -self.section.keep_last]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def load(self, folder: Path, saved_world_size: int) -> int:
+        """Restore the (verified) checkpoint `folder`, saved on `saved_world_size` ranks; returns its step."""
+        client_state = self.strategy.load(folder, saved_world_size)
+        rng_file = folder / f"rng-rank{self.strategy.rank}.pt"
+        if rng_file.is_file():  # absent only for a rank the saving run did not have (elastic resume)
+            _set_rng_state(torch.load(rng_file, weights_only=True))
+        step = int(client_state["step"])
+        self.last_saved = step
+        return step

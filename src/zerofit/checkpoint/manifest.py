@@ -1,0 +1,132 @@
+"""The checkpoint manifest: what a complete checkpoint holds, and the proof that it is still intact.
+
+`manifest.json` is written last into `step-N.tmp/`, by rank 0, after every rank's files are on disk; the
+folder is renamed to `step-N/` only then. So a folder with a manifest is a complete checkpoint, and the
+manifest says what it must contain: every file with its size and SHA-256, plus the facts a resume is checked
+against (the resolved config, the batch plan, the world size, the engine's checkpoint format, the data
+file's fingerprint, the step).
+
+`verify()` re-reads every listed file: a missing, truncated or altered file makes the checkpoint unusable
+(and resume falls back to an older one) instead of failing deep inside an engine's loader. Pure Python:
+no torch, so a resume is judged before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+_CHUNK = 1 << 22  # 4 MiB reads: hashing speed is then the disk's, not Python's
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def data_fingerprint(path: str | Path) -> dict[str, Any]:
+    """Size and SHA-256 of the training data: a resume compares the data by content, not by its path's
+    spelling. A folder (`datasets` save_to_disk) is hashed over its files' names and contents; a hub dataset
+    id has no local content to hash (`sha256` None: not compared, the id itself is a config key)."""
+    source = Path(path).expanduser()
+    if source.is_file():
+        stat = source.stat()
+        return {
+            "size": stat.st_size,
+            "sha256": _cached_digest(source.resolve(), stat.st_size, stat.st_mtime_ns),
+        }
+    if source.is_dir():
+        digest, size = hashlib.sha256(), 0
+        for name in listed_files(source):
+            file = (source / name).resolve()
+            stat = file.stat()
+            size += stat.st_size
+            digest.update(f"{name}\0{_cached_digest(file, stat.st_size, stat.st_mtime_ns)}\0".encode())
+        return {"size": size, "sha256": digest.hexdigest()}
+    return {"size": None, "sha256": None, "hub_id": str(path)}
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_digest(path: Path, size: int, mtime_ns: int) -> str:
+    # Keyed by size and mtime too: a file rewritten in place is hashed again.
+    del size, mtime_ns
+    return file_digest(path)
+
+
+def listed_files(folder: Path) -> list[str]:
+    """Every file under `folder` (relative, sorted), the manifest itself left out."""
+    return sorted(
+        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST
+    )
+
+
+def describe_files(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """`{name: {"size", "sha256"}}` for the files `names` of `folder` (each rank describes its share)."""
+    return {
+        name: {"size": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in names
+    }
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Write `manifest.json` into `folder` atomically (a torn manifest would pass for a complete checkpoint)."""
+    path = folder / MANIFEST
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT_VERSION, **manifest}, indent=1, sort_keys=True) + "\n")
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint folder; raises ValueError when it is unreadable or not a manifest."""
+    try:
+        data = json.loads((folder / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{MANIFEST} is unreadable ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict) or "step" not in data:
+        raise ValueError(f"{MANIFEST} is not a zerofit checkpoint manifest")
+    return data
+
+
+def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    """(manifest, problems) of a checkpoint folder: problems is empty when every listed file is intact."""
+    try:
+        manifest = read_manifest(folder)
+    except ValueError as exc:
+        return None, [str(exc)]
+    problems = []
+    for name, meta in sorted(manifest["files"].items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        size = path.stat().st_size
+        if size != meta.get("size"):
+            problems.append(f"{name} is {size:,} bytes, the manifest says {meta.get('size'):,}")
+        elif file_digest(path) != meta.get("sha256"):
+            problems.append(f"{name} does not match its SHA-256 (changed on disk)")
+    return manifest, problems
+
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_folders(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every folder under `root` that holds a manifest (complete checkpoints), oldest first."""
+    found = []
+    for folder in root.glob("step-*") if root.is_dir() else []:
+        match = _STEP_DIR.match(folder.name)
+        if match and (folder / MANIFEST).is_file():
+            found.append((int(match.group(1)), folder))
+    return sorted(found)

@@ -1,0 +1,331 @@
+"""Which run directory a launch writes, and which checkpoint it resumes from: decided once, on rank 0, with
+the process group up and before any model is loaded, so every refusal costs seconds, not a 7B load.
+
+`checkpoint.resume`:
+
+- `false`: a new run. A run directory that already holds a run is never touched: the run takes the first
+  free `<run_name>-2`, `-3`, ...
+- `auto`: resume from the newest checkpoint in `output_dir/run_name/` that verifies, if there is one;
+  otherwise start at step 0 in that directory (saying so).
+- `true`: like `auto`, but a run directory without a checkpoint to resume is an error.
+
+A checkpoint is used only if its manifest verifies (every file present, of the right size and checksum);
+a damaged one is passed over for the next older one, and the resume says which and why. The config the
+checkpoint was saved with is compared with this launch's: a change that alters the training trajectory
+(see `NEUTRAL_KEYS` for the ones that cannot) is refused with the diff and the override that accepts it
+(`checkpoint.allow_changes`). The world size may change: every strategy loads a checkpoint saved on
+another number of ranks, and the batch plan keeps the global batch, so the data position is the same.
+
+Nothing is written here: the run record changes only after the checkpoint has loaded (`finish_resume`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer, complete_checkpoints
+from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, verify
+from zerofit.checkpoint.rundir import check_output_location, free_name, lock_run_dir, locked_by
+from zerofit.config.resolve import ResolvedConfig
+from zerofit.errors import ConfigError, ResumeError, ZerofitError
+from zerofit.metrics.compare import flatten
+from zerofit.metrics.history import rewind_metrics
+from zerofit.strategies.base import Strategy
+from zerofit.version import __version__
+
+# Config keys whose change cannot alter the training trajectory: names and places, logging, how
+# checkpoints are kept, the planner's target, how the (unchanged) global batch is split over micro-batches
+# (or packed rows) and ranks, implementation choices that compute the same values, the tokenization cache,
+# and evaluation (a no-grad forward in eval mode: it draws no random numbers and changes no weight; the
+# held-out fraction `data.eval_split` does change the training set, and is compared). `distributed.*` is judged by the
+# checkpoint format instead (a ZeRO-2 checkpoint loads only into ZeRO-2), and `data.path` by the data
+# file's content. Every other key, including keys added later, counts as trajectory-changing.
+NEUTRAL_KEYS = (
+    "run_name",
+    "output_dir",
+    "logging",
+    "checkpoint",
+    "planner",
+    "batch.micro_batch_size",
+    "batch.grad_accum_steps",
+    "distributed",
+    "train.activation_checkpointing",
+    "batch.tokens_per_micro_batch",
+    "train.cross_entropy",
+    "model.attn_implementation",
+    "model.trust_remote_code",
+    "data.path",
+    "data.cache",
+    "data.eval_path",
+    "eval",
+)
+# Keys a launch may leave at `auto` that the saved (resolved) config states: `auto` resolves the same way
+# again from the same data, so only a different explicit value is a change.
+AUTO_KEYS = ("data.format",)
+DAMAGED_SUFFIX = ".damaged"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The verified checkpoint a launch resumes from, and what the user should be told about it."""
+
+    folder: Path
+    step: int
+    world_size: int  # ranks that saved it
+    elapsed_s: float  # wall time of the run up to this checkpoint
+    notes: tuple[str, ...] = ()  # fallbacks, accepted and neutral changes, elastic resume
+    damaged: tuple[Path, ...] = ()  # newer checkpoints that failed verification (set aside after the load)
+
+
+def _matches(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def checkpoint_record(resolved: ResolvedConfig, checkpoint_format: str) -> dict[str, Any]:
+    """What every manifest of this run states besides its files and step (rank 0 computes it once)."""
+    plan = resolved.plan
+    return {
+        "zerofit_version": __version__,
+        "checkpoint_format": checkpoint_format,
+        "config": resolved.config.model_dump(mode="json"),
+        "batch_plan": dataclasses.asdict(plan),
+        "data": data_fingerprint(resolved.config.data.path),
+    }
+
+
+def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[str, str], list[str]]:
+    """Differences between the checkpoint's config and this launch's: ({key: line} refused, notes).
+
+    Refused: trajectory-changing keys not named in `checkpoint.allow_changes`. Notes: the accepted ones
+    and the neutral ones, for the resume message.
+    """
+    saved, now = flatten(manifest.get("config", {})), flatten(resolved.config.model_dump(mode="json"))
+    changing: dict[str, str] = {}
+    neutral: list[str] = []
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key) and not (_matches(key, AUTO_KEYS) and now.get(key) == "auto"):
+            line = f"{key}: {_show(saved.get(key, '(unset)'))} -> {_show(now.get(key, '(unset)'))}"
+            if _matches(key, NEUTRAL_KEYS):
+                if not _matches(key, ("checkpoint.resume", "checkpoint.allow_changes")):  # expected to differ
+                    neutral.append(line)
+            else:
+                changing[key] = line
+    data_then = manifest.get("data", {}).get("sha256")
+    if data_then and data_then != data_fingerprint(resolved.config.data.path)["sha256"]:
+        changing["data.path"] = (
+            f"data.path: the content of {resolved.config.data.path} changed since the checkpoint was saved "
+            f"(SHA-256 {data_then[:12]}... then)"
+        )
+    allowed = resolved.config.checkpoint.allow_changes
+    refused = {key: line for key, line in changing.items() if not _matches(key, allowed)}
+    accepted = [
+        f"{line} (accepted by checkpoint.allow_changes)"
+        for key, line in changing.items()
+        if key not in refused
+    ]
+    return refused, accepted + neutral
+
+
+def _refusal(folder: Path, refused: dict[str, str]) -> ResumeError:
+    note = ""
+    if "batch.global_batch_size" in refused:
+        note = (
+            "\n(a new global batch re-cuts the data order: step k would start at example k x the new size, "
+            "skipping or repeating examples)"
+        )
+    return ResumeError(
+        f"checkpoint.resume: {folder} was saved with a different config, and these changes alter the "
+        "training trajectory:\n  " + "\n  ".join(refused.values()) + note + "\nResume with the saved values "
+        "(drop these overrides), start a new run (checkpoint.resume=false, or another run_name), or accept "
+        f"the changes with checkpoint.allow_changes=[{','.join(refused)}]"
+    )
+
+
+def _elastic_note(manifest: dict[str, Any], resolved: ResolvedConfig) -> str | None:
+    saved = int(manifest.get("world_size", resolved.world_size))
+    if saved == resolved.world_size:
+        return None
+    note = (
+        f"elastic resume: saved on {saved} rank(s), resuming on {resolved.world_size}; "
+        f"{resolved.plan.describe()} (the global batch and the data position are unchanged)"
+    )
+    if resolved.config.lora.enabled and resolved.config.lora.dropout > 0:
+        note += "; dropout masks are drawn per rank, so they differ from an uninterrupted run's"
+    return note
+
+
+def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> ResumePoint | None:
+    """The newest checkpoint of the run directory that verifies and may be resumed, or None if there is none.
+
+    Raises `ResumeError` when checkpoints exist but none verifies, when the engine cannot load the newest
+    good one, or when the config changed in a way that alters the trajectory.
+    """
+    run_dir = resolved.run_dir
+    damaged: list[tuple[Path, list[str]]] = []
+    for _step, folder in reversed(complete_checkpoints(run_dir)):
+        manifest, problems = verify(folder)
+        if manifest is None or problems:
+            damaged.append((folder, problems))
+            continue
+        saved_format = manifest.get("checkpoint_format")
+        if saved_format != checkpoint_format:
+            raise ResumeError(
+                f"checkpoint.resume: {folder} was written by the {saved_format} engine and this launch runs "
+                f"{checkpoint_format}; a checkpoint loads only into the engine layout that wrote it (the world "
+                "size may change, the engine may not): launch with the distributed.strategy / "
+                "distributed.preset the run was saved with, or start a new run (checkpoint.resume=false)"
+            )
+        refused, notes = _changes(manifest, resolved)
+        if refused:
+            raise _refusal(folder, refused)
+        fallbacks = [
+            f"{bad.name} is damaged ({'; '.join(why[:2])}{'; ...' if len(why) > 2 else ''}): resuming from "
+            f"{folder.name}, the newest checkpoint that verifies"
+            for bad, why in damaged
+        ]
+        elastic = _elastic_note(manifest, resolved)
+        if elastic:  # the elastic note states the new split
+            notes = [
+                n for n in notes if not n.startswith(("batch.micro_batch_size", "batch.grad_accum_steps"))
+            ]
+        return ResumePoint(
+            folder=folder,
+            step=int(manifest["step"]),
+            world_size=int(manifest.get("world_size", resolved.world_size)),
+            elapsed_s=float(manifest.get("elapsed_s", 0.0)),
+            notes=tuple(fallbacks + ([elastic] if elastic else []) + [f"changed: {n}" for n in notes]),
+            damaged=tuple(bad for bad, _ in damaged),
+        )
+    if damaged:
+        listing = "; ".join(f"{bad.name}: {why[0] if why else 'unreadable'}" for bad, why in damaged)
+        raise ResumeError(
+            f"checkpoint.resume: no checkpoint in {run_dir / CHECKPOINTS} verifies ({listing}); nothing can be "
+            "resumed safely: start a new run (checkpoint.resume=false, or another run_name)"
+        )
+    return None
+
+
+def _nothing_to_resume(run_dir: Path) -> ResumeError:
+    partial = sorted(p.name for p in (run_dir / CHECKPOINTS).glob("step-*.tmp")) if run_dir.is_dir() else []
+    why = (
+        f"{run_dir} does not exist"
+        if not run_dir.exists()
+        else f"{run_dir / CHECKPOINTS} holds no complete checkpoint"
+        + (f" (only an interrupted save: {', '.join(partial)})" if partial else "")
+    )
+    # A default run name says model, method, preset, precision and global batch: a change to one of them
+    # looks for another directory. Name the runs that could be meant.
+    others = sorted(p.parents[2].name for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/step-*/{MANIFEST}"))
+    hint = (
+        f"; runs with checkpoints in {run_dir.parent}: {', '.join(dict.fromkeys(others))}" if others else ""
+    )
+    return ResumeError(
+        f"checkpoint.resume = true, but {why}{hint}; a run is found by its run directory (output_dir/"
+        "run_name; the default run_name includes the model, method, preset, precision and global batch): "
+        "pass the run_name to resume, or set checkpoint.resume=auto to start at step 0 when there is "
+        "nothing to resume"
+    )
+
+
+def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, ResumePoint | None]:
+    mode = resolved.config.checkpoint.resume
+    if mode is False:
+        name = free_name(Path(resolved.config.output_dir), str(resolved.config.run_name))
+        check_output_location(Path(resolved.config.output_dir) / name)
+        return name, None
+    check_output_location(resolved.run_dir)
+    holder = locked_by(resolved.run_dir)
+    if holder is not None:
+        raise ResumeError(
+            f"checkpoint.resume: {resolved.run_dir} is being written by another zerofit run (pid {holder}): a "
+            "stopped run may still be saving its checkpoint, or another launch uses this run_name; wait for "
+            "it to exit, then resume"
+        )
+    point = find_resume_point(resolved, checkpoint_format)
+    if point is None and mode is True:
+        raise _nothing_to_resume(resolved.run_dir)
+    return str(resolved.config.run_name), point
+
+
+def _rebuild(kind: str, message: str, problems: list[str]) -> ZerofitError:
+    if kind == "ConfigError":
+        return ConfigError(problems)
+    return ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
+
+
+def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> tuple[ResolvedConfig, ResumePoint | None]:
+    """The run directory this launch writes and the checkpoint it resumes from (collective; rank 0 decides).
+
+    A refusal is raised on every rank, so every rank exits with the same message.
+    """
+    outcome: tuple[Any, ...]
+    if strategy.rank == 0:
+        try:
+            outcome = ("ok", *_decide(resolved, strategy.checkpoint_format))
+        except ZerofitError as exc:
+            outcome = ("error", type(exc).__name__, str(exc), list(getattr(exc, "problems", [])))
+    else:
+        outcome = ()
+    outcome = strategy.broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise _rebuild(*outcome[1:])
+    _, name, point = outcome
+    cfg = resolved.config
+    if name != cfg.run_name:
+        new_cfg = cfg.model_copy(deep=True)
+        new_cfg.run_name = name
+        resolved = dataclasses.replace(resolved, config=new_cfg, run_dir=Path(new_cfg.output_dir) / name)
+    return resolved, point
+
+
+def finish_resume(point: ResumePoint) -> None:
+    """After a successful load (rank 0): set damaged newer checkpoints aside, out of the way of pruning and
+    of the next resume (renamed `step-N.damaged`, kept for inspection)."""
+    for folder in point.damaged:
+        target = folder.with_name(folder.name + DAMAGED_SUFFIX)
+        suffix = 1
+        while target.exists():
+            suffix += 1
+            target = folder.with_name(f"{folder.name}{DAMAGED_SUFFIX}-{suffix}")
+        folder.rename(target)
+
+
+def restore(
+    checkpointer: Checkpointer, point: ResumePoint | None, run_dir: Path
+) -> tuple[int, list[dict[str, Any]] | None]:
+    """Load `point` (collective), then bring the run record in line with it on rank 0: damaged newer
+    checkpoints set aside, metrics.jsonl rewound to the resumed step (a torn last line repaired).
+
+    Returns (the step training continues from, the kept metrics rows; None when not resuming). Called after
+    `settle_run_dir` validated the resume, so a refused or failed load never changes the run record.
+    """
+    step = checkpointer.load(point.folder, point.world_size) if point is not None else 0
+    rows: list[dict[str, Any]] = []
+    if checkpointer.strategy.rank == 0:
+        lock_run_dir(run_dir)
+        if point is not None:
+            finish_resume(point)
+        rows = rewind_metrics(run_dir / METRICS_FILE, step)  # `auto` without a checkpoint: back to step 0
+    return step, (rows if point is not None else None)
+
+
+def resume_message(point: ResumePoint | None, mode: bool | str, run_dir: Path, max_steps: int) -> str | None:
+    """What a launch says about resuming (rank 0 prints it after the plan), or None for a new run."""
+    if point is None:
+        return (
+            f"checkpoint.resume=auto: no checkpoint in {run_dir}: starting at step 0"
+            if mode == "auto"
+            else None
+        )
+    lines = [f"resumed from {point.folder} at step {point.step} of {max_steps}"]
+    lines += [f"  {note}" for note in point.notes]
+    return "\n".join(lines)

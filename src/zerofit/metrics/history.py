@@ -1,0 +1,43 @@
+"""A resumed run's `metrics.jsonl`, brought back to the step it resumes from.
+
+A run killed after its last checkpoint logged steps the resume trains again, and a kill mid-write leaves a
+torn last line. `rewind_metrics` keeps one row per step up to the resumed step (the last row written for
+it), drops everything else, and rewrites the file atomically, so the file again has exactly one row per
+step and the resumed steps append after it. The kept rows seed the end-of-run summary, which then covers
+the whole run rather than the resumed part.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from zerofit.messages import warn
+
+__all__ = ["rewind_metrics"]
+
+
+def rewind_metrics(path: Path, step: int) -> list[dict[str, Any]]:
+    """Keep the rows of steps 1..`step` of `path` (if it exists), rewrite it, and return them in step order."""
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    damaged = 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            damaged += 1  # a torn line (a kill mid-write); the step is re-logged if it is resumed past
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and 0 < row["step"] <= step:
+            by_step[row["step"]] = row
+    if damaged > 1:  # one torn last line is what a kill leaves; more is worth a word
+        warn(f"{path}: {damaged} unreadable lines dropped while rewinding to step {step}")
+    rows = [by_step[s] for s in sorted(by_step)]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    tmp.replace(path)
+    return rows

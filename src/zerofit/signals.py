@@ -1,0 +1,153 @@
+"""Stopping a run without losing work: SIGTERM / SIGINT, and workers that outlive their launcher.
+
+A preempted VM, a SLURM time limit and a user's Ctrl-C all arrive as SIGTERM or SIGINT. `StopSignal` turns
+the first one into a *request*: the training loop finishes the optimizer step in progress, every rank agrees
+on stopping at that same step (the loop all-reduces the request after each step), a complete checkpoint is
+saved, and the run exits with 128 + the signal (143 for SIGTERM, 130 for SIGINT) after one line that says
+how to resume. A second signal aborts at once without saving (the last complete checkpoint stays valid:
+checkpoints are atomic).
+
+Before training starts (model loading, resume) there is nothing to save, so a signal exits at once; once
+the stop checkpoint is written, later signals are ignored (a launcher terminating the remaining ranks).
+
+How the launchers deliver signals, and why a second signal within `SAME_REQUEST_S` is not an abort:
+
+- `python`: the process gets the signal itself (Ctrl-C in a terminal, `kill`).
+- `torchrun`: its agent catches SIGTERM/SIGINT and forwards the same signal to every worker (they run in
+  their own sessions, so a terminal's Ctrl-C reaches only the agent); after 30 s it sends SIGKILL.
+- `deepspeed`: Ctrl-C reaches the runner, `launch.py` and every rank (one process group); `launch.py` then
+  also sends SIGTERM to each rank in turn, waiting up to 30 s for each before SIGKILL. A rank thus sees
+  the terminal's SIGINT and the launcher's SIGTERM within milliseconds: one request, not two.
+
+`die_with_parent` makes a launched worker exit when its launcher dies (Linux `PR_SET_PDEATHSIG`):
+`torchrun` starts workers in new sessions, so killing its process group would otherwise leave them
+training, and writing checkpoints that race a resume started right away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from types import FrameType
+
+__all__ = ["SAME_REQUEST_S", "StopSignal", "die_with_parent"]
+
+# Signals closer together than this are one request (a terminal and a launcher both delivering it).
+SAME_REQUEST_S = 2.0
+_HANDLED = (signal.SIGTERM, signal.SIGINT)
+
+
+def _write(message: str) -> None:
+    # os.write, not print: a Python handler may run in the middle of a print on the main thread, and
+    # re-entering a buffered stream from there raises.
+    with contextlib.suppress(OSError, ValueError):
+        os.write(sys.stderr.fileno(), (message + "\n").encode())
+
+
+class StopSignal:
+    """SIGTERM/SIGINT as a request to stop after the current optimizer step; see the module docstring.
+
+    Phases: `setup` (a signal exits at once: nothing to save yet), `training` (a signal is a request the
+    loop acts on at the next step boundary; a second one, later than `SAME_REQUEST_S`, aborts at once),
+    `stopped` (the stop checkpoint is written; further signals are ignored).
+    """
+
+    def __init__(self, rank: int = 0, *, same_request_s: float = SAME_REQUEST_S) -> None:
+        self.rank = rank
+        self.same_request_s = same_request_s
+        self.phase = "setup"
+        self.signum: int | None = None  # the signal this process received
+        self.agreed: int | None = None  # the signal every rank stops for (set by `agree`)
+        self._first_at = 0.0
+        self._where = ""
+
+    def install(self) -> StopSignal:
+        """Handle SIGTERM and SIGINT in this process (the main thread must call it)."""
+        for sig in _HANDLED:
+            signal.signal(sig, self._handle)
+        return self
+
+    def arm(self, where: str) -> None:
+        """Training starts: from now on a signal is a request to stop and save. `where` names the run."""
+        self.phase = "training"
+        self._where = where
+
+    def stopped(self) -> None:
+        """The stop checkpoint is written: later signals change nothing."""
+        self.phase = "stopped"
+
+    @property
+    def requested(self) -> bool:
+        """True once this process received a stop request."""
+        return self.signum is not None
+
+    def votes(self) -> list[int]:
+        """This rank's vote per handled signal (SIGTERM, SIGINT), to be summed over the ranks."""
+        return [int(self.signum == sig) for sig in _HANDLED]
+
+    def agree(self, votes: list[int]) -> bool:
+        """Given the votes summed over all ranks: stop now? Records the signal the run stops for (SIGTERM
+        when ranks got different ones: a scheduler's SIGTERM outranks a stray Ctrl-C)."""
+        for sig, count in zip(_HANDLED, votes, strict=True):
+            if count:
+                self.agreed = int(sig)
+                return True
+        return False
+
+    @staticmethod
+    def exit_code(signum: int) -> int:
+        """The shell's convention for a process ended by a signal: 128 + its number (143, 130)."""
+        return 128 + signum
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        name = signal.Signals(signum).name
+        now = time.monotonic()
+        if self.phase == "stopped":
+            return
+        if self.phase == "setup":
+            if self.rank == 0:
+                _write(f"zerofit: {name} before training started: exiting (nothing to save yet)")
+            os._exit(self.exit_code(signum))
+        if self.signum is None:
+            self.signum, self._first_at = signum, now
+            if self.rank == 0:
+                _write(
+                    f"zerofit: {name}: stopping after the current optimizer step and saving a checkpoint "
+                    f"(send {name} again to stop at once without saving)"
+                )
+            return
+        if now - self._first_at < self.same_request_s:
+            return  # the same request, delivered twice (terminal + launcher)
+        _write(
+            f"zerofit (rank {self.rank}): second {name}: stopped at once without saving; the last complete "
+            f"checkpoint in {self._where} is where a resume starts"
+        )
+        os._exit(self.exit_code(signum))
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent (the launcher) dies. Linux only.
+
+    SIGKILL, not SIGTERM: a worker whose launcher is gone must not go on to save a checkpoint that races a
+    resume started right away; what it loses is what a crash loses (checkpoints are atomic). Returns False
+    where unsupported. If the parent died while the request was being made, exits at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(sig), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # the launcher died before the request took effect
+        os._exit(128 + int(sig))
+    return True
