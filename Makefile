@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 # DeepSpeed JIT-compiles its CPU ops on first use; one stable cache means every run pays that once.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export ZEROFIT_CACHE ?= $(CURDIR)/.cache/zerofit
+# The venv's tools first (as if activated): one `ninja` for DeepSpeed's JIT builds, whoever starts them.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 
 .PHONY: setup test lint format demo clean

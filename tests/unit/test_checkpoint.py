@@ -16,6 +16,7 @@ import torch
 
 from config_helpers import DEMO_DATA, one_process_strategy
 from zerofit.checkpoint import MANIFEST, Checkpointer, checkpoint_record, complete_checkpoints, verify
+from zerofit.checkpoint.manifest import data_fingerprint
 from zerofit.checkpoint.resume import DAMAGED_SUFFIX, find_resume_point, finish_resume, settle_run_dir
 from zerofit.config import load_config, resolve
 from zerofit.config.resolve import ResolvedConfig
@@ -195,6 +196,34 @@ def test_the_data_is_compared_by_content_not_by_path(tmp_path: Path) -> None:
     data.write_text(data.read_text().replace("a", "b", 1))
     with pytest.raises(ResumeError, match=r"data.path: the content of .* changed"):
         find_resume_point(_resolved(run_dir, f"data.path={data}"), "torch-state")
+
+
+def test_auto_keys_and_computation_choices_resume_while_a_held_out_fraction_does_not(tmp_path: Path) -> None:
+    # The saved config states what `auto` resolved to (`data.format` as detected); a launch that still says
+    # auto resumes. The loss implementation, the token budget's split, the cache and evaluation cannot move
+    # the trajectory; holding out a fraction of the training data does.
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2,), "data.format=prompt_response")
+    same = _resolved(run_dir, "data.format=auto", "train.cross_entropy=unchunked", "data.cache=false")
+    assert find_resume_point(same, "torch-state") is not None
+    with pytest.raises(ResumeError, match=r"data.format: prompt_response -> text"):
+        find_resume_point(_resolved(run_dir, "data.format=text"), "torch-state")
+    with pytest.raises(ResumeError, match=r"data.eval_split: null -> 0.1"):
+        find_resume_point(_resolved(run_dir, "data.eval_split=0.1"), "torch-state")
+
+
+def test_a_saved_dataset_folder_is_fingerprinted_by_its_files(tmp_path: Path) -> None:
+    folder = tmp_path / "saved"
+    (folder / "train").mkdir(parents=True)
+    (folder / "train" / "data-00000-of-00001.arrow").write_bytes(b"rows")
+    (folder / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    first = data_fingerprint(folder)
+    assert first["size"] == 4 + len('{"splits": ["train"]}') and first["sha256"]
+    (folder / "train" / "data-00000-of-00001.arrow").write_bytes(b"rowz")
+    assert data_fingerprint(folder)["sha256"] != first["sha256"]
+    assert (
+        data_fingerprint("org/some-hub-dataset")["sha256"] is None
+    )  # nothing local to hash: the id is compared
 
 
 def test_a_checkpoint_loads_only_into_the_engine_layout_that_wrote_it(tmp_path: Path) -> None:
