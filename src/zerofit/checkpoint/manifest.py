@@ -13,7 +13,6 @@ no torch, so a resume is judged before any model is loaded.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -21,18 +20,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from zerofit.digest import content_sha256, file_sha256
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
-_CHUNK = 1 << 22  # 4 MiB reads: hashing speed is then the disk's, not Python's
-
-
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's bytes, as hex."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def data_fingerprint(path: str | Path) -> dict[str, Any]:
@@ -41,27 +32,14 @@ def data_fingerprint(path: str | Path) -> dict[str, Any]:
     id has no local content to hash (`sha256` None: not compared, the id itself is a config key)."""
     source = Path(path).expanduser()
     if source.is_file():
-        stat = source.stat()
-        return {
-            "size": stat.st_size,
-            "sha256": _cached_digest(source.resolve(), stat.st_size, stat.st_mtime_ns),
-        }
+        return {"size": source.stat().st_size, "sha256": content_sha256(source)}
     if source.is_dir():
         digest, size = hashlib.sha256(), 0
         for name in listed_files(source):
-            file = (source / name).resolve()
-            stat = file.stat()
-            size += stat.st_size
-            digest.update(f"{name}\0{_cached_digest(file, stat.st_size, stat.st_mtime_ns)}\0".encode())
+            size += (source / name).stat().st_size
+            digest.update(f"{name}\0{content_sha256(source / name)}\0".encode())
         return {"size": size, "sha256": digest.hexdigest()}
     return {"size": None, "sha256": None, "hub_id": str(path)}
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_digest(path: Path, size: int, mtime_ns: int) -> str:
-    # Keyed by size and mtime too: a file rewritten in place is hashed again.
-    del size, mtime_ns
-    return file_digest(path)
 
 
 def listed_files(folder: Path) -> list[str]:
@@ -74,7 +52,7 @@ def listed_files(folder: Path) -> list[str]:
 def describe_files(folder: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     """`{name: {"size", "sha256"}}` for the files `names` of `folder` (each rank describes its share)."""
     return {
-        name: {"size": (folder / name).stat().st_size, "sha256": file_digest(folder / name)} for name in names
+        name: {"size": (folder / name).stat().st_size, "sha256": file_sha256(folder / name)} for name in names
     }
 
 
@@ -114,7 +92,7 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
         size = path.stat().st_size
         if size != meta.get("size"):
             problems.append(f"{name} is {size:,} bytes, the manifest says {meta.get('size'):,}")
-        elif file_digest(path) != meta.get("sha256"):
+        elif file_sha256(path) != meta.get("sha256"):
             problems.append(f"{name} does not match its SHA-256 (changed on disk)")
     return manifest, problems
 

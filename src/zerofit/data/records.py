@@ -15,30 +15,18 @@ Nothing here knows about formats or tokenizers (`formats.py`, `sft.py`).
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from zerofit.config.resolve import DATA_FILE_SUFFIXES, looks_like_hub_id
+from zerofit.digest import content_sha256, files_sha256
 from zerofit.errors import DataError
 
-__all__ = ["RecordSource", "file_sha256", "open_source"]
-
-_HASH_CHUNK = 1 << 22  # 4 MiB reads: hashing a 1 GB file takes about a second
-
-
-def file_sha256(paths: Iterable[Path]) -> str:
-    """SHA-256 over the bytes of `paths`, in order (the content key of the tokenization cache)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with path.open("rb") as f:
-            while chunk := f.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
+__all__ = ["RecordSource", "open_source"]
 
 
 class RecordSource(ABC):
@@ -89,7 +77,7 @@ class JsonlSource(RecordSource):
                     yield where, record
 
     def fingerprint(self) -> str:
-        return file_sha256([self.path])
+        return content_sha256(self.path)
 
 
 def _parse_json_line(raw: bytes, where: str) -> dict[str, Any] | None:
@@ -159,7 +147,7 @@ class JsonSource(RecordSource):
             yield where, _as_record(obj, where)
 
     def fingerprint(self) -> str:
-        return file_sha256([self.path])
+        return content_sha256(self.path)
 
 
 class CsvSource(RecordSource):
@@ -197,7 +185,7 @@ class CsvSource(RecordSource):
                 raise DataError(f"{self.path}:{reader.line_num}: invalid CSV ({exc}).") from None
 
     def fingerprint(self) -> str:
-        return file_sha256([self.path])
+        return content_sha256(self.path)
 
 
 class ParquetSource(RecordSource):
@@ -229,7 +217,7 @@ class ParquetSource(RecordSource):
                 yield f"{self.path} row {row}", record
 
     def fingerprint(self) -> str:
-        return file_sha256([self.path])
+        return content_sha256(self.path)
 
 
 # ---------------------------------------------------------------- datasets library
@@ -263,7 +251,7 @@ class DatasetSource(RecordSource):
         files = [Path(f["filename"]) for f in self.dataset.cache_files]
         if not files:
             return None
-        return f"{self.split}:{file_sha256(files)}"
+        return f"{self.split}:{files_sha256(files)}"
 
 
 def _quiet_datasets() -> None:
