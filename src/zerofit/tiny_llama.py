@@ -7,9 +7,14 @@ would, and every code path a real 7B model takes (dtype, quantization, LoRA, che
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,8 +43,10 @@ FILES_VERSION = 2
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 CHARACTERS: tuple[str, ...] = ("\t", "\n", *(chr(c) for c in range(32, 127)))
 
-# Files whose presence marks a complete folder (a folder only ever appears complete: see `_build_into`).
-_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# Files a usable folder must hold. The marker is written last, after all of them, and lists every file
+# with its size: a folder without it, or with a listed file missing or of another size, is incomplete.
+_REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
+MARKER = "zerofit-complete.json"
 
 
 def cache_dir() -> Path:
@@ -83,7 +90,15 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazi
 
 
 def _build_into(folder: Path, seed: int) -> None:
-    """Write config, seeded random weights and tokenizer into `folder` (which must exist and be empty)."""
+    """Write config, seeded random weights and tokenizer into `folder` (which must exist and be empty).
+
+    Every file is written here, whatever the distributed state: `PreTrainedModel.save_pretrained` writes
+    nothing on a rank other than 0 once torch.distributed is initialized (`should_save_on_this_rank`), so
+    a non-zero rank building through it would produce a folder holding only the tokenizer. The bytes are
+    those `save_pretrained` writes for this model (config.json with its dtype, generation_config.json,
+    one untied `model.safetensors` with metadata format=pt), so the weights are the same as ever.
+    """
+    from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(**TINY_LLAMA_CONFIG)
@@ -91,32 +106,94 @@ def _build_into(folder: Path, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
+    model.config.dtype = str(model.dtype).removeprefix("torch.")  # as save_pretrained records it
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     build_tokenizer().save_pretrained(folder)
+    _write_marker(folder)
 
 
-def _is_complete(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in _REQUIRED_FILES)
+def _write_marker(folder: Path) -> None:
+    """Record every file of `folder` and its size in `MARKER`, written last: the folder is now complete."""
+    missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:  # a writer skipped a file: never mark such a folder complete
+        raise RuntimeError(f"building tiny-llama in {folder} wrote no {', '.join(missing)}")
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    (folder / MARKER).write_text(json.dumps({"files": files}, indent=2) + "\n")
+
+
+def incomplete_reason(folder: Path) -> str | None:
+    """Why `folder` is not a complete tiny-llama folder (None when it is; "absent" when it does not exist)."""
+    if not folder.is_dir():
+        return "absent"
+    missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:
+        return f"no {', '.join(missing)}"
+    try:
+        files = json.loads((folder / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no valid {MARKER}: its build did not finish"
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} missing or not {size} bytes"
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive cross-process lock for building `folder` (a lock file next to it).
+
+    `flock` is dropped by the kernel when its holder exits, even on SIGKILL, so the lock never goes stale;
+    the lock file itself is left in place (deleting it would let two processes lock different files).
+    """
+    with (folder.parent / f".{folder.name}.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _replace(new: Path, target: Path) -> None:
+    """Put folder `new` at `target`, moving an existing (incomplete) `target` aside first and deleting it.
+
+    Readers never see a partial folder at `target`: it is either the old incomplete one (which no reader
+    uses), briefly absent, or the new complete one.
+    """
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.rename(target, old / target.name)
+        os.rename(new, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(new, target)
 
 
 def ensure_tiny_llama(seed: int = 0) -> Path:
-    """Return the folder of the built-in tiny Llama for `seed`, building it once if needed.
+    """Return the folder of the built-in tiny Llama for `seed`, building it once per machine if needed.
 
-    Safe when several ranks call it at once: each builds into its own temporary folder next to the
-    target and renames it into place; whoever loses the race discards its copy (same seed = same bytes).
+    Safe when several processes (the ranks of a launch, or several launches) call it at once: one builds,
+    under a lock in the cache folder, into a temporary folder it renames into place; the others wait for
+    the lock and then find the folder complete. An incomplete folder (a build that was killed, or one
+    written by an older zerofit whose non-zero rank wrote only the tokenizer) is rebuilt, with a note.
     """
     target = tiny_llama_path(seed)
-    if _is_complete(target):
+    if incomplete_reason(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        _build_into(tmp, seed)
+    with _build_lock(target):
+        reason = incomplete_reason(target)
+        if reason is None:  # another process built it while this one waited
+            return target
+        if reason != "absent":
+            print(f"zerofit: {target} was incomplete ({reason}): rebuilding it", file=sys.stderr, flush=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            os.rename(tmp, target)  # atomic; fails if another process already put a folder there
-        except OSError:
-            if not _is_complete(target):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _build_into(tmp, seed)
+            _replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import string
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -71,22 +73,86 @@ def test_second_call_reuses_the_folder(folder: Path, monkeypatch: pytest.MonkeyP
     assert ensure_tiny_llama(0) == folder
 
 
-def test_losing_the_race_keeps_the_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process finishes first while we build: we return its folder and discard our copy."""
+def test_waiting_for_the_lock_then_reusing_the_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holds the build lock and finishes the folder: we wait, then reuse it unbuilt."""
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
-    real_build = tiny_llama._build_into
     target = tiny_llama_path(3)
+    built_by_us: list[Path] = []
+    real_build = tiny_llama._build_into
+    monkeypatch.setattr(tiny_llama, "_build_into", lambda folder, seed: built_by_us.append(folder))
+    result: list[Path] = []
+    with tiny_llama._build_lock(target):  # the "other process" (flock: a separate open file conflicts)
+        waiter = threading.Thread(target=lambda: result.append(ensure_tiny_llama(3)))
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert waiter.is_alive() and not result  # blocked on the lock, not building
+        tmp = tmp_path / ".winner"
+        tmp.mkdir()
+        real_build(tmp, 3)
+        tmp.rename(target)
+    waiter.join(timeout=60)
+    assert result == [target] and not built_by_us
+    assert tiny_llama.incomplete_reason(target) is None
 
-    def build_then_lose(folder: Path, seed: int) -> None:
-        real_build(folder, seed)
-        target.mkdir()
-        real_build(target, seed)  # the "other process" renames its complete folder into place first
-        (target / "winner").touch()
 
-    monkeypatch.setattr(tiny_llama, "_build_into", build_then_lose)
-    assert ensure_tiny_llama(3) == target
-    assert (target / "winner").exists()
-    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # our temporary copy is gone
+def _plant(folder: Path, source: Path, names: tuple[str, ...]) -> None:
+    folder.mkdir(parents=True)
+    for name in names:
+        shutil.copy2(source / name, folder / name)
+
+
+@pytest.mark.parametrize(
+    ("kept", "reason"),
+    [
+        # What a non-zero rank's `save_pretrained` left in place before the fix: the tokenizer only.
+        (("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"), "no config.json"),
+        # Every file but no completion marker: a build killed before it finished (or an older zerofit).
+        (
+            (
+                "config.json",
+                "generation_config.json",
+                "model.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+                "chat_template.jinja",
+            ),
+            f"no valid {tiny_llama.MARKER}",
+        ),
+    ],
+)
+def test_an_incomplete_folder_is_rebuilt_with_a_note(
+    folder: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kept: tuple[str, ...],
+    reason: str,
+) -> None:
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
+    target = tiny_llama_path(0)
+    _plant(target, folder, kept)
+    assert ensure_tiny_llama(0) == target
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"zerofit: {target} was incomplete ({reason}")
+    assert err.rstrip().endswith(": rebuilding it")
+    assert tiny_llama.incomplete_reason(target) is None
+    a, b = _weights(folder), _weights(target)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # same seed, same weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, f".{target.name}.lock"])
+    ensure_tiny_llama(0)
+    assert capsys.readouterr().err == ""  # repaired once, then reused quietly
+
+
+def test_bytes_are_those_save_pretrained_writes(folder: Path, tmp_path: Path) -> None:
+    """The files written directly (not through rank-dependent save_pretrained) keep the weights' bytes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA_CONFIG))
+    model.save_pretrained(tmp_path)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        assert (tmp_path / name).read_bytes() == (folder / name).read_bytes(), name
 
 
 def _build_in_child(cache: str, barrier: Any, out: Any) -> None:
@@ -109,7 +175,7 @@ def test_two_processes_build_at_once(tmp_path: Path) -> None:
     results = {out.get(timeout=5), out.get(timeout=5)}
     target = tmp_path / tiny_llama_path(7).name  # the children set ZEROFIT_CACHE to tmp_path
     assert results == {str(target)}
-    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, f".{target.name}.lock"])
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(target).config.vocab_size == TINY_LLAMA_CONFIG["vocab_size"]
