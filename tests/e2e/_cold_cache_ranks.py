@@ -14,8 +14,6 @@ import os
 import time
 
 import torch.distributed as dist
-
-
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zerofit.tiny_llama import ensure_tiny_llama

@@ -46,7 +46,9 @@ def test_three_cold_cache_launches_in_a_row(tmp_path: Path) -> None:
         cache = tmp_path / f"cache-{attempt}"
         cache.mkdir()
         result = _launch(cache, late_rank)
-        assert result.returncode == 0, f"launch {attempt + 1}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, (
+            f"launch {attempt + 1}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
         folder = cache / tiny_llama_path(0).name
         assert sorted(line.split()[1] for line in result.stdout.splitlines() if line.startswith("RANK ")) == [
             "0",

@@ -73,7 +73,9 @@ def test_second_call_reuses_the_folder(folder: Path, monkeypatch: pytest.MonkeyP
     assert ensure_tiny_llama(0) == folder
 
 
-def test_waiting_for_the_lock_then_reusing_the_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_waiting_for_the_lock_then_reusing_the_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another process holds the build lock and finishes the folder: we wait, then reuse it unbuilt."""
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
     target = tiny_llama_path(3)
