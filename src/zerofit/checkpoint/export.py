@@ -1,6 +1,10 @@
 """The final export: the full weights gathered through the strategy (ZeRO-3 partitions, FSDP shards), written
 by rank 0 as a normal Hugging Face folder: the peft adapter (`adapter/`) or the whole model (`model/`), plus
 the tokenizer.
+
+`save_pretrained_here` is the one way zerofit writes a model folder (here and in `zerofit export`): zerofit
+decides which process writes, so the write must not also depend on the distributed state the libraries
+see, and a folder without weights is never renamed into place.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from typing import Any
 import torch
 
 from zerofit.strategies.base import Strategy
+
+# What a saved folder holds its weights in: one safetensors file, a sharded one's index, or peft's adapter.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:
@@ -31,13 +38,37 @@ def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         kwargs = {"save_embedding_layers": False} if is_peft_model(model) else {}
         # (LoRA on lm_head would make peft also save the frozen base head: it never changes, so it is left out.)
-        model.save_pretrained(tmp, state_dict=state, safe_serialization=True, **kwargs)
+        save_pretrained_here(model, tmp, state_dict=state, safe_serialization=True, **kwargs)
         _fix_architectures(model, tmp)
         tokenizer.save_pretrained(tmp)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     strategy.barrier()
     return out
+
+
+def save_pretrained_here(model: Any, folder: Path, **kwargs: Any) -> None:
+    """`model.save_pretrained(folder, **kwargs)`, written by this process whatever the distributed state.
+
+    transformers 5 writes nothing (no config, no weights) from a process that is not rank 0 of an
+    initialized process group (`PreTrainedModel.should_save_on_this_rank`), silently. The caller has
+    already chosen the writer (rank 0 of the final export, the one process of `zerofit export`), so the
+    model is told to write here; a folder that still ends up without weights raises instead of being
+    renamed into place as an export.
+    """
+    # (A peft model forwards the attribute to its base; its own save_pretrained has no rank rule.)
+    overridable = hasattr(model, "should_save_on_this_rank")
+    if overridable:
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(folder, **kwargs)
+    finally:
+        if overridable:
+            del model.should_save_on_this_rank
+    if not any((Path(folder) / name).is_file() for name in WEIGHT_FILES):
+        raise RuntimeError(
+            f"save_pretrained wrote no weights into {folder} (none of {', '.join(WEIGHT_FILES)})"
+        )
 
 
 def _fix_architectures(model: torch.nn.Module, folder: Path) -> None:

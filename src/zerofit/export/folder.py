@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerofit.checkpoint.export import save_pretrained_here
 from zerofit.errors import ConfigError
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
@@ -106,7 +107,7 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
         )
     # The folder names the base it adapts, as a run's own export does.
     model.peft_config["default"].base_model_name_or_path = resolve_model_path(run.config)
-    model.save_pretrained(folder, safe_serialization=True, save_embedding_layers=False)
+    save_pretrained_here(model, folder, safe_serialization=True, save_embedding_layers=False)
 
 
 def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: bool, dtype: str) -> str:
@@ -123,7 +124,7 @@ def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: b
     model: Any = trained.model.merge_and_unload() if trained.is_lora else trained.model
     model = model.to(torch_dtype(dtype))
     model.config.use_cache = True  # training switched the KV cache off; generation wants it
-    model.save_pretrained(folder, safe_serialization=True)
+    save_pretrained_here(model, folder, safe_serialization=True)
     return "merged" if run.config.lora.enabled else "model"
 
 
