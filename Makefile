@@ -11,6 +11,8 @@ export ZEROFIT_CACHE ?= $(CURDIR)/.cache/zerofit
 # The venv's tools first (as if activated): one `ninja` for DeepSpeed's JIT builds, whoever starts them.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+# Extra dotted overrides for the demo's launch, e.g. `make demo DEMO_ARGS="train.max_steps=10"` (CI's short demo).
+DEMO_ARGS ?=
 
 .PHONY: setup test lint format demo clean
 
@@ -41,7 +43,7 @@ demo: setup
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$$n" -gt 0 ] 2>/dev/null || n=2; \
 	port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
 	echo "zerofit demo: configs/demo.yaml on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
-	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config configs/demo.yaml \
+	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config configs/demo.yaml $(DEMO_ARGS) \
 	  && run=$$(ls -td runs/*/ | head -1) \
 	  && echo "" && echo "Results in $$run: metrics.jsonl (per-step loss, lr, grad norm, memory), config.yaml," \
 	  && echo "  ds_config.json (what DeepSpeed ran with), adapter/ (the trained LoRA), wandb/ (offline run)." \
