@@ -83,20 +83,30 @@ RESULT_PREFIX = "GPU_FIT_RESULT "
 
 
 def build_random_model(name: str, target: Path) -> None:
-    """A local HF folder with `name`'s config, random bf16 weights and a small tokenizer (run in a child)."""
+    """A local HF folder with `name`'s config, random bf16 weights and a small tokenizer (run in a child).
+
+    Written under a temporary name and renamed into place once complete: a build killed halfway through a
+    13 GB save must not leave a folder that `random_model_dir` would take for a finished one.
+    """
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from zerofit.planner.shapes import hf_config
     from zerofit.tiny_llama import ensure_tiny_llama
 
-    target.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):  # random init on the GPU: seconds instead of minutes on the CPU
         model = AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.bfloat16)
-    model.save_pretrained(target, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True)  # one process, no process group: it writes
     # Token ids in the benchmark are synthetic; the tokenizer only supplies a pad id.
-    AutoTokenizer.from_pretrained(ensure_tiny_llama(0)).save_pretrained(target)
+    AutoTokenizer.from_pretrained(ensure_tiny_llama(0)).save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)  # an older incomplete build (a complete one is never rebuilt)
+    tmp.rename(target)
 
 
 def random_model_dir(name: str, cache: Path) -> Path:
@@ -304,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", default=str(REPO / ".cache" / "gpu_fit"), help="where the random 7B model is"
     )
     parser.add_argument("--smoke", action="store_true", help="CPU + tiny-llama, to check the script")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="folder for the results file (default: benchmarks/results)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--build-model", help=argparse.SUPPRESS)
@@ -373,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         "ratios_useful_tokens_per_s": ratios(results),
         "results": results,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     tag = "smoke" if args.smoke else device.replace(" ", "_").replace("/", "_")
-    path = RESULTS / f"gpu_fit-{tag}-{report['utc'].replace(':', '')}.json"
+    path = args.results / f"gpu_fit-{tag}-{report['utc'].replace(':', '')}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"[gpu_fit] wrote {path}")
     for r in results:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerofit.precision import torch_dtype
+from zerofit.train import Checkpointing
 
 if TYPE_CHECKING:
     from zerofit.assembly import PreparedRun
@@ -179,16 +180,19 @@ class Segment:
     last_loss: float
 
 
-class StepClock:
+class StepClock(Checkpointing):
     """A checkpointer that saves nothing: `train_loop` calls it once at the end of every step, so the time
-    between calls is the loop's whole per-step cost (batches, step, metrics, memory snapshot)."""
+    between calls is the loop's whole per-step cost (batches, step, metrics, memory snapshot).
+
+    It subclasses the loop's protocol and accepts whatever the loop passes after `steps_done`, so a change
+    to the protocol cannot break it (the loop's `stopping` argument once broke `workloads.py`'s hook)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.marks: list[float] = []
 
-    def after_step(self, steps_done: int, stopping: bool = False) -> None:
-        del steps_done, stopping
+    def after_step(self, steps_done: int, *args: Any, **kwargs: Any) -> None:
+        del steps_done, args, kwargs
         synchronize(self.device)
         self.marks.append(time.perf_counter())
 

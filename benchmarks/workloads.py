@@ -81,29 +81,34 @@ def describe(examples: list[Example]) -> dict[str, float]:
     }
 
 
-class _Rows:
-    """A metrics sink that keeps the rows (what metrics.jsonl would get)."""
+def _rows_sink() -> Any:
+    """A metrics sink that keeps the rows (what metrics.jsonl would get): `.rows`."""
+    from zerofit.metrics.base import MetricsSink
 
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+    class Rows(MetricsSink):
+        # Subclassing the loop's protocol (not copying it) means a method the protocol gains is inherited
+        # (as a no-op) instead of failing here at run time.
+        def __init__(self) -> None:
+            self.rows: list[dict[str, Any]] = []
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        self.rows.append({"step": step, **metrics})
+        def log(self, step: int, metrics: dict[str, Any]) -> None:
+            self.rows.append({"step": step, **metrics})
 
-    def log_config(self, config: dict[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
+    return Rows()
 
 
-class _StepHook:
-    """Stands in for the checkpointer: calls `callback(steps_done)` after every step (or nothing)."""
+def _step_hook(callback: Callable[[int], None]) -> Any:
+    """Stands in for the checkpointer: calls `callback(steps_done)` after every step, saves nothing."""
+    from zerofit.train import Checkpointing
 
-    def __init__(self, callback: Callable[[int], None] | None) -> None:
-        self.callback = callback
+    class StepHook(Checkpointing):
+        # The loop's own protocol as the base, and every argument the loop passes after `steps_done`
+        # accepted (the loop added `stopping` once, and this hook broke with a TypeError).
+        def after_step(self, steps_done: int, *args: Any, **kwargs: Any) -> None:
+            del args, kwargs
+            callback(steps_done)
 
-    def after_step(self, steps_done: int) -> None:
-        if self.callback is not None:
-            self.callback(steps_done)
+    return StepHook()
 
 
 def run_zerofit(
@@ -129,7 +134,7 @@ def run_zerofit(
 
     run = assemble(resolved, with_data=False)
     try:
-        sink = _Rows()
+        sink = _rows_sink()
         loop = TrainRun(
             strategy=run.strategy,
             model=run.model,
@@ -142,7 +147,7 @@ def run_zerofit(
             max_grad_norm=cfg.train.max_grad_norm,
             pad_id=int(run.built.tokenizer.pad_token_id),
             sink=sink,
-            checkpointer=_StepHook(mark),
+            checkpointer=_step_hook(mark),
             flops_per_token=run.flops_per_token,
             precision=cfg.train.precision,
             cross_entropy=cfg.train.cross_entropy,
