@@ -36,7 +36,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- 'a: ' -}}{%- endif -%}"
 )
 # Bump when the files written by `_build_into` change (the chat template came with 2): the cache folder
-# name carries it, so checkouts with an older or newer tiny-llama never share a folder.
+# name carries it, so checkouts with an older or newer tiny-llama never share a folder. (The completion
+# marker came later without a bump: the model files are byte-identical, and a v2 folder without the
+# marker is rebuilt once, in place, with a note.)
 FILES_VERSION = 2
 # Specials first so their ids match TINY_LLAMA_CONFIG (pad 0, bos 1, eos 2); then tab, newline and the 95
 # printable ASCII characters: 101 tokens, within the model's vocab_size of 128.
@@ -125,16 +127,16 @@ def _write_marker(folder: Path) -> None:
 
 
 def incomplete_reason(folder: Path) -> str | None:
-    """Why `folder` is not a complete tiny-llama folder (None when it is; "absent" when it does not exist)."""
+    """Why `folder` is not a complete tiny-llama folder, or None when it is."""
     if not folder.is_dir():
-        return "absent"
+        return "it does not exist"
     missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
     if missing:
         return f"no {', '.join(missing)}"
     try:
         files = json.loads((folder / MARKER).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"no valid {MARKER}: its build did not finish"
+        return f"no {MARKER}, which a finished build writes last"
     for name, size in files.items():
         path = folder / name
         if not path.is_file() or path.stat().st_size != size:
@@ -188,8 +190,11 @@ def ensure_tiny_llama(seed: int = 0) -> Path:
         reason = incomplete_reason(target)
         if reason is None:  # another process built it while this one waited
             return target
-        if reason != "absent":
+        if target.exists():
             print(f"zerofit: {target} was incomplete ({reason}): rebuilding it", file=sys.stderr, flush=True)
+        # Temporary folders of builds that were killed (nobody else builds while this lock is held).
+        for stale in target.parent.glob(f".{target.name}.*-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             _build_into(tmp, seed)

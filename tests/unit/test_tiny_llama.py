@@ -118,7 +118,7 @@ def _plant(folder: Path, source: Path, names: tuple[str, ...]) -> None:
                 "tokenizer_config.json",
                 "chat_template.jinja",
             ),
-            f"no valid {tiny_llama.MARKER}",
+            f"no {tiny_llama.MARKER}",
         ),
     ],
 )
@@ -133,6 +133,7 @@ def test_an_incomplete_folder_is_rebuilt_with_a_note(
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
     target = tiny_llama_path(0)
     _plant(target, folder, kept)
+    _plant(tmp_path / f".{target.name}.tmp-killed", folder, kept[:1])  # a build killed mid-way: cleaned up
     assert ensure_tiny_llama(0) == target
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"zerofit: {target} was incomplete ({reason}")
