@@ -330,7 +330,8 @@ def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
         problems.append(
             f"train.max_steps = {t.max_steps} and train.epochs = {t.epochs} are both set, and each fixes the "
             "run's length; set one of them (train.epochs=N trains N passes over the data, the plan states the "
-            "exact step count)"
+            "exact step count; to replace a config file's train.max_steps from the command line, add "
+            "train.max_steps=null)"
         )
     if t.epochs is not None and t.epochs <= 0:
         problems.append(f"train.epochs = {t.epochs}: must be > 0 (or unset, with train.max_steps)")
