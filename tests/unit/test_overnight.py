@@ -50,6 +50,24 @@ def test_epochs_become_exact_steps_under_the_last_window_rule(
     assert sampler.epoch_of(steps - 1) == epochs - 1 and sampler.epoch_of(steps) == epochs
 
 
+def test_an_epochs_run_resumes_on_its_epochs_and_data_not_on_the_derived_step_count(tmp_path: Path) -> None:
+    from zerofit.checkpoint import checkpoint_record
+    from zerofit.checkpoint.resume import find_resume_point
+    from zerofit.errors import ResumeError
+
+    where = (f"output_dir={tmp_path}", "run_name=r")
+    launch = _resolve("train.epochs=2", *where)
+    saved = _settled_by_data(launch, "prompt_response", GlobalBatchSampler(3000, 16, seed=42))
+    strategy = _prepared_strategy()
+    record = checkpoint_record(saved, strategy.checkpoint_format)
+    assert record["config"]["train"]["max_steps"] == 2 * 187
+    Checkpointer(strategy, launch.run_dir, CheckpointSection(), max_steps=374, record=record).save(5)
+    # The relaunch's max_steps is still unknown (the data loads later): the same epochs resume.
+    assert find_resume_point(launch, strategy.checkpoint_format) is not None
+    with pytest.raises(ResumeError, match=r"train.epochs: 2 -> 3"):
+        find_resume_point(_resolve("train.epochs=3", *where), strategy.checkpoint_format)
+
+
 def test_max_steps_and_epochs_are_one_or_the_other() -> None:
     assert _resolve().config.train.max_steps == 20  # neither set: the default length
     with pytest.raises(ConfigError) as err:
@@ -142,13 +160,18 @@ def test_only_rank_0s_clock_and_verdict_count_in_the_agreement() -> None:
 # --- keep_best ---------------------------------------------------------------------------------------------
 
 
-def test_the_best_checkpoint_outlives_keep_last_and_is_what_step_best_names(tmp_path: Path) -> None:
+def _prepared_strategy() -> Any:
     strategy = one_process_strategy()
     strategy.prepare(
         torch.nn.Linear(3, 3),
         lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
         lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0),
     )
+    return strategy
+
+
+def test_the_best_checkpoint_outlives_keep_last_and_is_what_step_best_names(tmp_path: Path) -> None:
+    strategy = _prepared_strategy()
     watch = EvalWatch()
     section = CheckpointSection(every_steps=1, keep_last=1, every_minutes=None)
     ckpt = Checkpointer(strategy, tmp_path, section, max_steps=5, watch=watch)
