@@ -14,6 +14,8 @@ settled before either, once, on rank 0, for every rank.
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +47,7 @@ from zerofit.strategies.base import Strategy
 from zerofit.train import Checkpointing, TrainRun
 
 if TYPE_CHECKING:
+    from zerofit.checkpoint.policy import EvalWatch, SaveClock
     from zerofit.metrics.base import MetricsSink
     from zerofit.signals import StopSignal
 
@@ -94,10 +97,16 @@ class PreparedRun:
         )
 
     def train_run(
-        self, sink: MetricsSink, checkpointer: Checkpointing, stop: StopSignal | None = None
+        self,
+        sink: MetricsSink,
+        checkpointer: Checkpointing,
+        stop: StopSignal | None = None,
+        clock: SaveClock | None = None,
+        watch: EvalWatch | None = None,
     ) -> TrainRun:
         """The training loop's view of this run, logging to `sink`, checkpointing through `checkpointer`,
-        and stopping (after a step, on every rank) when `stop` says a rank got SIGTERM/SIGINT."""
+        and stopping (after a step, on every rank) when `stop` says a rank got SIGTERM/SIGINT. `clock`
+        times `checkpoint.every_minutes` saves; `watch` judges evaluations (best checkpoint, early stop)."""
         if self.data is None:
             raise ValueError("assembled without data (with_data=False): there is nothing to train on")
         cfg = self.resolved.config
@@ -119,6 +128,9 @@ class PreparedRun:
             packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
             evaluator=self.evaluator(),
             stop=stop,
+            clock=clock,
+            watch=watch,
+            keep_best=cfg.checkpoint.keep_best,
         )
 
     def evaluator(self) -> Evaluator | None:
@@ -158,16 +170,26 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# Fault injection for tests (tests/distributed/test_timeouts.py): rank 0 sleeps this many seconds before
+# loading the data, as a long tokenization would. Read here and nowhere else.
+FAULT_DELAY_DATA_ENV = "ZEROFIT_FAULT_DELAY_RANK0_DATA_S"
+
+
 def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData]) -> TokenizedData:
     """`load(is_rank0)` on rank 0, then on the others: rank 0 fills the tokenization cache (with progress),
-    the others read it instead of tokenizing again. A DataError on rank 0 is raised on every rank."""
+    the others read it instead of tokenizing again. A DataError on rank 0 is raised on every rank.
+
+    The others wait through the store, not inside a collective: tokenizing a large dataset can take longer
+    than the process-group timeout (`distributed.timeout_minutes`)."""
     problem, data = None, None
     if strategy.rank == 0:
+        time.sleep(float(os.environ.get(FAULT_DELAY_DATA_ENV) or 0))
         try:
             data = load(True)
         except DataError as exc:
             problem = str(exc)
-    problem = strategy.broadcast_object(problem)  # also holds the other ranks until rank 0 is done
+    strategy.wait_for_rank0("rank 0 to tokenize the data")
+    problem = strategy.broadcast_object(problem)
     if problem is not None:
         raise DataError(problem)
     return data if data is not None else load(False)
@@ -212,11 +234,25 @@ def _load_data(
         held.examples if held is not None else None,
         held.stats if held is not None else None,
     )
-    if d.format == "auto":  # config.yaml says what was used: no `auto` is left in a resolved config
-        new_cfg = cfg.model_copy(deep=True)
-        new_cfg.data.format = train.stats.format  # type: ignore[assignment]
-        resolved = dataclasses.replace(resolved, config=new_cfg)
-    return resolved, data
+    return _settled_by_data(resolved, train.stats.format, sampler), data
+
+
+def _settled_by_data(
+    resolved: ResolvedConfig, found_format: str, sampler: GlobalBatchSampler
+) -> ResolvedConfig:
+    """The config with what only the data decides: `data.format` (no `auto` is left in a resolved config)
+    and, for `train.epochs`, `train.max_steps` = epochs x steps per epoch (the sampler's last-window rule).
+    config.yaml then records what was used; resume compares train.epochs and the data's content."""
+    cfg = resolved.config
+    if cfg.data.format != "auto" and cfg.train.max_steps is not None:
+        return resolved
+    new_cfg = cfg.model_copy(deep=True)
+    if cfg.data.format == "auto":
+        new_cfg.data.format = found_format  # type: ignore[assignment]
+    if cfg.train.max_steps is None:
+        assert cfg.train.epochs is not None, "resolve() sets max_steps unless train.epochs is set"
+        new_cfg.train.max_steps = cfg.train.epochs * sampler.steps_per_epoch
+    return dataclasses.replace(resolved, config=new_cfg)
 
 
 def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun:
@@ -249,6 +285,12 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
         data = None
         if with_data:
             resolved, data = _load_data(resolved, tokenizer, strategy)
+            cfg = resolved.config  # train.max_steps of a train.epochs run is known from here on
+        elif cfg.train.max_steps is None:
+            raise LaunchError(
+                f"train.epochs = {cfg.train.epochs}: this entry point feeds synthetic batches and loads no "
+                "data, so an epoch has no length; set train.max_steps instead"
+            )
         set_seed(cfg.seed)  # the same LoRA init and dropout stream on every rank and every split
         # Quantized weights are quantized on the GPU they will live on, at load time (one GPU per rank).
         on_gpu = strategy.device.type == "cuda" and cfg.quantization.load_in != "none"

@@ -143,6 +143,7 @@ def _child(config_json: str, micro: int) -> int:
     data["batch"]["micro_batch_size"] = micro
     data["batch"]["grad_accum_steps"] = None
     data.setdefault("train", {})["max_steps"] = PROBE_STEPS
+    data["train"]["epochs"] = None  # the probe's length is its own (train.epochs needs the data)
     data.setdefault("logging", {}).setdefault("wandb", {})["mode"] = "disabled"
     cfg = ZerofitConfig.model_validate(data)
     result: dict[str, Any] = {"ok": False, "oom": False, "micro_batch_size": micro}

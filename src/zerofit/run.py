@@ -29,6 +29,7 @@ from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
     from zerofit.assembly import PreparedRun
+    from zerofit.checkpoint.policy import EvalWatch
     from zerofit.data import DataStats
 
 EXIT_USER_ERROR = 2
@@ -99,7 +100,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     lr = f"{resolved.effective_lr:.3g}"
     if o.lr_scaling != "none":
         lr += f" (= {o.lr:.3g} x {o.lr_scaling} scaling, global {plan.global_batch_size} vs base {o.base_batch_size})"
-    epochs = t.max_steps / sampler.steps_per_epoch
+    assert t.max_steps is not None, "the data settles train.max_steps of a train.epochs run"
     lines = [
         "zerofit plan",
         f"  batch        {plan.describe()}",
@@ -115,7 +116,9 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
-        f"  steps        {t.max_steps} optimizer steps (~{epochs:.2f} epochs)",
+        f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
+        f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
+        f"  timeout      {describe_timeout(cfg, plan.dp_size)}",
         f"  run dir      {resolved.run_dir}",
     ]
     if plan.dp_size > 1:
@@ -130,6 +133,48 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
             "of every epoch's order are not trained on (set train.partial_window=normalize to use them)"
         )
     return "\n".join(lines)
+
+
+def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int) -> str:
+    """`60 optimizer steps (train.epochs 3 x 20 steps/epoch)`, or `20 optimizer steps (~0.33 epochs)`."""
+    t = cfg.train
+    assert t.max_steps is not None
+    if t.epochs is not None:
+        how = f"train.epochs {t.epochs} x {steps_per_epoch} steps/epoch"
+    else:
+        how = f"~{t.max_steps / steps_per_epoch:.2f} epochs"
+    text = f"{t.max_steps} optimizer steps ({how})"
+    es = t.early_stopping
+    if es.patience > 0:
+        text += (
+            f"; early stopping after {es.patience} evaluation(s) without an eval/loss improvement of more "
+            f"than {es.min_delta:g}"
+        )
+    return text
+
+
+def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool) -> str:
+    """The save and keep policy: `every 30 min and at the end, keep last 2 + best eval/loss`."""
+    c = cfg.checkpoint
+    when = [f"every {c.every_steps} steps"] if c.every_steps else []
+    if c.every_minutes:
+        when.append(f"every {c.every_minutes:g} min")
+    when.append("at the end")
+    keep = f"keep last {c.keep_last}"
+    if c.keep_best and has_eval:
+        keep += " + best eval/loss (saved at each new best)"
+    return f"{' and '.join(when)} (and when stopped), {keep}"
+
+
+def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
+    """The process-group timeout, and that zerofit's own rank-0-only work does not count against it."""
+    minutes = f"{cfg.distributed.timeout_minutes:g} min"
+    if dp_size == 1:
+        return f"{minutes} (distributed.timeout_minutes; one rank: no collective waits on a peer)"
+    return (
+        f"collectives wait {minutes} for a peer (distributed.timeout_minutes); rank 0's tokenizing, checkpoint "
+        "verification and export are waited for without a limit"
+    )
 
 
 def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
@@ -204,8 +249,10 @@ def train_run(
     quiet_libraries()
     from zerofit.assembly import assemble
     from zerofit.checkpoint import Checkpointer, checkpoint_record, export_final
+    from zerofit.checkpoint.policy import EvalWatch
     from zerofit.checkpoint.resume import restore, resume_message
     from zerofit.metrics.setup import open_sinks
+    from zerofit.metrics.summary import record_outcome
     from zerofit.train import train_loop
 
     stop = stop or StopSignal()
@@ -216,10 +263,16 @@ def train_run(
         cfg, rank = resolved.config, strategy.rank
         record = checkpoint_record(resolved, strategy.checkpoint_format) if rank == 0 else None
         elapsed = point.elapsed_s if point else 0.0
+        assert cfg.train.max_steps is not None, "the data settles train.max_steps of a train.epochs run"
+        es = cfg.train.early_stopping
+        has_eval = run.data is not None and run.data.eval_examples is not None
+        watch = EvalWatch(es.patience, es.min_delta) if has_eval else None
         checkpointer = Checkpointer(
-            strategy, resolved.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed
+            strategy, resolved.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=watch
         )
         start_step, history = restore(checkpointer, point, resolved.run_dir)
+        if watch is not None:  # a resumed run's best and patience, from the evaluations it kept
+            watch.replay(history or [])
         stop.arm(str(resolved.run_dir))  # from here on a signal stops after a step, with a checkpoint
         announce(run)
         message = resume_message(point, cfg.checkpoint.resume, resolved.run_dir, cfg.train.max_steps)
@@ -235,7 +288,8 @@ def train_run(
             prior_wall_s=elapsed,
         )
         try:
-            results = train_loop(run.train_run(sink, checkpointer, stop), start_step)
+            loop = run.train_run(sink, checkpointer, stop, clock=checkpointer.clock, watch=watch)
+            results = train_loop(loop, start_step)
             steps_done = start_step + len(results)
             stopped = stop.agreed is not None and steps_done < cfg.train.max_steps
             if stopped:
@@ -247,6 +301,9 @@ def train_run(
             )
         finally:
             sink.close()
+        early = watch is not None and watch.stopped_at is not None
+        if rank == 0:
+            record_outcome(resolved.run_dir, _outcome_fields(stopped, early, watch, stop))
         losses = [row["loss"] for row in history or [] if row.get("loss") is not None]
         losses += [r.loss for r in results]
         if stopped:
@@ -262,8 +319,13 @@ def train_run(
                 rank=rank,
             )
             return RunOutcome(StopSignal.exit_code(stop.agreed), resolved.run_dir)
+        if early:
+            assert watch is not None
+            say(f"zerofit: {watch.stop_line()}", rank=rank)
         if losses:
             say(f"done: {steps_done} steps, {loss_summary(losses)}", rank=rank)
+        if watch is not None and watch.best_step is not None:
+            say(best_line(watch, checkpointer.root, cfg.checkpoint.keep_best), rank=rank)
         say(f"results: {resolved.run_dir}" + (f" (export: {exported})" if exported else ""), rank=rank)
         # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
         # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
@@ -271,6 +333,28 @@ def train_run(
         return RunOutcome(0, resolved.run_dir, exported)
     finally:
         run.close()
+
+
+def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: StopSignal) -> dict[str, Any]:
+    """How the run ended, for summary.json: `stop_reason` (max_steps, early_stopping or the signal) and
+    the best evaluation."""
+    if stopped and stop.agreed is not None:
+        reason = signal.Signals(stop.agreed).name
+    else:
+        reason = "early_stopping" if early else "max_steps"
+    fields: dict[str, Any] = {"stop_reason": reason, "early_stopped": early}
+    if watch is not None:
+        fields |= {"best_step": watch.best_step, "best_eval_loss": watch.best_loss}
+    return fields
+
+
+def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
+    """`best: eval/loss 1.2345 at step 40 (checkpoint ..., export it with zerofit export RUN --step best)`."""
+    text = f"best: eval/loss {watch.best_loss:.4f} at step {watch.best_step}"
+    folder = checkpoints / f"step-{watch.best_step}"
+    if keep_best and folder.is_dir():
+        text += f" (checkpoint {folder}; zerofit export {checkpoints.parent} --step best --out DIR)"
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,8 +5,10 @@
                 divide factor), backward (sync only on the last) -> clip once, step once -> loss.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
-                due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> did any rank get a
-                stop signal? -> periodic (or stop) checkpoint.
+                due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
+                all-reduce agrees on what happens next (a stop signal on any rank, rank 0's clock saying
+                a timed save is due, rank 0's verdict on the evaluation: a new best, patience run out)
+                -> periodic, timed, best or final checkpoint -> stop (signal or early stopping).
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
 normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from zerofit.batching import BatchPlan
+from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
 from zerofit.data import (
     Example,
     GlobalBatchSampler,
@@ -92,9 +95,10 @@ def train_step(
 
 
 class Checkpointing(Protocol):
-    """What the loop needs from `zerofit.checkpoint.Checkpointer`."""
+    """What the loop needs from `zerofit.checkpoint.Checkpointer`: called after every step; the second
+    argument forces a save (a decision every rank agreed on)."""
 
-    def after_step(self, steps_done: int, stopping: bool = False) -> None: ...
+    def after_step(self, steps_done: int, force: bool = False, /) -> None: ...
 
 
 class Evaluating(Protocol):
@@ -125,6 +129,29 @@ class TrainRun:
     packed_row_tokens: int | None = None  # token budget: rows of this many tokens (data.max_seq_len)
     evaluator: Evaluating | None = None  # None: no evaluation data
     stop: StopSignal | None = None  # SIGTERM/SIGINT: stop after the step in progress, on every rank
+    clock: SaveClock | None = None  # checkpoint.every_minutes (rank 0's clock decides)
+    watch: EvalWatch | None = None  # best eval/loss (checkpoint.keep_best) and train.early_stopping
+    keep_best: bool = False  # a new best evaluation forces a save of that step
+
+
+@dataclass(frozen=True)
+class AfterStep:
+    """What every rank agreed after a step: stop for a signal, save because rank 0's clock says so, the
+    evaluation's verdict (rank 0's), and so whether to save and whether the loop ends."""
+
+    stopping: bool = False
+    timed: bool = False
+    verdict: Verdict | None = None
+
+    @property
+    def early_stop(self) -> bool:
+        """The evaluation ended the early-stopping patience."""
+        return self.verdict is not None and self.verdict.exhausted
+
+    def save(self, keep_best: bool) -> bool:
+        """Whether this step's checkpoint is written now (besides the periodic and final ones)."""
+        best = keep_best and self.verdict is not None and self.verdict.best
+        return self.stopping or self.timed or self.early_stop or best
 
 
 def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
@@ -198,15 +225,35 @@ def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
         if evaluated or steps_done % run.log_every == 0 or steps_done == run.max_steps:
             metrics = step_metrics(run, step, result, lr, seconds, samples)
             run.sink.log(steps_done, {**metrics, **evaluated, **memory_fields(run.strategy)})
-        stopping = run.stop is not None and stop_agreed(run.strategy, run.stop)
-        run.checkpointer.after_step(steps_done, stopping)
-        if stopping:
+        agreed = agree_after_step(run, evaluated.get(BEST_METRIC))
+        if run.watch is not None and agreed.verdict is not None:
+            run.watch.record(steps_done, float(evaluated[BEST_METRIC]), agreed.verdict)
+        run.checkpointer.after_step(steps_done, agreed.save(run.keep_best))
+        if agreed.stopping or agreed.early_stop:
             break
     return results
 
 
-def stop_agreed(strategy: Strategy, stop: StopSignal) -> bool:
-    """Whether any rank was asked to stop: one tiny all-reduce after every step, so every rank stops (and
-    saves) after the same step whichever rank got the signal."""
-    votes = strategy.all_reduce_sum(torch.tensor(stop.votes(), dtype=torch.int64))
-    return stop.agree(votes.tolist())
+def agree_after_step(run: TrainRun, eval_loss: float | None) -> AfterStep:
+    """One tiny all-reduce after every step (none when there is nothing to agree on), so every rank saves
+    and stops after the same step: each rank's stop-signal votes, and rank 0's alone for a due timed save
+    and the evaluation's verdict (other ranks add zeros, so no other clock or rounding can differ).
+
+    `eval_loss` is this step's eval/loss, or None when no evaluation ran (the same on every rank).
+    """
+    stop, rank0 = run.stop, run.strategy.rank == 0
+    judged = run.watch is not None and eval_loss is not None
+    if stop is None and run.clock is None and not judged:
+        return AfterStep()
+    signals = stop.votes() if stop is not None else []
+    mine = Verdict(False, False)
+    if judged and rank0:
+        assert run.watch is not None and eval_loss is not None
+        mine = run.watch.judge(eval_loss)
+    timed = run.clock is not None and rank0 and run.clock.due()
+    local = [*signals, int(timed), int(mine.best), int(mine.exhausted)]
+    votes = run.strategy.all_reduce_sum(torch.tensor(local, dtype=torch.int64)).tolist()
+    n = len(signals)
+    stopping = stop is not None and stop.agree(votes[:n])
+    verdict = Verdict(bool(votes[n + 1]), bool(votes[n + 2])) if judged else None
+    return AfterStep(stopping=stopping, timed=bool(votes[n]), verdict=verdict)

@@ -90,11 +90,11 @@ def test_a_stop_saves_once_even_when_a_periodic_save_fell_on_the_same_step(tmp_p
     strategy = _strategy()
     ckpt = Checkpointer(strategy, tmp_path, CheckpointSection(every_steps=2), max_steps=7)
     _train_one_step(strategy)
-    ckpt.after_step(1, stopping=True)
+    ckpt.after_step(1, force=True)
     _train_one_step(strategy)
     ckpt.after_step(2)
     before = (tmp_path / "checkpoints" / "step-2" / MANIFEST).stat().st_mtime_ns
-    ckpt.after_step(2, stopping=True)
+    ckpt.after_step(2, force=True)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [1, 2]
     assert (tmp_path / "checkpoints" / "step-2" / MANIFEST).stat().st_mtime_ns == before
 
@@ -234,7 +234,12 @@ def test_a_checkpoint_loads_only_into_the_engine_layout_that_wrote_it(tmp_path: 
 
 
 def _settle(resolved: ResolvedConfig) -> tuple[ResolvedConfig, Any]:
-    strategy = SimpleNamespace(rank=0, broadcast_object=lambda obj: obj, checkpoint_format="torch-state")
+    strategy = SimpleNamespace(
+        rank=0,
+        broadcast_object=lambda obj: obj,
+        wait_for_rank0=lambda what: None,
+        checkpoint_format="torch-state",
+    )
     return settle_run_dir(resolved, strategy)  # type: ignore[arg-type]
 
 

@@ -27,6 +27,7 @@ from zerofit.checkpoint.manifest import (
     listed_files,
     write_manifest,
 )
+from zerofit.checkpoint.policy import EvalWatch, SaveClock, write_best
 from zerofit.checkpoint.rundir import CHECKPOINTS
 from zerofit.config.schema import CheckpointSection
 from zerofit.strategies.base import Strategy
@@ -52,11 +53,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 class Checkpointer:
-    """Saves every `checkpoint.every_steps` optimizer steps, at the end, and when a run is stopped.
+    """Saves every `checkpoint.every_steps` optimizer steps, at the end, and whenever the loop forces a save
+    (a stop, a due `checkpoint.every_minutes`, a new best eval/loss under `checkpoint.keep_best`, early
+    stopping). Keeps the newest `keep_last` checkpoints plus the best one.
 
     `record` is what every manifest states about the run besides its files (config, batch plan, world size,
     checkpoint format, data fingerprint; see `resume.checkpoint_record`). `elapsed_s` is the wall time the
     run had already spent before this session (a resumed run's), so manifests carry the whole run's time.
+    `clock` restarts at every save; `watch` says which step holds the best evaluation (protected from
+    pruning, recorded in `checkpoints/best.json`).
     """
 
     def __init__(
@@ -67,6 +72,8 @@ class Checkpointer:
         max_steps: int,
         record: dict[str, Any] | None = None,
         elapsed_s: float = 0.0,
+        clock: SaveClock | None = None,
+        watch: EvalWatch | None = None,
     ) -> None:
         self.strategy = strategy
         self.root = Path(run_dir) / CHECKPOINTS
@@ -76,18 +83,29 @@ class Checkpointer:
         self.elapsed_before = elapsed_s
         self.started = time.monotonic()
         self.last_saved: int | None = None
+        self.clock = clock if clock is not None else SaveClock(section.every_minutes)
+        self.watch = watch
 
     @property
     def elapsed_s(self) -> float:
         """Wall time of the whole run so far (earlier sessions included)."""
         return self.elapsed_before + time.monotonic() - self.started
 
-    def after_step(self, steps_done: int, stopping: bool = False) -> None:
-        """Called by the loop after every optimizer step (on every rank); `stopping` forces a save."""
+    def after_step(self, steps_done: int, force: bool = False) -> None:
+        """Called by the loop after every optimizer step (on every rank); `force` saves now (a decision every
+        rank agreed on: a stop, a due wall-clock save, a new best evaluation)."""
         every = self.section.every_steps
-        due = steps_done == self.max_steps or bool(every and steps_done % every == 0) or stopping
+        due = steps_done == self.max_steps or bool(every and steps_done % every == 0) or force
         if due and self.last_saved != steps_done:
             self.save(steps_done)
+            self.clock.reset()
+        if self.strategy.rank == 0 and self._best_step() == steps_done and self.last_saved == steps_done:
+            assert self.watch is not None and self.watch.best_loss is not None
+            write_best(self.root, steps_done, self.watch.best_loss)
+
+    def _best_step(self) -> int | None:
+        """The step whose checkpoint is kept as the best (None: no evaluation yet, or keep_best off)."""
+        return self.watch.best_step if self.watch is not None and self.section.keep_best else None
 
     def save(self, steps_done: int) -> Path:
         """Write checkpoint `step-<steps_done>` atomically, with its manifest (collective)."""
@@ -130,8 +148,10 @@ class Checkpointer:
         shutil.rmtree(old, ignore_errors=True)
 
     def _prune(self) -> None:
-        for _, folder in complete_checkpoints(self.root.parent)[: -self.section.keep_last]:
-            shutil.rmtree(folder, ignore_errors=True)
+        best = self._best_step()
+        for step, folder in complete_checkpoints(self.root.parent)[: -self.section.keep_last]:
+            if step != best:  # the best evaluation's checkpoint outlives keep_last
+                shutil.rmtree(folder, ignore_errors=True)
 
     def load(self, folder: Path, saved_world_size: int) -> int:
         """Restore the (verified) checkpoint `folder`, saved on `saved_world_size` ranks; returns its step."""

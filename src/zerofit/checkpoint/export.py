@@ -43,6 +43,7 @@ def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
         tokenizer.save_pretrained(tmp)
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
+    strategy.wait_for_rank0("rank 0 to write the final export")  # a 7B write may outlast the pg timeout
     strategy.barrier()
     return out
 

@@ -113,6 +113,8 @@ def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[s
     neutral: list[str] = []
     for key in sorted(set(saved) | set(now)):
         if saved.get(key) != now.get(key) and not (_matches(key, AUTO_KEYS) and now.get(key) == "auto"):
+            if key == "train.max_steps" and now.get(key) is None and now.get("train.epochs") is not None:
+                continue  # derived from train.epochs once the data loads; epochs and the data are compared
             line = f"{key}: {_show(saved.get(key, '(unset)'))} -> {_show(now.get(key, '(unset)'))}"
             if _matches(key, NEUTRAL_KEYS):
                 if not _matches(key, ("checkpoint.resume", "checkpoint.allow_changes")):  # expected to differ
@@ -275,6 +277,7 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> tuple[Resolv
             outcome = ("error", type(exc).__name__, str(exc), list(getattr(exc, "problems", [])))
     else:
         outcome = ()
+    strategy.wait_for_rank0("rank 0 to verify the checkpoints")  # hashing may outlast the pg timeout
     outcome = strategy.broadcast_object(outcome)
     if outcome[0] == "error":
         raise _rebuild(*outcome[1:])

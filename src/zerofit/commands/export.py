@@ -18,6 +18,16 @@ from typing import Any
 from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
 
 
+def step_arg(value: str) -> int | str:
+    """A `--step` argument: a step number, or `best` (the checkpoint of the lowest eval/loss)."""
+    if value == "best":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a step number nor 'best'") from None
+
+
 def register(subparsers: Any) -> None:
     """Add the `export` subcommand."""
     parser = subparsers.add_parser(
@@ -33,10 +43,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model")
     parser.add_argument(
         "--step",
-        type=int,
+        type=step_arg,
         default=None,
-        metavar="N",
-        help="export checkpoint step-N (default: the newest weights)",
+        metavar="N|best",
+        help="export checkpoint step-N, or `best`: the one of the lowest eval/loss (default: the newest weights)",
     )
     parser.add_argument(
         "--dtype",
@@ -51,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
     """Export, then say what was written and how to load it."""
     quiet_deepspeed_on_cpu()
     quiet_libraries()
+    from zerofit.checkpoint.policy import resolve_step
     from zerofit.export import export_run
 
-    result = export_run(
-        Path(args.run_dir), Path(args.out), merge=args.merge, step=args.step, dtype=args.dtype
-    )
+    step = resolve_step(Path(args.run_dir), args.step)
+    result = export_run(Path(args.run_dir), Path(args.out), merge=args.merge, step=step, dtype=args.dtype)
     what = {
         "adapter": "LoRA adapter (peft)",
         "merged": f"model with the adapter merged in, {result.dtype}",

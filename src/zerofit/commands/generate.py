@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zerofit.commands.export import step_arg
 from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
 
 
@@ -41,7 +42,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling (with --temperature)")
     parser.add_argument(
-        "--step", type=int, default=None, metavar="N", help="a run directory's checkpoint step-N"
+        "--step",
+        type=step_arg,
+        default=None,
+        metavar="N|best",
+        help="a run directory's checkpoint step-N, or `best` (the lowest eval/loss)",
     )
     parser.set_defaults(func=run)
 
@@ -56,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError([f"--temperature {args.temperature}: must be >= 0 (0 = greedy)"])
     quiet_deepspeed_on_cpu()
     quiet_libraries()
+    from zerofit.checkpoint.policy import resolve_step
     from zerofit.generate import load_generator
 
-    generator = load_generator(Path(args.path), step=args.step)
+    step = resolve_step(Path(args.path), args.step) if args.step is not None else None
+    generator = load_generator(Path(args.path), step=step)
     text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()

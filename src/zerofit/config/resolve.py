@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
 from zerofit.catalogue import TINY_LLAMA
-from zerofit.config.schema import ZerofitConfig
+from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.presets import DEFAULT_PRESET, list_presets
 
@@ -322,6 +322,61 @@ def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
+    """How long the run is (train.max_steps or train.epochs), when it stops early, how often it saves, and
+    how long a collective may wait (`distributed.timeout_minutes`)."""
+    t, c = cfg.train, cfg.checkpoint
+    if t.max_steps is not None and t.epochs is not None:
+        problems.append(
+            f"train.max_steps = {t.max_steps} and train.epochs = {t.epochs} are both set, and each fixes the "
+            "run's length; set one of them (train.epochs=N trains N passes over the data, the plan states the "
+            "exact step count; to replace a config file's train.max_steps from the command line, add "
+            "train.max_steps=null)"
+        )
+    if t.epochs is not None and t.epochs <= 0:
+        problems.append(f"train.epochs = {t.epochs}: must be > 0 (or unset, with train.max_steps)")
+    if t.epochs is not None and cfg.distributed.ds_config is not None:
+        problems.append(
+            f"train.epochs = {t.epochs} with distributed.ds_config = {cfg.distributed.ds_config!r}: the step "
+            "count of an epoch is known only once the data is loaded, after the DeepSpeed file is filled in; "
+            "set train.max_steps instead (the plan of an epochs run prints its step count)"
+        )
+    if c.every_minutes is not None and c.every_minutes < 0:
+        problems.append(
+            f"checkpoint.every_minutes = {c.every_minutes}: must be >= 0 (0 or null = no wall-clock saves)"
+        )
+    if cfg.distributed.timeout_minutes <= 0:
+        problems.append(
+            f"distributed.timeout_minutes = {cfg.distributed.timeout_minutes}: must be > 0 (minutes a "
+            "collective may wait for a peer, e.g. 30)"
+        )
+    _check_early_stopping(problems, cfg)
+
+
+def _check_early_stopping(problems: list[str], cfg: ZerofitConfig) -> None:
+    """Early stopping needs evaluations between steps to count its patience in."""
+    es, d = cfg.train.early_stopping, cfg.data
+    if es.patience < 0 or es.min_delta < 0:
+        problems.append(
+            f"train.early_stopping: patience = {es.patience}, min_delta = {es.min_delta}: both must be >= 0 "
+            "(patience 0 = off)"
+        )
+    if es.patience <= 0:
+        return
+    if d.eval_path is None and d.eval_split is None:
+        problems.append(
+            f"train.early_stopping.patience = {es.patience} stops the run when eval/loss stops improving, but "
+            "there is no evaluation data; set data.eval_path or data.eval_split (e.g. data.eval_split=0.02) "
+            "with eval.every_steps, or train.early_stopping.patience=0"
+        )
+    elif cfg.eval.every_steps <= 0:
+        problems.append(
+            f"train.early_stopping.patience = {es.patience} counts evaluations during the run, but "
+            "eval.every_steps = 0 evaluates only at the end; set eval.every_steps (e.g. 50), or "
+            "train.early_stopping.patience=0"
+        )
+
+
 def _liger_available() -> bool:
     """`zerofit.loss.liger_available`, imported only when asked: `zerofit.loss` imports torch, and resolving
     a config (`zerofit plan`, `import zerofit`) stays torch-free otherwise."""
@@ -412,6 +467,7 @@ def resolve(
         )
     if cfg.checkpoint.keep_last < 1:
         problems.append(f"checkpoint.keep_last = {cfg.checkpoint.keep_last}: must be >= 1")
+    _check_length(problems, cfg)
     known = config_keys()
     for key in cfg.checkpoint.allow_changes:
         if key not in known:
@@ -454,6 +510,10 @@ def resolve(
         cfg.train.activation_checkpointing = choice.activation_checkpointing
     if cfg.batch.tokens_per_micro_batch is not None:
         cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * d.max_seq_len
+    if t.max_steps is None and t.epochs is None:
+        cfg.train.max_steps = DEFAULT_MAX_STEPS
+    # With train.epochs, train.max_steps stays None here: epochs x steps per epoch is known only once the
+    # data is loaded (`zerofit.assembly`, which fills it in; config.yaml records both).
     cfg.batch.global_batch_size = plan.global_batch_size
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps

@@ -63,12 +63,35 @@ class DistributedSection(_Section):
     ds_config: str | None = Field(
         None, description="A user's own DeepSpeed JSON (HF-style `auto` allowed); overrides the preset."
     )
+    timeout_minutes: float = Field(
+        30.0,
+        description="Process-group timeout: how long a collective may wait for a peer before the run fails "
+        "(zerofit's own rank-0-only work, tokenizing, verifying, exporting, waits without it).",
+    )
+
+
+class EarlyStoppingSection(_Section):
+    """Stop after `patience` evaluations without an `eval/loss` improvement of more than `min_delta`."""
+
+    patience: int = Field(0, description="Evaluations without improvement before stopping; 0 = off.")
+    min_delta: float = Field(0.0, description="How much lower eval/loss must be to count as improvement.")
+
+
+DEFAULT_MAX_STEPS = 20  # train.max_steps when neither it nor train.epochs is set
 
 
 class TrainSection(_Section):
     """Length, numerics and the accumulation-window policy of the run."""
 
-    max_steps: int = Field(20, description="Optimizer steps (not micro-steps).")
+    max_steps: int | None = Field(
+        None,
+        description=f"Optimizer steps (not micro-steps); {DEFAULT_MAX_STEPS} when train.epochs is unset too.",
+    )
+    epochs: int | None = Field(
+        None,
+        description="Passes over the data instead of max_steps: epochs x steps per epoch optimizer steps.",
+    )
+    early_stopping: EarlyStoppingSection = Field(default_factory=EarlyStoppingSection)
     precision: Precision = "bf16"
     activation_checkpointing: bool | int | Literal["auto"] = Field(
         False, description="true, false, the number of decoder layers to recompute (the first n), or auto."
@@ -148,8 +171,14 @@ class EvalSection(_Section):
 class CheckpointSection(_Section):
     """Checkpointing through the strategy; saves are atomic."""
 
-    every_steps: int = Field(0, description="0 = only at the end of the run (and when it is stopped).")
+    every_steps: int = Field(0, description="0 = no step interval (see every_minutes).")
+    every_minutes: float | None = Field(
+        30.0, description="Wall-clock interval between saves (rank 0's clock); 0 or null = none."
+    )
     keep_last: int = 2
+    keep_best: bool = Field(
+        True, description="Also keep the checkpoint of the lowest eval/loss (saved at that evaluation)."
+    )
     resume: bool | Literal["auto"] = Field(
         False,
         description="Resume from the newest checkpoint of the run dir that verifies: true (it must exist), "

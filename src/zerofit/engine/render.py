@@ -79,6 +79,7 @@ def _common(resolved: ResolvedConfig) -> dict[str, Any]:
         "plan": resolved.plan,
         "dtypes": tensor_dtypes(cfg.train.precision, cfg.distributed.strategy, lora=cfg.lora.enabled),
         "max_grad_norm": cfg.train.max_grad_norm,
+        "timeout_minutes": cfg.distributed.timeout_minutes,
     }
 
 

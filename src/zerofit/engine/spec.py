@@ -64,6 +64,8 @@ class EngineSpec:
     sync: GradSync
     # What the engine divides the sum of the ranks' gradients by; the loop multiplies its loss by it.
     grad_divide_factor: float
+    # How long a collective may wait for a peer (`distributed.timeout_minutes`), given to the process group.
+    timeout_minutes: float = 30.0
 
     @property
     def filename(self) -> str:

@@ -182,6 +182,17 @@ class RunFilesSink:
         _write_json(self.run_dir / "summary.json", self.summary.result(time.monotonic() - self._start))
 
 
+def record_outcome(run_dir: str | Path, fields: dict[str, Any]) -> None:
+    """Add how the run ended (`stop_reason`, `early_stopped`, `best_step`, `best_eval_loss`) to the
+    `summary.json` the sinks wrote at close (rank 0, after the loop)."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = {}
+    _write_json(path, {**summary, **fields})
+
+
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

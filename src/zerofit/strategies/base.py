@@ -13,9 +13,12 @@ reduced gradient is exactly the gradient of (sum of token losses of the global b
 from __future__ import annotations
 
 import os
+import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,10 @@ from zerofit.engine.spec import EngineSpec
 from zerofit.errors import LaunchError
 from zerofit.precision import torch_dtype
 from zerofit.strategies.env import LaunchEnv
+
+# How often a rank waiting for rank 0 (`Strategy.wait_for_rank0`) looks at the store, and says it still waits.
+POLL_S = 0.5
+HEARTBEAT_S = 300.0
 
 OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
@@ -104,6 +111,12 @@ class Strategy(ABC):
         self.device = pick_device(env)
         if self.device.type == "cpu":
             limit_cpu_threads()
+        self._rank0_waits = 0  # numbers the wait_for_rank0 keys: every rank calls it in the same order
+
+    @property
+    def pg_timeout(self) -> timedelta:
+        """The process-group timeout every engine's init receives (`distributed.timeout_minutes`)."""
+        return timedelta(minutes=self.spec.timeout_minutes)
 
     # --- the loop's verbs -------------------------------------------------------------------------------
 
@@ -196,6 +209,34 @@ class Strategy(ABC):
         """Wait for every rank (no-op in one process)."""
         if self.distributed and self.world_size > 1:
             dist.barrier()
+
+    def wait_for_rank0(self, what: str) -> None:
+        """Every rank calls this once rank 0 may have finished a long job of its own (tokenizing, verifying
+        checkpoints, writing the export): the other ranks wait for it through the c10d store, however long it
+        takes, instead of inside a collective that the process-group timeout (`distributed.timeout_minutes`;
+        NCCL's default is 10 minutes) would abort. Rank 1 says every few minutes that it still waits.
+
+        A rank 0 that dies ends the wait too: the store (or the launcher, which stops every rank) goes away.
+        """
+        if not (self.distributed and self.world_size > 1):
+            return
+        self._rank0_waits += 1
+        key = f"zerofit/rank0-done/{self._rank0_waits}"
+        store = dist.distributed_c10d._get_default_store()
+        if self.rank == 0:
+            store.set(key, "1")
+            return
+        started = last_said = time.monotonic()
+        while not store.check([key]):
+            time.sleep(POLL_S)
+            if self.rank == 1 and time.monotonic() - last_said >= HEARTBEAT_S:
+                last_said = time.monotonic()
+                minutes = (last_said - started) / 60
+                print(
+                    f"zerofit: rank 1 still waiting for {what} ({minutes:.0f} min)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def close(self) -> None:
         """Tear down the process group; safe to call twice."""

@@ -27,7 +27,9 @@ class DDPStrategy(SingleStrategy):
     def __init__(self, env: LaunchEnv, spec: LocalSpec) -> None:
         super().__init__(env, spec)  # spec.grad_divide_factor = dp: DDP averages gradients over ranks
         if not dist.is_initialized():
-            dist.init_process_group(backend_for(self.device), device_id=self._device_id())
+            dist.init_process_group(
+                backend_for(self.device), device_id=self._device_id(), timeout=self.pg_timeout
+            )
 
     def _device_id(self) -> torch.device | None:
         return self.device if self.device.type == "cuda" else None

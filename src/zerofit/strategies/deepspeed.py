@@ -99,7 +99,10 @@ class DeepSpeedStrategy(Strategy):
 
         ds_logger.setLevel(logging.WARNING)  # DeepSpeed's INFO chatter would bury the plan and progress
         deepspeed.init_distributed(
-            dist_backend=backend_for(self.device), auto_mpi_discovery=False, verbose=False
+            dist_backend=backend_for(self.device),
+            auto_mpi_discovery=False,
+            verbose=False,
+            timeout=self.pg_timeout,
         )
         self.stage = spec.zero_stage
         self.engine: Any = None

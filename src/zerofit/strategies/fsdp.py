@@ -63,7 +63,7 @@ class FSDPStrategy(Strategy):
             check_precision(spec.dtypes.half, self.device)
         if not dist.is_initialized():
             device_id = self.device if self.device.type == "cuda" else None
-            dist.init_process_group(backend_for(self.device), device_id=device_id)
+            dist.init_process_group(backend_for(self.device), device_id=device_id, timeout=self.pg_timeout)
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         # fp16 needs loss scaling; the sharded scaler agrees on overflow across ranks (one all-reduce).
         self.scaler = ShardedGradScaler(self.device.type) if spec.dtypes.loss_scaling else None
