@@ -220,6 +220,8 @@ def train_run(
             strategy, resolved.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed
         )
         start_step, history = restore(checkpointer, point, resolved.run_dir)
+        if point is not None:  # changes the resume accepted, trained with (not the loaded values)
+            strategy.apply_config(cfg, resolved.effective_lr, cfg.train.max_steps)
         stop.arm(str(resolved.run_dir))  # from here on a signal stops after a step, with a checkpoint
         announce(run)
         message = resume_message(point, cfg.checkpoint.resume, resolved.run_dir, cfg.train.max_steps)

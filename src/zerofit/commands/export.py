@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
         choices=("auto", "bf16", "fp16", "fp32"),
         help="dtype of merged / full weights (default auto: the run's train.precision)",
     )
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
+        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,7 +60,12 @@ def run(args: argparse.Namespace) -> int:
     from zerofit.export import export_run
 
     result = export_run(
-        Path(args.run_dir), Path(args.out), merge=args.merge, step=args.step, dtype=args.dtype
+        Path(args.run_dir),
+        Path(args.out),
+        merge=args.merge,
+        step=args.step,
+        dtype=args.dtype,
+        trust_pickles=args.trust_pickles,
     )
     what = {
         "adapter": "LoRA adapter (peft)",

@@ -43,6 +43,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--step", type=int, default=None, metavar="N", help="a run directory's checkpoint step-N"
     )
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
+        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     from zerofit.generate import load_generator
 
-    generator = load_generator(Path(args.path), step=args.step)
+    generator = load_generator(Path(args.path), step=args.step, trust_pickles=args.trust_pickles)
     text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()

@@ -168,7 +168,7 @@ def _apply_adapters(
     model = apply_lora(
         base, lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
     )
-    _load_trainable(model, read_checkpoint(source.path), run, source)
+    _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
     return model.to(dtype)
 
 
@@ -219,7 +219,7 @@ def build_trained(
         )
     else:
         model = load_base(cfg, torch.float32, device)
-        _load_trainable(model, read_checkpoint(source.path), run, source)
+        _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
         model = model.to(dtype)
     model.eval()
     return TrainedModel(model=model, tokenizer=tokenizer_for(run, source), run=run, source=source)
@@ -231,7 +231,10 @@ def load_trained(
     step: int | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    trust_pickles: bool = False,
 ) -> TrainedModel:
-    """The trained model of `run_dir`, with the weights `find_weights(run_dir, step)` picks."""
+    """The trained model of `run_dir`, with the weights `find_weights(run_dir, step)` picks (`trust_pickles`:
+    let DeepSpeed / DCP unpickle a checkpoint that names globals beyond zerofit's allow-list)."""
     run = read_run_config(run_dir)
-    return build_trained(run, find_weights(run.run_dir, step), dtype=dtype, device=device)
+    source = find_weights(run.run_dir, step, trust_pickles)
+    return build_trained(run, source, dtype=dtype, device=device)
