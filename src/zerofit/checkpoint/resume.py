@@ -130,7 +130,9 @@ def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[s
         if saved.get(key) != now.get(key) and not (_matches(key, AUTO_KEYS) and now.get(key) == "auto"):
             line = f"{key}: {_show(saved.get(key, '(unset)'))} -> {_show(now.get(key, '(unset)'))}"
             if _matches(key, NEUTRAL_KEYS):
-                if not _matches(key, ("checkpoint.resume", "checkpoint.allow_changes")):  # expected to differ
+                if not _matches(
+                    key, ("checkpoint.resume", "checkpoint.allow_changes", "checkpoint.trust_pickles")
+                ):  # per launch
                     neutral.append(line)
             else:
                 changing[key] = line
