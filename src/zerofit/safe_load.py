@@ -183,7 +183,7 @@ def refuse_unsafe(findings: list[Finding], trusted: bool, opt_in: str, purpose: 
     blocking = [f for f in findings if not (trusted and f.trustable)]
     if not blocking:
         return
-    files = "; ".join(f"{f.file} {f.problem}" for f in blocking)
+    files = "; ".join(f"{f.file} ({f.problem})" for f in blocking)
     if all(f.trustable for f in blocking):
         fix = (
             f"Do not load it unless you trust whoever made this checkpoint; if you do, {opt_in} lets "

@@ -10,11 +10,15 @@ the process group up and before any model is loaded, so every refusal costs seco
 - `true`: like `auto`, but a run directory without a checkpoint to resume is an error.
 
 A checkpoint is used only if its manifest verifies (every file present, of the right size and checksum);
-a damaged one is passed over for the next older one, and the resume says which and why. The config the
+a damaged one (a `step-N` folder without a manifest included) is passed over for the next older one, and
+the resume says which and why. Its pickles are checked before anything loads them (`zerofit.safe_load`), and
+a checkpoint at or past `train.max_steps` is refused (nothing is left to train). The config the
 checkpoint was saved with is compared with this launch's: a change that alters the training trajectory
 (see `NEUTRAL_KEYS` for the ones that cannot) is refused with the diff and the override that accepts it
-(`checkpoint.allow_changes`). The world size may change: every strategy loads a checkpoint saved on
-another number of ranks, and the batch plan keeps the global batch, so the data position is the same.
+(`checkpoint.allow_changes`); an accepted change is applied after the load (`Strategy.apply_config`), or
+refused here when the checkpoint's state fixes it (`FIXED_BY_CHECKPOINT`). The world size may change: every
+strategy loads a checkpoint saved on another number of ranks, and the batch plan keeps the global batch, so
+the data position is the same.
 
 Nothing is written here: the run record changes only after the checkpoint has loaded (`finish_resume`).
 """
@@ -71,7 +75,7 @@ AUTO_KEYS = ("data.format",)
 # modules, its weights are of that model and were trained on those (quantized) base weights. Accepting a
 # change to one would load state that contradicts the config, so it is refused even when allowed. Every
 # other accepted change is applied: hyperparameters are written into the loaded optimizer and the schedule
-# is rebuilt for the new config (`apply_accepted`), and the rest is read from the config as the run builds.
+# is rebuilt for the new config (`Strategy.apply_config`), and the rest is read from the config as the run builds.
 FIXED_BY_CHECKPOINT = (
     "optimizer.name",
     "lora.enabled",
