@@ -351,3 +351,25 @@ def test_a_checkpoint_pruned_while_it_is_read_is_read_from_the_snapshot(
     # Pruned before the snapshot could take it: said plainly, not blamed on the format.
     with pytest.raises(ZerofitError, match=r"was deleted before it could be read: a training still running"):
         read_checkpoint(folder)
+
+
+def test_generate_during_training_rereads_the_newest_when_the_one_picked_is_pruned(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zerofit.export import trained
+
+    run_dir = _copy(run, tmp_path)
+    shutil.rmtree(run_dir / "adapter")  # no final export: the newest weights are the newest checkpoint
+    real = trained.find_weights
+    picks: list[int | None] = []
+
+    def picked_then_pruned(*args: Any) -> Any:
+        source = real(*args)
+        picks.append(source.step)
+        if len(picks) == 1:  # a running training prunes the checkpoint right after the reader picked it
+            shutil.rmtree(source.path)
+        return source
+
+    monkeypatch.setattr(trained, "find_weights", picked_then_pruned)
+    loaded = trained.load_trained(run_dir)
+    assert picks == [4, 2] and loaded.source.step == 2

@@ -21,7 +21,7 @@ import yaml
 from zerofit.config.loader import validate_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
-from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
+from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, lora_config
 from zerofit.model import load_dtype, load_tokenizer, quantization_config, resolve_model_path
@@ -237,4 +237,11 @@ def load_trained(
     let DeepSpeed / DCP unpickle a checkpoint that names globals beyond zerofit's allow-list)."""
     run = read_run_config(run_dir)
     source = find_weights(run.run_dir, step, trust_pickles)
-    return build_trained(run, source, dtype=dtype, device=device)
+    try:
+        return build_trained(run, source, dtype=dtype, device=device)
+    except CheckpointVanishedError:
+        if step is not None:
+            raise  # that checkpoint is gone: the message says so
+        # The newest checkpoint was pruned between picking and reading it: a running training saved a newer
+        # one, which is now the newest weights.
+        return build_trained(run, find_weights(run.run_dir, None, trust_pickles), dtype=dtype, device=device)
