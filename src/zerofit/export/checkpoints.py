@@ -155,7 +155,7 @@ def read_checkpoint(folder: Path, trust_pickles: bool = False) -> dict[str, torc
         refuse_unsafe(
             findings,
             trust_pickles,
-            f"{TRUST_FLAG}",
+            TRUST_FLAG,
             f"reading checkpoint {folder}",
         )
         state = _read_layout(copy, Path(folder))
@@ -219,7 +219,7 @@ def _link(folder: Path, scratch: Path, name: str) -> None:
         try:
             os.link(folder / name, target)
         except FileNotFoundError:
-            raise
+            raise  # gone: not a filesystem without hard links (handled below)
         except OSError:  # no hard links on this filesystem
             shutil.copy2(folder / name, target)
     except FileNotFoundError:
