@@ -116,12 +116,13 @@ def _from_export(folder: Path, device: torch.device, dtype: torch.dtype) -> Gene
     return Generator(model, tokenizer, _is_chat(config), device)
 
 
-def load_generator(path: Path, step: int | None = None) -> Generator:
-    """A `Generator` for run directory or export `path` (see the module docstring)."""
+def load_generator(path: Path, step: int | None = None, trust_pickles: bool = False) -> Generator:
+    """A `Generator` for run directory or export `path` (see the module docstring); `trust_pickles` as for
+    `zerofit.export.load_trained`."""
     path = Path(path)
     device, dtype = _device()
     if (path / CONFIG_FILE).is_file():
-        trained = load_trained(path, step=step, dtype=dtype, device=device)
+        trained = load_trained(path, step=step, dtype=dtype, device=device, trust_pickles=trust_pickles)
         return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device)
     if any((path / name).is_file() for name in (EXPORT_INFO, "config.json", "adapter_config.json")):
         if step is not None:

@@ -105,3 +105,49 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ZerofitConfig, max_st
     s = cfg.scheduler
     factor = lr_multiplier(s.name, s.warmup_steps, max_steps, s.min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factor)
+
+
+def _decays(model: torch.nn.Module) -> list[bool]:
+    """Per param group of `param_groups(model, ...)`, in its order: whether the group takes weight decay.
+
+    A ZeRO-3 parameter is an empty placeholder between uses; its full shape is `ds_shape`."""
+    dims = [len(getattr(p, "ds_shape", p.shape)) for p in model.parameters() if p.requires_grad]
+    return [
+        kind
+        for kind, present in ((True, any(d >= 2 for d in dims)), (False, any(d < 2 for d in dims)))
+        if present
+    ]
+
+
+def resume_schedule(
+    scheduler: Any, model: torch.nn.Module, cfg: ZerofitConfig, lr: float | None, max_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """After a checkpoint load: this config's hyperparameters in the loaded optimizer, and its schedule at
+    the loaded step. Returns the schedule the run continues with (the caller puts it in place).
+
+    Loading restores the saved param groups (lr, betas, eps, weight decay) and the saved schedule (its base
+    lr and, through the step, its position on the old curve), so a change that `checkpoint.allow_changes`
+    accepted would otherwise be silently undone. The optimizer *state* (moments, step counts) stays as
+    loaded. `lr` is the peak lr (None: keep the loaded base lr, for an optimizer DeepSpeed built from a
+    user's file); the new `LambdaLR` starts at the step the loaded one had reached (skipped fp16 steps do
+    not count), so the next update uses exactly the new config's `lr_multiplier(step)`.
+    """
+    optimizer = scheduler.optimizer
+    step = int(scheduler.last_epoch)
+    o = cfg.optimizer
+    decays = _decays(model)
+    if len(decays) != len(optimizer.param_groups):
+        raise RuntimeError(f"{len(optimizer.param_groups)} param groups loaded, the model has {len(decays)}")
+    for group, base, decay in zip(optimizer.param_groups, scheduler.base_lrs, decays, strict=True):
+        group["initial_lr"] = lr if lr is not None else base
+        if lr is None:
+            continue  # DeepSpeed's optimizer from the user's file: its hyperparameters are the file's
+        group["weight_decay"] = o.weight_decay if decay else 0.0
+        if "betas" in group:
+            group["betas"] = tuple(o.betas)
+        if "eps" in group:
+            group["eps"] = o.eps
+    s = cfg.scheduler
+    factor = lr_multiplier(s.name, s.warmup_steps, max_steps, s.min_lr_ratio)
+    # last_epoch = step - 1: construction takes one step to `step`, setting lr = initial_lr * factor(step).
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factor, last_epoch=step - 1)

@@ -273,6 +273,8 @@ def train_run(
         start_step, history = restore(checkpointer, point, resolved.run_dir)
         if watch is not None:  # a resumed run's best and patience, from the evaluations it kept
             watch.replay(history or [])
+        if point is not None:  # changes the resume accepted, trained with (not the loaded values)
+            strategy.apply_config(cfg, resolved.effective_lr, cfg.train.max_steps)
         stop.arm(str(resolved.run_dir))  # from here on a signal stops after a step, with a checkpoint
         announce(run)
         message = resume_message(point, cfg.checkpoint.resume, resolved.run_dir, cfg.train.max_steps)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,13 +138,24 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
+RETUNED_LR, RETUNED_STEPS = 5e-3, STEPS + 4
+
+
 def _last_round(out: Path) -> list[Launch]:
-    """The fsdp chain's newest checkpoint damaged, resumed on 1 rank; the single chain resumed with a new lr."""
+    """The fsdp chain's newest checkpoint damaged, resumed on 1 rank; the single chain resumed with a new lr
+    (refused); a copy of the finished zero3 chain resumed on 2 ranks with a new lr and 4 more steps, accepted."""
     newest = max((out / "fsdp" / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
     os.truncate(newest / "dcp" / "__0_0.distcp", 1000)
     BEFORE_REFUSAL.update(_snapshot(out / "single"))
     cache = {"ZEROFIT_CACHE": str(out.parent / "cache-refusal")}  # must stay empty: no model load
+    shutil.copytree(out / "zero3", out / "zero3-retuned")  # the zero3 chain's own results stay as they were
+    accepted = (
+        f"optimizer.lr={RETUNED_LR}",
+        f"train.max_steps={RETUNED_STEPS}",
+        "checkpoint.allow_changes=[optimizer.lr,train.max_steps]",
+    )
     return [
+        Launch("zero3-retuned", "deepspeed", (*Z3, RESUME, *accepted), 2, "retuned"),
         Launch("fsdp", "torchrun", (*FSDP, RESUME), 1, "fsdp-fallback"),
         Launch("single", "python", (*SINGLE, RESUME, "optimizer.lr=0.02"), 1, "refused", cache),
     ]
@@ -246,6 +258,22 @@ def test_a_trajectory_changing_resume_is_refused_before_any_model_load(
     cache = config.parent / "cache-refusal"
     assert not cache.exists() or not any(cache.iterdir())  # no tokenizer, no model was loaded
     assert _snapshot(run.run_dir) == BEFORE_REFUSAL  # the run record is untouched
+
+
+def test_a_resume_trains_with_the_accepted_lr_and_schedule_length(runs: dict[str, RunResult]) -> None:
+    """DeepSpeed's loaded optimizer and scheduler state must not put the saved lr and schedule back."""
+    from zerofit.optim import lr_multiplier
+
+    run = runs["retuned"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "changed: optimizer.lr: 0.01 -> 0.005 (accepted by checkpoint.allow_changes)" in run.stdout
+    assert f"changed: train.max_steps: {STEPS} -> {RETUNED_STEPS} (accepted" in run.stdout
+    rows = run.metrics
+    assert [row["step"] for row in rows] == list(range(1, RETUNED_STEPS + 1))
+    assert [row["lr"] for row in rows[:STEPS]] == pytest.approx(runs["reference"].series("lr"), rel=1e-12)
+    factor = lr_multiplier("cosine", 2, RETUNED_STEPS, 0.0)
+    expected = [RETUNED_LR * factor(step) for step in range(STEPS, RETUNED_STEPS)]
+    assert [row["lr"] for row in rows[STEPS:]] == pytest.approx(expected, rel=1e-9)
 
 
 def test_wandb_continues_one_run_and_the_summary_covers_the_whole_run(runs: dict[str, RunResult]) -> None:

@@ -79,6 +79,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
     """(manifest, problems) of a checkpoint folder: problems is empty when every listed file is intact."""
+    if not (folder / MANIFEST).exists():
+        what = "is empty" if not any(folder.iterdir()) else f"has no {MANIFEST}"
+        return None, [f"the folder {what} (emptied, or its manifest deleted): it cannot be verified"]
     try:
         manifest = read_manifest(folder)
     except ValueError as exc:
@@ -100,11 +103,18 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def checkpoint_folders(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every folder under `root` that holds a manifest (complete checkpoints), oldest first."""
+def step_folders(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every `step-N` folder under `root`, complete or not, oldest first: what a resume
+    looks at, so that a newest folder without a manifest (emptied, its manifest deleted) is reported, not
+    silently passed over."""
     found = []
     for folder in root.glob("step-*") if root.is_dir() else []:
         match = _STEP_DIR.match(folder.name)
-        if match and (folder / MANIFEST).is_file():
+        if match and folder.is_dir():
             found.append((int(match.group(1)), folder))
     return sorted(found)
+
+
+def checkpoint_folders(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every folder under `root` that holds a manifest (complete checkpoints), oldest first."""
+    return [(step, folder) for step, folder in step_folders(root) if (folder / MANIFEST).is_file()]

@@ -10,11 +10,15 @@ the process group up and before any model is loaded, so every refusal costs seco
 - `true`: like `auto`, but a run directory without a checkpoint to resume is an error.
 
 A checkpoint is used only if its manifest verifies (every file present, of the right size and checksum);
-a damaged one is passed over for the next older one, and the resume says which and why. The config the
+a damaged one (a `step-N` folder without a manifest included) is passed over for the next older one, and
+the resume says which and why. Its pickles are checked before anything loads them (`zerofit.safe_load`), and
+a checkpoint at or past `train.max_steps` is refused (nothing is left to train). The config the
 checkpoint was saved with is compared with this launch's: a change that alters the training trajectory
 (see `NEUTRAL_KEYS` for the ones that cannot) is refused with the diff and the override that accepts it
-(`checkpoint.allow_changes`). The world size may change: every strategy loads a checkpoint saved on
-another number of ranks, and the batch plan keeps the global batch, so the data position is the same.
+(`checkpoint.allow_changes`); an accepted change is applied after the load (`Strategy.apply_config`), or
+refused here when the checkpoint's state fixes it (`FIXED_BY_CHECKPOINT`). The world size may change: every
+strategy loads a checkpoint saved on another number of ranks, and the batch plan keeps the global batch, so
+the data position is the same.
 
 Nothing is written here: the run record changes only after the checkpoint has loaded (`finish_resume`).
 """
@@ -27,13 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer, complete_checkpoints
-from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, verify
+from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
+from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, lock_run_dir, locked_by
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.errors import ConfigError, ResumeError, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
+from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
 from zerofit.version import __version__
 
@@ -66,6 +71,20 @@ NEUTRAL_KEYS = (
 # Keys a launch may leave at `auto` that the saved (resolved) config states: `auto` resolves the same way
 # again from the same data, so only a different explicit value is a change.
 AUTO_KEYS = ("data.format",)
+# Keys the loaded checkpoint fixes: its optimizer state is that optimizer's, its adapter has those shapes and
+# modules, its weights are of that model and were trained on those (quantized) base weights. Accepting a
+# change to one would load state that contradicts the config, so it is refused even when allowed. Every
+# other accepted change is applied: hyperparameters are written into the loaded optimizer and the schedule
+# is rebuilt for the new config (`Strategy.apply_config`), and the rest is read from the config as the run builds.
+FIXED_BY_CHECKPOINT = (
+    "optimizer.name",
+    "lora.enabled",
+    "lora.r",
+    "lora.target_modules",
+    "lora.use_dora",
+    "model",
+    "quantization",
+)
 DAMAGED_SUFFIX = ".damaged"
 METRICS_FILE = "metrics.jsonl"
 
@@ -117,16 +136,19 @@ def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[s
                 continue  # derived from train.epochs once the data loads; epochs and the data are compared
             line = f"{key}: {_show(saved.get(key, '(unset)'))} -> {_show(now.get(key, '(unset)'))}"
             if _matches(key, NEUTRAL_KEYS):
-                if not _matches(key, ("checkpoint.resume", "checkpoint.allow_changes")):  # expected to differ
+                if not _matches(
+                    key, ("checkpoint.resume", "checkpoint.allow_changes", "checkpoint.trust_pickles")
+                ):  # per launch
                     neutral.append(line)
             else:
                 changing[key] = line
-    data_then = manifest.get("data", {}).get("sha256")
-    if data_then and data_then != data_fingerprint(resolved.config.data.path)["sha256"]:
-        changing["data.path"] = (
-            f"data.path: the content of {resolved.config.data.path} changed since the checkpoint was saved "
-            f"(SHA-256 {data_then[:12]}... then)"
-        )
+    data_line = _data_change(manifest, saved.get("data.path"), resolved.config.data.path)
+    if data_line is not None:
+        neutral = [n for n in neutral if not n.startswith("data.path:")]  # said once, with the content
+        if data_line[0]:
+            changing["data.path"] = data_line[1]
+        else:
+            neutral.append(data_line[1])
     allowed = resolved.config.checkpoint.allow_changes
     refused = {key: line for key, line in changing.items() if not _matches(key, allowed)}
     accepted = [
@@ -135,6 +157,85 @@ def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[s
         if key not in refused
     ]
     return refused, accepted + neutral
+
+
+def _data_change(manifest: dict[str, Any], saved_path: Any, path: str) -> tuple[bool, str] | None:
+    """How the training data differs from the checkpoint's: (changes the trajectory?, line), or None.
+
+    A new path is reported as a path change, saying whether the content differs too; the same path with
+    new content as a content change. The content decides whether it alters the trajectory."""
+    then = manifest.get("data", {}).get("sha256")
+    now = data_fingerprint(path)["sha256"] if then else None
+    moved = saved_path is not None and saved_path != path
+    differs = bool(then) and then != now
+    if moved:
+        if not then:
+            content = "the saved source has no local content to compare"
+        elif now is None:
+            content = (
+                f"the content differs: the new source has no local content (SHA-256 {then[:12]}... then)"
+            )
+        elif differs:
+            content = f"the content differs (SHA-256 {then[:12]}... then, {now[:12]}... now)"
+        else:
+            content = f"the same content (SHA-256 {then[:12]}...)"
+        return differs, f"data.path: {_show(saved_path)} -> {path} ({content})"
+    if differs:
+        return True, (
+            f"data.path: the content of {path} changed since the checkpoint was saved (SHA-256 {then[:12]}... "
+            f"then, {now[:12] if now else 'none'}... now)"
+        )
+    return None
+
+
+def _fixed_by_checkpoint(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+    """Refuse accepted changes to keys the checkpoint's state fixes (`FIXED_BY_CHECKPOINT`)."""
+    saved, now = flatten(manifest.get("config", {})), flatten(resolved.config.model_dump(mode="json"))
+    lines = [
+        f"{key}: {_show(saved.get(key, '(unset)'))} -> {_show(now.get(key, '(unset)'))}"
+        for key in sorted(set(saved) | set(now))
+        if saved.get(key) != now.get(key)
+        and _matches(key, FIXED_BY_CHECKPOINT)
+        and not _matches(key, NEUTRAL_KEYS)
+    ]
+    if lines:
+        raise ResumeError(
+            f"checkpoint.resume: {folder} cannot take these changes, although checkpoint.allow_changes accepts "
+            "them:\n  "
+            + "\n  ".join(lines)
+            + "\nThe checkpoint's own state fixes them (its optimizer state is "
+            "that optimizer's, its adapter has those shapes and target modules, its weights belong to that "
+            "model and its quantized base), so loading it under the new values would train something else than "
+            "the config says. Resume with the saved values (drop these overrides), or start a new run "
+            "(checkpoint.resume=false, or another run_name)"
+        )
+
+
+def _check_step(folder: Path, step: int, max_steps: int) -> None:
+    """A checkpoint at or past train.max_steps has nothing left to train: say so instead of a silent 0-step run."""
+    if step < max_steps:
+        return
+    done = "all its" if step == max_steps else "more than its"
+    raise ResumeError(
+        f"checkpoint.resume: {folder} is at step {step} and train.max_steps is {max_steps}: the run has already "
+        f"trained {done} {max_steps} steps, so resuming it would train nothing. To train further, raise the "
+        f"step count and accept the change: train.max_steps=N (N > {step}) "
+        "checkpoint.allow_changes=[train.max_steps]; to train again from step 0, start a new run "
+        "(checkpoint.resume=false, or another run_name)"
+    )
+
+
+def _check_pickles(folder: Path, trusted: bool) -> None:
+    """Refuse a checkpoint whose pickles name code beyond the allow-list (`zerofit.safe_load`)."""
+    try:
+        refuse_unsafe(
+            check_checkpoint(folder),
+            trusted,
+            "checkpoint.trust_pickles=true",
+            f"checkpoint.resume: {folder}",
+        )
+    except UnsafeCheckpointError as exc:
+        raise ResumeError(str(exc)) from None
 
 
 def _refusal(folder: Path, refused: dict[str, str]) -> ResumeError:
@@ -173,7 +274,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
     """
     run_dir = resolved.run_dir
     damaged: list[tuple[Path, list[str]]] = []
-    for _step, folder in reversed(complete_checkpoints(run_dir)):
+    for _step, folder in reversed(step_folders(run_dir / CHECKPOINTS)):
         manifest, problems = verify(folder)
         if manifest is None or problems:
             damaged.append((folder, problems))
@@ -189,6 +290,9 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
         refused, notes = _changes(manifest, resolved)
         if refused:
             raise _refusal(folder, refused)
+        _fixed_by_checkpoint(folder, manifest, resolved)
+        _check_step(folder, int(manifest["step"]), resolved.config.train.max_steps)
+        _check_pickles(folder, resolved.config.checkpoint.trust_pickles)
         fallbacks = [
             f"{bad.name} is damaged ({'; '.join(why[:2])}{'; ...' if len(why) > 2 else ''}): resuming from "
             f"{folder.name}, the newest checkpoint that verifies"

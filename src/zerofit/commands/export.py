@@ -54,6 +54,12 @@ def register(subparsers: Any) -> None:
         choices=("auto", "bf16", "fp16", "fp32"),
         help="dtype of merged / full weights (default auto: the run's train.precision)",
     )
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
+        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -65,7 +71,14 @@ def run(args: argparse.Namespace) -> int:
     from zerofit.export import export_run
 
     step = resolve_step(Path(args.run_dir), args.step)
-    result = export_run(Path(args.run_dir), Path(args.out), merge=args.merge, step=step, dtype=args.dtype)
+    result = export_run(
+        Path(args.run_dir),
+        Path(args.out),
+        merge=args.merge,
+        step=step,
+        dtype=args.dtype,
+        trust_pickles=args.trust_pickles,
+    )
     what = {
         "adapter": "LoRA adapter (peft)",
         "merged": f"model with the adapter merged in, {result.dtype}",

@@ -48,6 +48,12 @@ def register(subparsers: Any) -> None:
         metavar="N|best",
         help="a run directory's checkpoint step-N, or `best` (the lowest eval/loss)",
     )
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
+        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from zerofit.generate import load_generator
 
     step = resolve_step(Path(args.path), args.step) if args.step is not None else None
-    generator = load_generator(Path(args.path), step=step)
+    generator = load_generator(Path(args.path), step=step, trust_pickles=args.trust_pickles)
     text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()

@@ -188,6 +188,11 @@ class CheckpointSection(_Section):
         default_factory=list,
         description="Config keys (or sections) a resume may change although they alter the trajectory.",
     )
+    trust_pickles: bool = Field(
+        False,
+        description="Let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
+        "zerofit's allow-list on resume (only for a checkpoint whose source you trust).",
+    )
     save_final: bool = True
 
 

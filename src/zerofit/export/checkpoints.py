@@ -22,19 +22,26 @@ in one process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
+import os
+import shutil
+import tempfile
+import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from zerofit.checkpoint import complete_checkpoints
-from zerofit.errors import ConfigError
+from zerofit.checkpoint import MANIFEST, complete_checkpoints
+from zerofit.errors import ConfigError, ZerofitError
+from zerofit.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
 
-__all__ = ["WeightsSource", "find_weights", "read_checkpoint"]
+__all__ = ["CheckpointVanishedError", "WeightsSource", "find_weights", "read_checkpoint", "snapshot"]
 
 ADAPTER_DIR, MODEL_DIR = "adapter", "model"  # the final export (zerofit.checkpoint.export_final)
 DEEPSPEED_TAG = "engine"  # deepspeed: engine.save_checkpoint(step_dir, tag="engine")
@@ -43,6 +50,11 @@ STATE_FILE, STATE_MODEL_KEY = (
     "state.pt",
     "model",
 )  # single / ddp: torch.save({"model": ...}, step_dir / "state.pt")
+TRUST_FLAG = "--trust-pickles"  # `zerofit export` / `zerofit generate`: let DeepSpeed / DCP unpickle
+
+
+class CheckpointVanishedError(ZerofitError):
+    """The checkpoint was deleted (pruned by a running training) before it could be read."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,7 @@ class WeightsSource:
     kind: Literal["adapter", "model", "checkpoint"]
     path: Path
     step: int | None  # optimizer steps the weights have seen (None: a final export of a run without summary)
+    trust_pickles: bool = False  # the user trusts this run's checkpoint pickles (`--trust-pickles`)
 
     def describe(self) -> str:
         """One phrase for messages and the model card."""
@@ -83,13 +96,18 @@ def _final_export_step(run_dir: Path) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def find_weights(run_dir: Path, step: int | None = None) -> WeightsSource:
+def find_weights(run_dir: Path, step: int | None = None, trust_pickles: bool = False) -> WeightsSource:
     """The weights to export from `run_dir`: checkpoint `step` if given, else the newest of the final export
     and the complete checkpoints (the final export on a tie: it is what the run itself wrote at its end).
+    `trust_pickles` travels with the source to `read_checkpoint`.
 
     Raises `ConfigError` naming what the folder holds when there is nothing (or not that step) to read.
     """
-    run_dir = Path(run_dir)
+    source = _find_weights(Path(run_dir), step)
+    return dataclasses.replace(source, trust_pickles=trust_pickles)
+
+
+def _find_weights(run_dir: Path, step: int | None) -> WeightsSource:
     checkpoints = complete_checkpoints(run_dir)
     if step is not None:
         for found_step, folder in checkpoints:
@@ -122,23 +140,120 @@ def find_weights(run_dir: Path, step: int | None = None) -> WeightsSource:
     )
 
 
-def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
-    """The trainable tensors saved in checkpoint `folder` (any engine's layout), on the CPU, detached."""
-    folder = Path(folder)
-    if (folder / STATE_FILE).is_file():
-        state = _read_state_file(folder / STATE_FILE)
-    elif (folder / DCP_DIR).is_dir():
-        state = _read_dcp(folder / DCP_DIR)
-    elif (folder / DEEPSPEED_TAG).is_dir():
-        state = _read_deepspeed(folder)
-    else:
+def read_checkpoint(folder: Path, trust_pickles: bool = False) -> dict[str, torch.Tensor]:
+    """The trainable tensors saved in checkpoint `folder` (any engine's layout), on the CPU, detached.
+
+    The folder is read through a snapshot (`snapshot`), so a running training that prunes it meanwhile
+    cannot delete it under the reader; every pickle in the snapshot is checked first (`zerofit.safe_load`),
+    and one naming code beyond the allow-list is refused unless `trust_pickles`.
+    """
+    with snapshot(Path(folder)) as copy:
+        findings = [  # named by the folder the user gave, not the snapshot
+            dataclasses.replace(f, file=Path(folder) / f.file.relative_to(copy))
+            for f in check_checkpoint(copy, DEEPSPEED_TAG, DCP_DIR)
+        ]
+        refuse_unsafe(
+            findings,
+            trust_pickles,
+            TRUST_FLAG,
+            f"reading checkpoint {folder}",
+        )
+        state = _read_layout(copy, Path(folder))
+    return {name: tensor.detach().cpu() for name, tensor in state.items()}
+
+
+def _vanished(folder: Path) -> CheckpointVanishedError:
+    newest = complete_checkpoints(folder.parent.parent)
+    now = f"; its newest checkpoint is now {newest[-1][1].name}" if newest else ""
+    return CheckpointVanishedError(
+        f"checkpoint {folder} was deleted before it could be read: a training still running in "
+        f"{folder.parent.parent} pruned it (checkpoint.keep_last keeps only the newest ones){now}. The checkpoint "
+        "itself was fine; retry (without --step zerofit picks the newest weights), or raise checkpoint.keep_last "
+        "in the running training's config to keep more checkpoints around"
+    )
+
+
+@contextlib.contextmanager
+def snapshot(folder: Path) -> Iterator[Path]:
+    """A private copy of checkpoint `folder` for as long as the block runs: every file its manifest lists,
+    hard-linked (no data copied) into a hidden temporary folder beside it, so that pruning (which deletes
+    the folder) cannot take the files away mid-read. Where hard links are impossible the files are copied;
+    where the folder cannot be written beside, it is read in place. Raises `CheckpointVanishedError` if
+    the folder or one of its files is gone before the snapshot holds it."""
+    try:
+        names = [MANIFEST, *json.loads((folder / MANIFEST).read_text()).get("files", {})]
+    except FileNotFoundError:
+        if not folder.exists():
+            raise _vanished(folder) from None
+        names = None
+    except (OSError, ValueError, AttributeError):
+        names = None  # not a zerofit manifest: read the folder as it is (the layout check reports it)
+    if names is None:
+        yield folder
+        return
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.read-", dir=folder.parent))
+    except OSError:  # a read-only run folder: nothing can prune it from this process's side
+        yield folder
+        return
+    try:
+        for name in names:
+            _link(folder, scratch, name)
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _link(folder: Path, scratch: Path, name: str) -> None:
+    """Hard-link (else copy) `folder/name` to `scratch/name`; a name leaving the folder is refused."""
+    if Path(name).is_absolute() or ".." in Path(name).parts:
         raise ConfigError(
             [
-                f"{folder} is not a checkpoint zerofit can read: it has none of {STATE_FILE} (single / DDP), "
-                f"{DCP_DIR}/ (FSDP2) or {DEEPSPEED_TAG}/ (DeepSpeed)"
+                f"{folder / MANIFEST} lists {name!r}, a file outside the checkpoint folder: it is not a checkpoint "
+                "zerofit wrote; use another checkpoint"
             ]
         )
-    return {name: tensor.detach().cpu() for name, tensor in state.items()}
+    target = scratch / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            os.link(folder / name, target)
+        except FileNotFoundError:
+            raise  # gone: not a filesystem without hard links (handled below)
+        except OSError:  # no hard links on this filesystem
+            shutil.copy2(folder / name, target)
+    except FileNotFoundError:
+        raise _missing(folder, name) from None
+
+
+def _missing(folder: Path, name: str) -> ZerofitError:
+    """A listed file is gone: pruning in progress (the folder disappears within moments) or damage."""
+    for _ in range(20):  # a prune is one rmtree: the folder is gone a moment after its first file
+        if not folder.exists():
+            return _vanished(folder)
+        time.sleep(0.1)
+    return ConfigError(
+        [
+            f"checkpoint {folder} lacks {name}, which its {MANIFEST} lists: the checkpoint is damaged; pick "
+            "another one with --step"
+        ]
+    )
+
+
+def _read_layout(folder: Path, named: Path) -> dict[str, torch.Tensor]:
+    """The trainable tensors of checkpoint `folder` (a snapshot of `named`, which messages name)."""
+    if (folder / STATE_FILE).is_file():
+        return _read_state_file(folder / STATE_FILE)
+    if (folder / DCP_DIR).is_dir():
+        return _read_dcp(folder / DCP_DIR)
+    if (folder / DEEPSPEED_TAG).is_dir():
+        return _read_deepspeed(folder)
+    raise ConfigError(
+        [
+            f"{named} is not a checkpoint zerofit can read: it has none of {STATE_FILE} (single / DDP), "
+            f"{DCP_DIR}/ (FSDP2) or {DEEPSPEED_TAG}/ (DeepSpeed)"
+        ]
+    )
 
 
 def _read_state_file(path: Path) -> dict[str, torch.Tensor]:
@@ -167,8 +282,8 @@ def _read_deepspeed(folder: Path) -> dict[str, torch.Tensor]:
     the model-states file (there are no partitions to merge)."""
     engine_dir = folder / DEEPSPEED_TAG
     if not any(engine_dir.glob("*_optim_states.pt")):
-        # DeepSpeed's own file (it pickles its config objects too), read as DeepSpeed itself reads it.
-        states = torch.load(engine_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        # DeepSpeed's own file: weights only, its allow-listed classes included (zerofit.safe_load).
+        states = load_deepspeed_file(engine_dir / "mp_rank_00_model_states.pt")
         return dict(states["module"])
     # DeepSpeed announces its accelerator on import, zero_to_fp32 narrates every tensor on stdout and draws
     # a progress bar on stderr: none of it is for the user of `zerofit export`.

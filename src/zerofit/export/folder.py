@@ -94,7 +94,7 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
         build_meta_model(resolve_model_path(run.config)),
         lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora),
     )
-    state = read_checkpoint(source.path)
+    state = read_checkpoint(source.path, source.trust_pickles)
     result = model.load_state_dict(state, strict=False, assign=True)
     meta = [n for n, p in model.named_parameters() if p.requires_grad and p.is_meta]
     if result.unexpected_keys or meta:
@@ -129,13 +129,20 @@ def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: b
 
 
 def export_run(
-    run_dir: Path, out: Path, *, merge: bool = False, step: int | None = None, dtype: str = "auto"
+    run_dir: Path,
+    out: Path,
+    *,
+    merge: bool = False,
+    step: int | None = None,
+    dtype: str = "auto",
+    trust_pickles: bool = False,
 ) -> ExportResult:
-    """Export the trained weights of `run_dir` into `out` (see the module docstring); returns what was written."""
+    """Export the trained weights of `run_dir` into `out` (see the module docstring); returns what was written.
+    `trust_pickles`: let DeepSpeed / DCP unpickle a checkpoint naming globals beyond zerofit's allow-list."""
     run = read_run_config(Path(run_dir))
     out = Path(out)
     _check_out(out, run.run_dir)
-    source = find_weights(run.run_dir, step)
+    source = find_weights(run.run_dir, step, trust_pickles)
     out_dtype = output_dtype(run, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

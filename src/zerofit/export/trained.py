@@ -21,7 +21,7 @@ import yaml
 from zerofit.config.loader import validate_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
-from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
+from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, lora_config
 from zerofit.model import load_dtype, load_tokenizer, quantization_config, resolve_model_path
@@ -168,7 +168,7 @@ def _apply_adapters(
     model = apply_lora(
         base, lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
     )
-    _load_trainable(model, read_checkpoint(source.path), run, source)
+    _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
     return model.to(dtype)
 
 
@@ -219,7 +219,7 @@ def build_trained(
         )
     else:
         model = load_base(cfg, torch.float32, device)
-        _load_trainable(model, read_checkpoint(source.path), run, source)
+        _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
         model = model.to(dtype)
     model.eval()
     return TrainedModel(model=model, tokenizer=tokenizer_for(run, source), run=run, source=source)
@@ -231,7 +231,17 @@ def load_trained(
     step: int | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    trust_pickles: bool = False,
 ) -> TrainedModel:
-    """The trained model of `run_dir`, with the weights `find_weights(run_dir, step)` picks."""
+    """The trained model of `run_dir`, with the weights `find_weights(run_dir, step)` picks (`trust_pickles`:
+    let DeepSpeed / DCP unpickle a checkpoint that names globals beyond zerofit's allow-list)."""
     run = read_run_config(run_dir)
-    return build_trained(run, find_weights(run.run_dir, step), dtype=dtype, device=device)
+    source = find_weights(run.run_dir, step, trust_pickles)
+    try:
+        return build_trained(run, source, dtype=dtype, device=device)
+    except CheckpointVanishedError:
+        if step is not None:
+            raise  # that checkpoint is gone: the message says so
+        # The newest checkpoint was pruned between picking and reading it: a running training saved a newer
+        # one, which is now the newest weights.
+        return build_trained(run, find_weights(run.run_dir, None, trust_pickles), dtype=dtype, device=device)

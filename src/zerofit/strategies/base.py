@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerofit.config.schema import ZerofitConfig
 from zerofit.engine.spec import EngineSpec
 from zerofit.errors import LaunchError
 from zerofit.precision import torch_dtype
@@ -160,6 +161,18 @@ class Strategy(ABC):
     def load(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
         """Restore engine state from `directory`, saved on `saved_world_size` ranks (which may differ from
         this launch's: elastic resume); returns the saved `client_state` (collective)."""
+
+    def apply_config(self, cfg: ZerofitConfig, lr: float, max_steps: int) -> None:
+        """After `load`: write `cfg`'s optimizer hyperparameters (peak `lr`, betas, eps, weight decay) into
+        the loaded optimizer and continue on `cfg`'s schedule (over `max_steps`) at the loaded step, so that
+        changes a resume accepted are trained with (`zerofit.optim.resume_schedule`). This default serves
+        engines whose client schedule is `self.scheduler` (single, DDP, FSDP2)."""
+        from zerofit.optim import resume_schedule
+
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is None:
+            raise RuntimeError(f"strategy {self.name}: prepare() first")
+        self.scheduler = resume_schedule(scheduler, self.unwrap(), cfg, lr, max_steps)
 
     @property
     def checkpoint_format(self) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from zerofit.config.schema import ZerofitConfig
 from zerofit.engine.spec import DeepSpeedSpec
 from zerofit.errors import LaunchError, ResumeError
 from zerofit.strategies.base import (
@@ -240,6 +241,18 @@ class DeepSpeedStrategy(Strategy):
 
     def unwrap(self) -> torch.nn.Module:
         return self.engine.module
+
+    def apply_config(self, cfg: ZerofitConfig, lr: float, max_steps: int) -> None:
+        # A DeepSpeed schedule from the user's file keeps its own curve (zerofit's scheduler.* do not run);
+        # an optimizer DeepSpeed built from the user's file keeps that file's hyperparameters.
+        if self.spec.engine_scheduler is not None:
+            return
+        from zerofit.optim import resume_schedule
+
+        from_user_file = self.spec.builds_optimizer and self.spec.user_file is not None
+        self.engine.lr_scheduler = resume_schedule(
+            self.engine.lr_scheduler, self.engine.module, cfg, None if from_user_file else lr, max_steps
+        )
 
     def close(self) -> None:
         self.engine = None
