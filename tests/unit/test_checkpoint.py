@@ -330,3 +330,24 @@ def test_resume_point_is_a_plain_record() -> None:
 
     point = ResumePoint(Path("x"), 3, 2, 1.5, ("note",), (Path("y"),))
     assert pickle.loads(pickle.dumps(point)) == point and dataclasses.is_dataclass(point)
+
+
+def test_a_checkpoint_from_before_a_key_existed_resumes_as_that_keys_default(tmp_path: Path) -> None:
+    # A zerofit from before `train.early_stopping` / `train.epochs` saved configs without them; they read as
+    # their defaults (which reproduce the old behaviour), not as `(unset) -> 0` trajectory changes.
+    run_dir = tmp_path / "r"
+    _saved_run(run_dir, (2,))
+    manifest_path = run_dir / "checkpoints" / "step-2" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["config"]["train"]["early_stopping"], manifest["config"]["train"]["epochs"]
+    manifest_path.write_text(json.dumps(manifest))
+    point = find_resume_point(_resolved(run_dir), "torch-state")
+    assert point is not None and point.step == 2
+    # ...but a launch that sets such a key to something else than its default is a change.
+    with pytest.raises(ResumeError, match=r"train.early_stopping.patience: 0 -> 3"):
+        find_resume_point(
+            _resolved(
+                run_dir, "train.early_stopping.patience=3", "data.eval_split=0.1", "eval.every_steps=1"
+            ),
+            "torch-state",
+        )

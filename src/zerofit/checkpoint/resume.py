@@ -35,6 +35,7 @@ from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, lock_run_dir, locked_by
 from zerofit.config.resolve import ResolvedConfig
+from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError, ResumeError, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
@@ -121,13 +122,22 @@ def checkpoint_record(resolved: ResolvedConfig, checkpoint_format: str) -> dict[
     }
 
 
+def _saved_config(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's config, flattened; a key it lacks (saved by a zerofit from before the key existed)
+    reads as the key's default, which is what that version trained with (a new key's default keeps the old
+    behaviour), so an older checkpoint resumes without a spurious `(unset) -> default` change."""
+    saved = flatten(manifest.get("config", {}))
+    defaults = flatten(ZerofitConfig().model_dump(mode="json"))
+    return {**{key: value for key, value in defaults.items() if key not in saved}, **saved}
+
+
 def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[str, str], list[str]]:
     """Differences between the checkpoint's config and this launch's: ({key: line} refused, notes).
 
     Refused: trajectory-changing keys not named in `checkpoint.allow_changes`. Notes: the accepted ones
     and the neutral ones, for the resume message.
     """
-    saved, now = flatten(manifest.get("config", {})), flatten(resolved.config.model_dump(mode="json"))
+    saved, now = _saved_config(manifest), flatten(resolved.config.model_dump(mode="json"))
     changing: dict[str, str] = {}
     neutral: list[str] = []
     for key in sorted(set(saved) | set(now)):
@@ -211,6 +221,17 @@ def _fixed_by_checkpoint(folder: Path, manifest: dict[str, Any], resolved: Resol
         )
 
 
+def _planned_steps(manifest: dict[str, Any], resolved: ResolvedConfig) -> int | None:
+    """The run's step count: train.max_steps, or for a train.epochs run (whose count the data settles later)
+    the count the checkpoint's run derived from the same epochs (the data content is compared elsewhere)."""
+    train = resolved.config.train
+    if train.max_steps is not None:
+        return train.max_steps
+    saved = manifest.get("config", {}).get("train", {})
+    same_epochs = saved.get("epochs") == train.epochs
+    return int(saved["max_steps"]) if same_epochs and saved.get("max_steps") is not None else None
+
+
 def _check_step(folder: Path, step: int, max_steps: int) -> None:
     """A checkpoint at or past train.max_steps has nothing left to train: say so instead of a silent 0-step run."""
     if step < max_steps:
@@ -291,7 +312,9 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
         if refused:
             raise _refusal(folder, refused)
         _fixed_by_checkpoint(folder, manifest, resolved)
-        _check_step(folder, int(manifest["step"]), resolved.config.train.max_steps)
+        max_steps = _planned_steps(manifest, resolved)
+        if max_steps is not None:
+            _check_step(folder, int(manifest["step"]), max_steps)
         _check_pickles(folder, resolved.config.checkpoint.trust_pickles)
         fallbacks = [
             f"{bad.name} is damaged ({'; '.join(why[:2])}{'; ...' if len(why) > 2 else ''}): resuming from "
