@@ -36,3 +36,8 @@ class LaunchError(ZerofitError):
 class ResumeError(ZerofitError):
     """The run cannot resume as asked: nothing to resume, no checkpoint that verifies, or a changed config
     that would alter the training trajectory."""
+
+
+class CheckpointWriteError(ZerofitError):
+    """A checkpoint could not be written (a full disk, a quota, a read-only filesystem): every rank reports
+    the same paragraph, naming the folder, its free space, the checkpoint kept and the fix."""
