@@ -23,7 +23,9 @@ def small_filesystem(where: Path, size_kib: int) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("a real full filesystem needs a tmpfs mount, which needs root")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(where)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")

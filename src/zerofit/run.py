@@ -24,7 +24,7 @@ from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, ZerofitError
 from zerofit.messages import error, quiet_libraries, say
 from zerofit.planner import choose_micro_batch
-from zerofit.signals import StopSignal, die_with_parent
+from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
@@ -278,10 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     env = launch_env()
     # SIGTERM/SIGINT stop the run cleanly from here on (no KeyboardInterrupt traceback); a launched worker
-    # also exits when its launcher dies.
+    # also exits when its launcher dies (the deepspeed runner included, not only its launch.py).
     stop = StopSignal(env.rank).install()
     if env.launched:
         die_with_parent()
+        die_with_launcher(rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner too
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
         return train_run(resolved, args.config, stop).exit_code

@@ -7,13 +7,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from full_disk import small_filesystem
-from launch_helpers import Launch, run_one, write_config
+from launch_helpers import REPO, Launch, run_one, write_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -53,3 +58,37 @@ def test_a_full_disk_mid_checkpoint_is_one_paragraph_on_every_rank(config: Path)
     assert "Kept: no checkpoint" in out and "the partial step-2.tmp was removed" in out
     assert "Traceback" not in out and "Logging error" not in out, out[-3000:]
     assert leftovers == []
+
+
+def test_killing_the_deepspeed_runner_alone_ends_launch_py_and_every_rank(config: Path, tmp_path: Path) -> None:
+    """Only the runner's pid is killed (not its process group): launch.py and the ranks are its descendants,
+    not its children, so without a watch they train on (and would race a resume with their checkpoints)."""
+    import psutil
+
+    steps = 100_000  # far more than the wait below could train: on main the ranks are still training
+    out = tmp_path / "runs"
+    overrides = (f"train.max_steps={steps}", "checkpoint.every_steps=0")
+    cmd = Launch("orphan", "deepspeed", overrides).command(config, out)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    with (tmp_path / "log").open("w") as log:
+        runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        metrics = out / "orphan" / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.is_file() and metrics.read_text().strip()):
+            assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[-3000:]
+            time.sleep(0.05)
+        descendants = psutil.Process(runner.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in descendants]
+        assert sum("deepspeed.launcher.launch" in c for c in commands) == 1, commands
+        assert sum("--local_rank=" in c for c in commands) == 2, commands
+        os.kill(runner.pid, signal.SIGKILL)  # the runner only, as `kill -9 PID` does
+        runner.wait()
+        _, alive = psutil.wait_procs(descendants, timeout=60)  # a bound on the wait, not a speed requirement
+        left = [" ".join(p.cmdline()) for p in alive if p.is_running()]
+        assert not left, f"still running after the deepspeed runner was killed: {left}"
+        assert len(metrics.read_text().splitlines()) < steps
+        assert "the deepspeed launcher" in (tmp_path / "log").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)  # whatever a failed check left of the launch

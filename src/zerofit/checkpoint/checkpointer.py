@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
+from zerofit.checkpoint.failed_save import attempt, first_failure, remove_partial, save_failed
 from zerofit.checkpoint.manifest import (
     checkpoint_folders,
     describe_files,
     listed_files,
     write_manifest,
 )
-from zerofit.checkpoint.failed_save import attempt, first_failure, remove_partial, save_failed
 from zerofit.checkpoint.rundir import CHECKPOINTS
 from zerofit.config.schema import CheckpointSection
 from zerofit.strategies.base import Strategy

@@ -24,7 +24,7 @@ def attempt(write: Callable[[], None]) -> str | None:
     """
     try:
         write()
-    except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException; others re-raise
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException; the rest re-raise
         described = write_failure(exc) if isinstance(exc, Exception) or _is_dcp(exc) else None
         if described is None:
             raise
@@ -40,7 +40,11 @@ def first_failure(failures: list[str | None]) -> str | None:
     """The first rank's failure as `rank R: ...` (the rank named when there are several), or None."""
     for rank, failure in enumerate(failures):
         if failure is not None:
-            return f"rank {rank}: {failure}" if len(failures) > 1 and not failure.startswith("rank ") else failure
+            return (
+                f"rank {rank}: {failure}"
+                if len(failures) > 1 and not failure.startswith("rank ")
+                else failure
+            )
     return None
 
 
@@ -52,10 +56,15 @@ def save_failed(root: Path, step: int, failure: str, run_name: str) -> Checkpoin
         kept_step, kept_folder = kept[-1]
         size = sum(p.stat().st_size for p in kept_folder.rglob("*") if p.is_file())
         needs = f", and a checkpoint of this run takes about {_size(size)}"
-        kept_text = f"Kept: step-{kept_step} ({kept_folder}), the newest complete checkpoint, where a resume starts"
+        kept_text = (
+            f"Kept: step-{kept_step} ({kept_folder}), the newest complete checkpoint, where a resume starts"
+        )
         again = f"resume with the same command plus checkpoint.resume=true run_name={run_name}"
     else:
-        needs, kept_text = "", "Kept: no checkpoint (this was the run's first save), so nothing can be resumed"
+        needs, kept_text = (
+            "",
+            "Kept: no checkpoint (this was the run's first save), so nothing can be resumed",
+        )
         again = "run the same command again"
     return CheckpointWriteError(
         f"checkpoint step-{step} could not be written in {root} ({failure}); that filesystem has {free}{needs}. "
