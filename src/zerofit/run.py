@@ -150,11 +150,16 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
 
 
 def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
-    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 0 dropped)`."""
+    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 3 dropped: 3 for an
+    empty response)`."""
     how = [stats.format + (", detected" if stats.detected else "")]
     if stats.from_cache:
         how.append("from the tokenization cache")
     notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens, {stats.n_dropped} dropped"
+    if stats.n_empty and stats.empty_responses == "drop":
+        notes += f": {stats.n_empty} for an empty response"
+    elif stats.n_empty:
+        notes += f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
     if stats.n_split:
         notes += f", {stats.n_split} long texts split"
     return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"

@@ -131,6 +131,11 @@ class DataSection(_Section):
         description="Jinja chat template (text or a file) for `messages` data, overriding the tokenizer's.",
     )
     max_seq_len: int = 512
+    empty_responses: Literal["drop", "keep", "error"] = Field(
+        "drop",
+        description="Records whose response (or an assistant turn) is empty: drop and count them (refused when "
+        "more than half are), keep them (they learn eos only), or refuse the first.",
+    )
     shuffle: bool = True
     cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")
     eval_path: str | None = Field(None, description="Evaluation data, any source `path` accepts.")
