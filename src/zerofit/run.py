@@ -159,7 +159,9 @@ def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
     if stats.n_empty and stats.empty_responses == "drop":
         notes += f": {stats.n_empty} for an empty response"
     elif stats.n_empty:
-        notes += f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
+        notes += (
+            f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
+        )
     if stats.n_split:
         notes += f", {stats.n_split} long texts split"
     return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"

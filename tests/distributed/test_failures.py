@@ -60,7 +60,9 @@ def test_a_full_disk_mid_checkpoint_is_one_paragraph_on_every_rank(config: Path)
     assert leftovers == []
 
 
-def test_killing_the_deepspeed_runner_alone_ends_launch_py_and_every_rank(config: Path, tmp_path: Path) -> None:
+def test_killing_the_deepspeed_runner_alone_ends_launch_py_and_every_rank(
+    config: Path, tmp_path: Path
+) -> None:
     """Only the runner's pid is killed (not its process group): launch.py and the ranks are its descendants,
     not its children, so without a watch they train on (and would race a resume with their checkpoints)."""
     import psutil
@@ -69,14 +71,16 @@ def test_killing_the_deepspeed_runner_alone_ends_launch_py_and_every_rank(config
     out = tmp_path / "runs"
     overrides = (f"train.max_steps={steps}", "checkpoint.every_steps=0")
     cmd = Launch("orphan", "deepspeed", overrides).command(config, out)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    own = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")  # the launch brings its own rendezvous
+    env = {k: v for k, v in os.environ.items() if k not in own}
     with (tmp_path / "log").open("w") as log:
         runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
     try:
         metrics = out / "orphan" / "metrics.jsonl"
         deadline = time.monotonic() + 300
         while not (metrics.is_file() and metrics.read_text().strip()):
-            assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "log").read_text()[-3000:]
+            log_tail = (tmp_path / "log").read_text()[-3000:]
+            assert runner.poll() is None and time.monotonic() < deadline, log_tail
             time.sleep(0.05)
         descendants = psutil.Process(runner.pid).children(recursive=True)
         commands = [" ".join(p.cmdline()) for p in descendants]

@@ -334,7 +334,9 @@ def load_examples(
     if empty_responses not in EMPTY_RESPONSE_RULES:
         raise ValueError(f"empty_responses must be one of {EMPTY_RESPONSE_RULES}, not {empty_responses!r}")
     with _gc_paused():
-        return _load(path, tokenizer, max_seq_len, format, split, subset, cache, progress, key, empty_responses)
+        return _load(
+            path, tokenizer, max_seq_len, format, split, subset, cache, progress, key, empty_responses
+        )
 
 
 @contextmanager
