@@ -372,3 +372,12 @@ def test_every_shipped_config_resolves_and_renders(path: Path) -> None:
     engine = render_spec(resolved).to_json()
     assert "auto" not in _walk(engine)
     assert "auto" not in _decided(resolved.config)
+
+
+@pytest.mark.parametrize("betas", ["[0.9]", "[0.9,1.5]", "[0.9,0.99,0.1]", "0.9"])
+def test_betas_must_be_two_rates_and_the_message_says_so(betas: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"optimizer.betas={betas}"])
+    (problem,) = err.value.problems
+    assert problem.startswith("optimizer.betas = ") and "Field required" not in problem
+    assert "two numbers in [0, 1)" in problem and "optimizer.betas=[0.9,0.999]" in problem
