@@ -22,7 +22,7 @@ import yaml
 
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, ZerofitError
-from zerofit.messages import error, quiet_libraries, say
+from zerofit.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.planner import choose_micro_batch
 from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
@@ -283,6 +283,7 @@ def train_run(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `launchers/launch_finetune.py`; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    line_buffered_output()  # step lines reach a log file (nohup, SLURM, `> log`) as they are printed
     env = launch_env()
     # SIGTERM/SIGINT stop the run cleanly from here on (no KeyboardInterrupt traceback); a launched worker
     # also exits when its launcher dies (the deepspeed runner included, not only its launch.py).
