@@ -101,10 +101,8 @@ class Checkpointer:
         rank, world = self.strategy.rank, self.strategy.world_size
         final = self.root / f"step-{steps_done}"
         tmp = self.root / f"step-{steps_done}.tmp"
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
-            tmp.mkdir(parents=True)
-        self.strategy.barrier()
+        failure = attempt(lambda: self._prepare(tmp)) if rank == 0 else None
+        self._raise_if_failed([self.strategy.broadcast_object(failure)], tmp, steps_done)
         failure = attempt(lambda: self._write_files(tmp, steps_done))
         # Exchanging the outcome is also the barrier: every rank's files are on disk (or failed) after it.
         self._raise_if_failed(self.strategy.all_gather_object(failure), tmp, steps_done)
@@ -124,6 +122,12 @@ class Checkpointer:
         self._raise_if_failed([self.strategy.broadcast_object(failure)], tmp, steps_done)
         self.last_saved = steps_done
         return final
+
+    @staticmethod
+    def _prepare(tmp: Path) -> None:
+        """Rank 0: an empty `step-N.tmp` (a directory needs a block on some filesystems: it can fail too)."""
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
+        tmp.mkdir(parents=True)
 
     def _write_files(self, tmp: Path, steps_done: int) -> None:
         """This rank's files of the checkpoint: the engine's state and the rank's RNG streams."""

@@ -19,6 +19,7 @@ import numbers
 import re
 import secrets
 import string
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -170,10 +171,11 @@ class WandbSink:
             self._notice(f"zerofit: W&B {mode} init failed: {type(exc).__name__}: {_first_line(exc)}")
             return None
 
-    def _on_log_write_error(self) -> None:
+    def _on_log_write_error(self, exc: BaseException | None) -> None:
         if not self._log_write_failed:  # one line, not one per record
             self._log_write_failed = True
-            self._notice(f"zerofit: W&B could not write its log file in {self.dir / 'wandb'} (disk full?)")
+            why = f": {type(exc).__name__}: {_first_line(exc)}" if exc is not None else ""
+            self._notice(f"zerofit: W&B could not write its log file in {self.dir / 'wandb'}{why}")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.run is None:
@@ -226,12 +228,13 @@ class WandbSink:
             self._notice(f"zerofit: W&B finish failed: {type(exc).__name__}: {_first_line(exc)}")
 
 
-def _quiet_log_write_errors(report: Callable[[], None]) -> None:
-    """A failed write of wandb's own log file (`wandb/debug.log`, on a full disk) calls `report` instead of
-    printing Python logging's `--- Logging error ---` traceback for every record wandb logs after it."""
+def _quiet_log_write_errors(report: Callable[[BaseException | None], None]) -> None:
+    """A failed write of wandb's own log file (`wandb/debug.log`, on a full disk) calls `report` with the
+    error instead of printing Python logging's `--- Logging error ---` traceback for every record after it."""
     for handler in logging.getLogger("wandb").handlers:
         if isinstance(handler, logging.FileHandler):
-            handler.handleError = lambda record: report()  # type: ignore[method-assign]
+            # logging calls handleError inside its `except`: the error is the one being handled.
+            handler.handleError = lambda record: report(sys.exc_info()[1])  # type: ignore[method-assign]
 
 
 def _first_line(exc: BaseException) -> str:
