@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopSignal(env.rank).install()
     if env.launched:
         die_with_parent()
-        die_with_launcher(rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner too
+        die_with_launcher(stop, rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
         return train_run(resolved, args.config, stop).exit_code
