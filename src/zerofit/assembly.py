@@ -213,6 +213,7 @@ def _load_data(
             cache=d.cache,
             progress=show,
             key=key,
+            empty_responses=d.empty_responses,
         )
 
     train = _rank0_first(strategy, reader(d.path, d.split, "data.path"))

@@ -13,11 +13,13 @@ import sys
 from collections.abc import Sequence
 
 from zerofit.commands import compare, export, generate, plan, presets
-from zerofit.errors import ZerofitError
+from zerofit.errors import ConfigError, ZerofitError
 from zerofit.messages import error
 
 # Subcommands, in help order.
 COMMANDS = (plan, presets, compare, export, generate)
+# The commands whose input is a run config (file and overrides): their ConfigErrors say "Invalid configuration".
+CONFIG_COMMANDS = ("plan", "presets", "compare")
 
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # dotted.key=value
 
@@ -55,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ZerofitError as exc:
-        error(f"zerofit {args.command}", exc)
+        # `export` and `generate` read flags and a run folder: their problems are theirs, not a config's.
+        own = isinstance(exc, ConfigError) and args.command not in CONFIG_COMMANDS
+        error(
+            f"zerofit {args.command}", exc.without_heading() if isinstance(exc, ConfigError) and own else exc
+        )
         return 2
     except BrokenPipeError:
         # `zerofit presets --json | head`: the reader left; that is not an error of ours.

@@ -24,6 +24,14 @@ class ConfigError(ZerofitError):
             )
         super().__init__(msg)
 
+    def without_heading(self) -> str:
+        """The problems alone, for a command whose input is not a config file (`zerofit export` /
+        `generate`: its flags and a run folder), where "Invalid configuration" would point the user at
+        a config they never wrote."""
+        if len(self.problems) == 1:
+            return self.problems[0]
+        return f"{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+
 
 class DataError(ZerofitError):
     """The training data cannot be used; the message names the file and line."""
@@ -36,3 +44,8 @@ class LaunchError(ZerofitError):
 class ResumeError(ZerofitError):
     """The run cannot resume as asked: nothing to resume, no checkpoint that verifies, or a changed config
     that would alter the training trajectory."""
+
+
+class CheckpointWriteError(ZerofitError):
+    """A checkpoint could not be written (a full disk, a quota, a read-only filesystem): every rank reports
+    the same paragraph, naming the folder, its free space, the checkpoint kept and the fix."""

@@ -3,7 +3,8 @@
 - `say`: progress and results, one line on stdout, from rank 0 only (every rank may call it);
 - `warn`: something the user should know but need not stop for, one line on stderr;
 - `error`: a `ZerofitError` (or any user error) as one paragraph on stderr, never a traceback;
-- `quiet_libraries`: silence library chatter that would bury those lines.
+- `quiet_libraries`: silence library chatter that would bury those lines;
+- `line_buffered_output`: every line reaches a log file as it is written (nohup, SLURM, `> log`).
 
 The training loop's per-step progress and tables are the console sink's (`zerofit.metrics.console`).
 """
@@ -15,7 +16,7 @@ import os
 import sys
 import warnings
 
-__all__ = ["error", "quiet_libraries", "say", "warn"]
+__all__ = ["error", "line_buffered_output", "quiet_libraries", "say", "warn"]
 
 
 def say(message: str, *, rank: int = 0) -> None:
@@ -41,6 +42,19 @@ def error(source: str, exc: BaseException | str) -> None:
         os.write(sys.stderr.fileno(), text.encode())
     except (OSError, ValueError, AttributeError):  # a stream without a file descriptor (captured output)
         print(text, end="", file=sys.stderr, flush=True)
+
+
+def line_buffered_output() -> None:
+    """Make this process's stdout and stderr line-buffered, as on a terminal, also when they are a file.
+
+    Python block-buffers a stdout that is a file or a pipe: under nohup, SLURM or `> log` a line printed
+    without a flush (a library's, or a rank's) would appear only when 8 KiB have gathered, or at exit. For
+    a launched run, not for the in-process API (the caller's streams are the caller's).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # absent on a replaced stream (pytest capture)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
 
 
 def quiet_deepspeed_on_cpu() -> None:

@@ -22,9 +22,9 @@ import yaml
 
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, ZerofitError
-from zerofit.messages import error, quiet_libraries, say
+from zerofit.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.planner import choose_micro_batch
-from zerofit.signals import StopSignal, die_with_parent
+from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
@@ -195,11 +195,18 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
 
 
 def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
-    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 0 dropped)`."""
+    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 3 dropped: 3 for an
+    empty response)`."""
     how = [stats.format + (", detected" if stats.detected else "")]
     if stats.from_cache:
         how.append("from the tokenization cache")
     notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens, {stats.n_dropped} dropped"
+    if stats.n_empty and stats.empty_responses == "drop":
+        notes += f": {stats.n_empty} for an empty response"
+    elif stats.n_empty:
+        notes += (
+            f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
+        )
     if stats.n_split:
         notes += f", {stats.n_split} long texts split"
     return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"
@@ -362,12 +369,14 @@ def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `launchers/launch_finetune.py`; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    line_buffered_output()  # step lines reach a log file (nohup, SLURM, `> log`) as they are printed
     env = launch_env()
     # SIGTERM/SIGINT stop the run cleanly from here on (no KeyboardInterrupt traceback); a launched worker
-    # also exits when its launcher dies.
+    # also exits when its launcher dies (the deepspeed runner included, not only its launch.py).
     stop = StopSignal(env.rank).install()
     if env.launched:
         die_with_parent()
+        die_with_launcher(stop, rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
         return train_run(resolved, args.config, stop).exit_code

@@ -21,7 +21,12 @@ How the launchers deliver signals, and why a second signal within `SAME_REQUEST_
 
 `die_with_parent` makes a launched worker exit when its launcher dies (Linux `PR_SET_PDEATHSIG`):
 `torchrun` starts workers in new sessions, so killing its process group would otherwise leave them
-training, and writing checkpoints that race a resume started right away.
+training, and writing checkpoints that race a resume started right away. Under `deepspeed` a rank's parent
+is the runner's `launch.py`, not the `deepspeed` runner the user started: killing the runner alone (its pid,
+SIGTERM or SIGKILL) leaves `launch.py` and the ranks training unwatched. `die_with_launcher` watches that
+runner from a daemon thread of each rank (a pidfd, no polling) and ends the rank as its death would;
+`launch.py` then exits with its children. (A signal to the whole group, which kills the runner too, still
+stops with a checkpoint: the rank got that signal as well.)
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
-__all__ = ["SAME_REQUEST_S", "StopSignal", "die_with_parent"]
+__all__ = ["SAME_REQUEST_S", "StopSignal", "deepspeed_runner", "die_with_launcher", "die_with_parent"]
 
 # Signals closer together than this are one request (a terminal and a launcher both delivering it).
 SAME_REQUEST_S = 2.0
@@ -151,3 +159,103 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     if os.getppid() != parent:  # the launcher died before the request took effect
         os._exit(128 + int(sig))
     return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    """The command line of process `pid` (empty if it is gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of process `pid` from /proc (None if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after its last ")".
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def deepspeed_runner() -> int | None:
+    """The pid of the `deepspeed` runner that started this rank through its `launch.py`, or None when this
+    process was not started that way (torchrun, python, or launch.py run by something else, e.g. pdsh)."""
+    launch = os.getppid()
+    if "deepspeed.launcher.launch" not in _cmdline(launch):
+        return None
+    runner = _parent_of(launch)
+    if runner is None or runner <= 1 or not any("deepspeed" in part for part in _cmdline(runner)):
+        return None
+    return runner
+
+
+def die_with_launcher(
+    stop: StopSignal | None = None, sig: int = signal.SIGKILL, *, rank: int = 0
+) -> int | None:
+    """Under the `deepspeed` runner: send `sig` to this process when the runner dies alone (SIGKILL for the
+    reason `die_with_parent` gives). Call it from the main thread, after `stop.install()`.
+
+    The runner also dies, at once, of a SIGTERM or Ctrl-C sent to the whole process group: then this rank
+    got the same signal, and `stop` finishes the step and saves as usual. A signal reaches every process of
+    the group together, but its Python handler waits for the main thread (busy in a step), so the watch
+    asks the signal module's wakeup fd, written the moment the signal arrives, after `_SETTLE_S`.
+    Returns the watched pid, or None where there is nothing to watch (not under deepspeed's runner, or no
+    pidfds: not Linux 5.3+).
+    """
+    runner = deepspeed_runner()
+    if runner is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        pidfd = os.pidfd_open(runner)
+    except ProcessLookupError:
+        pidfd = None  # gone already
+    except OSError:
+        return None
+    if pidfd is None or _parent_of(os.getppid()) != runner:  # died (its pid may be reused) before we looked
+        _end(sig, rank, runner)
+    signalled = _signal_wakeup()
+
+    def watch() -> None:
+        import select
+
+        select.select([pidfd], [], [])  # a pidfd turns readable when its process exits
+        time.sleep(_SETTLE_S)
+        if signalled() or (stop is not None and stop.requested):
+            return  # a signal to the whole group: this rank stops after the step, with a checkpoint
+        _end(sig, rank, runner)
+
+    threading.Thread(target=watch, name="zerofit-launcher-watch", daemon=True).start()
+    return runner
+
+
+# How long after the runner's death a signal sent to its whole process group has surely reached this rank.
+_SETTLE_S = 1.0
+
+
+def _signal_wakeup() -> Callable[[], bool]:
+    """Route the signal module's wakeup fd into a pipe; returns a check: has SIGTERM or SIGINT arrived since?"""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    try:
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: only the handler's own record is left to ask
+        return lambda: False
+
+    def arrived() -> bool:
+        try:
+            numbers = os.read(read_end, 512)  # one byte per signal: its number
+        except BlockingIOError:
+            return False
+        return any(number in _HANDLED for number in numbers)
+
+    return arrived
+
+
+def _end(sig: int, rank: int, runner: int) -> None:
+    if rank == 0:
+        _write(f"zerofit: the deepspeed launcher (pid {runner}) is gone: stopping this run without saving")
+    os.kill(os.getpid(), sig)

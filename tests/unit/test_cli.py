@@ -220,3 +220,26 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     assert len(shipped) == len(list_presets()) >= 8
     assert shipped <= names
     assert "zerofit/engine/render.py" in names and "zerofit/batching.py" in names
+
+
+# ----------------------------------------------------------------------------------------- export, generate
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["export", "runs/does-not-exist", "--out", "/tmp/zerofit-never-written"], "does-not-exist"),
+        (
+            ["generate", "runs/does-not-exist", "--prompt", "hi", "--max-new-tokens", "0"],
+            "--max-new-tokens 0",
+        ),
+    ],
+)
+def test_export_and_generate_errors_are_the_commands_own(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    """A run folder and flags are not a configuration: the paragraph must not say "Invalid configuration"."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"zerofit {argv[0]}: error: ") and needle in err
+    assert "Invalid configuration" not in err

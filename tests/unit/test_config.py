@@ -372,3 +372,21 @@ def test_every_shipped_config_resolves_and_renders(path: Path) -> None:
     engine = render_spec(resolved).to_json()
     assert "auto" not in _walk(engine)
     assert "auto" not in _decided(resolved.config)
+
+
+@pytest.mark.parametrize("betas", ["[0.9]", "[0.9,1.5]", "[0.9,0.99,0.1]", "0.9"])
+def test_betas_must_be_two_rates_and_the_message_says_so(betas: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"optimizer.betas={betas}"])
+    (problem,) = err.value.problems
+    assert problem.startswith("optimizer.betas = ") and "Field required" not in problem
+    assert "two numbers in [0, 1)" in problem and "optimizer.betas=[0.9,0.999]" in problem
+
+
+def test_a_model_path_that_is_no_model_folder_says_why_and_how_to_fix_it(tmp_path: Path) -> None:
+    missing = _problems([f"model.name_or_path={tmp_path / 'nonexistent'}"])
+    assert "is neither an existing folder nor a Hugging Face hub id" in missing
+    assert "fix the path to a model folder (config.json" in missing
+    empty = _problems([f"model.name_or_path={tmp_path}"])
+    assert f"model.name_or_path = '{tmp_path}': that folder has no config.json" in empty
+    assert "point it at the folder that holds config.json" in empty

@@ -123,6 +123,60 @@ def test_demo_data_loads_whole_and_short(tok: Any) -> None:
     )  # varied lengths: padding and token weighting matter
 
 
+def test_empty_responses_are_dropped_counted_and_named_in_the_data_line(tmp_path: Path, tok: Any) -> None:
+    from zerofit.run import describe_data
+
+    lines = [
+        _pair("a", "b"),
+        _pair("c", ""),
+        _pair("d", "e"),
+        _pair("f", "  \n"),
+        _pair("g", "h"),
+        _pair("i", "j"),
+    ]
+    path = _write(tmp_path, lines)
+    examples, stats = load_sft_dataset(path, tok, 64)
+    assert len(examples) == 4 and stats.n_dropped == 2 and stats.n_empty == 2
+    assert "2 dropped: 2 for an empty response" in describe_data(str(path), stats, 64)
+    chat = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    chat.write_text("".join(json.dumps({"messages": m}) + "\n" for m in (turns, good, good)))
+    examples, stats = load_sft_dataset(chat, tok, 64)
+    assert len(examples) == 2 and stats.n_empty == 1 and stats.n_dropped == 1
+
+
+def test_a_source_with_mostly_empty_responses_is_refused(tmp_path: Path, tok: Any) -> None:
+    for lines in ([_pair("a", ""), _pair("b", ""), _pair("c", "d")], [_pair("a", ""), _pair("b", "")]):
+        path = _write(tmp_path, lines)
+        with pytest.raises(DataError) as err:
+            load_sft_dataset(path, tok, 64)
+        text = str(err.value)
+        assert text.startswith(
+            f"{path}: {len(lines) - (len(lines) == 3)} of {len(lines)} records have an empty"
+        )
+        assert "'response'" in text and "data.empty_responses=keep" in text
+
+
+def test_empty_responses_can_be_kept_or_refused(tmp_path: Path, tok: Any) -> None:
+    from zerofit.run import describe_data
+
+    path = _write(tmp_path, [_pair("a", "b"), _pair("c", ""), _pair("d", "e")])
+    examples, stats = load_sft_dataset(path, tok, 64, empty_responses="keep")
+    assert len(examples) == 3 and stats.n_empty == 1 and stats.n_dropped == 0
+    assert "1 with an empty response kept" in describe_data(str(path), stats, 64)
+    with pytest.raises(DataError, match=r"d\.jsonl:2: the response is empty .*data\.empty_responses=drop"):
+        load_sft_dataset(path, tok, 64, empty_responses="error")
+
+
+def test_the_empty_response_rule_is_part_of_the_tokenization_cache_key(tmp_path: Path, tok: Any) -> None:
+    path = _write(tmp_path, [_pair("a", "b"), _pair("c", ""), _pair("d", "e")])
+    dropped, _ = load_sft_dataset(path, tok, 64, cache=True)
+    kept, _ = load_sft_dataset(path, tok, 64, cache=True, empty_responses="keep")
+    again, stats = load_sft_dataset(path, tok, 64, cache=True)
+    assert (len(dropped), len(kept), len(again), stats.from_cache) == (2, 3, 2, True)
+
+
 # ---------------------------------------------------------------- collate
 
 

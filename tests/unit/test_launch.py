@@ -85,3 +85,29 @@ def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(DataError, match=r"bad\.jsonl:2"):
         assembly.assemble(resolve(load_config(None, overrides), 1))
     assert not (tmp_path / "runs").exists()  # nothing written for a run that never started
+
+
+def test_a_launched_process_writes_its_lines_to_a_log_file_as_they_are_printed(tmp_path: Path) -> None:
+    """Under nohup, SLURM or `> log` stdout is a file, which Python block-buffers: a line printed without a
+    flush (a library's, a rank's) would show only at exit. After `run.main` starts, every line is out at once."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time; from zerofit.run import main; main(['--config', 'missing.yaml']); "
+        "print('a line printed after the launcher started'); time.sleep(120)"
+    )
+    log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user's shell has it
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60  # a bound on the wait (imports), not a speed requirement
+        while "a line printed" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "a line printed after the launcher started" in log.read_text()
+        assert proc.poll() is None  # still running: the line did not wait for the process to exit
+    finally:
+        proc.kill()
+        proc.wait()

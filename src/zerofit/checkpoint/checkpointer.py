@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from zerofit.checkpoint.failed_save import attempt, first_failure, remove_partial, save_failed
 from zerofit.checkpoint.manifest import (
     checkpoint_folders,
     describe_files,
@@ -31,6 +32,7 @@ from zerofit.checkpoint.policy import EvalWatch, SaveClock, write_best
 from zerofit.checkpoint.rundir import CHECKPOINTS
 from zerofit.config.schema import CheckpointSection
 from zerofit.strategies.base import Strategy
+from zerofit.writes import torch_save
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -108,19 +110,23 @@ class Checkpointer:
         return self.watch.best_step if self.watch is not None and self.section.keep_best else None
 
     def save(self, steps_done: int) -> Path:
-        """Write checkpoint `step-<steps_done>` atomically, with its manifest (collective)."""
+        """Write checkpoint `step-<steps_done>` atomically, with its manifest (collective).
+
+        A failed write on any rank (a full disk) ends the save on every rank alike: the ranks exchange
+        what failed, rank 0 removes the partial folder, and every rank raises the same
+        `CheckpointWriteError` (see `failed_save`); the newest complete checkpoint stays as it was.
+        """
         rank, world = self.strategy.rank, self.strategy.world_size
         final = self.root / f"step-{steps_done}"
         tmp = self.root / f"step-{steps_done}.tmp"
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
-            tmp.mkdir(parents=True)
-        self.strategy.barrier()
-        self.strategy.save(tmp, {"step": steps_done})
-        torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
-        self.strategy.barrier()
+        failure = attempt(lambda: self._prepare(tmp)) if rank == 0 else None
+        self._raise_if_failed([self.strategy.broadcast_object(failure)], tmp, steps_done)
+        failure = attempt(lambda: self._write_files(tmp, steps_done))
+        # Exchanging the outcome is also the barrier: every rank's files are on disk (or failed) after it.
+        self._raise_if_failed(self.strategy.all_gather_object(failure), tmp, steps_done)
         # Every rank hashes its share of the files; rank 0 lists them all in the manifest.
         shares = self.strategy.all_gather_object(describe_files(tmp, listed_files(tmp)[rank::world]))
+        failure = None
         if rank == 0:
             files = {name: meta for share in shares for name, meta in share.items()}
             manifest = {
@@ -130,12 +136,37 @@ class Checkpointer:
                 "elapsed_s": round(self.elapsed_s, 3),
                 "files": files,
             }
-            write_manifest(tmp, manifest)
-            self._replace(tmp, final)
-            self._prune()
-        self.strategy.barrier()
+            failure = attempt(lambda: self._commit(tmp, final, manifest))
+        self._raise_if_failed([self.strategy.broadcast_object(failure)], tmp, steps_done)
         self.last_saved = steps_done
         return final
+
+    @staticmethod
+    def _prepare(tmp: Path) -> None:
+        """Rank 0: an empty `step-N.tmp` (a directory needs a block on some filesystems: it can fail too)."""
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
+        tmp.mkdir(parents=True)
+
+    def _write_files(self, tmp: Path, steps_done: int) -> None:
+        """This rank's files of the checkpoint: the engine's state and the rank's RNG streams."""
+        self.strategy.save(tmp, {"step": steps_done})
+        torch_save(_rng_state(), tmp / f"rng-rank{self.strategy.rank}.pt")
+
+    def _commit(self, tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
+        """Rank 0: the manifest, then the rename that makes the checkpoint complete, then pruning."""
+        write_manifest(tmp, manifest)
+        self._replace(tmp, final)
+        self._prune()
+
+    def _raise_if_failed(self, failures: list[str | None], tmp: Path, steps_done: int) -> None:
+        """If any rank's write failed: rank 0 removes the partial folder, and every rank raises."""
+        failure = first_failure(failures)
+        if failure is None:
+            return
+        if self.strategy.rank == 0:
+            remove_partial(tmp)
+        self.strategy.barrier()  # every rank reports after the cleanup, so all see the same free space
+        raise save_failed(self.root, steps_done, failure, self.root.parent.name)
 
     @staticmethod
     def _replace(tmp: Path, final: Path) -> None:

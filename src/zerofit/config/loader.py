@@ -104,7 +104,9 @@ def _format_error(err: dict[str, Any]) -> str:
         hint = f"did you mean {'.'.join([*loc[:-1], close[0]]) if close else ''!r}?" if close else ""
         valid = f"valid keys{' under ' + prefix if prefix else ''}: {', '.join(known)}"
         return f"unknown key {dotted!r}; {hint + ' ' if hint else ''}({valid})"
-    return f"{dotted} = {err.get('input')!r}: {err['msg']}"
+    # A schema validator's own message already says the rule and the fix; pydantic prefixes "Value error, ".
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{dotted} = {err.get('input')!r}: {message}"
 
 
 def validate_config(raw: dict[str, Any]) -> ZerofitConfig:

@@ -284,6 +284,31 @@ def _check_data_path(problems: list[str], key: str, path: str) -> None:
         )
 
 
+def _model_path_problem(name: str) -> str | None:
+    """A `model.name_or_path` that is a path (or an existing folder) but no model folder, said with the fix.
+
+    A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`hub.py`).
+    """
+    if name == TINY_LLAMA:
+        return None
+    folder = Path(name).expanduser()
+    model_folder = "a model folder (config.json, the tokenizer files and the weights, as save_pretrained or `hf download` writes it)"
+    if folder.is_dir():
+        if (folder / "config.json").is_file():
+            return None
+        return (
+            f"model.name_or_path = {name!r}: that folder has no config.json, so it is not {model_folder}; "
+            "point it at the folder that holds config.json, or use a hub id such as meta-llama/Llama-2-7b-hf"
+        )
+    if name.startswith((".", "/", "~")):
+        return (
+            f"model.name_or_path = {name!r} is neither an existing folder nor a Hugging Face hub id (which "
+            f"looks like org/name): fix the path to {model_folder}, or use a hub id such as "
+            "meta-llama/Llama-2-7b-hf (or tiny-llama, the built-in test model)"
+        )
+    return None
+
+
 def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
     """Data sources exist, the evaluation data is asked for one way only, and evaluations have data."""
     d = cfg.data
@@ -492,9 +517,9 @@ def resolve(
             "works with every ZeRO stage), ddp or single"
         )
     _check_data(problems, cfg)
-    name = cfg.model.name_or_path
-    if name != TINY_LLAMA and name.startswith((".", "/")) and not Path(name).is_dir():
-        problems.append(f"model.name_or_path = {name!r}: local model folder does not exist")
+    model_problem = _model_path_problem(cfg.model.name_or_path)
+    if model_problem is not None:
+        problems.append(model_problem)
 
     if t.cross_entropy == "liger" and not _liger_available():
         problems.append(

@@ -7,9 +7,9 @@ being silently ignored. Defaults here are the values a user gets when a key is a
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from zerofit.catalogue import TINY_LLAMA
 
@@ -103,6 +103,11 @@ class TrainSection(_Section):
     partial_window: Literal["drop", "normalize"] = "drop"
 
 
+def _rate(value: Any) -> bool:
+    """A number in [0, 1) (bools are not numbers here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1
+
+
 class OptimizerSection(_Section):
     """Optimizer and opt-in learning-rate scaling with the effective batch."""
 
@@ -115,6 +120,18 @@ class OptimizerSection(_Section):
     base_batch_size: int | None = Field(
         None, description="The batch `lr` was tuned for (needed for scaling)."
     )
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _two_decay_rates(cls, value: Any) -> Any:
+        """Exactly two numbers in [0, 1): pydantic alone says `betas.1 Field required`, and takes 1.5."""
+        numbers = isinstance(value, list | tuple) and len(value) == 2
+        if not numbers or not all(_rate(v) for v in value):
+            raise ValueError(
+                "must be two numbers in [0, 1), the decay rates of Adam's first and second moment estimates; "
+                "e.g. optimizer.betas=[0.9,0.999]"
+            )
+        return value
 
 
 class SchedulerSection(_Section):
@@ -154,6 +171,11 @@ class DataSection(_Section):
         description="Jinja chat template (text or a file) for `messages` data, overriding the tokenizer's.",
     )
     max_seq_len: int = 512
+    empty_responses: Literal["drop", "keep", "error"] = Field(
+        "drop",
+        description="Records whose response (or an assistant turn) is empty: drop and count them (refused when "
+        "more than half are), keep them (they learn eos only), or refuse the first.",
+    )
     shuffle: bool = True
     cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")
     eval_path: str | None = Field(None, description="Evaluation data, any source `path` accepts.")

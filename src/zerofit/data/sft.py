@@ -9,7 +9,11 @@
        evaluation splits, `holdout.py`)
 
 A sequence longer than `max_seq_len` is truncated (a text document is cut into several examples instead);
-an example left with no label token is dropped and counted. Text is never tokenized beyond what a
+an example left with no label token is dropped and counted. A record whose response is empty (or blank; for
+`messages`: with an empty assistant turn) would teach only eos, "answer with nothing": `data.empty_responses`
+says what happens to it (`EMPTY_RESPONSE_RULES`): `drop` (default) drops and counts it, and refuses a
+source where more than half the records are such (a wrong field, not data); `keep` trains on it, counted;
+`error` refuses the first one. Text is never tokenized beyond what a
 sequence can keep (`tokenize.py`). With `cache=True` the result is stored and reused (`cache.py`). Every
 problem raises `DataError` naming the source and the record.
 """
@@ -35,6 +39,13 @@ from zerofit.loss import IGNORE_INDEX
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
 
 _PROGRESS_EVERY = 256  # records between progress-bar refreshes
+EMPTY_RESPONSE_RULES = ("drop", "keep", "error")  # data.empty_responses
+# The field that holds what is learned, per format, for messages about empty responses.
+_RESPONSE_FIELD = {
+    "prompt_response": "'response'",
+    "alpaca": "'output'",
+    "messages": "the assistant messages' content",
+}
 
 
 @dataclass
@@ -50,8 +61,10 @@ class DataStats:
     """What loading did to the source.
 
     `n_lines`: records read (for a JSONL file: lines, blank ones included); `n_truncated`: examples cut to
-    max_seq_len; `n_dropped`: records with nothing left to learn; `n_split`: text documents longer than
-    max_seq_len, cut into several examples; `detected`: the format came from `data.format=auto`.
+    max_seq_len; `n_dropped`: records with nothing left to learn, or dropped for an empty response;
+    `n_split`: text documents longer than max_seq_len, cut into several examples; `detected`: the format
+    came from `data.format=auto`; `n_empty`: records with an empty response, dropped (among `n_dropped`)
+    or kept as `empty_responses` (the `data.empty_responses` rule) says.
     """
 
     n_lines: int
@@ -63,6 +76,8 @@ class DataStats:
     n_split: int = 0
     detected: bool = False
     from_cache: bool = False
+    n_empty: int = 0
+    empty_responses: str = "drop"
 
 
 @dataclass
@@ -137,8 +152,11 @@ def document_chunks(tokenizer: Any, text: str, max_seq_len: int) -> list[list[in
 class _Tokenizer:
     """Turns a source's records into examples, counting what happens (one instance per load)."""
 
-    def __init__(self, tokenizer: Any, max_seq_len: int, fmt: str, key: str) -> None:
+    def __init__(self, tokenizer: Any, max_seq_len: int, fmt: str, key: str, empty_responses: str) -> None:
         self.tokenizer, self.max_seq_len, self.key = tokenizer, max_seq_len, key
+        self.empty_responses = empty_responses
+        self.n_empty, self.n_records = 0, 0
+        self.first_empty = ""  # where the first record with an empty response is
         self.format: str | None = None if fmt == "auto" else fmt
         self.detected = fmt == "auto"
         self.examples: list[Example] = []
@@ -153,6 +171,10 @@ class _Tokenizer:
         if index == 0 and self.format == "messages":  # before tokenizing anything: the fix is in the config
             require_chat_template(self.tokenizer, f"{self.key} = {source.name!r}")
         parsed = parse_record(self.format, record, where)
+        self.n_records += 1
+        if _empty_response(parsed) and not self._keep_empty(where):
+            self.n_dropped += 1
+            return
         if isinstance(parsed, PromptResponse):
             example, truncated, prompt_len, prompt_cut = _prompt_response(
                 self.tokenizer, parsed.prompt, parsed.response, self.max_seq_len
@@ -171,6 +193,32 @@ class _Tokenizer:
             self.n_split += len(chunks) > 1
             # Every token is a label: one list serves as both (the loop never writes into either).
             self._keep(index, [Example(c, c) for c in chunks], False)
+
+    def _keep_empty(self, where: str) -> bool:
+        """A record with an empty response: counted; kept (True) under `keep`, refused under `error`."""
+        if self.empty_responses == "error":
+            raise DataError(
+                f"{where}: the response is empty ({_RESPONSE_FIELD.get(self.format or '', 'the response')} "
+                "holds nothing but whitespace), and data.empty_responses = 'error' refuses such records: a model "
+                "trained on them learns to answer with nothing; fill it in or remove the record, or set "
+                "data.empty_responses=drop to skip such records (counted in the plan)."
+            )
+        self.n_empty += 1
+        self.first_empty = self.first_empty or where
+        return self.empty_responses == "keep"
+
+    def mostly_empty(self, source: RecordSource) -> DataError | None:
+        """Under `drop`: the error for a source where more than half the records have an empty response."""
+        if self.empty_responses != "drop" or self.n_empty * 2 <= self.n_records:
+            return None
+        field = _RESPONSE_FIELD.get(self.format or "", "the response field")
+        return DataError(
+            f"{source.name}: {self.n_empty} of {self.n_records} records have an empty response (the first at "
+            f"{self.first_empty}); with so few left this looks like the wrong field rather than data, and "
+            f"data.empty_responses = 'drop' refuses a source where more than half are empty. Check that the "
+            f"responses are in {field} (data.format = {self.format!r}), fill them in, or set "
+            "data.empty_responses=keep to train on them as they are (they teach the model to answer with only eos)."
+        )
 
     def _keep(self, index: int, examples: list[Example], truncated: bool) -> None:
         kept = [e for e in examples if _has_labels(e.labels)]
@@ -210,6 +258,9 @@ class _Tokenizer:
         return DataError(f"{what}: all {n} texts are empty; put the documents under the key 'text'.")
 
     def result(self, source: RecordSource) -> TokenizedData:
+        problem = self.mostly_empty(source)
+        if problem is not None:
+            raise problem
         if not self.examples:
             raise self.nothing_left(source)
         stats = DataStats(
@@ -221,14 +272,31 @@ class _Tokenizer:
             source=source.describe(),
             n_split=self.n_split,
             detected=self.detected,
+            n_empty=self.n_empty,
+            empty_responses=self.empty_responses,
         )
         return TokenizedData(self.examples, stats, self.records)
 
 
+def _empty_response(parsed: PromptResponse | Conversation | Document) -> bool:
+    """Whether the record's response is empty or blank (for a conversation: any assistant turn's)."""
+    if isinstance(parsed, PromptResponse):
+        return not parsed.response.strip()
+    if isinstance(parsed, Conversation):
+        return any(m["role"] == "assistant" and not str(m["content"]).strip() for m in parsed.messages)
+    return False  # a text document: an empty one has no tokens and is dropped as such
+
+
 def _tokenize_source(
-    source: RecordSource, tokenizer: Any, max_seq_len: int, fmt: str, key: str, progress: bool
+    source: RecordSource,
+    tokenizer: Any,
+    max_seq_len: int,
+    fmt: str,
+    key: str,
+    progress: bool,
+    empty_responses: str = "drop",
 ) -> TokenizedData:
-    state = _Tokenizer(tokenizer, max_seq_len, fmt, key)
+    state = _Tokenizer(tokenizer, max_seq_len, fmt, key, empty_responses)
     with tokenizing_progress(source, progress) as update:
         for index, (where, record) in enumerate(source):
             if index % _PROGRESS_EVERY == 0:
@@ -254,15 +322,21 @@ def load_examples(
     cache: bool = False,
     progress: bool = False,
     key: str = "data.path",
+    empty_responses: str = "drop",
 ) -> TokenizedData:
     """Read and tokenize the data `path` names (a file, a save_to_disk folder or a hub dataset id).
 
     `format`: a `data.format` value (`auto` detects it from the first record). `split` / `subset`: for hub
     datasets and saved DatasetDicts. `cache`: reuse / store the result in the tokenization cache.
     `progress`: show progress (rank 0). `key`: the config key that named `path`, for messages.
+    `empty_responses`: the `data.empty_responses` rule for records with an empty response.
     """
+    if empty_responses not in EMPTY_RESPONSE_RULES:
+        raise ValueError(f"empty_responses must be one of {EMPTY_RESPONSE_RULES}, not {empty_responses!r}")
     with _gc_paused():
-        return _load(path, tokenizer, max_seq_len, format, split, subset, cache, progress, key)
+        return _load(
+            path, tokenizer, max_seq_len, format, split, subset, cache, progress, key, empty_responses
+        )
 
 
 @contextmanager
@@ -288,6 +362,7 @@ def _load(
     cache: bool,
     progress: bool,
     key: str,
+    empty_responses: str,
 ) -> TokenizedData:
     source = open_source(path, split=split, subset=subset, key=key)
     if tokenizer.eos_token_id is None:
@@ -304,11 +379,12 @@ def _load(
                 tokenizer=tokenizer_fingerprint(tokenizer),
                 format=format,
                 max_seq_len=max_seq_len,
+                empty_responses=empty_responses,  # which records become examples
             )
             hit = load_cached(entry)
             if hit is not None:
                 return _from_cache(hit)
-    data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress)
+    data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress, empty_responses)
     if entry is not None:
         ids = [e.input_ids for e in data.examples]
         labels = [e.labels for e in data.examples]

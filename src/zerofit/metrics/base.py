@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from zerofit.messages import warn
+
 
 @runtime_checkable
 class MetricsSink(Protocol):
@@ -82,5 +84,10 @@ class MultiSink:
             sink.log_config(config)
 
     def close(self) -> None:
+        """Close every sink, even when one fails to write (a full disk): that is a warning, and it must not
+        hide the error that ended the run (the close runs while that error is propagating)."""
         for sink in self.sinks:
-            sink.close()
+            try:
+                sink.close()
+            except OSError as exc:
+                warn(f"the run's metrics files could not be finished: {exc}")

@@ -13,11 +13,13 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import re
 import secrets
 import string
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -127,6 +129,8 @@ class WandbSink:
         if self.run is None:
             notice("zerofit: W&B could not start; this run logs to metrics.jsonl only")
             return
+        self._log_write_failed = False
+        _quiet_log_write_errors(self._on_log_write_error)
         # The optimizer step is the x-axis of everything; tokens seen is the other useful axis.
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric(TOKENS_METRIC, step_metric=STEP_METRIC)
@@ -166,6 +170,12 @@ class WandbSink:
         except Exception as exc:  # no network, bad key, broken install: never fail the training run
             self._notice(f"zerofit: W&B {mode} init failed: {type(exc).__name__}: {_first_line(exc)}")
             return None
+
+    def _on_log_write_error(self, exc: BaseException | None) -> None:
+        if not self._log_write_failed:  # one line, not one per record
+            self._log_write_failed = True
+            why = f": {type(exc).__name__}: {_first_line(exc)}" if exc is not None else ""
+            self._notice(f"zerofit: W&B could not write its log file in {self.dir / 'wandb'}{why}")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.run is None:
@@ -216,6 +226,15 @@ class WandbSink:
             wandb.teardown()
         except Exception as exc:  # a failed upload at the end must not turn a finished run into a failure
             self._notice(f"zerofit: W&B finish failed: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _quiet_log_write_errors(report: Callable[[BaseException | None], None]) -> None:
+    """A failed write of wandb's own log file (`wandb/debug.log`, on a full disk) calls `report` with the
+    error instead of printing Python logging's `--- Logging error ---` traceback for every record after it."""
+    for handler in logging.getLogger("wandb").handlers:
+        if isinstance(handler, logging.FileHandler):
+            # logging calls handleError inside its `except`: the error is the one being handled.
+            handler.handleError = lambda record: report(sys.exc_info()[1])  # type: ignore[method-assign]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -36,6 +36,7 @@ from zerofit.strategies.base import (
     check_precision,
 )
 from zerofit.strategies.env import LaunchEnv
+from zerofit.writes import WriteGuard
 
 TAG = "engine"  # DeepSpeed's checkpoint tag inside our own (atomic) step directory
 
@@ -164,14 +165,22 @@ class DeepSpeedStrategy(Strategy):
         return float(self.engine.get_lr()[0])
 
     def save(self, directory: Path, client_state: dict[str, Any]) -> None:
-        # Frozen base weights (LoRA) are reproducible from the model source: leave them out of checkpoints.
-        self.engine.save_checkpoint(
-            str(directory),
-            tag=TAG,
-            client_state=client_state,
-            save_latest=False,
-            exclude_frozen_parameters=self._frozen,
-        )
+        # A failed file write inside DeepSpeed's save is recorded, not raised, until the save (and its
+        # barriers) has finished on every rank; then it is raised here for the checkpointer to report.
+        # (Its writes: the checkpoint engine's files and folders, and rank 0's copy of the recovery scripts.)
+        guard = WriteGuard()
+        writer = self.engine.checkpoint_engine
+        writes = ((writer, "save", 1), (writer, "makedirs", 0), (self.engine, "_copy_recovery_script", 0))
+        with guard.guarding(*writes):
+            # Frozen base weights (LoRA) are reproducible from the model source: left out of checkpoints.
+            self.engine.save_checkpoint(
+                str(directory),
+                tag=TAG,
+                client_state=client_state,
+                save_latest=False,
+                exclude_frozen_parameters=self._frozen,
+            )
+        guard.raise_recorded()
 
     @property
     def checkpoint_format(self) -> str:

@@ -47,6 +47,7 @@ from zerofit.strategies.base import (
     check_precision,
 )
 from zerofit.strategies.env import LaunchEnv
+from zerofit.writes import torch_save
 
 EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)
 
@@ -162,7 +163,7 @@ class FSDPStrategy(Strategy):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "dcp"))
         if self.rank == 0:
             extra = {"scheduler": self.scheduler.state_dict(), "client_state": client_state}
-            torch.save(extra, Path(directory) / EXTRA_FILE)
+            torch_save(extra, Path(directory) / EXTRA_FILE)
 
     @property
     def checkpoint_format(self) -> str:

@@ -16,6 +16,7 @@ from zerofit.engine.spec import LocalSpec
 from zerofit.precision import torch_dtype
 from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy, check_precision
 from zerofit.strategies.env import LaunchEnv
+from zerofit.writes import torch_save
 
 STATE_FILE = "state.pt"
 
@@ -121,7 +122,7 @@ class SingleStrategy(Strategy):
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "client_state": client_state,
         }
-        torch.save(state, Path(directory) / STATE_FILE)
+        torch_save(state, Path(directory) / STATE_FILE)  # a full disk raises OSError naming the file
 
     def load(self, directory: Path, saved_world_size: int) -> dict[str, Any]:
         # Every rank saved (rank 0 wrote) the same full state: any world size loads it.

@@ -1,0 +1,95 @@
+"""A checkpoint that could not be written: one paragraph on every rank, the partial folder removed.
+
+The checkpointer runs each rank's writes through `attempt` (a failed write becomes a one-line description
+instead of an exception), the ranks exchange those lines, and if any rank failed every rank raises the same
+`CheckpointWriteError` from `save_failed`: the folder, the free space there, the checkpoint that was kept
+(the newest complete one: a failed save never replaces it) and the fix.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from zerofit.checkpoint.manifest import checkpoint_folders
+from zerofit.errors import CheckpointWriteError
+from zerofit.writes import write_failure
+
+
+def attempt(write: Callable[[], None]) -> str | None:
+    """Run `write`; None if it succeeded, a one-line description if a file write failed (other errors raise).
+
+    DCP raises `CheckpointException`, a BaseException, on every rank; it is caught here as well.
+    """
+    try:
+        write()
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException; the rest re-raise
+        described = write_failure(exc) if isinstance(exc, Exception) or _is_dcp(exc) else None
+        if described is None:
+            raise
+        return described
+    return None
+
+
+def _is_dcp(exc: BaseException) -> bool:
+    return type(exc).__name__ == "CheckpointException" and isinstance(getattr(exc, "failures", None), dict)
+
+
+def first_failure(failures: list[str | None]) -> str | None:
+    """The first rank's failure as `rank R: ...` (the rank named when there are several), or None."""
+    for rank, failure in enumerate(failures):
+        if failure is not None:
+            return (
+                f"rank {rank}: {failure}"
+                if len(failures) > 1 and not failure.startswith("rank ")
+                else failure
+            )
+    return None
+
+
+def save_failed(root: Path, step: int, failure: str, run_name: str) -> CheckpointWriteError:
+    """The error every rank raises for a checkpoint `step` that could not be written into `root`."""
+    kept = checkpoint_folders(root)
+    free = _free_space(root)
+    if kept:
+        kept_step, kept_folder = kept[-1]
+        size = sum(p.stat().st_size for p in kept_folder.rglob("*") if p.is_file())
+        needs = f", and a checkpoint of this run takes about {_size(size)}"
+        kept_text = (
+            f"Kept: step-{kept_step} ({kept_folder}), the newest complete checkpoint, where a resume starts"
+        )
+        again = f"resume with the same command plus checkpoint.resume=true run_name={run_name}"
+    else:
+        needs, kept_text = (
+            "",
+            "Kept: no checkpoint (this was the run's first save), so nothing can be resumed",
+        )
+        again = "run the same command again"
+    return CheckpointWriteError(
+        f"checkpoint step-{step} could not be written in {root} ({failure}); that filesystem has {free}{needs}. "
+        f"The run stopped at step {step}. {kept_text}; the partial step-{step}.tmp was removed. Fix: free "
+        f"space on that filesystem (or lower checkpoint.keep_last), then {again}; or set output_dir to a "
+        "filesystem with room and start again"
+    )
+
+
+def remove_partial(tmp: Path) -> None:
+    """Delete the partial `step-N.tmp` folder (rank 0, once every rank has stopped writing into it)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError as exc:
+        return f"unknown free space ({exc})"
+    return f"{_size(usage.free)} free of {_size(usage.total)}"
+
+
+def _size(n: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n:.0f} B" if i == 0 else f"{n:.1f} {units[i]}"

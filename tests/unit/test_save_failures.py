@@ -1,0 +1,104 @@
+"""A checkpoint that cannot be written (a full disk) is one paragraph, the partial folder goes, the newest
+complete checkpoint stays; the write layer recognises torch's, DCP's and DeepSpeed's failed writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from config_helpers import one_process_strategy
+from full_disk import fill, small_filesystem
+from zerofit.checkpoint import Checkpointer, complete_checkpoints, verify
+from zerofit.checkpoint.failed_save import attempt
+from zerofit.config.schema import CheckpointSection
+from zerofit.errors import CheckpointWriteError
+from zerofit.metrics.base import JsonlSink, MultiSink
+from zerofit.strategies.single import SingleStrategy
+from zerofit.writes import WriteGuard
+
+
+def _strategy() -> SingleStrategy:
+    strategy = one_process_strategy()
+    strategy.prepare(
+        torch.nn.Linear(8, 8),
+        lambda m: torch.optim.AdamW(m.parameters(), lr=0.1),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+    )
+    return strategy
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_paragraph_and_the_good_one_stays(tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "disk", 512) as disk:
+        run_dir = disk / "run"
+        ckpt = Checkpointer(_strategy(), run_dir, CheckpointSection(keep_last=2), max_steps=10)
+        ckpt.save(2)
+        fill(disk)
+        with pytest.raises(CheckpointWriteError) as err:
+            ckpt.save(4)
+        text = str(err.value)
+        root = run_dir / "checkpoints"
+        assert f"checkpoint step-4 could not be written in {root}" in text
+        assert "No space left on device" in text and "free of 512.0 KiB" in text
+        assert f"Kept: step-2 ({root / 'step-2'})" in text and "the partial step-4.tmp was removed" in text
+        assert "checkpoint.resume=true run_name=run" in text and "\n" not in text
+        assert not (root / "step-4.tmp").exists()
+        assert [step for step, _ in complete_checkpoints(run_dir)] == [2]
+        verify(root / "step-2")  # the kept checkpoint is intact
+
+
+def test_a_first_checkpoint_that_does_not_fit_says_nothing_was_kept(tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "disk", 256) as disk:
+        ckpt = Checkpointer(_strategy(), disk / "run", CheckpointSection(), max_steps=10)
+        fill(disk)
+        with pytest.raises(CheckpointWriteError, match=r"Kept: no checkpoint .*run the same command again"):
+            ckpt.save(1)
+        assert not list((disk / "run" / "checkpoints").iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_dcp_save_on_a_full_disk_is_recognised_as_a_failed_write(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    with small_filesystem(tmp_path / "disk", 128) as disk:
+        state = {"w": torch.zeros(256, 256)}  # 256 KiB: more than the disk holds
+        failure = attempt(lambda: dcp.save(state, checkpoint_id=str(disk / "dcp"), no_dist=True))
+    # (In one process DCP raises torch's zip-writer error; across ranks its CheckpointException.)
+    assert failure is not None and ("No space left on device" in failure or "could not write" in failure)
+
+
+def test_the_write_guard_records_the_first_failed_write_and_skips_the_rest(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def save(state: object, path: str) -> None:
+        calls.append(path)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    guard = WriteGuard()
+    guarded = guard.wrap(save, path_index=1)
+    guarded({}, "a.pt")
+    guarded({}, "b.pt")  # skipped: the checkpoint is lost already
+    assert calls == ["a.pt"]
+    with pytest.raises(OSError, match=r"write failed .*inline_container") as err:
+        guard.raise_recorded()
+    assert err.value.filename == "a.pt"
+
+    def buggy(state: object, path: str) -> None:
+        raise RuntimeError("a bug, not a write")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        WriteGuard().wrap(buggy, 1)({}, "c.pt")
+
+
+def test_closing_the_sinks_goes_on_after_one_fails_to_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class FullDiskSink(JsonlSink):
+        def close(self) -> None:
+            raise OSError(28, "No space left on device", str(tmp_path / "summary.json"))
+
+    after = JsonlSink(tmp_path / "b.jsonl")
+    MultiSink([FullDiskSink(tmp_path / "a.jsonl"), after]).close()
+    assert after._file.closed
+    assert "No space left on device" in capsys.readouterr().err
