@@ -49,3 +49,8 @@ class ResumeError(ZerofitError):
 class CheckpointWriteError(ZerofitError):
     """A checkpoint could not be written (a full disk, a quota, a read-only filesystem): every rank reports
     the same paragraph, naming the folder, its free space, the checkpoint kept and the fix."""
+
+
+class ExportWriteError(ZerofitError):
+    """The final export could not be written (a full disk): every rank reports the same paragraph, naming
+    the folder, its free space and the checkpoint the weights can be exported from."""

@@ -198,6 +198,7 @@ def ensure_tiny_llama(seed: int = 0) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             _build_into(tmp, seed)
+            tmp.chmod(0o755)  # mkdtemp makes it 0700: other users sharing the cache read the model too
             _replace(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

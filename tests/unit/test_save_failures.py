@@ -102,3 +102,40 @@ def test_closing_the_sinks_goes_on_after_one_fails_to_write(
     MultiSink([FullDiskSink(tmp_path / "a.jsonl"), after]).close()
     assert after._file.closed
     assert "No space left on device" in capsys.readouterr().err
+
+
+def test_a_final_export_on_a_full_disk_is_one_paragraph_and_names_the_checkpoint_to_export_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zerofit.checkpoint.export as final_export
+    from zerofit.api import train
+    from zerofit.errors import ExportWriteError
+
+    write = final_export._write_export
+
+    def on_a_full_disk(*args: object) -> None:  # the disk fills up between the last checkpoint and the export
+        fill(disk)
+        write(*args)
+
+    monkeypatch.setattr(final_export, "_write_export", on_a_full_disk)
+    with small_filesystem(tmp_path / "disk", 4096) as disk:
+        with pytest.raises(ExportWriteError) as err:
+            train(
+                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
+                **{
+                    "distributed.strategy": "single",
+                    "distributed.preset": None,
+                    "train.max_steps": 2,
+                    "output_dir": str(disk),
+                    "run_name": "r",
+                    "logging.console": False,
+                    "logging.wandb.mode": "disabled",
+                },
+            )
+        text, run_dir = str(err.value), disk / "r"
+        assert f"the final export {run_dir / 'adapter'} could not be written" in text
+        assert "No space left on device" in text and "free of 4.0 MiB" in text
+        assert f"safe in step-2 ({run_dir / 'checkpoints' / 'step-2'})" in text
+        assert f"zerofit export {run_dir} --out {run_dir / 'adapter'}" in text and "\n" not in text
+        assert not (run_dir / "adapter.tmp").exists() and not (run_dir / "adapter").exists()
+        assert [step for step, _ in complete_checkpoints(run_dir)] == [2]

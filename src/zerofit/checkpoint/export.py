@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from zerofit.checkpoint.failed_save import attempt, export_failed
 from zerofit.strategies.base import Strategy
 
 # What a saved folder holds its weights in: one safetensors file, a sharded one's index, or peft's adapter.
@@ -28,24 +29,40 @@ def is_peft_model(model: torch.nn.Module) -> bool:
 
 
 def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
-    """Write `adapter/` (LoRA) or `model/` (full) + tokenizer into `run_dir`; collective, rank 0 writes."""
+    """Write `adapter/` (LoRA) or `model/` (full) + tokenizer into `run_dir`; collective, rank 0 writes.
+
+    A write that fails (a full disk) leaves no partial folder and ends on every rank with the same
+    `ExportWriteError` paragraph: the final checkpoint, saved just before, holds the trained weights.
+    """
     state = strategy.full_state_dict()  # every rank takes part in the gather
     model = strategy.unwrap()
     out = Path(run_dir) / ("adapter" if is_peft_model(model) else "model")
+    tmp = out.with_name(out.name + ".tmp")
+    failure = None
     if strategy.rank == 0:
         assert state is not None
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        kwargs = {"save_embedding_layers": False} if is_peft_model(model) else {}
-        # (LoRA on lm_head would make peft also save the frozen base head: it never changes, so it is left out.)
-        save_pretrained_here(model, tmp, state_dict=state, safe_serialization=True, **kwargs)
-        _fix_architectures(model, tmp)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        failure = attempt(lambda: _write_export(model, tokenizer, state, tmp, out))
+        if failure is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     strategy.wait_for_rank0("rank 0 to write the final export")  # a 7B write may outlast the pg timeout
-    strategy.barrier()
+    failure = strategy.broadcast_object(failure)
+    if failure is not None:
+        raise export_failed(out, failure)
     return out
+
+
+def _write_export(
+    model: torch.nn.Module, tokenizer: Any, state: dict[str, torch.Tensor], tmp: Path, out: Path
+) -> None:
+    """Rank 0: the model folder under a temporary name, then renamed into place."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    kwargs = {"save_embedding_layers": False} if is_peft_model(model) else {}
+    # (LoRA on lm_head would make peft also save the frozen base head: it never changes, so it is left out.)
+    save_pretrained_here(model, tmp, state_dict=state, safe_serialization=True, **kwargs)
+    _fix_architectures(model, tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
 
 
 def save_pretrained_here(model: Any, folder: Path, **kwargs: Any) -> None:

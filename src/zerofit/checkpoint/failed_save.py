@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zerofit.checkpoint.manifest import checkpoint_folders
-from zerofit.errors import CheckpointWriteError
+from zerofit.checkpoint.rundir import CHECKPOINTS
+from zerofit.errors import CheckpointWriteError, ExportWriteError
 from zerofit.writes import write_failure
 
 
@@ -71,6 +72,28 @@ def save_failed(root: Path, step: int, failure: str, run_name: str) -> Checkpoin
         f"The run stopped at step {step}. {kept_text}; the partial step-{step}.tmp was removed. Fix: free "
         f"space on that filesystem (or lower checkpoint.keep_last), then {again}; or set output_dir to a "
         "filesystem with room and start again"
+    )
+
+
+def export_failed(out: Path, failure: str) -> ExportWriteError:
+    """The error every rank raises when the final export `out` (adapter/ or model/) could not be written."""
+    run_dir = out.parent
+    kept = checkpoint_folders(run_dir / CHECKPOINTS)
+    if kept:
+        step, folder = kept[-1]
+        weights = (
+            f"The trained weights are safe in step-{step} ({folder}), the newest complete checkpoint. Fix: free "
+            f"space on that filesystem, then write the export from that checkpoint with `zerofit export {run_dir} "
+            f"--out {out}` (add --merge for a merged model)"
+        )
+    else:
+        weights = (
+            "No complete checkpoint of this run holds the weights. Fix: free space on that filesystem, or set "
+            "output_dir to one with room, and run again"
+        )
+    return ExportWriteError(
+        f"the final export {out} could not be written ({failure}); that filesystem has "
+        f"{_free_space(run_dir)}. No partial {out.name}/ was left. {weights}"
     )
 
 
