@@ -42,3 +42,17 @@ def one_process_spec(precision: str = "fp32") -> LocalSpec:
 def one_process_strategy(precision: str = "fp32") -> SingleStrategy:
     """A `SingleStrategy` for rank 0 of 1 (no process group), not yet prepared."""
     return SingleStrategy(LaunchEnv(0, 1, 0, False), one_process_spec(precision))
+
+
+def prepared_one_process_strategy(width: int = 3) -> SingleStrategy:
+    """`one_process_strategy()` prepared with a `width` x `width` linear layer, AdamW and a constant schedule:
+    enough engine state for checkpoint tests that need no real model."""
+    import torch
+
+    strategy = one_process_strategy()
+    strategy.prepare(
+        torch.nn.Linear(width, width),
+        lambda m: torch.optim.AdamW(m.parameters(), lr=0.1),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+    )
+    return strategy

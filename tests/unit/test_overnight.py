@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from config_helpers import DEMO_DATA, one_process_strategy
+from config_helpers import DEMO_DATA, one_process_strategy, prepared_one_process_strategy
 from zerofit.assembly import _settled_by_data
 from zerofit.checkpoint import Checkpointer, complete_checkpoints
 from zerofit.checkpoint.policy import EvalWatch, SaveClock, Verdict, read_best, resolve_step
@@ -58,7 +57,7 @@ def test_an_epochs_run_resumes_on_its_epochs_and_data_not_on_the_derived_step_co
     where = (f"output_dir={tmp_path}", "run_name=r")
     launch = _resolve("train.epochs=2", *where)
     saved = _settled_by_data(launch, "prompt_response", GlobalBatchSampler(3000, 16, seed=42))
-    strategy = _prepared_strategy()
+    strategy = prepared_one_process_strategy()
     record = checkpoint_record(saved, strategy.checkpoint_format)
     assert record["config"]["train"]["max_steps"] == 2 * 187
     Checkpointer(strategy, launch.run_dir, CheckpointSection(), max_steps=374, record=record).save(5)
@@ -160,18 +159,8 @@ def test_only_rank_0s_clock_and_verdict_count_in_the_agreement() -> None:
 # --- keep_best ---------------------------------------------------------------------------------------------
 
 
-def _prepared_strategy() -> Any:
-    strategy = one_process_strategy()
-    strategy.prepare(
-        torch.nn.Linear(3, 3),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-        lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0),
-    )
-    return strategy
-
-
 def test_the_best_checkpoint_outlives_keep_last_and_is_what_step_best_names(tmp_path: Path) -> None:
-    strategy = _prepared_strategy()
+    strategy = prepared_one_process_strategy()
     watch = EvalWatch()
     section = CheckpointSection(every_steps=1, keep_last=1, every_minutes=None)
     ckpt = Checkpointer(strategy, tmp_path, section, max_steps=5, watch=watch)

@@ -8,31 +8,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from config_helpers import one_process_strategy
+from config_helpers import prepared_one_process_strategy
 from full_disk import fill, small_filesystem
 from zerofit.checkpoint import Checkpointer, complete_checkpoints, verify
 from zerofit.checkpoint.failed_save import attempt
 from zerofit.config.schema import CheckpointSection
 from zerofit.errors import CheckpointWriteError
 from zerofit.metrics.base import JsonlSink, MultiSink
-from zerofit.strategies.single import SingleStrategy
 from zerofit.writes import WriteGuard
-
-
-def _strategy() -> SingleStrategy:
-    strategy = one_process_strategy()
-    strategy.prepare(
-        torch.nn.Linear(8, 8),
-        lambda m: torch.optim.AdamW(m.parameters(), lr=0.1),
-        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-    )
-    return strategy
 
 
 def test_a_checkpoint_on_a_full_disk_is_one_paragraph_and_the_good_one_stays(tmp_path: Path) -> None:
     with small_filesystem(tmp_path / "disk", 512) as disk:
         run_dir = disk / "run"
-        ckpt = Checkpointer(_strategy(), run_dir, CheckpointSection(keep_last=2), max_steps=10)
+        ckpt = Checkpointer(
+            prepared_one_process_strategy(8), run_dir, CheckpointSection(keep_last=2), max_steps=10
+        )
         ckpt.save(2)
         fill(disk)
         with pytest.raises(CheckpointWriteError) as err:
@@ -50,7 +41,7 @@ def test_a_checkpoint_on_a_full_disk_is_one_paragraph_and_the_good_one_stays(tmp
 
 def test_a_first_checkpoint_that_does_not_fit_says_nothing_was_kept(tmp_path: Path) -> None:
     with small_filesystem(tmp_path / "disk", 256) as disk:
-        ckpt = Checkpointer(_strategy(), disk / "run", CheckpointSection(), max_steps=10)
+        ckpt = Checkpointer(prepared_one_process_strategy(8), disk / "run", CheckpointSection(), max_steps=10)
         fill(disk)
         with pytest.raises(CheckpointWriteError, match=r"Kept: no checkpoint .*run the same command again"):
             ckpt.save(1)
