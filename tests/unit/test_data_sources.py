@@ -202,6 +202,22 @@ def test_the_cache_serves_a_second_load_without_tokenizing(
     assert len(entries) == 5 and not [e for e in entries if e.name.startswith(".")]  # no temporary left
 
 
+def test_a_broken_cache_entry_is_replaced_once_not_retokenized_on_every_run(
+    tmp_path: Path, tok: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))
+    chats = _jsonl(tmp_path / "c.jsonl", CHATS)
+    first = load_examples(chats, tok, 64, cache=True)
+    (entry,) = (tmp_path / "cache" / "tokenized").iterdir()
+    (entry / "offsets.npy").write_bytes(b"truncated")  # a disk that filled up, a copy that was cut short
+    rebuilt = load_examples(chats, tok, 64, cache=True)
+    assert not rebuilt.stats.from_cache and rebuilt.examples == first.examples
+    assert f"tokenization cache entry {entry} could not be read" in capsys.readouterr().err
+    again = load_examples(chats, tok, 64, cache=True)  # the replacement serves the next run
+    assert again.stats.from_cache and again.examples == first.examples
+    assert [e.name for e in entry.parent.iterdir()] == [entry.name]  # nothing set aside is left
+
+
 # ---------------------------------------------------------------- held-out evaluation split
 
 

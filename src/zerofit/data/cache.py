@@ -10,12 +10,12 @@ half an entry and ranks or runs racing to write it are harmless. Delete the fold
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -106,11 +106,34 @@ def save_cached(
         for name, array in arrays.items():
             np.save(tmp / f"{name}.npy", array)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        with contextlib.suppress(OSError):  # another rank or run wrote it first: same key, same content
+        try:
             os.rename(tmp, target)
+        except OSError:  # an entry is there: another rank or run wrote it first (same key, same content) ...
+            problem = _unreadable(target)
+            if problem is not None:  # ... or it is broken, and would be re-tokenized on every run: replace it
+                print(
+                    f"zerofit: tokenization cache entry {target} could not be read ({problem}): replacing it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                old = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=target.parent))
+                os.rename(target, old / key)
+                os.rename(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _unreadable(folder: Path) -> str | None:
+    """Why the entry `folder` cannot be loaded (a file missing, truncated or not what it should be), or None."""
+    try:
+        json.loads((folder / "meta.json").read_text())
+        for name in _ARRAYS:
+            np.load(folder / f"{name}.npy", mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def load_cached(key: str) -> CachedData | None:
@@ -121,11 +144,10 @@ def load_cached(key: str) -> CachedData | None:
     list for its ids and labels.
     """
     folder = entry_dir(key)
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
-    except (OSError, ValueError):
+    if _unreadable(folder) is not None:
         return None
+    meta = json.loads((folder / "meta.json").read_text())
+    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
     flat_ids, mask, offsets = arrays["input_ids"], arrays["label_mask"], arrays["offsets"].tolist()
     n = len(offsets) - 1
     ids: list[list[int]] = []
