@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerofit.precision import torch_dtype
-from zerofit.train import Checkpointing
+from zerofit.train import CheckpointSaver
 
 if TYPE_CHECKING:
     from zerofit.assembly import PreparedRun
@@ -180,7 +180,7 @@ class Segment:
     last_loss: float
 
 
-class StepClock(Checkpointing):
+class StepClock(CheckpointSaver):
     """A checkpointer that saves nothing: `train_loop` calls it once at the end of every step, so the time
     between calls is the loop's whole per-step cost (batches, step, metrics, memory snapshot).
 

@@ -99,9 +99,9 @@ def _rows_sink() -> Any:
 
 def _step_hook(callback: Callable[[int], None]) -> Any:
     """Stands in for the checkpointer: calls `callback(steps_done)` after every step, saves nothing."""
-    from zerofit.train import Checkpointing
+    from zerofit.train import CheckpointSaver
 
-    class StepHook(Checkpointing):
+    class StepHook(CheckpointSaver):
         # The loop's own protocol as the base, and every argument the loop passes after `steps_done`
         # accepted (the loop added `stopping` once, and this hook broke with a TypeError).
         def after_step(self, steps_done: int, *args: Any, **kwargs: Any) -> None:

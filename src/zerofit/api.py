@@ -28,6 +28,7 @@ import yaml
 from zerofit.config import ZerofitConfig, load_config, resolve
 from zerofit.config.loader import deep_merge, parse_overrides, validate_config
 from zerofit.errors import ConfigError
+from zerofit.run_layout import RunLayout
 
 __all__ = ["RunResult", "plan", "train"]
 
@@ -132,10 +133,10 @@ def read_result(run_dir: str | Path, export_dir: Path | None = None) -> RunResul
     run_dir = Path(run_dir)
     loaded = load_run(run_dir)
     summary = loaded.summary()
-    saved = run_dir / "summary.json"
+    saved = RunLayout(run_dir).summary
     if saved.is_file():
         summary = {**summary, **json.loads(saved.read_text())}
-    config_file = run_dir / "config.yaml"
+    config_file = RunLayout(run_dir).config
     return RunResult(
         run_dir=run_dir,
         final_loss=summary.get("final_loss"),

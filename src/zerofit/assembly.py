@@ -44,7 +44,7 @@ from zerofit.optim import build_optimizer, build_scheduler
 from zerofit.shared_storage import check_shared_output_dir
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
-from zerofit.train import Checkpointing, TrainRun
+from zerofit.train import CheckpointSaver, TrainRun
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch, SaveClock
@@ -99,7 +99,7 @@ class PreparedRun:
     def train_run(
         self,
         sink: MetricsSink,
-        checkpointer: Checkpointing,
+        checkpointer: CheckpointSaver,
         stop: StopSignal | None = None,
         clock: SaveClock | None = None,
         watch: EvalWatch | None = None,

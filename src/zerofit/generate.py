@@ -22,7 +22,8 @@ import torch
 from zerofit.config.loader import validate_config
 from zerofit.errors import ConfigError, DataError
 from zerofit.export import EXPORT_INFO, load_trained
-from zerofit.export.trained import CONFIG_FILE, load_base
+from zerofit.export.trained import load_base
+from zerofit.run_layout import CONFIG_FILE
 
 __all__ = ["Generator", "load_generator"]
 

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from zerofit.catalogue import TINY_LLAMA
-from zerofit.checkpointing import checkpointed_layers, enable_activation_checkpointing
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.precision import tensor_dtypes, torch_dtype
+from zerofit.recompute import checkpointed_layers, enable_activation_checkpointing
 from zerofit.tiny_llama import ensure_tiny_llama
 
 
@@ -173,7 +173,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     # 5. Activation checkpointing of the first n decoder layers (`true`: all of them), non-reentrant: the
     #    reentrant variant needs inputs that require grad and breaks with frozen embeddings
-    #    (`zerofit.checkpointing`; transformers 5 makes the embedding output require grad itself).
+    #    (`zerofit.recompute`; transformers 5 makes the embedding output require grad itself).
     hf = _hf_model(model)
     n_ckpt = checkpointed_layers(cfg.train.activation_checkpointing, hf.config.num_hidden_layers)
     enable_activation_checkpointing(hf, n_ckpt)

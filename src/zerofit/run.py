@@ -24,6 +24,7 @@ from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, ZerofitError
 from zerofit.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.planner import choose_micro_batch
+from zerofit.run_layout import RunLayout
 from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
 
@@ -81,10 +82,9 @@ def write_run_files(run: PreparedRun) -> Path:
     """`config.yaml` (fully resolved) and the engine config exactly as the engine receives it (rank 0)."""
     run_dir = run.resolved.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(run.resolved.config.model_dump(mode="json"), sort_keys=False)
-    )
-    engine_file = run_dir / run.spec.filename
+    layout = RunLayout(run_dir)
+    layout.config.write_text(yaml.safe_dump(run.resolved.config.model_dump(mode="json"), sort_keys=False))
+    engine_file = layout.engine_file(run.spec.strategy)
     engine_file.write_text(json.dumps(run.spec.to_json(), indent=2) + "\n")
     return engine_file
 
@@ -179,7 +179,7 @@ def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
 
 def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     """Checkpointing (as resolved: `auto` is a number by now), the loss, and the token budget if any."""
-    from zerofit.checkpointing import checkpointed_layers, describe_checkpointing
+    from zerofit.recompute import checkpointed_layers, describe_checkpointing
 
     layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
     n = checkpointed_layers(cfg.train.activation_checkpointing, layers)

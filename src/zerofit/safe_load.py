@@ -155,8 +155,11 @@ def _dcp_findings(dcp_dir: Path) -> list[Finding]:
     return findings
 
 
-def check_checkpoint(folder: Path, deepspeed_dir: str = "engine", dcp_dir: str = "dcp") -> list[Finding]:
+def check_checkpoint(folder: Path, deepspeed_dir: str, dcp_dir: str) -> list[Finding]:
     """Every pickle of checkpoint `folder` that names a global beyond the allow-list (empty: safe to load).
+
+    The two folder names are the checkpoint layout of the strategies that write them (DeepSpeed's `TAG`,
+    FSDP2's `DCP_DIR`): the callers pass them, so this module restates no layout.
 
     `*.pt` files under `deepspeed_dir/` are DeepSpeed's (read by its unpickling loaders; DeepSpeed's
     allow-list applies); `dcp_dir/` is a DCP folder; every other `*.pt` is zerofit's own (state.pt,

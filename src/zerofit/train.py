@@ -94,7 +94,7 @@ def train_step(
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens)
 
 
-class Checkpointing(Protocol):
+class CheckpointSaver(Protocol):
     """What the loop needs from `zerofit.checkpoint.Checkpointer`: called after every step; the second
     argument forces a save (a decision every rank agreed on)."""
 
@@ -110,7 +110,7 @@ class Evaluating(Protocol):
 
 @dataclass
 class TrainRun:
-    """Everything the loop touches, built by `zerofit.run`."""
+    """Everything the loop touches, built by `zerofit.assembly.PreparedRun.train_run`."""
 
     strategy: Strategy
     model: torch.nn.Module
@@ -121,7 +121,7 @@ class TrainRun:
     max_grad_norm: float | None
     pad_id: int
     sink: MetricsSink
-    checkpointer: Checkpointing
+    checkpointer: CheckpointSaver
     log_every: int = 1
     flops_per_token: float | None = None  # model FLOPs per trained token, for MFU (None: not reported)
     precision: str = "bf16"

@@ -21,6 +21,7 @@ from zerofit.api import _override_items
 from zerofit.data import GlobalBatchSampler, load_examples
 from zerofit.errors import ConfigError
 from zerofit.loss import IGNORE_INDEX
+from zerofit.run_layout import RunLayout
 from zerofit.tiny_llama import ensure_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,6 +109,24 @@ def test_train_runs_each_format_and_returns_its_result(runs: dict[str, Any], fmt
     assert result.config["data"]["format"] == fmt  # `auto`, resolved to what the data is
     assert (result.export_dir / "adapter_model.safetensors").is_file()
     assert (result.export_dir / "chat_template.jinja").is_file()  # generation can render chat later
+
+
+def test_the_run_directory_holds_what_its_layout_names(runs: dict[str, Any]) -> None:
+    """What a run writes is what `RunLayout` (docs/contracts.md's run directory) names, and nothing else."""
+    result = runs["results"]["prompt_response"]
+    layout = RunLayout(result.run_dir)
+    expected = {
+        layout.config,
+        layout.engine_file("single"),
+        layout.metrics,
+        layout.run_info,
+        layout.summary,
+        layout.checkpoints,
+        layout.lock,
+        layout.adapter,
+    }
+    assert set(result.run_dir.iterdir()) == expected
+    assert result.export_dir == layout.export(adapter=True)
 
 
 @pytest.mark.parametrize("fmt", ["messages", "text", "alpaca", "prompt_response"])

@@ -27,7 +27,7 @@ def _tiny_model() -> Any:
 def _rank(rank: int, store: str, root: str, out: Any) -> None:
     import torch.distributed as dist
 
-    from zerofit.checkpoint.export import save_pretrained_here
+    from zerofit.checkpoint.final_export import save_pretrained_here
     from zerofit.lora import apply_lora, lora_config
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
@@ -60,7 +60,7 @@ def test_rank_1_of_a_process_group_writes_the_whole_folder(tmp_path: Path) -> No
 
 
 def test_a_save_that_writes_no_weights_is_refused(tmp_path: Path) -> None:
-    from zerofit.checkpoint.export import save_pretrained_here
+    from zerofit.checkpoint.final_export import save_pretrained_here
 
     class WritesNothing:
         def save_pretrained(self, folder: Path, **_: Any) -> None:

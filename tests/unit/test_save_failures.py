@@ -98,7 +98,7 @@ def test_closing_the_sinks_goes_on_after_one_fails_to_write(
 def test_a_final_export_on_a_full_disk_is_one_paragraph_and_names_the_checkpoint_to_export_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import zerofit.checkpoint.export as final_export
+    import zerofit.checkpoint.final_export as final_export
     from zerofit.api import train
     from zerofit.errors import ExportWriteError
 

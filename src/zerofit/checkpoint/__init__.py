@@ -7,7 +7,7 @@
 """
 
 from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer, complete_checkpoints
-from zerofit.checkpoint.export import export_final, is_peft_model
+from zerofit.checkpoint.final_export import export_final, is_peft_model
 from zerofit.checkpoint.manifest import MANIFEST, verify
 from zerofit.checkpoint.resume import ResumePoint, checkpoint_record, finish_resume, settle_run_dir
 

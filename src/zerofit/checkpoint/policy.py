@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.errors import ConfigError
+from zerofit.run_layout import BEST_FILE, RunLayout
 
-BEST_FILE = "best.json"  # checkpoints/best.json: the best evaluation's step and eval/loss
 BEST_METRIC = "eval/loss"  # lower is better
 
 
@@ -126,8 +126,9 @@ def resolve_step(run_dir: Path, step: int | str | None) -> int | None:
     """`--step best` as the step number `checkpoints/best.json` names; numbers and None pass through."""
     if step != "best":
         return step if isinstance(step, int) or step is None else int(step)
-    record = read_best(Path(run_dir) / "checkpoints")
-    folder = Path(run_dir) / "checkpoints" / f"step-{record['step']}" if record else None
+    layout = RunLayout(Path(run_dir))
+    record = read_best(layout.checkpoints)
+    folder = layout.checkpoints / f"step-{record['step']}" if record else None
     if record is None or folder is None or not folder.is_dir():
         why = "has no checkpoints/best.json" if record is None else f"no longer holds {folder}"
         raise ConfigError(

@@ -20,7 +20,9 @@ refused here when the checkpoint's state fixes it (`FIXED_BY_CHECKPOINT`). The w
 strategy loads a checkpoint saved on another number of ranks, and the batch plan keeps the global batch, so
 the data position is the same.
 
-Nothing is written here: the run record changes only after the checkpoint has loaded (`finish_resume`).
+Deciding writes nothing (`settle_run_dir`): the run record changes only after the checkpoint has loaded,
+in `restore` on rank 0, which locks the run directory (creating it and its `.zerofit.lock`), sets damaged
+newer checkpoints aside (`finish_resume`: `step-N.damaged`) and rewinds `metrics.jsonl` to the resumed step.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError, ResumeError, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
+from zerofit.run_layout import METRICS_FILE
 from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
 from zerofit.version import __version__
@@ -87,7 +90,6 @@ FIXED_BY_CHECKPOINT = (
     "quantization",
 )
 DAMAGED_SUFFIX = ".damaged"
-METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,14 @@ def _check_step(folder: Path, step: int, max_steps: int) -> None:
 
 def _check_pickles(folder: Path, trusted: bool) -> None:
     """Refuse a checkpoint whose pickles name code beyond the allow-list (`zerofit.safe_load`)."""
+    # The engines' folder names, from the strategies that write them (imported here: only a resume needs
+    # them, and a run of one engine need not import the others).
+    from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
+    from zerofit.strategies.fsdp import DCP_DIR
+
     try:
         refuse_unsafe(
-            check_checkpoint(folder),
+            check_checkpoint(folder, DEEPSPEED_TAG, DCP_DIR),
             trusted,
             "checkpoint.trust_pickles=true",
             f"checkpoint.resume: {folder}",

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import IO
 
 from zerofit.errors import ConfigError, ResumeError
+from zerofit.run_layout import CHECKPOINTS_DIR, LOCK_FILE
 
-LOCK_FILE = ".zerofit.lock"
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = CHECKPOINTS_DIR  # the name the checkpoint modules import
 _held_locks: list[IO[str]] = []  # this process's lock files, open for its lifetime
 
 

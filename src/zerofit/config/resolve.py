@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
+from zerofit.data_files import DATA_FILE_SUFFIXES  # a path with one of them names a local file
 from zerofit.errors import ConfigError
 from zerofit.presets import DEFAULT_PRESET, list_presets
 
@@ -41,8 +42,6 @@ class PlanChoice:
 PlanChooser = Callable[[ZerofitConfig, int], PlanChoice]
 MicroBatchChooser = PlanChooser  # the name callers have used since `micro_batch_size=auto`
 
-# Suffixes of the data files zerofit reads (`zerofit.data.records`); a path with one names a local file.
-DATA_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
 

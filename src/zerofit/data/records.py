@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from zerofit.config.resolve import DATA_FILE_SUFFIXES, looks_like_hub_id
+from zerofit.config.resolve import looks_like_hub_id
+from zerofit.data_files import DATA_FILE_KINDS, DATA_FILE_SUFFIXES, DataFileKind
 from zerofit.digest import content_sha256, files_sha256
 from zerofit.errors import DataError
 
@@ -330,12 +331,12 @@ def _first_line(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------- dispatch
 
-_FILE_SOURCES: dict[str, type[RecordSource]] = {
-    ".json": JsonSource,
-    ".parquet": ParquetSource,
-    ".pq": ParquetSource,
-    ".csv": CsvSource,
-    ".tsv": CsvSource,
+# One reader per kind of data file (`zerofit.data_files` says which suffix is which kind).
+_READERS: dict[DataFileKind, type[RecordSource]] = {
+    "jsonl": JsonlSource,
+    "json": JsonSource,
+    "parquet": ParquetSource,
+    "csv": CsvSource,
 }
 
 
@@ -351,7 +352,8 @@ def open_source(
     if local.is_dir():
         return _saved_dataset(local, split, key)
     if local.is_file():
-        return _FILE_SOURCES.get(local.suffix.lower(), JsonlSource)(local)  # type: ignore[call-arg]
+        kind = DATA_FILE_KINDS.get(local.suffix.lower(), "jsonl")  # any other suffix: read as JSONL
+        return _READERS[kind](local)  # type: ignore[call-arg]
     text = str(path)
     if looks_like_hub_id(text):
         return _hub_dataset(text, split, subset, key)

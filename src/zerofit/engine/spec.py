@@ -20,15 +20,11 @@ from typing import Any, Literal
 
 from zerofit.batching import BatchPlan
 from zerofit.precision import TensorDtypes, torch_dtype
+from zerofit.run_layout import ENGINE_FILES
 
 __all__ = ["DeepSpeedSpec", "EngineSpec", "FSDPSpec", "GradSync", "LocalSpec", "engine_config_filename"]
 
-_FILENAMES = {
-    "deepspeed": "ds_config.json",
-    "fsdp": "fsdp.json",
-    "single": "engine.json",
-    "ddp": "engine.json",
-}
+_FILENAMES = ENGINE_FILES  # the run directory's layout names them
 
 
 def engine_config_filename(strategy: str) -> str:

@@ -19,13 +19,14 @@ from zerofit.catalogue import TINY_LLAMA
 from zerofit.config.resolve import adaptation_method
 from zerofit.export.checkpoints import WeightsSource
 from zerofit.export.trained import RunConfig
+from zerofit.run_layout import RunLayout
 
 __all__ = ["losses", "model_card"]
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = RunLayout(run_dir).metrics.read_text().splitlines()
     except OSError:
         return []
     rows = []

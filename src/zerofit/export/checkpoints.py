@@ -11,8 +11,8 @@ A run leaves its weights in two kinds of places (docs/contracts.md, "Run directo
       dcp/ (+ extra.pt)  FSDP2: a torch.distributed.checkpoint folder holding {"model": ..., "optim": ...}
       state.pt           single / DDP: {"model": the trainable tensors, ...}
 
-This module is the one place outside the writers (the strategies and `zerofit.checkpoint`) that knows those
-layouts; a change to them is a change here. Checkpoints hold only what trains (frozen LoRA base weights are
+This module is the one reader of those layouts; their names belong to their writers (the run directory's
+to `zerofit.run_layout`, each engine's to the strategy that saves it) and are imported from there. Checkpoints hold only what trains (frozen LoRA base weights are
 left out), so `read_checkpoint` returns the trainable tensors, named as the unwrapped peft or Hugging Face
 model names them, in fp32 wherever the engine kept fp32 master weights. Reading needs no process group and no
 GPU: DeepSpeed's own `zero_to_fp32` merges ZeRO partitions, `torch.distributed.checkpoint` loads DCP shards
@@ -39,17 +39,17 @@ import torch
 
 from zerofit.checkpoint import MANIFEST, complete_checkpoints
 from zerofit.errors import ConfigError, ZerofitError
+from zerofit.run_layout import ADAPTER_DIR, MODEL_DIR, RunLayout
 from zerofit.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
+from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
+from zerofit.strategies.fsdp import DCP_DIR, DCP_MODEL_KEY
+from zerofit.strategies.single import STATE_FILE, STATE_MODEL_KEY
 
 __all__ = ["CheckpointVanishedError", "WeightsSource", "find_weights", "read_checkpoint", "snapshot"]
 
-ADAPTER_DIR, MODEL_DIR = "adapter", "model"  # the final export (zerofit.checkpoint.export_final)
-DEEPSPEED_TAG = "engine"  # deepspeed: engine.save_checkpoint(step_dir, tag="engine")
-DCP_DIR, DCP_MODEL_KEY = "dcp", "model"  # fsdp: dcp.save({"model": ..., "optim": ...}, step_dir / "dcp")
-STATE_FILE, STATE_MODEL_KEY = (
-    "state.pt",
-    "model",
-)  # single / ddp: torch.save({"model": ...}, step_dir / "state.pt")
+# The layouts are their writers': the run directory's names (`zerofit.run_layout`), and each engine's
+# step-N/ layout from the strategy that saves it (deepspeed: `TAG`; fsdp: `DCP_DIR`; single / ddp:
+# `STATE_FILE`).
 TRUST_FLAG = "--trust-pickles"  # `zerofit export` / `zerofit generate`: let DeepSpeed / DCP unpickle
 
 
@@ -89,7 +89,7 @@ class WeightsSource:
 def _final_export_step(run_dir: Path) -> int | None:
     """The step the final export was written at: the last logged step of the run's summary, if any."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads(RunLayout(run_dir).summary.read_text())
     except (OSError, ValueError):
         return None
     step = summary.get("last_step") if isinstance(summary, dict) else None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.checkpoint.export import save_pretrained_here
+from zerofit.checkpoint.final_export import save_pretrained_here
 from zerofit.errors import ConfigError
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint

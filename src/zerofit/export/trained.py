@@ -25,6 +25,7 @@ from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, f
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, lora_config
 from zerofit.model import load_dtype, load_tokenizer, quantization_config, resolve_model_path
+from zerofit.run_layout import CONFIG_FILE
 
 __all__ = [
     "RunConfig",
@@ -35,8 +36,6 @@ __all__ = [
     "read_run_config",
     "tokenizer_for",
 ]
-
-CONFIG_FILE = "config.yaml"
 
 
 @dataclass(frozen=True)

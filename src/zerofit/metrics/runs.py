@@ -17,6 +17,7 @@ import yaml
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import DataError
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
+from zerofit.run_layout import METRICS_FILE, RunLayout
 
 # The optimizer-step column of W&B history rows (see wandb_sink.STEP_METRIC).
 _W_AND_B_STEP = "train/step"
@@ -134,16 +135,17 @@ def load_run(path: str | Path) -> LoadedRun:
             "(each holds config.yaml and metrics.jsonl)"
         )
     run_dir = path if path.is_dir() else path.parent
+    layout = RunLayout(run_dir)
     config: dict[str, Any] = {}
-    if (run_dir / "config.yaml").is_file():
-        loaded = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    if layout.config.is_file():
+        loaded = yaml.safe_load(layout.config.read_text(encoding="utf-8"))
         config = loaded if isinstance(loaded, dict) else {}
-    extra = _read_json(run_dir / "run_info.json")
+    extra = _read_json(layout.run_info)
     if not config and extra:
         config = _config_part(extra)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = layout.metrics
     if path.is_dir() and metrics.is_file():
-        rows, source = _read_jsonl(metrics), "metrics.jsonl"
+        rows, source = _read_jsonl(metrics), METRICS_FILE
     else:
         try:
             rows, wandb_config = _rows_from_wandb(path)
@@ -163,5 +165,5 @@ def load_run(path: str | Path) -> LoadedRun:
         rows=rows,
         source=source,
         extra=extra,
-        saved_summary=_read_json(run_dir / "summary.json"),
+        saved_summary=_read_json(layout.summary),
     )

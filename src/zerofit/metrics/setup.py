@@ -15,6 +15,7 @@ from zerofit.engine.spec import EngineSpec
 from zerofit.metrics.base import JsonlSink, MetricsSink, MultiSink, NullSink
 from zerofit.metrics.run_info import git_commit, library_versions, planner_prediction
 from zerofit.metrics.summary import RunFilesSink, predicted_peak_gib
+from zerofit.run_layout import RunLayout
 
 if TYPE_CHECKING:
     from zerofit.metrics.console import ConsoleSink
@@ -88,6 +89,6 @@ def open_sinks(
         summaries.append(ConsoleSink(cfg.train.max_steps, title=cfg.run_name or "train"))
     for summary in summaries:
         summary.resume_from(history or [], prior_wall_s)
-    sink = MultiSink([JsonlSink(run_dir / "metrics.jsonl"), *summaries])
+    sink = MultiSink([JsonlSink(RunLayout(Path(run_dir)).metrics), *summaries])
     sink.log_config(config)
     return sink

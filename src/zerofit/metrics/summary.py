@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zerofit.run_layout import RunLayout
+
 _RANK_PEAK = re.compile(r"^mem/rank(\d+)/peak_gib$")
 
 
@@ -173,19 +175,21 @@ class RunFilesSink:
     def log_config(self, config: dict[str, Any]) -> None:
         if self.summary.predicted_peak is None:
             self.summary.predicted_peak = predicted_peak_gib(config)
-        _write_json(self.run_dir / "run_info.json", config)
+        _write_json(RunLayout(Path(self.run_dir)).run_info, config)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        _write_json(self.run_dir / "summary.json", self.summary.result(time.monotonic() - self._start))
+        _write_json(
+            RunLayout(Path(self.run_dir)).summary, self.summary.result(time.monotonic() - self._start)
+        )
 
 
 def record_outcome(run_dir: str | Path, fields: dict[str, Any]) -> None:
     """Add how the run ended (`stop_reason`, `early_stopped`, `best_step`, `best_eval_loss`) to the
     `summary.json` the sinks wrote at close (rank 0, after the loop)."""
-    path = Path(run_dir) / "summary.json"
+    path = RunLayout(Path(run_dir)).summary
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

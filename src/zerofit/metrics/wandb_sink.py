@@ -28,6 +28,7 @@ from typing import Any
 from zerofit.config.resolve import ResolvedConfig, wandb_key_configured
 from zerofit.messages import say
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
+from zerofit.run_layout import RunLayout
 
 STEP_METRIC = "train/step"
 TOKENS_METRIC = "train/tokens_seen"
@@ -37,7 +38,6 @@ FINISH_TIMEOUT_S = 120.0
 
 # The batch suffix of a default run name (see `default_run_name`): "-g16" (earlier names: "-g16-m2x4x2").
 _SPLIT_SUFFIX = re.compile(r"-g\d+(-m\d+x\d+x\d+)?$")
-RUN_ID_FILE = "zerofit-run-id"  # under run_dir/wandb/: the id a resumed run continues
 
 
 def split_label(resolved: ResolvedConfig) -> str:
@@ -103,6 +103,7 @@ class WandbSink:
         if self.mode == "disabled":
             return
         self.dir = Path(resolved.run_dir)
+        self.layout = RunLayout(self.dir)  # wandb/ and its run-id file
         self.init_kwargs: dict[str, Any] = {
             "project": wb.project,
             "entity": wb.entity,
@@ -119,7 +120,7 @@ class WandbSink:
         if self.mode == "offline" and not key_configured:
             notice(
                 "zerofit: W&B logging offline (no API key in WANDB_API_KEY or ~/.netrc); files in "
-                f"{self.dir / 'wandb'}, upload later with `wandb sync {self.dir / 'wandb'}/offline-run-*`"
+                f"{self.layout.wandb}, upload later with `wandb sync {self.layout.wandb}/offline-run-*`"
             )
         self.run = self._init(self.mode, init_timeout)
         if self.run is None and self.mode == "online":
@@ -139,7 +140,7 @@ class WandbSink:
     def _run_id(self, resume: bool) -> dict[str, Any]:
         """The W&B run id: a resumed run continues the id its run directory recorded (`resume="allow"`);
         a new run gets a fresh id, recorded in `wandb/zerofit-run-id` for its resumes."""
-        id_file = self.dir / "wandb" / RUN_ID_FILE
+        id_file = self.layout.wandb_run_id
         if resume and id_file.is_file() and id_file.read_text().strip():
             return {"id": id_file.read_text().strip(), "resume": "allow"}
         run_id = "".join(
@@ -175,7 +176,7 @@ class WandbSink:
         if not self._log_write_failed:  # one line, not one per record
             self._log_write_failed = True
             why = f": {type(exc).__name__}: {_first_line(exc)}" if exc is not None else ""
-            self._notice(f"zerofit: W&B could not write its log file in {self.dir / 'wandb'}{why}")
+            self._notice(f"zerofit: W&B could not write its log file in {self.layout.wandb}{why}")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.run is None:

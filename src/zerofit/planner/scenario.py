@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from zerofit.checkpointing import checkpointed_layers
 from zerofit.precision import tensor_dtypes, torch_dtype
+from zerofit.recompute import checkpointed_layers
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig

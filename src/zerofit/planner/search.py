@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from zerofit.checkpointing import describe_checkpointing
 from zerofit.config.resolve import PlanChoice, micro_batch_setting
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
@@ -30,6 +29,7 @@ from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_nam
 from zerofit.planner.scenario import Scenario, scenario_for, scenario_from_config
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import SpeedEstimate, predict_speed
+from zerofit.recompute import describe_checkpointing
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig

@@ -34,13 +34,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zerofit.checkpointing import enable_activation_checkpointing
 from zerofit.lora import apply_lora, lora_config
 from zerofit.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
 from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import compute_profile
 from zerofit.planner.shapes import build_meta_model, decoder_layers, model_shape
+from zerofit.recompute import enable_activation_checkpointing
 
 if TYPE_CHECKING:
     from zerofit.planner.scenario import Scenario

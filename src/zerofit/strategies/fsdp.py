@@ -49,6 +49,9 @@ from zerofit.strategies.base import (
 from zerofit.strategies.env import LaunchEnv
 from zerofit.writes import torch_save
 
+# A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
+DCP_DIR = "dcp"  # the torch.distributed.checkpoint folder holding {DCP_MODEL_KEY: ..., DCP_OPTIM_KEY: ...}
+DCP_MODEL_KEY, DCP_OPTIM_KEY = "model", "optim"
 EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)
 
 
@@ -160,7 +163,9 @@ class FSDPStrategy(Strategy):
 
     def save(self, directory: Path, client_state: dict[str, Any]) -> None:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(Path(directory) / "dcp"))
+        dcp.save(
+            {DCP_MODEL_KEY: model_sd, DCP_OPTIM_KEY: optim_sd}, checkpoint_id=str(Path(directory) / DCP_DIR)
+        )
         if self.rank == 0:
             extra = {"scheduler": self.scheduler.state_dict(), "client_state": client_state}
             torch_save(extra, Path(directory) / EXTRA_FILE)
@@ -173,13 +178,13 @@ class FSDPStrategy(Strategy):
         # DCP reshards on load: a checkpoint saved on any number of ranks loads onto this mesh.
         del saved_world_size
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(Path(directory) / "dcp"))
+        state = {DCP_MODEL_KEY: model_sd, DCP_OPTIM_KEY: optim_sd}
+        dcp.load(state, checkpoint_id=str(Path(directory) / DCP_DIR))
         set_state_dict(
             self.model,
             self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            model_state_dict=state[DCP_MODEL_KEY],
+            optim_state_dict=state[DCP_OPTIM_KEY],
             options=self._options(strict=False),
         )
         extra = torch.load(Path(directory) / EXTRA_FILE, map_location="cpu", weights_only=True)

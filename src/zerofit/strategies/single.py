@@ -18,7 +18,9 @@ from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy
 from zerofit.strategies.env import LaunchEnv
 from zerofit.writes import torch_save
 
-STATE_FILE = "state.pt"
+# A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
+STATE_FILE = "state.pt"  # torch.save of {STATE_MODEL_KEY: the trainable tensors, "optimizer": ..., ...}
+STATE_MODEL_KEY = "model"
 
 
 def grad_norm_and_clip(params: list[torch.nn.Parameter], max_grad_norm: float | None) -> torch.Tensor:
@@ -116,7 +118,7 @@ class SingleStrategy(Strategy):
         if self.rank != 0:
             return
         state = {
-            "model": self._trainable_state(),
+            STATE_MODEL_KEY: self._trainable_state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -129,10 +131,10 @@ class SingleStrategy(Strategy):
         del saved_world_size
         assert self.optimizer is not None, "prepare() first"
         state = torch.load(Path(directory) / STATE_FILE, map_location=self.device, weights_only=True)
-        missing = set(self._trainable_state()) - set(state["model"])
+        missing = set(self._trainable_state()) - set(state[STATE_MODEL_KEY])
         if missing:
             raise RuntimeError(f"checkpoint {directory} lacks trainable weights: {sorted(missing)[:5]}")
-        self.unwrap().load_state_dict(state["model"], strict=False)
+        self.unwrap().load_state_dict(state[STATE_MODEL_KEY], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state["scaler"] is not None:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from zerofit.checkpoint.failed_save import attempt, export_failed
+from zerofit.run_layout import RunLayout
 from zerofit.strategies.base import Strategy
 
 # What a saved folder holds its weights in: one safetensors file, a sharded one's index, or peft's adapter.
@@ -36,7 +37,7 @@ def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
     """
     state = strategy.full_state_dict()  # every rank takes part in the gather
     model = strategy.unwrap()
-    out = Path(run_dir) / ("adapter" if is_peft_model(model) else "model")
+    out = RunLayout(Path(run_dir)).export(adapter=is_peft_model(model))
     tmp = out.with_name(out.name + ".tmp")
     failure = None
     if strategy.rank == 0:

@@ -1,0 +1,118 @@
+"""The run directory's layout: the one place every file name of `output_dir/run_name/` is spelled.
+
+docs/contracts.md ("Run directory") is the contract; every module that writes or reads a run directory
+(the launcher, the metrics sinks, checkpoints and resume, the final export, `zerofit export` / `compare`,
+the Python API) takes its names from here, so a name can change in one place and no reader drifts from
+the writer. What is inside a checkpoint's `step-N/` folder is the writing engine's (`zerofit.strategies`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "ADAPTER_DIR",
+    "BEST_FILE",
+    "CHECKPOINTS_DIR",
+    "CONFIG_FILE",
+    "ENGINE_FILES",
+    "LOCK_FILE",
+    "METRICS_FILE",
+    "MODEL_DIR",
+    "RUN_INFO_FILE",
+    "SUMMARY_FILE",
+    "WANDB_DIR",
+    "WANDB_RUN_ID_FILE",
+    "RunLayout",
+]
+
+CONFIG_FILE = "config.yaml"  # the fully resolved config
+METRICS_FILE = "metrics.jsonl"  # one JSON row per logged step (contract 4)
+RUN_INFO_FILE = "run_info.json"  # config, batch plan, engine config, planner prediction, versions
+SUMMARY_FILE = "summary.json"  # the outcome, written at close
+CHECKPOINTS_DIR = "checkpoints"  # step-N/ folders (step-N.tmp/: a save in progress)
+BEST_FILE = "best.json"  # checkpoints/best.json: the best evaluation's step and eval/loss
+LOCK_FILE = ".zerofit.lock"  # held (flock) by rank 0 of the run writing the directory
+ADAPTER_DIR = "adapter"  # the final export of a LoRA run
+MODEL_DIR = "model"  # the final export of a full fine-tuning run
+WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
+WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
+
+# The engine file, exactly what the engine received, by `distributed.strategy`.
+ENGINE_FILES = {
+    "deepspeed": "ds_config.json",
+    "fsdp": "fsdp.json",
+    "single": "engine.json",
+    "ddp": "engine.json",
+}
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The paths of one run directory (`root` is `output_dir/run_name`); nothing here touches the disk."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        """`config.yaml`: the fully resolved config."""
+        return self.root / CONFIG_FILE
+
+    @property
+    def metrics(self) -> Path:
+        """`metrics.jsonl`: the per-step metrics."""
+        return self.root / METRICS_FILE
+
+    @property
+    def run_info(self) -> Path:
+        """`run_info.json`: what defines the run (config extras, versions, planner prediction)."""
+        return self.root / RUN_INFO_FILE
+
+    @property
+    def summary(self) -> Path:
+        """`summary.json`: the run's outcome."""
+        return self.root / SUMMARY_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        """`checkpoints/`: the complete `step-N/` checkpoints."""
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def best(self) -> Path:
+        """`checkpoints/best.json`: the best evaluation whose checkpoint is kept."""
+        return self.checkpoints / BEST_FILE
+
+    @property
+    def lock(self) -> Path:
+        """`.zerofit.lock`: the lock rank 0 of the writing run holds."""
+        return self.root / LOCK_FILE
+
+    @property
+    def adapter(self) -> Path:
+        """`adapter/`: the final export of a LoRA run."""
+        return self.root / ADAPTER_DIR
+
+    @property
+    def model(self) -> Path:
+        """`model/`: the final export of a full fine-tuning run."""
+        return self.root / MODEL_DIR
+
+    @property
+    def wandb(self) -> Path:
+        """`wandb/`: W&B's files."""
+        return self.root / WANDB_DIR
+
+    @property
+    def wandb_run_id(self) -> Path:
+        """`wandb/zerofit-run-id`: the W&B run id a resume continues."""
+        return self.wandb / WANDB_RUN_ID_FILE
+
+    def export(self, adapter: bool) -> Path:
+        """The final export's folder: `adapter/` (LoRA) or `model/` (full fine-tuning)."""
+        return self.adapter if adapter else self.model
+
+    def engine_file(self, strategy: str) -> Path:
+        """The engine file of `distributed.strategy` (`ds_config.json`, `fsdp.json`, `engine.json`)."""
+        return self.root / ENGINE_FILES[strategy]
