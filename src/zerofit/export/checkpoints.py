@@ -12,9 +12,10 @@ A run leaves its weights in two kinds of places (docs/contracts.md, "Run directo
       state.pt           single / DDP: {"model": the trainable tensors, ...}
 
 This module is the one reader of those layouts; their names belong to their writers (the run directory's
-to `zerofit.run_layout`, each engine's to the strategy that saves it) and are imported from there. Checkpoints hold only what trains (frozen LoRA base weights are
-left out), so `read_checkpoint` returns the trainable tensors, named as the unwrapped peft or Hugging Face
-model names them, in fp32 wherever the engine kept fp32 master weights. Reading needs no process group and no
+to `zerofit.run_layout`, each engine's to the strategy module that saves it: `TAG`, `DCP_DIR`, `STATE_FILE`)
+and are imported from there. Checkpoints hold only what trains (frozen LoRA base weights are left out), so
+`read_checkpoint` returns the trainable tensors, named as the unwrapped peft or Hugging Face model names
+them, in fp32 wherever the engine kept fp32 master weights. Reading needs no process group and no
 GPU: DeepSpeed's own `zero_to_fp32` merges ZeRO partitions, `torch.distributed.checkpoint` loads DCP shards
 in one process.
 """
@@ -47,9 +48,6 @@ from zerofit.strategies.single import STATE_FILE, STATE_MODEL_KEY
 
 __all__ = ["CheckpointVanishedError", "WeightsSource", "find_weights", "read_checkpoint", "snapshot"]
 
-# The layouts are their writers': the run directory's names (`zerofit.run_layout`), and each engine's
-# step-N/ layout from the strategy that saves it (deepspeed: `TAG`; fsdp: `DCP_DIR`; single / ddp:
-# `STATE_FILE`).
 TRUST_FLAG = "--trust-pickles"  # `zerofit export` / `zerofit generate`: let DeepSpeed / DCP unpickle
 
 
