@@ -1,5 +1,10 @@
 """`resolve()`: check a whole config against the launch, collect every problem, derive every value.
 
+A short sequence of named steps (`resolve` reads top to bottom): settle the engine, check the engine,
+the batch (solved here), the training keys, the run length, quantization, the data and the model, then
+fill the batch, the W&B mode and the run directory. Bounds of single values are not here: they are
+constraints on the schema's fields, checked (and worded) when the config is validated (`loader.py`).
+
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
 `auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`) is

@@ -1,7 +1,9 @@
 """The typed run configuration (docs/contracts.md, "Config keys").
 
 Every section forbids unknown keys so a typo fails loudly (with a did-you-mean, see `loader.py`) instead of
-being silently ignored. Defaults here are the values a user gets when a key is absent; derived values
+being silently ignored. A value's own bounds are constraints on its field (`Field(gt=0)`, with a `RuleHint`
+saying what the edge means), so every validated config obeys them; rules between keys are `resolve()`'s.
+Defaults here are the values a user gets when a key is absent; derived values
 (grad_accum_steps, run_name, preset, W&B mode) are left as `None` and filled only by `resolve()`.
 """
 
