@@ -390,6 +390,12 @@ def test_value_bounds_are_checked_when_the_config_is_validated_all_at_once() -> 
         ),
         ("eval.every_steps=-2", "eval.every_steps = -2: must be >= 0 (0 = only at the end)"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last = 0: must be >= 1"),
+        # A bound on one member of a union (bool | int >= 0 | auto; a fraction or a split name).
+        (
+            "train.activation_checkpointing=-2",
+            "train.activation_checkpointing = -2: must be >= 0 (the number",
+        ),
+        ("data.eval_split=1.5", "data.eval_split = 1.5: must be in (0, 1) (a held-out fraction, e.g. 0.02"),
         ("train.early_stopping.patience=-1", "train.early_stopping.patience = -1: must be >= 0 (0 = off)"),
     ],
 )

@@ -114,7 +114,13 @@ class TrainSection(_Section):
     )
     early_stopping: EarlyStoppingSection = Field(default_factory=EarlyStoppingSection)
     precision: Precision = "bf16"
-    activation_checkpointing: bool | int | Literal["auto"] = Field(
+    activation_checkpointing: (
+        bool
+        | Annotated[
+            int, Field(ge=0), RuleHint("the number of checkpointed decoder layers; or true, false, auto")
+        ]
+        | Literal["auto"]
+    ) = Field(
         False, description="true, false, the number of decoder layers to recompute (the first n), or auto."
     )
     cross_entropy: Literal["chunked", "unchunked", "liger"] = Field(
@@ -202,7 +208,11 @@ class DataSection(_Section):
     shuffle: bool = True
     cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")
     eval_path: str | None = Field(None, description="Evaluation data, any source `path` accepts.")
-    eval_split: float | str | None = Field(
+    eval_split: (
+        Annotated[float, Field(gt=0, lt=1), RuleHint("a held-out fraction, e.g. 0.02; or a split name")]
+        | str
+        | None
+    ) = Field(
         None, description="A fraction of `path` held out for evaluation, or the name of its eval split."
     )
 
