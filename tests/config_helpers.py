@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.config.loader import validate_config
 from zerofit.engine import LocalSpec, render_spec
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy
@@ -15,11 +16,12 @@ DEMO_DATA = str(REPO / "data" / "demo.jsonl")
 
 
 def config(base: dict[str, Any], **sections: dict[str, Any]) -> ZerofitConfig:
-    """`base` (a raw config dict) with each keyword section merged into its section, validated."""
+    """`base` (a raw config dict) with each keyword section merged into its section, validated as a loaded
+    config is (a bad value is a `ConfigError` naming the key)."""
     raw = {name: dict(values) if isinstance(values, dict) else values for name, values in base.items()}
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
-    return ZerofitConfig.model_validate(raw)
+    return validate_config(raw)
 
 
 def one_process_spec(precision: str = "fp32") -> LocalSpec:

@@ -3,6 +3,7 @@ with one clear `ConfigError` that names the field, the value and the fix."""
 
 from __future__ import annotations
 
+import ast
 import math
 from pathlib import Path
 from typing import Any
@@ -348,7 +349,8 @@ def test_all_problems_are_collected_into_one_error() -> None:
                 [
                     "batch.micro_batch_size=3",
                     "distributed.preset=zero9",
-                    "train.max_steps=0",
+                    "quantization.load_in=4bit",
+                    "lora.enabled=false",
                     "data.path=nope.jsonl",
                 ],
             ),
@@ -357,6 +359,60 @@ def test_all_problems_are_collected_into_one_error() -> None:
     problems = err.value.problems
     assert len(problems) == 4
     assert "Invalid configuration (4 problems)" in str(err.value)
+
+
+def test_value_bounds_are_checked_when_the_config_is_validated_all_at_once() -> None:
+    # The bounds live on the schema's fields, so any validated config obeys them, not only a resolved one;
+    # every broken bound and unknown key of one config is reported together.
+    with pytest.raises(ConfigError) as err:
+        validate_config(
+            {
+                "train": {"max_steps": 0},
+                "scheduler": {"min_lr_ratio": 1.5},
+                "lora": {"dropuot": 0.1, "dropout": 1},
+            }
+        )
+    assert sorted(err.value.problems) == [
+        "lora.dropout = 1.0: must be in [0, 1)",
+        "scheduler.min_lr_ratio = 1.5: must be in [0, 1]",
+        "train.max_steps = 0: must be > 0",
+        "unknown key 'lora.dropuot'; did you mean 'lora.dropout'? (valid keys under lora: alpha, dropout, "
+        "enabled, r, target_modules, use_dora)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        (
+            "checkpoint.every_minutes=-1",
+            "checkpoint.every_minutes = -1.0: must be >= 0 (0 or null = no wall-clock saves)",
+        ),
+        ("eval.every_steps=-2", "eval.every_steps = -2: must be >= 0 (0 = only at the end)"),
+        ("checkpoint.keep_last=0", "checkpoint.keep_last = 0: must be >= 1"),
+        # A bound on one member of a union (bool | int >= 0 | auto; a fraction or a split name).
+        (
+            "train.activation_checkpointing=-2",
+            "train.activation_checkpointing = -2: must be >= 0 (the number",
+        ),
+        ("data.eval_split=1.5", "data.eval_split = 1.5: must be in (0, 1) (a held-out fraction, e.g. 0.02"),
+        ("train.early_stopping.patience=-1", "train.early_stopping.patience = -1: must be >= 0 (0 = off)"),
+    ],
+)
+def test_a_broken_bound_says_what_its_edge_means(override: str, named: str) -> None:
+    assert named in _problems([override])
+
+
+def test_no_config_function_is_longer_than_60_lines() -> None:
+    # Resolution reads as named steps (issue 15): a step that grows past a screen is two steps.
+    too_long = []
+    for source in sorted((REPO / "src" / "zerofit" / "config").glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > 60:
+                    too_long.append(f"{source.name}:{node.name} ({length} lines)")
+    assert too_long == []
 
 
 def test_quantization_needs_lora() -> None:

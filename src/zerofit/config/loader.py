@@ -7,14 +7,17 @@ schema, bad values name the key, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import annotated_types
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
-from zerofit.config.schema import ZerofitConfig
+from zerofit.config.schema import RuleHint, ZerofitConfig
 from zerofit.errors import ConfigError
 
 
@@ -83,13 +86,82 @@ _PRECISION_FLAGS = {"bf16", "fp16", "fp32", "half", "amp", "mixed_precision"}
 def _error_loc(err: dict[str, Any]) -> list[str]:
     loc = [str(p) for p in err["loc"]]
     # Union members add their type name to the location (e.g. `int`, `literal['auto']`); drop those.
-    while loc and (loc[-1] in {"int", "float", "str", "bool", "list[str]"} or loc[-1].startswith("literal[")):
+    member = ("literal[", "constrained-")
+    while loc and (loc[-1] in {"int", "float", "str", "bool", "list[str]"} or loc[-1].startswith(member)):
         loc.pop()
     return loc
 
 
+# pydantic's error types for a `Field(gt=, ge=, lt=, le=)` bound that a value breaks.
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _field_at(loc: Sequence[str]) -> FieldInfo | None:
+    """The schema field at dotted location `loc` (None past the schema's sections)."""
+    owner = _schema_at(loc[:-1]) if loc else None
+    return owner.model_fields.get(loc[-1]) if owner else None
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _constraints(field: FieldInfo) -> list[Any]:
+    """The field's bounds and `RuleHint`: its own, or those of the `Annotated` member of a union
+    (`bool | Annotated[int, Field(ge=0)] | Literal["auto"]`), where pydantic keeps them in the type."""
+    found = list(field.metadata)
+    pending = [field.annotation]
+    while pending:
+        for arg in typing.get_args(pending.pop()):
+            if isinstance(arg, FieldInfo):
+                found += arg.metadata
+            elif isinstance(arg, annotated_types.BaseMetadata | RuleHint):
+                found.append(arg)
+            else:
+                pending.append(arg)
+    return found
+
+
+def _bound_rule(constraints: list[Any]) -> str:
+    """The field's whole range in words: `must be > 0`, or with two bounds `must be in [0, 1)`."""
+    lower = next((m for m in constraints if isinstance(m, annotated_types.Gt | annotated_types.Ge)), None)
+    upper = next((m for m in constraints if isinstance(m, annotated_types.Lt | annotated_types.Le)), None)
+    if lower is not None and upper is not None:
+        low = f"({_number(lower.gt)}" if isinstance(lower, annotated_types.Gt) else f"[{_number(lower.ge)}"
+        high = f"{_number(upper.lt)})" if isinstance(upper, annotated_types.Lt) else f"{_number(upper.le)}]"
+        return f"must be in {low}, {high}"
+    bound = lower or upper
+    symbol, value = {
+        annotated_types.Gt: (">", "gt"),
+        annotated_types.Ge: (">=", "ge"),
+        annotated_types.Lt: ("<", "lt"),
+        annotated_types.Le: ("<=", "le"),
+    }[type(bound)]
+    return f"must be {symbol} {_number(getattr(bound, value))}"
+
+
+def _bound_problem(err: dict[str, Any], loc: list[str]) -> str | None:
+    """A broken `Field(gt=/ge=/lt=/le=)` said as the key, the value, the field's range and what its edge means.
+
+    The value is shown as the field's type holds it (`optimizer.lr = 0.0`, not the `0` that was typed).
+    """
+    field = _field_at(loc)
+    if field is None:
+        return None
+    value = err.get("input")
+    # pydantic's bound (`ctx`) has the field's type: a float field's bound is a float.
+    float_field = any(isinstance(bound, float) for bound in err.get("ctx", {}).values())
+    if float_field and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    constraints = _constraints(field)
+    hint = next((m.text for m in constraints if isinstance(m, RuleHint)), None)
+    return f"{'.'.join(loc)} = {value!r}: {_bound_rule(constraints)}" + (f" ({hint})" if hint else "")
+
+
 def _format_error(err: dict[str, Any]) -> str:
     loc = _error_loc(err)
+    if err["type"] in _BOUND_ERRORS and (bound := _bound_problem(err, loc)) is not None:
+        return bound
     dotted = ".".join(loc)
     if err["type"] == "extra_forbidden" and loc[-1] in _PRECISION_FLAGS:
         return (
@@ -118,7 +190,10 @@ def validate_config(raw: dict[str, Any]) -> ZerofitConfig:
         lines: dict[str, str] = {}
         for err in exc.errors():
             line = _format_error(dict(err))
-            lines.setdefault(".".join(_error_loc(dict(err))), line)
+            where = ".".join(_error_loc(dict(err)))
+            # The member whose bound the value broke says more than the members of other types.
+            if err["type"] in _BOUND_ERRORS or where not in lines:
+                lines[where] = line
         raise ConfigError(list(lines.values())) from None
 
 

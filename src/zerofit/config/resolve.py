@@ -1,5 +1,10 @@
 """`resolve()`: check a whole config against the launch, collect every problem, derive every value.
 
+A short sequence of named steps (`resolve` reads top to bottom): settle the engine, check the engine,
+the batch (solved here), the training keys, the run length, quantization, the data and the model, then
+fill the batch, the W&B mode and the run directory. Bounds of single values are not here: they are
+constraints on the schema's fields, checked (and worded) when the config is validated (`loader.py`).
+
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
 `auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`) is
@@ -40,7 +45,6 @@ class PlanChoice:
 
 # `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
 PlanChooser = Callable[[ZerofitConfig, int], PlanChoice]
-MicroBatchChooser = PlanChooser  # the name callers have used since `micro_batch_size=auto`
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
@@ -183,12 +187,6 @@ def _settle_engine(cfg: ZerofitConfig) -> list[str]:
     return notes
 
 
-def _check_positive(problems: list[str], **values: float | int | None) -> None:
-    for key, value in values.items():
-        if value is not None and value <= 0:
-            problems.append(f"{key.replace('__', '.')} = {value!r}: must be > 0")
-
-
 def micro_batch_setting(cfg: ZerofitConfig, problems: list[str] | None = None) -> int | str | None:
     """`batch.micro_batch_size`, or under a token budget the rows per micro-batch it gives (`auto` stays
     `auto`). Problems with the token budget are appended to `problems` (and give None)."""
@@ -222,11 +220,6 @@ def _resolve_batch(
     b = cfg.batch
     micro = micro_batch_setting(cfg, problems)
     ckpt = cfg.train.activation_checkpointing
-    if not isinstance(ckpt, (bool, str)) and ckpt < 0:
-        problems.append(
-            f"train.activation_checkpointing = {ckpt}: the number of checkpointed decoder layers must be >= 0 "
-            "(or true, false, auto)"
-        )
     if micro is None and b.tokens_per_micro_batch is not None:
         return None, None  # the token budget's problem is already reported
     autos = [
@@ -315,10 +308,6 @@ def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
     if d.eval_path is not None:
         _check_data_path(problems, "data.eval_path", d.eval_path)
     split = d.eval_split
-    if isinstance(split, float) and not 0.0 < split < 1.0:
-        problems.append(
-            f"data.eval_split = {split}: a held-out fraction must be in (0, 1), e.g. 0.02 (or a split name)"
-        )
     if isinstance(split, float) and d.eval_path is not None:
         problems.append(
             f"data.eval_split = {split} holds out part of data.path, but data.eval_path = {d.eval_path!r} is "
@@ -331,8 +320,6 @@ def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
                 f"data.eval_split = {split!r} names a split, but {key} = {target!r} is a file, which has no "
                 "splits; hold out a fraction (data.eval_split=0.02) or set data.eval_path to the eval file"
             )
-    if cfg.eval.every_steps < 0:
-        problems.append(f"eval.every_steps = {cfg.eval.every_steps}: must be >= 0 (0 = only at the end)")
     if cfg.eval.every_steps > 0 and d.eval_path is None and split is None:
         problems.append(
             f"eval.every_steps = {cfg.eval.every_steps} but there is no evaluation data; set data.eval_path "
@@ -347,9 +334,9 @@ def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
 
 
 def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
-    """How long the run is (train.max_steps or train.epochs), when it stops early, how often it saves, and
-    how long a collective may wait (`distributed.timeout_minutes`)."""
-    t, c = cfg.train, cfg.checkpoint
+    """How long the run is: train.max_steps or train.epochs (not both, and epochs only where the step count
+    can follow the data), and when it stops early."""
+    t = cfg.train
     if t.max_steps is not None and t.epochs is not None:
         problems.append(
             f"train.max_steps = {t.max_steps} and train.epochs = {t.epochs} are both set, and each fixes the "
@@ -357,22 +344,11 @@ def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
             "exact step count; to replace a config file's train.max_steps from the command line, add "
             "train.max_steps=null)"
         )
-    if t.epochs is not None and t.epochs <= 0:
-        problems.append(f"train.epochs = {t.epochs}: must be > 0 (or unset, with train.max_steps)")
     if t.epochs is not None and cfg.distributed.ds_config is not None:
         problems.append(
             f"train.epochs = {t.epochs} with distributed.ds_config = {cfg.distributed.ds_config!r}: the step "
             "count of an epoch is known only once the data is loaded, after the DeepSpeed file is filled in; "
             "set train.max_steps instead (the plan of an epochs run prints its step count)"
-        )
-    if c.every_minutes is not None and c.every_minutes < 0:
-        problems.append(
-            f"checkpoint.every_minutes = {c.every_minutes}: must be >= 0 (0 or null = no wall-clock saves)"
-        )
-    if cfg.distributed.timeout_minutes <= 0:
-        problems.append(
-            f"distributed.timeout_minutes = {cfg.distributed.timeout_minutes}: must be > 0 (minutes a "
-            "collective may wait for a peer, e.g. 30)"
         )
     _check_early_stopping(problems, cfg)
 
@@ -380,11 +356,6 @@ def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
 def _check_early_stopping(problems: list[str], cfg: ZerofitConfig) -> None:
     """Early stopping needs evaluations between steps to count its patience in."""
     es, d = cfg.train.early_stopping, cfg.data
-    if es.patience < 0 or es.min_delta < 0:
-        problems.append(
-            f"train.early_stopping: patience = {es.patience}, min_delta = {es.min_delta}: both must be >= 0 "
-            "(patience 0 = off)"
-        )
     if es.patience <= 0:
         return
     if d.eval_path is None and d.eval_split is None:
@@ -409,19 +380,10 @@ def _liger_available() -> bool:
     return liger_available()
 
 
-def resolve(
-    config: ZerofitConfig, world_size: int, choose_micro_batch: PlanChooser | None = None
-) -> ResolvedConfig:
-    """Validate `config` for a launch of `world_size` ranks and fill every derived value.
-
-    `choose_micro_batch` (the planner's plan chooser) decides every `auto` key (without one, `auto` is
-    refused). Raises one `ConfigError` listing every problem found.
-    """
-    cfg = config.model_copy(deep=True)
-    problems: list[str] = []
-    notes = _settle_engine(cfg)
+def _check_engine(problems: list[str], cfg: ZerofitConfig, world_size: int) -> None:
+    """Decide the preset (the strategy's default when unset) and check the engine fits the launch: the
+    world size suits the strategy, the preset exists and belongs to it, a DeepSpeed file exists."""
     strategy = cfg.distributed.strategy
-
     if world_size < 1:
         problems.append(f"world size {world_size} must be >= 1")
     if strategy == "single" and world_size > 1:
@@ -429,69 +391,49 @@ def resolve(
             f"distributed.strategy = 'single' runs one process, but the launcher started {world_size}; "
             "use distributed.strategy=deepspeed, fsdp or ddp for several ranks, or launch one process"
         )
-
-    # Preset: default per strategy, must exist, must belong to the strategy.
     if cfg.distributed.preset is None:
         cfg.distributed.preset = DEFAULT_PRESET[strategy]
-    preset_name = cfg.distributed.preset
-    presets = list_presets()
-    if preset_name is not None:
-        if preset_name not in presets:
-            listing = ", ".join(f"{n} ({p.strategy})" for n, p in presets.items())
-            problems.append(
-                f"distributed.preset = {preset_name!r} is not a known preset; available: {listing}"
-            )
-        elif presets[preset_name].strategy != strategy:
-            same = [n for n, p in presets.items() if p.strategy == strategy]
-            problems.append(
-                f"distributed.preset = {preset_name!r} is a {presets[preset_name].strategy} preset but "
-                f"distributed.strategy = {strategy!r}; set distributed.strategy={presets[preset_name].strategy}"
-                + (f" or pick one of: {', '.join(same)}" if same else " or drop distributed.preset")
-            )
-    if cfg.distributed.ds_config is not None:
+    _check_preset(problems, cfg.distributed.preset, strategy)
+    ds_config = cfg.distributed.ds_config
+    if ds_config is not None:
         if strategy != "deepspeed":
             problems.append(
-                f"distributed.ds_config = {cfg.distributed.ds_config!r} is a DeepSpeed config but "
+                f"distributed.ds_config = {ds_config!r} is a DeepSpeed config but "
                 f"distributed.strategy = {strategy!r}; set distributed.strategy=deepspeed or drop ds_config"
             )
-        elif not Path(cfg.distributed.ds_config).is_file():
-            problems.append(f"distributed.ds_config = {cfg.distributed.ds_config!r}: file does not exist")
+        elif not Path(ds_config).is_file():
+            problems.append(f"distributed.ds_config = {ds_config!r}: file does not exist")
 
-    # Batch: exact split for this world size; `auto` is the planner's to decide.
-    plan, choice = _resolve_batch(cfg, world_size, choose_micro_batch, problems)
 
-    t, o, s, d = cfg.train, cfg.optimizer, cfg.scheduler, cfg.data
-    _check_positive(
-        problems,
-        train__max_steps=t.max_steps,
-        optimizer__lr=o.lr,
-        data__max_seq_len=d.max_seq_len,
-        logging__log_every=cfg.logging.log_every,
-        lora__r=cfg.lora.r if cfg.lora.enabled else None,
-        optimizer__base_batch_size=o.base_batch_size,
-    )
-    if t.max_grad_norm is not None and t.max_grad_norm < 0:
+def _check_preset(problems: list[str], preset_name: str | None, strategy: str) -> None:
+    """The preset is a known one, of `strategy`'s engine (None: the strategy takes none)."""
+    presets = list_presets()
+    if preset_name is None:
+        return
+    if preset_name not in presets:
+        listing = ", ".join(f"{n} ({p.strategy})" for n, p in presets.items())
+        problems.append(f"distributed.preset = {preset_name!r} is not a known preset; available: {listing}")
+    elif presets[preset_name].strategy != strategy:
+        owner = presets[preset_name].strategy
+        same = [n for n, p in presets.items() if p.strategy == strategy]
         problems.append(
-            f"train.max_grad_norm = {t.max_grad_norm}: must be >= 0 (0 or null disables clipping)"
+            f"distributed.preset = {preset_name!r} is a {owner} preset but "
+            f"distributed.strategy = {strategy!r}; set distributed.strategy={owner}"
+            + (f" or pick one of: {', '.join(same)}" if same else " or drop distributed.preset")
         )
-    if s.warmup_steps < 0:
-        problems.append(f"scheduler.warmup_steps = {s.warmup_steps}: must be >= 0")
-    if not 0.0 <= s.min_lr_ratio <= 1.0:
-        problems.append(f"scheduler.min_lr_ratio = {s.min_lr_ratio}: must be in [0, 1]")
+
+
+def _check_training(problems: list[str], cfg: ZerofitConfig) -> None:
+    """Rules between keys that a field's own bounds (schema.py) cannot say: LoRA's rank when LoRA is on,
+    learning-rate scaling's reference batch, the keys a resume may change."""
+    if cfg.lora.enabled and cfg.lora.r <= 0:
+        problems.append(f"lora.r = {cfg.lora.r!r}: must be > 0")
+    o = cfg.optimizer
     if o.lr_scaling != "none" and o.base_batch_size is None:
         problems.append(
             f"optimizer.lr_scaling = {o.lr_scaling!r} needs optimizer.base_batch_size (the global batch "
             "optimizer.lr was tuned for); set it, or optimizer.lr_scaling=none"
         )
-    if not 0.0 <= cfg.lora.dropout < 1.0:
-        problems.append(f"lora.dropout = {cfg.lora.dropout}: must be in [0, 1)")
-    if cfg.checkpoint.every_steps < 0:
-        problems.append(
-            f"checkpoint.every_steps = {cfg.checkpoint.every_steps}: must be >= 0 (0 = at the end)"
-        )
-    if cfg.checkpoint.keep_last < 1:
-        problems.append(f"checkpoint.keep_last = {cfg.checkpoint.keep_last}: must be >= 1")
-    _check_length(problems, cfg)
     known = config_keys()
     for key in cfg.checkpoint.allow_changes:
         if key not in known:
@@ -501,58 +443,97 @@ def resolve(
                 f"checkpoint.allow_changes: {key!r} is not a config key or section; {hint}(name keys as "
                 "dotted paths, e.g. [optimizer.lr,train.max_steps], or whole sections, e.g. [optimizer])"
             )
-    if cfg.quantization.load_in != "none" and not cfg.lora.enabled:
+
+
+def _check_quantization(problems: list[str], cfg: ZerofitConfig) -> None:
+    """Quantized base weights are frozen, so they need LoRA, and 8-bit ones cannot be sharded by FSDP2."""
+    load_in = cfg.quantization.load_in
+    if load_in != "none" and not cfg.lora.enabled:
         problems.append(
-            f"quantization.load_in = {cfg.quantization.load_in!r} freezes quantized base weights, so it needs "
+            f"quantization.load_in = {load_in!r} freezes quantized base weights, so it needs "
             "LoRA: set lora.enabled=true (QLoRA) or quantization.load_in=none for full fine-tuning"
         )
     # Checked on 2 gloo ranks: 4-bit works under FSDP2 and ZeRO-3 (+offload), 8-bit under ZeRO-3, but
     # FSDP2 re-gathers 8-bit weights as plain tensors without their int8 state and the forward fails.
-    if cfg.quantization.load_in == "8bit" and strategy == "fsdp":
+    if load_in == "8bit" and cfg.distributed.strategy == "fsdp":
         problems.append(
             "quantization.load_in = '8bit' with distributed.strategy = 'fsdp': FSDP2 re-gathers bitsandbytes "
             "8-bit weights as plain tensors without their int8 quantization state, so the forward fails; use "
             "quantization.load_in=4bit (QLoRA shards under FSDP2), or distributed.strategy=deepspeed (8-bit "
             "works with every ZeRO stage), ddp or single"
         )
-    _check_data(problems, cfg)
+
+
+def _check_model_and_loss(problems: list[str], cfg: ZerofitConfig) -> None:
+    """The model path names a model folder (or a hub id), and the chosen loss kernel is installed."""
     model_problem = _model_path_problem(cfg.model.name_or_path)
     if model_problem is not None:
         problems.append(model_problem)
-
-    if t.cross_entropy == "liger" and not _liger_available():
+    if cfg.train.cross_entropy == "liger" and not _liger_available():
         problems.append(
             "train.cross_entropy = 'liger' needs Liger-Kernel, which is not installed here (it runs on CUDA "
             "only: pip install liger-kernel); use train.cross_entropy=chunked (the default: pure PyTorch, "
             "the same token sums, no full fp32 logits)"
         )
 
-    if problems or plan is None:
-        raise ConfigError(problems)
 
+def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) -> None:
+    """Write the decided split, the planner's checkpointing choice and the run length into `cfg`."""
+    t = cfg.train
     if choice is not None and t.activation_checkpointing == "auto":
-        cfg.train.activation_checkpointing = choice.activation_checkpointing
+        t.activation_checkpointing = choice.activation_checkpointing
     if cfg.batch.tokens_per_micro_batch is not None:
-        cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * d.max_seq_len
+        cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * cfg.data.max_seq_len
     if t.max_steps is None and t.epochs is None:
-        cfg.train.max_steps = DEFAULT_MAX_STEPS
+        t.max_steps = DEFAULT_MAX_STEPS
     # With train.epochs, train.max_steps stays None here: epochs x steps per epoch is known only once the
     # data is loaded (`zerofit.assembly`, which fills it in; config.yaml records both).
     cfg.batch.global_batch_size = plan.global_batch_size
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps
+
+
+def _fill_logging(cfg: ZerofitConfig) -> None:
+    """Decide the W&B mode: the environment's off switch, else the config's, else by whether a key exists."""
     if os.environ.get("WANDB_MODE") == "disabled":
         # W&B's own off switch (CI, tests, a shell without W&B) wins over the config, as in any W&B program;
         # config.yaml then records the mode that ran.
         cfg.logging.wandb.mode = "disabled"
     elif cfg.logging.wandb.mode is None:
         cfg.logging.wandb.mode = "online" if wandb_key_configured() else "offline"
+
+
+def _fill_run_dir(cfg: ZerofitConfig, plan: BatchPlan) -> Path:
+    """Decide the run name (the default one says model, method, preset, precision, global batch) and the
+    run directory it names under `output_dir`."""
     if cfg.run_name is None:
         cfg.run_name = default_run_name(cfg, plan)
-    return ResolvedConfig(
-        config=cfg,
-        plan=plan,
-        world_size=world_size,
-        run_dir=Path(cfg.output_dir) / cfg.run_name,
-        notes=tuple(notes),
-    )
+    return Path(cfg.output_dir) / cfg.run_name
+
+
+def resolve(
+    config: ZerofitConfig, world_size: int, choose_micro_batch: PlanChooser | None = None
+) -> ResolvedConfig:
+    """Validate `config` for a launch of `world_size` ranks and fill every derived value.
+
+    `choose_micro_batch` (the planner's plan chooser) decides every `auto` key (without one, `auto` is
+    refused). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
+    when the config was validated (`schema.py`); the steps here check what depends on several keys or on
+    the launch, then decide what the config left open.
+    """
+    cfg = config.model_copy(deep=True)
+    problems: list[str] = []
+    notes = _settle_engine(cfg)
+    _check_engine(problems, cfg, world_size)
+    plan, choice = _resolve_batch(cfg, world_size, choose_micro_batch, problems)
+    _check_training(problems, cfg)
+    _check_length(problems, cfg)
+    _check_quantization(problems, cfg)
+    _check_data(problems, cfg)
+    _check_model_and_loss(problems, cfg)
+    if problems or plan is None:
+        raise ConfigError(problems)
+    _fill_batch(cfg, plan, choice)
+    _fill_logging(cfg)
+    run_dir = _fill_run_dir(cfg, plan)
+    return ResolvedConfig(config=cfg, plan=plan, world_size=world_size, run_dir=run_dir, notes=tuple(notes))

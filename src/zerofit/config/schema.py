@@ -1,13 +1,16 @@
 """The typed run configuration (docs/contracts.md, "Config keys").
 
 Every section forbids unknown keys so a typo fails loudly (with a did-you-mean, see `loader.py`) instead of
-being silently ignored. Defaults here are the values a user gets when a key is absent; derived values
+being silently ignored. A value's own bounds are constraints on its field (`Field(gt=0)`, with a `RuleHint`
+saying what the edge means), so every validated config obeys them; rules between keys are `resolve()`'s.
+Defaults here are the values a user gets when a key is absent; derived values
 (grad_accum_steps, run_name, preset, W&B mode) are left as `None` and filled only by `resolve()`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -16,6 +19,17 @@ from zerofit.catalogue import TINY_LLAMA
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
+
+
+@dataclass(frozen=True)
+class RuleHint:
+    """What a bounded value means at its edge, e.g. `0 = off`: said after the rule when a value breaks it.
+
+    Attached to a field as `Annotated[int, RuleHint("0 = off")]` beside its `Field(ge=0)`; `loader.py`
+    reads it back to word the problem ("train.epochs = 0: must be > 0 (or unset, with train.max_steps)").
+    """
+
+    text: str
 
 
 class _Section(BaseModel):
@@ -63,8 +77,9 @@ class DistributedSection(_Section):
     ds_config: str | None = Field(
         None, description="A user's own DeepSpeed JSON (HF-style `auto` allowed); overrides the preset."
     )
-    timeout_minutes: float = Field(
+    timeout_minutes: Annotated[float, RuleHint("minutes a collective may wait for a peer, e.g. 30")] = Field(
         30.0,
+        gt=0,
         description="Process-group timeout: how long a collective may wait for a peer before the run fails "
         "(zerofit's own rank-0-only work, tokenizing, verifying, exporting, waits without it).",
     )
@@ -73,8 +88,12 @@ class DistributedSection(_Section):
 class EarlyStoppingSection(_Section):
     """Stop after `patience` evaluations without an `eval/loss` improvement of more than `min_delta`."""
 
-    patience: int = Field(0, description="Evaluations without improvement before stopping; 0 = off.")
-    min_delta: float = Field(0.0, description="How much lower eval/loss must be to count as improvement.")
+    patience: Annotated[int, RuleHint("0 = off")] = Field(
+        0, ge=0, description="Evaluations without improvement before stopping; 0 = off."
+    )
+    min_delta: float = Field(
+        0.0, ge=0, description="How much lower eval/loss must be to count as improvement."
+    )
 
 
 DEFAULT_MAX_STEPS = 20  # train.max_steps when neither it nor train.epochs is set
@@ -85,21 +104,31 @@ class TrainSection(_Section):
 
     max_steps: int | None = Field(
         None,
+        gt=0,
         description=f"Optimizer steps (not micro-steps); {DEFAULT_MAX_STEPS} when train.epochs is unset too.",
     )
-    epochs: int | None = Field(
+    epochs: Annotated[int | None, RuleHint("or unset, with train.max_steps")] = Field(
         None,
+        gt=0,
         description="Passes over the data instead of max_steps: epochs x steps per epoch optimizer steps.",
     )
     early_stopping: EarlyStoppingSection = Field(default_factory=EarlyStoppingSection)
     precision: Precision = "bf16"
-    activation_checkpointing: bool | int | Literal["auto"] = Field(
+    activation_checkpointing: (
+        bool
+        | Annotated[
+            int, Field(ge=0), RuleHint("the number of checkpointed decoder layers; or true, false, auto")
+        ]
+        | Literal["auto"]
+    ) = Field(
         False, description="true, false, the number of decoder layers to recompute (the first n), or auto."
     )
     cross_entropy: Literal["chunked", "unchunked", "liger"] = Field(
         "chunked", description="How the loss runs over the vocabulary (zerofit.loss); the same token sums."
     )
-    max_grad_norm: float | None = Field(1.0, description="Clip after the window; null or 0 disables.")
+    max_grad_norm: Annotated[float | None, RuleHint("0 or null disables clipping")] = Field(
+        1.0, ge=0, description="Clip after the window; null or 0 disables."
+    )
     partial_window: Literal["drop", "normalize"] = "drop"
 
 
@@ -112,13 +141,13 @@ class OptimizerSection(_Section):
     """Optimizer and opt-in learning-rate scaling with the effective batch."""
 
     name: OptimizerName = "adamw"
-    lr: float = 2e-4
+    lr: float = Field(2e-4, gt=0)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     base_batch_size: int | None = Field(
-        None, description="The batch `lr` was tuned for (needed for scaling)."
+        None, gt=0, description="The batch `lr` was tuned for (needed for scaling)."
     )
 
     @field_validator("betas", mode="before")
@@ -138,8 +167,8 @@ class SchedulerSection(_Section):
     """Learning-rate schedule, stepped once per optimizer step."""
 
     name: Literal["constant", "linear", "cosine"] = "cosine"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
 class LoraSection(_Section):
@@ -148,7 +177,7 @@ class LoraSection(_Section):
     enabled: bool = True
     r: int = 16
     alpha: int = 32
-    dropout: float = 0.05
+    dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     use_dora: bool = False
 
@@ -170,7 +199,7 @@ class DataSection(_Section):
         None,
         description="Jinja chat template (text or a file) for `messages` data, overriding the tokenizer's.",
     )
-    max_seq_len: int = 512
+    max_seq_len: int = Field(512, gt=0)
     empty_responses: Literal["drop", "keep", "error"] = Field(
         "drop",
         description="Records whose response (or an assistant turn) is empty: drop and count them (refused when "
@@ -179,7 +208,11 @@ class DataSection(_Section):
     shuffle: bool = True
     cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")
     eval_path: str | None = Field(None, description="Evaluation data, any source `path` accepts.")
-    eval_split: float | str | None = Field(
+    eval_split: (
+        Annotated[float, Field(gt=0, lt=1), RuleHint("a held-out fraction, e.g. 0.02; or a split name")]
+        | str
+        | None
+    ) = Field(
         None, description="A fraction of `path` held out for evaluation, or the name of its eval split."
     )
 
@@ -187,17 +220,21 @@ class DataSection(_Section):
 class EvalSection(_Section):
     """When the evaluation loss is computed (on `data.eval_path` or `data.eval_split`)."""
 
-    every_steps: int = Field(0, description="Optimizer steps between evaluations; 0 = only at the end.")
+    every_steps: Annotated[int, RuleHint("0 = only at the end")] = Field(
+        0, ge=0, description="Optimizer steps between evaluations; 0 = only at the end."
+    )
 
 
 class CheckpointSection(_Section):
     """Checkpointing through the strategy; saves are atomic."""
 
-    every_steps: int = Field(0, description="0 = no step interval (see every_minutes).")
-    every_minutes: float | None = Field(
-        30.0, description="Wall-clock interval between saves (rank 0's clock); 0 or null = none."
+    every_steps: Annotated[int, RuleHint("0 = at the end")] = Field(
+        0, ge=0, description="0 = no step interval (see every_minutes)."
     )
-    keep_last: int = 2
+    every_minutes: Annotated[float | None, RuleHint("0 or null = no wall-clock saves")] = Field(
+        30.0, ge=0, description="Wall-clock interval between saves (rank 0's clock); 0 or null = none."
+    )
+    keep_last: int = Field(2, ge=1)
     keep_best: bool = Field(
         True, description="Also keep the checkpoint of the lowest eval/loss (saved at that evaluation)."
     )
@@ -232,7 +269,7 @@ class WandbSection(_Section):
 class LoggingSection(_Section):
     """Where metrics go and how often (metrics.jsonl is always written)."""
 
-    log_every: int = 1
+    log_every: int = Field(1, gt=0)
     console: bool = True
     wandb: WandbSection = Field(default_factory=WandbSection)
 
