@@ -13,7 +13,7 @@ from zerofit.config import ZerofitConfig, load_config, parse_overrides, resolve
 from zerofit.config.loader import validate_config
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError, ZerofitError
-from zerofit.planner import choose_micro_batch
+from zerofit.planner import choose_fastest_plan
 from zerofit.presets import list_presets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _problems(overrides: list[str], world_size: int = 2, path: Path | None = DEMO) -> str:
     with pytest.raises(ConfigError) as err:
-        resolve(load_config(path, overrides), world_size, choose_micro_batch)
+        resolve(load_config(path, overrides), world_size, choose_fastest_plan)
     assert isinstance(err.value, ZerofitError)
     return str(err.value)
 
@@ -368,7 +368,7 @@ def test_quantization_needs_lora() -> None:
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_resolves_and_renders(path: Path) -> None:
-    resolved = resolve(load_config(path), 1, choose_micro_batch)
+    resolved = resolve(load_config(path), 1, choose_fastest_plan)
     engine = render_spec(resolved).to_json()
     assert "auto" not in _walk(engine)
     assert "auto" not in _decided(resolved.config)

@@ -4,7 +4,7 @@ After `resolve()` nothing is left for later layers to guess: the batch triple is
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
 `auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`) is
 decided here too, by the plan chooser the caller passes in (the memory planner's,
-`zerofit.planner.choose_micro_batch`): the config layer sits below the planner and never imports it.
+`zerofit.planner.choose_fastest_plan`): the config layer sits below the planner and never imports it.
 A token budget (`batch.tokens_per_micro_batch`) is a micro-batch of packed rows: tokens / max_seq_len
 rows, which is what `batch.micro_batch_size` holds after `resolve()`.
 """
@@ -39,7 +39,6 @@ class PlanChoice:
 
 # `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
 PlanChooser = Callable[[ZerofitConfig, int], PlanChoice]
-MicroBatchChooser = PlanChooser  # the name callers have used since `micro_batch_size=auto`
 
 # Suffixes of the data files zerofit reads (`zerofit.data.records`); a path with one names a local file.
 DATA_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".csv", ".tsv")

@@ -550,7 +550,3 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
         )  # fmt: skip
     return PlanChoice(micro, options[0].checkpointing)
 
-
-def choose_auto_micro_batch(cfg: ZerofitConfig, world_size: int) -> int:
-    """`batch.micro_batch_size=auto` alone: the largest micro-batch that fits AND divides global / dp."""
-    return choose_plan(cfg, world_size).micro_batch_size
