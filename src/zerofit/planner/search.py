@@ -19,10 +19,12 @@ Verdicts, for the card's usable memory M (torch's `total_memory`):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from zerofit.checkpointing import describe_checkpointing
+from zerofit.config.loader import deep_merge, parse_overrides, validate_config
 from zerofit.config.resolve import PlanChoice, micro_batch_setting
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
@@ -334,53 +336,68 @@ def baseline_option(scn: Scenario, per_rank: int, budget: Budget) -> PlanOption 
     return max(fitting, key=lambda o: o.micro_batch_size) if fitting else None
 
 
-def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """(name, how, config changes) for every remedy that applies to `cfg`."""
-    out: list[tuple[str, str, dict[str, Any]]] = []
+@dataclass(frozen=True)
+class _Candidate:
+    """A remedy before it is estimated: its name, the overrides that apply it (parsed by the config loader,
+    the same parser as the command line) and how it is shown to the user."""
+
+    name: str
+    overrides: tuple[str, ...]
+    how: str
+
+    @property
+    def changes_engine(self) -> bool:
+        """True when the remedy picks a distributed strategy (only one such remedy can combine)."""
+        return any(o.startswith("distributed.strategy=") for o in self.overrides)
+
+
+def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[_Candidate]:
+    """Every remedy that applies to `cfg`."""
+    out: list[_Candidate] = []
     if cfg.train.activation_checkpointing is not True:
-        out.append(("activation checkpointing", "train.activation_checkpointing=true", {"ckpt": True}))
+        ckpt = ("train.activation_checkpointing=true",)
+        out.append(_Candidate("activation checkpointing", ckpt, ckpt[0]))
     if not cfg.lora.enabled:
-        out.append(("LoRA instead of full fine-tuning", "lora.enabled=true", {"lora": True}))
-    if cfg.optimizer.name == "adamw":
-        out.append(("8-bit AdamW (bitsandbytes)", "optimizer.name=adamw_8bit", {"optimizer": "adamw_8bit"}))
-    if cfg.quantization.load_in != "4bit":
         out.append(
-            (
-                "QLoRA: 4-bit base weights",
-                "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2",
-                {
-                    "lora": True,
-                    "quant": "4bit",
-                    "strategy": "single" if world_size == 1 else "deepspeed:zero2",
-                },
+            _Candidate("LoRA instead of full fine-tuning", ("lora.enabled=true",), "lora.enabled=true")
+        )
+    if cfg.optimizer.name == "adamw":
+        eight_bit = ("optimizer.name=adamw_8bit",)
+        out.append(_Candidate("8-bit AdamW (bitsandbytes)", eight_bit, eight_bit[0]))
+    if cfg.quantization.load_in != "4bit":
+        engine = _engine_overrides(
+            "single" if world_size == 1 else "deepspeed", None if world_size == 1 else "zero2"
+        )
+        how = "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2"
+        out.append(
+            _Candidate(
+                "QLoRA: 4-bit base weights", ("lora.enabled=true", "quantization.load_in=4bit", *engine), how
             )
         )
     if not (cfg.distributed.strategy == "deepspeed" and (cfg.distributed.preset or "").endswith("offload")):
         out.append(
-            (
+            _Candidate(
                 "offload to CPU (DeepSpeed ZeRO-3 offload)",
+                _engine_overrides("deepspeed", "zero3_offload"),
                 "distributed.strategy=deepspeed distributed.preset=zero3_offload",
-                {"strategy": "deepspeed:zero3_offload"},
             )
         )
     return out
 
 
-def _apply(cfg: ZerofitConfig, changes: dict[str, Any]) -> ZerofitConfig:
-    new = cfg.model_copy(deep=True)
-    if changes.get("ckpt"):
-        new.train.activation_checkpointing = True
-    if changes.get("lora"):
-        new.lora.enabled = True
-    if "optimizer" in changes:
-        new.optimizer.name = changes["optimizer"]
-    if "quant" in changes:
-        new.quantization.load_in = changes["quant"]
-    if "strategy" in changes:
-        strategy, _, preset = str(changes["strategy"]).partition(":")
-        new.distributed.strategy = strategy  # type: ignore[assignment]
-        new.distributed.preset = preset or None
-        new.distributed.ds_config = None
+def _engine_overrides(strategy: str, preset: str | None) -> tuple[str, ...]:
+    """Overrides that switch the engine, dropping any user DeepSpeed file (the preset decides instead)."""
+    return (
+        f"distributed.strategy={strategy}",
+        f"distributed.preset={preset or 'null'}",
+        "distributed.ds_config=null",
+    )
+
+
+def _apply(cfg: ZerofitConfig, overrides: Iterable[str]) -> ZerofitConfig:
+    """`cfg` with dotted overrides applied through the config loader's parser (the what-if config)."""
+    new = validate_config(deep_merge(cfg.model_dump(), parse_overrides(overrides)))
+    new.mark_overridden(cfg.overridden)  # the what-if keeps what the user set on the command line
     return new
 
 
@@ -400,16 +417,20 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
     and the fewest GPUs (ZeRO-3) that make the unchanged run fit while dividing the global batch."""
     per_rank = samples_per_rank(cfg, world_size) or 1
     out: list[Remedy] = []
-    combined: dict[str, Any] = {}
+    combined: list[str] = []
     applied: list[str] = []
-    for name, how, changes in _remedy_candidates(cfg, world_size):
-        scn = scenario_from_config(_apply(cfg, changes), world_size)
+    engine_changed = False
+    for cand in _remedy_candidates(cfg, world_size):
+        scn = scenario_from_config(_apply(cfg, cand.overrides), world_size)
         m, est = _best_micro(scn, per_rank, budget)
-        out.append(Remedy(name, how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib))
+        out.append(
+            Remedy(cand.name, cand.how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib)
+        )
         # Combine everything that composes; only one engine change (QLoRA's comes first) can apply.
-        if "strategy" not in changes or "strategy" not in combined:
-            combined.update(changes)
-            applied.append(name)
+        if not (cand.changes_engine and engine_changed):
+            combined.extend(o for o in cand.overrides if o not in combined)
+            applied.append(cand.name)
+            engine_changed = engine_changed or cand.changes_engine
     if len(applied) > 1:
         scn = scenario_from_config(_apply(cfg, combined), world_size)
         m, est = _best_micro(scn, per_rank, budget)
@@ -421,7 +442,9 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
     for n in (2, 4, 8, 16, 32, 64):
         if n <= world_size or global_batch % n:
             continue
-        sharded = _apply(cfg, {"strategy": "deepspeed:zero3"} if cfg.quantization.load_in == "none" else {})
+        sharded = _apply(
+            cfg, _engine_overrides("deepspeed", "zero3") if cfg.quantization.load_in == "none" else ()
+        )
         scn = scenario_from_config(sharded, n)
         m, est = _best_micro(scn, global_batch // n, budget)
         if verdict(est.total_gib, budget) == "fits":
@@ -549,4 +572,3 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
             f"checkpointing every layer at micro {micro}", full,
         )  # fmt: skip
     return PlanChoice(micro, options[0].checkpointing)
-
