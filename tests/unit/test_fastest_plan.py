@@ -43,7 +43,9 @@ def _cfg(**sections: dict[str, Any]) -> ZerofitConfig:
 
 def test_checkpointing_auto_picks_the_fewest_layers_that_fit() -> None:
     resolved = resolve(
-        _cfg(batch={"micro_batch_size": 4}, train={"activation_checkpointing": "auto"}), 1, choose_fastest_plan
+        _cfg(batch={"micro_batch_size": 4}, train={"activation_checkpointing": "auto"}),
+        1,
+        choose_fastest_plan,
     )
     n = resolved.config.train.activation_checkpointing
     assert isinstance(n, int) and not isinstance(n, bool) and 0 < n < 32  # selective: resolved to a number
