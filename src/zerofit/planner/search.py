@@ -521,48 +521,73 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
         for k, v in ((micro_key, micro), ("train.activation_checkpointing", t.activation_checkpointing))
         if v == "auto"
     )
+    per_rank = _auto_samples_per_rank(cfg, world_size, micro_key) if micro == "auto" else None
+    if micro != "auto" and b.global_batch_size:
+        per_rank = samples_per_rank(cfg, world_size)
+    budget = _budget_for_auto(cfg, keys)
+    scn = scenario_from_config(cfg, world_size, 1, per_rank or 1)
     if micro == "auto":
-        if b.global_batch_size is None:
-            raise ConfigError(
-                [
-                    f"{micro_key} = 'auto' needs batch.global_batch_size (auto keeps the global batch and picks "
-                    "the largest micro-batch that fits and divides it); set batch.global_batch_size"
-                ]
-            )
-        if b.grad_accum_steps is not None:
-            raise ConfigError(
-                [
-                    f"{micro_key} = 'auto' with batch.grad_accum_steps = {b.grad_accum_steps}: auto derives the "
-                    "accumulation from the micro-batch it picks; drop batch.grad_accum_steps"
-                ]
-            )
-    per_rank = samples_per_rank(cfg, world_size) if micro == "auto" or b.global_batch_size else None
-    if micro == "auto" and per_rank is None:
+        assert per_rank is not None
+        return _choose_micro(cfg, world_size, scn, per_rank, budget, keys)
+    assert isinstance(micro, int)
+    return _choose_checkpointing(cfg, world_size, scn, micro, per_rank, budget)
+
+
+def _auto_samples_per_rank(cfg: ZerofitConfig, world_size: int, micro_key: str) -> int:
+    """Samples per rank for an `auto` micro-batch, which needs a global batch that dp divides and no fixed
+    accumulation (auto derives it from the micro-batch it picks)."""
+    b = cfg.batch
+    if b.global_batch_size is None:
+        raise ConfigError(
+            [
+                f"{micro_key} = 'auto' needs batch.global_batch_size (auto keeps the global batch and picks "
+                "the largest micro-batch that fits and divides it); set batch.global_batch_size"
+            ]
+        )
+    if b.grad_accum_steps is not None:
+        raise ConfigError(
+            [
+                f"{micro_key} = 'auto' with batch.grad_accum_steps = {b.grad_accum_steps}: auto derives the "
+                "accumulation from the micro-batch it picks; drop batch.grad_accum_steps"
+            ]
+        )
+    per_rank = samples_per_rank(cfg, world_size)
+    if per_rank is None:
         raise ConfigError(
             [
                 f"batch.global_batch_size = {b.global_batch_size} is not divisible by the {world_size} data-parallel "
                 f"ranks; {micro_key} = 'auto' can only pick among divisors of global / dp"
             ]
         )
-    budget = _budget_for_auto(cfg, keys)
-    scn = scenario_from_config(cfg, world_size, 1, per_rank or 1)
+    return per_rank
+
+
+def _choose_micro(
+    cfg: ZerofitConfig, world_size: int, scn: Scenario, per_rank: int, budget: Budget, keys: str
+) -> PlanChoice:
+    """An `auto` micro-batch: the fastest fitting pair when checkpointing is auto too, else the largest
+    micro-batch that fits at the configured checkpointing."""
+    t = cfg.train
     fixed_layers = (
         None if t.activation_checkpointing == "auto" else scn.checkpointed(model_shape(scn.model).num_layers)
     )
-    if micro == "auto":
-        assert per_rank is not None
-        options = fastest_options(scn, per_rank, budget, layers=fixed_layers)
-        if fixed_layers is not None:
-            options.sort(key=lambda o: -o.micro_batch_size)  # largest micro-batch (the fastest too)
-        if not options:
-            at_one = scn if fixed_layers is not None else scn.with_checkpointing(True)
-            what = "micro-batch 1" + ("" if fixed_layers is not None else " with every layer checkpointed")
-            raise _nothing_fits(cfg, world_size, budget, f"{keys} = 'auto'", what, estimate(at_one).total_gib)
-        best = options[0]
-        return PlanChoice(
-            best.micro_batch_size, best.checkpointing if fixed_layers is None else t.activation_checkpointing
-        )  # type: ignore[arg-type]
-    assert isinstance(micro, int)
+    options = fastest_options(scn, per_rank, budget, layers=fixed_layers)
+    if fixed_layers is not None:
+        options.sort(key=lambda o: -o.micro_batch_size)  # largest micro-batch (the fastest too)
+    if not options:
+        at_one = scn if fixed_layers is not None else scn.with_checkpointing(True)
+        what = "micro-batch 1" + ("" if fixed_layers is not None else " with every layer checkpointed")
+        raise _nothing_fits(cfg, world_size, budget, f"{keys} = 'auto'", what, estimate(at_one).total_gib)
+    best = options[0]
+    return PlanChoice(
+        best.micro_batch_size, best.checkpointing if fixed_layers is None else t.activation_checkpointing
+    )  # type: ignore[arg-type]
+
+
+def _choose_checkpointing(
+    cfg: ZerofitConfig, world_size: int, scn: Scenario, micro: int, per_rank: int | None, budget: Budget
+) -> PlanChoice:
+    """`auto` checkpointing at a fixed micro-batch: the fewest checkpointed layers that fit."""
     per = per_rank if per_rank is not None and per_rank % micro == 0 else micro
     options = fastest_options(scn, per, budget, micros=[micro])
     if not options:
