@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from config_helpers import DEMO_DATA, config
 from zerofit.cli import main
@@ -110,6 +111,31 @@ def test_a_config_that_cannot_fit_gets_every_remedy_with_its_peak() -> None:
     offload = by_name["offload to CPU (DeepSpeed ZeRO-3 offload)"]
     assert offload.verdict == "fits" and offload.host_ram_gib > 100  # full 7B state on the host
     assert by_name["activation checkpointing"].verdict == "does not fit"  # 16 B/param is the problem
+
+
+def test_each_remedy_typed_as_shown_plans_to_its_predicted_peak(tmp_path: Path) -> None:
+    """A remedy is its override strings: the user who types the `how` shown (at the remedy's micro-batch)
+    gets the very peak the remedy predicted."""
+    cfg = _cfg(
+        batch={"global_batch_size": 16, "micro_batch_size": 1},
+        lora={"enabled": False},
+        train={"activation_checkpointing": False},
+        distributed={"strategy": "single", "preset": None},
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    budget = resolve_budget(cfg, gpu="rtx3090")
+    assert budget is not None
+    resolved = resolve(cfg, 1, choose_fastest_plan)
+    remedies = plan_memory(resolved, render_spec(resolved), budget).remedies
+    # Those shown as plain overrides (not a launch change, a choice between two, or the combination).
+    typed = [r for r in remedies if all("=" in word for word in r.how.split())]
+    assert {r.name for r in typed} >= {"activation checkpointing", "LoRA instead of full fine-tuning"}
+    for remedy in typed:
+        overrides = [*remedy.how.split(), f"batch.micro_batch_size={remedy.micro_batch_size}"]
+        what_if = resolve(load_config(path, overrides), 1, choose_fastest_plan)
+        plan = plan_memory(what_if, render_spec(what_if), budget)
+        assert plan.estimate.total_gib == pytest.approx(remedy.total_gib), remedy.name
 
 
 # ----------------------------------------------------------------------------------------- recipes
