@@ -247,29 +247,31 @@ def test_breakdown_is_the_hand_count_and_meets_the_measured_gpu_peak() -> None:
     lora = layers * 16 * (4 * (h + h) + 3 * (h + inter))
     micro, seq = 4, 1024
     tokens, predicted_tokens = micro * seq, micro * (seq - 1)
-    by_hand = {
+    # Resident state: lines of `model_state`, by name.
+    state_by_hand = {
         "frozen base weights + trainable weights (bf16)": (params + lora) * 2,
         "fp32 master weights (DeepSpeed)": lora * 4,
         "optimizer state (adamw)": lora * 8,  # exp_avg + exp_avg_sq, fp32
         "ZeRO reduce bucket": h * h * 2,  # reduce_bucket_size = hidden^2 elements, bf16
         "gradient partition (bf16)": lora * 2,
-        f"activations: checkpointed layer inputs ({layers} layers x {tokens} tokens x 8,192 B)": layers
-        * tokens
-        * h
-        * 2,
-        # cos + sin (seq x head_dim, bf16) and the boolean padding mask (micro x seq x seq, 1 byte).
-        "activations: rotary cos/sin + boolean padding mask (kept by the checkpoints)": 2 * seq * 128 * 2
-        + micro * seq * seq,
-        # the final RMSNorm keeps its fp32 input and a per-token rstd; lm_head (frozen) keeps nothing.
-        "activations: final norm + lm_head saved inputs": (4 * h + 4) * tokens,
-        "activations: logits (bf16, 4096 x 32,000), held by the training loop": tokens * vocab * 2,
-        "activations: log-probabilities (fp32) + targets": predicted_tokens * (vocab * 4 + 8),
-        "activations: cross-entropy backward: 2 fp32 (tokens x vocab) gradients": predicted_tokens
-        * vocab
-        * 8,
     }
-    assert {k: round(v * GIB) for k, v in est.breakdown.items()} == by_hand
-    assert est.tensors_gib * GIB == pytest.approx(sum(by_hand.values()), abs=1)
+    # Activations at the peak, by the kind of term.
+    acts_by_hand = {
+        TermKind.CHECKPOINTED_INPUTS: layers * tokens * h * 2,
+        # cos + sin (seq x head_dim, bf16) and the boolean padding mask (micro x seq x seq, 1 byte).
+        TermKind.ROTARY: 2 * seq * 128 * 2 + micro * seq * seq,
+        # the final RMSNorm keeps its fp32 input and a per-token rstd; lm_head (frozen) keeps nothing.
+        TermKind.HEAD_INPUTS: (4 * h + 4) * tokens,
+        TermKind.LOGITS: tokens * vocab * 2,
+        TermKind.LOSS_LOG_PROBS: predicted_tokens * (vocab * 4 + 8),
+        TermKind.LOSS_GRADIENTS: predicted_tokens * vocab * 8,
+    }
+    state = model_state(est.scenario)
+    assert {k: n for k, n in state.gpu.items() if n} == state_by_hand
+    acts = activation_terms(est.scenario, state.in_layer)
+    assert {t.kind: t.bytes for t in acts.terms if t.bytes} == acts_by_hand
+    by_hand = sum(state_by_hand.values()) + sum(acts_by_hand.values())
+    assert est.tensors_gib * GIB == pytest.approx(by_hand, abs=1)
     assert est.tensors_gib == pytest.approx(LORA_3090_MEASURED_PEAK_GIB, rel=0.005)
     assert est.total_gib == pytest.approx(est.tensors_gib + sum(est.allowance.values()))
     assert est.allowance["CUDA context"] == 0.5 and est.allowance["cuBLAS workspace"] == 0.1
