@@ -338,12 +338,18 @@ def baseline_option(scn: Scenario, per_rank: int, budget: Budget) -> PlanOption 
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A remedy before it is estimated: its name, the overrides that apply it (parsed by the config loader,
-    the same parser as the command line) and how it is shown to the user."""
+    """A remedy before it is estimated: its name and the overrides that apply it (parsed by the config
+    loader, the same parser as the command line). What the user is shown is those overrides, unless
+    `choice` says it in words (a remedy whose engine depends on the GPU count)."""
 
     name: str
     overrides: tuple[str, ...]
-    how: str
+    choice: str | None = None
+
+    @property
+    def how(self) -> str:
+        """The overrides as the user types them (the implied `distributed.ds_config=null` left out)."""
+        return self.choice or " ".join(o for o in self.overrides if o != _NO_DS_CONFIG)
 
     @property
     def changes_engine(self) -> bool:
@@ -351,37 +357,27 @@ class _Candidate:
         return any(o.startswith("distributed.strategy=") for o in self.overrides)
 
 
+_NO_DS_CONFIG = "distributed.ds_config=null"
+
+
 def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[_Candidate]:
     """Every remedy that applies to `cfg`."""
     out: list[_Candidate] = []
     if cfg.train.activation_checkpointing is not True:
-        ckpt = ("train.activation_checkpointing=true",)
-        out.append(_Candidate("activation checkpointing", ckpt, ckpt[0]))
+        out.append(_Candidate("activation checkpointing", ("train.activation_checkpointing=true",)))
     if not cfg.lora.enabled:
-        out.append(
-            _Candidate("LoRA instead of full fine-tuning", ("lora.enabled=true",), "lora.enabled=true")
-        )
+        out.append(_Candidate("LoRA instead of full fine-tuning", ("lora.enabled=true",)))
     if cfg.optimizer.name == "adamw":
-        eight_bit = ("optimizer.name=adamw_8bit",)
-        out.append(_Candidate("8-bit AdamW (bitsandbytes)", eight_bit, eight_bit[0]))
+        out.append(_Candidate("8-bit AdamW (bitsandbytes)", ("optimizer.name=adamw_8bit",)))
     if cfg.quantization.load_in != "4bit":
-        engine = _engine_overrides(
-            "single" if world_size == 1 else "deepspeed", None if world_size == 1 else "zero2"
-        )
-        how = "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2"
-        out.append(
-            _Candidate(
-                "QLoRA: 4-bit base weights", ("lora.enabled=true", "quantization.load_in=4bit", *engine), how
-            )
-        )
+        one_gpu = world_size == 1
+        engine = _engine_overrides("single" if one_gpu else "deepspeed", None if one_gpu else "zero2")
+        choice = "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2"
+        overrides = ("lora.enabled=true", "quantization.load_in=4bit", *engine)
+        out.append(_Candidate("QLoRA: 4-bit base weights", overrides, choice))
     if not (cfg.distributed.strategy == "deepspeed" and (cfg.distributed.preset or "").endswith("offload")):
-        out.append(
-            _Candidate(
-                "offload to CPU (DeepSpeed ZeRO-3 offload)",
-                _engine_overrides("deepspeed", "zero3_offload"),
-                "distributed.strategy=deepspeed distributed.preset=zero3_offload",
-            )
-        )
+        offload = _engine_overrides("deepspeed", "zero3_offload")
+        out.append(_Candidate("offload to CPU (DeepSpeed ZeRO-3 offload)", offload))
     return out
 
 
@@ -390,7 +386,7 @@ def _engine_overrides(strategy: str, preset: str | None) -> tuple[str, ...]:
     return (
         f"distributed.strategy={strategy}",
         f"distributed.preset={preset or 'null'}",
-        "distributed.ds_config=null",
+        _NO_DS_CONFIG,
     )
 
 
