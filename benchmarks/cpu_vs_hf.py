@@ -91,10 +91,10 @@ def planned_cap(args: argparse.Namespace) -> tuple[float, float]:
 
 def resolved_case(args: argparse.Namespace, cap: float, *extra: str) -> Any:
     from zerofit.config import load_config, resolve
-    from zerofit.planner import choose_micro_batch
+    from zerofit.planner import choose_fastest_plan
 
     cfg = load_config(None, _overrides(args, f"planner.gpu_memory_gib={cap}", *extra))
-    return resolve(cfg, 1, choose_micro_batch)
+    return resolve(cfg, 1, choose_fastest_plan)
 
 
 def predicted_total(resolved: Any) -> float:

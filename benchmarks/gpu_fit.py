@@ -133,7 +133,7 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
     from zerofit.config import load_config, resolve
     from zerofit.engine import render_spec
     from zerofit.errors import ConfigError
-    from zerofit.planner import choose_micro_batch
+    from zerofit.planner import choose_fastest_plan
     from zerofit.planner.gpus import gpu_from_device_name
     from zerofit.planner.scenario import scenario_for
     from zerofit.planner.search import Budget, plan_memory
@@ -173,7 +173,7 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
         overrides.append(f"model.name_or_path={model_dir}")
     try:
         resolved = resolve(
-            load_config(str(REPO / spec["config"]), overrides), env.world_size, choose_micro_batch
+            load_config(str(REPO / spec["config"]), overrides), env.world_size, choose_fastest_plan
         )
     except ConfigError as exc:  # e.g. `auto` finds nothing that fits: the planner's answer, recorded
         out["error"] = str(exc)[:600]

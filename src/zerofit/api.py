@@ -92,7 +92,7 @@ def plan(
     from zerofit.commands.plan import build_plan_report
     from zerofit.engine import render_spec
     from zerofit.messages import quiet_libraries
-    from zerofit.planner import choose_micro_batch
+    from zerofit.planner import choose_fastest_plan
     from zerofit.planner.report import check_gpu_options
 
     quiet_libraries()  # the planner imports transformers / peft / bitsandbytes
@@ -107,7 +107,7 @@ def plan(
         targets.append(f"planner.gpu_memory_gib={parse_memory_gib(gpu_mem)}")
     if targets:
         cfg = validate_config(deep_merge(cfg.model_dump(mode="json"), parse_overrides(targets)))
-    resolved = resolve(cfg, world_size, choose_micro_batch)
+    resolved = resolve(cfg, world_size, choose_fastest_plan)
     # As `zerofit plan`: a machine with the NVIDIA driver tool is assumed to train on CUDA.
     spec = render_spec(resolved, "cuda" if shutil.which("nvidia-smi") else "cpu")
     return build_plan_report(resolved, spec, gpu=gpu, gpu_mem=gpu_mem)

@@ -23,7 +23,7 @@ import yaml
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, ZerofitError
 from zerofit.messages import error, line_buffered_output, quiet_libraries, say
-from zerofit.planner import choose_micro_batch
+from zerofit.planner import choose_fastest_plan
 from zerofit.run_layout import RunLayout
 from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
@@ -70,7 +70,7 @@ def _python_launch_hint(cfg: ZerofitConfig) -> str | None:
 def resolve_for_launch(cfg: ZerofitConfig, env: LaunchEnv) -> ResolvedConfig:
     """`resolve()` with the launcher's world size; a multi-rank request under plain `python` says how to launch."""
     try:
-        return resolve(cfg, env.world_size, choose_micro_batch)
+        return resolve(cfg, env.world_size, choose_fastest_plan)
     except ConfigError:
         hint = None if env.launched else _python_launch_hint(cfg)
         if hint is None:

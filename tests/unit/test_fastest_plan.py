@@ -14,7 +14,7 @@ from zerofit.cli import main
 from zerofit.config import ZerofitConfig, resolve
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError
-from zerofit.planner import choose_micro_batch
+from zerofit.planner import choose_fastest_plan
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import scenario_for
 from zerofit.planner.search import fastest_options, plan_memory, resolve_budget
@@ -43,7 +43,9 @@ def _cfg(**sections: dict[str, Any]) -> ZerofitConfig:
 
 def test_checkpointing_auto_picks_the_fewest_layers_that_fit() -> None:
     resolved = resolve(
-        _cfg(batch={"micro_batch_size": 4}, train={"activation_checkpointing": "auto"}), 1, choose_micro_batch
+        _cfg(batch={"micro_batch_size": 4}, train={"activation_checkpointing": "auto"}),
+        1,
+        choose_fastest_plan,
     )
     n = resolved.config.train.activation_checkpointing
     assert isinstance(n, int) and not isinstance(n, bool) and 0 < n < 32  # selective: resolved to a number
@@ -56,7 +58,7 @@ def test_checkpointing_auto_picks_the_fewest_layers_that_fit() -> None:
 
 def test_joint_auto_takes_the_fastest_option_and_keeps_the_global_batch() -> None:
     cfg = _cfg(batch={"micro_batch_size": "auto"}, train={"activation_checkpointing": "auto"})
-    resolved = resolve(cfg, 1, choose_micro_batch)
+    resolved = resolve(cfg, 1, choose_fastest_plan)
     plan = plan_memory(resolved, render_spec(resolved), resolve_budget(resolved.config))
     assert plan.speed is not None and plan.verdict == "fits"
     speeds = [o.speed.tokens_per_s for o in plan.speed.options]
@@ -77,14 +79,14 @@ def test_joint_auto_takes_the_fastest_option_and_keeps_the_global_batch() -> Non
 
 
 def test_a_token_budget_resolves_to_packed_rows() -> None:
-    resolved = resolve(_cfg(batch={"tokens_per_micro_batch": 4096}), 1, choose_micro_batch)
+    resolved = resolve(_cfg(batch={"tokens_per_micro_batch": 4096}), 1, choose_fastest_plan)
     assert resolved.plan.micro_batch_size == 4 and resolved.plan.grad_accum_steps == 8
     scn = scenario_for(resolved, render_spec(resolved))
     assert scn.packed and scn.micro_batch_size == 4 and scn.masked_attention
     auto = resolve(
         _cfg(batch={"tokens_per_micro_batch": "auto"}, train={"activation_checkpointing": "auto"}),
         1,
-        choose_micro_batch,
+        choose_fastest_plan,
     )
     cfg = auto.config
     assert cfg.batch.tokens_per_micro_batch == auto.plan.micro_batch_size * 1024  # no `auto` left
@@ -117,7 +119,7 @@ def test_bad_settings_name_the_key_and_the_fix(sections: dict[str, Any], expecte
     if "liger" in expected and liger_available():
         pytest.skip("liger-kernel is installed here")
     with pytest.raises(ConfigError) as err:
-        resolve(_cfg(**sections), 1, choose_micro_batch)
+        resolve(_cfg(**sections), 1, choose_fastest_plan)
     assert expected in str(err.value)
 
 
@@ -130,7 +132,7 @@ def test_auto_checkpointing_without_a_budget_or_room_says_what_to_do() -> None:
                 planner={"gpu": None},
             ),
             1,
-            choose_micro_batch,
+            choose_fastest_plan,
         )
     with pytest.raises(ConfigError) as err:
         resolve(
@@ -140,7 +142,7 @@ def test_auto_checkpointing_without_a_budget_or_room_says_what_to_do() -> None:
                 planner={"gpu": "rtx4080"},
             ),
             1,
-            choose_micro_batch,
+            choose_fastest_plan,
         )
     assert "not even checkpointing every layer at micro 32 fits" in str(err.value) and "Remedies" in str(
         err.value
@@ -149,7 +151,7 @@ def test_auto_checkpointing_without_a_budget_or_room_says_what_to_do() -> None:
 
 def test_the_options_checkpoint_no_layer_when_memory_is_plentiful() -> None:
     resolved = resolve(
-        _cfg(batch={"micro_batch_size": 4}, planner={"gpu": "a100-80gb"}), 1, choose_micro_batch
+        _cfg(batch={"micro_batch_size": 4}, planner={"gpu": "a100-80gb"}), 1, choose_fastest_plan
     )
     scn = scenario_for(resolved, render_spec(resolved))
     budget = resolve_budget(resolved.config)

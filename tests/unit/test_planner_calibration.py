@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from zerofit.config import load_config
-from zerofit.planner.activations import activation_terms
+from zerofit.planner.activations import TermKind, activation_terms
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.scenario import Scenario, scenario_from_config
@@ -96,8 +96,8 @@ def test_no_checkpointing_layer_model_against_autograds_count_of_a_real_7b_layer
     measured = saved_bytes_per_layer(seq, dropout)
     # The layer as measured: bf16 base, fp32 LoRA adapters, no autocast, one unpadded sequence.
     scn = Scenario(model=L7, seq_len=seq, micro_batch_size=1, lora_dropout=dropout, autocast=False)
-    terms = dict(activation_terms(scn).per_layer_token_terms)
+    terms = activation_terms(scn).per_layer_token_terms
     # The planner counts CUDA's one-byte dropout mask; the CPU keeps one fp32 per element.
-    cpu_masks = 3 * terms.get("LoRA dropout masks (1 byte)", 0)
-    predicted = (sum(terms.values()) + cpu_masks) * seq
+    cpu_masks = 3 * sum(t.bytes for t in terms if t.kind is TermKind.LORA_DROPOUT_MASKS)
+    predicted = (sum(t.bytes for t in terms) + cpu_masks) * seq
     assert abs(predicted / measured - 1) < 0.01, (predicted, measured)

@@ -14,7 +14,7 @@ import torch
 from config_helpers import config
 from zerofit.config import ZerofitConfig
 from zerofit.model import build_model
-from zerofit.planner.activations import activation_terms
+from zerofit.planner.activations import TermKind, activation_terms
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import Scenario, scenario_from_config
@@ -157,28 +157,25 @@ def _saved_bytes(cfg: ZerofitConfig, micro: int, seq: int) -> int:
 
 
 def _predicted_saved(scn: Scenario) -> int:
-    """The analytic model's saved-for-backward bytes (no live logits, no backward temporaries)."""
-    acts = activation_terms(scn)
+    """The planner's saved-for-backward bytes at the unchunked loss (what the hooks above see there): the
+    typed terms of that moment that autograd saves, none of the moment's working set."""
+    acts = activation_terms(replace(scn, cross_entropy="unchunked"))
+    at_loss = next(m for m in acts.moments if any(t.kind is TermKind.LOSS_LOG_PROBS for t in m.terms))
+    saved = sum(t.bytes for t in at_loss.terms if t.saved_for_backward)
     shape = model_shape(scn.model)
-    tokens, h, v = scn.micro_batch_size * scn.seq_len, shape.hidden_size, shape.vocab_size
-    layers = next(n for k, n in acts.lines.items() if k.startswith(("saved activations", "checkpointed")))
-    copies = acts.lines.get("autocast half copies of fp32 matmul weights", 0)
-    full = not scn.lora
-    if scn.activation_checkpointing and copies:
+    if scn.activation_checkpointing and any(t.kind is TermKind.AUTOCAST_WEIGHT_COPIES for t in at_loss.terms):
         # Inside checkpointed layers autocast's weight copies are cached, not saved: hooks cannot see them.
         inside = (
             sum(lin.params for lin in shape.linears) * shape.num_layers
-            if full
+            if not scn.lora
             else param_counts(scn).trainable
         )
-        copies -= 2 * inside
-    resid = 4 if full and scn.precision == "bf16" else (2 if scn.precision == "bf16" else 4)
-    final_norm = (4 * h + 4 + (resid * h if full else 0)) * tokens
-    head_input = (2 * h if full and scn.precision == "bf16" else (4 * h if full else 0)) * tokens
-    ids = 8 * tokens if full else 0
-    ce_tokens = scn.micro_batch_size * (scn.seq_len - 1)
-    rope = 2 * scn.seq_len * shape.head_dim * resid
-    return layers + copies + final_norm + head_input + ids + (4 * v + 8) * ce_tokens + rope
+        saved -= 2 * inside
+    if scn.activation_checkpointing and scn.masked_attention:
+        # The checkpoints hold the boolean padding mask (B x 1 x S x S, 1 byte) as an argument, by
+        # reference: alive, but not through the saved-tensor hooks.
+        saved -= scn.micro_batch_size * scn.seq_len**2
+    return saved
 
 
 @pytest.mark.parametrize(
@@ -250,29 +247,31 @@ def test_breakdown_is_the_hand_count_and_meets_the_measured_gpu_peak() -> None:
     lora = layers * 16 * (4 * (h + h) + 3 * (h + inter))
     micro, seq = 4, 1024
     tokens, predicted_tokens = micro * seq, micro * (seq - 1)
-    by_hand = {
+    # Resident state: lines of `model_state`, by name.
+    state_by_hand = {
         "frozen base weights + trainable weights (bf16)": (params + lora) * 2,
         "fp32 master weights (DeepSpeed)": lora * 4,
         "optimizer state (adamw)": lora * 8,  # exp_avg + exp_avg_sq, fp32
         "ZeRO reduce bucket": h * h * 2,  # reduce_bucket_size = hidden^2 elements, bf16
         "gradient partition (bf16)": lora * 2,
-        f"activations: checkpointed layer inputs ({layers} layers x {tokens} tokens x 8,192 B)": layers
-        * tokens
-        * h
-        * 2,
-        # cos + sin (seq x head_dim, bf16) and the boolean padding mask (micro x seq x seq, 1 byte).
-        "activations: rotary cos/sin + boolean padding mask (kept by the checkpoints)": 2 * seq * 128 * 2
-        + micro * seq * seq,
-        # the final RMSNorm keeps its fp32 input and a per-token rstd; lm_head (frozen) keeps nothing.
-        "activations: final norm + lm_head saved inputs": (4 * h + 4) * tokens,
-        "activations: logits (bf16, 4096 x 32,000), held by the training loop": tokens * vocab * 2,
-        "activations: log-probabilities (fp32) + targets": predicted_tokens * (vocab * 4 + 8),
-        "activations: cross-entropy backward: 2 fp32 (tokens x vocab) gradients": predicted_tokens
-        * vocab
-        * 8,
     }
-    assert {k: round(v * GIB) for k, v in est.breakdown.items()} == by_hand
-    assert est.tensors_gib * GIB == pytest.approx(sum(by_hand.values()), abs=1)
+    # Activations at the peak, by the kind of term.
+    acts_by_hand = {
+        TermKind.CHECKPOINTED_INPUTS: layers * tokens * h * 2,
+        # cos + sin (seq x head_dim, bf16) and the boolean padding mask (micro x seq x seq, 1 byte).
+        TermKind.ROTARY: 2 * seq * 128 * 2 + micro * seq * seq,
+        # the final RMSNorm keeps its fp32 input and a per-token rstd; lm_head (frozen) keeps nothing.
+        TermKind.HEAD_INPUTS: (4 * h + 4) * tokens,
+        TermKind.LOGITS: tokens * vocab * 2,
+        TermKind.LOSS_LOG_PROBS: predicted_tokens * (vocab * 4 + 8),
+        TermKind.LOSS_GRADIENTS: predicted_tokens * vocab * 8,
+    }
+    state = model_state(est.scenario)
+    assert {k: n for k, n in state.gpu.items() if n} == state_by_hand
+    acts = activation_terms(est.scenario, state.in_layer)
+    assert {t.kind: t.bytes for t in acts.terms if t.bytes} == acts_by_hand
+    by_hand = sum(state_by_hand.values()) + sum(acts_by_hand.values())
+    assert est.tensors_gib * GIB == pytest.approx(by_hand, abs=1)
     assert est.tensors_gib == pytest.approx(LORA_3090_MEASURED_PEAK_GIB, rel=0.005)
     assert est.total_gib == pytest.approx(est.tensors_gib + sum(est.allowance.values()))
     assert est.allowance["CUDA context"] == 0.5 and est.allowance["cuBLAS workspace"] == 0.1
@@ -285,13 +284,14 @@ def test_chunked_loss_replaces_the_fp32_loss_temporaries_by_one_chunk() -> None:
     unchunked = activation_terms(replace(scn, cross_entropy="unchunked"))
     chunked = activation_terms(scn)
     tokens, vocab, chunk = 4096, 32000, 2**27 // (4 * 32000)
-    loss_lines = {
-        "chunked cross-entropy: logits gradient (bf16, 4096 x 32,000)": tokens * vocab * 2,
-        f"chunked cross-entropy: one fp32 chunk ({chunk} tokens x 32,000)": chunk * vocab * 4,
-        "cross-entropy: per-token log-sum-exp (fp32) + targets": tokens * 12,
+    loss_terms = {
+        TermKind.LOSS_GRADIENTS: tokens * vocab * 2,  # the logits' gradient in bf16
+        TermKind.LOSS_CHUNK: chunk * vocab * 4,  # one fp32 chunk
+        TermKind.LOSS_PER_TOKEN: tokens * 12,  # fp32 log-sum-exp + int64 targets per token
     }
     # Without checkpointing every layer's saved tensors are alive at the loss: it is the peak there.
     no_ckpt = activation_terms(replace(scn, activation_checkpointing=False))
     assert no_ckpt.where == "loss backward (chunked cross-entropy)"
-    assert {k: v for k, v in no_ckpt.lines.items() if k in loss_lines} == loss_lines
+    assert {kind: no_ckpt.bytes_of(kind) for kind in loss_terms} == loss_terms
+    assert not no_ckpt.bytes_of(TermKind.LOSS_LOG_PROBS)  # no fp32 (tokens x vocab) log-probabilities
     assert unchunked.peak - chunked.peak > 0.3 * GIB

@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from config_helpers import DEMO_DATA, config
 from zerofit.cli import main
 from zerofit.config import ZerofitConfig, load_config, resolve
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError
-from zerofit.planner import choose_micro_batch
+from zerofit.planner import choose_fastest_plan
 from zerofit.planner.gpus import get_gpu, gpu_from_device_name, gpu_peak_tflops, parse_memory_gib
 from zerofit.planner.search import divisors, plan_memory, resolve_budget
 
@@ -68,7 +69,7 @@ def test_gpu_catalogue_memory_parsing_and_device_names() -> None:
 
 def test_auto_picks_the_largest_fitting_divisor_and_keeps_the_global_batch() -> None:
     cfg = _cfg(batch={"global_batch_size": 24, "micro_batch_size": "auto"}, planner={"gpu_memory_gib": 20.0})
-    resolved = resolve(cfg, 2, choose_micro_batch)
+    resolved = resolve(cfg, 2, choose_fastest_plan)
     plan = resolved.plan
     assert plan.global_batch_size == 24 and plan.micro_batch_size in divisors(12)
     assert plan.micro_batch_size * plan.grad_accum_steps * plan.dp_size == 24
@@ -80,10 +81,10 @@ def test_auto_picks_the_largest_fitting_divisor_and_keeps_the_global_batch() -> 
 
 def test_auto_without_a_budget_or_with_nothing_fitting_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match=r"planner\.gpu"):
-        resolve(_cfg(batch={"global_batch_size": 8, "micro_batch_size": "auto"}), 1, choose_micro_batch)
+        resolve(_cfg(batch={"global_batch_size": 8, "micro_batch_size": "auto"}), 1, choose_fastest_plan)
     cfg = _cfg(batch={"global_batch_size": 8, "micro_batch_size": "auto"}, planner={"gpu": "rtx4080"})
     with pytest.raises(ConfigError) as err:
-        resolve(cfg, 1, choose_micro_batch)
+        resolve(cfg, 1, choose_fastest_plan)
     message = str(err.value)
     assert "not even micro-batch 1 fits" in message and "QLoRA" in message and "GiB" in message
 
@@ -98,7 +99,7 @@ def test_a_config_that_cannot_fit_gets_every_remedy_with_its_peak() -> None:
         train={"activation_checkpointing": False},
         distributed={"strategy": "single", "preset": None},
     )
-    resolved = resolve(cfg, 1, choose_micro_batch)
+    resolved = resolve(cfg, 1, choose_fastest_plan)
     plan = plan_memory(resolved, render_spec(resolved), resolve_budget(resolved.config, gpu="rtx3090"))
     assert plan.verdict == "does not fit" and plan.fits is False
     names = [r.name for r in plan.remedies]
@@ -110,6 +111,31 @@ def test_a_config_that_cannot_fit_gets_every_remedy_with_its_peak() -> None:
     offload = by_name["offload to CPU (DeepSpeed ZeRO-3 offload)"]
     assert offload.verdict == "fits" and offload.host_ram_gib > 100  # full 7B state on the host
     assert by_name["activation checkpointing"].verdict == "does not fit"  # 16 B/param is the problem
+
+
+def test_each_remedy_typed_as_shown_plans_to_its_predicted_peak(tmp_path: Path) -> None:
+    """A remedy is its override strings: the user who types the `how` shown (at the remedy's micro-batch)
+    gets the very peak the remedy predicted."""
+    cfg = _cfg(
+        batch={"global_batch_size": 16, "micro_batch_size": 1},
+        lora={"enabled": False},
+        train={"activation_checkpointing": False},
+        distributed={"strategy": "single", "preset": None},
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    budget = resolve_budget(cfg, gpu="rtx3090")
+    assert budget is not None
+    resolved = resolve(cfg, 1, choose_fastest_plan)
+    remedies = plan_memory(resolved, render_spec(resolved), budget).remedies
+    # Those shown as plain overrides (not a launch change, a choice between two, or the combination).
+    typed = [r for r in remedies if all("=" in word for word in r.how.split())]
+    assert {r.name for r in typed} >= {"activation checkpointing", "LoRA instead of full fine-tuning"}
+    for remedy in typed:
+        overrides = [*remedy.how.split(), f"batch.micro_batch_size={remedy.micro_batch_size}"]
+        what_if = resolve(load_config(path, overrides), 1, choose_fastest_plan)
+        plan = plan_memory(what_if, render_spec(what_if), budget)
+        assert plan.estimate.total_gib == pytest.approx(remedy.total_gib), remedy.name
 
 
 # ----------------------------------------------------------------------------------------- recipes
@@ -124,7 +150,7 @@ GPU_RECIPES = [p for p in RECIPES if not p.stem.startswith("demo")]
 def test_every_shipped_config_fits_its_stated_gpu_with_headroom(path: Path) -> None:
     cfg = load_config(str(path), [])
     assert cfg.planner.gpu is not None, f"{path.name} must state its target GPU (planner.gpu)"
-    resolved = resolve(cfg, cfg.planner.num_gpus, choose_micro_batch)
+    resolved = resolve(cfg, cfg.planner.num_gpus, choose_fastest_plan)
     budget = resolve_budget(resolved.config, detect=False)
     plan = plan_memory(resolved, render_spec(resolved), budget)
     assert plan.verdict == "fits", plan.as_dict()["breakdown"]

@@ -14,7 +14,7 @@ from zerofit.config import ResolvedConfig, load_config, resolve
 from zerofit.engine import render_spec
 from zerofit.engine.user_ds_config import filled_user_ds_config
 from zerofit.errors import ConfigError
-from zerofit.planner import choose_micro_batch
+from zerofit.planner import choose_fastest_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ def _resolved(
             *overrides,
         ],
     )
-    return resolve(cfg, world_size, choose_micro_batch)
+    return resolve(cfg, world_size, choose_fastest_plan)
 
 
 def _with(**changes: Any) -> dict[str, Any]:

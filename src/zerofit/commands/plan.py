@@ -21,7 +21,7 @@ from zerofit.config import ResolvedConfig, load_config, resolve
 from zerofit.engine import EngineSpec, render_spec
 from zerofit.errors import LaunchError
 from zerofit.messages import quiet_libraries
-from zerofit.planner import choose_micro_batch
+from zerofit.planner import choose_fastest_plan
 
 
 def default_world_size() -> int:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         from zerofit.planner.gpus import parse_memory_gib
 
         overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(args.gpu_mem)}")
-    resolved = resolve(load_config(args.config, overrides), world_size, choose_micro_batch)
+    resolved = resolve(load_config(args.config, overrides), world_size, choose_fastest_plan)
     spec = render_spec(resolved, device_type=args.device)
     report = build_plan_report(
         resolved, spec, gpu=args.gpu, gpu_mem=args.gpu_mem, trace=args.trace, probe=args.probe

@@ -9,7 +9,7 @@ After `resolve()` nothing is left for later layers to guess: the batch triple is
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
 `auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`) is
 decided here too, by the plan chooser the caller passes in (the memory planner's,
-`zerofit.planner.choose_micro_batch`): the config layer sits below the planner and never imports it.
+`zerofit.planner.choose_fastest_plan`): the config layer sits below the planner and never imports it.
 A token budget (`batch.tokens_per_micro_batch`) is a micro-batch of packed rows: tokens / max_seq_len
 rows, which is what `batch.micro_batch_size` holds after `resolve()`.
 """
@@ -511,13 +511,11 @@ def _fill_run_dir(cfg: ZerofitConfig, plan: BatchPlan) -> Path:
     return Path(cfg.output_dir) / cfg.run_name
 
 
-def resolve(
-    config: ZerofitConfig, world_size: int, choose_micro_batch: PlanChooser | None = None
-) -> ResolvedConfig:
+def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | None = None) -> ResolvedConfig:
     """Validate `config` for a launch of `world_size` ranks and fill every derived value.
 
-    `choose_micro_batch` (the planner's plan chooser) decides every `auto` key (without one, `auto` is
-    refused). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
+    `choose_plan` (the planner's chooser, `choose_fastest_plan`) decides every `auto` key (without one,
+    `auto` is refused). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
     when the config was validated (`schema.py`); the steps here check what depends on several keys or on
     the launch, then decide what the config left open.
     """
@@ -525,7 +523,7 @@ def resolve(
     problems: list[str] = []
     notes = _settle_engine(cfg)
     _check_engine(problems, cfg, world_size)
-    plan, choice = _resolve_batch(cfg, world_size, choose_micro_batch, problems)
+    plan, choice = _resolve_batch(cfg, world_size, choose_plan, problems)
     _check_training(problems, cfg)
     _check_length(problems, cfg)
     _check_quantization(problems, cfg)

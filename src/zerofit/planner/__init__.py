@@ -1,7 +1,7 @@
 """Memory planning: model shapes, per-rank peak memory, GPU catalogue, the speed model and the search for
 the fastest plan that fits (all analytic).
 
-`choose_micro_batch` is what `resolve()` is handed for every `auto` key (micro-batch, token budget,
+`choose_fastest_plan` is what `resolve()` is handed for every `auto` key (micro-batch, token budget,
 activation checkpointing); it imports the search only when called, so resolving a config without `auto`
 never pays for the planner.
 """
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
 
 
-def choose_micro_batch(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
+def choose_fastest_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
     """The `auto` keys' values: the fastest (micro-batch, checkpointed layers) that fits the GPU and keeps
     the global batch (`zerofit.planner.search.choose_plan`)."""
     from zerofit.planner.search import choose_plan

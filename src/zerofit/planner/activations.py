@@ -1,6 +1,7 @@
 """Activations at the forward/backward peak: saved tensors per layer and token, logits, loss temporaries.
 
-Activation bytes per token of one decoder layer are a sum of named terms (see `_layer_split`). The rules
+Activation bytes per token of one decoder layer are a sum of typed terms (`Term`: a `TermKind` saying what
+it models, its bytes and its display label; see `_layer_split`). Code selects terms by kind, never by label. The rules
 come from which tensors autograd saves for backward:
   - RMSNorm saves its fp32 upcast input and the per-token rstd (and its normalized output when its weight
     trains);
@@ -21,6 +22,7 @@ fp32 chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from zerofit.loss import chunk_tokens
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
@@ -58,6 +60,95 @@ def _dtypes(scn: Scenario, prof: ComputeProfile) -> _Dt:
     return _Dt(resid=resid, lin_out=lin_out, att=att, logits=logits, adapter=adapter, autocast_half=ac)
 
 
+class TermKind(StrEnum):
+    """What an activation-side memory term models (its label is only for display)."""
+
+    # Saved for backward by one decoder layer, per token.
+    NORMS = "norms"
+    ATTENTION = "attention"
+    PADDING_MASK = "padding mask"
+    SWIGLU = "swiglu"
+    SHARED_LINEAR_INPUTS = "shared linear inputs"
+    LINEAR_INPUT_COPIES = "linear input copies"
+    LORA_A_OUTPUTS = "lora A outputs"
+    LORA_DROPOUT_MASKS = "lora dropout masks"
+    # Bytes per rank at one moment of the step.
+    AUTOCAST_WEIGHT_COPIES = "autocast weight copies"
+    CHECKPOINTED_INPUTS = "checkpointed layer inputs"
+    ROTARY = "rotary (and the checkpoints' mask)"
+    SAVED_LAYERS = "saved layers"
+    HEAD_INPUTS = "final norm and lm_head saved inputs"
+    LOGITS = "logits"
+    LOSS_LOG_PROBS = "loss log-probabilities"
+    LOSS_GRADIENTS = "loss gradients"
+    LOSS_CHUNK = "loss chunk"
+    LOSS_PER_TOKEN = "loss per-token"
+    INPUT_IDS = "input ids"
+    RECOMPUTED_LAYER = "recomputed layer"
+    GRADS_IN_FLIGHT = "gradients in flight"
+    HEAD_WEIGHT_GRAD = "lm_head weight gradient"
+    LAYER_RESIDENT = "layer resident"
+    EAGER_ATTENTION_BACKWARD = "eager attention backward"
+    LIVE_TENSORS = "live tensors"
+    GRADS_WAITING = "gradients waiting"
+    EMBEDDING_OUTPUT = "embedding output"
+    FINAL_NORM_FORWARD = "final norm forward"
+
+
+# Kinds that are tensors autograd saves for backward (what `saved_tensors_hooks` sees); the others are
+# working sets of one moment (gradients in flight, live forward tensors, loss temporaries, the logits).
+SAVED_FOR_BACKWARD = frozenset(
+    {
+        TermKind.NORMS,
+        TermKind.ATTENTION,
+        TermKind.PADDING_MASK,
+        TermKind.SWIGLU,
+        TermKind.SHARED_LINEAR_INPUTS,
+        TermKind.LINEAR_INPUT_COPIES,
+        TermKind.LORA_A_OUTPUTS,
+        TermKind.LORA_DROPOUT_MASKS,
+        TermKind.AUTOCAST_WEIGHT_COPIES,
+        TermKind.CHECKPOINTED_INPUTS,
+        TermKind.ROTARY,
+        TermKind.SAVED_LAYERS,
+        TermKind.HEAD_INPUTS,
+        TermKind.LOSS_LOG_PROBS,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One memory term: what it models, its bytes, and the label `zerofit plan` shows."""
+
+    kind: TermKind
+    bytes: int
+    label: str
+
+    @property
+    def saved_for_backward(self) -> bool:
+        """True for tensors autograd keeps until backward; False for one moment's working set."""
+        return self.kind in SAVED_FOR_BACKWARD
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A moment of the step that can be the activation peak (`where`), with the terms alive then."""
+
+    where: str
+    terms: tuple[Term, ...]
+
+    @property
+    def total(self) -> int:
+        """Bytes alive at this moment."""
+        return sum(t.bytes for t in self.terms)
+
+
+def _without(terms: tuple[Term, ...] | list[Term], *kinds: TermKind) -> list[Term]:
+    """`terms` less those of the given kinds."""
+    return [t for t in terms if t.kind not in kinds]
+
+
 _GROUP_OF = {
     "q_proj": "attn_in",
     "k_proj": "attn_in",
@@ -70,99 +161,142 @@ _GROUP_OF = {
 _POST_ATTENTION_GROUPS = ("o_in", "mlp_in", "down_in")
 
 
-def _layer_split(
-    scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt
-) -> tuple[list[tuple[str, int]], int]:
-    """Bytes saved for backward per token by one decoder layer, as named terms, plus how many of those
+def _layer_split(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt) -> tuple[list[Term], int]:
+    """Bytes saved for backward per token by one decoder layer, as typed terms, plus how many of those
     bytes belong after attention (o_proj, norm 2, the MLP)."""
     h, inter = shape.hidden_size, shape.intermediate_size
-    q_dim, kv_dim, heads = shape.q_dim, shape.kv_dim, shape.num_heads
     full = not scn.lora
-    terms: list[tuple[str, int]] = []
     # RMSNorm x2: fp32 upcast input + rstd; normalized output too when the norm weight trains.
     norm = 4 * h + 4 + (dt.resid * h if full else 0)
-    terms.append(("2 RMSNorms (fp32 input, rstd" + (", normalized output)" if full else ")"), 2 * norm))
+    label = "2 RMSNorms (fp32 input, rstd" + (", normalized output)" if full else ")")
+    terms = [Term(TermKind.NORMS, 2 * norm, label), *_attention_saves(scn, shape, dt)]
+    # SwiGLU: gate output (activation input), activation output, up output.
+    swiglu = 3 * dt.lin_out * inter
+    terms.append(Term(TermKind.SWIGLU, swiglu, "SwiGLU: gate, act(gate), up outputs"))
+    linear_terms, linear_post_attention = _linear_input_saves(scn, shape, lora, dt)
+    return terms + linear_terms, norm + swiglu + linear_post_attention
 
+
+def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
+    """What attention saves per token: q, k, v, its output and logsumexp (sdpa) or the probabilities (eager)."""
+    q_dim, kv_dim, heads = shape.q_dim, shape.kv_dim, shape.num_heads
     masked = scn.masked_attention  # padded micro-batches of >1 sequence, or packed rows: masked attention
     kv_saved = q_dim if (masked or scn.attn_implementation == "eager") else kv_dim
     if scn.attn_implementation == "eager":
         s = scn.seq_len
         attn = dt.att * (q_dim + 2 * kv_saved) + 4 * heads * s + dt.att * heads * s
-        terms.append(
-            (f"eager attention: q, k and v (repeated to all heads), fp32 softmax + probs (S={s})", attn)
-        )
-    else:
-        attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads
-        terms.append(("sdpa attention: q, k, v, output, logsumexp", attn))
-        if masked:
-            # sdpa converts the boolean padding mask to an additive one per call and keeps it for backward.
-            terms.append((f"sdpa additive padding mask (S={scn.seq_len})", dt.att * scn.seq_len))
-    # SwiGLU: gate output (activation input), activation output, up output.
-    mlp_b = dt.lin_out
-    swiglu = 3 * mlp_b * inter
-    terms.append(("SwiGLU: gate, act(gate), up outputs", swiglu))
-    post_attention = norm + swiglu
+        label = f"eager attention: q, k and v (repeated to all heads), fp32 softmax + probs (S={s})"
+        return [Term(TermKind.ATTENTION, attn, label)]
+    attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads
+    terms = [Term(TermKind.ATTENTION, attn, "sdpa attention: q, k, v, output, logsumexp")]
+    if masked:
+        # sdpa converts the boolean padding mask to an additive one per call and keeps it for backward.
+        label = f"sdpa additive padding mask (S={scn.seq_len})"
+        terms.append(Term(TermKind.PADDING_MASK, dt.att * scn.seq_len, label))
+    return terms
 
+
+@dataclass
+class _LinearSaves:
+    """Running per-token counts of what the linears (base and LoRA) save for backward."""
+
+    shared: set[str]
+    own_copies: int = 0
+    lora_rank_io: int = 0
+    dropout_masks: int = 0
+
+    @property
+    def own(self) -> int:
+        """Bytes that belong to one linear alone (not shared with another reader of its input)."""
+        return self.own_copies + self.lora_rank_io + self.dropout_masks
+
+
+def _save_linear(
+    acc: _LinearSaves, scn: Scenario, dt: _Dt, group: str, width: int, x_b: int, lora_r: int | None
+) -> None:
+    """Add one linear's saved input to `acc`: shared storage, or its own cast copy (autocast, peft)."""
+    ac = dt.autocast_half
+    if not scn.lora:
+        if ac is not None and x_b != ac:
+            acc.own_copies += ac * width  # autocast casts the input for each linear
+        else:
+            acc.shared.add(group)
+    if lora_r is None:
+        return
+    if scn.lora_dropout > 0:
+        acc.dropout_masks += width
+        # dropout output in the adapter dtype; under autocast A saves a half copy of it instead
+        acc.own_copies += (ac or dt.adapter) * width
+    elif ac is not None:
+        if x_b != ac or dt.adapter != ac:
+            acc.own_copies += ac * width
+        else:
+            acc.shared.add(group)
+    elif x_b != dt.adapter:
+        acc.own_copies += dt.adapter * width  # peft casts the input to the adapter dtype
+    else:
+        acc.shared.add(group)
+    acc.lora_rank_io += (ac or dt.adapter) * lora_r
+
+
+def _linear_input_saves(
+    scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt
+) -> tuple[list[Term], int]:
+    """The linears' saved inputs per token, as terms, and the part of them after attention."""
+    h = shape.hidden_size
     # Linear inputs, by the tensor they read: (width, dtype of that tensor, already saved by attention).
     groups = {
         "attn_in": (h, dt.resid, False),
-        "o_in": (q_dim, dt.att, scn.attn_implementation == "sdpa"),
+        "o_in": (shape.q_dim, dt.att, scn.attn_implementation == "sdpa"),
         "mlp_in": (h, dt.resid, False),
-        "down_in": (inter, mlp_b, False),
+        "down_in": (shape.intermediate_size, dt.lin_out, False),
     }
-    shared_saved: set[str] = set()
-    own_copies = lora_rank_io = dropout_masks = 0
+    acc = _LinearSaves(shared=set())
+    post_attention = 0
     targets = {t.name.rpartition(".")[2] for t in (lora.layer_targets if lora else ())}
-    ac = dt.autocast_half
     for lin in shape.linears:
         short = lin.name.rpartition(".")[2]
         group = _GROUP_OF.get(short, lin.name)
         width, x_b, _ = groups.get(group, (lin.in_features, dt.resid, False))
-        before = own_copies + lora_rank_io + dropout_masks
-        if full:
-            if ac is not None and x_b != ac:
-                own_copies += ac * width  # autocast casts the input for each linear
-            else:
-                shared_saved.add(group)
-        if short in targets and lora is not None:
-            if scn.lora_dropout > 0:
-                dropout_masks += width
-                # dropout output in the adapter dtype; under autocast A saves a half copy of it instead
-                own_copies += (ac or dt.adapter) * width
-            elif ac is not None:
-                if x_b != ac or dt.adapter != ac:
-                    own_copies += ac * width
-                else:
-                    shared_saved.add(group)
-            elif x_b != dt.adapter:
-                own_copies += dt.adapter * width  # peft casts the input to the adapter dtype
-            else:
-                shared_saved.add(group)
-            lora_rank_io += (ac or dt.adapter) * lora.r
+        before = acc.own
+        adapter_r = lora.r if (lora is not None and short in targets) else None
+        _save_linear(acc, scn, dt, group, width, x_b, adapter_r)
         if group in _POST_ATTENTION_GROUPS:
-            post_attention += own_copies + lora_rank_io + dropout_masks - before
-    counted = [g for g in shared_saved if g in groups and not groups[g][2]]
+            post_attention += acc.own - before
+    counted = [g for g in acc.shared if g in groups and not groups[g][2]]
     shared = sum(groups[g][0] * groups[g][1] for g in counted)
     post_attention += sum(groups[g][0] * groups[g][1] for g in counted if g in _POST_ATTENTION_GROUPS)
-    if shared:
-        terms.append(("linear inputs shared by the projections reading them", shared))
-    if own_copies:
-        terms.append(("per-linear input copies (dtype casts / dropout outputs)", own_copies))
-    if lora_rank_io:
-        terms.append((f"LoRA A outputs (rank {lora.r if lora else 0})", lora_rank_io))
-    if dropout_masks:
-        terms.append(("LoRA dropout masks (1 byte)", dropout_masks))
-    return terms, post_attention
+    candidates = [
+        Term(TermKind.SHARED_LINEAR_INPUTS, shared, "linear inputs shared by the projections reading them"),
+        Term(
+            TermKind.LINEAR_INPUT_COPIES,
+            acc.own_copies,
+            "per-linear input copies (dtype casts / dropout outputs)",
+        ),
+        Term(TermKind.LORA_A_OUTPUTS, acc.lora_rank_io, f"LoRA A outputs (rank {lora.r if lora else 0})"),
+        Term(TermKind.LORA_DROPOUT_MASKS, acc.dropout_masks, "LoRA dropout masks (1 byte)"),
+    ]
+    return [t for t in candidates if t.bytes], post_attention
 
 
-@dataclass
+@dataclass(frozen=True)
 class ActivationTerms:
-    """Activation-side bytes at the forward/backward peak, with named lines (bytes)."""
+    """Activation-side bytes at the forward/backward peak: the peak moment's typed terms."""
 
     peak: int
-    lines: dict[str, int]
+    terms: tuple[Term, ...]  # alive at the peak
     where: str  # which moment of the step is the peak
-    per_layer_token_terms: list[tuple[str, int]]
+    per_layer_token_terms: tuple[Term, ...]  # saved for backward per token by one decoder layer
+    moments: tuple[Moment, ...]  # every candidate for the peak, the peak among them
+
+    @property
+    def lines(self) -> dict[str, int]:
+        """The peak's terms by display label (what the plan shows)."""
+        return {t.label: t.bytes for t in self.terms}
+
+    def bytes_of(self, *kinds: TermKind) -> int:
+        """Bytes of the peak's terms of the given kinds."""
+        return sum(t.bytes for t in self.terms if t.kind in kinds)
 
 
 def _autocast_weight_copies(scn: Scenario, shape: ModelShape, counts: ParamCounts, dt: _Dt) -> int:
@@ -243,59 +377,260 @@ def _transients(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _D
     return _Transients(forward_extra=forward_extra, backward_extra=backward_extra, incoming_grads=incoming)
 
 
-def _loss_candidates(
-    scn: Scenario,
-    dt: _Dt,
-    logits_key: str,
-    logits: int,
-    tokens: int,
-    ce_tokens: int,
-    vocab: int,
-    half: str | None,
-) -> list[tuple[str, dict[str, int]]]:
-    """The loss's own peaks (forward and backward of the cross-entropy), lines besides the saved tensors."""
+@dataclass(frozen=True)
+class _Step:
+    """What every candidate moment of one step shares: shapes, dtypes, counts and the terms they reuse."""
+
+    scn: Scenario
+    shape: ModelShape
+    dt: _Dt
+    half: str | None  # the compute profile's half dtype (for labels)
+    tokens: int
+    n_ckpt: int  # decoder layers checkpointed (the first n)
+    n_saved: int  # decoder layers whose saved tensors are kept
+    per_layer_tok: int  # one layer's saved bytes per token
+    post_attention_tok: int  # the part of them after attention
+    recomputed_tok: int  # one recomputed layer's saved bytes per token
+    tr: _Transients
+    base: tuple[Term, ...]  # alive through forward and backward: weight copies, checkpoints, saved layers
+    logits: Term
+    ids: int  # the input ids the embedding's backward keeps (full fine-tuning only)
+    in_layer: tuple[Term, ...]  # bytes that exist only while a decoder layer runs
+
+    @property
+    def last_recomputed(self) -> bool:
+        """True when every layer is checkpointed (the last layer is recomputed in backward)."""
+        return self.n_saved == 0
+
+    def recomputed(self, which: str) -> Term:
+        """One recomputed layer's saved tensors; `which` names it (`last layer`, `layer 3`)."""
+        label = f"recomputed {which} ({self.tokens} tokens x {self.recomputed_tok:,} B)"
+        return Term(TermKind.RECOMPUTED_LAYER, self.recomputed_tok * self.tokens, label)
+
+    def input_ids(self) -> list[Term]:
+        """The embedding backward's input ids, when it keeps them."""
+        return [Term(TermKind.INPUT_IDS, self.ids, "input ids (embedding backward)")] if self.ids else []
+
+    def live(self) -> list[Term]:
+        """Tensors alive around the last layer's down projection in forward (not yet saved)."""
+        label = "live tensors around the last layer's down projection"
+        return [Term(TermKind.LIVE_TENSORS, self.tr.forward_extra * self.tokens, label), *self.input_ids()]
+
+
+def _loss_terms(st: _Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
+    """The loss's own peaks (forward and backward of the cross-entropy), terms besides the saved tensors."""
+    scn, dt, tokens, vocab = st.scn, st.dt, st.tokens, st.shape.vocab_size
     if scn.cross_entropy == "unchunked":
         return [
             (
                 "loss backward (cross-entropy's fp32 gradients)",
-                {
-                    logits_key: logits,
-                    "log-probabilities (fp32) + targets": 4 * vocab * ce_tokens + 8 * ce_tokens,
-                    "cross-entropy backward: 2 fp32 (tokens x vocab) gradients": 8 * vocab * ce_tokens,
-                },
+                [
+                    st.logits,
+                    Term(
+                        TermKind.LOSS_LOG_PROBS,
+                        4 * vocab * ce_tokens + 8 * ce_tokens,
+                        "log-probabilities (fp32) + targets",
+                    ),
+                    Term(
+                        TermKind.LOSS_GRADIENTS,
+                        8 * vocab * ce_tokens,
+                        "cross-entropy backward: 2 fp32 (tokens x vocab) gradients",
+                    ),
+                ],
             )
         ]
-    per_token = {"cross-entropy: per-token log-sum-exp (fp32) + targets": 12 * tokens}
+    per_token = Term(
+        TermKind.LOSS_PER_TOKEN, 12 * tokens, "cross-entropy: per-token log-sum-exp (fp32) + targets"
+    )
     if scn.cross_entropy == "liger":
         # Liger computes the gradient in forward, into the logits' own storage.
-        return [
-            ("loss (Liger cross-entropy, gradient in the logits' storage)", {logits_key: logits, **per_token})
-        ]
+        return [("loss (Liger cross-entropy, gradient in the logits' storage)", [st.logits, per_token])]
     chunk = min(chunk_tokens(vocab), tokens)
     upcasts = 1 if dt.logits == 4 else 2  # the fp32 copy of the chunk (none for fp32 logits) + logsumexp's
+    grad_label = (
+        f"chunked cross-entropy: logits gradient ({dtype_label(dt.logits, st.half)}, {tokens} x {vocab:,})"
+    )
+    chunk_label = f"chunked cross-entropy: one fp32 chunk ({chunk} tokens x {vocab:,})"
+    fwd_label = f"chunked cross-entropy: fp32 chunk + logsumexp temporary ({chunk} tokens x {vocab:,})"
     return [
         (
             "loss backward (chunked cross-entropy)",
-            {
-                logits_key: logits,
-                f"chunked cross-entropy: logits gradient ({dtype_label(dt.logits, half)}, {tokens} x {vocab:,})": (
-                    dt.logits * vocab * tokens
-                ),
-                f"chunked cross-entropy: one fp32 chunk ({chunk} tokens x {vocab:,})": 4 * vocab * chunk,
-                **per_token,
-            },
+            [
+                st.logits,
+                Term(TermKind.LOSS_GRADIENTS, dt.logits * vocab * tokens, grad_label),
+                Term(TermKind.LOSS_CHUNK, 4 * vocab * chunk, chunk_label),
+                per_token,
+            ],
         ),
         (
             "loss forward (chunked cross-entropy)",
-            {
-                logits_key: logits,
-                f"chunked cross-entropy: fp32 chunk + logsumexp temporary ({chunk} tokens x {vocab:,})": (
-                    upcasts * 4 * vocab * chunk
-                ),
-                **per_token,
-            },
+            [st.logits, Term(TermKind.LOSS_CHUNK, upcasts * 4 * vocab * chunk, fwd_label), per_token],
         ),
     ]
+
+
+def _loss_moments(st: _Step) -> list[Moment]:
+    """The loss's peaks on top of everything saved (the final norm's and lm_head's inputs included)."""
+    h, tokens, full = st.shape.hidden_size, st.tokens, not st.scn.lora
+    final_norm = (4 * h + 4 + (st.dt.resid * h if full else 0)) * tokens
+    head_input = 0
+    if full:
+        ac = st.dt.autocast_half
+        head_input = (ac if ac and st.dt.resid != ac else st.dt.resid) * h * tokens
+    head = Term(TermKind.HEAD_INPUTS, final_norm + head_input + st.ids, "final norm + lm_head saved inputs")
+    ce_tokens = st.scn.micro_batch_size * (st.scn.seq_len - 1)
+    return [Moment(where, (*st.base, head, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
+
+
+def _last_layer_moments(st: _Step, head_grad: int) -> list[Moment]:
+    """Backward of the last layer: its saved (or recomputed) tensors and the gradients in flight around its
+    down projection; under eager attention also the softmax backward of that layer."""
+    tokens = st.tokens
+    terms = [*st.base, st.logits, *st.input_ids()]
+    if st.last_recomputed:
+        terms.append(st.recomputed("last layer"))
+    in_flight = Term(
+        TermKind.GRADS_IN_FLIGHT, st.tr.backward_extra * tokens, "gradients in flight at its down projection"
+    )
+    terms.append(in_flight)
+    if head_grad:
+        terms.append(Term(TermKind.HEAD_WEIGHT_GRAD, head_grad, "lm_head weight gradient (fp32)"))
+    terms.extend(st.in_layer)
+    where = "backward of the last layer" + (" (recomputed)" if st.last_recomputed else "")
+    moments = [Moment(where, tuple(terms))]
+    if st.scn.attn_implementation == "eager":
+        moments.append(_eager_attention_backward(st, terms))
+    return moments
+
+
+def _eager_attention_backward(st: _Step, last_layer: list[Term]) -> Moment:
+    """Eager attention's backward: the fp32 gradient of the softmax output and the softmax backward's fp32
+    result (both heads x S wide per token) while the half probabilities are already released. Everything
+    the layer saved after attention has been released by then."""
+    tokens, post = st.tokens, st.post_attention_tok
+    terms = _without(last_layer, TermKind.GRADS_IN_FLIGHT)
+    if st.last_recomputed:
+        terms = [
+            Term(t.kind, t.bytes - post * tokens, t.label) if t.kind is TermKind.RECOMPUTED_LAYER else t
+            for t in terms
+        ]
+    extra = (8 - st.dt.att) * st.shape.num_heads * st.scn.seq_len + st.dt.resid * st.shape.hidden_size
+    extra -= 0 if st.last_recomputed else post
+    label = "eager attention backward: 2 fp32 (heads x S) gradients, later saves released"
+    terms.append(Term(TermKind.EAGER_ATTENTION_BACKWARD, extra * tokens, label))
+    return Moment("eager attention backward of the last layer", tuple(terms))
+
+
+def _recompute_moment(st: _Step) -> Moment:
+    """The recomputation inside backward runs the top checkpointed layer's forward again with the logits
+    still held; the saved tensors of the layers above it are already released."""
+    which = "last layer" if st.last_recomputed else f"layer {st.n_ckpt - 1}"
+    top = "the last layer" if st.last_recomputed else f"layer {st.n_ckpt - 1} (the last checkpointed)"
+    waiting = Term(
+        TermKind.GRADS_WAITING, st.tr.incoming_grads * st.tokens, "gradients waiting at the layer's output"
+    )
+    terms = (
+        *_without(st.base, TermKind.SAVED_LAYERS),
+        st.logits,
+        st.recomputed(which),
+        *st.live(),
+        waiting,
+        *st.in_layer,
+    )
+    return Moment(f"recomputation of {top} in backward", terms)
+
+
+def _forward_moments(st: _Step, bool_mask: int) -> list[Moment]:
+    """The end of forward: the last layer's down projection and the final norm, with everything saved.
+
+    Forward keeps the embedding output (the model's local) and the boolean mask alive throughout (under
+    checkpointing both are already counted: layer 0's checkpointed input, the checkpoints' mask).
+    """
+    h, tokens, resid = st.shape.hidden_size, st.tokens, st.dt.resid
+    common: list[Term] = []
+    if not st.n_ckpt:
+        label = "embedding output + boolean padding mask (forward only)"
+        common.append(Term(TermKind.EMBEDDING_OUTPUT, resid * h * tokens + bool_mask, label))
+    # The final RMSNorm: its input, fp32 upcast (saved; the input itself when already fp32) and rstd,
+    # the fp32 product, and two results in the residual dtype.
+    upcast = 4 * h if resid != 4 else 0
+    final_norm = Term(
+        TermKind.FINAL_NORM_FORWARD, (3 * resid * h + upcast + 4 * h + 8) * tokens, "final norm forward"
+    )
+    return [
+        Moment(
+            "end of forward (last layer's down projection)", (*st.base, *common, *st.live(), *st.in_layer)
+        ),
+        Moment("end of forward (final norm)", (*st.base, *common, final_norm)),
+    ]
+
+
+def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_layer_tok: int) -> list[Term]:
+    """Alive through forward and backward: autocast's weight copies, the checkpointed inputs with the
+    rotary tables (and the padding mask they keep), the saved tensors of the layers not checkpointed."""
+    scn, h, n_layers = st_scn, shape.hidden_size, shape.num_layers
+    b, s = scn.micro_batch_size, scn.seq_len
+    tokens, n_saved = b * s, n_layers - n_ckpt
+    copies = _autocast_weight_copies(scn, shape, param_counts(scn), dt)
+    terms = [Term(TermKind.AUTOCAST_WEIGHT_COPIES, copies, "autocast half copies of fp32 matmul weights")]
+    terms = terms if copies else []
+    # Shared by all layers: rotary cos/sin (one sequence wide). The boolean padding mask (B x 1 x S x S)
+    # lives through the forward; under checkpointing every layer keeps it as an input until backward.
+    rope = 2 * s * shape.head_dim * dt.resid
+    if n_ckpt:
+        label = f"checkpointed layer inputs ({n_ckpt} layers x {tokens} tokens x {dt.resid * h:,} B)"
+        terms.append(Term(TermKind.CHECKPOINTED_INPUTS, n_ckpt * dt.resid * h * tokens, label))
+        label = "rotary cos/sin + boolean padding mask (kept by the checkpoints)"
+        terms.append(Term(TermKind.ROTARY, rope + _bool_mask(scn), label))
+    else:
+        terms.append(Term(TermKind.ROTARY, rope, "rotary cos/sin"))
+    if n_saved:
+        # Under LoRA nothing before layer 0's first adapter needs a gradient: its first RMSNorm saves nothing.
+        layer0_saving = 0 if (not scn.lora or n_ckpt) else 4 * h + 4
+        label = f"saved activations ({n_saved} layers x {tokens} tokens x {per_layer_tok:,} B)"
+        terms.append(Term(TermKind.SAVED_LAYERS, (n_saved * per_layer_tok - layer0_saving) * tokens, label))
+    return terms
+
+
+def _bool_mask(scn: Scenario) -> int:
+    """Bytes of the boolean padding mask (B x 1 x S x S) sdpa is given for masked micro-batches."""
+    b, s = scn.micro_batch_size, scn.seq_len
+    return b * s * s if (scn.masked_attention and scn.attn_implementation == "sdpa") else 0
+
+
+def _step(scn: Scenario, layer_resident: dict[str, int] | None) -> tuple[_Step, list[Term], ComputeProfile]:
+    """The shared quantities of every candidate moment, with one layer's per-token terms."""
+    prof = compute_profile(scn)
+    shape = model_shape(scn.model)
+    lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora) if scn.lora else None
+    dt = _dtypes(scn, prof)
+    tokens = scn.micro_batch_size * scn.seq_len
+    n_ckpt = scn.checkpointed(shape.num_layers)
+    layer_terms, post_attention_tok = _layer_split(scn, shape, lora, dt)
+    per_layer_tok = sum(t.bytes for t in layer_terms)
+    v = shape.vocab_size
+    logits_label = (
+        f"logits ({dtype_label(dt.logits, prof.half)}, {tokens} x {v:,}), held by the training loop"
+    )
+    st = _Step(
+        scn=scn,
+        shape=shape,
+        dt=dt,
+        half=prof.half,
+        tokens=tokens,
+        n_ckpt=n_ckpt,
+        n_saved=shape.num_layers - n_ckpt,
+        per_layer_tok=per_layer_tok,
+        post_attention_tok=post_attention_tok,
+        # A recomputed layer's first RMSNorm saves its input; in fp32 that is the checkpointed input itself.
+        recomputed_tok=per_layer_tok - (4 * shape.hidden_size if dt.resid == 4 else 0),
+        tr=_transients(scn, shape, lora, dt),
+        base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok)),
+        logits=Term(TermKind.LOGITS, dt.logits * v * tokens, logits_label),
+        ids=8 * tokens if not scn.lora else 0,  # the embedding's backward keeps the input ids
+        in_layer=tuple(Term(TermKind.LAYER_RESIDENT, n, k) for k, n in (layer_resident or {}).items()),
+    )
+    return st, layer_terms, prof
 
 
 def activation_terms(scn: Scenario, layer_resident: dict[str, int] | None = None) -> ActivationTerms:
@@ -303,7 +638,7 @@ def activation_terms(scn: Scenario, layer_resident: dict[str, int] | None = None
 
     With n of L decoder layers checkpointed (the first n), the candidates (the largest is the peak):
       - end of forward (n < L): n layer inputs + L - n layers' saved tensors + the last layer's live set;
-      - the loss (forward and backward of the cross-entropy, see `_loss_candidates`), on top of all saved;
+      - the loss (forward and backward of the cross-entropy, see `_loss_terms`), on top of all saved;
       - backward of the last layer (recomputed when n = L): its saved tensors + the gradients in flight
         around its down projection, with the logits still held by the training loop;
       - recomputation of layer n - 1 in backward (n > 0): the n checkpointed inputs (the layers above have
@@ -311,127 +646,21 @@ def activation_terms(scn: Scenario, layer_resident: dict[str, int] | None = None
     `layer_resident`: bytes that exist only while a decoder layer runs (FSDP2's gathered layers); added to
     the candidates inside a layer.
     """
-    prof = compute_profile(scn)
-    shape = model_shape(scn.model)
-    lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora) if scn.lora else None
-    counts = param_counts(scn)
-    dt = _dtypes(scn, prof)
-    b, s = scn.micro_batch_size, scn.seq_len
-    tokens, ce_tokens = b * s, b * (s - 1)
-    h, v, n_layers = shape.hidden_size, shape.vocab_size, shape.num_layers
+    st, layer_terms, prof = _step(scn, layer_resident)
     full = not scn.lora
-    n_ckpt = scn.checkpointed(n_layers)
-    n_saved = n_layers - n_ckpt
-    in_layer = dict(layer_resident or {})
-
-    terms, post_attention_tok = _layer_split(scn, shape, lora, dt)
-    per_layer_tok = sum(n for _, n in terms)
-    tr = _transients(scn, shape, lora, dt)
-    # Under LoRA nothing before layer 0's first adapter needs a gradient: its first RMSNorm saves nothing.
-    layer0_saving = 0 if (full or n_ckpt) else 4 * h + 4
-
-    # Shared by all layers: rotary cos/sin (one sequence wide). The boolean padding mask (B x 1 x S x S)
-    # lives through the forward; under checkpointing every layer keeps it as an input until backward.
-    rope = 2 * s * shape.head_dim * dt.resid
-    bool_mask = b * s * s if (scn.masked_attention and scn.attn_implementation == "sdpa") else 0
-    ckpt_inputs: dict[str, int] = {}
-    if n_ckpt:
-        ckpt_inputs[f"checkpointed layer inputs ({n_ckpt} layers x {tokens} tokens x {dt.resid * h:,} B)"] = (
-            n_ckpt * dt.resid * h * tokens
-        )
-        ckpt_inputs["rotary cos/sin + boolean padding mask (kept by the checkpoints)"] = rope + bool_mask
-    else:
-        ckpt_inputs["rotary cos/sin"] = rope
-    saved: dict[str, int] = {}
-    if n_saved:
-        saved[f"saved activations ({n_saved} layers x {tokens} tokens x {per_layer_tok:,} B)"] = (
-            n_saved * per_layer_tok - layer0_saving
-        ) * tokens
-    base: dict[str, int] = {}
-    copies = _autocast_weight_copies(scn, shape, counts, dt)
-    if copies:
-        base["autocast half copies of fp32 matmul weights"] = copies
-    base.update(ckpt_inputs)
-    base.update(saved)
-
-    final_norm = (4 * h + 4 + (dt.resid * h if full else 0)) * tokens
-    head_input = 0
-    ids = 8 * tokens if full else 0  # the embedding's backward keeps the input ids
-    if full:
-        ac = dt.autocast_half
-        head_input = (ac if ac and dt.resid != ac else dt.resid) * h * tokens
-    logits_key = f"logits ({dtype_label(dt.logits, prof.half)}, {tokens} x {v:,}), held by the training loop"
-    logits = dt.logits * v * tokens
-    head_grad = 4 * v * h if full and not prof.grads_leave_autograd else 0
-
-    candidates: list[tuple[str, dict[str, int]]] = []
-    for where, lines in _loss_candidates(scn, dt, logits_key, logits, tokens, ce_tokens, v, prof.half):
-        candidates.append(
-            (where, {**base, "final norm + lm_head saved inputs": final_norm + head_input + ids, **lines})
-        )
-
-    last_layer = {**base, logits_key: logits}
-    if ids:
-        last_layer["input ids (embedding backward)"] = ids
-    # A recomputed layer's first RMSNorm saves its input; in fp32 that is the checkpointed input itself.
-    recomputed_tok = per_layer_tok - (4 * h if dt.resid == 4 else 0)
-    recomputed = f"recomputed last layer ({tokens} tokens x {recomputed_tok:,} B)"
-    last_recomputed = n_saved == 0
-    if last_recomputed:
-        last_layer[recomputed] = recomputed_tok * tokens
-    last_layer["gradients in flight at its down projection"] = tr.backward_extra * tokens
-    if head_grad:
-        last_layer["lm_head weight gradient (fp32)"] = head_grad
-    last_layer.update(in_layer)
-    candidates.append(
-        ("backward of the last layer" + (" (recomputed)" if last_recomputed else ""), last_layer)
+    head_grad = (
+        4 * st.shape.vocab_size * st.shape.hidden_size if full and not prof.grads_leave_autograd else 0
     )
-    if scn.attn_implementation == "eager":
-        # Eager attention's backward: the fp32 gradient of the softmax output and the softmax backward's
-        # fp32 result (both heads x S wide per token) while the half probabilities are already released.
-        # Everything the layer saved after attention has been released by then.
-        att_bwd = {k: n for k, n in last_layer.items() if k != "gradients in flight at its down projection"}
-        if last_recomputed:
-            att_bwd[recomputed] -= post_attention_tok * tokens
-        att_bwd["eager attention backward: 2 fp32 (heads x S) gradients, later saves released"] = (
-            (8 - dt.att) * shape.num_heads * s + dt.resid * h - (0 if last_recomputed else post_attention_tok)
-        ) * tokens
-        candidates.append(("eager attention backward of the last layer", att_bwd))
-    live = {"live tensors around the last layer's down projection": tr.forward_extra * tokens}
-    if ids:
-        live["input ids (embedding backward)"] = ids
-    if n_ckpt:
-        # The recomputation inside backward runs the top checkpointed layer's forward again with the logits
-        # still held; the saved tensors of the layers above it are already released.
-        top = "the last layer" if last_recomputed else f"layer {n_ckpt - 1} (the last checkpointed)"
-        recompute = {
-            **{k: n for k, n in base.items() if k not in saved},
-            logits_key: logits,
-            (recomputed if last_recomputed else recomputed.replace("last layer", f"layer {n_ckpt - 1}")): (
-                recomputed_tok * tokens
-            ),
-            **live,
-        }
-        recompute["gradients waiting at the layer's output"] = tr.incoming_grads * tokens
-        recompute.update(in_layer)
-        candidates.append((f"recomputation of {top} in backward", recompute))
-    if n_saved:
-        # Forward keeps the embedding output (the model's local) and the boolean mask alive throughout
-        # (under checkpointing both are already counted: layer 0's checkpointed input, the checkpoints' mask).
-        fwd_common = (
-            {}
-            if n_ckpt
-            else {"embedding output + boolean padding mask (forward only)": dt.resid * h * tokens + bool_mask}
-        )
-        candidates.append(
-            ("end of forward (last layer's down projection)", {**base, **fwd_common, **live, **in_layer})
-        )
-        # The final RMSNorm: its input, fp32 upcast (saved; the input itself when already fp32) and rstd,
-        # the fp32 product, and two results in the residual dtype.
-        upcast = 4 * h if dt.resid != 4 else 0
-        final_norm_fwd = (3 * dt.resid * h + upcast + 4 * h + 8) * tokens
-        candidates.append(
-            ("end of forward (final norm)", {**base, **fwd_common, "final norm forward": final_norm_fwd})
-        )
-    where, lines = max(candidates, key=lambda c: sum(c[1].values()))
-    return ActivationTerms(peak=sum(lines.values()), lines=lines, where=where, per_layer_token_terms=terms)
+    moments = [*_loss_moments(st), *_last_layer_moments(st, head_grad)]
+    if st.n_ckpt:
+        moments.append(_recompute_moment(st))
+    if st.n_saved:
+        moments.extend(_forward_moments(st, _bool_mask(scn)))
+    peak = max(moments, key=lambda m: m.total)
+    return ActivationTerms(
+        peak=peak.total,
+        terms=peak.terms,
+        where=peak.where,
+        per_layer_token_terms=tuple(layer_terms),
+        moments=tuple(moments),
+    )

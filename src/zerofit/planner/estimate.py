@@ -162,7 +162,7 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         phases_gib={"forward/backward": fwd / GIB, "optimizer step": step / GIB},
         host_ram_gib=host_gib,
         host_breakdown={k: n / GIB for k, n in host.items() if n},
-        per_layer_token_bytes=dict(acts.per_layer_token_terms),
+        per_layer_token_bytes={t.label: t.bytes for t in acts.per_layer_token_terms},
         notes=notes,
     )
 

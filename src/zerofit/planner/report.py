@@ -61,6 +61,19 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
     if "error" in memory:
         console.print(f"Memory: not estimated ({memory['error']})")
         return
+    _print_breakdown(memory, console)
+    _print_verdict(memory, console)
+    _print_micro_table(memory, console)
+    if memory.get("speed"):
+        print_speed(memory["speed"], console)
+    _print_remedies(memory, console)
+    _print_checks(memory, console)
+    for note in memory.get("notes") or []:
+        console.print(f"Note: {note}")
+
+
+def _print_breakdown(memory: dict[str, Any], console: Console) -> None:
+    """The peak's components, the allowance, the total and one layer's bytes per token."""
     table = Table(title=f"Memory per rank (peak: {memory['peak_phase']})", show_header=True)
     table.add_column("component")
     table.add_column("GiB", justify="right")
@@ -75,6 +88,10 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
     if per_token:
         terms = ", ".join(f"{k} {v:,}" for k, v in per_token.items())
         console.print(f"Activation bytes per token per layer: {sum(per_token.values()):,} = {terms}")
+
+
+def _print_verdict(memory: dict[str, Any], console: Console) -> None:
+    """The verdict against the GPU (or how to give one) and the host RAM the run needs."""
     gpu = memory.get("gpu")
     if gpu is None:
         console.print("Verdict: no GPU given (use --gpu NAME or --gpu-mem 24GiB, or set planner.gpu)")
@@ -88,36 +105,46 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
     if memory.get("host_ram_gib"):
         lines = ", ".join(f"{k} {v:.1f}" for k, v in memory["host_breakdown"].items())
         console.print(f"Host RAM needed: {memory['host_ram_gib']:.1f} GiB ({lines})")
+
+
+def _print_micro_table(memory: dict[str, Any], console: Console) -> None:
+    """The micro-batch sizes that keep the global batch, marking the configured and the auto one."""
     rows = memory.get("micro_batch_table") or []
-    if rows:
-        t = Table(title="Micro-batch sizes that keep the global batch (divisors of global / dp)")
-        for col in ("micro", "accum", "tensors GiB", "total GiB", "verdict"):
-            t.add_column(col, justify="right")
-        for row in rows:
-            mark = " <- auto" if row["micro_batch_size"] == memory.get("auto_micro_batch_size") else ""
-            if row["micro_batch_size"] == memory.get("micro_batch_size"):
-                mark += " <- configured"
-            t.add_row(
-                str(row["micro_batch_size"]),
-                str(row["grad_accum_steps"]),
-                _gib(row["tensors_gib"]),
-                _gib(row["total_gib"]),
-                (row["verdict"] or "-") + mark,
-            )
-        console.print(t)
-    if memory.get("speed"):
-        print_speed(memory["speed"], console)
-    if memory.get("remedies"):
-        t = Table(
-            title="Remedies (each alone, then combined), predicted at the largest micro-batch that fits"
+    if not rows:
+        return
+    t = Table(title="Micro-batch sizes that keep the global batch (divisors of global / dp)")
+    for col in ("micro", "accum", "tensors GiB", "total GiB", "verdict"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        mark = " <- auto" if row["micro_batch_size"] == memory.get("auto_micro_batch_size") else ""
+        if row["micro_batch_size"] == memory.get("micro_batch_size"):
+            mark += " <- configured"
+        t.add_row(
+            str(row["micro_batch_size"]),
+            str(row["grad_accum_steps"]),
+            _gib(row["tensors_gib"]),
+            _gib(row["total_gib"]),
+            (row["verdict"] or "-") + mark,
         )
-        for col in ("remedy", "micro", "total GiB", "verdict", "how"):
-            t.add_column(col)
-        for r in memory["remedies"]:
-            t.add_row(
-                r["remedy"], str(r["micro_batch_size"]), _gib(r["total_gib"]), r["verdict"] or "-", r["how"]
-            )
-        console.print(t)
+    console.print(t)
+
+
+def _print_remedies(memory: dict[str, Any], console: Console) -> None:
+    """The remedies, when the run does not fit."""
+    if not memory.get("remedies"):
+        return
+    t = Table(title="Remedies (each alone, then combined), predicted at the largest micro-batch that fits")
+    for col in ("remedy", "micro", "total GiB", "verdict", "how"):
+        t.add_column(col)
+    for r in memory["remedies"]:
+        t.add_row(
+            r["remedy"], str(r["micro_batch_size"]), _gib(r["total_gib"]), r["verdict"] or "-", r["how"]
+        )
+    console.print(t)
+
+
+def _print_checks(memory: dict[str, Any], console: Console) -> None:
+    """The FakeTensor trace and the on-device probe, when they ran."""
     if "trace" in memory:
         tr = memory["trace"]
         console.print(
@@ -131,8 +158,6 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
                 f"Probe micro {r['micro_batch_size']} x {r['grad_accum_steps']}: {status}, "
                 f"peak allocated {_gib(r['peak_allocated_gib'])} GiB, reserved {_gib(r['peak_reserved_gib'])} GiB"
             )
-    for note in memory.get("notes") or []:
-        console.print(f"Note: {note}")
 
 
 def _plan_line(option: dict[str, Any]) -> str:

@@ -19,9 +19,11 @@ Verdicts, for the card's usable memory M (torch's `total_memory`):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from zerofit.config.loader import deep_merge, parse_overrides, validate_config
 from zerofit.config.resolve import PlanChoice, micro_batch_setting
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
@@ -334,53 +336,64 @@ def baseline_option(scn: Scenario, per_rank: int, budget: Budget) -> PlanOption 
     return max(fitting, key=lambda o: o.micro_batch_size) if fitting else None
 
 
-def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """(name, how, config changes) for every remedy that applies to `cfg`."""
-    out: list[tuple[str, str, dict[str, Any]]] = []
+@dataclass(frozen=True)
+class _Candidate:
+    """A remedy before it is estimated: its name and the overrides that apply it (parsed by the config
+    loader, the same parser as the command line). What the user is shown is those overrides, unless
+    `choice` says it in words (a remedy whose engine depends on the GPU count)."""
+
+    name: str
+    overrides: tuple[str, ...]
+    choice: str | None = None
+
+    @property
+    def how(self) -> str:
+        """The overrides as the user types them (the implied `distributed.ds_config=null` left out)."""
+        return self.choice or " ".join(o for o in self.overrides if o != _NO_DS_CONFIG)
+
+    @property
+    def changes_engine(self) -> bool:
+        """True when the remedy picks a distributed strategy (only one such remedy can combine)."""
+        return any(o.startswith("distributed.strategy=") for o in self.overrides)
+
+
+_NO_DS_CONFIG = "distributed.ds_config=null"
+
+
+def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[_Candidate]:
+    """Every remedy that applies to `cfg`."""
+    out: list[_Candidate] = []
     if cfg.train.activation_checkpointing is not True:
-        out.append(("activation checkpointing", "train.activation_checkpointing=true", {"ckpt": True}))
+        out.append(_Candidate("activation checkpointing", ("train.activation_checkpointing=true",)))
     if not cfg.lora.enabled:
-        out.append(("LoRA instead of full fine-tuning", "lora.enabled=true", {"lora": True}))
+        out.append(_Candidate("LoRA instead of full fine-tuning", ("lora.enabled=true",)))
     if cfg.optimizer.name == "adamw":
-        out.append(("8-bit AdamW (bitsandbytes)", "optimizer.name=adamw_8bit", {"optimizer": "adamw_8bit"}))
+        out.append(_Candidate("8-bit AdamW (bitsandbytes)", ("optimizer.name=adamw_8bit",)))
     if cfg.quantization.load_in != "4bit":
-        out.append(
-            (
-                "QLoRA: 4-bit base weights",
-                "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2",
-                {
-                    "lora": True,
-                    "quant": "4bit",
-                    "strategy": "single" if world_size == 1 else "deepspeed:zero2",
-                },
-            )
-        )
+        one_gpu = world_size == 1
+        engine = _engine_overrides("single" if one_gpu else "deepspeed", None if one_gpu else "zero2")
+        choice = "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2"
+        overrides = ("lora.enabled=true", "quantization.load_in=4bit", *engine)
+        out.append(_Candidate("QLoRA: 4-bit base weights", overrides, choice))
     if not (cfg.distributed.strategy == "deepspeed" and (cfg.distributed.preset or "").endswith("offload")):
-        out.append(
-            (
-                "offload to CPU (DeepSpeed ZeRO-3 offload)",
-                "distributed.strategy=deepspeed distributed.preset=zero3_offload",
-                {"strategy": "deepspeed:zero3_offload"},
-            )
-        )
+        offload = _engine_overrides("deepspeed", "zero3_offload")
+        out.append(_Candidate("offload to CPU (DeepSpeed ZeRO-3 offload)", offload))
     return out
 
 
-def _apply(cfg: ZerofitConfig, changes: dict[str, Any]) -> ZerofitConfig:
-    new = cfg.model_copy(deep=True)
-    if changes.get("ckpt"):
-        new.train.activation_checkpointing = True
-    if changes.get("lora"):
-        new.lora.enabled = True
-    if "optimizer" in changes:
-        new.optimizer.name = changes["optimizer"]
-    if "quant" in changes:
-        new.quantization.load_in = changes["quant"]
-    if "strategy" in changes:
-        strategy, _, preset = str(changes["strategy"]).partition(":")
-        new.distributed.strategy = strategy  # type: ignore[assignment]
-        new.distributed.preset = preset or None
-        new.distributed.ds_config = None
+def _engine_overrides(strategy: str, preset: str | None) -> tuple[str, ...]:
+    """Overrides that switch the engine, dropping any user DeepSpeed file (the preset decides instead)."""
+    return (
+        f"distributed.strategy={strategy}",
+        f"distributed.preset={preset or 'null'}",
+        _NO_DS_CONFIG,
+    )
+
+
+def _apply(cfg: ZerofitConfig, overrides: Iterable[str]) -> ZerofitConfig:
+    """`cfg` with dotted overrides applied through the config loader's parser (the what-if config)."""
+    new = validate_config(deep_merge(cfg.model_dump(), parse_overrides(overrides)))
+    new.mark_overridden(cfg.overridden)  # the what-if keeps what the user set on the command line
     return new
 
 
@@ -400,16 +413,20 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
     and the fewest GPUs (ZeRO-3) that make the unchanged run fit while dividing the global batch."""
     per_rank = samples_per_rank(cfg, world_size) or 1
     out: list[Remedy] = []
-    combined: dict[str, Any] = {}
+    combined: list[str] = []
     applied: list[str] = []
-    for name, how, changes in _remedy_candidates(cfg, world_size):
-        scn = scenario_from_config(_apply(cfg, changes), world_size)
+    engine_changed = False
+    for cand in _remedy_candidates(cfg, world_size):
+        scn = scenario_from_config(_apply(cfg, cand.overrides), world_size)
         m, est = _best_micro(scn, per_rank, budget)
-        out.append(Remedy(name, how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib))
+        out.append(
+            Remedy(cand.name, cand.how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib)
+        )
         # Combine everything that composes; only one engine change (QLoRA's comes first) can apply.
-        if "strategy" not in changes or "strategy" not in combined:
-            combined.update(changes)
-            applied.append(name)
+        if not (cand.changes_engine and engine_changed):
+            combined.extend(o for o in cand.overrides if o not in combined)
+            applied.append(cand.name)
+            engine_changed = engine_changed or cand.changes_engine
     if len(applied) > 1:
         scn = scenario_from_config(_apply(cfg, combined), world_size)
         m, est = _best_micro(scn, per_rank, budget)
@@ -421,7 +438,9 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
     for n in (2, 4, 8, 16, 32, 64):
         if n <= world_size or global_batch % n:
             continue
-        sharded = _apply(cfg, {"strategy": "deepspeed:zero3"} if cfg.quantization.load_in == "none" else {})
+        sharded = _apply(
+            cfg, _engine_overrides("deepspeed", "zero3") if cfg.quantization.load_in == "none" else ()
+        )
         scn = scenario_from_config(sharded, n)
         m, est = _best_micro(scn, global_batch // n, budget)
         if verdict(est.total_gib, budget) == "fits":
@@ -498,48 +517,73 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
         for k, v in ((micro_key, micro), ("train.activation_checkpointing", t.activation_checkpointing))
         if v == "auto"
     )
+    per_rank = _auto_samples_per_rank(cfg, world_size, micro_key) if micro == "auto" else None
+    if micro != "auto" and b.global_batch_size:
+        per_rank = samples_per_rank(cfg, world_size)
+    budget = _budget_for_auto(cfg, keys)
+    scn = scenario_from_config(cfg, world_size, 1, per_rank or 1)
     if micro == "auto":
-        if b.global_batch_size is None:
-            raise ConfigError(
-                [
-                    f"{micro_key} = 'auto' needs batch.global_batch_size (auto keeps the global batch and picks "
-                    "the largest micro-batch that fits and divides it); set batch.global_batch_size"
-                ]
-            )
-        if b.grad_accum_steps is not None:
-            raise ConfigError(
-                [
-                    f"{micro_key} = 'auto' with batch.grad_accum_steps = {b.grad_accum_steps}: auto derives the "
-                    "accumulation from the micro-batch it picks; drop batch.grad_accum_steps"
-                ]
-            )
-    per_rank = samples_per_rank(cfg, world_size) if micro == "auto" or b.global_batch_size else None
-    if micro == "auto" and per_rank is None:
+        assert per_rank is not None
+        return _choose_micro(cfg, world_size, scn, per_rank, budget, keys)
+    assert isinstance(micro, int)
+    return _choose_checkpointing(cfg, world_size, scn, micro, per_rank, budget)
+
+
+def _auto_samples_per_rank(cfg: ZerofitConfig, world_size: int, micro_key: str) -> int:
+    """Samples per rank for an `auto` micro-batch, which needs a global batch that dp divides and no fixed
+    accumulation (auto derives it from the micro-batch it picks)."""
+    b = cfg.batch
+    if b.global_batch_size is None:
+        raise ConfigError(
+            [
+                f"{micro_key} = 'auto' needs batch.global_batch_size (auto keeps the global batch and picks "
+                "the largest micro-batch that fits and divides it); set batch.global_batch_size"
+            ]
+        )
+    if b.grad_accum_steps is not None:
+        raise ConfigError(
+            [
+                f"{micro_key} = 'auto' with batch.grad_accum_steps = {b.grad_accum_steps}: auto derives the "
+                "accumulation from the micro-batch it picks; drop batch.grad_accum_steps"
+            ]
+        )
+    per_rank = samples_per_rank(cfg, world_size)
+    if per_rank is None:
         raise ConfigError(
             [
                 f"batch.global_batch_size = {b.global_batch_size} is not divisible by the {world_size} data-parallel "
                 f"ranks; {micro_key} = 'auto' can only pick among divisors of global / dp"
             ]
         )
-    budget = _budget_for_auto(cfg, keys)
-    scn = scenario_from_config(cfg, world_size, 1, per_rank or 1)
+    return per_rank
+
+
+def _choose_micro(
+    cfg: ZerofitConfig, world_size: int, scn: Scenario, per_rank: int, budget: Budget, keys: str
+) -> PlanChoice:
+    """An `auto` micro-batch: the fastest fitting pair when checkpointing is auto too, else the largest
+    micro-batch that fits at the configured checkpointing."""
+    t = cfg.train
     fixed_layers = (
         None if t.activation_checkpointing == "auto" else scn.checkpointed(model_shape(scn.model).num_layers)
     )
-    if micro == "auto":
-        assert per_rank is not None
-        options = fastest_options(scn, per_rank, budget, layers=fixed_layers)
-        if fixed_layers is not None:
-            options.sort(key=lambda o: -o.micro_batch_size)  # largest micro-batch (the fastest too)
-        if not options:
-            at_one = scn if fixed_layers is not None else scn.with_checkpointing(True)
-            what = "micro-batch 1" + ("" if fixed_layers is not None else " with every layer checkpointed")
-            raise _nothing_fits(cfg, world_size, budget, f"{keys} = 'auto'", what, estimate(at_one).total_gib)
-        best = options[0]
-        return PlanChoice(
-            best.micro_batch_size, best.checkpointing if fixed_layers is None else t.activation_checkpointing
-        )  # type: ignore[arg-type]
-    assert isinstance(micro, int)
+    options = fastest_options(scn, per_rank, budget, layers=fixed_layers)
+    if fixed_layers is not None:
+        options.sort(key=lambda o: -o.micro_batch_size)  # largest micro-batch (the fastest too)
+    if not options:
+        at_one = scn if fixed_layers is not None else scn.with_checkpointing(True)
+        what = "micro-batch 1" + ("" if fixed_layers is not None else " with every layer checkpointed")
+        raise _nothing_fits(cfg, world_size, budget, f"{keys} = 'auto'", what, estimate(at_one).total_gib)
+    best = options[0]
+    return PlanChoice(
+        best.micro_batch_size, best.checkpointing if fixed_layers is None else t.activation_checkpointing
+    )  # type: ignore[arg-type]
+
+
+def _choose_checkpointing(
+    cfg: ZerofitConfig, world_size: int, scn: Scenario, micro: int, per_rank: int | None, budget: Budget
+) -> PlanChoice:
+    """`auto` checkpointing at a fixed micro-batch: the fewest checkpointed layers that fit."""
     per = per_rank if per_rank is not None and per_rank % micro == 0 else micro
     options = fastest_options(scn, per, budget, micros=[micro])
     if not options:
@@ -549,8 +593,3 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
             f"checkpointing every layer at micro {micro}", full,
         )  # fmt: skip
     return PlanChoice(micro, options[0].checkpointing)
-
-
-def choose_auto_micro_batch(cfg: ZerofitConfig, world_size: int) -> int:
-    """`batch.micro_batch_size=auto` alone: the largest micro-batch that fits AND divides global / dp."""
-    return choose_plan(cfg, world_size).micro_batch_size

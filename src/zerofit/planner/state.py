@@ -98,6 +98,12 @@ class StateTerms:
     traced: set[str] = field(default_factory=set)
     trace_weight_surplus: int = 0
 
+    def put_traced(self, lines: dict[str, int], label: str, nbytes: int) -> None:
+        """Add a line of `lines` that the FakeTensor trace measures itself: the label is written once, as
+        the line's key, so what is traced never depends on restating a display string."""
+        lines[label] = nbytes
+        self.traced.add(label)
+
 
 def model_state(scn: Scenario) -> StateTerms:
     """Weights, gradients, optimizer state, master copies and engine buffers, per rank (bytes)."""
@@ -125,22 +131,22 @@ def model_state(scn: Scenario) -> StateTerms:
 
     if scn.strategy in ("single", "ddp"):
         if quant_b:
-            t.gpu[qlabel] = quant_b
-            t.traced.add(qlabel)  # traced as half stand-ins; the trace swaps the bytes
+            t.put_traced(t.gpu, qlabel, quant_b)  # traced as half stand-ins; the trace swaps the bytes
         if counts.frozen:
-            t.gpu[f"{frozen_label} ({dtype_label(frozen_b, prof.half)})"] = counts.frozen * frozen_b
-            t.traced.add(f"{frozen_label} ({dtype_label(frozen_b, prof.half)})")
-        t.gpu[f"trainable weights (fp32, {T:,} params)"] = T * train_b
-        t.gpu[f"optimizer state ({scn.optimizer})"] = opt_state
-        t.window_grads["gradients (fp32)"] = T * 4
-        t.traced.update([f"trainable weights (fp32, {T:,} params)", "gradients (fp32)"])
+            t.put_traced(
+                t.gpu, f"{frozen_label} ({dtype_label(frozen_b, prof.half)})", counts.frozen * frozen_b
+            )
+        t.put_traced(t.gpu, f"trainable weights (fp32, {T:,} params)", T * train_b)
+        opt_label = f"optimizer state ({scn.optimizer})"
+        t.gpu[opt_label] = opt_state
+        t.put_traced(t.window_grads, "gradients (fp32)", T * 4)
         if scn.strategy == "ddp":
             # DDP's bucket buffers are a second copy of the gradients (gradient_as_bucket_view=False).
             t.gpu["DDP gradient buckets (fp32)"] = T * 4
         if scn.optimizer == "adamw":
             # foreach AdamW: one fp32 temporary the size of all parameters (sqrt of exp_avg_sq).
-            t.step_temps["AdamW foreach temporaries (fp32)"] = T * 4
-            t.traced.update([f"optimizer state ({scn.optimizer})", "AdamW foreach temporaries (fp32)"])
+            t.put_traced(t.step_temps, "AdamW foreach temporaries (fp32)", T * 4)
+            t.traced.add(opt_label)  # torch's AdamW runs in the trace: its state is measured there
         return t
 
     if scn.strategy == "deepspeed":
@@ -172,8 +178,7 @@ def _deepspeed_state(
     mixed = prof.half is not None
     shard_params = stage == 3
     if quant_b:
-        t.gpu[qlabel] = quant_b
-        t.traced.add(qlabel)
+        t.put_traced(t.gpu, qlabel, quant_b)
     weights = (counts.frozen + T) * pb
     if shard_params:
         t.trace_weight_surplus = weights
@@ -185,8 +190,7 @@ def _deepspeed_state(
             t.gpu[f"ZeRO-3 parameter partition ({dtype_label(pb, prof.half)}, 1/{dp})"] = weights // dp
         t.gpu["ZeRO-3 gathered parameters (up to stage3_max_live_parameters)"] = live
     else:
-        t.gpu[f"{frozen_label} + trainable weights ({dtype_label(pb, prof.half)})"] = weights
-        t.traced.add(f"{frozen_label} + trainable weights ({dtype_label(pb, prof.half)})")
+        t.put_traced(t.gpu, f"{frozen_label} + trainable weights ({dtype_label(pb, prof.half)})", weights)
     shard = dp if stage >= 1 else 1
     master = T * 4 // shard if mixed else 0
     opt = opt_state // shard
@@ -201,8 +205,7 @@ def _deepspeed_state(
     # partition buffer (plus one reduce bucket) every micro-step.
     bucket = min(T, model_shape(scn.model).hidden_size ** 2) * pb
     if stage <= 1:
-        t.window_grads[f"gradients ({dtype_label(pb, prof.half)})"] = T * pb
-        t.traced.add(f"gradients ({dtype_label(pb, prof.half)})")  # autograd's own .grad tensors
+        t.put_traced(t.window_grads, f"gradients ({dtype_label(pb, prof.half)})", T * pb)  # autograd's .grad
     else:
         t.gpu["ZeRO reduce bucket"] = bucket
         if scn.offload_optimizer:

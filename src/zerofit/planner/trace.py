@@ -256,12 +256,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     model = build_traced_model(scn, num_layers)
     autocast = torch.autocast("cpu", dtype=prof.half_dtype) if prof.autocast else contextlib.nullcontext()
     micro, seq = scn.micro_batch_size, scn.seq_len
-    # A padded micro-batch (more than one sequence) carries a real mask with one padded position, so
-    # transformers takes the masked attention path exactly as it would for zerofit's right-padded batches.
-    mask = None
-    if micro > 1:
-        mask = torch.ones(micro, seq, dtype=torch.long)
-        mask[-1, -1] = 0
+    mask = _padding_mask(micro, seq)
     drop_grads = prof.grads_leave_autograd
 
     with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
@@ -306,6 +301,24 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
             warnings.filterwarnings("ignore", message="Expected a tensor or a traceable wrapper-subclass")
             window(tracker)
         peak = tracker.get_tracker_snapshot("peak")
+    total, by_cat = _peak_by_category(peak)
+    return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+
+
+def _padding_mask(micro: int, seq: int) -> Any:
+    """A padded micro-batch (more than one sequence) carries a real mask with one padded position, so
+    transformers takes the masked attention path exactly as it would for zerofit's right-padded batches."""
+    import torch
+
+    if micro == 1:
+        return None
+    mask = torch.ones(micro, seq, dtype=torch.long)
+    mask[-1, -1] = 0
+    return mask
+
+
+def _peak_by_category(peak: dict[Any, dict[Any, int]]) -> tuple[int, dict[str, int]]:
+    """The memory tracker's peak snapshot summed over devices: (total bytes, bytes by category)."""
     by_cat = dict.fromkeys(CATEGORIES, 0)
     total = 0
     for snap in peak.values():
@@ -315,7 +328,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
                 total += value
             else:
                 by_cat[name] = by_cat.get(name, 0) + value
-    return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+    return total, by_cat
 
 
 def trace_memory(scn: Scenario) -> TraceResult:
