@@ -20,14 +20,19 @@ from zerofit.messages import warn
 from zerofit.optim_dtensor import sharded
 
 
+def _is_matrix(p: torch.nn.Parameter) -> bool:
+    """Whether `p` is >= 2-D: a ZeRO-3 parameter is an empty placeholder between uses, its shape `ds_shape`."""
+    return len(getattr(p, "ds_shape", p.shape)) >= 2
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Trainable parameters in two groups: weight decay on matrices (>= 2-D), none on biases and norms.
 
     Frozen parameters (LoRA's base weights, quantized weights) are left out entirely, so optimizer state
     is only allocated for what trains. Empty groups are dropped (DeepSpeed rejects them).
     """
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    decay = [p for p in model.parameters() if p.requires_grad and _is_matrix(p)]
+    no_decay = [p for p in model.parameters() if p.requires_grad and not _is_matrix(p)]
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -107,18 +112,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ZerofitConfig, max_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=factor)
 
 
-def _decays(model: torch.nn.Module) -> list[bool]:
-    """Per param group of `param_groups(model, ...)`, in its order: whether the group takes weight decay.
-
-    A ZeRO-3 parameter is an empty placeholder between uses; its full shape is `ds_shape`."""
-    dims = [len(getattr(p, "ds_shape", p.shape)) for p in model.parameters() if p.requires_grad]
-    return [
-        kind
-        for kind, present in ((True, any(d >= 2 for d in dims)), (False, any(d < 2 for d in dims)))
-        if present
-    ]
-
-
 def resume_schedule(
     scheduler: Any, model: torch.nn.Module, cfg: ZerofitConfig, lr: float | None, max_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -135,7 +128,7 @@ def resume_schedule(
     optimizer = scheduler.optimizer
     step = int(scheduler.last_epoch)
     o = cfg.optimizer
-    decays = _decays(model)
+    decays = [bool(g["weight_decay"]) for g in param_groups(model, 1.0)]  # the groups' order and rule
     if len(decays) != len(optimizer.param_groups):
         raise RuntimeError(f"{len(optimizer.param_groups)} param groups loaded, the model has {len(decays)}")
     for group, base, decay in zip(optimizer.param_groups, scheduler.base_lrs, decays, strict=True):
