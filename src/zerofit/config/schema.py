@@ -182,6 +182,7 @@ class LoraSection(_Section):
     use_dora: bool = False
 
 
+EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
 DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text"]
 
 
@@ -200,7 +201,7 @@ class DataSection(_Section):
         description="Jinja chat template (text or a file) for `messages` data, overriding the tokenizer's.",
     )
     max_seq_len: int = Field(512, gt=0)
-    empty_responses: Literal["drop", "keep", "error"] = Field(
+    empty_responses: EmptyResponses = Field(
         "drop",
         description="Records whose response (or an assistant turn) is empty: drop and count them (refused when "
         "more than half are), keep them (they learn eos only), or refuse the first.",

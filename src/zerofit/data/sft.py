@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
+from zerofit.config.schema import EmptyResponses
 from zerofit.data.cache import CachedData, cache_key, load_cached, save_cached, tokenizer_fingerprint
 from zerofit.data.chat import require_chat_template, tokenize_conversation
 from zerofit.data.formats import Conversation, Document, PromptResponse, detect_format, parse_record
@@ -39,7 +40,7 @@ from zerofit.loss import IGNORE_INDEX
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
 
 _PROGRESS_EVERY = 256  # records between progress-bar refreshes
-EMPTY_RESPONSE_RULES = ("drop", "keep", "error")  # data.empty_responses
+EMPTY_RESPONSE_RULES: tuple[str, ...] = get_args(EmptyResponses)  # data.empty_responses
 # The field that holds what is learned, per format, for messages about empty responses.
 _RESPONSE_FIELD = {
     "prompt_response": "'response'",
