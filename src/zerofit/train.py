@@ -110,7 +110,7 @@ class Evaluating(Protocol):
 
 @dataclass
 class LoopInputs:
-    """Everything the loop touches, built by `zerofit.assembly.PreparedRun.train_run`."""
+    """Everything the loop touches, built by `zerofit.assembly.PreparedRun.loop_inputs`."""
 
     strategy: Strategy
     model: torch.nn.Module

@@ -4,7 +4,6 @@ the metrics.jsonl rewind of a resumed run."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -323,16 +322,6 @@ def test_the_summary_of_a_resumed_run_covers_the_whole_run(tmp_path: Path) -> No
         1.0,
     )
     assert summary["wall_s"] >= 100.0
-
-
-def test_resume_point_is_a_plain_record() -> None:
-    # Rank 0 broadcasts it to every rank: it must pickle.
-    import pickle
-
-    from zerofit.checkpoint import ResumePoint
-
-    point = ResumePoint(Path("x"), 3, 2, 1.5, ("note",), (Path("y"),))
-    assert pickle.loads(pickle.dumps(point)) == point and dataclasses.is_dataclass(point)
 
 
 def test_a_checkpoint_from_before_a_key_existed_resumes_as_that_keys_default(tmp_path: Path) -> None:

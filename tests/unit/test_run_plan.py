@@ -32,7 +32,17 @@ CONFIG_WRITERS = ("src/zerofit/config/", "src/zerofit/run_plan.py")
 
 def _resolved(*overrides: str):
     return resolve(
-        load_config(None, [f"data.path={DEMO_DATA}", "distributed.strategy=single", *overrides]), 1
+        load_config(
+            None,
+            [
+                f"data.path={DEMO_DATA}",
+                "distributed.strategy=single",
+                "batch.global_batch_size=4",
+                "batch.micro_batch_size=2",
+                *overrides,
+            ],
+        ),
+        1,
     )
 
 
