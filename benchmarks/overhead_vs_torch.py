@@ -206,7 +206,7 @@ class ZerofitLoop:
         self.prepared = prepared
         self.strategy: Strategy = prepared.strategy
         self.clock = StepClock(self.strategy.device)
-        self.run = prepared.train_run(NullSink(), self.clock)
+        self.run = prepared.loop_inputs(NullSink(), self.clock)
         self.run.max_steps = 0  # set per segment
 
     def segment(self, start: int, steps: int) -> Segment:

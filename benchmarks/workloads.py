@@ -122,7 +122,7 @@ def run_zerofit(
     `after_step(steps_done)` runs after every step (the GPU benchmark resets its memory peaks there)."""
     from zerofit.assembly import assemble
     from zerofit.data import GlobalBatchSampler
-    from zerofit.train import TrainRun, train_loop
+    from zerofit.train import LoopInputs, train_loop
 
     cfg = resolved.config
     cpu_marks: list[float] = []  # process CPU time after every step: steadier than wall time on a shared CPU
@@ -135,14 +135,14 @@ def run_zerofit(
     run = assemble(resolved, with_data=False)
     try:
         sink = _rows_sink()
-        loop = TrainRun(
+        loop = LoopInputs(
             strategy=run.strategy,
             model=run.model,
             examples=examples,
             sampler=GlobalBatchSampler(
                 len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle
             ),
-            plan=run.spec.plan,
+            plan=run.plan.batch,
             max_steps=steps + 1,
             max_grad_norm=cfg.train.max_grad_norm,
             pad_id=int(run.built.tokenizer.pad_token_id),

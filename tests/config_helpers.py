@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.config.loader import validate_config
 from zerofit.engine import LocalSpec, render_spec
+from zerofit.run_plan import RunPlan, make_run_plan
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy
 
@@ -58,3 +59,8 @@ def prepared_one_process_strategy(width: int = 3) -> SingleStrategy:
         lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
     )
     return strategy
+
+
+def new_run_plan(resolved: ResolvedConfig) -> RunPlan:
+    """The run plan of a new run of `resolved` (no checkpoint, no data loaded), as the probe makes it."""
+    return make_run_plan(resolved, render_spec(resolved))

@@ -6,7 +6,7 @@
     result.final_loss, result.eval_loss, result.run_dir, result.metrics[-1]["lr"]
 
 The same config, overrides and checks as the command line (`launchers/launch_finetune.py`, `zerofit plan`):
-`train` runs in this process through `zerofit.run.train_run`, so it trains with the world size of the
+`train` runs in this process through `zerofit.run.run_training`, so it trains with the world size of the
 launch it is in (one process in a notebook; under torchrun every rank calls it). User errors raise
 `zerofit.errors.ZerofitError` subclasses (`ConfigError`, `DataError`, `LaunchError`) with the same one
 paragraph the command line prints.
@@ -118,11 +118,11 @@ def train(config: ConfigLike, **overrides: Any) -> RunResult:
 
     Runs in this process and returns when training (and the final export) is done.
     """
-    from zerofit.run import resolve_for_launch, train_run
+    from zerofit.run import resolve_for_launch, run_training
     from zerofit.strategies.env import launch_env
 
     cfg, config_path = _config(config, overrides)
-    outcome = train_run(resolve_for_launch(cfg, launch_env()), config_path)
+    outcome = run_training(resolve_for_launch(cfg, launch_env()), config_path)
     return read_result(outcome.run_dir, outcome.export_dir)
 
 

@@ -1,5 +1,5 @@
 """One assembly for every real run: resolved config -> engine spec -> strategy -> run directory -> data ->
-model -> optimizer and scheduler -> a prepared run.
+the run plan -> model -> optimizer and scheduler -> a prepared run.
 
 The launcher, the GPU probe (`zerofit plan --probe`) and both benchmarks build their runs here and only
 here, so what the probe and the benchmarks measure is exactly what a run does: the same spec, the same
@@ -8,7 +8,9 @@ builds the optimizer".
 
 The order is the user's: the tokenizer and the data come before the model, so a bad data file fails in
 seconds rather than after a 7B load; the run directory (and the checkpoint a resume starts from) is
-settled before either, once, on rank 0, for every rank.
+settled before either, once, on rank 0, for every rank. Once the data is loaded, the run plan is made
+(`zerofit.run_plan.make_run_plan`, once): the model, the optimizer, the loop and every record of the run are
+built from it, and nothing replaces it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerofit.checkpoint.resume import ResumePoint, settle_run_dir
+from zerofit.checkpoint.resume import settle_run_dir
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.data import (
     DataStats,
@@ -34,17 +36,18 @@ from zerofit.data import (
     load_examples,
     set_chat_template,
 )
-from zerofit.engine import EngineSpec, render_spec
+from zerofit.engine import render_spec
 from zerofit.errors import DataError, LaunchError
 from zerofit.evaluate import Evaluator
 from zerofit.loss import IGNORE_INDEX
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.model import BuiltModel, build_model, load_tokenizer
 from zerofit.optim import build_optimizer, build_scheduler
+from zerofit.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.shared_storage import check_shared_output_dir
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
-from zerofit.train import CheckpointSaver, TrainRun
+from zerofit.train import CheckpointSaver, LoopInputs
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch, SaveClock
@@ -66,6 +69,11 @@ class TrainData:
     eval_stats: DataStats | None = None
 
     @property
+    def facts(self) -> DataFacts:
+        """What this data decides for the run plan: its format and the optimizer steps of one epoch."""
+        return DataFacts(format=self.stats.format, steps_per_epoch=self.sampler.steps_per_epoch)
+
+    @property
     def mean_label_tokens(self) -> float:
         """Valid label tokens per example, on average (for the plan's tokens-per-step line)."""
         valid = sum(sum(label != IGNORE_INDEX for label in e.labels) for e in self.examples)
@@ -76,13 +84,11 @@ class TrainData:
 class PreparedRun:
     """Everything a run trains with, built and wired: what `assemble` returns."""
 
-    resolved: ResolvedConfig
-    spec: EngineSpec
+    plan: RunPlan  # every decision of the launch (config, split, engine spec, run dir, resume point)
     strategy: Strategy
     built: BuiltModel
     model: torch.nn.Module  # what the loop calls: the engine-wrapped model
     data: TrainData | None  # None for synthetic-batch runs (the probe, the GPU benchmark)
-    resume: ResumePoint | None = None  # the verified checkpoint to load, decided before the model load
 
     @property
     def flops_per_token(self) -> float:
@@ -93,29 +99,29 @@ class PreparedRun:
             self.built.trainable_params,
             n_layers=hf_config.num_hidden_layers,
             hidden=hf_config.hidden_size,
-            seq_len=self.resolved.config.data.max_seq_len,
+            seq_len=self.plan.config.data.max_seq_len,
         )
 
-    def train_run(
+    def loop_inputs(
         self,
         sink: MetricsSink,
         checkpointer: CheckpointSaver,
         stop: StopSignal | None = None,
         clock: SaveClock | None = None,
         watch: EvalWatch | None = None,
-    ) -> TrainRun:
-        """The training loop's view of this run, logging to `sink`, checkpointing through `checkpointer`,
+    ) -> LoopInputs:
+        """What the training loop needs of this run, logging to `sink`, checkpointing through `checkpointer`,
         and stopping (after a step, on every rank) when `stop` says a rank got SIGTERM/SIGINT. `clock`
         times `checkpoint.every_minutes` saves; `watch` judges evaluations (best checkpoint, early stop)."""
         if self.data is None:
             raise ValueError("assembled without data (with_data=False): there is nothing to train on")
-        cfg = self.resolved.config
-        return TrainRun(
+        cfg = self.plan.config
+        return LoopInputs(
             strategy=self.strategy,
             model=self.model,
             examples=self.data.examples,
             sampler=self.data.sampler,
-            plan=self.spec.plan,
+            plan=self.plan.batch,
             max_steps=cfg.train.max_steps,
             max_grad_norm=cfg.train.max_grad_norm,
             pad_id=int(self.built.tokenizer.pad_token_id),
@@ -137,12 +143,12 @@ class PreparedRun:
         """The loop's evaluation hook, when the run has evaluation data."""
         if self.data is None or self.data.eval_examples is None:
             return None
-        cfg = self.resolved.config
+        cfg = self.plan.config
         return Evaluator(
             strategy=self.strategy,
             model=self.model,
             examples=self.data.eval_examples,
-            micro_batch_size=self.spec.plan.micro_batch_size,
+            micro_batch_size=self.plan.batch.micro_batch_size,
             pad_id=int(self.built.tokenizer.pad_token_id),
             every_steps=cfg.eval.every_steps,
             max_steps=cfg.train.max_steps,
@@ -195,10 +201,9 @@ def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData]) -> T
     return data if data is not None else load(False)
 
 
-def _load_data(
-    resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy
-) -> tuple[ResolvedConfig, TrainData]:
-    """Training and evaluation data, and the config with `data.format` resolved to the format found."""
+def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> TrainData:
+    """Training and evaluation data (`data.format: auto` detected per source; `TrainData.facts` says what
+    the training data decided)."""
     cfg = resolved.config
     d = cfg.data
 
@@ -228,32 +233,49 @@ def _load_data(
     sampler = GlobalBatchSampler(
         len(train.examples), resolved.plan.global_batch_size, cfg.seed, d.shuffle, cfg.train.partial_window
     )
-    data = TrainData(
+    return TrainData(
         train.examples,
         train.stats,
         sampler,
         held.examples if held is not None else None,
         held.stats if held is not None else None,
     )
-    return _settled_by_data(resolved, train.stats.format, sampler), data
 
 
-def _settled_by_data(
-    resolved: ResolvedConfig, found_format: str, sampler: GlobalBatchSampler
-) -> ResolvedConfig:
-    """The config with what only the data decides: `data.format` (no `auto` is left in a resolved config)
-    and, for `train.epochs`, `train.max_steps` = epochs x steps per epoch (the sampler's last-window rule).
-    config.yaml then records what was used; resume compares train.epochs and the data's content."""
+def _check_device(resolved: ResolvedConfig, strategy: Strategy) -> None:
+    """What the config cannot know: the loss kernel runs on this rank's device, and every rank sees the
+    same output_dir (each writes its part of every checkpoint there), checked in seconds, before the data
+    and a 7B load rather than at the first save."""
     cfg = resolved.config
-    if cfg.data.format != "auto" and cfg.train.max_steps is not None:
-        return resolved
-    new_cfg = cfg.model_copy(deep=True)
-    if cfg.data.format == "auto":
-        new_cfg.data.format = found_format  # type: ignore[assignment]
-    if cfg.train.max_steps is None:
-        assert cfg.train.epochs is not None, "resolve() sets max_steps unless train.epochs is set"
-        new_cfg.train.max_steps = cfg.train.epochs * sampler.steps_per_epoch
-    return dataclasses.replace(resolved, config=new_cfg)
+    if cfg.train.cross_entropy == "liger" and strategy.device.type != "cuda":
+        raise LaunchError(
+            f"train.cross_entropy = 'liger' runs Triton kernels on CUDA, and this rank trains on "
+            f"{strategy.device}; use train.cross_entropy=chunked (the default: the same token sums in "
+            "pure PyTorch)"
+        )
+    check_shared_output_dir(strategy, Path(cfg.output_dir))
+
+
+def _model_and_engine(
+    plan: RunPlan, strategy: Strategy, tokenizer: Any
+) -> tuple[BuiltModel, torch.nn.Module]:
+    """The model as the plan says (seeded, quantized on its GPU), wrapped by the engine with its optimizer
+    and schedule."""
+    from transformers import set_seed
+
+    cfg = plan.config
+    set_seed(cfg.seed)  # the same LoRA init and dropout stream on every rank and every split
+    # Quantized weights are quantized on the GPU they will live on, at load time (one GPU per rank).
+    on_gpu = strategy.device.type == "cuda" and cfg.quantization.load_in != "none"
+    built = build_model(cfg, device_map={"": strategy.device.index} if on_gpu else None, tokenizer=tokenizer)
+    make_optimizer = (
+        None if plan.spec.builds_optimizer else lambda m: build_optimizer(m, cfg, plan.effective_lr)
+    )
+    assert cfg.train.max_steps is not None, "a run plan knows its step count"
+    model = strategy.prepare(
+        built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps)
+    )
+    return built, model
 
 
 def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun:
@@ -262,49 +284,26 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
     `with_data=False` skips the data (the probe and the GPU benchmark feed synthetic batches). On any
     failure the engine's process group is torn down before the error propagates.
     """
-    from transformers import set_seed
-
+    cfg = resolved.config
+    if not with_data and cfg.train.max_steps is None:
+        raise LaunchError(
+            f"train.epochs = {cfg.train.epochs}: this entry point feeds synthetic batches and loads no "
+            "data, so an epoch has no length; set train.max_steps instead"
+        )
     spec = render_spec(resolved, device_type())
     strategy = build_strategy(spec)
     try:
         # The run directory and any checkpoint to resume are settled (and refused) before the data and
         # the model: a bad resume costs seconds.
-        resolved, resume = settle_run_dir(resolved, strategy)
-        cfg = resolved.config
-        if cfg.train.cross_entropy == "liger" and strategy.device.type != "cuda":
-            raise LaunchError(
-                f"train.cross_entropy = 'liger' runs Triton kernels on CUDA, and this rank trains on "
-                f"{strategy.device}; use train.cross_entropy=chunked (the default: the same token sums in "
-                "pure PyTorch)"
-            )
-        # Every rank writes its part of each checkpoint under output_dir: one filesystem shared by all ranks,
-        # checked in seconds, before the data and a 7B load rather than at the first save.
-        check_shared_output_dir(strategy, Path(cfg.output_dir))
+        decision = settle_run_dir(resolved, strategy)
+        _check_device(resolved, strategy)
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)
         set_chat_template(tokenizer, cfg.data.chat_template)  # exported with it, for generation later
-        data = None
-        if with_data:
-            resolved, data = _load_data(resolved, tokenizer, strategy)
-            cfg = resolved.config  # train.max_steps of a train.epochs run is known from here on
-        elif cfg.train.max_steps is None:
-            raise LaunchError(
-                f"train.epochs = {cfg.train.epochs}: this entry point feeds synthetic batches and loads no "
-                "data, so an epoch has no length; set train.max_steps instead"
-            )
-        set_seed(cfg.seed)  # the same LoRA init and dropout stream on every rank and every split
-        # Quantized weights are quantized on the GPU they will live on, at load time (one GPU per rank).
-        on_gpu = strategy.device.type == "cuda" and cfg.quantization.load_in != "none"
-        built = build_model(
-            cfg, device_map={"": strategy.device.index} if on_gpu else None, tokenizer=tokenizer
-        )
-        make_optimizer = (
-            None if spec.builds_optimizer else lambda m: build_optimizer(m, cfg, resolved.effective_lr)
-        )
-        model = strategy.prepare(
-            built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps)
-        )
-        return PreparedRun(resolved, spec, strategy, built, model, data, resume)
+        data = _load_data(resolved, tokenizer, strategy) if with_data else None
+        plan = make_run_plan(resolved, spec, decision, data.facts if data is not None else None)
+        built, model = _model_and_engine(plan, strategy, tokenizer)
+        return PreparedRun(plan, strategy, built, model, data)
     except BaseException:
         strategy.close()
         raise

@@ -155,7 +155,7 @@ def _child(config_json: str, micro: int) -> int:
         run = assemble(resolve(cfg, env.world_size), with_data=False)
         vocab = int(getattr(run.built.model.config, "vocab_size", 32000))
         pad = int(run.built.tokenizer.pad_token_id or 0)
-        plan = run.spec.plan
+        plan = run.plan.batch
         torch.cuda.reset_peak_memory_stats()
         for _ in range(PROBE_STEPS):
             batches = [

@@ -1,4 +1,5 @@
-"""The body of `launchers/launch_finetune.py`: parse -> resolve -> assemble -> resume -> print plan -> train.
+"""The body of `launchers/launch_finetune.py`: parse -> resolve -> `FinetuneRecipe` (setup: assemble the run
+plan, engine, data and model, restore, print the plan; train; cleanup).
 
 Order matters for the user: the config is resolved against the launcher's world size before anything heavy
 is imported, so a batch that does not divide fails in a fraction of a second; the run is assembled
@@ -25,13 +26,14 @@ from zerofit.errors import ConfigError, LaunchError, ZerofitError
 from zerofit.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.planner import choose_fastest_plan
 from zerofit.run_layout import RunLayout
+from zerofit.run_report import best_line, format_plan, loss_summary
 from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
     from zerofit.assembly import PreparedRun
     from zerofit.checkpoint.policy import EvalWatch
-    from zerofit.data import DataStats
+    from zerofit.metrics.base import MetricsSink
 
 EXIT_USER_ERROR = 2
 
@@ -79,157 +81,14 @@ def resolve_for_launch(cfg: ZerofitConfig, env: LaunchEnv) -> ResolvedConfig:
 
 
 def write_run_files(run: PreparedRun) -> Path:
-    """`config.yaml` (fully resolved) and the engine config exactly as the engine receives it (rank 0)."""
-    run_dir = run.resolved.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    layout = RunLayout(run_dir)
-    layout.config.write_text(yaml.safe_dump(run.resolved.config.model_dump(mode="json"), sort_keys=False))
-    engine_file = layout.engine_file(run.spec.strategy)
-    engine_file.write_text(json.dumps(run.spec.to_json(), indent=2) + "\n")
+    """`config.yaml` (the run plan's config) and the engine config exactly as the engine receives it (rank 0)."""
+    plan = run.plan
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(plan.run_dir)
+    layout.config.write_text(yaml.safe_dump(plan.config.model_dump(mode="json"), sort_keys=False))
+    engine_file = layout.engine_file(plan.spec.strategy)
+    engine_file.write_text(json.dumps(plan.spec.to_json(), indent=2) + "\n")
     return engine_file
-
-
-def format_plan(run: PreparedRun, engine_file: Path) -> str:
-    """The run's every derived number, printed once on rank 0 before the first step."""
-    assert run.data is not None, "a training run is assembled with its data"
-    resolved, spec, built, data = run.resolved, run.spec, run.built, run.data
-    cfg, plan = resolved.config, spec.plan
-    o, s, t = cfg.optimizer, cfg.scheduler, cfg.train
-    stats, sampler = data.stats, data.sampler
-    trainable_pct = 100.0 * built.trainable_params / max(built.total_params, 1)
-    lr = f"{resolved.effective_lr:.3g}"
-    if o.lr_scaling != "none":
-        lr += f" (= {o.lr:.3g} x {o.lr_scaling} scaling, global {plan.global_batch_size} vs base {o.base_batch_size})"
-    assert t.max_steps is not None, "the data settles train.max_steps of a train.epochs run"
-    lines = [
-        "zerofit plan",
-        f"  batch        {plan.describe()}",
-        f"  tokens/step  <= {plan.global_batch_size} x max_seq_len {cfg.data.max_seq_len} = "
-        f"{plan.global_batch_size * cfg.data.max_seq_len:,} (data: ~{data.mean_label_tokens * plan.global_batch_size:,.0f}"
-        " valid label tokens per step)",
-        f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
-        f"trainable ({trainable_pct:.2f}%), {resolved.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
-        f"  engine       {spec.describe_engine()}, precision {t.precision}, clip {t.max_grad_norm or 'off'}",
-        f"  engine file  {engine_file}",
-        f"  data         {describe_data(cfg.data.path, stats, cfg.data.max_seq_len)}, {sampler.steps_per_epoch} steps/epoch",
-        *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
-        f"  grad sync    {spec.describe_grad_sync()}",
-        f"  compute      {describe_compute(cfg, built.model)}",
-        f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
-        f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
-        f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
-        f"  timeout      {describe_timeout(cfg, plan.dp_size)}",
-        f"  run dir      {resolved.run_dir}",
-    ]
-    if plan.dp_size > 1:
-        lines.append(
-            f"  storage      output_dir {cfg.output_dir!r} is shared by all {plan.dp_size} ranks (checked): each "
-            "writes its part of every checkpoint there, so on several nodes it must be a shared filesystem"
-        )
-    lines += [f"  note         {note}" for note in resolved.notes]
-    if sampler.remainder and sampler.partial_window == "drop":
-        lines.append(
-            f"  note         partial window 'drop': the last {sampler.remainder} of {stats.n_examples} examples "
-            "of every epoch's order are not trained on (set train.partial_window=normalize to use them)"
-        )
-    return "\n".join(lines)
-
-
-def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int) -> str:
-    """`60 optimizer steps (train.epochs 3 x 20 steps/epoch)`, or `20 optimizer steps (~0.33 epochs)`."""
-    t = cfg.train
-    assert t.max_steps is not None
-    if t.epochs is not None:
-        how = f"train.epochs {t.epochs} x {steps_per_epoch} steps/epoch"
-    else:
-        how = f"~{t.max_steps / steps_per_epoch:.2f} epochs"
-    text = f"{t.max_steps} optimizer steps ({how})"
-    es = t.early_stopping
-    if es.patience > 0:
-        text += (
-            f"; early stopping after {es.patience} evaluation(s) without an eval/loss improvement of more "
-            f"than {es.min_delta:g}"
-        )
-    return text
-
-
-def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool) -> str:
-    """The save and keep policy: `every 30 min and at the end, keep last 2 + best eval/loss`."""
-    c = cfg.checkpoint
-    when = [f"every {c.every_steps} steps"] if c.every_steps else []
-    if c.every_minutes:
-        when.append(f"every {c.every_minutes:g} min")
-    when.append("at the end")
-    keep = f"keep last {c.keep_last}"
-    if c.keep_best and has_eval:
-        keep += " + best eval/loss (saved at each new best)"
-    return f"{' and '.join(when)} (and when stopped), {keep}"
-
-
-def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
-    """The process-group timeout, and that zerofit's own rank-0-only work does not count against it."""
-    minutes = f"{cfg.distributed.timeout_minutes:g} min"
-    if dp_size == 1:
-        return f"{minutes} (distributed.timeout_minutes; one rank: no collective waits on a peer)"
-    return (
-        f"collectives wait {minutes} for a peer (distributed.timeout_minutes); rank 0's tokenizing, checkpoint "
-        "verification and export are waited for without a limit"
-    )
-
-
-def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
-    """Checkpointing (as resolved: `auto` is a number by now), the loss, and the token budget if any."""
-    from zerofit.recompute import checkpointed_layers, describe_checkpointing
-
-    layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
-    n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
-    text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {cfg.train.cross_entropy} cross-entropy"
-    tokens = cfg.batch.tokens_per_micro_batch
-    if tokens is not None:
-        rows = cfg.batch.micro_batch_size
-        text += (
-            f", token budget {tokens} per micro-batch ({rows} packed rows of {cfg.data.max_seq_len}; "
-            "micro = rows, accum = at most)"
-        )
-    return text
-
-
-def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
-    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 3 dropped: 3 for an
-    empty response)`."""
-    how = [stats.format + (", detected" if stats.detected else "")]
-    if stats.from_cache:
-        how.append("from the tokenization cache")
-    notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens, {stats.n_dropped} dropped"
-    if stats.n_empty and stats.empty_responses == "drop":
-        notes += f": {stats.n_empty} for an empty response"
-    elif stats.n_empty:
-        notes += (
-            f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
-        )
-    if stats.n_split:
-        notes += f", {stats.n_split} long texts split"
-    return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"
-
-
-def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
-    """Where the evaluation data comes from and when the loss is computed."""
-    d = cfg.data
-    if d.eval_path is not None:
-        source = d.eval_path
-    elif isinstance(d.eval_split, str):
-        source = f"split {d.eval_split!r} of {d.path}"
-    else:
-        source = f"{d.eval_split:g} of {d.path}'s records held out"
-    when = f"every {cfg.eval.every_steps} steps and at the end" if cfg.eval.every_steps else "at the end"
-    return f"{stats.n_examples:,} examples ({source}), loss {when}"
-
-
-def loss_summary(losses: list[float]) -> str:
-    """Start and end loss, each a mean over a few steps (one global batch's loss is noisy)."""
-    k = max(1, min(10, len(losses) // 2))
-    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    return f"loss {first:.4f} -> {last:.4f} (mean of the first / last {k} steps)"
 
 
 def announce(run: PreparedRun) -> None:
@@ -248,100 +107,138 @@ class RunOutcome:
     export_dir: Path | None = None
 
 
-def train_run(
-    resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None = None
-) -> RunOutcome:
-    """Build everything for a resolved config and train it (`zerofit.api.train` calls it in-process). The
-    exit code is 128 + the signal when a SIGTERM/SIGINT stopped the run (after a checkpoint)."""
-    quiet_libraries()
-    from zerofit.assembly import assemble
-    from zerofit.checkpoint import Checkpointer, checkpoint_record, export_final
-    from zerofit.checkpoint.policy import EvalWatch
-    from zerofit.checkpoint.resume import restore, resume_message
-    from zerofit.metrics.setup import open_sinks
-    from zerofit.metrics.summary import record_outcome
-    from zerofit.train import train_loop
+class FinetuneRecipe:
+    """One training run in a torchtune recipe's shape: `setup` builds it (the run plan, engine, data and
+    model through `assemble`, the checkpoint restored, the plan printed, the sinks opened), `train` trains
+    and exports, `cleanup` releases the sinks and the process group. `run_training` calls the three."""
 
-    stop = stop or StopSignal()
-    asked_name = resolved.config.run_name
-    run = assemble(resolved)
-    try:
-        resolved, strategy, point = run.resolved, run.strategy, run.resume
-        cfg, rank = resolved.config, strategy.rank
-        record = checkpoint_record(resolved, strategy.checkpoint_format) if rank == 0 else None
+    def __init__(self, resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None) -> None:
+        self.resolved = resolved
+        self.config_path = config_path
+        self.stop = stop or StopSignal()
+        self.run: PreparedRun | None = None
+        self.sink: MetricsSink | None = None
+
+    def setup(self) -> None:
+        """Assemble the run, restore its checkpoint, print its plan and open its metrics sinks."""
+        quiet_libraries()
+        from zerofit.assembly import assemble
+        from zerofit.checkpoint import Checkpointer, checkpoint_record
+        from zerofit.checkpoint.policy import EvalWatch
+        from zerofit.checkpoint.resume import restore, resume_message
+        from zerofit.metrics.setup import open_sinks
+
+        self.run = run = assemble(self.resolved)
+        plan, strategy = run.plan, run.strategy
+        cfg, rank, point = plan.config, strategy.rank, plan.resume
+        assert cfg.train.max_steps is not None, "a run plan knows its step count"
+        record = checkpoint_record(plan, strategy.checkpoint_format) if rank == 0 else None
         elapsed = point.elapsed_s if point else 0.0
-        assert cfg.train.max_steps is not None, "the data settles train.max_steps of a train.epochs run"
         es = cfg.train.early_stopping
         has_eval = run.data is not None and run.data.eval_examples is not None
-        watch = EvalWatch(es.patience, es.min_delta) if has_eval else None
-        checkpointer = Checkpointer(
-            strategy, resolved.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=watch
+        self.watch = EvalWatch(es.patience, es.min_delta) if has_eval else None
+        self.checkpointer = Checkpointer(
+            strategy, plan.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=self.watch
         )
-        start_step, history = restore(checkpointer, point, resolved.run_dir)
-        if watch is not None:  # a resumed run's best and patience, from the evaluations it kept
-            watch.replay(history or [])
+        self.start_step, self.history = restore(self.checkpointer, point, plan.run_dir)
+        if self.watch is not None:  # a resumed run's best and patience, from the evaluations it kept
+            self.watch.replay(self.history or [])
         if point is not None:  # changes the resume accepted, trained with (not the loaded values)
-            strategy.apply_config(cfg, resolved.effective_lr, cfg.train.max_steps)
-        stop.arm(str(resolved.run_dir))  # from here on a signal stops after a step, with a checkpoint
+            strategy.apply_config(cfg, plan.effective_lr, cfg.train.max_steps)
+        self.stop.arm(str(plan.run_dir))  # from here on a signal stops after a step, with a checkpoint
         announce(run)
-        message = resume_message(point, cfg.checkpoint.resume, resolved.run_dir, cfg.train.max_steps)
+        message = resume_message(point, cfg.checkpoint.resume, plan.run_dir, cfg.train.max_steps)
         if message:
             say(message, rank=rank)
-        sink = open_sinks(
-            resolved,
-            run.spec,
-            rank,
-            run.record(),
-            config_path=config_path,
-            history=history,
-            prior_wall_s=elapsed,
+        self.sink = open_sinks(
+            plan, rank, run.record(), config_path=self.config_path, history=self.history, prior_wall_s=elapsed
         )
-        try:
-            loop = run.train_run(sink, checkpointer, stop, clock=checkpointer.clock, watch=watch)
-            results = train_loop(loop, start_step)
-            steps_done = start_step + len(results)
-            stopped = stop.agreed is not None and steps_done < cfg.train.max_steps
-            if stopped:
-                stop.stopped()  # the stop checkpoint is written: later signals change nothing
-            exported = (
-                export_final(strategy, run.built.tokenizer, resolved.run_dir)
-                if cfg.checkpoint.save_final and not stopped
-                else None
-            )
-        finally:
-            sink.close()
-        early = watch is not None and watch.stopped_at is not None
-        if rank == 0:
-            record_outcome(resolved.run_dir, _outcome_fields(stopped, early, watch, stop))
-        losses = [row["loss"] for row in history or [] if row.get("loss") is not None]
-        losses += [r.loss for r in results]
+
+    def train(self) -> RunOutcome:
+        """Train to `train.max_steps` (or a stop / early stop), export, and say how the run ended. The exit
+        code is 128 + the signal when a SIGTERM/SIGINT stopped the run (after a checkpoint)."""
+        from zerofit.checkpoint import export_final
+        from zerofit.metrics.summary import record_outcome
+        from zerofit.train import train_loop
+
+        assert self.run is not None and self.sink is not None, "setup() first"
+        run, plan, stop, watch = self.run, self.run.plan, self.stop, self.watch
+        cfg, strategy = plan.config, run.strategy
+        assert cfg.train.max_steps is not None
+        loop = run.loop_inputs(self.sink, self.checkpointer, stop, clock=self.checkpointer.clock, watch=watch)
+        results = train_loop(loop, self.start_step)
+        steps_done = self.start_step + len(results)
+        stopped = stop.agreed is not None and steps_done < cfg.train.max_steps
         if stopped:
-            strategy.barrier()  # every rank's files (and rank 0's summary) are on disk before anyone exits
-            assert stop.agreed is not None
-            again = " checkpoint.resume=true" + (
-                f" run_name={cfg.run_name}" if cfg.run_name != asked_name else ""
-            )
-            say(
-                f"zerofit: stopped by {signal.Signals(stop.agreed).name} after step {steps_done} of "
-                f"{cfg.train.max_steps}; checkpoint {checkpointer.root / f'step-{steps_done}'}; resume with the same "
-                f"command plus{again}",
-                rank=rank,
-            )
-            return RunOutcome(StopSignal.exit_code(stop.agreed), resolved.run_dir)
+            stop.stopped()  # the stop checkpoint is written: later signals change nothing
+        exported = None
+        if cfg.checkpoint.save_final and not stopped:
+            exported = export_final(strategy, run.built.tokenizer, plan.run_dir)
+        self._close_sink()  # summary.json is complete before the outcome is added to it
+        early = watch is not None and watch.stopped_at is not None
+        if strategy.rank == 0:
+            record_outcome(plan.run_dir, _outcome_fields(stopped, early, watch, stop))
+        if stopped:
+            return self._stopped(steps_done)
+        losses = [row["loss"] for row in self.history or [] if row.get("loss") is not None]
+        self._say_end(steps_done, losses + [r.loss for r in results], early, exported)
+        # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
+        # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
+        strategy.barrier()
+        return RunOutcome(0, plan.run_dir, exported)
+
+    def cleanup(self) -> None:
+        """Close the sinks (if `train` did not get to) and tear the engine's process group down."""
+        self._close_sink()
+        if self.run is not None:
+            self.run.close()
+
+    def _close_sink(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+    def _stopped(self, steps_done: int) -> RunOutcome:
+        """A run stopped by a signal: every rank's files on disk, then how to resume it."""
+        assert self.run is not None and self.stop.agreed is not None
+        plan, strategy = self.run.plan, self.run.strategy
+        strategy.barrier()  # every rank's files (and rank 0's summary) are on disk before anyone exits
+        again = " checkpoint.resume=true"
+        if plan.run_name != self.resolved.config.run_name:  # a new run that took `-2`: resume that one
+            again += f" run_name={plan.run_name}"
+        say(
+            f"zerofit: stopped by {signal.Signals(self.stop.agreed).name} after step {steps_done} of "
+            f"{plan.config.train.max_steps}; checkpoint {self.checkpointer.root / f'step-{steps_done}'}; resume "
+            f"with the same command plus{again}",
+            rank=strategy.rank,
+        )
+        return RunOutcome(StopSignal.exit_code(self.stop.agreed), plan.run_dir)
+
+    def _say_end(self, steps_done: int, losses: list[float], early: bool, exported: Path | None) -> None:
+        """The end of a finished run: early stop, losses, the best evaluation, where the results are."""
+        assert self.run is not None
+        plan, rank, watch = self.run.plan, self.run.strategy.rank, self.watch
         if early:
             assert watch is not None
             say(f"zerofit: {watch.stop_line()}", rank=rank)
         if losses:
             say(f"done: {steps_done} steps, {loss_summary(losses)}", rank=rank)
         if watch is not None and watch.best_step is not None:
-            say(best_line(watch, checkpointer.root, cfg.checkpoint.keep_best), rank=rank)
-        say(f"results: {resolved.run_dir}" + (f" (export: {exported})" if exported else ""), rank=rank)
-        # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
-        # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
-        strategy.barrier()
-        return RunOutcome(0, resolved.run_dir, exported)
+            say(best_line(watch, self.checkpointer.root, plan.config.checkpoint.keep_best), rank=rank)
+        say(f"results: {plan.run_dir}" + (f" (export: {exported})" if exported else ""), rank=rank)
+
+
+def run_training(
+    resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None = None
+) -> RunOutcome:
+    """Build everything for a resolved config and train it: setup, train, cleanup (`zerofit.api.train`
+    calls it in-process, the launcher through `main`)."""
+    recipe = FinetuneRecipe(resolved, config_path, stop)
+    try:
+        recipe.setup()
+        return recipe.train()
     finally:
-        run.close()
+        recipe.cleanup()
 
 
 def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: StopSignal) -> dict[str, Any]:
@@ -357,15 +254,6 @@ def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: S
     return fields
 
 
-def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
-    """`best: eval/loss 1.2345 at step 40 (checkpoint ..., export it with zerofit export RUN --step best)`."""
-    text = f"best: eval/loss {watch.best_loss:.4f} at step {watch.best_step}"
-    folder = checkpoints / f"step-{watch.best_step}"
-    if keep_best and folder.is_dir():
-        text += f" (checkpoint {folder}; zerofit export {checkpoints.parent} --step best --out DIR)"
-    return text
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `launchers/launch_finetune.py`; returns the process exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -379,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         die_with_launcher(stop, rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
-        return train_run(resolved, args.config, stop).exit_code
+        return run_training(resolved, args.config, stop).exit_code
     except ZerofitError as exc:
         # One paragraph, every rank, no traceback: the message names the field, the rule and the fix.
         error(f"zerofit (rank {env.rank})", exc)

@@ -109,8 +109,8 @@ class Evaluating(Protocol):
 
 
 @dataclass
-class TrainRun:
-    """Everything the loop touches, built by `zerofit.assembly.PreparedRun.train_run`."""
+class LoopInputs:
+    """Everything the loop touches, built by `zerofit.assembly.PreparedRun.loop_inputs`."""
 
     strategy: Strategy
     model: torch.nn.Module
@@ -154,7 +154,7 @@ class AfterStep:
         return self.stopping or self.timed or self.early_stop or best
 
 
-def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
+def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
     """This rank's collated micro-batches of global batch `step`, and the global batch's sample count.
 
     Without a token budget: `grad_accum_steps` micro-batches of `micro_batch_size` examples. With one
@@ -177,7 +177,7 @@ def rank_micro_batches(run: TrainRun, step: int) -> tuple[list[dict[str, torch.T
 
 
 def step_metrics(
-    run: TrainRun, step: int, result: StepResult, lr: float, seconds: float, samples: int
+    run: LoopInputs, step: int, result: StepResult, lr: float, seconds: float, samples: int
 ) -> dict[str, Any]:
     """The per-step fields of `metrics.jsonl` (docs/contracts.md), memory aside."""
     return {
@@ -210,7 +210,7 @@ def memory_fields(strategy: Strategy) -> dict[str, Any]:
     return per_rank_fields(strategy.all_gather_object(memory_snapshot(strategy.device)))
 
 
-def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
+def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
     """Optimizer steps `start_step`..`max_steps - 1`; metrics are logged with `step` = steps done (1-based)."""
     results: list[StepResult] = []
     for step in range(start_step, run.max_steps):
@@ -234,7 +234,7 @@ def train_loop(run: TrainRun, start_step: int = 0) -> list[StepResult]:
     return results
 
 
-def agree_after_step(run: TrainRun, eval_loss: float | None) -> AfterStep:
+def agree_after_step(run: LoopInputs, eval_loss: float | None) -> AfterStep:
     """One tiny all-reduce after every step (none when there is nothing to agree on), so every rank saves
     and stops after the same step: each rank's stop-signal votes, and rank 0's alone for a due timed save
     and the evaluation's verdict (other ranks add zeros, so no other clock or rounding can differ).

@@ -4,7 +4,6 @@ the metrics.jsonl rewind of a resumed run."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -14,15 +13,17 @@ from typing import Any
 import pytest
 import torch
 
-from config_helpers import DEMO_DATA, one_process_strategy
+from config_helpers import DEMO_DATA, new_run_plan, one_process_strategy
 from zerofit.checkpoint import MANIFEST, Checkpointer, checkpoint_record, complete_checkpoints, verify
 from zerofit.checkpoint.manifest import data_fingerprint
 from zerofit.checkpoint.resume import DAMAGED_SUFFIX, find_resume_point, finish_resume, settle_run_dir
 from zerofit.config import load_config, resolve
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import CheckpointSection
+from zerofit.engine import render_spec
 from zerofit.errors import ConfigError, ResumeError
 from zerofit.metrics.history import rewind_metrics
+from zerofit.run_plan import RunPlan, make_run_plan
 from zerofit.strategies.single import SingleStrategy
 
 
@@ -61,7 +62,7 @@ def _resolved(run_dir: Path, *overrides: str) -> ResolvedConfig:
 def _saved_run(run_dir: Path, steps: tuple[int, ...] = (2, 4), *overrides: str) -> Checkpointer:
     """A run directory with checkpoints at `steps`, each manifest recording the config of `overrides`."""
     strategy = _strategy()
-    record = checkpoint_record(_resolved(run_dir, *overrides), strategy.checkpoint_format)
+    record = checkpoint_record(new_run_plan(_resolved(run_dir, *overrides)), strategy.checkpoint_format)
     ckpt = Checkpointer(strategy, run_dir, CheckpointSection(keep_last=5), max_steps=10, record=record)
     for step in range(1, max(steps) + 1):
         _train_one_step(strategy)
@@ -233,14 +234,16 @@ def test_a_checkpoint_loads_only_into_the_engine_layout_that_wrote_it(tmp_path: 
         find_resume_point(_resolved(run_dir), "fsdp-dcp")
 
 
-def _settle(resolved: ResolvedConfig) -> tuple[ResolvedConfig, Any]:
+def _settle(resolved: ResolvedConfig) -> RunPlan:
+    """The run plan after rank 0's run-directory decision (one rank: no process group)."""
     strategy = SimpleNamespace(
         rank=0,
         broadcast_object=lambda obj: obj,
         wait_for_rank0=lambda what: None,
         checkpoint_format="torch-state",
     )
-    return settle_run_dir(resolved, strategy)  # type: ignore[arg-type]
+    decision = settle_run_dir(resolved, strategy)  # type: ignore[arg-type]
+    return make_run_plan(resolved, render_spec(resolved), decision)
 
 
 def test_resume_modes_and_the_run_directory(tmp_path: Path) -> None:
@@ -248,10 +251,8 @@ def test_resume_modes_and_the_run_directory(tmp_path: Path) -> None:
     # true: nothing to resume is an error that says why; auto: start at step 0 in that directory.
     with pytest.raises(ResumeError, match=r"checkpoint.resume = true, but .*/r does not exist"):
         _settle(_resolved(run_dir, "checkpoint.resume=true"))
-    assert _settle(_resolved(run_dir, "checkpoint.resume=auto")) == (
-        _resolved(run_dir, "checkpoint.resume=auto"),
-        None,
-    )
+    auto = _settle(_resolved(run_dir, "checkpoint.resume=auto"))
+    assert auto.run_dir == run_dir and auto.resume is None
     (run_dir / "checkpoints" / "step-3.tmp").mkdir(parents=True)
     with pytest.raises(
         ResumeError, match=r"holds no complete checkpoint \(only an interrupted save: step-3.tmp\)"
@@ -259,10 +260,11 @@ def test_resume_modes_and_the_run_directory(tmp_path: Path) -> None:
         _settle(_resolved(run_dir, "checkpoint.resume=true"))
     # false: a directory that holds a run is never reused; resume finds the run whatever the world size.
     _saved_run(run_dir, (2,))
-    fresh, point = _settle(_resolved(run_dir))
-    assert fresh.run_dir == tmp_path / "r-2" and fresh.config.run_name == "r-2" and point is None
-    resumed, point = _settle(_resolved(run_dir, "checkpoint.resume=true"))
-    assert resumed.run_dir == run_dir and point.step == 2 and point.world_size == 1
+    fresh = _settle(_resolved(run_dir))
+    assert fresh.run_dir == tmp_path / "r-2" and fresh.config.run_name == "r-2" and fresh.resume is None
+    resumed = _settle(_resolved(run_dir, "checkpoint.resume=true"))
+    assert resumed.run_dir == run_dir and resumed.resume is not None
+    assert (resumed.resume.step, resumed.resume.world_size) == (2, 1)
 
 
 def test_the_default_run_name_does_not_depend_on_the_world_size() -> None:
@@ -320,16 +322,6 @@ def test_the_summary_of_a_resumed_run_covers_the_whole_run(tmp_path: Path) -> No
         1.0,
     )
     assert summary["wall_s"] >= 100.0
-
-
-def test_resume_point_is_a_plain_record() -> None:
-    # Rank 0 broadcasts it to every rank: it must pickle.
-    import pickle
-
-    from zerofit.checkpoint import ResumePoint
-
-    point = ResumePoint(Path("x"), 3, 2, 1.5, ("note",), (Path("y"),))
-    assert pickle.loads(pickle.dumps(point)) == point and dataclasses.is_dataclass(point)
 
 
 def test_a_checkpoint_from_before_a_key_existed_resumes_as_that_keys_default(tmp_path: Path) -> None:

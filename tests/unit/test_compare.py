@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from metrics_fixtures import make_run
 
+from config_helpers import new_run_plan
 from zerofit.cli import main
 from zerofit.metrics.compare import config_differences, plot_runs
 from zerofit.metrics.runs import load_run
@@ -89,7 +90,7 @@ def test_compare_reads_wandb_offline_when_metrics_jsonl_is_absent(tmp_path: Path
     cfg.data.path = str(data)
     cfg.batch.global_batch_size, cfg.batch.micro_batch_size = 8, 4
     cfg.logging.wandb.mode = "offline"
-    resolved = resolve(cfg, 1)
+    resolved = new_run_plan(resolve(cfg, 1))
     sink = WandbSink(resolved, notice=lambda _: None, key_configured=True)
     sink.log_config(resolved.config.model_dump(mode="json"))
     for step in (1, 2, 3):

@@ -124,7 +124,7 @@ def test_demo_data_loads_whole_and_short(tok: Any) -> None:
 
 
 def test_empty_responses_are_dropped_counted_and_named_in_the_data_line(tmp_path: Path, tok: Any) -> None:
-    from zerofit.run import describe_data
+    from zerofit.run_report import describe_data
 
     lines = [
         _pair("a", "b"),
@@ -159,7 +159,7 @@ def test_a_source_with_mostly_empty_responses_is_refused(tmp_path: Path, tok: An
 
 
 def test_empty_responses_can_be_kept_or_refused(tmp_path: Path, tok: Any) -> None:
-    from zerofit.run import describe_data
+    from zerofit.run_report import describe_data
 
     path = _write(tmp_path, [_pair("a", "b"), _pair("c", ""), _pair("d", "e")])
     examples, stats = load_sft_dataset(path, tok, 64, empty_responses="keep")

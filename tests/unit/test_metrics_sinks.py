@@ -9,17 +9,19 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from zerofit.config.resolve import ResolvedConfig, resolve
+from config_helpers import new_run_plan
+from zerofit.config.resolve import resolve
 from zerofit.config.schema import ZerofitConfig
-from zerofit.engine import render_spec
 from zerofit.metrics.base import MultiSink, NullSink
 from zerofit.metrics.console import ConsoleSink
 from zerofit.metrics.setup import open_sinks, run_config
 from zerofit.metrics.summary import RunSummary
 from zerofit.metrics.wandb_sink import WandbSink, default_group, default_name
+from zerofit.run_plan import RunPlan
 
 
-def _resolved(tmp_path: Path, world_size: int = 2, **wandb: object) -> ResolvedConfig:
+def _resolved(tmp_path: Path, world_size: int = 2, console: bool = True, **wandb: object) -> RunPlan:
+    """The run plan of a new run (W&B keys from `wandb`), as a launch hands it to the sinks."""
     data = tmp_path / "data.jsonl"
     data.write_text('{"prompt": "a", "response": "b"}\n')
     cfg = ZerofitConfig()
@@ -30,7 +32,8 @@ def _resolved(tmp_path: Path, world_size: int = 2, **wandb: object) -> ResolvedC
     cfg.train.max_steps = 4
     for key, value in wandb.items():
         setattr(cfg.logging.wandb, key, value)
-    return resolve(cfg, world_size)
+    cfg.logging.console = console
+    return new_run_plan(resolve(cfg, world_size))
 
 
 def _step_metrics(step: int) -> dict[str, object]:
@@ -54,14 +57,13 @@ def no_wandb_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_non_zero_ranks_get_a_null_sink(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path, mode="disabled")
-    assert isinstance(open_sinks(resolved, render_spec(resolved), 1, {}), NullSink)
+    assert isinstance(open_sinks(resolved, 1, {}), NullSink)
     assert not resolved.run_dir.exists()  # rank 1 writes nothing
 
 
 def test_rank0_writes_jsonl_run_info_and_summary(tmp_path: Path) -> None:
-    resolved = _resolved(tmp_path, mode="disabled")
-    resolved.config.logging.console = False
-    sink = open_sinks(resolved, render_spec(resolved), 0, {"params": {"trainable": 10, "total": 100}})
+    resolved = _resolved(tmp_path, console=False, mode="disabled")
+    sink = open_sinks(resolved, 0, {"params": {"trainable": 10, "total": 100}})
     assert isinstance(sink, MultiSink)
     for step in range(1, 5):
         sink.log(step, _step_metrics(step))
@@ -88,10 +90,10 @@ def test_rank0_writes_jsonl_run_info_and_summary(tmp_path: Path) -> None:
 
 def test_run_config_holds_plan_versions_commit(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path)
-    config = run_config(resolved, render_spec(resolved), {"params_trainable": 10})
+    config = run_config(resolved, {"params_trainable": 10})
     assert config["batch_plan"]["dp_size"] == 2
     assert config["distributed"]["preset"] == "zero2"
-    assert config["engine_config"] == render_spec(resolved).to_json()  # what the engine received
+    assert config["engine_config"] == resolved.spec.to_json()  # what the engine received
     assert config["engine_config"]["zero_optimization"]["stage"] == 2
     assert config["params_trainable"] == 10
     assert set(config["versions"]) >= {"python", "torch", "wandb"}
@@ -202,13 +204,13 @@ def test_planner_failure_never_blocks_logging(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(scenario, "scenario_for", broken)
     resolved = _resolved(tmp_path)
-    config = run_config(resolved, render_spec(resolved))
+    config = run_config(resolved)
     assert "planner_prediction" not in config and config["batch_plan"]["dp_size"] == 2
 
 
 def test_planner_prediction_is_recorded_beside_the_planner_section(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path)
-    config = run_config(resolved, render_spec(resolved))
+    config = run_config(resolved)
     # The resolved config's own `planner` section (target GPU) and the prediction must not collide.
     assert "gpu" in config["planner"]
     assert config["planner_prediction"]["memory"]["tensors_gib"] > 0

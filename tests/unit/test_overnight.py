@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from config_helpers import DEMO_DATA, one_process_strategy, prepared_one_process_strategy
-from zerofit.assembly import _settled_by_data
 from zerofit.checkpoint import Checkpointer, complete_checkpoints
 from zerofit.checkpoint.policy import EvalWatch, SaveClock, Verdict, read_best, resolve_step
 from zerofit.config import load_config, resolve
@@ -20,8 +19,9 @@ from zerofit.config.schema import CheckpointSection
 from zerofit.data import GlobalBatchSampler
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError
+from zerofit.run_plan import DataFacts, make_run_plan
 from zerofit.signals import StopSignal
-from zerofit.train import TrainRun, agree_after_step
+from zerofit.train import LoopInputs, agree_after_step
 
 
 def _resolve(*overrides: str) -> Any:
@@ -44,7 +44,8 @@ def test_epochs_become_exact_steps_under_the_last_window_rule(
     resolved = _resolve(f"train.epochs={epochs}", f"train.partial_window={window}")
     assert resolved.config.train.max_steps is None  # unknown until the data is loaded
     sampler = GlobalBatchSampler(n, 16, seed=0, partial_window=window)  # type: ignore[arg-type]
-    settled = _settled_by_data(resolved, "prompt_response", sampler).config.train
+    facts = DataFacts(format="prompt_response", steps_per_epoch=sampler.steps_per_epoch)
+    settled = make_run_plan(resolved, render_spec(resolved), data=facts).config.train
     assert (settled.epochs, settled.max_steps) == (epochs, steps)  # 70 // 16 = 4 (+1 partial) per epoch
     assert sampler.epoch_of(steps - 1) == epochs - 1 and sampler.epoch_of(steps) == epochs
 
@@ -56,7 +57,8 @@ def test_an_epochs_run_resumes_on_its_epochs_and_data_not_on_the_derived_step_co
 
     where = (f"output_dir={tmp_path}", "run_name=r")
     launch = _resolve("train.epochs=2", *where)
-    saved = _settled_by_data(launch, "prompt_response", GlobalBatchSampler(3000, 16, seed=42))
+    per_epoch = GlobalBatchSampler(3000, 16, seed=42).steps_per_epoch
+    saved = make_run_plan(launch, render_spec(launch), data=DataFacts("prompt_response", per_epoch))
     strategy = prepared_one_process_strategy()
     record = checkpoint_record(saved, strategy.checkpoint_format)
     assert record["config"]["train"]["max_steps"] == 2 * 187
@@ -133,11 +135,11 @@ def test_the_save_clock_runs_from_the_last_save() -> None:
     assert not SaveClock(0, now=lambda: 1e9).due() and not SaveClock(None).due()
 
 
-def _agreement_run(rank: int, clock: SaveClock | None, watch: EvalWatch | None) -> TrainRun:
+def _agreement_run(rank: int, clock: SaveClock | None, watch: EvalWatch | None) -> LoopInputs:
     strategy = one_process_strategy()
     strategy.rank = rank  # one process: the all-reduce is the identity, so this rank's votes are the sum
     stop = StopSignal(rank)
-    return TrainRun(
+    return LoopInputs(
         strategy, None, [], None, None, 1, None, 0, None, None, stop=stop, clock=clock, watch=watch
     )  # type: ignore[arg-type]
 

@@ -140,12 +140,12 @@ class _NoCheckpoints:
 
 
 def test_train_loop_with_a_token_budget_logs_useful_and_processed_tokens() -> None:
-    """The loop's packed path (`TrainRun.packed_row_tokens`) trains the same global batches as the padded
+    """The loop's packed path (`LoopInputs.packed_row_tokens`) trains the same global batches as the padded
     one, and metrics.jsonl says what padding cost: processed > useful tokens, less so when packed."""
     from transformers import AutoModelForCausalLM
 
     from zerofit.batching import solve_batch
-    from zerofit.train import TrainRun, train_loop
+    from zerofit.train import LoopInputs, train_loop
 
     examples = _examples()
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -159,7 +159,7 @@ def test_train_loop_with_a_token_budget_logs_useful_and_processed_tokens() -> No
             lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
         )
         sink = _Sink()
-        run = TrainRun(
+        run = LoopInputs(
             strategy=strategy,
             model=model,
             examples=examples,

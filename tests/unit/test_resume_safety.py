@@ -16,7 +16,7 @@ import torch
 import yaml
 
 import zerofit
-from config_helpers import DEMO_DATA
+from config_helpers import DEMO_DATA, new_run_plan
 from zerofit.checkpoint import MANIFEST, checkpoint_record
 from zerofit.checkpoint.resume import find_resume_point
 from zerofit.config import load_config, resolve
@@ -225,7 +225,7 @@ def _fake_checkpoint(run_dir: Path, layout: str) -> Path:
         )
         fmt = "deepspeed-zero2"
     torch.save({"torch": torch.get_rng_state()}, folder / "rng-rank0.pt")
-    record = checkpoint_record(_resolved(run_dir), fmt)
+    record = checkpoint_record(new_run_plan(_resolved(run_dir)), fmt)
     write_manifest(
         folder,
         {

@@ -11,7 +11,7 @@ from config_helpers import one_process_strategy
 from zerofit.data import IGNORE_INDEX, Example, collate
 from zerofit.loss import count_label_tokens, token_sum_loss
 from zerofit.strategies.single import SingleStrategy
-from zerofit.train import StepResult, TrainRun, train_loop, train_step
+from zerofit.train import LoopInputs, StepResult, train_loop, train_step
 
 VOCAB = 11
 
@@ -140,14 +140,14 @@ class _Checkpoints:
             self.stopping.append(steps_done)
 
 
-def _loop_run(sink: _Sink, checkpoints: _Checkpoints, max_steps: int, **options: Any) -> TrainRun:
-    """A one-process TrainRun over the test examples: global 4 = micro 2 x accum 2."""
+def _loop_run(sink: _Sink, checkpoints: _Checkpoints, max_steps: int, **options: Any) -> LoopInputs:
+    """A one-process LoopInputs over the test examples: global 4 = micro 2 x accum 2."""
     from zerofit.batching import solve_batch
     from zerofit.data import GlobalBatchSampler
 
     examples = _examples()
     model = TinyLM()
-    return TrainRun(
+    return LoopInputs(
         strategy=_strategy(model),
         model=model,
         examples=examples,

