@@ -525,7 +525,8 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     """Validate `config` for a launch of `world_size` ranks and fill every derived value.
 
     `choose_plan` (the planner's chooser, `choose_fastest_plan`) decides every `auto` key (without one,
-    `auto` is refused). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
+    `auto` is refused), and is asked only once every check passed (it resolves its candidates with this
+    function, without a chooser). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
     when the config was validated (`schema.py`); the steps here check what depends on several keys or on
     the launch, then decide what the config left open.
     """

@@ -4,8 +4,10 @@ A `Scenario` is a flat, hashable record (model, sequence, split, engine facts, a
 analytic model (`state.py`, `activations.py`, `estimate.py`) and the tensor trace (`trace.py`) both read.
 It is built from the run's rendered engine spec (`scenario_for`), so the planner sees exactly the engine
 the run will get: the ZeRO stage, offload, who builds the optimizer and every dtype come from the spec,
-never from a second reading of the preset or of a user's DeepSpeed file. `ComputeProfile` is the dtype
-view of a scenario, from the one precision table (`zerofit.precision`).
+never from a second reading of the preset or of a user's DeepSpeed file. A what-if (a candidate
+micro-batch, a remedy, more GPUs) is the same: `what_if` applies its overrides through the config loader's
+parser and asks `resolve()` itself, so the planner keeps no second derivation of a run. `ComputeProfile` is
+the dtype view of a scenario, from the one precision table (`zerofit.precision`).
 """
 
 from __future__ import annotations
