@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from zerofit.config.resolve import PlanChoice, micro_batch_setting
+from zerofit.engine.user_ds_config import pinned_split_problems
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
@@ -535,6 +536,9 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
     if micro != "auto" and b.global_batch_size:
         per_rank = samples_per_rank(cfg, world_size)
     budget = _budget_for_auto(cfg, keys)
+    pinned = pinned_split_problems(cfg)  # a user's DeepSpeed file may not pin the split auto chooses
+    if pinned:
+        raise ConfigError(pinned)
     scn = what_if(cfg, world_size, micro_batch_size=1, grad_accum_steps=per_rank or 1)
     if micro == "auto":
         assert per_rank is not None
