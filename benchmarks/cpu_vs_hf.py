@@ -74,7 +74,7 @@ def planned_cap(args: argparse.Namespace) -> tuple[float, float]:
     """(budget GiB, HF plan's predicted total GiB): HF's plan exactly fills the budget's 95%."""
     from zerofit.config import load_config
     from zerofit.planner.estimate import estimate
-    from zerofit.planner.scenario import scenario_from_config
+    from zerofit.planner.scenario import what_if
 
     cfg = load_config(
         None,
@@ -85,7 +85,7 @@ def planned_cap(args: argparse.Namespace) -> tuple[float, float]:
             "train.cross_entropy=unchunked",
         ),
     )
-    total = estimate(scenario_from_config(cfg, 1)).total_gib
+    total = estimate(what_if(cfg, 1)).total_gib
     return total / 0.95, total
 
 
@@ -102,7 +102,7 @@ def predicted_total(resolved: Any) -> float:
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for
 
-    return round(estimate(scenario_for(resolved, render_spec(resolved))).total_gib, 5)
+    return round(estimate(scenario_for(resolved.config, render_spec(resolved))).total_gib, 5)
 
 
 def main(argv: list[str] | None = None) -> int:

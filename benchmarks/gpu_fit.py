@@ -180,7 +180,7 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
         return out
     cfg, plan = resolved.config, resolved.plan
     budget = Budget(cap_gib, f"cap {cap_gib} GiB", gpu)
-    scn = scenario_for(resolved, render_spec(resolved, "cuda" if cuda else "cpu"))
+    scn = scenario_for(resolved.config, render_spec(resolved, "cuda" if cuda else "cpu"))
     predicted = plan_memory(resolved, render_spec(resolved, "cuda" if cuda else "cpu"), budget)
     out.update(
         batch={

@@ -49,7 +49,7 @@ def test_checkpointing_auto_picks_the_fewest_layers_that_fit() -> None:
     )
     n = resolved.config.train.activation_checkpointing
     assert isinstance(n, int) and not isinstance(n, bool) and 0 < n < 32  # selective: resolved to a number
-    scn = scenario_for(resolved, render_spec(resolved))
+    scn = scenario_for(resolved.config, render_spec(resolved))
     budget = resolve_budget(resolved.config)
     assert budget is not None
     fits = [estimate(scn.with_checkpointing(k)).total_gib <= budget.limit_gib for k in (n - 1, n)]
@@ -81,7 +81,7 @@ def test_joint_auto_takes_the_fastest_option_and_keeps_the_global_batch() -> Non
 def test_a_token_budget_resolves_to_packed_rows() -> None:
     resolved = resolve(_cfg(batch={"tokens_per_micro_batch": 4096}), 1, choose_fastest_plan)
     assert resolved.plan.micro_batch_size == 4 and resolved.plan.grad_accum_steps == 8
-    scn = scenario_for(resolved, render_spec(resolved))
+    scn = scenario_for(resolved.config, render_spec(resolved))
     assert scn.packed and scn.micro_batch_size == 4 and scn.masked_attention
     auto = resolve(
         _cfg(batch={"tokens_per_micro_batch": "auto"}, train={"activation_checkpointing": "auto"}),
@@ -153,7 +153,7 @@ def test_the_options_checkpoint_no_layer_when_memory_is_plentiful() -> None:
     resolved = resolve(
         _cfg(batch={"micro_batch_size": 4}, planner={"gpu": "a100-80gb"}), 1, choose_fastest_plan
     )
-    scn = scenario_for(resolved, render_spec(resolved))
+    scn = scenario_for(resolved.config, render_spec(resolved))
     budget = resolve_budget(resolved.config)
     assert budget is not None
     options = fastest_options(scn, 32, budget)
@@ -180,3 +180,38 @@ def test_zerofit_plan_prints_the_chosen_plan_runner_up_and_speed_up(
     assert speed["speedup_vs_baseline"] == pytest.approx(
         speed["chosen"]["tokens_per_s"] / speed["baseline"]["tokens_per_s"], rel=1e-2
     )
+
+
+def test_the_chooser_runs_only_on_a_config_with_no_other_problem() -> None:
+    """`auto` that could not fit, beside a missing data file: the user is told about the file (the real
+    problem), not "nothing fits" (the planner's candidates are resolved and would fail on the file)."""
+    cfg = _cfg(
+        batch={"micro_batch_size": "auto"},
+        lora={"enabled": False},
+        data={"path": "no/such/file.jsonl"},
+        planner={"gpu": "rtx4080"},
+    )
+    with pytest.raises(ConfigError) as err:
+        resolve(cfg, 1, choose_fastest_plan)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith(
+        "data.path = 'no/such/file.jsonl'"
+    )
+
+
+def test_auto_checkpointing_keeps_the_configured_split_exact() -> None:
+    """A fixed micro-batch with `auto` checkpointing is split as written: an accumulation that does not
+    make the global batch is refused, not silently replaced."""
+    cfg = _cfg(
+        batch={"micro_batch_size": 4, "grad_accum_steps": 2}, train={"activation_checkpointing": "auto"}
+    )
+    with pytest.raises(ConfigError) as err:
+        resolve(cfg, 1, choose_fastest_plan)
+    assert err.value.problems[0].startswith("batch: ") and "32" in err.value.problems[0]
+    resolved = resolve(
+        _cfg(
+            batch={"micro_batch_size": 4, "grad_accum_steps": 8}, train={"activation_checkpointing": "auto"}
+        ),
+        1,
+        choose_fastest_plan,
+    )
+    assert (resolved.plan.micro_batch_size, resolved.plan.grad_accum_steps) == (4, 8)

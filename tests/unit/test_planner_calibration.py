@@ -22,7 +22,7 @@ from zerofit.config import load_config
 from zerofit.planner.activations import TermKind, activation_terms
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS
-from zerofit.planner.scenario import Scenario, scenario_from_config
+from zerofit.planner.scenario import Scenario, what_if
 from zerofit.planner.speed import predict_speed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ MEASURED: dict[str, tuple[str, list[str], int, int, float, float, float | None, 
 def _scenario(case: str) -> Scenario:
     path, overrides, micro, accum, *_ = MEASURED[case]
     cfg = load_config(path, [*overrides, "train.cross_entropy=unchunked", "planner.gpu=h200"])
-    return scenario_from_config(cfg, 1, micro, accum)
+    return what_if(cfg, 1, micro_batch_size=micro, grad_accum_steps=accum)
 
 
 @pytest.mark.parametrize("case", list(MEASURED))

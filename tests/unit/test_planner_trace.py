@@ -57,5 +57,5 @@ def test_trace_extrapolates_layers_and_adds_untraceable_state() -> None:
     traced = trace_memory(scn)
     one, two = traced.layers
     assert two.peak_bytes > one.peak_bytes  # one more decoder layer, more memory
-    assert traced.engine_added_gib != 0 and any("added analytically" in n for n in traced.notes)
+    assert traced.engine_added_gib != 0  # the partitions and the 8-bit state the trace cannot run
     assert abs(estimate(scn).tensors_gib / traced.tensors_gib - 1) < 0.05

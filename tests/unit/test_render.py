@@ -355,15 +355,16 @@ def test_planner_and_engine_read_the_same_spec(monkeypatch: pytest.MonkeyPatch) 
     """One preset value changed: the engine config, the planner's scenario and its estimate all follow."""
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for
+    from zerofit.planner.state import Place, StateKind, model_state
 
     resolved = resolved_for("zero2", 2, "bf16", "model.name_or_path=meta-llama/Llama-2-7b-hf")
     before = render_spec(resolved)
-    scn_before = scenario_for(resolved, before)
+    scn_before = scenario_for(resolved.config, before)
     assert (scn_before.zero_stage, scn_before.offload_optimizer) == (2, False)
 
     _edited_preset(monkeypatch, "zero2", zero_optimization__offload_optimizer={"device": "cpu"})
     after = render_spec(resolved)
-    scn_after = scenario_for(resolved, after)
+    scn_after = scenario_for(resolved.config, after)
     # The engine receives the offload ...
     assert after.to_json()["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     # ... DeepSpeed now builds its CPU Adam, and the planner sees the same: the state moves to the host.
@@ -371,11 +372,16 @@ def test_planner_and_engine_read_the_same_spec(monkeypatch: pytest.MonkeyPatch) 
     est_before, est_after = estimate(scn_before), estimate(scn_after)
     assert est_after.tensors_gib < est_before.tensors_gib
     assert est_after.host_ram_gib > est_before.host_ram_gib
-    assert any("optimizer state (DeepSpeed CPU Adam" in line for line in est_after.host_breakdown)
+    host_optimizer = model_state(scn_after).bytes_of(StateKind.OPTIMIZER_STATE, place=Place.HOST)
+    assert (
+        host_optimizer > 0
+        and model_state(scn_before).bytes_of(StateKind.OPTIMIZER_STATE, place=Place.HOST) == 0
+    )
 
     _edited_preset(monkeypatch, "zero2", zero_optimization__stage=3)
     stage3 = render_spec(resolved)
     assert (
-        stage3.to_json()["zero_optimization"]["stage"] == 3 and scenario_for(resolved, stage3).zero_stage == 3
+        stage3.to_json()["zero_optimization"]["stage"] == 3
+        and scenario_for(resolved.config, stage3).zero_stage == 3
     )
     assert "stage3_prefetch_bucket_size" in stage3.to_json()["zero_optimization"]  # sized for stage 3 too

@@ -1,8 +1,10 @@
 """`resolve()`: check a whole config against the launch, collect every problem, derive every value.
 
 A short sequence of named steps (`resolve` reads top to bottom): settle the engine, check the engine,
-the batch (solved here), the training keys, the run length, quantization, the data and the model, then
-fill the batch, the W&B mode and the run directory. Bounds of single values are not here: they are
+the batch (solved here unless the micro-batch is `auto`), the training keys, the run length, quantization,
+the data and the model; then, only when none of them found a problem, let the plan chooser decide the
+`auto` keys (`_choose`: its candidates are resolved by this very function, so a problem elsewhere must not
+reach it); then fill the batch, the W&B mode and the run directory. Bounds of single values are not here: they are
 constraints on the schema's fields, checked (and worded) when the config is validated (`loader.py`).
 
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
@@ -81,16 +83,6 @@ class ResolvedConfig:
     def method(self) -> str:
         """How the model is adapted (`full`, `lora`, `qlora`, `lora-8bit`)."""
         return adaptation_method(self.config)
-
-    @classmethod
-    def for_planning(cls, config: ZerofitConfig, plan: BatchPlan) -> ResolvedConfig:
-        """An unvalidated what-if: `config` at `plan`, for the planner to render and estimate.
-
-        Never launched: `resolve()` is what validates a config; this only pairs it with a split so the
-        engine spec of a candidate (another micro-batch, a remedy) can be rendered the way a run would be.
-        """
-        name = config.run_name or "planning"
-        return cls(config=config, plan=plan, world_size=plan.dp_size, run_dir=Path(config.output_dir) / name)
 
 
 def adaptation_method(cfg: ZerofitConfig) -> str:
@@ -213,46 +205,64 @@ def micro_batch_setting(cfg: ZerofitConfig, problems: list[str] | None = None) -
     return tokens // seq
 
 
-def _resolve_batch(
-    cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, problems: list[str]
-) -> tuple[BatchPlan | None, PlanChoice | None]:
-    """The exact split (and, where a key is `auto`, the planner's choice), or problems appended."""
+def _auto_keys(cfg: ZerofitConfig) -> list[str]:
+    """The batch / checkpointing keys set to `auto` (the plan chooser decides them)."""
     b = cfg.batch
-    micro = micro_batch_setting(cfg, problems)
-    ckpt = cfg.train.activation_checkpointing
-    if micro is None and b.tokens_per_micro_batch is not None:
-        return None, None  # the token budget's problem is already reported
-    autos = [
+    return [
         key
         for key, value in (
             ("batch.micro_batch_size", b.micro_batch_size),
             ("batch.tokens_per_micro_batch", b.tokens_per_micro_batch),
-            ("train.activation_checkpointing", ckpt),
+            ("train.activation_checkpointing", cfg.train.activation_checkpointing),
         )
         if value == "auto"
     ]
-    if not autos:
-        try:
-            return solve_batch(world_size, b.global_batch_size, micro, b.grad_accum_steps), None  # type: ignore[arg-type]
-        except BatchConfigError as exc:
-            problems.append(_batch_problem(cfg, exc))
-            return None, None
-    if chooser is None:
+
+
+def _check_batch(
+    cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, problems: list[str]
+) -> BatchPlan | None:
+    """The exact split of a given micro-batch (None while it is `auto`: `_choose` solves it), or problems
+    appended. Nothing is chosen here: the chooser runs last, on a config every other check passed."""
+    b = cfg.batch
+    micro = micro_batch_setting(cfg, problems)
+    if micro is None and b.tokens_per_micro_batch is not None:
+        return None  # the token budget's problem is already reported
+    autos = _auto_keys(cfg)
+    if autos and chooser is None:
         problems.append(
             f"{' and '.join(autos)} = 'auto' needs the memory planner to choose it, and this entry point has "
             "none; set a value instead of auto"
         )
-        return None, None
-    if problems:  # the planner renders the engine: only for an engine choice that is valid
-        return None, None
+        return None
+    if micro == "auto":
+        return None
     try:
-        choice = chooser(cfg, world_size)
-        return solve_batch(world_size, b.global_batch_size, choice.micro_batch_size, None), choice
-    except ConfigError as exc:
-        problems.extend(exc.problems)
+        return solve_batch(world_size, b.global_batch_size, micro, b.grad_accum_steps)  # type: ignore[arg-type]
     except BatchConfigError as exc:
         problems.append(_batch_problem(cfg, exc))
-    return None, None
+        return None
+
+
+def _choose(
+    cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, plan: BatchPlan | None
+) -> tuple[BatchPlan, PlanChoice | None]:
+    """The planner's choice for the `auto` keys and the split it gives; raises its problems.
+
+    Called once every check found nothing wrong: the chooser weighs candidate runs that `resolve()` itself
+    derives, and a problem elsewhere in the config must be reported as itself, not as "nothing fits".
+    """
+    if not _auto_keys(cfg):
+        assert plan is not None  # solved by `_check_batch`
+        return plan, None
+    assert chooser is not None  # `_check_batch` reported auto without a chooser
+    choice = chooser(cfg, world_size)  # raises ConfigError (with the remedies) when nothing fits
+    if plan is not None:
+        return plan, choice
+    try:
+        return solve_batch(world_size, cfg.batch.global_batch_size, choice.micro_batch_size, None), choice
+    except BatchConfigError as exc:
+        raise ConfigError([_batch_problem(cfg, exc)]) from None
 
 
 def _batch_problem(cfg: ZerofitConfig, exc: BatchConfigError) -> str:
@@ -515,7 +525,8 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     """Validate `config` for a launch of `world_size` ranks and fill every derived value.
 
     `choose_plan` (the planner's chooser, `choose_fastest_plan`) decides every `auto` key (without one,
-    `auto` is refused). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
+    `auto` is refused), and is asked only once every check passed (it resolves its candidates with this
+    function, without a chooser). Raises one `ConfigError` listing every problem found. Each value's own bounds were checked
     when the config was validated (`schema.py`); the steps here check what depends on several keys or on
     the launch, then decide what the config left open.
     """
@@ -523,14 +534,15 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     problems: list[str] = []
     notes = _settle_engine(cfg)
     _check_engine(problems, cfg, world_size)
-    plan, choice = _resolve_batch(cfg, world_size, choose_plan, problems)
+    plan = _check_batch(cfg, world_size, choose_plan, problems)
     _check_training(problems, cfg)
     _check_length(problems, cfg)
     _check_quantization(problems, cfg)
     _check_data(problems, cfg)
     _check_model_and_loss(problems, cfg)
-    if problems or plan is None:
+    if problems:
         raise ConfigError(problems)
+    plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
     _fill_logging(cfg)
     run_dir = _fill_run_dir(cfg, plan)

@@ -24,11 +24,17 @@ from zerofit.errors import ConfigError
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig
+    from zerofit.config.schema import ZerofitConfig
 
-__all__ = ["filled_user_ds_config", "load_user_ds_config"]
+__all__ = ["filled_user_ds_config", "load_user_ds_config", "pinned_split_problems"]
 
 AUTO = "auto"
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# The split's DeepSpeed keys and the zerofit key that owns each.
+_SPLIT_KEYS = {
+    "train_micro_batch_size_per_gpu": "batch.micro_batch_size",
+    "gradient_accumulation_steps": "batch.grad_accum_steps",
+}
 
 # `"auto"` keys sized from the model width (filled as the HF Trainer does; never checked: a hard-coded
 # bucket size is a performance choice, not a disagreement).
@@ -72,8 +78,12 @@ def _slots(resolved: ResolvedConfig) -> dict[str, _Slot]:
     opt, lr = cfg.optimizer, resolved.effective_lr
     return {
         "train_batch_size": _Slot(plan.global_batch_size, "batch.global_batch_size"),
-        "train_micro_batch_size_per_gpu": _Slot(plan.micro_batch_size, "batch.micro_batch_size"),
-        "gradient_accumulation_steps": _Slot(plan.grad_accum_steps, "batch.grad_accum_steps"),
+        "train_micro_batch_size_per_gpu": _Slot(
+            plan.micro_batch_size, _SPLIT_KEYS["train_micro_batch_size_per_gpu"]
+        ),
+        "gradient_accumulation_steps": _Slot(
+            plan.grad_accum_steps, _SPLIT_KEYS["gradient_accumulation_steps"]
+        ),
         "gradient_clipping": _Slot(float(cfg.train.max_grad_norm or 0.0), "train.max_grad_norm"),
         # Precision is checked separately (one message for the pair); these only fill `auto`.
         "fp16.enabled": _Slot(cfg.train.precision == "fp16", None),
@@ -132,6 +142,29 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+def pinned_split_problems(cfg: ZerofitConfig) -> list[str]:
+    """With `batch.micro_batch_size = auto`, the split keys the user's DeepSpeed file hard-codes (the
+    planner chooses the split, so the file may not pin it), one problem each; a file that does not load
+    gives its own problem. Asked by the planner before it weighs any candidate split."""
+    path = cfg.distributed.ds_config
+    if path is None or cfg.batch.micro_batch_size != AUTO:
+        return []
+    try:
+        body = load_user_ds_config(path)
+    except ConfigError as exc:
+        return exc.problems
+    problems = []
+    for dotted, key in _SPLIT_KEYS.items():
+        present, value = _get(body, dotted)
+        if present and value != AUTO:
+            problems.append(
+                f"distributed.ds_config = {path!r} hard-codes {dotted} = {value!r}, but "
+                f"batch.micro_batch_size = 'auto' lets the planner choose the split. Fix: set "
+                f'"{dotted}": "auto" in the file (or delete it), or set {_override(key, value)} instead of auto'
+            )
+    return problems
+
+
 def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
     """The foreign file with every `auto` filled, and every problem found (empty when consistent)."""
     path = resolved.config.distributed.ds_config
@@ -152,14 +185,6 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
     for dotted, slot in slots.items():
         present, value = _get(body, dotted)
         if not present or value == AUTO or slot.zerofit_key is None:
-            continue
-        if cfg.batch.micro_batch_size == AUTO and dotted in _BATCH_KEYS[1:]:
-            # Planning for `auto` (before a micro-batch is chosen): the file may not pin the split.
-            problems.append(
-                f"{where} hard-codes {dotted} = {value!r}, but batch.micro_batch_size = 'auto' lets the "
-                f'planner choose the split. Fix: set "{dotted}": "auto" in the file (or delete it), or set '
-                f"{_override(slot.zerofit_key, value)} instead of auto"
-            )
             continue
         if _same(value, slot.value):
             continue

@@ -21,13 +21,14 @@ fp32 chunk.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from zerofit.loss import chunk_tokens
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
 from zerofit.planner.shapes import LoraShape, ModelShape, lora_shape, model_shape
-from zerofit.planner.state import ParamCounts, dtype_label, param_counts
+from zerofit.planner.state import ParamCounts, StateLine, dtype_label, param_counts
 from zerofit.precision import dtype_bytes
 
 
@@ -598,7 +599,7 @@ def _bool_mask(scn: Scenario) -> int:
     return b * s * s if (scn.masked_attention and scn.attn_implementation == "sdpa") else 0
 
 
-def _step(scn: Scenario, layer_resident: dict[str, int] | None) -> tuple[_Step, list[Term], ComputeProfile]:
+def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, list[Term], ComputeProfile]:
     """The shared quantities of every candidate moment, with one layer's per-token terms."""
     prof = compute_profile(scn)
     shape = model_shape(scn.model)
@@ -628,12 +629,12 @@ def _step(scn: Scenario, layer_resident: dict[str, int] | None) -> tuple[_Step, 
         base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok)),
         logits=Term(TermKind.LOGITS, dt.logits * v * tokens, logits_label),
         ids=8 * tokens if not scn.lora else 0,  # the embedding's backward keeps the input ids
-        in_layer=tuple(Term(TermKind.LAYER_RESIDENT, n, k) for k, n in (layer_resident or {}).items()),
+        in_layer=tuple(Term(TermKind.LAYER_RESIDENT, line.bytes, line.label) for line in layer_resident),
     )
     return st, layer_terms, prof
 
 
-def activation_terms(scn: Scenario, layer_resident: dict[str, int] | None = None) -> ActivationTerms:
+def activation_terms(scn: Scenario, layer_resident: Iterable[StateLine] = ()) -> ActivationTerms:
     """Activations, logits and loss temporaries at the forward/backward peak (bytes, per rank).
 
     With n of L decoder layers checkpointed (the first n), the candidates (the largest is the peak):
@@ -643,8 +644,8 @@ def activation_terms(scn: Scenario, layer_resident: dict[str, int] | None = None
         around its down projection, with the logits still held by the training loop;
       - recomputation of layer n - 1 in backward (n > 0): the n checkpointed inputs (the layers above have
         released theirs) + the recomputed layer + the gradients waiting at its output.
-    `layer_resident`: bytes that exist only while a decoder layer runs (FSDP2's gathered layers); added to
-    the candidates inside a layer.
+    `layer_resident`: the state lines that exist only while a decoder layer runs (`Place.IN_LAYER`: FSDP2's
+    gathered layers); added to the candidates inside a layer.
     """
     st, layer_terms, prof = _step(scn, layer_resident)
     full = not scn.lora

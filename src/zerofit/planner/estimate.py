@@ -28,7 +28,7 @@ from zerofit.planner.activations import activation_terms
 from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
-from zerofit.planner.state import model_state, param_counts, quantized_weight_bytes
+from zerofit.planner.state import Place, model_state, param_counts, quantized_weight_bytes
 from zerofit.precision import dtype_bytes
 
 # --- Allowance: device memory that is not a tensor (documented constants) --------------------------------
@@ -119,26 +119,29 @@ def _dequant_layer_gib(scn: Scenario) -> float:
 def estimate(scn: Scenario) -> MemoryEstimate:
     """The analytic per-rank peak for `scn`, with a breakdown a reader can check by hand."""
     state = model_state(scn)
-    acts = activation_terms(scn, state.in_layer)
-    resident = sum(state.gpu.values())
-    window = sum(state.window_grads.values())
+    acts = activation_terms(scn, state.at(Place.IN_LAYER))
+    resident = state.bytes_at(Place.GPU)
+    window = state.bytes_at(Place.WINDOW_GRADS)
     held = window if scn.grad_accum_steps > 1 else 0
     fwd = resident + held + acts.peak
-    step = resident + window + sum(state.step_temps.values())
-    breakdown: dict[str, int] = dict(state.gpu)
+    step = resident + window + state.bytes_at(Place.STEP_TEMPS)
+    # The peak phase's lines, as shown (label -> bytes).
+    breakdown: dict[str, int] = state.labelled(Place.GPU)
     if fwd >= step:
         phase = f"forward/backward: {acts.where}"
         if held:
-            breakdown.update({f"{k} held across the window": n for k, n in state.window_grads.items()})
+            breakdown.update(
+                {f"{line.label} held across the window": line.bytes for line in state.at(Place.WINDOW_GRADS)}
+            )
         breakdown.update({f"activations: {k}": n for k, n in acts.lines.items()})
     else:
         phase = "optimizer step"
-        breakdown.update(state.window_grads)
-        breakdown.update(state.step_temps)
+        breakdown.update(state.labelled(Place.WINDOW_GRADS))
+        breakdown.update(state.labelled(Place.STEP_TEMPS))
     tensors = max(fwd, step)
     tensors_gib = tensors / GIB
     allowance = allowance_gib(tensors_gib, scn.dp_size, _dequant_layer_gib(scn))
-    host = dict(state.host)
+    host = state.labelled(Place.HOST)
     host_gib = sum(host.values()) / GIB
     notes = list(state.notes)
     if scn.quantization != "none" and scn.zero_stage == 3:
@@ -182,10 +185,10 @@ def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:
     counts = param_counts(scn)
     notes: list[str] = []
     added = 0
-    for key, n in {**state.gpu, **state.in_layer}.items():
-        if key not in state.traced:
-            added += n
-            notes.append(f"added analytically: {key} ({n / GIB:.3f} GiB)")
+    for line in state.at(Place.GPU) + state.at(Place.IN_LAYER):
+        if not line.traced:
+            added += line.bytes
+            notes.append(f"added analytically: {line.label} ({line.bytes / GIB:.3f} GiB)")
     if state.trace_weight_surplus:
         added -= state.trace_weight_surplus
         notes.append(
@@ -198,6 +201,6 @@ def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:
         notes.append("quantized weights: traced as half-precision stand-ins, swapped for their 4/8-bit bytes")
     step = None
     if not prof.traced_optimizer:
-        step = sum(state.gpu.values()) + sum(state.window_grads.values()) + sum(state.step_temps.values())
+        step = state.bytes_at(Place.GPU, Place.WINDOW_GRADS, Place.STEP_TEMPS)
         notes.append("optimizer step (not traceable for this engine/optimizer): analytic")
     return added, step, notes

@@ -43,7 +43,7 @@ def memory_report(
         from zerofit.planner.trace import trace_memory
 
         try:
-            traced = trace_memory(scenario_for(resolved, spec))
+            traced = trace_memory(scenario_for(resolved.config, spec))
         except ValueError as exc:
             out["notes"] = [*out.get("notes", []), f"--trace skipped: {exc}"]
         else:

@@ -4,12 +4,15 @@ A `Scenario` is a flat, hashable record (model, sequence, split, engine facts, a
 analytic model (`state.py`, `activations.py`, `estimate.py`) and the tensor trace (`trace.py`) both read.
 It is built from the run's rendered engine spec (`scenario_for`), so the planner sees exactly the engine
 the run will get: the ZeRO stage, offload, who builds the optimizer and every dtype come from the spec,
-never from a second reading of the preset or of a user's DeepSpeed file. `ComputeProfile` is the dtype
-view of a scenario, from the one precision table (`zerofit.precision`).
+never from a second reading of the preset or of a user's DeepSpeed file. A what-if (a candidate
+micro-batch, a remedy, more GPUs) is the same: `what_if` applies its overrides through the config loader's
+parser and asks `resolve()` itself, so the planner keeps no second derivation of a run. `ComputeProfile` is
+the dtype view of a scenario, from the one precision table (`zerofit.precision`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +20,6 @@ from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.recompute import checkpointed_layers
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import ResolvedConfig
     from zerofit.config.schema import ZerofitConfig
     from zerofit.engine.spec import EngineSpec
 
@@ -124,19 +126,22 @@ def compute_profile(scn: Scenario) -> ComputeProfile:
 
 
 def scenario_for(
-    resolved: ResolvedConfig,
+    config: ZerofitConfig,
     spec: EngineSpec,
     micro_batch_size: int | None = None,
     grad_accum_steps: int | None = None,
 ) -> Scenario:
-    """The memory scenario of a run: its config's model, data and adaptation, its spec's engine.
+    """The memory scenario of a run: its resolved config's model, data and adaptation, its spec's engine.
 
-    `micro_batch_size` / `grad_accum_steps` override the spec's split (the micro-batch search varies
-    them; nothing else about the engine depends on the split).
+    `config` is a resolved one (no `auto` left: `resolve()` or `what_if` decided it). `micro_batch_size` /
+    `grad_accum_steps` override the spec's split (the micro-batch search varies them; nothing else about
+    the engine depends on the split).
     """
     from zerofit.engine.spec import DeepSpeedSpec, FSDPSpec
 
-    cfg = resolved.config
+    cfg = config
+    if cfg.train.activation_checkpointing == "auto":
+        raise ValueError("scenario_for takes a resolved config: train.activation_checkpointing is still auto")
     plan = spec.plan
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
     lora = cfg.lora
@@ -164,44 +169,69 @@ def scenario_for(
         quantization=cfg.quantization.load_in,
         double_quant=cfg.quantization.double_quant,
         optimizer=cfg.optimizer.name,
-        # `auto` before the planner decides it: planned as full checkpointing (the smallest peak).
-        activation_checkpointing=True
-        if cfg.train.activation_checkpointing == "auto"
-        else cfg.train.activation_checkpointing,
+        activation_checkpointing=cfg.train.activation_checkpointing,
         attn_implementation=cfg.model.attn_implementation,
         cross_entropy=cfg.train.cross_entropy,
         packed=cfg.batch.tokens_per_micro_batch is not None,
     )
 
 
-def scenario_from_config(
+# ---------------------------------------------------------------------------------------- what-if runs
+
+
+def apply_overrides(cfg: ZerofitConfig, overrides: Iterable[str]) -> ZerofitConfig:
+    """`cfg` with dotted `key=value` overrides applied through the config loader's parser (the command
+    line's), keeping what the user set on the command line (`resolve()` reads it to settle the engine)."""
+    from zerofit.config.loader import deep_merge, parse_overrides, validate_config
+
+    new = validate_config(deep_merge(cfg.model_dump(), parse_overrides(overrides)))
+    new.mark_overridden(cfg.overridden)
+    return new
+
+
+def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accum: int | None) -> list[str]:
+    """Overrides that leave no `auto` in `cfg`'s batch and checkpointing (see `what_if`)."""
+    b, out = cfg.batch, []
+    rows: int | None = micro
+    if rows is None and "auto" in (b.micro_batch_size, b.tokens_per_micro_batch):
+        rows = 1
+    if rows is not None:
+        if b.tokens_per_micro_batch is not None:  # a token budget: rows of packed data.max_seq_len tokens
+            out += [
+                f"batch.tokens_per_micro_batch={rows * cfg.data.max_seq_len}",
+                "batch.micro_batch_size=null",
+            ]
+        else:
+            out.append(f"batch.micro_batch_size={rows}")
+        if accum is None:
+            out.append("batch.grad_accum_steps=null")  # derived from the global batch
+        else:
+            out += [f"batch.grad_accum_steps={accum}", f"batch.global_batch_size={rows * accum * world_size}"]
+    if cfg.train.activation_checkpointing == "auto":
+        out.append("train.activation_checkpointing=true")  # planned as every layer: the smallest peak
+    return out
+
+
+def what_if(
     cfg: ZerofitConfig,
     world_size: int,
+    overrides: Iterable[str] = (),
     micro_batch_size: int | None = None,
     grad_accum_steps: int | None = None,
 ) -> Scenario:
-    """The scenario of a config that has not been resolved: planning what-ifs, the `auto` search, tests.
+    """The scenario of `cfg` with `overrides`, as `resolve()` itself derives that run: every what-if the
+    planner weighs (a candidate micro-batch, a remedy, more GPUs) comes from the one resolution.
 
-    Renders the engine spec exactly as a run would (at micro 1 when the config gives no split) and derives
-    the scenario from it.
+    Nothing is `auto` in the candidate (no chooser is asked): `micro_batch_size` rows per micro-batch
+    (None: the config's, 1 where it is `auto`), a token budget of rows x data.max_seq_len under one;
+    `grad_accum_steps` with the global batch it makes (None: derived from the config's global batch);
+    `auto` checkpointing as every layer. Raises `ConfigError` when `resolve()` refuses the candidate.
     """
-    from zerofit.batching import BatchPlan
-    from zerofit.config.resolve import ResolvedConfig, micro_batch_setting
+    from zerofit.config.resolve import resolve
     from zerofit.engine.render import render_spec
 
-    b = cfg.batch
-    micro = micro_batch_size if micro_batch_size is not None else micro_batch_setting(cfg)
-    micro = micro if isinstance(micro, int) else 1
-    gas = grad_accum_steps if grad_accum_steps is not None else b.grad_accum_steps
-    if gas is None:  # keep the config's global batch where it divides, as resolve() would
-        per_rank = (b.global_batch_size or 0) // world_size
-        gas = per_rank // micro if per_rank and per_rank % micro == 0 else 1
-    plan = BatchPlan(micro * gas * world_size, micro, gas, world_size)
-    planned = cfg
-    if cfg.distributed.preset is None:
-        from zerofit.presets import DEFAULT_PRESET
-
-        planned = cfg.model_copy(deep=True)
-        planned.distributed.preset = DEFAULT_PRESET[cfg.distributed.strategy]
-    resolved = ResolvedConfig.for_planning(planned, plan)
-    return scenario_for(resolved, render_spec(resolved))
+    overrides = list(overrides)
+    base = apply_overrides(cfg, overrides) if overrides else cfg
+    candidate = apply_overrides(base, split_overrides(base, world_size, micro_batch_size, grad_accum_steps))
+    resolved = resolve(candidate, world_size)
+    return scenario_for(resolved.config, render_spec(resolved))

@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from zerofit.config.loader import deep_merge, parse_overrides, validate_config
 from zerofit.config.resolve import PlanChoice, micro_batch_setting
+from zerofit.engine.user_ds_config import pinned_split_problems
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
-from zerofit.planner.scenario import Scenario, scenario_for, scenario_from_config
+from zerofit.planner.scenario import Scenario, scenario_for, what_if
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import SpeedEstimate, predict_speed
 from zerofit.recompute import describe_checkpointing
@@ -390,13 +390,6 @@ def _engine_overrides(strategy: str, preset: str | None) -> tuple[str, ...]:
     )
 
 
-def _apply(cfg: ZerofitConfig, overrides: Iterable[str]) -> ZerofitConfig:
-    """`cfg` with dotted overrides applied through the config loader's parser (the what-if config)."""
-    new = validate_config(deep_merge(cfg.model_dump(), parse_overrides(overrides)))
-    new.mark_overridden(cfg.overridden)  # the what-if keeps what the user set on the command line
-    return new
-
-
 def _best_micro(scn: Scenario, per_rank: int, budget: Budget) -> tuple[int, MemoryEstimate]:
     """The largest fitting micro-batch for `scn`, or micro 1 (the smallest peak) when none fits."""
     best_m, best = 1, estimate(scn.with_micro(1, per_rank))
@@ -408,54 +401,76 @@ def _best_micro(scn: Scenario, per_rank: int, budget: Budget) -> tuple[int, Memo
     return best_m, best
 
 
+def _what_if(
+    cfg: ZerofitConfig,
+    world_size: int,
+    overrides: Iterable[str],
+    micro: int | None = None,
+    accum: int | None = None,
+) -> Scenario | None:
+    """`what_if`'s scenario, or None where `resolve()` refuses the what-if (then it is no remedy)."""
+    try:
+        return what_if(cfg, world_size, overrides, micro, accum)
+    except ConfigError:
+        return None
+
+
+def _remedy(name: str, how: str, scn: Scenario, per_rank: int, budget: Budget) -> Remedy:
+    """A remedy at its best micro-batch (`_best_micro`)."""
+    m, est = _best_micro(scn, per_rank, budget)
+    return Remedy(name, how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib)
+
+
 def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy]:
     """Each remedy alone, then those that compose together, with the predicted peak at the best micro-batch;
-    and the fewest GPUs (ZeRO-3) that make the unchanged run fit while dividing the global batch."""
+    and the fewest GPUs (ZeRO-3) that make the unchanged run fit while dividing the global batch. Each is
+    the run `resolve()` makes of the config with the remedy's overrides (`what_if`)."""
     per_rank = samples_per_rank(cfg, world_size) or 1
     out: list[Remedy] = []
     combined: list[str] = []
     applied: list[str] = []
     engine_changed = False
     for cand in _remedy_candidates(cfg, world_size):
-        scn = scenario_from_config(_apply(cfg, cand.overrides), world_size)
-        m, est = _best_micro(scn, per_rank, budget)
-        out.append(
-            Remedy(cand.name, cand.how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib)
-        )
+        scn = _what_if(cfg, world_size, cand.overrides)
+        if scn is None:
+            continue
+        out.append(_remedy(cand.name, cand.how, scn, per_rank, budget))
         # Combine everything that composes; only one engine change (QLoRA's comes first) can apply.
         if not (cand.changes_engine and engine_changed):
             combined.extend(o for o in cand.overrides if o not in combined)
             applied.append(cand.name)
             engine_changed = engine_changed or cand.changes_engine
     if len(applied) > 1:
-        scn = scenario_from_config(_apply(cfg, combined), world_size)
-        m, est = _best_micro(scn, per_rank, budget)
-        how = " + ".join(applied)
-        out.append(
-            Remedy("combined", how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib)
-        )
-    global_batch = cfg.batch.global_batch_size or per_rank * world_size
+        scn = _what_if(cfg, world_size, combined)
+        if scn is not None:
+            out.append(_remedy("combined", " + ".join(applied), scn, per_rank, budget))
+    more = _more_gpus(cfg, world_size, budget, cfg.batch.global_batch_size or per_rank * world_size)
+    return out + ([more] if more is not None else [])
+
+
+def _more_gpus(cfg: ZerofitConfig, world_size: int, budget: Budget, global_batch: int) -> Remedy | None:
+    """The fewest GPUs (sharded by ZeRO-3 unless the base is quantized) that divide the global batch and make
+    the run fit, or None."""
+    engine = _engine_overrides("deepspeed", "zero3") if cfg.quantization.load_in == "none" else ()
     for n in (2, 4, 8, 16, 32, 64):
         if n <= world_size or global_batch % n:
             continue
-        sharded = _apply(
-            cfg, _engine_overrides("deepspeed", "zero3") if cfg.quantization.load_in == "none" else ()
-        )
-        scn = scenario_from_config(sharded, n)
+        scn = _what_if(cfg, n, engine, 1, global_batch // n)
+        if scn is None:
+            continue
         m, est = _best_micro(scn, global_batch // n, budget)
         if verdict(est.total_gib, budget) == "fits":
             how = f"launch {n} ranks (e.g. deepspeed --num_gpus {n}) with distributed.preset=zero3"
-            out.append(Remedy(f"more GPUs: {n} with ZeRO-3", how, m, est.total_gib, "fits", est.host_ram_gib))
-            break
-    return out
+            return Remedy(f"more GPUs: {n} with ZeRO-3", how, m, est.total_gib, "fits", est.host_ram_gib)
+    return None
 
 
 def plan_memory(resolved: ResolvedConfig, spec: EngineSpec, budget: Budget | None) -> MemoryPlan:
     """Estimate, verdict, micro-batch table, the fastest plans and (when it does not fit) remedies."""
     cfg, world = resolved.config, resolved.world_size
     per_rank = spec.plan.samples_per_rank
-    configured = scenario_for(resolved, spec)
-    table = micro_table(scenario_for(resolved, spec, 1, per_rank), per_rank, budget)
+    configured = scenario_for(cfg, spec)
+    table = micro_table(scenario_for(cfg, spec, 1, per_rank), per_rank, budget)
     auto = largest_fitting(table) if budget is not None else None
     est = estimate(configured)
     result = MemoryPlan(
@@ -521,7 +536,10 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
     if micro != "auto" and b.global_batch_size:
         per_rank = samples_per_rank(cfg, world_size)
     budget = _budget_for_auto(cfg, keys)
-    scn = scenario_from_config(cfg, world_size, 1, per_rank or 1)
+    pinned = pinned_split_problems(cfg)  # a user's DeepSpeed file may not pin the split auto chooses
+    if pinned:
+        raise ConfigError(pinned)
+    scn = what_if(cfg, world_size, micro_batch_size=1, grad_accum_steps=per_rank or 1)
     if micro == "auto":
         assert per_rank is not None
         return _choose_micro(cfg, world_size, scn, per_rank, budget, keys)

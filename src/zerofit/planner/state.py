@@ -2,13 +2,16 @@
 
 Counted in bytes from the model's exact shapes (`shapes.py`) and what each engine keeps: the dtype rule
 (`zerofit.precision`), bitsandbytes quantization, ZeRO partitions and CPU offload, FSDP2 shards, and the
-optimizer's state and step temporaries. Lines are named so a breakdown adds up by hand.
+optimizer's state and step temporaries. Each line is typed (`StateLine`: a `StateKind`, the `Place` it
+is held at, bytes and a display label), so code selects lines by kind and place, never by label; the labels
+make a breakdown that adds up by hand.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
 from zerofit.planner.shapes import ModelShape, lora_shape, model_shape
@@ -83,26 +86,85 @@ def optimizer_state_bytes(scn: Scenario, numels: tuple[int, ...]) -> int:
     return total + states * 256 * 4  # the shared quantization maps
 
 
+class StateKind(StrEnum):
+    """What a resident-state line models (its label is only for display)."""
+
+    QUANTIZED_WEIGHTS = "quantized base weights"  # bitsandbytes 4/8-bit, statistics included
+    FROZEN_WEIGHTS = "frozen weights"  # the LoRA base (non-quantized part under QLoRA)
+    TRAINABLE_WEIGHTS = "trainable weights"  # LoRA adapters, or every weight in full fine-tuning
+    WEIGHTS = "weights"  # DeepSpeed ZeRO-0/1/2: frozen + trainable, cast to one dtype
+    PARAMETER_PARTITION = "ZeRO-3 parameter partition"
+    OFFLOADED_PARAMETERS = "ZeRO-3 offloaded parameters"
+    GATHERED_PARAMETERS = "ZeRO-3 gathered parameters"
+    SHARDED_WEIGHTS = "FSDP2 sharded weights"
+    GATHERED_ROOT = "FSDP2 gathered root"
+    GATHERED_LAYERS = "FSDP2 gathered decoder layers"
+    MASTER_WEIGHTS = "fp32 master weights"
+    OPTIMIZER_STATE = "optimizer state"
+    GRADIENTS = "gradients"  # autograd's .grad, accumulated across a window
+    DDP_BUCKETS = "DDP gradient buckets"
+    REDUCE_BUCKET = "ZeRO reduce bucket"
+    GRADIENT_PARTITION = "gradient partition"
+    SHARDED_GRADIENTS = "FSDP2 sharded gradients"
+    ACCUMULATED_GRADIENTS = "FSDP2 unsharded accumulated gradients"
+    OPTIMIZER_TEMPORARIES = "optimizer step temporaries"
+    STEP_GRADIENT_COPY = "fp32 gradient partition at step"
+    MODEL_LOAD = "model load"  # host memory from_pretrained reads the checkpoint into
+
+
+class Place(StrEnum):
+    """Where, and during which part of the step, a state line holds memory."""
+
+    GPU = "gpu"  # always resident on the device
+    WINDOW_GRADS = "window grads"  # held between the micro-steps of an accumulation window
+    STEP_TEMPS = "step temps"  # only during the optimizer step
+    IN_LAYER = "in-layer"  # only while a decoder layer runs (FSDP2's gathered layers)
+    HOST = "host"  # host RAM
+
+
+@dataclass(frozen=True)
+class StateLine:
+    """One line of resident state: what it models, where it lives, its bytes and the label shown.
+
+    `traced`: the FakeTensor trace (`trace.py`) measures this line itself (plain weights, autograd
+    gradients, torch AdamW), so `untraced_state` adds only the others.
+    """
+
+    kind: StateKind
+    place: Place
+    bytes: int
+    label: str
+    traced: bool = False
+
+
 @dataclass
 class StateTerms:
-    """Resident model state on the GPU (per rank) and on the host, in bytes, by named line."""
+    """Resident model state per rank (on the GPU, by phase) and on the host: typed lines, in bytes."""
 
-    gpu: dict[str, int] = field(default_factory=dict)  # always resident
-    window_grads: dict[str, int] = field(default_factory=dict)  # held between micro-steps of a window
-    step_temps: dict[str, int] = field(default_factory=dict)  # only during the optimizer step
-    in_layer: dict[str, int] = field(default_factory=dict)  # only while a decoder layer runs (FSDP2 gathers)
-    host: dict[str, int] = field(default_factory=dict)
+    lines: list[StateLine] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # For the trace: lines it measures itself (plain weights, autograd gradients, torch AdamW), and bytes
-    # of unsharded compute-dtype weights it holds that the engine does not (ZeRO-3 / FSDP shard them).
-    traced: set[str] = field(default_factory=set)
+    # Bytes of unsharded compute-dtype weights the trace holds that the engine does not (ZeRO-3 / FSDP).
     trace_weight_surplus: int = 0
 
-    def put_traced(self, lines: dict[str, int], label: str, nbytes: int) -> None:
-        """Add a line of `lines` that the FakeTensor trace measures itself: the label is written once, as
-        the line's key, so what is traced never depends on restating a display string."""
-        lines[label] = nbytes
-        self.traced.add(label)
+    def add(self, kind: StateKind, place: Place, nbytes: int, label: str, traced: bool = False) -> None:
+        """Append one line."""
+        self.lines.append(StateLine(kind, place, nbytes, label, traced))
+
+    def at(self, *places: Place) -> list[StateLine]:
+        """The lines held at `places`, in the order they were counted."""
+        return [line for line in self.lines if line.place in places]
+
+    def bytes_at(self, *places: Place) -> int:
+        """Total bytes at `places`."""
+        return sum(line.bytes for line in self.at(*places))
+
+    def bytes_of(self, *kinds: StateKind, place: Place | None = None) -> int:
+        """Total bytes of the lines of `kinds` (at `place`, when given)."""
+        return sum(line.bytes for line in self.lines if line.kind in kinds and place in (None, line.place))
+
+    def labelled(self, *places: Place) -> dict[str, int]:
+        """The lines at `places` as the breakdown shows them: label -> bytes."""
+        return {line.label: line.bytes for line in self.at(*places)}
 
 
 def model_state(scn: Scenario) -> StateTerms:
@@ -112,46 +174,80 @@ def model_state(scn: Scenario) -> StateTerms:
     counts = param_counts(scn)
     dp = max(scn.dp_size, 1)
     t = StateTerms()
-    T = counts.trainable
     half_b = dtype_bytes(prof.half) if prof.half else 4
     quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
     # Frozen non-quantized weights: loaded in the load dtype, upcast to fp32 by k-bit preparation.
     frozen_b = 4 if scn.quantization != "none" else dtype_bytes(prof.load)
-    train_b = 4  # LoRA adapters stay fp32 (peft), full fine-tuning loads fp32
     opt_state = optimizer_state_bytes(scn, counts.trainable_numels)
     # from_pretrained reads the checkpoint into host memory in the load dtype before the engine moves it.
-    base_params = shape.total_params
-    t.host[f"model load ({prof.load}, transient, x {dp} rank(s) on a node)"] = (
-        base_params * dtype_bytes(prof.load) * dp
+    t.add(
+        StateKind.MODEL_LOAD,
+        Place.HOST,
+        shape.total_params * dtype_bytes(prof.load) * dp,
+        f"model load ({prof.load}, transient, x {dp} rank(s) on a node)",
     )
     qlabel = f"{scn.quantization} base weights (bitsandbytes, incl. absmax)"
     frozen_label = "frozen base weights" if scn.lora else "weights"
     if quant_b:
         frozen_label = "non-quantized base weights (embeddings, norms, lm_head; k-bit prepared)"
-
     if scn.strategy in ("single", "ddp"):
-        if quant_b:
-            t.put_traced(t.gpu, qlabel, quant_b)  # traced as half stand-ins; the trace swaps the bytes
-        if counts.frozen:
-            t.put_traced(
-                t.gpu, f"{frozen_label} ({dtype_label(frozen_b, prof.half)})", counts.frozen * frozen_b
-            )
-        t.put_traced(t.gpu, f"trainable weights (fp32, {T:,} params)", T * train_b)
-        opt_label = f"optimizer state ({scn.optimizer})"
-        t.gpu[opt_label] = opt_state
-        t.put_traced(t.window_grads, "gradients (fp32)", T * 4)
-        if scn.strategy == "ddp":
-            # DDP's bucket buffers are a second copy of the gradients (gradient_as_bucket_view=False).
-            t.gpu["DDP gradient buckets (fp32)"] = T * 4
-        if scn.optimizer == "adamw":
-            # foreach AdamW: one fp32 temporary the size of all parameters (sqrt of exp_avg_sq).
-            t.put_traced(t.step_temps, "AdamW foreach temporaries (fp32)", T * 4)
-            t.traced.add(opt_label)  # torch's AdamW runs in the trace: its state is measured there
-        return t
-
+        return _local_state(
+            scn,
+            prof,
+            t,
+            counts,
+            quant_b,
+            qlabel,
+            f"{frozen_label} ({dtype_label(frozen_b, prof.half)})",
+            frozen_b,
+            opt_state,
+        )
     if scn.strategy == "deepspeed":
         return _deepspeed_state(scn, prof, t, counts, quant_b, qlabel, frozen_label, half_b, opt_state)
     return _fsdp_state(scn, prof, t, counts, shape, quant_b, qlabel, frozen_b, half_b, opt_state, dp)
+
+
+def _local_state(
+    scn: Scenario,
+    prof: ComputeProfile,
+    t: StateTerms,
+    counts: ParamCounts,
+    quant_b: int,
+    qlabel: str,
+    frozen_label: str,
+    frozen_b: int,
+    opt_state: int,
+) -> StateTerms:
+    """One process or DDP: every tensor whole on each rank; the trace sees weights, gradients and torch
+    AdamW itself."""
+    T = counts.trainable
+    if quant_b:
+        t.add(
+            StateKind.QUANTIZED_WEIGHTS, Place.GPU, quant_b, qlabel, traced=True
+        )  # half stand-ins in the trace
+    if counts.frozen:
+        t.add(StateKind.FROZEN_WEIGHTS, Place.GPU, counts.frozen * frozen_b, frozen_label, traced=True)
+    # LoRA adapters stay fp32 (peft), full fine-tuning loads fp32.
+    t.add(
+        StateKind.TRAINABLE_WEIGHTS, Place.GPU, T * 4, f"trainable weights (fp32, {T:,} params)", traced=True
+    )
+    # torch's AdamW runs in the trace: its state is measured there (bitsandbytes' is not).
+    adamw = scn.optimizer == "adamw"
+    t.add(StateKind.OPTIMIZER_STATE, Place.GPU, opt_state, f"optimizer state ({scn.optimizer})", traced=adamw)
+    t.add(StateKind.GRADIENTS, Place.WINDOW_GRADS, T * 4, "gradients (fp32)", traced=True)
+    if scn.strategy == "ddp":
+        # DDP's bucket buffers are a second copy of the gradients (gradient_as_bucket_view=False).
+        t.add(StateKind.DDP_BUCKETS, Place.GPU, T * 4, "DDP gradient buckets (fp32)")
+    if adamw:
+        # foreach AdamW: one fp32 temporary the size of all parameters (sqrt of exp_avg_sq).
+        t.add(
+            StateKind.OPTIMIZER_TEMPORARIES,
+            Place.STEP_TEMPS,
+            T * 4,
+            "AdamW foreach temporaries (fp32)",
+            traced=True,
+        )
+    return t
 
 
 def dtype_label(nbytes: int, half: str | None = "bf16") -> str:
@@ -170,52 +266,70 @@ def _deepspeed_state(
     half_b: int,
     opt_state: int,
 ) -> StateTerms:
-    dp = max(scn.dp_size, 1)
-    stage = scn.zero_stage
-    T = counts.trainable
+    """DeepSpeed: weights in the half dtype (`_deepspeed_weights`), fp32 masters and optimizer state
+    partitioned from stage 1, gradients partitioned from stage 2, optionally offloaded to the host."""
     # DeepSpeed casts every floating parameter to the half dtype (fp32 training: stays fp32).
-    pb = half_b
+    pb, pdt, T = half_b, dtype_label(half_b, prof.half), counts.trainable
+    _deepspeed_weights(
+        scn, t, counts, quant_b, qlabel, f"{frozen_label} + trainable weights ({pdt})", pb, pdt
+    )
     mixed = prof.half is not None
-    shard_params = stage == 3
-    if quant_b:
-        t.put_traced(t.gpu, qlabel, quant_b)
-    weights = (counts.frozen + T) * pb
-    if shard_params:
-        t.trace_weight_surplus = weights
-        live = min(counts.frozen + T, ZERO3_MAX_LIVE_PARAMETERS) * pb
-        if scn.offload_params:
-            t.host[f"ZeRO-3 offloaded parameters ({dtype_label(pb, prof.half)})"] = weights
-            t.notes.append("parameters live on the host; the GPU holds only gathered layers")
-        else:
-            t.gpu[f"ZeRO-3 parameter partition ({dtype_label(pb, prof.half)}, 1/{dp})"] = weights // dp
-        t.gpu["ZeRO-3 gathered parameters (up to stage3_max_live_parameters)"] = live
-    else:
-        t.put_traced(t.gpu, f"{frozen_label} + trainable weights ({dtype_label(pb, prof.half)})", weights)
-    shard = dp if stage >= 1 else 1
-    master = T * 4 // shard if mixed else 0
-    opt = opt_state // shard
-    where = t.host if scn.offload_optimizer else t.gpu
+    shard = max(scn.dp_size, 1) if scn.zero_stage >= 1 else 1
+    where = Place.HOST if scn.offload_optimizer else Place.GPU
     suffix = f", 1/{shard}" if shard > 1 else ""
-    if master:
-        where[f"fp32 master weights (DeepSpeed{suffix})"] = master
-    where[
-        f"optimizer state ({'DeepSpeed CPU Adam' if scn.ds_builds_optimizer else scn.optimizer}{suffix})"
-    ] = opt
-    # Gradients: ZeRO-0/1 accumulate full gradients in the parameter dtype; ZeRO-2/3 reduce each into a
-    # partition buffer (plus one reduce bucket) every micro-step.
-    bucket = min(T, model_shape(scn.model).hidden_size ** 2) * pb
-    if stage <= 1:
-        t.put_traced(t.window_grads, f"gradients ({dtype_label(pb, prof.half)})", T * pb)  # autograd's .grad
+    if mixed and T * 4 // shard:
+        t.add(StateKind.MASTER_WEIGHTS, where, T * 4 // shard, f"fp32 master weights (DeepSpeed{suffix})")
+    opt_name = "DeepSpeed CPU Adam" if scn.ds_builds_optimizer else scn.optimizer
+    t.add(StateKind.OPTIMIZER_STATE, where, opt_state // shard, f"optimizer state ({opt_name}{suffix})")
+    # Gradients: ZeRO-0/1 accumulate full gradients in the parameter dtype (autograd's .grad); ZeRO-2/3
+    # reduce each into a partition buffer (plus one reduce bucket) every micro-step.
+    if scn.zero_stage <= 1:
+        t.add(StateKind.GRADIENTS, Place.WINDOW_GRADS, T * pb, f"gradients ({pdt})", traced=True)
     else:
-        t.gpu["ZeRO reduce bucket"] = bucket
+        bucket = min(T, model_shape(scn.model).hidden_size ** 2) * pb
+        t.add(StateKind.REDUCE_BUCKET, Place.GPU, bucket, "ZeRO reduce bucket")
         if scn.offload_optimizer:
-            t.host[f"gradient partition (fp32{suffix})"] = T * 4 // shard
+            label = f"gradient partition (fp32{suffix})"
+            t.add(StateKind.GRADIENT_PARTITION, Place.HOST, T * 4 // shard, label)
         else:
-            t.gpu[f"gradient partition ({dtype_label(pb, prof.half)}{suffix})"] = T * pb // shard
+            label = f"gradient partition ({pdt}{suffix})"
+            t.add(StateKind.GRADIENT_PARTITION, Place.GPU, T * pb // shard, label)
     if mixed and not scn.offload_optimizer:
         # At the step the optimizer reads an fp32 copy of this rank's gradient partition.
-        t.step_temps[f"fp32 gradient partition at step{suffix}"] = T * 4 // shard
+        label = f"fp32 gradient partition at step{suffix}"
+        t.add(StateKind.STEP_GRADIENT_COPY, Place.STEP_TEMPS, T * 4 // shard, label)
     return t
+
+
+def _deepspeed_weights(
+    scn: Scenario,
+    t: StateTerms,
+    counts: ParamCounts,
+    quant_b: int,
+    qlabel: str,
+    weights_label: str,
+    pb: int,
+    pdt: str,
+) -> None:
+    """DeepSpeed's weights: whole on every rank up to ZeRO-2; ZeRO-3 keeps a 1/dp partition (or the host
+    copy, offloaded) plus the parameters gathered while they run. Quantized weights stay whole."""
+    dp = max(scn.dp_size, 1)
+    if quant_b:
+        t.add(StateKind.QUANTIZED_WEIGHTS, Place.GPU, quant_b, qlabel, traced=True)
+    weights = (counts.frozen + counts.trainable) * pb
+    if scn.zero_stage != 3:
+        t.add(StateKind.WEIGHTS, Place.GPU, weights, weights_label, traced=True)
+        return
+    t.trace_weight_surplus = weights
+    if scn.offload_params:
+        t.add(StateKind.OFFLOADED_PARAMETERS, Place.HOST, weights, f"ZeRO-3 offloaded parameters ({pdt})")
+        t.notes.append("parameters live on the host; the GPU holds only gathered layers")
+    else:
+        label = f"ZeRO-3 parameter partition ({pdt}, 1/{dp})"
+        t.add(StateKind.PARAMETER_PARTITION, Place.GPU, weights // dp, label)
+    live = min(counts.frozen + counts.trainable, ZERO3_MAX_LIVE_PARAMETERS) * pb
+    label = "ZeRO-3 gathered parameters (up to stage3_max_live_parameters)"
+    t.add(StateKind.GATHERED_PARAMETERS, Place.GPU, live, label)
 
 
 def _fsdp_state(
@@ -231,30 +345,35 @@ def _fsdp_state(
     opt_state: int,
     dp: int,
 ) -> StateTerms:
+    """FSDP2: every parameter, gradient and optimizer state sharded 1/dp in its original dtype; the root
+    group gathered through the step, decoder layers only while they run; optionally on the host."""
     T = counts.trainable
     t.trace_weight_surplus = (counts.frozen + T) * half_b
     if quant_b:
         t.trace_weight_surplus += quant_b - counts.quantized * half_b
-    where = t.host if scn.fsdp_cpu_offload else t.gpu
+    where = Place.HOST if scn.fsdp_cpu_offload else Place.GPU
     sharded = (quant_b + counts.frozen * frozen_b + T * 4) // dp
-    where[f"sharded weights (original dtypes, 1/{dp})"] = sharded
+    t.add(StateKind.SHARDED_WEIGHTS, where, sharded, f"sharded weights (original dtypes, 1/{dp})")
     # Unsharded in param_dtype: the root group (embeddings, final norm, lm_head) stays gathered through the
     # step; decoder layers are gathered one at a time plus the next one prefetched, only while layers run
     # (the loss and the optimizer step see the root alone: measured on one GPU, docs/platform.md).
     layer_numel = shape.layer_params + (counts.trainable // shape.num_layers if scn.lora else 0)
     root_numel = shape.total_params - shape.num_layers * shape.layer_params
     half = dtype_label(half_b, prof.half)
-    t.gpu[f"gathered weights: root (embeddings, final norm, lm_head; {half})"] = root_numel * half_b
-    t.in_layer[f"gathered weights: 2 decoder layers (running + prefetched; {half})"] = (
-        2 * layer_numel * half_b
-    )
-    t.gpu[f"sharded gradients (fp32, 1/{dp})"] = T * 4 // dp if not scn.fsdp_cpu_offload else 0
+    label = f"gathered weights: root (embeddings, final norm, lm_head; {half})"
+    t.add(StateKind.GATHERED_ROOT, Place.GPU, root_numel * half_b, label)
+    label = f"gathered weights: 2 decoder layers (running + prefetched; {half})"
+    t.add(StateKind.GATHERED_LAYERS, Place.IN_LAYER, 2 * layer_numel * half_b, label)
+    grads_label = f"sharded gradients (fp32, 1/{dp})"
+    t.add(StateKind.SHARDED_GRADIENTS, Place.GPU, T * 4 // dp if not scn.fsdp_cpu_offload else 0, grads_label)
     if scn.fsdp_cpu_offload:
-        t.host[f"sharded gradients (fp32, 1/{dp})"] = T * 4 // dp
-    where[f"optimizer state ({scn.optimizer}, 1/{dp})"] = opt_state // dp
+        t.add(StateKind.SHARDED_GRADIENTS, Place.HOST, T * 4 // dp, grads_label)
+    t.add(StateKind.OPTIMIZER_STATE, where, opt_state // dp, f"optimizer state ({scn.optimizer}, 1/{dp})")
     if scn.grad_accum_steps > 1 and not scn.fsdp_cpu_offload:
         # set_requires_gradient_sync(False): unsharded gradients accumulate in reduce_dtype (fp32).
-        t.window_grads["unsharded accumulated gradients (fp32, no-sync window)"] = T * 4
+        label = "unsharded accumulated gradients (fp32, no-sync window)"
+        t.add(StateKind.ACCUMULATED_GRADIENTS, Place.WINDOW_GRADS, T * 4, label)
     if scn.optimizer == "adamw":
-        t.step_temps["AdamW foreach temporaries (fp32, sharded)"] = T * 4 // dp
+        label = "AdamW foreach temporaries (fp32, sharded)"
+        t.add(StateKind.OPTIMIZER_TEMPORARIES, Place.STEP_TEMPS, T * 4 // dp, label)
     return t
