@@ -70,7 +70,7 @@ def planner_prediction(plan: RunPlan) -> dict[str, Any] | None:
     from zerofit.planner.scenario import scenario_for
 
     try:
-        prediction = estimate(scenario_for(plan, plan.spec)).as_dict()  # type: ignore[arg-type]  # MERGE: plan.config
+        prediction = estimate(scenario_for(plan.config, plan.spec)).as_dict()
     except Exception:  # a planner gap must not fail training; metrics.jsonl still records what happened
         return None
     return {"memory": prediction}
