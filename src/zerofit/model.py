@@ -154,15 +154,19 @@ def check_memory_levers(cfg: ZerofitConfig) -> None:
     tiled_mlp_shards(t.tiled_mlp)
     if t.activation_offload == "auto":
         raise ConfigError(
-            "train.activation_offload = 'auto': the planner does not choose activation offload yet, so it must "
-            "be true or false; e.g. train.activation_offload=true (with activation checkpointing)."
+            [
+                "train.activation_offload = 'auto': the planner does not choose activation offload yet, so it must "
+                "be true or false; e.g. train.activation_offload=true (with activation checkpointing)."
+            ]
         )
     if t.activation_offload is True and t.activation_checkpointing in (False, 0):
         raise ConfigError(
-            f"train.activation_offload = true needs activation checkpointing (train.activation_checkpointing = "
-            f"{t.activation_checkpointing!r} checkpoints no layer): it offloads the inputs checkpointed layers "
-            "save, and without checkpointing every activation of every layer would cross PCIe twice a step. "
-            "Set train.activation_checkpointing=true (or a number of layers), or train.activation_offload=false."
+            [
+                f"train.activation_offload = true needs activation checkpointing (train.activation_checkpointing = "
+                f"{t.activation_checkpointing!r} checkpoints no layer): it offloads the inputs checkpointed layers "
+                "save, and without checkpointing every activation of every layer would cross PCIe twice a step. "
+                "Set train.activation_checkpointing=true (or a number of layers), or train.activation_offload=false."
+            ]
         )
 
 

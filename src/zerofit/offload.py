@@ -24,8 +24,9 @@ residual bytes, pinned); PCIe moves that twice per micro-step (down in forward, 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

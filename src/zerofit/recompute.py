@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["checkpointed_layers", "decoder_layers", "describe_checkpointing", "enable_activation_checkpointing"]
+__all__ = [
+    "checkpointed_layers",
+    "decoder_layers",
+    "describe_checkpointing",
+    "enable_activation_checkpointing",
+]
 
 
 def checkpointed_layers(setting: bool | int | str, num_layers: int) -> int:

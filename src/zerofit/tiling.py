@@ -27,8 +27,9 @@ layer's recompute also reruns the sharded forward (3 MLP forwards in all).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -44,9 +45,11 @@ def tiled_mlp_shards(setting: bool | int | str) -> int:
     if isinstance(setting, int) and not isinstance(setting, bool):
         return setting
     raise ConfigError(
-        f"train.tiled_mlp = {setting!r}: the planner does not choose the MLP tiling yet, so it must be false or "
-        "a number of sequence shards; e.g. train.tiled_mlp=4 (the MLP intermediates then exist for a quarter "
-        "of the tokens at a time), or train.tiled_mlp=false."
+        [
+            f"train.tiled_mlp = {setting!r}: the planner does not choose the MLP tiling yet, so it must be false or "
+            "a number of sequence shards; e.g. train.tiled_mlp=4 (the MLP intermediates then exist for a quarter "
+            "of the tokens at a time), or train.tiled_mlp=false."
+        ]
     )
 
 
@@ -164,8 +167,10 @@ def enable_tiled_mlp(decoder_layers: list[torch.nn.Module], shards: int) -> int:
         mlp = getattr(layer, "mlp", None)
         if not isinstance(mlp, torch.nn.Module):
             raise ConfigError(
-                f"train.tiled_mlp = {shards}: decoder layer {type(layer).__name__} has no `mlp` module to tile "
-                "(a mixture-of-experts or custom architecture); set train.tiled_mlp=false for this model."
+                [
+                    f"train.tiled_mlp = {shards}: decoder layer {type(layer).__name__} has no `mlp` module to tile "
+                    "(a mixture-of-experts or custom architecture); set train.tiled_mlp=false for this model."
+                ]
             )
         plain = mlp.forward
         mlp.forward = lambda x, _m=mlp, _f=plain: _tiled_forward(_m, _f, shards, x)  # type: ignore[method-assign]
