@@ -127,6 +127,20 @@ def test_losses_and_tokens_agree_with_one_big_batch(runs: dict[str, RunResult], 
     assert _max_diff(run.series("loss"), ref.series("loss")) < TOL, (run.series("loss"), ref.series("loss"))
 
 
+def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> None:
+    """The lever launches agree with one big batch (tests above) with the levers on, as config.yaml says."""
+    import yaml
+
+    levers = yaml.safe_load((runs["zero2-levers"].run_dir / "config.yaml").read_text())["train"]
+    assert (levers["tiled_mlp"], levers["activation_checkpointing"], levers["activation_offload"]) == (
+        3,
+        True,
+        True,
+    )
+    tiled = yaml.safe_load((runs["zero3-tiled"].run_dir / "config.yaml").read_text())["train"]
+    assert tiled["tiled_mlp"] == 2
+
+
 def test_packed_runs_computed_less_padding(runs: dict[str, RunResult]) -> None:
     """The token budget packs the same examples into fewer processed positions (padding is what it saves)."""
     padded, packed = runs["zero2"], runs["zero2-packed"]
