@@ -1,7 +1,8 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
     resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    (the first n decoder layers) -> use_cache off -> train mode
+    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> use_cache off
+    -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
 The order matters: quantization happens at load time; k-bit preparation freezes the base and upcasts
@@ -21,8 +22,10 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, check_target_modules, lora_config
+from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
-from zerofit.recompute import checkpointed_layers, enable_activation_checkpointing
+from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
+from zerofit.tiling import enable_tiled_mlp, tiled_mlp_shards
 from zerofit.tiny_llama import ensure_tiny_llama
 
 
@@ -35,6 +38,8 @@ class BuiltModel:
     total_params: int
     trainable_params: int
     load_dtype: torch.dtype
+    # The offload hooks when `train.activation_offload` is on (their `take_offloaded_bytes()` per step).
+    activation_offload: ActivationOffload | None = None
 
 
 def resolve_model_path(cfg: ZerofitConfig) -> str:
@@ -123,6 +128,65 @@ def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -
     check_target_modules(meta, target_modules)
 
 
+def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.nn.Module:
+    """Freeze a k-bit (QLoRA / 8-bit) base before adapters are added; `quantization.fp32_residual`.
+
+    true: peft's `prepare_model_for_kbit_training`, which also upcasts every half-precision parameter that
+    is not quantized (norms, embeddings, lm_head) to fp32, so the residual stream (embedding output, norm
+    weights, bitsandbytes layers returning their input's dtype) runs in fp32. false: only the freeze; those
+    parameters stay in the compute dtype and the residual stream is bf16/fp16 (half its bytes per token:
+    what a checkpointed layer keeps). Checkpointing is left to `enable_activation_checkpointing`.
+    """
+    if fp32_residual:
+        from peft import prepare_model_for_kbit_training
+
+        return prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=False, gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    model.requires_grad_(False)
+    return model
+
+
+def check_memory_levers(cfg: ZerofitConfig) -> None:
+    """Refuse lever settings the model cannot run, before any weights load: an unresolved `auto` (the
+    planner does not choose these yet) and offload without checkpointing."""
+    t = cfg.train
+    tiled_mlp_shards(t.tiled_mlp)
+    if t.activation_offload == "auto":
+        raise ConfigError(
+            [
+                "train.activation_offload = 'auto': the planner does not choose activation offload yet, so it must "
+                "be true or false; e.g. train.activation_offload=true (with activation checkpointing)."
+            ]
+        )
+    if t.activation_offload is True and t.activation_checkpointing in (False, 0):
+        raise ConfigError(
+            [
+                f"train.activation_offload = true needs activation checkpointing (train.activation_checkpointing = "
+                f"{t.activation_checkpointing!r} checkpoints no layer): it offloads the inputs checkpointed layers "
+                "save, and without checkpointing every activation of every layer would cross PCIe twice a step. "
+                "Set train.activation_checkpointing=true (or a number of layers), or train.activation_offload=false."
+            ]
+        )
+
+
+def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationOffload | None:
+    """Activation checkpointing of the first n decoder layers, activation offload of their saved inputs
+    and the tiled MLP, as `train` asks (checked by `check_memory_levers`); returns the offload hooks (None
+    when off).
+
+    Non-reentrant checkpointing (`zerofit.recompute`): the reentrant variant needs inputs that require
+    grad and breaks with frozen embeddings (transformers 5 makes the embedding output require grad itself).
+    """
+    t = cfg.train
+    layers = decoder_layers(hf)
+    n_ckpt = enable_activation_checkpointing(
+        hf, checkpointed_layers(t.activation_checkpointing, hf.config.num_hidden_layers)
+    )
+    enable_tiled_mlp(layers, tiled_mlp_shards(t.tiled_mlp))
+    return enable_activation_offload(layers[:n_ckpt]) if t.activation_offload is True else None
+
+
 def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = None) -> BuiltModel:
     """Load and adapt the model described by `cfg`, ready for a strategy to wrap.
 
@@ -132,7 +196,9 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     """
     from transformers import AutoModelForCausalLM
 
-    # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder.
+    # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder. Lever
+    #    settings the model cannot run are refused before anything loads.
+    check_memory_levers(cfg)
     path = resolve_model_path(cfg)
 
     # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
@@ -153,16 +219,10 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
             device_map=device_map,
         )
 
-    # 3. Quantized base: freeze it and upcast the non-quantized parts (norms, embeddings, lm_head) to fp32
-    #    for stable training. Checkpointing is left to step 5, so one place enables it for every model.
+    # 3. Quantized base: freeze it and, with `quantization.fp32_residual` (default), upcast the non-quantized
+    #    parts (norms, embeddings, lm_head) to fp32 for stable training (`prepare_kbit_base`).
     if quant is not None:
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=False,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        model = prepare_kbit_base(model, fp32_residual=cfg.quantization.fp32_residual)
 
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
@@ -171,12 +231,9 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         config = lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
         model = apply_lora(model, config, seed=cfg.seed)
 
-    # 5. Activation checkpointing of the first n decoder layers (`true`: all of them), non-reentrant: the
-    #    reentrant variant needs inputs that require grad and breaks with frozen embeddings
-    #    (`zerofit.recompute`; transformers 5 makes the embedding output require grad itself).
-    hf = _hf_model(model)
-    n_ckpt = checkpointed_layers(cfg.train.activation_checkpointing, hf.config.num_hidden_layers)
-    enable_activation_checkpointing(hf, n_ckpt)
+    # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
+    #    decoder layers, offload of their saved inputs, the tiled MLP (`enable_memory_levers`).
+    offload = enable_memory_levers(_hf_model(model), cfg)
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.
@@ -187,5 +244,10 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     total, trainable = count_parameters(model)
     return BuiltModel(
-        model=model, tokenizer=tokenizer, total_params=total, trainable_params=trainable, load_dtype=dtype
+        model=model,
+        tokenizer=tokenizer,
+        total_params=total,
+        trainable_params=trainable,
+        load_dtype=dtype,
+        activation_offload=offload,
     )

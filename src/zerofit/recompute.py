@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["checkpointed_layers", "describe_checkpointing", "enable_activation_checkpointing"]
+__all__ = [
+    "checkpointed_layers",
+    "decoder_layers",
+    "describe_checkpointing",
+    "enable_activation_checkpointing",
+]
 
 
 def checkpointed_layers(setting: bool | int | str, num_layers: int) -> int:
@@ -40,7 +45,7 @@ def describe_checkpointing(n: int, num_layers: int) -> str:
     return f"first {n} of {num_layers} layers"
 
 
-def _decoder_layers(hf_model: Any) -> list[Any]:
+def decoder_layers(hf_model: Any) -> list[Any]:
     """The model's repeated decoder blocks, in order (transformers' `GradientCheckpointingLayer`s)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -58,7 +63,7 @@ def enable_activation_checkpointing(hf_model: Any, n_layers: int) -> int:
     if n_layers <= 0:
         return 0
     hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    layers = _decoder_layers(hf_model)
+    layers = decoder_layers(hf_model)
     for index, layer in enumerate(layers):
         layer.gradient_checkpointing = index < n_layers
     return min(n_layers, len(layers))

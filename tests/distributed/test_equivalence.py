@@ -7,6 +7,8 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
+    the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded and its MLP
+    in 3 token shards; ZeRO-3 with the MLP in 2 token shards
 
 through the real launchers (python, deepspeed, torchrun; gloo). Over 4 optimizer steps the per-step losses
 (metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
@@ -35,6 +37,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 N_EXAMPLES, GLOBAL, STEPS, SEED, LR, MAX_LEN, CLIP = 20, 8, 4, 7, 1e-3, 64, 1.0
 TOL = 1e-5
 
+LEVERS = ("train.tiled_mlp=3", "train.activation_checkpointing=true", "train.activation_offload=true")
 SPLITS = [
     Launch("single-m8", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
     Launch("single-m2", "python", ("distributed.strategy=single", "batch.micro_batch_size=2")),
@@ -45,6 +48,16 @@ SPLITS = [
     Launch("ddp", "torchrun", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
     Launch("zero2-packed", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
     Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
+    # The memory levers (issue 16) on ZeRO-2, packed rows: every layer checkpointed with its input offloaded,
+    # every MLP in 3 token shards; ZeRO-3 with the tiled MLP (its MLP a ZeRO-3 leaf module).
+    Launch(
+        "zero2-levers", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128", *LEVERS)
+    ),
+    Launch(
+        "zero3-tiled",
+        "deepspeed",
+        ("distributed.preset=zero3", "batch.micro_batch_size=2", "train.tiled_mlp=2"),
+    ),
 ]
 EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "single-m8": (8, 1, 1),
@@ -56,6 +69,8 @@ EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "ddp": (2, 2, 2),
     "zero2-packed": (2, 2, 2),  # rows per micro-batch, the most micro-steps, dp
     "fsdp-packed": (1, 4, 2),
+    "zero2-levers": (2, 2, 2),
+    "zero3-tiled": (2, 2, 2),
 }
 
 
@@ -110,6 +125,20 @@ def test_losses_and_tokens_agree_with_one_big_batch(runs: dict[str, RunResult], 
     ref, run = runs["single-m8"], runs[name]
     assert run.series("tokens") == ref.series("tokens")
     assert _max_diff(run.series("loss"), ref.series("loss")) < TOL, (run.series("loss"), ref.series("loss"))
+
+
+def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> None:
+    """The lever launches agree with one big batch (tests above) with the levers on, as config.yaml says."""
+    import yaml
+
+    levers = yaml.safe_load((runs["zero2-levers"].run_dir / "config.yaml").read_text())["train"]
+    assert (levers["tiled_mlp"], levers["activation_checkpointing"], levers["activation_offload"]) == (
+        3,
+        True,
+        True,
+    )
+    tiled = yaml.safe_load((runs["zero3-tiled"].run_dir / "config.yaml").read_text())["train"]
+    assert tiled["tiled_mlp"] == 2
 
 
 def test_packed_runs_computed_less_padding(runs: dict[str, RunResult]) -> None:

@@ -54,6 +54,12 @@ class QuantizationSection(_Section):
     load_in: Literal["none", "8bit", "4bit"] = "none"
     quant_type: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = True
+    fp32_residual: bool = Field(
+        True,
+        description="Upcast the non-quantized parameters (norms, embeddings, lm_head) to fp32 as peft's k-bit "
+        "preparation does, so the residual stream is fp32; false keeps them, and the residual stream, in the "
+        "compute dtype (half the bytes of every activation on it).",
+    )
 
 
 class BatchSection(_Section):
@@ -123,6 +129,24 @@ class TrainSection(_Section):
     ) = Field(
         False, description="true, false, the number of decoder layers to recompute (the first n), or auto."
     )
+    activation_offload: bool | Literal["auto"] = Field(
+        False,
+        description="Keep the checkpointed layers' saved inputs in pinned host memory (copied on a side CUDA "
+        "stream, prefetched back in backward); needs activation checkpointing (zerofit.offload). auto: the "
+        "planner's choice (not yet made: set true or false).",
+    )
+    tiled_mlp: (
+        Literal[False]
+        | Annotated[
+            int, Field(ge=1, strict=True), RuleHint("the number of token shards of each MLP; or false, auto")
+        ]
+        | Literal["auto"]
+    ) = Field(
+        False,
+        description="Run each decoder layer's MLP over this many token shards, forward and backward, so its "
+        "intermediates exist for one shard at a time (zerofit.tiling); false = off. auto: the planner's choice "
+        "(not yet made: set false or a number).",
+    )
     cross_entropy: Literal["chunked", "unchunked", "liger"] = Field(
         "chunked", description="How the loss runs over the vocabulary (zerofit.loss); the same token sums."
     )
@@ -130,6 +154,16 @@ class TrainSection(_Section):
         1.0, ge=0, description="Clip after the window; null or 0 disables."
     )
     partial_window: Literal["drop", "normalize"] = "drop"
+
+    @field_validator("tiled_mlp", mode="before")
+    @classmethod
+    def _shards_not_true(cls, value: Any) -> Any:
+        """`true` names no shard count (pydantic alone would say `Input should be False`)."""
+        if value is True:
+            raise ValueError(
+                "must be a number of token shards, false or auto (true names no number); e.g. train.tiled_mlp=4"
+            )
+        return value
 
 
 def _rate(value: Any) -> bool:
