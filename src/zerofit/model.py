@@ -1,7 +1,8 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
     resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    (the first n decoder layers) -> use_cache off -> train mode
+    (the first n decoder layers) -> the fused loss head (train.cross_entropy=fused_linear) -> use_cache off
+    -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
 The order matters: quantization happens at load time; k-bit preparation freezes the base and upcasts
@@ -19,6 +20,7 @@ import torch
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
+from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.precision import tensor_dtypes, torch_dtype
@@ -177,6 +179,11 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     hf = _hf_model(model)
     n_ckpt = checkpointed_layers(cfg.train.activation_checkpointing, hf.config.num_hidden_layers)
     enable_activation_checkpointing(hf, n_ckpt)
+
+    # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's
+    #     context (`zerofit.fused_loss`), the same module and parameter names, logits everywhere else.
+    if cfg.train.cross_entropy == FUSED_LINEAR:
+        install_fused_head(hf)
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.
