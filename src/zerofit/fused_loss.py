@@ -53,10 +53,10 @@ from zerofit.loss import IGNORE_INDEX, chunk_tokens, shifted_targets, token_sum_
 __all__ = [
     "FUSED_LINEAR",
     "FusedHead",
+    "forward_token_sum",
     "fused_kernel",
     "fused_linear_token_sum",
     "fused_targets",
-    "forward_token_sum",
     "install_fused_head",
 ]
 
@@ -191,7 +191,9 @@ def fused_linear_token_sum(
     kernel = fused_kernel(flat, weight)
     if kernel != "pytorch":
         return _kernel_token_sum(kernel, flat, weight, bias, targets)
-    return _FusedLinearCrossEntropySum.apply(flat, weight, bias, targets, chunk or chunk_tokens(weight.shape[0]))
+    return _FusedLinearCrossEntropySum.apply(
+        flat, weight, bias, targets, chunk or chunk_tokens(weight.shape[0])
+    )
 
 
 @dataclass
@@ -251,7 +253,8 @@ def install_fused_head(model: torch.nn.Module, chunk: int | None = None) -> None
         raise ConfigError(
             [
                 f"train.cross_entropy = 'fused_linear' needs the model's lm_head to be a plain Linear layer, and "
-                f"it is a {type(head).__name__} (a LoRA-adapted or quantized head); leave lm_head out of "
+                f"it is a {type(head).__module__}.{type(head).__qualname__} (a LoRA-adapted or quantized "
+                "head); leave lm_head out of "
                 "lora.target_modules, or use train.cross_entropy=chunked"
             ]
         )

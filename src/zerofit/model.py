@@ -125,6 +125,21 @@ def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -
     check_target_modules(meta, target_modules)
 
 
+def check_fused_head_targets(cross_entropy: str, target_modules: str | list[str]) -> None:
+    """`train.cross_entropy=fused_linear` with LoRA on lm_head is refused before the load (the fused loss
+    needs lm_head a plain Linear; `install_fused_head` checks the loaded module itself too)."""
+    if cross_entropy != FUSED_LINEAR or isinstance(target_modules, str):
+        return
+    if any(t == "lm_head" or t.endswith(".lm_head") for t in target_modules):
+        raise ConfigError(
+            [
+                f"train.cross_entropy = 'fused_linear' with lora.target_modules = {list(target_modules)!r}: "
+                "the fused loss runs inside lm_head and needs it a plain Linear layer, not a LoRA-adapted "
+                "one; leave lm_head out of lora.target_modules, or use train.cross_entropy=chunked"
+            ]
+        )
+
+
 def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = None) -> BuiltModel:
     """Load and adapt the model described by `cfg`, ready for a strategy to wrap.
 
@@ -141,6 +156,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, cfg.lora.target_modules)
+        check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
 
     # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
     dtype = load_dtype(cfg)

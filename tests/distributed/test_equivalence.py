@@ -5,6 +5,7 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
 
     (micro 8, GAS 1, single)  (micro 2, GAS 4, single)  (micro 2, GAS 2, dp 2) on DeepSpeed ZeRO-0/2/3
     (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
+    (micro 2, GAS 2, dp 2) on ZeRO-2 and ZeRO-3 with the loss inside lm_head (train.cross_entropy=fused_linear)
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
 
@@ -34,6 +35,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 N_EXAMPLES, GLOBAL, STEPS, SEED, LR, MAX_LEN, CLIP = 20, 8, 4, 7, 1e-3, 64, 1.0
 TOL = 1e-5
+FUSED = "train.cross_entropy=fused_linear"
 
 SPLITS = [
     Launch("single-m8", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
@@ -45,6 +47,9 @@ SPLITS = [
     Launch("ddp", "torchrun", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
     Launch("zero2-packed", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
     Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
+    # The loss inside lm_head (no logits): under ZeRO-3 the head's weight is gathered by the module's hooks.
+    Launch("zero2-fused", "deepspeed", ("distributed.preset=zero2", "batch.micro_batch_size=2", FUSED)),
+    Launch("zero3-fused", "deepspeed", ("distributed.preset=zero3", "batch.micro_batch_size=2", FUSED)),
 ]
 EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "single-m8": (8, 1, 1),
@@ -56,6 +61,8 @@ EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "ddp": (2, 2, 2),
     "zero2-packed": (2, 2, 2),  # rows per micro-batch, the most micro-steps, dp
     "fsdp-packed": (1, 4, 2),
+    "zero2-fused": (2, 2, 2),
+    "zero3-fused": (2, 2, 2),
 }
 
 

@@ -118,7 +118,13 @@ def test_the_logits_and_their_gradient_never_exist() -> None:
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
         loss = _fused(hidden, weight, bias, labels)
     assert sorted(saved) == sorted(
-        [hidden.reshape(-1, HIDDEN).shape, weight.shape, bias.shape, torch.Size([TOKENS]), torch.Size([TOKENS])]
+        [
+            hidden.reshape(-1, HIDDEN).shape,
+            weight.shape,
+            bias.shape,
+            torch.Size([TOKENS]),
+            torch.Size([TOKENS]),
+        ]
     )
     with _LargestTensor() as fused_mode:
         _fused(hidden, weight, bias, labels).backward()
@@ -213,7 +219,7 @@ def _tiny_gemma2(**config: Any) -> torch.nn.Module:
 def test_a_model_that_softcaps_the_logits_after_lm_head_is_refused() -> None:
     """Gemma 2 softcaps after lm_head: refused from its config, and caught at the first forward when the
     config does not say it (the loss must not come back changed)."""
-    with pytest.raises(ConfigError, match="final_logit_softcapping = 30.0.*train.cross_entropy=chunked"):
+    with pytest.raises(ConfigError, match=r"final_logit_softcapping = 30\.0.*train\.cross_entropy=chunked"):
         install_fused_head(_tiny_gemma2(final_logit_softcapping=30.0))
     model = _tiny_gemma2(final_logit_softcapping=None)
     install_fused_head(model)
@@ -227,5 +233,14 @@ def test_a_lora_adapted_lm_head_is_refused() -> None:
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(_tiny_llama(), LoraConfig(r=2, target_modules=["lm_head"]))
-    with pytest.raises(ConfigError, match="plain Linear.*lora.target_modules"):
+    with pytest.raises(ConfigError, match=r"plain Linear.*lora\.target_modules"):
         install_fused_head(model.get_base_model())
+
+
+def test_lora_on_lm_head_is_refused_before_the_load() -> None:
+    from zerofit.model import check_fused_head_targets
+
+    with pytest.raises(ConfigError, match=r"lora\.target_modules = \['q_proj', 'lm_head'\]"):
+        check_fused_head_targets(FUSED_LINEAR, ["q_proj", "lm_head"])
+    check_fused_head_targets(FUSED_LINEAR, "all-linear")  # peft's rule leaves the output layer out
+    check_fused_head_targets("chunked", ["q_proj", "lm_head"])
