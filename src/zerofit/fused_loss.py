@@ -32,6 +32,19 @@ logit_scale, Granite's logits_scaling) are refused: the loss would run before th
 forward does anything to lm_head's output is caught at the first forward (the output no longer shares the
 returned loss's storage).
 
+Memory (pure PyTorch; N tokens, V vocabulary, H hidden, C = min(N, `chunk_tokens(V)`): C x V x 4 bytes is
+128 MiB; d = bytes of the compute dtype, dh / dw of the hidden states / the weight):
+    held forward -> backward: 12 N (fp32 log-sum-exp + int64 targets) besides the hidden states and the
+        weight (the lm_head input and parameter, held by any loss). The logits (N V d) and, in backward,
+        their gradient (N V d) of the chunked loss do not exist.
+    forward, transient: C V (d + 8) at most (the chunk's logits, their fp32 upcast, logsumexp's
+        temporary; fp32: C V 8), plus V H d for the weight cast once when dw != d (autocast over an
+        fp32 head: QLoRA), as autocast's own cast of it costs.
+    backward, transient: C V (4 + d) per chunk (fp32: C V 8), the same V H d weight cast when dw != d,
+        the hidden-state gradient N H dh (what lm_head's backward produces anyway), and for a trainable
+        head an fp32 weight-gradient accumulator V H 4 (+ V H d per chunk when d != 4) and its cast to
+        the weight's dtype V H dw.
+
 On CUDA, with grad enabled and no autocast in between, Liger-Kernel's fused linear cross-entropy (or
 Apple's cut-cross-entropy, gradient filtering off) does the chunk math when installed; the same sums.
 """
@@ -129,8 +142,10 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
                 g = g.to(cdt)  # the reference's logits gradient is in the logits' dtype
                 if need_h:
                     grad_h[start:stop] = g @ w
-                if need_w:
-                    grad_w += g.t() @ h
+                if need_w and grad_w.dtype == cdt:
+                    grad_w.addmm_(g.t(), h)  # in place: no [vocab x hidden] temporary per chunk
+                elif need_w:
+                    grad_w += g.t() @ h  # a half matmul, summed over chunks in fp32
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None and bias is not None else None
         return grad_h, grad_w, grad_b, None, None

@@ -152,6 +152,13 @@ def _ragged_examples(n: int = 16) -> list[Example]:
     return out
 
 
+def _head_output_shapes(model: torch.nn.Module) -> list[tuple[int, ...]]:
+    """The shape of every output lm_head gives from now on (a 0-dim loss sum in the fused path)."""
+    shapes: list[tuple[int, ...]] = []
+    model.get_output_embeddings().register_forward_hook(lambda m, i, out: shapes.append(tuple(out.shape)))
+    return shapes
+
+
 def _train(cross_entropy: str, steps: int = 4) -> tuple[list[float], torch.Tensor]:
     """`train_step` on tiny-llama (fp32, one process, global batch 8 as 4 micro-batches of 2)."""
     from zerofit.train import train_step
@@ -159,6 +166,7 @@ def _train(cross_entropy: str, steps: int = 4) -> tuple[list[float], torch.Tenso
     model = _tiny_llama()
     if cross_entropy == FUSED_LINEAR:
         install_fused_head(model)
+    shapes = _head_output_shapes(model)
     strategy = one_process_strategy()
     strategy.prepare(
         model,
@@ -171,6 +179,7 @@ def _train(cross_entropy: str, steps: int = 4) -> tuple[list[float], torch.Tenso
         window = [examples[(8 * step + k) % len(examples)] for k in range(8)]
         micro = [collate(window[k : k + 2], pad_id=0) for k in range(0, 8, 2)]
         losses.append(train_step(strategy, model, micro, max_grad_norm=1.0, cross_entropy=cross_entropy).loss)
+    assert (set(shapes) == {()}) == (cross_entropy == FUSED_LINEAR)  # loss sums from lm_head, never logits
     return losses, torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
@@ -188,7 +197,9 @@ def test_tiny_llama_evaluates_the_same_loss_inside_lm_head() -> None:
     strategy = one_process_strategy()
     reference = evaluation_loss(strategy, model, examples, 3, 0, "unchunked")
     install_fused_head(model)
+    shapes = _head_output_shapes(model)
     fused = evaluation_loss(strategy, model, examples, 3, 0, FUSED_LINEAR)
+    assert shapes and set(shapes) == {()}  # lm_head gave loss sums, never logits
     assert fused.tokens == reference.tokens
     assert fused.loss == pytest.approx(reference.loss, rel=1e-6)
 
