@@ -115,6 +115,7 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
                 picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
                 total += torch.where(t != IGNORE_INDEX, lse_c - picked, 0.0).sum()
                 lse[start : start + chunk] = lse_c
+                del x  # before the next chunk's matmul: one chunk of logits at a time, not two
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.chunk, ctx.cdt = chunk, cdt
         return total
@@ -146,6 +147,7 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
                     grad_w.addmm_(g.t(), h)  # in place: no [vocab x hidden] temporary per chunk
                 elif need_w:
                     grad_w += g.t() @ h  # a half matmul, summed over chunks in fp32
+                del g  # before the next chunk's matmul
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None and bias is not None else None
         return grad_h, grad_w, grad_b, None, None
@@ -229,9 +231,24 @@ class FusedHead:
         returned = self.returned
         if returned is None:
             raise ValueError("the fused lm_head did not run in this forward (the model never called it)")
-        if output.shape != returned.shape or output.data_ptr() != returned.data_ptr():
-            raise ConfigError([_postprocessing_problem("its forward changes lm_head's output")])
-        return output
+        if output.shape == returned.shape and output.data_ptr() == returned.data_ptr():
+            return output
+        if _is_cast_of(output, returned):
+            # FSDP2's MixedPrecisionPolicy.output_dtype casts the root's output (bf16 here) after it
+            # registered its pre-backward hook on the fp32 sum itself: that sum is the loss, hook included.
+            return returned
+        raise ConfigError([_postprocessing_problem("its forward changes lm_head's output")])
+
+
+def _is_cast_of(output: torch.Tensor, returned: torch.Tensor) -> bool:
+    """Whether `output` is only a dtype cast of `returned` (an engine's output cast, nothing else): the
+    cast is the last op in the graph; without a graph (evaluation) its value is the cast's."""
+    if output.shape != returned.shape or output.dtype == returned.dtype:
+        return False
+    node = output.grad_fn
+    if node is not None:
+        return type(node).__name__ == "ToCopyBackward0" and node.next_functions[0][0] is returned.grad_fn
+    return torch.equal(output, returned.to(output.dtype))
 
 
 def _postprocessing_problem(what: str) -> str:
