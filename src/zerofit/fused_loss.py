@@ -37,13 +37,17 @@ Memory (pure PyTorch; N tokens, V vocabulary, H hidden, C = min(N, `chunk_tokens
     held forward -> backward: 12 N (fp32 log-sum-exp + int64 targets) besides the hidden states and the
         weight (the lm_head input and parameter, held by any loss). The logits (N V d) and, in backward,
         their gradient (N V d) of the chunked loss do not exist.
-    forward, transient: C V (d + 8) at most (the chunk's logits, their fp32 upcast, logsumexp's
-        temporary; fp32: C V 8), plus V H d for the weight cast once when dw != d (autocast over an
-        fp32 head: QLoRA), as autocast's own cast of it costs.
-    backward, transient: C V (4 + d) per chunk (fp32: C V 8), the same V H d weight cast when dw != d,
-        the hidden-state gradient N H dh (what lm_head's backward produces anyway), and for a trainable
-        head an fp32 weight-gradient accumulator V H 4 (+ V H d per chunk when d != 4) and its cast to
-        the weight's dtype V H dw.
+    forward, transient: C V 8 at most (one chunk at a time: its logits and their fp32 upcast, then the
+        fp32 logits and logsumexp's temporary), plus V H d for the weight cast once when dw != d
+        (autocast over an fp32 head: QLoRA), as autocast's own cast of it costs.
+    backward, transient: C V (4 + d) (the chunk's recomputed logits and their fp32 gradient, then that
+        gradient in the compute dtype; fp32: C V 8), the same V H d weight cast when dw != d, the
+        hidden-state gradient N H dh (what lm_head's backward produces anyway), and for a trainable head
+        an fp32 weight-gradient accumulator V H 4 (+ V H d per chunk when d != 4) and its cast to the
+        weight's dtype V H dw (none when dw = 4).
+    Measured (benchmarks/loss_memory.py, CPU fp32, N 8,192, V 32,000, H 256, trainable head): 334 MiB
+    at the peak (C V 8 = 256 MiB, V H 4 = 31 MiB, N H 4 = 8 MiB, the rest per-token), against 2,295 MiB
+    for the chunked loss (N V 4 logits + N V 4 gradient + one chunk) and 3,038 MiB unchunked.
 
 On CUDA, with grad enabled and no autocast in between, Liger-Kernel's fused linear cross-entropy (or
 Apple's cut-cross-entropy, gradient filtering off) does the chunk math when installed; the same sums.
@@ -51,6 +55,8 @@ Apple's cut-cross-entropy, gradient filtering off) does the chunk math when inst
 
 from __future__ import annotations
 
+import functools
+import importlib
 import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -66,6 +72,7 @@ from zerofit.loss import IGNORE_INDEX, chunk_tokens, shifted_targets, token_sum_
 __all__ = [
     "FUSED_LINEAR",
     "FusedHead",
+    "describe_fused",
     "forward_token_sum",
     "fused_kernel",
     "fused_linear_token_sum",
@@ -74,6 +81,8 @@ __all__ = [
 ]
 
 FUSED_LINEAR = "fused_linear"
+# The optional CUDA kernels, in order of preference: (name, module to import).
+_KERNELS = (("liger", "liger_kernel.transformers"), ("cut_cross_entropy", "cut_cross_entropy"))
 _STATE = "zerofit_fused_head"  # the attribute of the lm_head instance that holds its `FusedHead`
 # Config attributes through which an architecture changes the logits after lm_head, and their no-op value.
 _LOGIT_POSTPROCESSING = {"final_logit_softcapping": None, "logit_scale": None, "logits_scaling": None}
@@ -163,13 +172,26 @@ def fused_kernel(hidden: torch.Tensor, weight: torch.Tensor) -> str:
     usable = device == "cuda" and torch.is_grad_enabled() and hidden.dtype == weight.dtype
     if not usable or torch.is_autocast_enabled(device):
         return "pytorch"
-    for name, module in (("liger", "liger_kernel.transformers"), ("cut_cross_entropy", "cut_cross_entropy")):
-        try:
-            __import__(module)
-        except ImportError:
-            continue
-        return name
-    return "pytorch"
+    return next((name for name, module in _KERNELS if _importable(module)), "pytorch")
+
+
+def describe_fused(vocab_size: int, device_type: str) -> str:
+    """The plan's words for the fused loss on this device (`zerofit.run.describe_compute`)."""
+    kernel = next((n for n, m in _KERNELS if _importable(m)), None) if device_type == "cuda" else None
+    how = f"{kernel}'s kernel where hidden states and weight share a dtype" if kernel else "pure PyTorch"
+    return (
+        f"inside lm_head, chunks of up to {chunk_tokens(vocab_size):,} tokens, {how}: the logits never exist"
+    )
+
+
+@functools.cache
+def _importable(module: str) -> bool:
+    """Whether `module` imports (asked once per process: a failed import is not cached by Python)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _kernel_token_sum(

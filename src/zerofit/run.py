@@ -185,10 +185,10 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
     loss = cfg.train.cross_entropy
     if loss == "fused_linear":
-        from zerofit.loss import chunk_tokens
+        from zerofit.fused_loss import describe_fused
 
-        vocab = int(model.config.vocab_size)
-        loss += f" (inside lm_head, chunks of up to {chunk_tokens(vocab):,} tokens: the logits never exist)"
+        device = next(model.parameters()).device.type
+        loss += f" ({describe_fused(int(model.config.vocab_size), device)})"
     text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {loss} cross-entropy"
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
