@@ -152,6 +152,7 @@ class PreparedRun:
             pad_id=int(self.built.tokenizer.pad_token_id),
             every_steps=cfg.eval.every_steps,
             max_steps=cfg.train.max_steps,
+            cross_entropy=cfg.train.cross_entropy,
         )
 
     def record(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@
                      every window (`split_global_batch`; an empty one runs a masked dummy row, so every rank
                      runs the same forwards and the engines' collectives stay matched) -> forward without
                      gradients in the training forward's context -> token-loss sums and valid-token counts
-                     (`zerofit.loss`) -> one all-reduce -> sum / tokens.
+                     (`zerofit.loss`; inside lm_head for `fused_linear`) -> one all-reduce -> sum / tokens.
 
 So the number is the mean over every valid label token of the eval data, whatever the split: 2 ranks x
 micro 2 and 1 rank x micro 4 give the same loss (up to float summation order). The model is put in eval
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from zerofit.data import Example, collate, split_global_batch
-from zerofit.loss import count_label_tokens, token_sum_loss
+from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
+from zerofit.loss import count_label_tokens
 from zerofit.strategies.base import Strategy
 
 __all__ = ["EvalResult", "Evaluator", "evaluation_loss"]
@@ -39,9 +40,20 @@ class EvalResult:
 
 
 def evaluation_loss(
-    strategy: Strategy, model: torch.nn.Module, examples: list[Example], micro_batch_size: int, pad_id: int
+    strategy: Strategy,
+    model: torch.nn.Module,
+    examples: list[Example],
+    micro_batch_size: int,
+    pad_id: int,
+    cross_entropy: str = "chunked",
 ) -> EvalResult:
-    """The loss of `model` over all `examples` (collective: every rank calls it with the same examples)."""
+    """The loss of `model` over all `examples` (collective: every rank calls it with the same examples).
+
+    `cross_entropy` is `train.cross_entropy`: `fused_linear` evaluates inside lm_head too (no logits at
+    evaluation either); every other choice evaluates with the chunked loss (the same sums; Liger's kernel
+    would write gradients that no evaluation needs).
+    """
+    impl = FUSED_LINEAR if cross_entropy == FUSED_LINEAR else "chunked"
     dp, rank = strategy.world_size, strategy.rank
     window = micro_batch_size * dp
     was_training = model.training
@@ -57,12 +69,11 @@ def evaluation_loss(
                 # The training forward's context (autocast where the engine uses it); `is_last` so no engine
                 # defers anything: without gradients there is nothing to synchronize.
                 with strategy.accumulate(is_last=True):
-                    logits = model(
-                        input_ids=batch["input_ids"].to(strategy.device),
-                        attention_mask=batch["attention_mask"].to(strategy.device),
-                        use_cache=False,
-                    ).logits
-                    loss_sum += token_sum_loss(logits, batch["labels"]).double()
+                    inputs = {
+                        "input_ids": batch["input_ids"].to(strategy.device),
+                        "attention_mask": batch["attention_mask"].to(strategy.device),
+                    }
+                    loss_sum += forward_token_sum(model, inputs, batch["labels"], impl).double()
                 tokens += count_label_tokens(batch["labels"])
     finally:
         model.train(was_training)
@@ -85,6 +96,7 @@ class Evaluator:
     pad_id: int
     every_steps: int
     max_steps: int
+    cross_entropy: str = "chunked"  # train.cross_entropy (see `evaluation_loss`)
 
     def due(self, steps_done: int) -> bool:
         """Whether the evaluation runs after optimizer step `steps_done` (1-based)."""
@@ -96,7 +108,9 @@ class Evaluator:
         if not self.due(steps_done):
             return {}
         started = time.perf_counter()
-        result = evaluation_loss(self.strategy, self.model, self.examples, self.micro_batch_size, self.pad_id)
+        result = evaluation_loss(
+            self.strategy, self.model, self.examples, self.micro_batch_size, self.pad_id, self.cross_entropy
+        )
         return {
             "eval/loss": result.loss,
             "eval/tokens": result.tokens,

@@ -16,6 +16,9 @@ Three implementations of the same sum (`train.cross_entropy`):
 - `unchunked`: `F.cross_entropy` on the fp32 upcast of every logit (the reference the tests compare with).
 - `liger`: Liger-Kernel's Triton cross-entropy (CUDA only, `pip install liger-kernel`), which writes the
   gradient into the logits' own storage in forward.
+
+A fourth, `fused_linear` (`zerofit.fused_loss`), gives the same sum from the hidden states and the lm_head
+weight, so the logits never exist; it runs inside lm_head and so takes the model, not logits.
 """
 
 from __future__ import annotations
@@ -147,6 +150,11 @@ def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chun
         return chunked_token_sum_loss(logits, labels)
     if impl == "liger":
         return _liger_token_sum_loss(logits, labels)
+    if impl == "fused_linear":
+        raise ValueError(
+            "train.cross_entropy=fused_linear computes the loss inside lm_head, from the hidden states, not "
+            "from logits: call zerofit.fused_loss.forward_token_sum with the model"
+        )
     if impl != "unchunked":
         raise ValueError(
             f"unknown cross-entropy implementation {impl!r}; expected one of {CROSS_ENTROPY_IMPLS}"

@@ -1,7 +1,8 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
     resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> use_cache off
+    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> the fused
+    loss head (train.cross_entropy=fused_linear) -> use_cache off
     -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
@@ -20,6 +21,7 @@ import torch
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
+from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.offload import ActivationOffload, enable_activation_offload
@@ -170,6 +172,21 @@ def check_memory_levers(cfg: ZerofitConfig) -> None:
         )
 
 
+def check_fused_head_targets(cross_entropy: str, target_modules: str | list[str]) -> None:
+    """`train.cross_entropy=fused_linear` with LoRA on lm_head is refused before the load (the fused loss
+    needs lm_head a plain Linear; `install_fused_head` checks the loaded module itself too)."""
+    if cross_entropy != FUSED_LINEAR or isinstance(target_modules, str):
+        return
+    if any(t == "lm_head" or t.endswith(".lm_head") for t in target_modules):
+        raise ConfigError(
+            [
+                f"train.cross_entropy = 'fused_linear' with lora.target_modules = {list(target_modules)!r}: "
+                "the fused loss runs inside lm_head and needs it a plain Linear layer, not a LoRA-adapted "
+                "one; leave lm_head out of lora.target_modules, or use train.cross_entropy=chunked"
+            ]
+        )
+
+
 def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationOffload | None:
     """Activation checkpointing of the first n decoder layers, activation offload of their saved inputs
     and the tiled MLP, as `train` asks (checked by `check_memory_levers`); returns the offload hooks (None
@@ -205,6 +222,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, cfg.lora.target_modules)
+        check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
 
     # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
     dtype = load_dtype(cfg)
@@ -234,6 +252,11 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
     #    decoder layers, offload of their saved inputs, the tiled MLP (`enable_memory_levers`).
     offload = enable_memory_levers(_hf_model(model), cfg)
+
+    # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's
+    #     context (`zerofit.fused_loss`), the same module and parameter names, logits everywhere else.
+    if cfg.train.cross_entropy == FUSED_LINEAR:
+        install_fused_head(_hf_model(model))
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.

@@ -113,7 +113,13 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
 
     layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
     n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
-    text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {cfg.train.cross_entropy} cross-entropy"
+    loss = cfg.train.cross_entropy
+    if loss == "fused_linear":
+        from zerofit.fused_loss import describe_fused
+
+        device = next(model.parameters()).device.type
+        loss += f" ({describe_fused(int(model.config.vocab_size), device)})"
+    text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {loss} cross-entropy"
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
         rows = cfg.batch.micro_batch_size

@@ -33,7 +33,8 @@ from zerofit.data import (
     packed_micro_batches,
     split_global_batch,
 )
-from zerofit.loss import count_label_tokens, token_sum_loss
+from zerofit.fused_loss import forward_token_sum
+from zerofit.loss import count_label_tokens
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
@@ -63,7 +64,8 @@ def train_step(
 ) -> StepResult:
     """One global batch: this rank's `micro_batches` (as many as every other rank's), one optimizer step.
 
-    `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.loss`).
+    `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.loss`; `fused_linear`
+    computes them inside lm_head, `zerofit.fused_loss`).
     """
     # 1. The normalizer: valid label tokens of the whole global batch, over all ranks, before any backward
     #    (useful and processed input tokens ride along in the same all-reduce, for throughput accounting).
@@ -84,8 +86,8 @@ def train_step(
     local_loss_sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
     for j, batch in enumerate(micro_batches):
         with strategy.accumulate(is_last=j == len(micro_batches) - 1):
-            logits = model(**model_inputs(batch, strategy.device), use_cache=False).logits
-            loss_sum = token_sum_loss(logits, batch["labels"], cross_entropy)
+            inputs = model_inputs(batch, strategy.device)
+            loss_sum = forward_token_sum(model, inputs, batch["labels"], cross_entropy)
             strategy.backward(loss_sum * scale)
         local_loss_sum += loss_sum.detach().double()
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.

@@ -5,6 +5,7 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
 
     (micro 8, GAS 1, single)  (micro 2, GAS 4, single)  (micro 2, GAS 2, dp 2) on DeepSpeed ZeRO-0/2/3
     (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
+    (micro 2, GAS 2, dp 2) on ZeRO-2 and ZeRO-3 with the loss inside lm_head (train.cross_entropy=fused_linear)
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded and its MLP
@@ -36,6 +37,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 N_EXAMPLES, GLOBAL, STEPS, SEED, LR, MAX_LEN, CLIP = 20, 8, 4, 7, 1e-3, 64, 1.0
 TOL = 1e-5
+FUSED = "train.cross_entropy=fused_linear"
 
 LEVERS = ("train.tiled_mlp=3", "train.activation_checkpointing=true", "train.activation_offload=true")
 SPLITS = [
@@ -49,14 +51,17 @@ SPLITS = [
     Launch("zero2-packed", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
     Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
     # The memory levers (issue 16) on ZeRO-2, packed rows: every layer checkpointed with its input offloaded,
-    # every MLP in 3 token shards; ZeRO-3 with the tiled MLP (its MLP a ZeRO-3 leaf module).
+    # every MLP in 3 token shards, the loss inside lm_head (no logits); ZeRO-3 with the tiled MLP (its MLP a
+    # ZeRO-3 leaf module) and the fused loss (lm_head's weight gathered by the module's hooks).
     Launch(
-        "zero2-levers", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128", *LEVERS)
+        "zero2-levers",
+        "deepspeed",
+        ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128", *LEVERS, FUSED),
     ),
     Launch(
         "zero3-tiled",
         "deepspeed",
-        ("distributed.preset=zero3", "batch.micro_batch_size=2", "train.tiled_mlp=2"),
+        ("distributed.preset=zero3", "batch.micro_batch_size=2", "train.tiled_mlp=2", FUSED),
     ),
 ]
 EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
@@ -139,6 +144,7 @@ def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> Non
     )
     tiled = yaml.safe_load((runs["zero3-tiled"].run_dir / "config.yaml").read_text())["train"]
     assert tiled["tiled_mlp"] == 2
+    assert levers["cross_entropy"] == tiled["cross_entropy"] == "fused_linear"
 
 
 def test_packed_runs_computed_less_padding(runs: dict[str, RunResult]) -> None:

@@ -93,3 +93,14 @@ def test_overhead_vs_torch_prints_its_ratio_and_writes_json(tmp_path: Path) -> N
     assert "ratio zerofit / reference (median step time): " in result.stdout
     report = json.loads(out.read_text())
     assert report["ratio_median_step"] > 0
+
+
+def test_loss_memory_prints_every_loss_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "loss_memory.json"
+    result = _run(str(BENCH / "loss_memory.py"), "--smoke", "--json", str(out))
+    assert "fused_linear / chunked: peak " in result.stdout
+    report = json.loads(out.read_text())
+    assert [r["impl"] for r in report["results"]] == ["unchunked", "chunked", "fused_linear"]
+    sums = [r["loss_sum"] for r in report["results"]]
+    assert max(sums) - min(sums) <= 1e-5 * max(sums)  # the same token sums
+    assert all(r["peak_mib"] > 0 for r in report["results"])

@@ -147,8 +147,13 @@ class TrainSection(_Section):
         "intermediates exist for one shard at a time (zerofit.tiling); false = off. auto: the planner's choice "
         "(not yet made: set false or a number).",
     )
-    cross_entropy: Literal["chunked", "unchunked", "liger"] = Field(
-        "chunked", description="How the loss runs over the vocabulary (zerofit.loss); the same token sums."
+    cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear"] = Field(
+        "chunked",
+        description=(
+            "How the loss runs over the vocabulary (zerofit.loss); the same token sums. fused_linear: the "
+            "lm_head matmul and the loss together, chunk by chunk of tokens, so the logits never exist "
+            "(zerofit.fused_loss)."
+        ),
     )
     max_grad_norm: Annotated[float | None, RuleHint("0 or null disables clipping")] = Field(
         1.0, ge=0, description="Clip after the window; null or 0 disables."
