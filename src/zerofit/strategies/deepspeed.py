@@ -18,6 +18,7 @@ gradient partitioning needs it): more communication per window, less gradient me
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -106,8 +107,28 @@ class DeepSpeedStrategy(Strategy):
             verbose=False,
             timeout=self.pg_timeout,
         )
+        self._unlink_cpu_allreduce_segment()
         self.stage = spec.zero_stage
         self.engine: Any = None
+
+    def _unlink_cpu_allreduce_segment(self) -> None:
+        """Remove the name of this rank's DeepSpeed CPU allreduce segment once every rank has mapped it.
+
+        With every rank on one machine and no GPU, `init_distributed` creates one 66 MB shared-memory
+        segment per rank (`/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`) and maps every
+        peer's; DeepSpeed never unlinks them, so each CPU launch left ~66 MB per rank in /dev/shm until a
+        reboot (a few hundred launches fill it, and then launches hang). A mapped segment outlives its name:
+        after a barrier (every peer has mapped it) the name goes and the memory is freed when the last rank
+        exits, however it exits.
+        """
+        if self.device.type != "cpu" or self.world_size < 2:
+            return
+        segment = Path("/dev/shm") / (
+            f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+            f"{os.environ.get('MASTER_PORT', '')}_{self.rank}"
+        )
+        self.barrier()  # every rank's init_distributed has mapped every peer's segment
+        segment.unlink(missing_ok=True)
 
     def prepare(
         self,
