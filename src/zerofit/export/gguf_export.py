@@ -79,7 +79,7 @@ def export_gguf(
     out = Path(out)
     check_out(out, run.run_dir)
     stem = run.config.run_name or run.run_dir.name
-    quant = check_quant(quant, stem)
+    quant = check_quant(quant, str(out / stem))
     _check_base(run)
     source = find_weights(run.run_dir, step, trust_pickles)
     model = merged_model(run, source)
