@@ -219,6 +219,7 @@ def test_a_byte_level_bpe_keeps_its_merges_and_names_its_pre_tokenizer(tmp_path:
 def test_a_sentencepiece_style_bpe_keeps_its_byte_tokens(tmp_path: Path) -> None:
     import string
 
+    from gguf import GGUFReader
     from transformers import LlamaTokenizer
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
@@ -228,9 +229,11 @@ def test_a_sentencepiece_style_bpe_keeps_its_byte_tokens(tmp_path: Path) -> None
     loaded = _round_trip_tokenizer(
         tokenizer, tmp_path, ["the theory 12+3=15!", "Hello World é", " two  spaces"]
     )
-    assert (
-        loaded.convert_ids_to_tokens(loaded.encode("é", add_special_tokens=False))[-1] == "<0xA9>"
-    )  # byte fallback
+    pieces = loaded.convert_ids_to_tokens(loaded.encode("é", add_special_tokens=False))
+    assert pieces[-1] == "<0xA9>"  # byte fallback
+    fields = GGUFReader(tmp_path / "t.gguf").fields
+    assert bytes(fields["tokenizer.ggml.model"].parts[-1]).decode() == "llama"
+    assert bool(fields["tokenizer.ggml.add_space_prefix"].parts[-1][0])  # "the" -> "▁the", as llama.cpp must
 
 
 def test_the_folder_holds_the_files_a_modelfile_and_the_card(gguf_dir: Path, run_dir: Path) -> None:

@@ -15,6 +15,8 @@ token with its id. llama.cpp's BPE loader requires a merges list and GGUF cannot
 vocabulary gets one merge that can never apply (`<pad> <pad>`, whose result takes an unused id: a merge
 joins two symbols of plain text, and `<pad>` is never one). Ids the tokenizer leaves unused up to the
 model's vocab_size are written as `[PADn]` tokens of type UNUSED, as llama.cpp's converter writes them.
+(A character outside tiny-llama's 97 has no token: the Hugging Face tokenizer maps it to `<unk>`, llama.cpp's
+BPE drops it; the model never saw one either.)
 """
 
 from __future__ import annotations
@@ -211,8 +213,9 @@ def write_vocab(writer: Any, vocab: GGUFVocab, tokenizer: Any) -> None:
     writer.add_add_bos_token(tokenizer.bos_token_id is not None)
     writer.add_add_eos_token(False)
     if vocab.model == "llama":
-        # SentencePiece's prefix space, as the tokenizer does it (Llama 2 / Mistral: yes).
-        writer.add_add_space_prefix(bool(getattr(tokenizer, "add_prefix_space", True)))
+        # SentencePiece's prefix space (Llama 2 / Mistral: yes), as the tokenizer behaves: does "a" become "▁a"?
+        first = tokenizer.convert_ids_to_tokens(tokenizer.encode("a", add_special_tokens=False))[0]
+        writer.add_add_space_prefix(first.startswith("\u2581"))
     template = tokenizer.chat_template
     if isinstance(template, str) and template:
         writer.add_chat_template(template)
