@@ -50,10 +50,12 @@ class GGUFVocab:
 
 
 def _backend(tokenizer: Any) -> dict[str, Any]:
+    """The fast tokenizer's own description (tokenizer.json's content): model, pre-tokenizer, merges."""
     return json.loads(tokenizer.backend_tokenizer.to_str())
 
 
 def _unused(i: int) -> str:
+    """The text of an id no token holds, as llama.cpp's converter spells it."""
     return f"[PAD{i}]"
 
 
@@ -144,6 +146,7 @@ def _pre_name(pre_tokenizer: dict[str, Any] | None) -> str:
 
 
 def _merges(model: dict[str, Any]) -> list[str]:
+    """BPE merges as GGUF stores them, `left right` (tokenizer.json holds pairs or such strings)."""
     return [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
 
 

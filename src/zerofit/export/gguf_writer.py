@@ -121,11 +121,13 @@ def check_architecture(config: Any) -> tuple[str, bool]:
 
 
 def _rope(config: Any) -> dict[str, Any]:
+    """The model's RoPE parameters (transformers 5's `rope_parameters`, or 4's `rope_theta` + `rope_scaling`)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     return {"rope_theta": getattr(config, "rope_theta", 10000.0), **dict(params)}
 
 
 def _head_dim(config: Any) -> int:
+    """Per-head width: the config's `head_dim` (Qwen 3 sets it apart), else hidden / heads."""
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
@@ -179,6 +181,7 @@ def _write_rope(writer: Any, config: Any, with_dimension: bool) -> np.ndarray | 
 
 
 def _write_hparams(writer: Any, config: Any, name: str, quant: str, permute: bool) -> np.ndarray | None:
+    """The model's shape, RoPE and file type as llama.cpp's keys; returns llama3's RoPE factors, if any."""
     import gguf
 
     writer.add_name(name)
