@@ -15,8 +15,9 @@ and give:
 
 Also: a checkpoint and the final export of the same step give the same GGUF; qwen2 / qwen3 / mistral
 layouts round-trip exactly (random tiny models, f32); an unsupported architecture or a type the gguf package
-cannot write is one paragraph; a write that fails leaves no partial .gguf; llama.cpp itself generates the
-same tokens when llama-cpp-python is installed.
+cannot write is one paragraph; a write that fails leaves no partial .gguf; when llama-cpp-python is installed
+(extra gguf-run), llama.cpp itself tokenizes the prompts to the same ids and computes logits within the same
+tolerance, with the same greedy token.
 """
 
 from __future__ import annotations
@@ -395,17 +396,28 @@ def test_a_failed_write_leaves_no_partial_gguf_and_the_earlier_file_intact(
     assert not (folder / "demo-q8_0.gguf").exists()
 
 
-def test_llama_cpp_generates_the_same_greedy_tokens(merged: Any, gguf_dir: Path) -> None:
+@pytest.mark.parametrize("quant", ["f16", "q8_0"])
+def test_llama_cpp_itself_tokenizes_and_computes_as_the_merged_model(
+    merged: Any, gguf_dir: Path, quant: str
+) -> None:
+    import numpy as np
+
     llama_cpp = pytest.importorskip("llama_cpp", reason="the optional extra gguf-run (llama-cpp-python)")
     reference, tokenizer = merged
-    llm = llama_cpp.Llama(model_path=str(gguf_dir / "demo-f16.gguf"), n_ctx=128, verbose=False)
-    for prompt in PROMPTS:
-        ids = _ids(tokenizer, prompt)
-        assert llm.tokenize(prompt.encode(), add_bos=True, special=False) == ids[0].tolist()
-        want = _greedy(reference, ids, tokenizer)
-        got = []
-        for token in llm.generate(ids[0].tolist(), temp=0.0, top_k=1):
-            got.append(token)
-            if len(got) == len(want) or token == tokenizer.eos_token_id:
-                break
-        assert got == want[: len(got)], prompt
+    llm = llama_cpp.Llama(
+        model_path=str(gguf_dir / f"demo-{quant}.gguf"), n_ctx=128, logits_all=True, verbose=False
+    )
+    try:
+        for prompt in PROMPTS:
+            ids = _ids(tokenizer, prompt)
+            assert llm.tokenize(prompt.encode(), add_bos=True, special=False) == ids[0].tolist()
+            llm.reset()
+            llm.eval(ids[0].tolist())
+            got = np.asarray(llm.scores[: ids.shape[1]])
+            with torch.no_grad():
+                want = reference(ids).logits[0].numpy()
+            scale = float(np.abs(want).max())
+            assert float(np.abs(got - want).max()) <= TOLERANCE[quant] * scale, (quant, prompt)
+            assert int(got[-1].argmax()) == _greedy(reference, ids, tokenizer)[0]
+    finally:
+        llm.close()
