@@ -7,7 +7,8 @@ Decoding is greedy unless a temperature is given; transformers' `generate` does 
 
     a run directory   the trained model rebuilt from config.yaml + its newest weights (or `--step N`)
     an export         a merged or full model folder, or an adapter folder (its base from the export's
-                      zerofit_export.json, else from adapter_config.json via peft)
+                      zerofit_export.json, else from adapter_config.json via peft), or a GGUF export (the
+                      file its zerofit_export.json names, read back by transformers' GGUF reader)
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ def _from_export(folder: Path, device: torch.device, dtype: torch.dtype) -> Gene
     info_file = folder / EXPORT_INFO
     info = json.loads(info_file.read_text()) if info_file.is_file() else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else None
+    if info.get("kind") == "gguf" and isinstance(info.get("file"), str):
+        return _from_gguf(folder, info["file"], _is_chat(config), device, dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -115,6 +118,19 @@ def _from_export(folder: Path, device: torch.device, dtype: torch.dtype) -> Gene
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
     model = model.to(device=device, dtype=dtype).eval()
     return Generator(model, tokenizer, _is_chat(config), device)
+
+
+def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype: torch.dtype) -> Generator:
+    """A GGUF export, dequantized by transformers' GGUF reader (a check of the file, not a fast runtime)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (folder / name).is_file():
+        raise ConfigError([f"{folder / name} is missing (its {EXPORT_INFO} names it); export again"])
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    return Generator(model.to(device=device).eval(), tokenizer, chat, device)
 
 
 def load_generator(path: Path, step: int | None = None, trust_pickles: bool = False) -> Generator:

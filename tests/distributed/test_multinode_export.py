@@ -14,7 +14,8 @@ One set of real launches (gloo, CPU, tiny-llama with LoRA, 4 steps of global bat
 
 Asserted: the 2-node losses equal the single-node ones (fp32, within 1e-5); an output_dir that is not shared
 fails on every rank with one paragraph; the adapters exported from state.pt, ZeRO-3 partitions and FSDP2 shards
-agree (same training); a merged export of each loads with `AutoModelForCausalLM` and its logits match the adapter model
+agree (same training), and a ZeRO-3 or FSDP2 checkpoint gives the same GGUF as the final export of its
+step; a merged export of each loads with `AutoModelForCausalLM` and its logits match the adapter model
 built independently with peft (fp32: 1e-5 relative; QLoRA in bf16: within bf16 rounding); the user's
 DeepSpeed schedule is the one that ran; `zerofit generate` prints the model's greedy continuation.
 """
@@ -189,6 +190,12 @@ def exports(runs: dict[str, RunResult], root: Path) -> dict[str, Path]:
         "fsdp-adapter": ("fsdp-2node", []),
         "fsdp-merged": ("fsdp-2node", ["--merge"]),
         "qlora-merged": ("qlora-dsfile", ["--merge"]),
+        # GGUF (f32: no rounding to hide a difference) from the final adapter/ and from checkpoint step-4
+        **{
+            f"{engine}-gguf{tail}": (run, ["--format", "gguf", "--quant", "f32", *flags])
+            for engine, run in (("zero3", "zero3-2node"), ("fsdp", "fsdp-2node"))
+            for tail, flags in (("", []), ("-step4", ["--step", str(STEPS)]))
+        },
     }
     for name, (run, flags) in jobs.items():
         folder = root / "exports" / name
@@ -281,6 +288,25 @@ def test_adapters_from_state_zero3_and_fsdp_shards_agree(exports: dict[str, Path
     # Training moved them: step 2 differs from step 4.
     step2 = _adapter(exports["zero3-step2"])
     assert max(float((step2[k] - ref[k]).abs().max()) for k in ref) > 1e-3
+
+
+@pytest.mark.parametrize("engine", ["zero3", "fsdp"])
+def test_a_zero3_or_fsdp_checkpoint_gives_the_same_gguf_as_the_final_export(
+    exports: dict[str, Path], engine: str
+) -> None:
+    import numpy as np
+    from gguf import GGUFReader
+
+    final, checkpoint = (
+        GGUFReader(next(exports[f"{engine}-gguf{tail}"].glob("*.gguf"))) for tail in ("", "-step4")
+    )
+    assert [t.name for t in final.tensors] == [t.name for t in checkpoint.tensors]
+    for a, b in zip(final.tensors, checkpoint.tensors, strict=True):
+        assert a.tensor_type == b.tensor_type, a.name
+        worst = float(np.abs(np.asarray(a.data, np.float32) - np.asarray(b.data, np.float32)).max())
+        assert worst < 1e-6, f"{engine} {a.name}: {worst:.3g}"
+    info = json.loads((exports[f"{engine}-gguf-step4"] / "zerofit_export.json").read_text())
+    assert info["source"].startswith(f"checkpoint step-{STEPS}")
 
 
 @pytest.mark.parametrize("name", ["single-merged", "zero3-merged", "fsdp-merged"])

@@ -65,13 +65,17 @@ def _logical_lines(lines: list[str]) -> list[str]:
 def readme_blocks(text: str) -> list[Block]:
     """Every ```bash block of `text`, its lines split into runnable commands and `# needs:` ones."""
     blocks: list[Block] = []
-    heading, body, start = "top", None, 0
+    heading, body, start, other_fence = "top", None, 0, False
     for number, line in enumerate(text.splitlines(), start=1):
-        if body is None:
+        if other_fence:  # inside a ```text / ```python block: a `#` line there is no heading
+            other_fence = line.strip() != "```"
+        elif body is None:
             if line.startswith("#"):
                 heading = line.lstrip("#").strip()
             elif line.strip() == "```bash":
                 body, start = [], number
+            elif line.strip().startswith("```"):
+                other_fence = True
         elif line.strip() == "```":
             commands = _logical_lines(body)
             skipped = tuple(c for c in commands if _NEEDS.search(c))

@@ -1,5 +1,5 @@
-"""`zerofit export RUN_DIR --out DIR [--merge] [--step N] [--dtype D]`: a run's weights as a folder other
-tools load.
+"""`zerofit export RUN_DIR --out DIR [--merge] [--step N] [--dtype D] [--format hf|gguf] [--quant Q]`: a run's
+weights as a folder other tools load.
 
 Without `--merge`, a LoRA run exports its adapter as a peft folder; with `--merge`, the adapter merged into the
 base model (QLoRA: dequantized first) as Hugging Face safetensors that `AutoModelForCausalLM.from_pretrained`
@@ -7,6 +7,10 @@ loads. A full fine-tune always exports the whole model. The weights come from th
 that is missing or older, its newest complete checkpoint of any engine (ZeRO-3 partitions and FSDP2 shards are
 merged on the CPU); `--step N` picks checkpoint step-N. Tokenizer and model card included; see
 `zerofit.export.folder`.
+
+`--format gguf` writes the merged model as one GGUF file for llama.cpp, Ollama and LM Studio (`--quant`
+f16 (default), bf16, f32 or q8_0; llama.cpp's llama-quantize makes q4_k_m and the other k-quants from the
+f16 file), with an Ollama Modelfile and the model card; see `zerofit.export.gguf_export`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from zerofit.errors import ConfigError
 from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
 
 
@@ -55,6 +60,18 @@ def register(subparsers: Any) -> None:
         help="dtype of merged / full weights (default auto: the run's train.precision)",
     )
     parser.add_argument(
+        "--format",
+        default="hf",
+        choices=("hf", "gguf"),
+        help="hf: a peft / Hugging Face folder (default); gguf: the merged model as GGUF for llama.cpp / Ollama",
+    )
+    parser.add_argument(
+        "--quant",
+        default=None,
+        metavar="TYPE",
+        help="with --format gguf: f16 (default), bf16, f32 or q8_0; q4_k_m and other k-quants: llama-quantize",
+    )
+    parser.add_argument(
         "--trust-pickles",
         action="store_true",
         help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
@@ -71,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     from zerofit.export import export_run
 
     step = resolve_step(Path(args.run_dir), args.step)
+    if args.format == "gguf":
+        return _run_gguf(args, step)
+    if args.quant is not None:
+        raise ConfigError([f"--quant {args.quant}: only with --format gguf (an hf export takes --dtype)"])
     result = export_run(
         Path(args.run_dir),
         Path(args.out),
@@ -96,4 +117,41 @@ def run(args: argparse.Namespace) -> int:
         f"  -> {result.out} ({result.size_bytes / 2**20:.2f} MiB of weights, tokenizer, README.md model card)\n"
         f"  load it with {load}('{result.out}'), or try it: zerofit generate {result.out} --prompt \"...\""
     )
+    return 0
+
+
+def _run_gguf(args: argparse.Namespace, step: int | None) -> int:
+    """`--format gguf`: write the GGUF folder, then say what was written and how to run it."""
+    from zerofit.export import export_gguf
+    from zerofit.export.gguf_writer import DEFAULT_QUANT
+
+    if args.dtype != "auto":
+        raise ConfigError(
+            [f"--dtype {args.dtype}: with --format gguf the file's type is --quant (f16, bf16, f32, q8_0)"]
+        )
+    result = export_gguf(
+        Path(args.run_dir),
+        Path(args.out),
+        step=step,
+        quant=args.quant or DEFAULT_QUANT,
+        trust_pickles=args.trust_pickles,
+    )
+    file = result.file
+    lines = [
+        f"exported the trained model (adapters merged) as GGUF {file.quant} from "
+        f"{result.source.describe()} of {args.run_dir}",
+        f"  -> {file.path} ({file.size_bytes / 2**20:.2f} MiB, {file.tensors} tensors), Modelfile, README.md",
+    ]
+    if file.kept_f16:
+        lines.append(
+            f"  note: {len(file.kept_f16)} tensor(s) with rows not in blocks of 32 kept in f16 "
+            f"({', '.join(file.kept_f16[:3])}{', ...' if len(file.kept_f16) > 3 else ''}), as llama.cpp's converter does"
+        )
+    name = file.path.stem.rsplit("-", 1)[0]
+    lines += [
+        f'  llama.cpp: llama-cli -m {file.path} -p "..."',
+        f"  Ollama:    cd {result.out} && ollama create {name} -f Modelfile && ollama run {name}",
+        f"  LM Studio: lms import {file.path}",
+    ]
+    say("\n".join(lines))
     return 0

@@ -72,8 +72,11 @@ def _base_model(run: RunConfig) -> str:
     return name
 
 
-def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | None) -> str:
-    """The README.md text for an export of `run` from `source`; `kind` is `adapter`, `merged` or `model`."""
+def model_card(
+    run: RunConfig, source: WeightsSource, kind: str, dtype: str | None, gguf_file: str | None = None
+) -> str:
+    """The README.md text for an export of `run` from `source`; `kind` is `adapter`, `merged`, `model` or
+    `gguf` (then `dtype` is the GGUF type and `gguf_file` the file's name)."""
     cfg = run.config
     b, t, o, s, lora = cfg.batch, cfg.train, cfg.optimizer, cfg.scheduler, cfg.lora
     method = adaptation_method(cfg)
@@ -97,6 +100,8 @@ def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | No
         "adapter": "the LoRA adapter only (a peft folder; the base model is loaded separately)",
         "merged": f"the adapter merged into the base model, {dtype} safetensors",
         "model": f"the whole fine-tuned model, {dtype} safetensors",
+        "gguf": f"`{gguf_file}`: the {'merged ' if cfg.lora.enabled else ''}model as GGUF ({dtype}) for "
+        "llama.cpp, Ollama and LM Studio, and an Ollama `Modelfile`",
     }[kind]
     rows = [
         ("base model", _base_model(run)),
@@ -119,11 +124,13 @@ def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | No
     front = yaml.safe_dump(
         {
             **({"base_model": cfg.model.name_or_path} if cfg.model.name_or_path != TINY_LLAMA else {}),
-            "library_name": "peft" if kind == "adapter" else "transformers",
-            "tags": ["zerofit", method.split(" ")[0]],
+            "library_name": {"adapter": "peft", "gguf": "gguf"}.get(kind, "transformers"),
+            "tags": ["zerofit", method.split(" ")[0], *(["gguf"] if kind == "gguf" else [])],
         },
         sort_keys=False,
     )
+    if kind == "gguf":
+        return _gguf_card(front, cfg.run_name, run, table, str(gguf_file))
     if kind == "adapter":
         load = (
             "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
@@ -140,5 +147,18 @@ def model_card(run: RunConfig, source: WeightsSource, kind: str, dtype: str | No
         f"---\n{front}---\n\n# {cfg.run_name}\n\nFine-tuned with zerofit; exported by `zerofit export` from "
         f"`{run.run_dir}`.\n\n| | |\n|---|---|\n{table}\n\n## Load it\n\n```python\n{load}```\n\n"
         'Or sample from it: `zerofit generate <this folder> --prompt "..."`.\n\n'
+        f"## Training config (as resolved by zerofit)\n\n```yaml\n{config}```\n"
+    )
+
+
+def _gguf_card(front: str, name: str, run: RunConfig, table: str, gguf_file: str) -> str:
+    """The card of a GGUF export: how to run it in llama.cpp, Ollama and LM Studio."""
+    config = yaml.safe_dump(run.raw, sort_keys=False)
+    return (
+        f"---\n{front}---\n\n# {name}\n\nFine-tuned with zerofit; exported by `zerofit export --format gguf` "
+        f"from `{run.run_dir}`.\n\n| | |\n|---|---|\n{table}\n\n## Run it\n\n```bash\n"
+        f'llama-cli -m {gguf_file} -p "..."          # llama.cpp\n'
+        f"ollama create {name} -f Modelfile && ollama run {name}   # Ollama\n"
+        f"lms import {gguf_file}                     # LM Studio\n```\n\n"
         f"## Training config (as resolved by zerofit)\n\n```yaml\n{config}```\n"
     )

@@ -30,7 +30,7 @@ from zerofit.lora import apply_lora, lora_config
 from zerofit.model import resolve_model_path
 from zerofit.precision import DTYPES, torch_dtype
 
-__all__ = ["EXPORT_INFO", "ExportResult", "export_run", "output_dtype"]
+__all__ = ["EXPORT_INFO", "ExportResult", "check_out", "export_run", "merged_model", "output_dtype"]
 
 EXPORT_INFO = "zerofit_export.json"
 _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -60,7 +60,7 @@ def output_dtype(run: RunConfig, requested: str) -> str:
     return DTYPES[name].torch_name
 
 
-def _check_out(out: Path, run_dir: Path) -> None:
+def check_out(out: Path, run_dir: Path) -> None:
     """`--out` must not be the run itself or a folder of something else (never delete what zerofit did not write)."""
     if out.resolve() == run_dir.resolve() or run_dir.resolve().is_relative_to(out.resolve()):
         raise ConfigError([f"--out {out} would replace the run directory {run_dir}; choose a new folder"])
@@ -110,6 +110,16 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
     save_pretrained_here(model, folder, safe_serialization=True, save_embedding_layers=False)
 
 
+def merged_model(run: RunConfig, source: WeightsSource) -> Any:
+    """The trained model as one Hugging Face model in fp32: a LoRA run's adapters merged into its base (peft's
+    `merge_and_unload`; QLoRA dequantized first), a full fine-tune as it is. Merging happens in fp32 (bf16
+    base weights upcast exactly; adapters are fp32), so a caller casts once, to what it writes."""
+    trained = build_trained(run, source)
+    model: Any = trained.model.merge_and_unload() if trained.is_lora else trained.model
+    model.config.use_cache = True  # training switched the KV cache off; generation wants it
+    return model
+
+
 def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: bool, dtype: str) -> str:
     """The weights into `folder`; returns the export's kind."""
     if run.config.lora.enabled and not merge:
@@ -119,11 +129,7 @@ def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: b
         else:
             _adapter_from_checkpoint(run, source, folder)
         return "adapter"
-    # Merging happens in fp32 (bf16 base weights upcast exactly; adapters are fp32), then one cast.
-    trained = build_trained(run, source)
-    model: Any = trained.model.merge_and_unload() if trained.is_lora else trained.model
-    model = model.to(torch_dtype(dtype))
-    model.config.use_cache = True  # training switched the KV cache off; generation wants it
+    model = merged_model(run, source).to(torch_dtype(dtype))
     save_pretrained_here(model, folder, safe_serialization=True)
     return "merged" if run.config.lora.enabled else "model"
 
@@ -141,7 +147,7 @@ def export_run(
     `trust_pickles`: let DeepSpeed / DCP unpickle a checkpoint naming globals beyond zerofit's allow-list."""
     run = read_run_config(Path(run_dir))
     out = Path(out)
-    _check_out(out, run.run_dir)
+    check_out(out, run.run_dir)
     source = find_weights(run.run_dir, step, trust_pickles)
     out_dtype = output_dtype(run, dtype)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,105 @@
+"""`export_gguf`: a run's trained model as a GGUF folder for llama.cpp, Ollama and LM Studio.
+
+    DIR/<run_name>-<quant>.gguf   the merged model (`folder.merged_model`: LoRA merged in fp32, QLoRA
+                                  dequantized first), tokenizer and chat template (`gguf_writer`)
+    DIR/Modelfile                 for `ollama create NAME -f Modelfile` (`modelfile`), FROM the file above
+    DIR/README.md                 the model card, with the llama.cpp / Ollama / LM Studio commands
+    DIR/zerofit_export.json       source run, step, kind `gguf`, the file and its type, the run's config
+
+The weights come from the same place as every export (the final `adapter/` / `model/` or a checkpoint of
+any engine, `--step N|best`). Each file is written under a temporary name in DIR and renamed into place,
+so a failure leaves the files of an earlier export as they were and never a partial one; several types can
+share one DIR (`--quant f16`, then `--quant q8_0`: both files stay; the Modelfile names the newest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerofit.errors import ConfigError
+from zerofit.export.card import model_card
+from zerofit.export.checkpoints import WeightsSource, find_weights
+from zerofit.export.folder import EXPORT_INFO, check_out, merged_model
+from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architecture, check_quant, write_gguf
+from zerofit.export.modelfile import modelfile
+from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
+from zerofit.hub import hub_errors
+from zerofit.model import resolve_model_path
+
+__all__ = ["MODELFILE", "GGUFExportResult", "export_gguf"]
+
+MODELFILE = "Modelfile"
+
+
+@dataclass(frozen=True)
+class GGUFExportResult:
+    """What `export_gguf` wrote."""
+
+    out: Path
+    file: GGUFFile
+    source: WeightsSource
+
+
+def _write_text(path: Path, text: str) -> None:
+    """`text` as file `path`, through a temporary file renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _check_base(run: RunConfig) -> None:
+    """Refuse an unsupported architecture before anything heavy is loaded (the base's config.json only)."""
+    from transformers import AutoConfig
+
+    cfg = run.config
+    with hub_errors(cfg.model.name_or_path, "config"):
+        config = AutoConfig.from_pretrained(
+            resolve_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code
+        )
+    check_architecture(config)
+
+
+def export_gguf(
+    run_dir: Path,
+    out: Path,
+    *,
+    step: int | None = None,
+    quant: str = DEFAULT_QUANT,
+    trust_pickles: bool = False,
+) -> GGUFExportResult:
+    """Export the trained model of `run_dir` as GGUF into folder `out` (module docstring)."""
+    run = read_run_config(Path(run_dir))
+    out = Path(out)
+    check_out(out, run.run_dir)
+    stem = run.config.run_name or run.run_dir.name
+    quant = check_quant(quant, str(out / stem))
+    _check_base(run)
+    source = find_weights(run.run_dir, step, trust_pickles)
+    model = merged_model(run, source)
+    tokenizer = tokenizer_for(run, source)
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise ConfigError([f"--out {out}: this user cannot write there; choose a folder you can write"])
+    written = write_gguf(model, tokenizer, out / f"{stem}-{quant}.gguf", quant, stem)
+    _write_text(
+        out / MODELFILE, modelfile(written.path.name, tokenizer, model.config.max_position_embeddings)
+    )
+    _write_text(out / "README.md", model_card(run, source, "gguf", quant, written.path.name))
+    info = {
+        "source_run": str(run.run_dir.resolve()),
+        "source": source.describe(),
+        "step": source.step,
+        "kind": "gguf",
+        "dtype": quant,
+        "file": written.path.name,
+        "config": run.raw,
+    }
+    _write_text(out / EXPORT_INFO, json.dumps(info, indent=2) + "\n")
+    return GGUFExportResult(out=out, file=written, source=source)
