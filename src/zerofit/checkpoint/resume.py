@@ -48,7 +48,9 @@ from zerofit.version import __version__
 
 # Config keys whose change cannot alter the training trajectory: names and places, logging, how
 # checkpoints are kept, the planner's target, how the (unchanged) global batch is split over micro-batches
-# (or packed rows) and ranks, implementation choices that compute the same values, the tokenization cache,
+# (or packed rows) and ranks, implementation choices that compute the same values (recomputation, where
+# saved activations wait: `train.activation_offload`; not `train.tiled_mlp`, whose shards draw LoRA dropout
+# masks differently), the tokenization cache,
 # and evaluation (a no-grad forward in eval mode: it draws no random numbers and changes no weight; the
 # held-out fraction `data.eval_split` does change the training set, and is compared). `distributed.*` is judged by the
 # checkpoint format instead (a ZeRO-2 checkpoint loads only into ZeRO-2), and `data.path` by the data
@@ -63,6 +65,7 @@ NEUTRAL_KEYS = (
     "batch.grad_accum_steps",
     "distributed",
     "train.activation_checkpointing",
+    "train.activation_offload",
     "batch.tokens_per_micro_batch",
     "train.cross_entropy",
     "model.attn_implementation",
