@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {r['case']:15s} ok={r.get('ok')} useful {r.get('useful_tokens_per_s', '-')} tok/s "
             f"(processed {r.get('processed_tokens_per_s', '-')}); predicted {pred.get('tensors_gib', '-')} GiB "
-            f"tensors / {pred.get('total_gib', '-')} total; measured {meas.get('peak_allocated_gib', meas.get('peak_allocated_gib', '-'))} "
+            f"tensors / {pred.get('total_gib', '-')} total; measured {meas.get('peak_allocated_gib', r.get('peak_allocated_gib', '-'))} "
             f"allocated / {meas.get('reserved_plus_context_gib', r.get('peak_reserved_gib', '-'))} reserved(+context)"
             + (f"  [{r.get('skipped') or r.get('error')}]" if not r.get("ok") else "")
         )
@@ -558,7 +558,8 @@ def _oom_is_an_answer(result: dict[str, Any]) -> bool:
 
 
 def print_long_table(results: list[dict[str, Any]]) -> None:
-    """The long-context cases by length: zerofit's planned vs measured peak and tokens/s against HF's."""
+    """The long-context cases by length: zerofit's planned vs measured peak (tensors vs allocated, total vs
+    reserved + CUDA context), zerofit's and HF's useful tokens/s and HF's peak allocated."""
     by = {r["case"]: r for r in results}
     rows = [
         (r, t)
@@ -568,22 +569,24 @@ def print_long_table(results: list[dict[str, Any]]) -> None:
     ]
     if not rows:
         return
-    print(
-        "  long context   | planned total GiB | measured reserved+ctx GiB | zerofit tok/s | HF tok/s | zerofit / HF"
-    )
+    print(LONG_TABLE_HEADER)
     for recipe, tag in rows:
         zf, hf = by.get(f"long-{recipe}-{tag}", {}), by.get(f"long-hf-{recipe}-{tag}", {})
-        planned = zf.get("predicted", {}).get("total_gib", "-")
-        measured = zf.get("measured", {}).get("reserved_plus_context_gib", "-")
-        zf_tps, hf_tps = _tps(zf), _tps(hf)
-        ratio = (
-            f"{zf['useful_tokens_per_s'] / hf['useful_tokens_per_s']:.2f}x"
-            if zf.get("ok") and hf.get("ok")
-            else "-"
-        )
+        pred, meas = zf.get("predicted", {}), zf.get("measured", {})
+        planned = f"{pred.get('tensors_gib', '-')} / {pred.get('total_gib', '-')}"
+        measured = f"{meas.get('peak_allocated_gib', '-')} / {meas.get('reserved_plus_context_gib', '-')}"
+        ratio = "-"
+        if zf.get("ok") and hf.get("ok"):
+            ratio = f"{zf['useful_tokens_per_s'] / hf['useful_tokens_per_s']:.2f}x"
         print(
-            f"  {recipe + ' ' + tag:14s} | {planned!s:>17} | {measured!s:>25} | {zf_tps:>13} | {hf_tps:>8} | {ratio:>12}"
+            f"  {recipe + ' ' + tag:10s} | {planned:>17} | {measured:>17} | {_tps(zf):>13} | {_tps(hf):>8} | "
+            f"{hf.get('peak_allocated_gib', '-')!s:>11} | {ratio:>7}"
         )
+
+
+LONG_TABLE_HEADER = (
+    "  long ctx   | planned GiB t/tot | measured GiB a/rc | zerofit tok/s | HF tok/s | HF peak GiB | zf / HF"
+)
 
 
 def _tps(result: dict[str, Any]) -> str:
