@@ -24,7 +24,7 @@ tokens, all labels) and `real_length` (log-normal lengths, median 30% of the max
 Long context (`--cases long`, or one of the groups in CASE_GROUPS: long-16k, long-qlora, long-hf, ...), on a
 Llama-3.1-8B-shaped model (LONG_MODEL_CONFIG: Meta-Llama-3-8B's catalogue shape with Llama-3.1's llama3
 rope scaling and 131072 positions; random weights), max-length examples of L = 16k / 32k / 64k tokens,
-micro-batch 1 x accum 2, under the same cap:
+micro-batch 1 (global batch LONG_GLOBAL = 1), under the same cap:
 
     long-qlora-L     the QLoRA recipe with the long-context levers (LONG_LEVERS: fused_linear loss, every
                      layer checkpointed, checkpointed inputs offloaded to pinned host memory, tiled MLP)
@@ -117,7 +117,10 @@ LONG_MODEL_CONFIG: dict[str, Any] = {
 }
 SHAPES = {LONG_MODEL: LONG_MODEL_CONFIG}  # random-model shapes that are not catalogue names
 LONG_LENGTHS = {"16k": 16384, "32k": 32768, "64k": 65536}
-LONG_GLOBAL = 2  # micro-batch 1 x accum 2: the accumulation path, at two micro-steps a step
+# Global batch 1 = micro-batch 1 x accum 1: a 64k-token micro-step of the 8B model takes tens of seconds on
+# an H200, and a LoRA step's optimizer and gradient buffers are small next to it, so more accumulation would
+# only multiply the GPU time (raise it to measure the accumulation path too).
+LONG_GLOBAL = 1
 # The levers every long zerofit case starts from; each case gets its own copy (edit CASES[...]["overrides"]
 # to change one case). train.tiled_mlp=auto / train.activation_offload=auto once the planner decides them.
 LONG_LEVERS = [
