@@ -21,6 +21,22 @@ tokens, all labels) and `real_length` (log-normal lengths, median 30% of the max
     hf, hf-real   HF Trainer + peft (`hf_baseline.py`): micro 4 x accum 8, checkpointing, same cap, on the
                   max-length and real-length workloads
 
+Long context (`--cases long`, or one of the groups in CASE_GROUPS: long-16k, long-qlora, long-hf, ...), on a
+Llama-3.1-8B-shaped model (LONG_MODEL_CONFIG: Meta-Llama-3-8B's catalogue shape with Llama-3.1's llama3
+rope scaling and 131072 positions; random weights), max-length examples of L = 16k / 32k / 64k tokens,
+micro-batch 1 (global batch LONG_GLOBAL = 1), under the same cap:
+
+    long-qlora-L     the QLoRA recipe with the long-context levers (LONG_LEVERS: fused_linear loss, every
+                     layer checkpointed, checkpointed inputs offloaded to pinned host memory, tiled MLP)
+    long-lora-L      the LoRA recipe (bf16 base, ZeRO-2) with the same levers
+    long-hf-qlora-L  HF's best at the same shape: Trainer + peft QLoRA, padding-free packing
+                     (DataCollatorWithFlattening), gradient checkpointing, flash_attention_2 where installed
+                     else sdpa, Liger kernels where installed
+    long-hf-lora-L   the same with a bf16 base
+
+The report prints zerofit / HF in useful tokens/s per length; an OOM in a long case is a measured answer
+(recorded with its peak), not a failure of the script.
+
 Each zerofit case records the planner's prediction for the same budget (tensor peak vs
 `max_memory_allocated`, total vs `max_memory_reserved` + context, tokens/s vs the speed model) and the
 measured label / useful / processed tokens/s; the report prints zerofit / HF in useful tokens/s. One JSON
@@ -29,6 +45,7 @@ file is written under benchmarks/results/ (gpu_fit-<gpu>-<utc time>.json).
     python benchmarks/gpu_fit.py                                   # the default cases, 24 GiB cap
     python benchmarks/gpu_fit.py --cases lora,lora-auto,hf --steps 3
     python benchmarks/gpu_fit.py --smoke                           # CPU + tiny-llama: checks the script
+    python benchmarks/gpu_fit.py --cases long --steps 1            # the long-context set (12 cases)
 """
 
 from __future__ import annotations
@@ -43,6 +60,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from zerofit.catalogue import CATALOGUE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -78,6 +97,84 @@ HF_SPLIT = {"micro": 4, "gas": 8, "seq": 1024}  # the LoRA recipe's shape: globa
 BASE_MODEL = "meta-llama/Llama-2-7b-hf"  # shape only: the catalogue's config.json, random weights
 RESULT_PREFIX = "GPU_FIT_RESULT "
 
+# ------------------------------------------------------------------------------------------ long context
+
+# The Llama-3.1-8B shape, given here (the catalogue may not have it): Meta-Llama-3-8B's shape (hidden 4096,
+# intermediate 14336, 32 layers, 32 heads, 8 kv heads, vocab 128256) with Llama-3.1's rope scaling and
+# 131072 positions. Once the catalogue has "meta-llama/Llama-3.1-8B", LONG_MODEL can name it instead.
+LONG_MODEL = "llama-3.1-8b-shape"
+LONG_MODEL_CONFIG: dict[str, Any] = {
+    **CATALOGUE["meta-llama/Meta-Llama-3-8B"],
+    "max_position_embeddings": 131072,
+    "rope_parameters": {  # transformers 5's key (config.json's `rope_scaling` + `rope_theta` of 4.x)
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+SHAPES = {LONG_MODEL: LONG_MODEL_CONFIG}  # random-model shapes that are not catalogue names
+LONG_LENGTHS = {"16k": 16384, "32k": 32768, "64k": 65536}
+# Global batch 1 = micro-batch 1 x accum 1: a 64k-token micro-step of the 8B model takes tens of seconds on
+# an H200, and a LoRA step's optimizer and gradient buffers are small next to it, so more accumulation would
+# only multiply the GPU time (raise it to measure the accumulation path too).
+LONG_GLOBAL = 1
+# The levers every long zerofit case starts from; each case gets its own copy (edit CASES[...]["overrides"]
+# to change one case). train.tiled_mlp=auto / train.activation_offload=auto once the planner decides them.
+LONG_LEVERS = [
+    "train.cross_entropy=fused_linear",
+    "train.activation_checkpointing=true",
+    "train.activation_offload=true",
+    "train.tiled_mlp=4",
+]
+QLORA = "configs/llama2-7b-qlora-3090.yaml"
+LONG_RECIPES = {"qlora": QLORA, "lora": LORA}
+
+
+def _long_cases() -> dict[str, dict[str, Any]]:
+    """The long-context cases: for every length, zerofit QLoRA and LoRA with the levers, and HF's best."""
+    cases: dict[str, dict[str, Any]] = {}
+    for tag, seq in LONG_LENGTHS.items():
+        shape = [
+            f"data.max_seq_len={seq}",
+            f"batch.global_batch_size={LONG_GLOBAL}",
+            "batch.micro_batch_size=1",
+        ]
+        for recipe, config in LONG_RECIPES.items():
+            cases[f"long-{recipe}-{tag}"] = {
+                "config": config,
+                "overrides": [*shape, *LONG_LEVERS],  # a fresh list per case
+                "workload": "max_length",
+                "model": LONG_MODEL,
+                "long": tag,
+            }
+        for recipe in LONG_RECIPES:
+            cases[f"long-hf-{recipe}-{tag}"] = {
+                "hf": True,
+                "workload": "max_length",
+                "model": LONG_MODEL,
+                "long": tag,
+                "seq": seq,
+                "qlora": recipe == "qlora",
+            }
+    return cases
+
+
+CASES.update(_long_cases())
+LONG_CASES = [c for c in CASES if CASES[c].get("long")]
+# `--cases` also takes these names (and mixes them with case names).
+CASE_GROUPS: dict[str, list[str]] = {
+    "default": DEFAULT_CASES.split(","),
+    "long": LONG_CASES,
+    "long-zerofit": [c for c in LONG_CASES if not CASES[c].get("hf")],
+    "long-hf": [c for c in LONG_CASES if CASES[c].get("hf")],
+    **{f"long-{r}": [f"long-{r}-{t}" for t in LONG_LENGTHS] + [f"long-hf-{r}-{t}" for t in LONG_LENGTHS] for r in LONG_RECIPES},
+    **{f"long-{t}": [c for c in LONG_CASES if CASES[c]["long"] == t] for t in LONG_LENGTHS},
+}  # fmt: skip
+RATIOS += [(f"long-{r}-{t}", f"long-hf-{r}-{t}") for t in LONG_LENGTHS for r in LONG_RECIPES]
+
 
 # ------------------------------------------------------------------------------------------ the model
 
@@ -91,7 +188,7 @@ def build_random_model(name: str, target: Path) -> None:
     import shutil
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from zerofit.planner.shapes import hf_config
     from zerofit.tiny_llama import ensure_tiny_llama
@@ -101,12 +198,25 @@ def build_random_model(name: str, target: Path) -> None:
     tmp.mkdir(parents=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):  # random init on the GPU: seconds instead of minutes on the CPU
-        model = AutoModelForCausalLM.from_config(hf_config(name), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(
+            model_config(name, AutoConfig, hf_config), dtype=torch.bfloat16
+        )
     model.save_pretrained(tmp, safe_serialization=True)  # one process, no process group: it writes
     # Token ids in the benchmark are synthetic; the tokenizer only supplies a pad id.
     AutoTokenizer.from_pretrained(ensure_tiny_llama(0)).save_pretrained(tmp)
     shutil.rmtree(target, ignore_errors=True)  # an older incomplete build (a complete one is never rebuilt)
     tmp.rename(target)
+
+
+def model_config(name: str, auto_config: Any, hf_config: Any) -> Any:
+    """The transformers config of a SHAPES name (given in this file) or a catalogue name."""
+    if name not in SHAPES:
+        return hf_config(name)
+    data = dict(SHAPES[name])
+    data.pop("architectures", None)
+    config = auto_config.for_model(data.pop("model_type"), **data)
+    config._attn_implementation = "sdpa"
+    return config
 
 
 def random_model_dir(name: str, cache: Path) -> Path:
@@ -130,6 +240,7 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
 
     import zerofit.planner.search as search
     from workloads import describe, run_zerofit, workload
+    from zerofit.catalogue import model_config_dict
     from zerofit.config import load_config, resolve
     from zerofit.engine import render_spec
     from zerofit.errors import ConfigError
@@ -192,6 +303,11 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
         tokens_per_micro_batch=cfg.batch.tokens_per_micro_batch,
         activation_checkpointing=cfg.train.activation_checkpointing,
         cross_entropy=cfg.train.cross_entropy,
+        levers={
+            "tiled_mlp": cfg.train.tiled_mlp,
+            "activation_offload": cfg.train.activation_offload,
+            "fp32_residual": cfg.quantization.fp32_residual,
+        },
         predicted={
             "tensors_gib": round(predicted.estimate.tensors_gib, 3),
             "total_gib": round(predicted.estimate.total_gib, 3),
@@ -200,7 +316,7 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
             "tokens_per_s": round(predict_speed(scn, gpu).tokens_per_s, 1),
         },
     )
-    vocab = 128 if smoke else 32000
+    vocab = int(model_config_dict("tiny-llama" if smoke else str(model_dir))["vocab_size"])
     examples = workload(spec["workload"], plan.global_batch_size * (steps + 1), cfg.data.max_seq_len, vocab)
     out["data"] = describe(examples)
 
@@ -259,7 +375,19 @@ def child_command(case: str, args: argparse.Namespace, model_dir: Path | None) -
     spec = CASES[case]
     if spec.get("hf"):
         cmd = [sys.executable, str(REPO / "benchmarks" / "hf_baseline.py"), "--workload", spec["workload"]]
-        cmd += ["--micro", str(HF_SPLIT["micro"]), "--gas", str(HF_SPLIT["gas"]), "--steps", str(args.steps)]
+        if spec.get("long"):  # HF's best at long context: micro 1, padding-free, fastest kernels installed
+            cmd += ["--micro", "1", "--gas", str(LONG_GLOBAL), "--steps", str(args.steps)]
+            cmd += ["--collator", "flatten", "--attn", "auto", "--liger", "auto"]
+            cmd += ["--load-in-4bit"] if spec["qlora"] else []
+        else:
+            cmd += [
+                "--micro",
+                str(HF_SPLIT["micro"]),
+                "--gas",
+                str(HF_SPLIT["gas"]),
+                "--steps",
+                str(args.steps),
+            ]
         if args.smoke:
             from zerofit.tiny_llama import ensure_tiny_llama
 
@@ -269,7 +397,7 @@ def child_command(case: str, args: argparse.Namespace, model_dir: Path | None) -
             "--model-dir",
             str(model_dir),
             "--seq",
-            str(HF_SPLIT["seq"]),
+            str(spec.get("seq", HF_SPLIT["seq"])),
             "--cap-gib",
             str(args.cap_gib),
         ]
@@ -309,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--steps", type=int, default=2, help="measured optimizer steps after one warm-up step"
     )
-    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list of {', '.join(CASES)}")
+    parser.add_argument(
+        "--cases",
+        default=DEFAULT_CASES,
+        help=f"comma list of cases ({', '.join(CASES)}) and groups ({', '.join(CASE_GROUPS)})",
+    )
     parser.add_argument(
         "--cache", default=str(REPO / ".cache" / "gpu_fit"), help="where the random 7B model is"
     )
@@ -341,10 +473,12 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_fit.py measures GPU memory and needs a CUDA device (use --smoke to check the script on CPU)"
         )
         return 2
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    cases = expand_cases(args.cases)
     unknown = [c for c in cases if c not in CASES]
     if unknown:
-        parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+        parser.error(
+            f"unknown case(s) {unknown}; choose from {', '.join(CASES)} or a group: {', '.join(CASE_GROUPS)}"
+        )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # no context is created here
     model_dirs: dict[str, Path] = {}
     results = []
@@ -363,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.smoke:
             from zerofit.config import load_config
 
-            base = (
+            base = CASES[case].get("model") or (
                 BASE_MODEL
                 if CASES[case].get("hf")
                 else load_config(str(REPO / CASES[case]["config"])).model.name_or_path
@@ -399,13 +533,70 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {r['case']:15s} ok={r.get('ok')} useful {r.get('useful_tokens_per_s', '-')} tok/s "
             f"(processed {r.get('processed_tokens_per_s', '-')}); predicted {pred.get('tensors_gib', '-')} GiB "
-            f"tensors / {pred.get('total_gib', '-')} total; measured {meas.get('peak_allocated_gib', meas.get('peak_allocated_gib', '-'))} "
+            f"tensors / {pred.get('total_gib', '-')} total; measured {meas.get('peak_allocated_gib', r.get('peak_allocated_gib', '-'))} "
             f"allocated / {meas.get('reserved_plus_context_gib', r.get('peak_reserved_gib', '-'))} reserved(+context)"
             + (f"  [{r.get('skipped') or r.get('error')}]" if not r.get("ok") else "")
         )
     for pair, value in report["ratios_useful_tokens_per_s"].items():
         print(f"  zerofit / HF, useful tokens/s, {pair}: {value:.2f}x")
-    return 0 if all(r.get("ok") or r.get("skipped") or r["case"] == "lora-nockpt" for r in results) else 1
+    print_long_table(results)
+    return 0 if all(r.get("ok") or r.get("skipped") or _oom_is_an_answer(r) for r in results) else 1
+
+
+def expand_cases(text: str) -> list[str]:
+    """`--cases`: case names and group names (CASE_GROUPS), in order, each case once."""
+    out: list[str] = []
+    for name in (c.strip() for c in text.split(",")):
+        for case in CASE_GROUPS.get(name, [name] if name else []):
+            if case not in out:
+                out.append(case)
+    return out
+
+
+def _oom_is_an_answer(result: dict[str, Any]) -> bool:
+    """lora-nockpt is expected not to fit; a long-context case that runs out of memory under the cap is a
+    measurement (the longest context that fits is what the set finds), not a broken script."""
+    case = result["case"]
+    return case == "lora-nockpt" or (bool(CASES[case].get("long")) and bool(result.get("oom")))
+
+
+def print_long_table(results: list[dict[str, Any]]) -> None:
+    """The long-context cases by length: zerofit's planned vs measured peak (tensors vs allocated, total vs
+    reserved + CUDA context), zerofit's and HF's useful tokens/s and HF's peak allocated."""
+    by = {r["case"]: r for r in results}
+    rows = [
+        (r, t)
+        for t in LONG_LENGTHS
+        for r in LONG_RECIPES
+        if f"long-{r}-{t}" in by or f"long-hf-{r}-{t}" in by
+    ]
+    if not rows:
+        return
+    print(LONG_TABLE_HEADER)
+    for recipe, tag in rows:
+        zf, hf = by.get(f"long-{recipe}-{tag}", {}), by.get(f"long-hf-{recipe}-{tag}", {})
+        pred, meas = zf.get("predicted", {}), zf.get("measured", {})
+        planned = f"{pred.get('tensors_gib', '-')} / {pred.get('total_gib', '-')}"
+        measured = f"{meas.get('peak_allocated_gib', '-')} / {meas.get('reserved_plus_context_gib', '-')}"
+        ratio = "-"
+        if zf.get("ok") and hf.get("ok"):
+            ratio = f"{zf['useful_tokens_per_s'] / hf['useful_tokens_per_s']:.2f}x"
+        print(
+            f"  {recipe + ' ' + tag:10s} | {planned:>17} | {measured:>17} | {_tps(zf):>13} | {_tps(hf):>8} | "
+            f"{hf.get('peak_allocated_gib', '-')!s:>11} | {ratio:>7}"
+        )
+
+
+LONG_TABLE_HEADER = (
+    "  long ctx   | planned GiB t/tot | measured GiB a/rc | zerofit tok/s | HF tok/s | HF peak GiB | zf / HF"
+)
+
+
+def _tps(result: dict[str, Any]) -> str:
+    """Useful tokens/s, or why there is none (oom / error / not run)."""
+    if result.get("ok"):
+        return str(result["useful_tokens_per_s"])
+    return "oom" if result.get("oom") else ("error" if result else "-")
 
 
 if __name__ == "__main__":

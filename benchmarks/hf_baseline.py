@@ -14,6 +14,15 @@ measured the GPU baseline of docs/platform.md (2026-12-01: 6,959 tokens/s at 4 x
     python benchmarks/hf_baseline.py --model-dir DIR --workload max_length --micro 4 --gas 8 --seq 1024 \
         --steps 2 --cap-gib 24 --out result.json          (one JSON line is also printed: HF_BASELINE {...})
 
+HF's best long-context setup (the `long-hf-*` cases of gpu_fit.py): `--collator flatten` (padding-free
+packing, `transformers.DataCollatorWithFlattening`: a micro-batch is one row of its examples end to end,
+position ids restarting at each, no attention mask, no padding), `--attn auto` (flash_attention_2 where
+`flash_attn` is installed and CUDA is there, else sdpa), `--liger auto` (`use_liger_kernel=True` where
+`liger_kernel` is installed and CUDA is there: its fused linear cross-entropy never holds the logits), and
+`--load-in-4bit` for QLoRA (NF4, double quantization, bf16 compute, `prepare_model_for_kbit_training`,
+paged 8-bit AdamW, as the zerofit QLoRA recipe). The choices made are in the result (`attn`, `liger`,
+`collator`, `load_in_4bit`).
+
 `train_hf` is the same measurement as a function (the CPU benchmark calls it in-process).
 """
 
@@ -45,20 +54,26 @@ def train_hf(
     cap_gib: float | None = None,
     seed: int = 42,
     output_dir: str = "/tmp/hf-baseline",
+    collator: str = "pad",
+    attn: str = "sdpa",
+    liger: bool = False,
+    load_in_4bit: bool = False,
 ) -> dict[str, Any]:
-    """`steps` + 1 optimizer steps of HF Trainer + peft on `examples` (the first is warm-up)."""
+    """`steps` + 1 optimizer steps of HF Trainer + peft on `examples` (the first is warm-up).
+
+    `collator`: "pad" (right-pad each micro-batch to its longest example) or "flatten"
+    (`DataCollatorWithFlattening`: padding-free). `attn`: the attention implementation; `liger`:
+    `use_liger_kernel`; `load_in_4bit`: QLoRA (bitsandbytes NF4) instead of a bf16 / fp32 base."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     cuda = torch.cuda.is_available()
     if cuda and cap_gib is not None:
         _, total = torch.cuda.mem_get_info()
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    if cuda:
-        model = model.cuda()
+    model = _load_base(model_dir, dtype, attn, load_in_4bit, cuda, checkpointing)
     model = get_peft_model(
         model,
         LoraConfig(
@@ -94,6 +109,9 @@ def train_hf(
         if mask is not None:
             counted["useful"] += int(mask.sum())
             counted["processed"] += mask.numel()
+        elif kwargs.get("input_ids") is not None:  # flattened: no mask, no padding, every position useful
+            counted["useful"] += kwargs["input_ids"].numel()
+            counted["processed"] += kwargs["input_ids"].numel()
         if labels is not None:
             counted["label"] += int((labels[:, 1:] != -100).sum())
 
@@ -131,7 +149,7 @@ def train_hf(
         bf16=precision == "bf16",
         gradient_checkpointing=checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
-        optim="adamw_torch",
+        optim="paged_adamw_8bit" if load_in_4bit else "adamw_torch",
         logging_steps=1000,
         save_strategy="no",
         report_to="none",
@@ -139,9 +157,17 @@ def train_hf(
         dataloader_num_workers=0,
         use_cpu=not cuda,
         seed=seed,
+        use_liger_kernel=liger,
     )
+    if collator == "flatten":
+        from transformers import DataCollatorWithFlattening
+
+        # flash-attention reads the sequence boundaries from these kwargs; sdpa from the position ids.
+        collate: Any = DataCollatorWithFlattening(return_flash_attn_kwargs=attn == "flash_attention_2")
+    else:
+        collate = pad_to_longest
     trainer = Trainer(
-        model=model, args=args, train_dataset=Examples(), data_collator=pad_to_longest, callbacks=[timer]
+        model=model, args=args, train_dataset=Examples(), data_collator=collate, callbacks=[timer]
     )
     result: dict[str, Any] = {
         "micro": micro,
@@ -149,6 +175,10 @@ def train_hf(
         "checkpointing": checkpointing,
         "precision": precision,
         "cap_gib": cap_gib,
+        "collator": collator,
+        "attn": attn,
+        "liger": liger,
+        "load_in_4bit": load_in_4bit,
     }
     try:
         trainer.train()
@@ -176,6 +206,51 @@ def train_hf(
     return result
 
 
+def _load_base(
+    model_dir: str, dtype: Any, attn: str, load_in_4bit: bool, cuda: bool, checkpointing: bool
+) -> Any:
+    """The base model as a user would load it: bf16 / fp32 on the GPU, or 4-bit NF4 prepared for k-bit
+    training (its norms, embeddings and head cast to fp32, as peft's QLoRA recipe and zerofit's do)."""
+    from transformers import AutoModelForCausalLM
+
+    if not load_in_4bit:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+        return model.cuda() if cuda else model
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32,
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        dtype=dtype,
+        attn_implementation=attn,
+        quantization_config=quant,
+        device_map={"": 0} if cuda else {"": "cpu"},
+    )
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+
+
+def resolve_auto(attn: str, liger: str) -> tuple[str, bool]:
+    """`--attn auto` / `--liger auto`: the fastest that is installed here (both need CUDA)."""
+    import importlib.util
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if attn == "auto":
+        attn = "flash_attention_2" if cuda and importlib.util.find_spec("flash_attn") else "sdpa"
+    use_liger = liger == "on" or (
+        liger == "auto" and cuda and importlib.util.find_spec("liger_kernel") is not None
+    )
+    return attn, use_liger
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model-dir", required=True)
@@ -187,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-gib", type=float, default=None)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--collator", choices=["pad", "flatten"], default="pad")
+    parser.add_argument("--attn", choices=["auto", "sdpa", "flash_attention_2", "eager"], default="sdpa")
+    parser.add_argument("--liger", choices=["auto", "on", "off"], default="off")
+    parser.add_argument("--load-in-4bit", action="store_true", help="QLoRA: a 4-bit NF4 base")
     parser.add_argument("--out", default=None, help="append the result as one JSON line to this file")
     args = parser.parse_args(argv)
 
@@ -197,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     vocab = int(AutoConfig.from_pretrained(args.model_dir).vocab_size)
     examples = workload(args.workload, args.micro * args.gas * (args.steps + 1), args.seq, vocab)
+    attn, liger = resolve_auto(args.attn, args.liger)
     result = train_hf(
         args.model_dir,
         examples,
@@ -206,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         precision=args.precision,
         checkpointing=not args.no_checkpointing,
         cap_gib=args.cap_gib,
+        collator=args.collator,
+        attn=attn,
+        liger=liger,
+        load_in_4bit=args.load_in_4bit,
     )
     result.update(workload=args.workload, seq=args.seq, data=describe(examples))
     print(RESULT_PREFIX + json.dumps(result), flush=True)

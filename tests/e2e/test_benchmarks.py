@@ -73,6 +73,64 @@ def test_gpu_fit_smoke_runs_a_zerofit_case_and_writes_its_results(tmp_path: Path
     assert case["useful_tokens_per_s"] > 0 and case["predicted"]["verdict"]
 
 
+def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(tmp_path: Path) -> None:
+    # One length of the long-context set (the group `long-16k`): zerofit QLoRA and LoRA with the levers, and
+    # HF's padding-free baseline for each; on CPU every length is the same tiny run, so one stands for all.
+    result = _run(
+        str(BENCH / "gpu_fit.py"),
+        "--smoke",
+        "--cases",
+        "long-16k",
+        "--steps",
+        "1",
+        "--results",
+        str(tmp_path),
+    )
+    (path,) = tmp_path.glob("gpu_fit-smoke-*.json")
+    report = json.loads(path.read_text())
+    by = {r["case"]: r for r in report["results"]}
+    assert set(by) == {"long-qlora-16k", "long-lora-16k", "long-hf-qlora-16k", "long-hf-lora-16k"}
+    assert all(r["ok"] is True and r["useful_tokens_per_s"] > 0 for r in by.values()), by
+    for case in ("long-qlora-16k", "long-lora-16k"):  # the levers reached the resolved config
+        assert by[case]["cross_entropy"] == "fused_linear" and by[case]["activation_checkpointing"] is True
+        assert by[case]["levers"]["activation_offload"] is True and by[case]["levers"]["tiled_mlp"] == 4
+        assert by[case]["batch"]["micro"] == 1 and by[case]["predicted"]["verdict"]
+    assert by["long-hf-qlora-16k"]["load_in_4bit"] is True and by["long-hf-lora-16k"]["load_in_4bit"] is False
+    assert all(by[c]["collator"] == "flatten" for c in ("long-hf-qlora-16k", "long-hf-lora-16k"))
+    assert set(report["ratios_useful_tokens_per_s"]) == {
+        "long-qlora-16k / long-hf-qlora-16k",
+        "long-lora-16k / long-hf-lora-16k",
+    }
+    assert "zerofit / HF, useful tokens/s, long-qlora-16k / long-hf-qlora-16k: " in result.stdout
+    assert "  qlora 16k " in result.stdout and "  lora 16k " in result.stdout  # the per-length table
+
+
+def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:
+    # The GPU run builds its random model from this config: a key transformers ignored would silently give
+    # another model (e.g. default rope instead of llama3 scaling), so check what transformers builds.
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zerofit.planner.shapes import hf_config
+
+    sys.path.insert(0, str(BENCH))
+    import gpu_fit
+
+    config = gpu_fit.model_config(gpu_fit.LONG_MODEL, AutoConfig, hf_config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    assert model.model.rotary_emb.rope_type == "llama3" and config.max_position_embeddings == 131072
+    assert config.rope_parameters["factor"] == 8.0 and config.rope_parameters["rope_theta"] == 500000.0
+    shape = (config.hidden_size, config.intermediate_size, config.num_hidden_layers)
+    assert shape == (4096, 14336, 32) and (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
+    assert config.vocab_size == 128256 and sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    assert gpu_fit.CASE_GROUPS["long"] == [
+        f"long-{kind}-{length}"
+        for length in ("16k", "32k", "64k")
+        for kind in ("qlora", "lora", "hf-qlora", "hf-lora")
+    ]
+
+
 def test_hf_baseline_prints_its_result_line(tmp_path: Path) -> None:
     from zerofit.tiny_llama import ensure_tiny_llama
 
