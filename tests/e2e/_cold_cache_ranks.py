@@ -11,6 +11,7 @@ builds first (without it, the ranks race).
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch.distributed as dist
@@ -28,7 +29,10 @@ def main() -> None:
     AutoTokenizer.from_pretrained(folder)
     AutoModelForCausalLM.from_pretrained(folder)
     dist.barrier()
-    print(f"RANK {os.environ['RANK']} OK {folder}", flush=True)
+    # One write of the whole line: under PYTHONUNBUFFERED, print() writes the text and its newline apart,
+    # and the two ranks' lines can interleave on the shared pipe.
+    sys.stdout.write(f"RANK {os.environ['RANK']} OK {folder}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
