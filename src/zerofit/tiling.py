@@ -46,8 +46,8 @@ def tiled_mlp_shards(setting: bool | int | str) -> int:
         return setting
     raise ConfigError(
         [
-            f"train.tiled_mlp = {setting!r}: the planner does not choose the MLP tiling yet, so it must be false or "
-            "a number of sequence shards; e.g. train.tiled_mlp=4 (the MLP intermediates then exist for a quarter "
+            f"train.tiled_mlp = {setting!r} reached the model unresolved: the planner decides it in resolve() "
+            "(zerofit plan / a launch); outside them it must be false or a number of sequence shards; e.g. train.tiled_mlp=4 (the MLP intermediates then exist for a quarter "
             "of the tokens at a time), or train.tiled_mlp=false."
         ]
     )

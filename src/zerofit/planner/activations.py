@@ -66,6 +66,11 @@ def _dtypes(scn: Scenario, prof: ComputeProfile) -> _Dt:
     return _Dt(resid=resid, lin_out=lin_out, att=att, logits=logits, adapter=adapter, autocast_half=ac)
 
 
+def residual_bytes(scn: Scenario) -> int:
+    """Bytes per element of the residual stream (what a checkpointed layer input is stored in)."""
+    return _dtypes(scn, compute_profile(scn)).resid
+
+
 class TermKind(StrEnum):
     """What an activation-side memory term models (its label is only for display)."""
 
@@ -509,10 +514,18 @@ def _fused_loss_terms(st: _Step, per_token: Term) -> list[tuple[str, list[Term]]
     tokens, v, h, d = st.tokens, st.shape.vocab_size, st.shape.hidden_size, st.dt.logits
     chunk = min(chunk_tokens(v), tokens)
     w_b = st.dt.resid  # lm_head is in the residual dtype (embeddings / head: k-bit prepared or loaded)
-    cast = [Term(TermKind.FUSED_LOSS_TEMPORARY, v * h * d, "fused loss: lm_head weight cast")] if w_b != d else []
-    fwd = Term(TermKind.FUSED_LOSS_TEMPORARY, 8 * chunk * v, f"fused loss forward: one chunk ({chunk} x {v:,})")
+    cast = (
+        [Term(TermKind.FUSED_LOSS_TEMPORARY, v * h * d, "fused loss: lm_head weight cast")]
+        if w_b != d
+        else []
+    )
+    fwd = Term(
+        TermKind.FUSED_LOSS_TEMPORARY, 8 * chunk * v, f"fused loss forward: one chunk ({chunk} x {v:,})"
+    )
     bwd = Term(
-        TermKind.FUSED_LOSS_TEMPORARY, (4 + d) * chunk * v, f"fused loss backward: one chunk ({chunk} x {v:,})"
+        TermKind.FUSED_LOSS_TEMPORARY,
+        (4 + d) * chunk * v,
+        f"fused loss backward: one chunk ({chunk} x {v:,})",
     )
     hidden_grad = Term(TermKind.LOSS_GRADIENTS, tokens * h * st.dt.resid, "fused loss: hidden-state gradient")
     head: list[Term] = []
@@ -766,5 +779,7 @@ def _host_terms(st: _Step) -> tuple[Term, ...]:
     if not (st.scn.activation_offload and st.n_ckpt):
         return ()
     row = st.dt.resid * st.shape.hidden_size
-    label = f"offloaded checkpointed layer inputs ({st.n_ckpt} layers x {st.tokens} tokens x {row:,} B, pinned)"
+    label = (
+        f"offloaded checkpointed layer inputs ({st.n_ckpt} layers x {st.tokens} tokens x {row:,} B, pinned)"
+    )
     return (Term(TermKind.OFFLOADED_INPUTS, st.n_ckpt * row * st.tokens, label),)
