@@ -113,7 +113,7 @@ def test_auto_levers_stay_off_where_not_needed_and_turn_on_where_needed() -> Non
 
 
 def test_resolve_refuses_offload_without_checkpointing() -> None:
-    with pytest.raises(ConfigError, match="train.activation_offload = true needs activation checkpointing"):
+    with pytest.raises(ConfigError, match=r"train\.activation_offload = true needs activation checkpointing"):
         _resolved(RECIPE, "train.activation_offload=true", "train.activation_checkpointing=false")
 
 

@@ -179,7 +179,9 @@ def max_context_report(
 def print_max_context(mc: dict[str, Any], console: Console) -> None:
     """The `--max-context` answer in words."""
     if mc["tokens"] is None:
-        console.print(f"Longest context: not even {mc['step_tokens']} tokens fit {mc['limit_gib']} GiB at micro 1")
+        console.print(
+            f"Longest context: not even {mc['step_tokens']} tokens fit {mc['limit_gib']} GiB at micro 1"
+        )
         return
     console.print(
         f"Longest context at micro-batch 1: {mc['tokens']:,} tokens (limited by {mc['limited_by']}; memory "
