@@ -98,7 +98,9 @@ class _TiledMLP(torch.autograd.Function):
         x: torch.Tensor,
         *params: Any,
     ) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+        # Detached: views of x made under no_grad would still say requires_grad without a grad_fn, which
+        # module hooks (torch's ModTracker / MemTracker, the planner's trace) cannot follow.
+        flat = x.detach().reshape(-1, x.shape[-1])
         pieces = flat.tensor_split(shards)
         ctx.mlp_forward, ctx.shards, ctx.params = mlp_forward, shards, params
         ctx.rng = []

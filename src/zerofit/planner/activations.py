@@ -727,9 +727,10 @@ def _tiling(
     # The untiled MLP's saved intermediates per token (the tiled layer keeps its input instead).
     mlp_tok = sum(t.bytes for t in terms) - sum(t.bytes for t in tiled_terms) + resid * h
     shard_tok = (mlp_tok + tr.backward_extra - resid * h) / s
-    fwd_pass = tr.forward_extra - resid * h - m * h
+    # Forward (no grad, shard by shard): the shard's gate, up and act(gate) * up, nothing saved.
+    fwd_pass = tr.forward_extra - resid * h - m * h + 3 * m * shape.intermediate_size
     tiled_tr = _Transients(
-        forward_extra=resid * h + m * h + int((mlp_tok + fwd_pass) / s),
+        forward_extra=resid * h + m * h + int(fwd_pass / s),
         backward_extra=resid * h,
         incoming_grads=tr.incoming_grads,
     )
