@@ -150,15 +150,16 @@ def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.n
 
 
 def check_memory_levers(cfg: ZerofitConfig) -> None:
-    """Refuse lever settings the model cannot run, before any weights load: an unresolved `auto` (the
-    planner does not choose these yet) and offload without checkpointing."""
+    """Refuse lever settings the model cannot run, before any weights load: an `auto` that `resolve()`
+    did not decide (this config did not come through it) and offload without checkpointing."""
     t = cfg.train
     tiled_mlp_shards(t.tiled_mlp)
     if t.activation_offload == "auto":
         raise ConfigError(
             [
-                "train.activation_offload = 'auto': the planner does not choose activation offload yet, so it must "
-                "be true or false; e.g. train.activation_offload=true (with activation checkpointing)."
+                "train.activation_offload = 'auto' reached the model unresolved: the planner decides it in "
+                "resolve() (zerofit plan / a launch); outside them it must be true or false, e.g. "
+                "train.activation_offload=true (with activation checkpointing)."
             ]
         )
     if t.activation_offload is True and t.activation_checkpointing in (False, 0):

@@ -139,10 +139,13 @@ def _offloaded_checkpoint(
         return checkpoint(*args, **kw)
 
 
-def enable_activation_offload(checkpointed: list[torch.nn.Module]) -> ActivationOffload:
+def enable_activation_offload(
+    checkpointed: list[torch.nn.Module], offload: ActivationOffload | None = None
+) -> ActivationOffload:
     """Offload the saved inputs of these checkpointed decoder layers (transformers' `GradientCheckpointingLayer`s
-    whose checkpointing `enable_activation_checkpointing` turned on); returns the shared hooks."""
-    offload = ActivationOffload()
+    whose checkpointing `enable_activation_checkpointing` turned on); returns the shared hooks (`offload`:
+    hooks of one's own, e.g. the planner's trace, which offloads to the meta device)."""
+    offload = offload if offload is not None else ActivationOffload()
     for layer in checkpointed:
         layer._gradient_checkpointing_func = partial(  # type: ignore[assignment]
             _offloaded_checkpoint, offload, layer._gradient_checkpointing_func

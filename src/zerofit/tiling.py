@@ -46,8 +46,8 @@ def tiled_mlp_shards(setting: bool | int | str) -> int:
         return setting
     raise ConfigError(
         [
-            f"train.tiled_mlp = {setting!r}: the planner does not choose the MLP tiling yet, so it must be false or "
-            "a number of sequence shards; e.g. train.tiled_mlp=4 (the MLP intermediates then exist for a quarter "
+            f"train.tiled_mlp = {setting!r} reached the model unresolved: the planner decides it in resolve() "
+            "(zerofit plan / a launch); outside them it must be false or a number of sequence shards; e.g. train.tiled_mlp=4 (the MLP intermediates then exist for a quarter "
             "of the tokens at a time), or train.tiled_mlp=false."
         ]
     )
@@ -98,7 +98,9 @@ class _TiledMLP(torch.autograd.Function):
         x: torch.Tensor,
         *params: Any,
     ) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+        # Detached: views of x made under no_grad would still say requires_grad without a grad_fn, which
+        # module hooks (torch's ModTracker / MemTracker, the planner's trace) cannot follow.
+        flat = x.detach().reshape(-1, x.shape[-1])
         pieces = flat.tensor_split(shards)
         ctx.mlp_forward, ctx.shards, ctx.params = mlp_forward, shards, params
         ctx.rng = []

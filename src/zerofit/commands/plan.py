@@ -1,4 +1,4 @@
-"""`zerofit plan --config FILE [--world-size N] [--json] [key=value ...]`: everything decided before launch.
+"""`zerofit plan --config FILE [--world-size N] [--json] [--max-context] [key=value ...]`: everything decided before launch.
 
 Loads and resolves the config exactly as the launcher does, renders its engine spec once, then shows the
 batch plan (every factor, samples and tokens per optimizer step), the memory verdict for that spec and
@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.config.schema import ZerofitConfig
 from zerofit.engine import EngineSpec, render_spec
-from zerofit.errors import LaunchError
+from zerofit.errors import ConfigError, LaunchError
 from zerofit.messages import quiet_libraries
 from zerofit.planner import choose_fastest_plan
 
@@ -157,6 +158,43 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     console.print_json(json.dumps(report["engine_config"]))
 
 
+def max_context_report(
+    config: ZerofitConfig, world_size: int, gpu: str | None, gpu_mem: str | None
+) -> dict[str, Any]:
+    """`--max-context`: the longest context at micro-batch 1 that fits the budget, and its levers."""
+    from zerofit.planner.context import max_context
+    from zerofit.planner.search import resolve_budget
+
+    budget = resolve_budget(config, gpu=gpu, gpu_mem=gpu_mem)
+    if budget is None:
+        raise ConfigError(
+            [
+                "--max-context needs the GPU's memory and none is known here: pass --gpu NAME (e.g. rtx3090) "
+                "or --gpu-mem 24GiB, or set planner.gpu / planner.gpu_memory_gib"
+            ]
+        )
+    return max_context(config, world_size, budget).as_dict()
+
+
+def print_max_context(mc: dict[str, Any], console: Console) -> None:
+    """The `--max-context` answer in words."""
+    if mc["tokens"] is None:
+        console.print(
+            f"Longest context: not even {mc['step_tokens']} tokens fit {mc['limit_gib']} GiB at micro 1"
+        )
+        return
+    console.print(
+        f"Longest context at micro-batch 1: {mc['tokens']:,} tokens (limited by {mc['limited_by']}; memory "
+        f"alone allows {mc['memory_tokens']:,}), {mc['total_gib']:.2f} of {mc['limit_gib']:.2f} GiB, host RAM "
+        f"{mc['host_ram_gib']:.1f} GiB, ~{mc['tokens_per_s']:,.0f} tokens/s (speed model)",
+        highlight=False,
+    )
+    console.print(f"  overrides: {' '.join(mc['levers'])}", highlight=False)
+    for label, gib in mc["largest_terms"].items():
+        console.print(f"  {gib:7.2f} GiB  {label}", highlight=False)
+    console.print(f"  assumes: {'; '.join(mc['assumptions'])}", highlight=False)
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
@@ -171,15 +209,20 @@ def run(args: argparse.Namespace) -> int:
         from zerofit.planner.gpus import parse_memory_gib
 
         overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(args.gpu_mem)}")
-    resolved = resolve(load_config(args.config, overrides), world_size, choose_fastest_plan)
+    config = load_config(args.config, overrides)
+    resolved = resolve(config, world_size, choose_fastest_plan)
     spec = render_spec(resolved, device_type=args.device)
     report = build_plan_report(
         resolved, spec, gpu=args.gpu, gpu_mem=args.gpu_mem, trace=args.trace, probe=args.probe
     )
+    if args.max_context:
+        report["max_context"] = max_context_report(config, world_size, args.gpu, args.gpu_mem)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report, Console())
+        if "max_context" in report:
+            print_max_context(report["max_context"], Console())
     return 0
 
 
@@ -212,6 +255,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--trace", action="store_true", help="also trace one step tensor by tensor (CPU, seconds)"
+    )
+    parser.add_argument(
+        "--max-context",
+        action="store_true",
+        help="also find the longest data.max_seq_len at micro-batch 1 that fits, and the levers it needs",
     )
     parser.add_argument(
         "--probe", action="store_true", help="find the largest fitting micro-batch with real steps (GPU)"

@@ -9,8 +9,8 @@ constraints on the schema's fields, checked (and worded) when the config is vali
 
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
-`auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`) is
-decided here too, by the plan chooser the caller passes in (the memory planner's,
+`auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`,
+`train.tiled_mlp`, `train.activation_offload`) is decided here too, by the plan chooser the caller passes in (the memory planner's,
 `zerofit.planner.choose_fastest_plan`): the config layer sits below the planner and never imports it.
 A token budget (`batch.tokens_per_micro_batch`) is a micro-batch of packed rows: tokens / max_seq_len
 rows, which is what `batch.micro_batch_size` holds after `resolve()`.
@@ -39,10 +39,14 @@ from zerofit.presets import DEFAULT_PRESET, list_presets
 @dataclass(frozen=True)
 class PlanChoice:
     """What the planner decides for the `auto` keys: the micro-batch (rows of packed tokens under a token
-    budget) and the decoder layers to checkpoint (`true`, `false` or a number)."""
+    budget), the decoder layers to checkpoint (`true`, `false` or a number), the MLP's token shards
+    (`false` or a number) and whether the checkpointed inputs are offloaded to host memory. A value is
+    written into the config only where its key is `auto`."""
 
     micro_batch_size: int
     activation_checkpointing: bool | int
+    tiled_mlp: bool | int = False
+    activation_offload: bool = False
 
 
 # `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
@@ -214,6 +218,8 @@ def _auto_keys(cfg: ZerofitConfig) -> list[str]:
             ("batch.micro_batch_size", b.micro_batch_size),
             ("batch.tokens_per_micro_batch", b.tokens_per_micro_batch),
             ("train.activation_checkpointing", cfg.train.activation_checkpointing),
+            ("train.tiled_mlp", cfg.train.tiled_mlp),
+            ("train.activation_offload", cfg.train.activation_offload),
         )
         if value == "auto"
     ]
@@ -444,6 +450,7 @@ def _check_training(problems: list[str], cfg: ZerofitConfig) -> None:
             f"optimizer.lr_scaling = {o.lr_scaling!r} needs optimizer.base_batch_size (the global batch "
             "optimizer.lr was tuned for); set it, or optimizer.lr_scaling=none"
         )
+    _check_levers(problems, cfg)
     known = config_keys()
     for key in cfg.checkpoint.allow_changes:
         if key not in known:
@@ -453,6 +460,19 @@ def _check_training(problems: list[str], cfg: ZerofitConfig) -> None:
                 f"checkpoint.allow_changes: {key!r} is not a config key or section; {hint}(name keys as "
                 "dotted paths, e.g. [optimizer.lr,train.max_steps], or whole sections, e.g. [optimizer])"
             )
+
+
+def _check_levers(problems: list[str], cfg: ZerofitConfig) -> None:
+    """Activation offload moves the checkpointed layers' inputs to host memory, so it needs checkpointing."""
+    t = cfg.train
+    if t.activation_offload is True and t.activation_checkpointing in (False, 0):
+        problems.append(
+            f"train.activation_offload = true needs activation checkpointing (train.activation_checkpointing = "
+            f"{t.activation_checkpointing!r} checkpoints no layer): it offloads the inputs checkpointed layers "
+            "save, and without checkpointing every activation of every layer would cross PCIe twice a step. "
+            "Set train.activation_checkpointing=true (or a number of layers, or auto), or "
+            "train.activation_offload=false."
+        )
 
 
 def _check_quantization(problems: list[str], cfg: ZerofitConfig) -> None:
@@ -490,8 +510,13 @@ def _check_model_and_loss(problems: list[str], cfg: ZerofitConfig) -> None:
 def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) -> None:
     """Write the decided split, the planner's checkpointing choice and the run length into `cfg`."""
     t = cfg.train
-    if choice is not None and t.activation_checkpointing == "auto":
-        t.activation_checkpointing = choice.activation_checkpointing
+    if choice is not None:
+        if t.activation_checkpointing == "auto":
+            t.activation_checkpointing = choice.activation_checkpointing
+        if t.tiled_mlp == "auto":
+            t.tiled_mlp = choice.tiled_mlp
+        if t.activation_offload == "auto":
+            t.activation_offload = choice.activation_offload
     if cfg.batch.tokens_per_micro_batch is not None:
         cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * cfg.data.max_seq_len
     if t.max_steps is None and t.epochs is None:

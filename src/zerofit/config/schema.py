@@ -133,7 +133,7 @@ class TrainSection(_Section):
         False,
         description="Keep the checkpointed layers' saved inputs in pinned host memory (copied on a side CUDA "
         "stream, prefetched back in backward); needs activation checkpointing (zerofit.offload). auto: the "
-        "planner's choice (not yet made: set true or false).",
+        "planner's choice (only where it is needed to fit or is faster).",
     )
     tiled_mlp: (
         Literal[False]
@@ -145,7 +145,7 @@ class TrainSection(_Section):
         False,
         description="Run each decoder layer's MLP over this many token shards, forward and backward, so its "
         "intermediates exist for one shard at a time (zerofit.tiling); false = off. auto: the planner's choice "
-        "(not yet made: set false or a number).",
+        "(only where it is needed to fit or is faster).",
     )
     cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear"] = Field(
         "chunked",

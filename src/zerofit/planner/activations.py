@@ -50,7 +50,12 @@ def _dtypes(scn: Scenario, prof: ComputeProfile) -> _Dt:
         store = half_b  # DeepSpeed / FSDP2: everything computes in the half dtype
         adapter = half_b
     else:
-        store = 4 if (scn.quantization != "none" or prof.load == "fp32") else dtype_bytes(prof.load)
+        # k-bit preparation upcasts norms and embeddings to fp32 (quantization.fp32_residual); without it
+        # the residual stream stays in the compute dtype.
+        kbit_fp32 = scn.quantization != "none" and scn.fp32_residual
+        store = 4 if (kbit_fp32 or prof.load == "fp32") else dtype_bytes(prof.load)
+        if scn.quantization != "none" and not scn.fp32_residual:
+            store = half_b
         adapter = 4
     resid = store
     ac = half_b if prof.autocast else None
@@ -59,6 +64,11 @@ def _dtypes(scn: Scenario, prof: ComputeProfile) -> _Dt:
     att = ac or lin_out
     logits = ac or store
     return _Dt(resid=resid, lin_out=lin_out, att=att, logits=logits, adapter=adapter, autocast_half=ac)
+
+
+def residual_bytes(scn: Scenario) -> int:
+    """Bytes per element of the residual stream (what a checkpointed layer input is stored in)."""
+    return _dtypes(scn, compute_profile(scn)).resid
 
 
 class TermKind(StrEnum):
@@ -94,6 +104,13 @@ class TermKind(StrEnum):
     GRADS_WAITING = "gradients waiting"
     EMBEDDING_OUTPUT = "embedding output"
     FINAL_NORM_FORWARD = "final norm forward"
+    # Long-context levers (issue 16).
+    TILED_MLP_INPUT = "tiled MLP saved input"  # per token, a tiled layer keeps its MLP's input only
+    MLP_SHARD = "MLP shard"  # one token shard's MLP intermediates and gradients (tiled MLP backward)
+    MLP_INPUT_GRAD = "MLP input gradient"  # the tiled MLP's full-size input-gradient buffer
+    OFFLOADED_INPUTS = "offloaded checkpointed inputs"  # host RAM (pinned), not the GPU
+    FUSED_LOSS_TEMPORARY = "fused loss temporary"  # fused_linear: one chunk's logits work + weight cast
+    FUSED_HEAD_GRAD = "fused loss head weight gradient"  # fused_linear, trainable head
 
 
 # Kinds that are tensors autograd saves for backward (what `saved_tensors_hooks` sees); the others are
@@ -114,6 +131,7 @@ SAVED_FOR_BACKWARD = frozenset(
         TermKind.SAVED_LAYERS,
         TermKind.HEAD_INPUTS,
         TermKind.LOSS_LOG_PROBS,
+        TermKind.TILED_MLP_INPUT,
     }
 )
 
@@ -162,20 +180,30 @@ _GROUP_OF = {
 _POST_ATTENTION_GROUPS = ("o_in", "mlp_in", "down_in")
 
 
-def _layer_split(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt) -> tuple[list[Term], int]:
+_MLP_GROUPS = ("mlp_in", "down_in")
+
+
+def _layer_split(
+    scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt, tiled: bool = False
+) -> tuple[list[Term], int]:
     """Bytes saved for backward per token by one decoder layer, as typed terms, plus how many of those
-    bytes belong after attention (o_proj, norm 2, the MLP)."""
+    bytes belong after attention (o_proj, norm 2, the MLP). `tiled` (train.tiled_mlp): the MLP saves only
+    its input (zerofit.tiling), its intermediates exist per shard in backward (`MLP_SHARD`)."""
     h, inter = shape.hidden_size, shape.intermediate_size
     full = not scn.lora
     # RMSNorm x2: fp32 upcast input + rstd; normalized output too when the norm weight trains.
     norm = 4 * h + 4 + (dt.resid * h if full else 0)
     label = "2 RMSNorms (fp32 input, rstd" + (", normalized output)" if full else ")")
     terms = [Term(TermKind.NORMS, 2 * norm, label), *_attention_saves(scn, shape, dt)]
-    # SwiGLU: gate output (activation input), activation output, up output.
-    swiglu = 3 * dt.lin_out * inter
-    terms.append(Term(TermKind.SWIGLU, swiglu, "SwiGLU: gate, act(gate), up outputs"))
-    linear_terms, linear_post_attention = _linear_input_saves(scn, shape, lora, dt)
-    return terms + linear_terms, norm + swiglu + linear_post_attention
+    if tiled:
+        mlp = dt.resid * h
+        terms.append(Term(TermKind.TILED_MLP_INPUT, mlp, "tiled MLP: its input (intermediates per shard)"))
+    else:
+        # SwiGLU: gate output (activation input), activation output, up output.
+        mlp = 3 * dt.lin_out * inter
+        terms.append(Term(TermKind.SWIGLU, mlp, "SwiGLU: gate, act(gate), up outputs"))
+    linear_terms, linear_post_attention = _linear_input_saves(scn, shape, lora, dt, skip_mlp=tiled)
+    return terms + linear_terms, norm + mlp + linear_post_attention
 
 
 def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
@@ -241,9 +269,10 @@ def _save_linear(
 
 
 def _linear_input_saves(
-    scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt
+    scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt, skip_mlp: bool = False
 ) -> tuple[list[Term], int]:
-    """The linears' saved inputs per token, as terms, and the part of them after attention."""
+    """The linears' saved inputs per token, as terms, and the part of them after attention (`skip_mlp`:
+    without the MLP's linears, which a tiled MLP runs without saving)."""
     h = shape.hidden_size
     # Linear inputs, by the tensor they read: (width, dtype of that tensor, already saved by attention).
     groups = {
@@ -258,6 +287,8 @@ def _linear_input_saves(
     for lin in shape.linears:
         short = lin.name.rpartition(".")[2]
         group = _GROUP_OF.get(short, lin.name)
+        if skip_mlp and group in _MLP_GROUPS:
+            continue
         width, x_b, _ = groups.get(group, (lin.in_features, dt.resid, False))
         before = acc.own
         adapter_r = lora.r if (lora is not None and short in targets) else None
@@ -289,6 +320,7 @@ class ActivationTerms:
     where: str  # which moment of the step is the peak
     per_layer_token_terms: tuple[Term, ...]  # saved for backward per token by one decoder layer
     moments: tuple[Moment, ...]  # every candidate for the peak, the peak among them
+    host: tuple[Term, ...] = ()  # in host RAM, not on the GPU (offloaded checkpointed inputs)
 
     @property
     def lines(self) -> dict[str, int]:
@@ -310,8 +342,9 @@ def _autocast_weight_copies(scn: Scenario, shape: ModelShape, counts: ParamCount
         copies += half * counts.trainable  # fp32 adapters: A and B cast once per step
     else:
         copies += half * sum(lin.params for lin in shape.linears) * shape.num_layers
-    head_fp32 = not scn.lora or scn.quantization != "none"  # full fine-tuning or k-bit prepared head
-    if head_fp32:
+    head_fp32 = not scn.lora or (scn.quantization != "none" and scn.fp32_residual)  # fp32 head weight
+    # The fused loss runs lm_head with autocast off and casts the weight itself (a loss temporary).
+    if head_fp32 and scn.cross_entropy != "fused_linear":
         copies += half * shape.vocab_size * shape.hidden_size
     return copies
 
@@ -394,9 +427,10 @@ class _Step:
     recomputed_tok: int  # one recomputed layer's saved bytes per token
     tr: _Transients
     base: tuple[Term, ...]  # alive through forward and backward: weight copies, checkpoints, saved layers
-    logits: Term
+    logits: tuple[Term, ...]  # the logits the training loop holds (none under fused_linear)
     ids: int  # the input ids the embedding's backward keeps (full fine-tuning only)
     in_layer: tuple[Term, ...]  # bytes that exist only while a decoder layer runs
+    mlp_backward: tuple[Term, ...] = ()  # tiled MLP: one shard's intermediates + the input-gradient buffer
 
     @property
     def last_recomputed(self) -> bool:
@@ -426,7 +460,7 @@ def _loss_terms(st: _Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
             (
                 "loss backward (cross-entropy's fp32 gradients)",
                 [
-                    st.logits,
+                    *st.logits,
                     Term(
                         TermKind.LOSS_LOG_PROBS,
                         4 * vocab * ce_tokens + 8 * ce_tokens,
@@ -445,7 +479,9 @@ def _loss_terms(st: _Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
     )
     if scn.cross_entropy == "liger":
         # Liger computes the gradient in forward, into the logits' own storage.
-        return [("loss (Liger cross-entropy, gradient in the logits' storage)", [st.logits, per_token])]
+        return [("loss (Liger cross-entropy, gradient in the logits' storage)", [*st.logits, per_token])]
+    if scn.cross_entropy == "fused_linear":
+        return _fused_loss_terms(st, per_token)
     chunk = min(chunk_tokens(vocab), tokens)
     upcasts = 1 if dt.logits == 4 else 2  # the fp32 copy of the chunk (none for fp32 logits) + logsumexp's
     grad_label = (
@@ -457,7 +493,7 @@ def _loss_terms(st: _Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
         (
             "loss backward (chunked cross-entropy)",
             [
-                st.logits,
+                *st.logits,
                 Term(TermKind.LOSS_GRADIENTS, dt.logits * vocab * tokens, grad_label),
                 Term(TermKind.LOSS_CHUNK, 4 * vocab * chunk, chunk_label),
                 per_token,
@@ -465,8 +501,40 @@ def _loss_terms(st: _Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
         ),
         (
             "loss forward (chunked cross-entropy)",
-            [st.logits, Term(TermKind.LOSS_CHUNK, upcasts * 4 * vocab * chunk, fwd_label), per_token],
+            [*st.logits, Term(TermKind.LOSS_CHUNK, upcasts * 4 * vocab * chunk, fwd_label), per_token],
         ),
+    ]
+
+
+def _fused_loss_terms(st: _Step, per_token: Term) -> list[tuple[str, list[Term]]]:
+    """`fused_linear` (zerofit.fused_loss): no logits; one chunk of C tokens x vocab at a time (C V 4 =
+    128 MiB), the weight cast to the compute dtype d when it is in another, the hidden-state gradient in
+    backward; a trainable head also accumulates its fp32 weight gradient (+ a d copy per chunk, + the final
+    cast to the weight dtype)."""
+    tokens, v, h, d = st.tokens, st.shape.vocab_size, st.shape.hidden_size, st.dt.logits
+    chunk = min(chunk_tokens(v), tokens)
+    w_b = st.dt.resid  # lm_head is in the residual dtype (embeddings / head: k-bit prepared or loaded)
+    cast = (
+        [Term(TermKind.FUSED_LOSS_TEMPORARY, v * h * d, "fused loss: lm_head weight cast")]
+        if w_b != d
+        else []
+    )
+    fwd = Term(
+        TermKind.FUSED_LOSS_TEMPORARY, 8 * chunk * v, f"fused loss forward: one chunk ({chunk} x {v:,})"
+    )
+    bwd = Term(
+        TermKind.FUSED_LOSS_TEMPORARY,
+        (4 + d) * chunk * v,
+        f"fused loss backward: one chunk ({chunk} x {v:,})",
+    )
+    hidden_grad = Term(TermKind.LOSS_GRADIENTS, tokens * h * st.dt.resid, "fused loss: hidden-state gradient")
+    head: list[Term] = []
+    if not st.scn.lora:
+        head_b = v * h * (4 + (d if d != 4 else 0) + (w_b if w_b != 4 else 0))
+        head.append(Term(TermKind.FUSED_HEAD_GRAD, head_b, "fused loss: lm_head weight gradient accumulator"))
+    return [
+        ("loss backward (fused linear cross-entropy)", [per_token, bwd, *cast, hidden_grad, *head]),
+        ("loss forward (fused linear cross-entropy)", [per_token, fwd, *cast]),
     ]
 
 
@@ -478,6 +546,8 @@ def _loss_moments(st: _Step) -> list[Moment]:
     if full:
         ac = st.dt.autocast_half
         head_input = (ac if ac and st.dt.resid != ac else st.dt.resid) * h * tokens
+    if st.scn.cross_entropy == "fused_linear":
+        head_input = st.dt.resid * h * tokens  # the fused function saves the hidden states as they are
     head = Term(TermKind.HEAD_INPUTS, final_norm + head_input + st.ids, "final norm + lm_head saved inputs")
     ce_tokens = st.scn.micro_batch_size * (st.scn.seq_len - 1)
     return [Moment(where, (*st.base, head, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
@@ -487,7 +557,7 @@ def _last_layer_moments(st: _Step, head_grad: int) -> list[Moment]:
     """Backward of the last layer: its saved (or recomputed) tensors and the gradients in flight around its
     down projection; under eager attention also the softmax backward of that layer."""
     tokens = st.tokens
-    terms = [*st.base, st.logits, *st.input_ids()]
+    terms = [*st.base, *st.logits, *st.input_ids(), *st.mlp_backward]
     if st.last_recomputed:
         terms.append(st.recomputed("last layer"))
     in_flight = Term(
@@ -532,7 +602,7 @@ def _recompute_moment(st: _Step) -> Moment:
     )
     terms = (
         *_without(st.base, TermKind.SAVED_LAYERS),
-        st.logits,
+        *st.logits,
         st.recomputed(which),
         *st.live(),
         waiting,
@@ -579,8 +649,11 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
     # lives through the forward; under checkpointing every layer keeps it as an input until backward.
     rope = 2 * s * shape.head_dim * dt.resid
     if n_ckpt:
-        label = f"checkpointed layer inputs ({n_ckpt} layers x {tokens} tokens x {dt.resid * h:,} B)"
-        terms.append(Term(TermKind.CHECKPOINTED_INPUTS, n_ckpt * dt.resid * h * tokens, label))
+        # Offloaded: at most two layer inputs on the GPU (the one in use and the one prefetched).
+        on_gpu = min(n_ckpt, 2) if scn.activation_offload else n_ckpt
+        where = f" on the GPU, {n_ckpt} offloaded" if scn.activation_offload else ""
+        label = f"checkpointed layer inputs ({on_gpu} layers{where} x {tokens} tokens x {dt.resid * h:,} B)"
+        terms.append(Term(TermKind.CHECKPOINTED_INPUTS, on_gpu * dt.resid * h * tokens, label))
         label = "rotary cos/sin + boolean padding mask (kept by the checkpoints)"
         terms.append(Term(TermKind.ROTARY, rope + _bool_mask(scn), label))
     else:
@@ -607,7 +680,7 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
     dt = _dtypes(scn, prof)
     tokens = scn.micro_batch_size * scn.seq_len
     n_ckpt = scn.checkpointed(shape.num_layers)
-    layer_terms, post_attention_tok = _layer_split(scn, shape, lora, dt)
+    layer_terms, post_attention_tok, tr, mlp_backward = _tiling(scn, shape, lora, dt, tokens)
     per_layer_tok = sum(t.bytes for t in layer_terms)
     v = shape.vocab_size
     logits_label = (
@@ -625,13 +698,47 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
         post_attention_tok=post_attention_tok,
         # A recomputed layer's first RMSNorm saves its input; in fp32 that is the checkpointed input itself.
         recomputed_tok=per_layer_tok - (4 * shape.hidden_size if dt.resid == 4 else 0),
-        tr=_transients(scn, shape, lora, dt),
+        tr=tr,
         base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok)),
-        logits=Term(TermKind.LOGITS, dt.logits * v * tokens, logits_label),
+        logits=()
+        if scn.cross_entropy == "fused_linear"
+        else (Term(TermKind.LOGITS, dt.logits * v * tokens, logits_label),),
         ids=8 * tokens if not scn.lora else 0,  # the embedding's backward keeps the input ids
         in_layer=tuple(Term(TermKind.LAYER_RESIDENT, line.bytes, line.label) for line in layer_resident),
+        mlp_backward=mlp_backward,
     )
     return st, layer_terms, prof
+
+
+def _tiling(
+    scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt, tokens: int
+) -> tuple[list[Term], int, _Transients, tuple[Term, ...]]:
+    """One layer's saved terms, their post-attention part, the layer's transients and (tiled MLP) the
+    terms of its MLP's backward. With s = train.tiled_mlp shards a layer saves only its MLP's input; the
+    intermediates, the forward's passing set and the backward's partial gradients exist for tokens / s at
+    a time; the gradient buffer of the MLP input is full size (zerofit.tiling)."""
+    terms, post = _layer_split(scn, shape, lora, dt)
+    tr = _transients(scn, shape, lora, dt)
+    s = scn.tiled_mlp
+    if s <= 1:
+        return terms, post, tr, ()
+    tiled_terms, tiled_post = _layer_split(scn, shape, lora, dt, tiled=True)
+    h, resid, m = shape.hidden_size, dt.resid, dt.lin_out
+    # The untiled MLP's saved intermediates per token (the tiled layer keeps its input instead).
+    mlp_tok = sum(t.bytes for t in terms) - sum(t.bytes for t in tiled_terms) + resid * h
+    shard_tok = (mlp_tok + tr.backward_extra - resid * h) / s
+    # Forward (no grad, shard by shard): the shard's gate, up and act(gate) * up, nothing saved.
+    fwd_pass = tr.forward_extra - resid * h - m * h + 3 * m * shape.intermediate_size
+    tiled_tr = _Transients(
+        forward_extra=resid * h + m * h + int(fwd_pass / s),
+        backward_extra=resid * h,
+        incoming_grads=tr.incoming_grads,
+    )
+    backward = (
+        Term(TermKind.MLP_SHARD, int(shard_tok * tokens), f"tiled MLP backward: one of {s} token shards"),
+        Term(TermKind.MLP_INPUT_GRAD, resid * h * tokens, "tiled MLP: input gradient buffer (full size)"),
+    )
+    return tiled_terms, tiled_post, tiled_tr, backward
 
 
 def activation_terms(scn: Scenario, layer_resident: Iterable[StateLine] = ()) -> ActivationTerms:
@@ -664,4 +771,16 @@ def activation_terms(scn: Scenario, layer_resident: Iterable[StateLine] = ()) ->
         where=peak.where,
         per_layer_token_terms=tuple(layer_terms),
         moments=tuple(moments),
+        host=_host_terms(st),
     )
+
+
+def _host_terms(st: _Step) -> tuple[Term, ...]:
+    """Offloaded checkpointed inputs: every checkpointed layer's input in pinned host memory."""
+    if not (st.scn.activation_offload and st.n_ckpt):
+        return ()
+    row = st.dt.resid * st.shape.hidden_size
+    label = (
+        f"offloaded checkpointed layer inputs ({st.n_ckpt} layers x {st.tokens} tokens x {row:,} B, pinned)"
+    )
+    return (Term(TermKind.OFFLOADED_INPUTS, st.n_ckpt * row * st.tokens, label),)

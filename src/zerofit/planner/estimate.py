@@ -142,6 +142,7 @@ def estimate(scn: Scenario) -> MemoryEstimate:
     tensors_gib = tensors / GIB
     allowance = allowance_gib(tensors_gib, scn.dp_size, _dequant_layer_gib(scn))
     host = state.labelled(Place.HOST)
+    host.update({t.label: t.bytes for t in acts.host})
     host_gib = sum(host.values()) / GIB
     notes = list(state.notes)
     if scn.quantization != "none" and scn.zero_stage == 3:

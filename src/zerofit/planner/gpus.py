@@ -7,6 +7,10 @@ it and are accounted by the planner's allowance (`memory.allowance_gib`), not he
 `bf16_tflops` is the vendor's dense (no sparsity) bf16 tensor-core peak with fp32 accumulation, the figure
 model-FLOPs utilization (MFU) is measured against. GeForce cards accumulate fp32 at half their fp16-accumulate
 rate, so their figure is half the headline number. V100 has no bf16: its fp16 figure is given.
+
+`pcie_gbps` is the usable host<->device copy bandwidth of pinned memory, one direction (GB/s, 1e9): about
+25 on PCIe 4.0 x16 (32 nominal), 50 on PCIe 5.0 x16, 12 on PCIe 3.0 x16; the planner charges activation
+offload's copies with it (`speed.py`). Measured figures vary with the host; these are typical.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class GPU:
     memory_gib: float
     bf16_tflops: float
     bf16: bool = True  # supports bf16 (Ampere and newer)
+    pcie_gbps: float = 25.0  # usable pinned host<->device bandwidth (PCIe 4.0 x16 unless stated)
     match: tuple[str, ...] = ()  # substrings of torch.cuda.get_device_name() that identify it
 
 
@@ -42,13 +47,13 @@ GPUS: dict[str, GPU] = {
         GPU("a10g", "NVIDIA A10G (24 GB, AWS g5)", 22.07, 70.0, match=("A10G",)),
         GPU("l4", "NVIDIA L4 (24 GB)", 22.06, 121.0, match=("L4",)),
         GPU("l40s", "NVIDIA L40S (48 GB)", 44.52, 362.0, match=("L40S",)),
-        GPU("v100-16gb", "NVIDIA Tesla V100 16 GB (fp16 only)", 15.77, 125.0, bf16=False, match=("V100",)),
-        GPU("v100-32gb", "NVIDIA Tesla V100 32 GB (fp16 only)", 31.74, 125.0, bf16=False, match=("V100",)),
+        GPU("v100-16gb", "NVIDIA Tesla V100 16 GB (fp16 only)", 15.77, 125.0, False, 12.0, ("V100",)),
+        GPU("v100-32gb", "NVIDIA Tesla V100 32 GB (fp16 only)", 31.74, 125.0, False, 12.0, ("V100",)),
         GPU("a100-40gb", "NVIDIA A100 40 GB", 39.39, 312.0, match=("A100",)),
         GPU("a100-80gb", "NVIDIA A100 80 GB", 79.15, 312.0, match=("A100",)),
-        GPU("h100-80gb", "NVIDIA H100 80 GB (SXM)", 79.11, 989.0, match=("H100",)),
-        GPU("h100-pcie", "NVIDIA H100 80 GB PCIe", 79.11, 756.0, match=("H100 PCIe",)),
-        GPU("h200", "NVIDIA H200 141 GB", 139.8, 989.0, match=("H200",)),
+        GPU("h100-80gb", "NVIDIA H100 80 GB (SXM)", 79.11, 989.0, pcie_gbps=50.0, match=("H100",)),
+        GPU("h100-pcie", "NVIDIA H100 80 GB PCIe", 79.11, 756.0, pcie_gbps=50.0, match=("H100 PCIe",)),
+        GPU("h200", "NVIDIA H200 141 GB", 139.8, 989.0, pcie_gbps=50.0, match=("H200",)),
     )
 }
 

@@ -52,7 +52,13 @@ class Scenario:
     # true (every decoder layer), false, or how many of the first layers are recomputed in backward.
     activation_checkpointing: bool | int = False
     attn_implementation: str = "sdpa"
-    cross_entropy: str = "chunked"  # chunked | unchunked | liger (zerofit.loss)
+    cross_entropy: str = "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.loss, fused_loss)
+    # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.tiling), the checkpointed
+    # inputs kept in pinned host memory (zerofit.offload), and under k-bit quantization whether the
+    # residual stream (norms, embeddings, lm_head) is upcast to fp32 (quantization.fp32_residual).
+    tiled_mlp: int = 1
+    activation_offload: bool = False
+    fp32_residual: bool = True
     # Token budget: micro_batch_size rows of seq_len tokens, each packing whole examples (attention is
     # masked per document, so always the masked path).
     packed: bool = False
@@ -67,6 +73,11 @@ class Scenario:
     def with_checkpointing(self, layers: bool | int) -> Scenario:
         """The same run with another `train.activation_checkpointing` (true, false or a layer count)."""
         return replace(self, activation_checkpointing=layers)
+
+    def with_levers(self, **levers: Any) -> Scenario:
+        """The same run with other long-context levers (`tiled_mlp`, `activation_offload`, `cross_entropy`,
+        `fp32_residual`, `seq_len`, `activation_checkpointing`)."""
+        return replace(self, **levers)
 
     def checkpointed(self, num_layers: int) -> int:
         """How many of the model's `num_layers` decoder layers are checkpointed."""
@@ -140,8 +151,14 @@ def scenario_for(
     from zerofit.engine.spec import DeepSpeedSpec, FSDPSpec
 
     cfg = config
-    if cfg.train.activation_checkpointing == "auto":
-        raise ValueError("scenario_for takes a resolved config: train.activation_checkpointing is still auto")
+    t = cfg.train
+    for key, value in (
+        ("activation_checkpointing", t.activation_checkpointing),
+        ("tiled_mlp", t.tiled_mlp),
+        ("activation_offload", t.activation_offload),
+    ):
+        if value == "auto":
+            raise ValueError(f"scenario_for takes a resolved config: train.{key} is still auto")
     plan = spec.plan
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
     lora = cfg.lora
@@ -171,7 +188,10 @@ def scenario_for(
         optimizer=cfg.optimizer.name,
         activation_checkpointing=cfg.train.activation_checkpointing,
         attn_implementation=cfg.model.attn_implementation,
-        cross_entropy=cfg.train.cross_entropy,
+        cross_entropy=t.cross_entropy,
+        tiled_mlp=max(1, int(t.tiled_mlp)),
+        activation_offload=t.activation_offload is True,
+        fp32_residual=cfg.quantization.fp32_residual,
         packed=cfg.batch.tokens_per_micro_batch is not None,
     )
 
@@ -207,8 +227,14 @@ def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accu
             out.append("batch.grad_accum_steps=null")  # derived from the global batch
         else:
             out += [f"batch.grad_accum_steps={accum}", f"batch.global_batch_size={rows * accum * world_size}"]
-    if cfg.train.activation_checkpointing == "auto":
+    t = cfg.train
+    if t.activation_checkpointing == "auto":
         out.append("train.activation_checkpointing=true")  # planned as every layer: the smallest peak
+    # The levers' `auto` is planned off here; the chooser weighs them on (`search.lever_variants`).
+    if t.tiled_mlp == "auto":
+        out.append("train.tiled_mlp=false")
+    if t.activation_offload == "auto":
+        out.append("train.activation_offload=false")
     return out
 
 
@@ -225,7 +251,7 @@ def what_if(
     Nothing is `auto` in the candidate (no chooser is asked): `micro_batch_size` rows per micro-batch
     (None: the config's, 1 where it is `auto`), a token budget of rows x data.max_seq_len under one;
     `grad_accum_steps` with the global batch it makes (None: derived from the config's global batch);
-    `auto` checkpointing as every layer. Raises `ConfigError` when `resolve()` refuses the candidate.
+    `auto` checkpointing as every layer, `auto` tiling and offload off. Raises `ConfigError` when `resolve()` refuses the candidate.
     """
     from zerofit.config.resolve import resolve
     from zerofit.engine.render import render_spec

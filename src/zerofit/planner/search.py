@@ -8,7 +8,9 @@ The fastest plan: every (micro-batch, checkpointed layers) pair that fits is sco
 `speed.py` (recomputation FLOPs per checkpointed layer against the per-micro-step overhead a bigger
 micro-batch amortizes); for each micro-batch the fewest checkpointed layers that fit is the fastest, and
 the best micro-batch wins. `auto` keys (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`,
-`train.activation_checkpointing`) take that plan.
+`train.activation_checkpointing`) take that plan. `train.tiled_mlp` / `train.activation_offload` = `auto`
+add their settings as variants (`lever_variants`): a lever costs time (speed.py), so it is chosen only
+where it makes a plan fit or lets a faster one fit (a tie keeps it off).
 
 Verdicts, for the card's usable memory M (torch's `total_memory`):
   - fits:          total (tensors + allowance) <= (1 - headroom) x M    (headroom: planner.headroom, 5%)
@@ -259,6 +261,8 @@ class PlanOption:
     total_gib: float
     verdict: str | None
     speed: SpeedEstimate
+    tiled_mlp: int = 1  # MLP token shards (1 = off)
+    activation_offload: bool = False
 
     @property
     def checkpointing(self) -> bool | int:
@@ -268,13 +272,16 @@ class PlanOption:
         return self.checkpointed_layers or False
 
     def describe(self) -> str:
-        """E.g. `micro 8 x accum 4, checkpointing first 12 of 32 layers`."""
+        """E.g. `micro 8 x accum 4, checkpointing first 12 of 32 layers` (+ the levers it uses)."""
         ckpt = describe_checkpointing(self.checkpointed_layers, self.num_layers)
-        return f"micro {self.micro_batch_size} x accum {self.grad_accum_steps}, checkpointing {ckpt}"
+        out = f"micro {self.micro_batch_size} x accum {self.grad_accum_steps}, checkpointing {ckpt}"
+        if self.tiled_mlp > 1:
+            out += f", MLP in {self.tiled_mlp} token shards"
+        return out + (", inputs offloaded to host" if self.activation_offload else "")
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return {
+        """JSON-able form (the levers' keys only where the option uses them)."""
+        out = {
             "micro_batch_size": self.micro_batch_size,
             "grad_accum_steps": self.grad_accum_steps,
             "checkpointed_layers": self.checkpointed_layers,
@@ -286,6 +293,11 @@ class PlanOption:
             "step_time_s": round(self.speed.step_time_s, 3),
             "recompute_fraction": round(self.speed.recompute_fraction, 4),
         }
+        if self.tiled_mlp > 1:
+            out["tiled_mlp"] = self.tiled_mlp
+        if self.activation_offload:
+            out["activation_offload"] = True
+        return out
 
 
 def plan_option(scn: Scenario, budget: Budget | None) -> PlanOption:
@@ -301,6 +313,8 @@ def plan_option(scn: Scenario, budget: Budget | None) -> PlanOption:
         total_gib=est.total_gib,
         verdict=verdict(est.total_gib, budget) if budget else None,
         speed=predict_speed(scn, budget.gpu if budget else None),
+        tiled_mlp=scn.tiled_mlp,
+        activation_offload=scn.activation_offload,
     )
 
 
@@ -314,7 +328,8 @@ def fastest_options(
     only grows as layers stop being checkpointed, so the scan stops at the first fitting count.
     """
     num_layers = model_shape(scn.model).num_layers
-    counts = [layers] if layers is not None else list(range(num_layers + 1))
+    # Offload needs checkpointing: at least one checkpointed layer.
+    counts = [layers] if layers is not None else list(range(int(scn.activation_offload), num_layers + 1))
     options = []
     for m in micros if micros is not None else divisors(per_rank):
         at_micro = scn.with_micro(m, per_rank // m)
@@ -519,19 +534,16 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
 
     - micro auto, checkpointing fixed: the largest micro-batch that fits;
     - micro fixed, checkpointing auto: the fewest checkpointed layers that fit at that micro-batch;
-    - both auto: the pair with the highest predicted tokens/s (`speed.py`).
+    - both auto: the pair with the highest predicted tokens/s (`speed.py`);
+    - `train.tiled_mlp` / `train.activation_offload` auto: the fastest of their settings (`lever_variants`).
     Raises `ConfigError` (with the remedies) when no budget is known or nothing fits.
     """
-    b, t = cfg.batch, cfg.train
+    b = cfg.batch
     micro = micro_batch_setting(cfg)
     micro_key = (
         "batch.tokens_per_micro_batch" if b.tokens_per_micro_batch is not None else "batch.micro_batch_size"
     )
-    keys = " and ".join(
-        k
-        for k, v in ((micro_key, micro), ("train.activation_checkpointing", t.activation_checkpointing))
-        if v == "auto"
-    )
+    keys = " and ".join([micro_key] * (micro == "auto") + _auto_names(cfg))
     per_rank = _auto_samples_per_rank(cfg, world_size, micro_key) if micro == "auto" else None
     if micro != "auto" and b.global_batch_size:
         per_rank = samples_per_rank(cfg, world_size)
@@ -576,38 +588,84 @@ def _auto_samples_per_rank(cfg: ZerofitConfig, world_size: int, micro_key: str) 
     return per_rank
 
 
+# The shard counts `train.tiled_mlp = auto` weighs (1 = off).
+TILED_MLP_CANDIDATES = (1, 2, 4, 8, 16)
+
+
+def lever_variants(cfg: ZerofitConfig, scn: Scenario) -> list[Scenario]:
+    """`scn` with every combination of the `auto` levers' settings (`train.tiled_mlp`,
+    `train.activation_offload`), the levers-off one first (ties keep it). Offload only where some layer
+    can be checkpointed (`resolve()` refuses it otherwise)."""
+    t = cfg.train
+    shards = TILED_MLP_CANDIDATES if t.tiled_mlp == "auto" else (scn.tiled_mlp,)
+    offload: tuple[bool, ...] = (scn.activation_offload,)
+    if t.activation_offload == "auto":
+        offload = (False, True) if t.activation_checkpointing not in (False, 0) else (False,)
+    return [scn.with_levers(tiled_mlp=s, activation_offload=o) for o in offload for s in shards]
+
+
+def _plan_choice(cfg: ZerofitConfig, best: PlanOption) -> PlanChoice:
+    """The chosen option as the values of the `auto` keys (the others keep the config's)."""
+    t = cfg.train
+    checkpointing = best.checkpointing if t.activation_checkpointing == "auto" else t.activation_checkpointing
+    return PlanChoice(
+        best.micro_batch_size,
+        checkpointing,  # type: ignore[arg-type]
+        tiled_mlp=best.tiled_mlp if best.tiled_mlp > 1 else False,
+        activation_offload=best.activation_offload,
+    )
+
+
 def _choose_micro(
     cfg: ZerofitConfig, world_size: int, scn: Scenario, per_rank: int, budget: Budget, keys: str
 ) -> PlanChoice:
-    """An `auto` micro-batch: the fastest fitting pair when checkpointing is auto too, else the largest
-    micro-batch that fits at the configured checkpointing."""
+    """An `auto` micro-batch: the fastest fitting plan when checkpointing is auto too, else the largest
+    micro-batch that fits at the configured checkpointing (the fastest among the lever variants there)."""
     t = cfg.train
     fixed_layers = (
         None if t.activation_checkpointing == "auto" else scn.checkpointed(model_shape(scn.model).num_layers)
     )
-    options = fastest_options(scn, per_rank, budget, layers=fixed_layers)
+    options = [
+        o for v in lever_variants(cfg, scn) for o in fastest_options(v, per_rank, budget, layers=fixed_layers)
+    ]
+    # Stable sorts: among equals the earlier variant (levers off) stays first.
+    options.sort(key=lambda o: -o.speed.tokens_per_s)
     if fixed_layers is not None:
         options.sort(key=lambda o: -o.micro_batch_size)  # largest micro-batch (the fastest too)
     if not options:
         at_one = scn if fixed_layers is not None else scn.with_checkpointing(True)
         what = "micro-batch 1" + ("" if fixed_layers is not None else " with every layer checkpointed")
         raise _nothing_fits(cfg, world_size, budget, f"{keys} = 'auto'", what, estimate(at_one).total_gib)
-    best = options[0]
-    return PlanChoice(
-        best.micro_batch_size, best.checkpointing if fixed_layers is None else t.activation_checkpointing
-    )  # type: ignore[arg-type]
+    return _plan_choice(cfg, options[0])
 
 
 def _choose_checkpointing(
     cfg: ZerofitConfig, world_size: int, scn: Scenario, micro: int, per_rank: int | None, budget: Budget
 ) -> PlanChoice:
-    """`auto` checkpointing at a fixed micro-batch: the fewest checkpointed layers that fit."""
+    """A fixed micro-batch: the fastest lever variant that fits, with the fewest checkpointed layers that
+    fit where checkpointing is `auto` (else the configured checkpointing)."""
     per = per_rank if per_rank is not None and per_rank % micro == 0 else micro
-    options = fastest_options(scn, per, budget, micros=[micro])
+    t = cfg.train
+    fixed_layers = (
+        None if t.activation_checkpointing == "auto" else scn.checkpointed(model_shape(scn.model).num_layers)
+    )
+    options = [
+        o
+        for v in lever_variants(cfg, scn)
+        for o in fastest_options(v, per, budget, micros=[micro], layers=fixed_layers)
+    ]
+    options.sort(key=lambda o: -o.speed.tokens_per_s)
     if not options:
         full = estimate(scn.with_micro(micro, per // micro).with_checkpointing(True)).total_gib
         raise _nothing_fits(
-            cfg, world_size, budget, "train.activation_checkpointing = 'auto'",
+            cfg, world_size, budget, " and ".join(_auto_names(cfg)) + " = 'auto'",
             f"checkpointing every layer at micro {micro}", full,
         )  # fmt: skip
-    return PlanChoice(micro, options[0].checkpointing)
+    return _plan_choice(cfg, options[0])
+
+
+def _auto_names(cfg: ZerofitConfig) -> list[str]:
+    """The training keys set to `auto` (for messages)."""
+    t = cfg.train
+    keys = ("activation_checkpointing", "tiled_mlp", "activation_offload")
+    return [f"train.{k}" for k in keys if getattr(t, k) == "auto"]

@@ -68,6 +68,12 @@ class ModelShape:
     outside_param_numels: tuple[int, ...]  # ... and of each parameter tensor outside the layers
 
     @property
+    def layer_mlp_weight_params(self) -> int:
+        """Linear weights of one layer's MLP (gate, up, down: what a tiled MLP's extra forward runs)."""
+        mlp = ("gate_proj", "up_proj", "down_proj")
+        return sum(lin.in_features * lin.out_features for lin in self.linears if lin.name.endswith(mlp))
+
+    @property
     def param_numels(self) -> tuple[int, ...]:
         """Element count of every parameter tensor of the model (per-tensor optimizer rules need them)."""
         return self.layer_param_numels * self.num_layers + self.outside_param_numels

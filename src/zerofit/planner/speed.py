@@ -18,6 +18,14 @@ dequantizes every weight on the fly: KBIT_SLOWDOWN on the compute term.
 So a bigger micro-batch amortizes the overhead, and every checkpointed layer adds its forward again: the
 planner trades one against the other under the memory budget.
 
+The long-context levers (issue 16) add their own costs:
+  - tiled MLP (train.tiled_mlp > 1): one more MLP forward per layer, 2 N_mlp per token (the backward
+    recomputes each shard's intermediates);
+  - fused_linear loss: one more lm_head matmul, 2 h V per token (the gradients are recomputed per chunk);
+  - activation offload: every checkpointed layer input crosses PCIe down in forward and up in backward,
+    2 x n x tokens x h x residual bytes per micro-step at the GPU's `pcie_gbps`, on a side stream that
+    overlaps compute: it costs max(0, transfer - compute) per micro-step.
+
 Calibration (docs/platform.md, GPU measurements 2026-12-01: Llama-2-7B LoRA r16, ZeRO-2, bf16, full
 checkpointing, H200 capped at 24 GiB): micro 4 -> 8 at 1024 tokens and micro 2 -> 4 at 2048 tokens give
 the same per-token slope (1.09e-4 and 1.15e-4 s/token for 41.6 and 43.8 GFLOP/token: 380 TFLOP/s, 38.5% of
@@ -30,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from zerofit.planner.activations import residual_bytes
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.shapes import lora_shape, model_shape
 
@@ -72,7 +81,21 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
     backward = 2 * matmul + 2 * trainable + 2 * attention
     ckpt = scn.checkpointed(n_layers)
     recompute = ckpt / n_layers * (2 * layer_matmul + attention)
-    return forward + backward + recompute, recompute
+    levers = 0.0
+    if scn.tiled_mlp > 1:
+        levers += 2.0 * shape.layer_mlp_weight_params * n_layers
+    if scn.cross_entropy == "fused_linear":
+        levers += 2.0 * h * shape.vocab_size
+    return forward + backward + recompute + levers, recompute
+
+
+def offload_transfer_s(scn: Scenario, card: GPU) -> float:
+    """Seconds one micro-step's offload copies take at `card`'s PCIe bandwidth (down and back up)."""
+    if not scn.activation_offload:
+        return 0.0
+    shape = model_shape(scn.model)
+    per_layer = scn.micro_batch_size * scn.seq_len * shape.hidden_size * residual_bytes(scn)
+    return 2.0 * scn.checkpointed(shape.num_layers) * per_layer / (card.pcie_gbps * 1e9)
 
 
 def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
@@ -86,7 +109,10 @@ def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
     total, recompute = flops_per_token(scn)
     n_layers = model_shape(scn.model).num_layers
     micro_tokens = scn.micro_batch_size * scn.seq_len
-    t_micro = MICRO_STEP_OVERHEAD_S_PER_LAYER * n_layers + micro_tokens * total / rate
+    compute = micro_tokens * total / rate
+    # Offload copies run on a side stream: only what compute does not hide costs time.
+    hidden_copy = max(0.0, offload_transfer_s(scn, card) - compute)
+    t_micro = MICRO_STEP_OVERHEAD_S_PER_LAYER * n_layers + compute + hidden_copy
     step = scn.grad_accum_steps * t_micro
     global_tokens = micro_tokens * scn.grad_accum_steps * scn.dp_size
     return SpeedEstimate(

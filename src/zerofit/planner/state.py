@@ -176,8 +176,10 @@ def model_state(scn: Scenario) -> StateTerms:
     t = StateTerms()
     half_b = dtype_bytes(prof.half) if prof.half else 4
     quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
-    # Frozen non-quantized weights: loaded in the load dtype, upcast to fp32 by k-bit preparation.
-    frozen_b = 4 if scn.quantization != "none" else dtype_bytes(prof.load)
+    # Frozen non-quantized weights: loaded in the load dtype, upcast to fp32 by k-bit preparation unless
+    # quantization.fp32_residual is false.
+    kbit_fp32 = scn.quantization != "none" and scn.fp32_residual
+    frozen_b = 4 if kbit_fp32 else dtype_bytes(prof.load)
     opt_state = optimizer_state_bytes(scn, counts.trainable_numels)
     # from_pretrained reads the checkpoint into host memory in the load dtype before the engine moves it.
     t.add(

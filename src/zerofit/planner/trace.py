@@ -34,6 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.lora import apply_lora, lora_config
 from zerofit.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
@@ -144,7 +145,7 @@ def _quant_emulation_class() -> type:
     return QuantLinearEmulation
 
 
-def _emulate_quantization(model: Any, compute_dtype: Any) -> None:
+def _emulate_quantization(model: Any, compute_dtype: Any, fp32_residual: bool = True) -> None:
     """Swap every decoder-layer linear for the quantized-linear emulation; upcast the rest like peft does."""
     import torch
 
@@ -161,11 +162,15 @@ def _emulate_quantization(model: Any, compute_dtype: Any) -> None:
                     emu.bias = torch.nn.Parameter(module.bias.detach().to(torch.float32), requires_grad=False)
                 emu.compute_dtype = compute_dtype
                 setattr(parent, name.rpartition(".")[2], emu)
-    # prepare_model_for_kbit_training: freeze everything, cast every non-quantized half parameter to fp32.
+    # prepare_model_for_kbit_training: freeze everything, cast every non-quantized half parameter to fp32
+    # (unless quantization.fp32_residual is false: they stay in the compute dtype).
     quantized = {id(m.weight) for m in model.modules() if isinstance(m, emu_cls)}
     for param in model.parameters():
         param.requires_grad_(False)
-        if id(param) not in quantized and param.dtype in (torch.float16, torch.bfloat16):
+        if not fp32_residual:
+            if id(param) not in quantized and param.dtype.is_floating_point:
+                param.data = param.data.to(compute_dtype)
+        elif id(param) not in quantized and param.dtype in (torch.float16, torch.bfloat16):
             param.data = param.data.to(torch.float32)
 
 
@@ -228,7 +233,7 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
         scn.model, num_layers=num_layers, attn_implementation=scn.attn_implementation, dtype=prof.load_dtype
     )
     if scn.quantization != "none":
-        _emulate_quantization(model, prof.half_dtype or torch.float32)
+        _emulate_quantization(model, prof.half_dtype or torch.float32, scn.fp32_residual)
     if scn.lora:
         model = apply_lora(
             model, lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
@@ -237,7 +242,8 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
     # The traced model has 1 or 2 layers: checkpointing is traced as all or none (see `trace_memory`).
     all_layers = scn.checkpointed(model_shape(scn.model).num_layers) == model_shape(scn.model).num_layers
-    enable_activation_checkpointing(hf, num_layers if all_layers else 0)
+    n_ckpt = enable_activation_checkpointing(hf, num_layers if all_layers else 0)
+    _enable_levers(hf, scn, n_ckpt)
     hf.config.use_cache = False
     if prof.cast_params_to is not None:
         # DeepSpeed / FSDP2 compute with every parameter in the half dtype (buffers stay fp32).
@@ -246,6 +252,42 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
                 param.data = param.data.to(prof.cast_dtype)
     model.train()
     return model
+
+
+def _meta_offload_class() -> type:
+    """`ActivationOffload` whose host copy is a meta tensor: on the traced (CPU) device an offloaded input
+    must leave the device's count, as it leaves the GPU's in a run."""
+    import torch
+
+    from zerofit.offload import ActivationOffload, _Offloaded
+
+    class MetaOffload(ActivationOffload):
+        def pack(self, tensor: torch.Tensor) -> Any:
+            if isinstance(tensor, torch.nn.Parameter):
+                return tensor
+            return _Offloaded(torch.empty_like(tensor, device="meta"), tensor.device, None)
+
+        def unpack(self, packed: Any) -> torch.Tensor:
+            if isinstance(packed, torch.Tensor):
+                return packed
+            return torch.empty_like(packed.host, device=packed.device)  # the prefetched copy
+
+    return MetaOffload
+
+
+def _enable_levers(hf: Any, scn: Scenario, n_ckpt: int) -> None:
+    """The long-context levers as `model.enable_memory_levers` turns them on: the tiled MLP, activation
+    offload of the checkpointed layers' inputs, the fused loss's head."""
+    from zerofit.fused_loss import install_fused_head
+    from zerofit.offload import enable_activation_offload
+    from zerofit.tiling import enable_tiled_mlp
+
+    layers = decoder_layers(hf)
+    enable_tiled_mlp(layers, scn.tiled_mlp if scn.tiled_mlp > 1 else 0)
+    if scn.activation_offload and n_ckpt:
+        enable_activation_offload(layers[:n_ckpt], _meta_offload_class()())
+    if scn.cross_entropy == "fused_linear":
+        install_fused_head(hf)
 
 
 def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
@@ -275,9 +317,13 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         labels = torch.zeros(micro, seq, dtype=torch.long)
 
         def micro_step() -> None:
+            inputs = {"input_ids": input_ids, "attention_mask": mask}
             with autocast:
-                logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-                loss = token_sum_loss(logits, labels, scn.cross_entropy)
+                if scn.cross_entropy == FUSED_LINEAR:  # the loss inside lm_head: no logits at all
+                    loss = forward_token_sum(model, inputs, labels, scn.cross_entropy)
+                else:  # the logits held through backward, as the analytic model counts them
+                    logits = model(**inputs, use_cache=False).logits
+                    loss = token_sum_loss(logits, labels, scn.cross_entropy)
             loss.backward()
 
         def window(tracker: Any = None) -> None:
@@ -321,7 +367,9 @@ def _peak_by_category(peak: dict[Any, dict[Any, int]]) -> tuple[int, dict[str, i
     """The memory tracker's peak snapshot summed over devices: (total bytes, bytes by category)."""
     by_cat = dict.fromkeys(CATEGORIES, 0)
     total = 0
-    for snap in peak.values():
+    for device, snap in peak.items():
+        if getattr(device, "type", str(device)) == "meta":
+            continue  # offloaded inputs' host stand-ins (`_meta_offload_class`), not device memory
         for key, value in snap.items():
             name = getattr(key, "value", str(key))
             if name == "Total":
