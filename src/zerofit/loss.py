@@ -88,6 +88,7 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
             picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
             total += torch.where(valid, lse_c - picked, 0.0).sum()
             lse[start : start + chunk] = lse_c
+            del x  # before the next chunk's upcast: one fp32 chunk alive at a time
         ctx.save_for_backward(logits, targets, lse)
         ctx.chunk = chunk
         return total
@@ -107,6 +108,7 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
             g.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(lse[start:stop, None], -1.0))
             g.mul_((valid.float() * scale).unsqueeze(1))
             grad[start:stop] = g
+            del g  # before the next chunk's: one fp32 chunk alive at a time, as the planner counts
         return grad, None, None
 
 
