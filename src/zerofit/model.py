@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from zerofit.catalogue import TINY_LLAMA
+from zerofit.config.resolve import check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
@@ -162,15 +163,10 @@ def check_memory_levers(cfg: ZerofitConfig) -> None:
                 "train.activation_offload=true (with activation checkpointing)."
             ]
         )
-    if t.activation_offload is True and t.activation_checkpointing in (False, 0):
-        raise ConfigError(
-            [
-                f"train.activation_offload = true needs activation checkpointing (train.activation_checkpointing = "
-                f"{t.activation_checkpointing!r} checkpoints no layer): it offloads the inputs checkpointed layers "
-                "save, and without checkpointing every activation of every layer would cross PCIe twice a step. "
-                "Set train.activation_checkpointing=true (or a number of layers), or train.activation_offload=false."
-            ]
-        )
+    problems: list[str] = []
+    check_levers(problems, cfg)  # resolve()'s own rule: offload needs checkpointing
+    if problems:
+        raise ConfigError(problems)
 
 
 def check_fused_head_targets(cross_entropy: str, target_modules: str | list[str]) -> None:

@@ -450,7 +450,7 @@ def _check_training(problems: list[str], cfg: ZerofitConfig) -> None:
             f"optimizer.lr_scaling = {o.lr_scaling!r} needs optimizer.base_batch_size (the global batch "
             "optimizer.lr was tuned for); set it, or optimizer.lr_scaling=none"
         )
-    _check_levers(problems, cfg)
+    check_levers(problems, cfg)
     known = config_keys()
     for key in cfg.checkpoint.allow_changes:
         if key not in known:
@@ -462,8 +462,9 @@ def _check_training(problems: list[str], cfg: ZerofitConfig) -> None:
             )
 
 
-def _check_levers(problems: list[str], cfg: ZerofitConfig) -> None:
-    """Activation offload moves the checkpointed layers' inputs to host memory, so it needs checkpointing."""
+def check_levers(problems: list[str], cfg: ZerofitConfig) -> None:
+    """Activation offload moves the checkpointed layers' inputs to host memory, so it needs checkpointing
+    (also applied by `zerofit.model` to a config that did not come through `resolve()`)."""
     t = cfg.train
     if t.activation_offload is True and t.activation_checkpointing in (False, 0):
         problems.append(
