@@ -18,6 +18,7 @@ from zerofit.catalogue import TINY_LLAMA
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
+Objective = Literal["sft", "dpo", "simpo", "orpo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 
 
@@ -159,6 +160,11 @@ class TrainSection(_Section):
         1.0, ge=0, description="Clip after the window; null or 0 disables."
     )
     partial_window: Literal["drop", "normalize"] = "drop"
+    objective: Objective = Field(
+        "sft",
+        description="What is learned: sft (next-token loss on the responses) or a preference objective on "
+        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo; the `preference` section).",
+    )
 
     @field_validator("tiled_mlp", mode="before")
     @classmethod
@@ -222,7 +228,7 @@ class LoraSection(_Section):
 
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
-DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text"]
+DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference"]
 
 
 class DataSection(_Section):
@@ -254,6 +260,30 @@ class DataSection(_Section):
         | None
     ) = Field(
         None, description="A fraction of `path` held out for evaluation, or the name of its eval split."
+    )
+
+
+class PreferenceSection(_Section):
+    """Preference tuning (`train.objective` dpo / simpo / orpo): the method's knobs and the reference model."""
+
+    beta: float = Field(
+        0.1, gt=0, description="Inverse temperature of the implicit reward (DPO 0.1, SimPO ~2, ORPO unused)."
+    )
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="DPO's loss of the reward margin: sigmoid (DPO), ipo (IPO), hinge (SLiC)."
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="Conservative DPO: the assumed rate of flipped preference labels."
+    )
+    simpo_gamma: float = Field(
+        0.5, ge=0, description="SimPO's target reward margin gamma, as a ratio of beta (gamma / beta)."
+    )
+    orpo_lambda: float = Field(0.1, gt=0, description="ORPO's weight of the odds-ratio term.")
+    reference: Literal["auto", "adapters_off", "precomputed", "none"] = Field(
+        "auto",
+        description="DPO's reference model: the base with the LoRA adapters switched off (no second copy), "
+        "or log-probabilities precomputed once before training and cached with the data. auto: adapters_off "
+        "with LoRA, else precomputed. SimPO and ORPO have no reference (none).",
     )
 
 
@@ -347,6 +377,7 @@ class ZerofitConfig(_Section):
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
     lora: LoraSection = Field(default_factory=LoraSection)
     data: DataSection = Field(default_factory=DataSection)
+    preference: PreferenceSection = Field(default_factory=PreferenceSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
