@@ -539,6 +539,18 @@ def _fill_logging(cfg: ZerofitConfig) -> None:
         cfg.logging.wandb.mode = "online" if wandb_key_configured() else "offline"
 
 
+def _fill_reference(cfg: ZerofitConfig) -> None:
+    """Decide `preference.reference: auto`: DPO's reference is the base with the adapters off under LoRA
+    (no second copy), else log-probabilities precomputed before training; SimPO, ORPO and SFT have none."""
+    pref = cfg.preference
+    if pref.reference != "auto":
+        return
+    if cfg.train.objective != "dpo":
+        pref.reference = "none"
+    else:
+        pref.reference = "adapters_off" if cfg.lora.enabled else "precomputed"
+
+
 def _fill_run_dir(cfg: ZerofitConfig, plan: BatchPlan) -> Path:
     """Decide the run name (the default one says model, method, preset, precision, global batch) and the
     run directory it names under `output_dir`."""
@@ -571,5 +583,6 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
     _fill_logging(cfg)
+    _fill_reference(cfg)
     run_dir = _fill_run_dir(cfg, plan)
     return ResolvedConfig(config=cfg, plan=plan, world_size=world_size, run_dir=run_dir, notes=tuple(notes))
