@@ -1,8 +1,8 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
     resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> the fused
-    loss head (train.cross_entropy=fused_linear) -> use_cache off
+    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> lean RMSNorms
+    -> the fused loss head (train.cross_entropy=fused_linear) -> use_cache off
     -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
@@ -25,6 +25,7 @@ from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, check_target_modules, lora_config
+from zerofit.norms import enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
@@ -155,14 +156,22 @@ def check_memory_levers(cfg: ZerofitConfig) -> None:
     did not decide (this config did not come through it) and offload without checkpointing."""
     t = cfg.train
     tiled_mlp_shards(t.tiled_mlp)
-    if t.activation_offload == "auto":
-        raise ConfigError(
-            [
-                "train.activation_offload = 'auto' reached the model unresolved: the planner decides it in "
-                "resolve() (zerofit plan / a launch); outside them it must be true or false, e.g. "
-                "train.activation_offload=true (with activation checkpointing)."
-            ]
-        )
+    for key, value, example in (
+        (
+            "activation_offload",
+            t.activation_offload,
+            "train.activation_offload=true (with activation checkpointing)",
+        ),
+        ("lean_norm", t.lean_norm, "train.lean_norm=true"),
+    ):
+        if value == "auto":
+            raise ConfigError(
+                [
+                    f"train.{key} = 'auto' reached the model unresolved: the planner decides it in "
+                    "resolve() (zerofit plan / a launch); outside them it must be true or false, e.g. "
+                    f"{example}."
+                ]
+            )
     problems: list[str] = []
     check_levers(problems, cfg)  # resolve()'s own rule: offload needs checkpointing
     if problems:
@@ -185,8 +194,8 @@ def check_fused_head_targets(cross_entropy: str, target_modules: str | list[str]
 
 
 def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationOffload | None:
-    """Activation checkpointing of the first n decoder layers, activation offload of their saved inputs
-    and the tiled MLP, as `train` asks (checked by `check_memory_levers`); returns the offload hooks (None
+    """Activation checkpointing of the first n decoder layers, activation offload of their saved inputs,
+    the tiled MLP and the lean RMSNorms, as `train` asks (checked by `check_memory_levers`); returns the offload hooks (None
     when off).
 
     Non-reentrant checkpointing (`zerofit.recompute`): the reentrant variant needs inputs that require
@@ -198,6 +207,8 @@ def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationO
         hf, checkpointed_layers(t.activation_checkpointing, hf.config.num_hidden_layers)
     )
     enable_tiled_mlp(layers, tiled_mlp_shards(t.tiled_mlp))
+    if t.lean_norm is True:
+        enable_lean_norm(hf)
     return enable_activation_offload(layers[:n_ckpt]) if t.activation_offload is True else None
 
 
@@ -247,7 +258,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         model = apply_lora(model, config, seed=cfg.seed)
 
     # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
-    #    decoder layers, offload of their saved inputs, the tiled MLP (`enable_memory_levers`).
+    #    decoder layers, offload of their saved inputs, the tiled MLP, lean RMSNorms (`enable_memory_levers`).
     offload = enable_memory_levers(_hf_model(model), cfg)
 
     # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's

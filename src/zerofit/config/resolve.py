@@ -10,7 +10,7 @@ constraints on the schema's fields, checked (and worded) when the config is vali
 After `resolve()` nothing is left for later layers to guess: the batch triple is exact for the launcher's
 world size, the preset and W&B mode are concrete, the run name and run directory are fixed.
 `auto` (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`, `train.activation_checkpointing`,
-`train.tiled_mlp`, `train.activation_offload`) is decided here too, by the plan chooser the caller passes in (the memory planner's,
+`train.tiled_mlp`, `train.activation_offload`, `train.lean_norm`) is decided here too, by the plan chooser the caller passes in (the memory planner's,
 `zerofit.planner.choose_fastest_plan`): the config layer sits below the planner and never imports it.
 A token budget (`batch.tokens_per_micro_batch`) is a micro-batch of packed rows: tokens / max_seq_len
 rows, which is what `batch.micro_batch_size` holds after `resolve()`.
@@ -40,13 +40,15 @@ from zerofit.presets import DEFAULT_PRESET, list_presets
 class PlanChoice:
     """What the planner decides for the `auto` keys: the micro-batch (rows of packed tokens under a token
     budget), the decoder layers to checkpoint (`true`, `false` or a number), the MLP's token shards
-    (`false` or a number) and whether the checkpointed inputs are offloaded to host memory. A value is
+    (`false` or a number), whether the checkpointed inputs are offloaded to host memory and whether the
+    RMSNorms are lean (`train.lean_norm`). A value is
     written into the config only where its key is `auto`."""
 
     micro_batch_size: int
     activation_checkpointing: bool | int
     tiled_mlp: bool | int = False
     activation_offload: bool = False
+    lean_norm: bool = False
 
 
 # `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
@@ -220,6 +222,7 @@ def _auto_keys(cfg: ZerofitConfig) -> list[str]:
             ("train.activation_checkpointing", cfg.train.activation_checkpointing),
             ("train.tiled_mlp", cfg.train.tiled_mlp),
             ("train.activation_offload", cfg.train.activation_offload),
+            ("train.lean_norm", cfg.train.lean_norm),
         )
         if value == "auto"
     ]
@@ -518,6 +521,8 @@ def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) 
             t.tiled_mlp = choice.tiled_mlp
         if t.activation_offload == "auto":
             t.activation_offload = choice.activation_offload
+        if t.lean_norm == "auto":
+            t.lean_norm = choice.lean_norm
     if cfg.batch.tokens_per_micro_batch is not None:
         cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * cfg.data.max_seq_len
     if t.max_steps is None and t.epochs is None:

@@ -148,6 +148,12 @@ class TrainSection(_Section):
         "intermediates exist for one shard at a time (zerofit.tiling); false = off. auto: the planner's choice "
         "(only where it is needed to fit or is faster).",
     )
+    lean_norm: bool | Literal["auto"] = Field(
+        False,
+        description="The model's RMSNorms save their input in its own dtype and the fp32 rstd instead of the "
+        "fp32 upcast input, recomputing the normalized value in backward (zerofit.norms): the same output, "
+        "gradients equal up to rounding. auto: the planner's choice (only where it is needed to fit or is faster).",
+    )
     cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear"] = Field(
         "chunked",
         description=(

@@ -4,7 +4,7 @@ Activation bytes per token of one decoder layer are a sum of typed terms (`Term`
 it models, its bytes and its display label; see `_layer_split`). Code selects terms by kind, never by label. The rules
 come from which tensors autograd saves for backward:
   - RMSNorm saves its fp32 upcast input and the per-token rstd (and its normalized output when its weight
-    trains);
+    trains); the lean RMSNorm (train.lean_norm, zerofit.norms) its input as it is and the rstd;
   - a linear saves its input only when its weight trains; a frozen base linear saves nothing, its LoRA
     adapter saves its own input: the same storage as the base's input when the dtypes agree, else its own
     cast copy (fp32 adapters under a bf16 base, or a bf16 copy under autocast), plus the rank-r output of A;
@@ -183,6 +183,14 @@ _POST_ATTENTION_GROUPS = ("o_in", "mlp_in", "down_in")
 _MLP_GROUPS = ("mlp_in", "down_in")
 
 
+def _norm_saves(scn: Scenario, hidden: int, dt: _Dt) -> int:
+    """Bytes per token one RMSNorm saves for backward: HF's fp32 upcast input and rstd (+ its normalized
+    output when the weight trains); the lean norm (`train.lean_norm`) its input as it is and the rstd."""
+    if scn.lean_norm:
+        return dt.resid * hidden + 4
+    return 4 * hidden + 4 + (dt.resid * hidden if not scn.lora else 0)
+
+
 def _layer_split(
     scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt, tiled: bool = False
 ) -> tuple[list[Term], int]:
@@ -190,10 +198,12 @@ def _layer_split(
     bytes belong after attention (o_proj, norm 2, the MLP). `tiled` (train.tiled_mlp): the MLP saves only
     its input (zerofit.tiling), its intermediates exist per shard in backward (`MLP_SHARD`)."""
     h, inter = shape.hidden_size, shape.intermediate_size
-    full = not scn.lora
-    # RMSNorm x2: fp32 upcast input + rstd; normalized output too when the norm weight trains.
-    norm = 4 * h + 4 + (dt.resid * h if full else 0)
-    label = "2 RMSNorms (fp32 input, rstd" + (", normalized output)" if full else ")")
+    # RMSNorm x2: fp32 upcast input + rstd; normalized output too when the norm weight trains (lean: the
+    # input as it is + rstd).
+    norm = _norm_saves(scn, h, dt)
+    label = "2 RMSNorms (fp32 input, rstd" + (", normalized output)" if not scn.lora else ")")
+    if scn.lean_norm:
+        label = "2 lean RMSNorms (input as it is, rstd)"
     terms = [Term(TermKind.NORMS, 2 * norm, label), *_attention_saves(scn, shape, dt)]
     if tiled:
         mlp = dt.resid * h
@@ -541,7 +551,7 @@ def _fused_loss_terms(st: _Step, per_token: Term) -> list[tuple[str, list[Term]]
 def _loss_moments(st: _Step) -> list[Moment]:
     """The loss's peaks on top of everything saved (the final norm's and lm_head's inputs included)."""
     h, tokens, full = st.shape.hidden_size, st.tokens, not st.scn.lora
-    final_norm = (4 * h + 4 + (st.dt.resid * h if full else 0)) * tokens
+    final_norm = _norm_saves(st.scn, h, st.dt) * tokens
     head_input = 0
     if full:
         ac = st.dt.autocast_half
@@ -660,7 +670,7 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
         terms.append(Term(TermKind.ROTARY, rope, "rotary cos/sin"))
     if n_saved:
         # Under LoRA nothing before layer 0's first adapter needs a gradient: its first RMSNorm saves nothing.
-        layer0_saving = 0 if (not scn.lora or n_ckpt) else 4 * h + 4
+        layer0_saving = 0 if (not scn.lora or n_ckpt) else _norm_saves(scn, h, dt)
         label = f"saved activations ({n_saved} layers x {tokens} tokens x {per_layer_tok:,} B)"
         terms.append(Term(TermKind.SAVED_LAYERS, (n_saved * per_layer_tok - layer0_saving) * tokens, label))
     return terms
@@ -696,8 +706,10 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
         n_saved=shape.num_layers - n_ckpt,
         per_layer_tok=per_layer_tok,
         post_attention_tok=post_attention_tok,
-        # A recomputed layer's first RMSNorm saves its input; in fp32 that is the checkpointed input itself.
-        recomputed_tok=per_layer_tok - (4 * shape.hidden_size if dt.resid == 4 else 0),
+        # A recomputed layer's first RMSNorm saves its input (lean) or its fp32 upcast: that is the
+        # checkpointed input itself when lean or already fp32.
+        recomputed_tok=per_layer_tok
+        - (dt.resid * shape.hidden_size if scn.lean_norm or dt.resid == 4 else 0),
         tr=tr,
         base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok)),
         logits=()

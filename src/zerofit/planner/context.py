@@ -4,7 +4,7 @@ Every combination of the long-context levers the config may use is a candidate (
 makes of the config with those overrides, `what_if`): every decoder layer checkpointed; activation offload
 off / on; the tiled MLP off or in 2..64 token shards; the config's loss or `fused_linear` (unless LoRA
 adapts lm_head, which the fused loss refuses); under k-bit quantization `quantization.fp32_residual` true or
-false. For each, the longest fitting length is found by bisection over multiples of `STEP` tokens up to
+false; the lean RMSNorm (`train.lean_norm`) off / on. For each, the longest fitting length is found by bisection over multiples of `STEP` tokens up to
 `SEARCH_MAX` (the peak grows with the length, so the fitting lengths are a prefix). The answer is the
 longest of them, capped at the model's `max_position_embeddings` (beyond it the model was not trained:
 `limited_by` says which bound stopped it, and `memory_tokens` is what memory alone allows); among the
@@ -94,7 +94,9 @@ def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
     if cfg.quantization.load_in != "none":
         residual.append("quantization.fp32_residual=false")
     out = []
-    for offload, shards, loss, resid in product((False, True), TILED_SHARDS, losses, residual):
+    for lean, offload, shards, loss, resid in product(
+        (False, True), (False, True), TILED_SHARDS, losses, residual
+    ):
         out.append(
             (
                 "train.activation_checkpointing=true",
@@ -102,6 +104,7 @@ def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
                 f"train.tiled_mlp={str(shards).lower()}",
                 loss,
                 resid,
+                f"train.lean_norm={str(lean).lower()}",
             )
         )
     return out
@@ -148,6 +151,7 @@ def _needed(overrides: tuple[str, ...], cfg: ZerofitConfig) -> list[str]:
         "train.tiled_mlp": str(t.tiled_mlp).lower(),
         "train.cross_entropy": t.cross_entropy,
         "quantization.fp32_residual": str(q.fp32_residual).lower(),
+        "train.lean_norm": str(t.lean_norm).lower(),
     }
     return [o for o in overrides if current[o.partition("=")[0]] != o.partition("=")[2]]
 

@@ -55,10 +55,12 @@ class Scenario:
     cross_entropy: str = "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.loss, fused_loss)
     # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.tiling), the checkpointed
     # inputs kept in pinned host memory (zerofit.offload), and under k-bit quantization whether the
-    # residual stream (norms, embeddings, lm_head) is upcast to fp32 (quantization.fp32_residual).
+    # residual stream (norms, embeddings, lm_head) is upcast to fp32 (quantization.fp32_residual); the
+    # RMSNorms saving their input as it is instead of its fp32 upcast (train.lean_norm, zerofit.norms).
     tiled_mlp: int = 1
     activation_offload: bool = False
     fp32_residual: bool = True
+    lean_norm: bool = False
     # Token budget: micro_batch_size rows of seq_len tokens, each packing whole examples (attention is
     # masked per document, so always the masked path).
     packed: bool = False
@@ -76,7 +78,7 @@ class Scenario:
 
     def with_levers(self, **levers: Any) -> Scenario:
         """The same run with other long-context levers (`tiled_mlp`, `activation_offload`, `cross_entropy`,
-        `fp32_residual`, `seq_len`, `activation_checkpointing`)."""
+        `fp32_residual`, `lean_norm`, `seq_len`, `activation_checkpointing`)."""
         return replace(self, **levers)
 
     def checkpointed(self, num_layers: int) -> int:
@@ -156,6 +158,7 @@ def scenario_for(
         ("activation_checkpointing", t.activation_checkpointing),
         ("tiled_mlp", t.tiled_mlp),
         ("activation_offload", t.activation_offload),
+        ("lean_norm", t.lean_norm),
     ):
         if value == "auto":
             raise ValueError(f"scenario_for takes a resolved config: train.{key} is still auto")
@@ -192,6 +195,7 @@ def scenario_for(
         tiled_mlp=max(1, int(t.tiled_mlp)),
         activation_offload=t.activation_offload is True,
         fp32_residual=cfg.quantization.fp32_residual,
+        lean_norm=t.lean_norm is True,
         packed=cfg.batch.tokens_per_micro_batch is not None,
     )
 
@@ -235,6 +239,8 @@ def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accu
         out.append("train.tiled_mlp=false")
     if t.activation_offload == "auto":
         out.append("train.activation_offload=false")
+    if t.lean_norm == "auto":
+        out.append("train.lean_norm=false")
     return out
 
 
@@ -251,7 +257,7 @@ def what_if(
     Nothing is `auto` in the candidate (no chooser is asked): `micro_batch_size` rows per micro-batch
     (None: the config's, 1 where it is `auto`), a token budget of rows x data.max_seq_len under one;
     `grad_accum_steps` with the global batch it makes (None: derived from the config's global batch);
-    `auto` checkpointing as every layer, `auto` tiling and offload off. Raises `ConfigError` when `resolve()` refuses the candidate.
+    `auto` checkpointing as every layer, `auto` tiling, offload and lean norm off. Raises `ConfigError` when `resolve()` refuses the candidate.
     """
     from zerofit.config.resolve import resolve
     from zerofit.engine.render import render_spec

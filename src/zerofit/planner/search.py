@@ -8,8 +8,8 @@ The fastest plan: every (micro-batch, checkpointed layers) pair that fits is sco
 `speed.py` (recomputation FLOPs per checkpointed layer against the per-micro-step overhead a bigger
 micro-batch amortizes); for each micro-batch the fewest checkpointed layers that fit is the fastest, and
 the best micro-batch wins. `auto` keys (`batch.micro_batch_size`, `batch.tokens_per_micro_batch`,
-`train.activation_checkpointing`) take that plan. `train.tiled_mlp` / `train.activation_offload` = `auto`
-add their settings as variants (`lever_variants`): a lever costs time (speed.py), so it is chosen only
+`train.activation_checkpointing`) take that plan. `train.tiled_mlp` / `train.activation_offload` /
+`train.lean_norm` = `auto` add their settings as variants (`lever_variants`): a lever costs time (speed.py), so it is chosen only
 where it makes a plan fit or lets a faster one fit (a tie keeps it off).
 
 Verdicts, for the card's usable memory M (torch's `total_memory`):
@@ -263,6 +263,7 @@ class PlanOption:
     speed: SpeedEstimate
     tiled_mlp: int = 1  # MLP token shards (1 = off)
     activation_offload: bool = False
+    lean_norm: bool = False
 
     @property
     def checkpointing(self) -> bool | int:
@@ -277,7 +278,8 @@ class PlanOption:
         out = f"micro {self.micro_batch_size} x accum {self.grad_accum_steps}, checkpointing {ckpt}"
         if self.tiled_mlp > 1:
             out += f", MLP in {self.tiled_mlp} token shards"
-        return out + (", inputs offloaded to host" if self.activation_offload else "")
+        out += ", inputs offloaded to host" if self.activation_offload else ""
+        return out + (", lean RMSNorms" if self.lean_norm else "")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form (the levers' keys only where the option uses them)."""
@@ -297,6 +299,8 @@ class PlanOption:
             out["tiled_mlp"] = self.tiled_mlp
         if self.activation_offload:
             out["activation_offload"] = True
+        if self.lean_norm:
+            out["lean_norm"] = True
         return out
 
 
@@ -315,6 +319,7 @@ def plan_option(scn: Scenario, budget: Budget | None) -> PlanOption:
         speed=predict_speed(scn, budget.gpu if budget else None),
         tiled_mlp=scn.tiled_mlp,
         activation_offload=scn.activation_offload,
+        lean_norm=scn.lean_norm,
     )
 
 
@@ -535,7 +540,8 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
     - micro auto, checkpointing fixed: the largest micro-batch that fits;
     - micro fixed, checkpointing auto: the fewest checkpointed layers that fit at that micro-batch;
     - both auto: the pair with the highest predicted tokens/s (`speed.py`);
-    - `train.tiled_mlp` / `train.activation_offload` auto: the fastest of their settings (`lever_variants`).
+    - `train.tiled_mlp` / `train.activation_offload` / `train.lean_norm` auto: the fastest of their
+      settings (`lever_variants`).
     Raises `ConfigError` (with the remedies) when no budget is known or nothing fits.
     """
     b = cfg.batch
@@ -594,14 +600,20 @@ TILED_MLP_CANDIDATES = (1, 2, 4, 8, 16)
 
 def lever_variants(cfg: ZerofitConfig, scn: Scenario) -> list[Scenario]:
     """`scn` with every combination of the `auto` levers' settings (`train.tiled_mlp`,
-    `train.activation_offload`), the levers-off one first (ties keep it). Offload only where some layer
-    can be checkpointed (`resolve()` refuses it otherwise)."""
+    `train.activation_offload`, `train.lean_norm`), the levers-off one first (ties keep it). Offload only
+    where some layer can be checkpointed (`resolve()` refuses it otherwise)."""
     t = cfg.train
     shards = TILED_MLP_CANDIDATES if t.tiled_mlp == "auto" else (scn.tiled_mlp,)
     offload: tuple[bool, ...] = (scn.activation_offload,)
     if t.activation_offload == "auto":
         offload = (False, True) if t.activation_checkpointing not in (False, 0) else (False,)
-    return [scn.with_levers(tiled_mlp=s, activation_offload=o) for o in offload for s in shards]
+    lean = (False, True) if t.lean_norm == "auto" else (scn.lean_norm,)
+    return [
+        scn.with_levers(tiled_mlp=s, activation_offload=o, lean_norm=n)
+        for n in lean
+        for o in offload
+        for s in shards
+    ]
 
 
 def _plan_choice(cfg: ZerofitConfig, best: PlanOption) -> PlanChoice:
@@ -613,6 +625,7 @@ def _plan_choice(cfg: ZerofitConfig, best: PlanOption) -> PlanChoice:
         checkpointing,  # type: ignore[arg-type]
         tiled_mlp=best.tiled_mlp if best.tiled_mlp > 1 else False,
         activation_offload=best.activation_offload,
+        lean_norm=best.lean_norm,
     )
 
 
@@ -667,5 +680,5 @@ def _choose_checkpointing(
 def _auto_names(cfg: ZerofitConfig) -> list[str]:
     """The training keys set to `auto` (for messages)."""
     t = cfg.train
-    keys = ("activation_checkpointing", "tiled_mlp", "activation_offload")
+    keys = ("activation_checkpointing", "tiled_mlp", "activation_offload", "lean_norm")
     return [f"train.{k}" for k in keys if getattr(t, k) == "auto"]

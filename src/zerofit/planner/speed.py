@@ -22,6 +22,11 @@ The long-context levers (issue 16) add their own costs:
   - tiled MLP (train.tiled_mlp > 1): one more MLP forward per layer, 2 N_mlp per token (the backward
     recomputes each shard's intermediates);
   - fused_linear loss: one more lm_head matmul, 2 h V per token (the gradients are recomputed per chunk);
+  - lean RMSNorm (train.lean_norm): each norm recomputes its fp32 normalized value in backward, an
+    elementwise pass that moves ~10 bytes per element (read the input, write and read the fp32 value):
+    memory-bound, charged as LEAN_NORM_FLOPS_PER_ELEMENT matmul FLOPs per element (a GPU's sustained
+    matmul rate is ~30x its HBM bandwidth in bytes/s), (2 L + 1) norms x h elements per token: ~0.2% of a
+    step at the 8B shape;
   - activation offload: every checkpointed layer input crosses PCIe down in forward and up in backward,
     2 x n x tokens x h x residual bytes per micro-step at the GPU's `pcie_gbps`, on a side stream that
     overlaps compute: it costs max(0, transfer - compute) per micro-step.
@@ -51,6 +56,8 @@ MICRO_STEP_OVERHEAD_S_PER_LAYER = 0.003
 FP32_SLOWDOWN = 4.0  # fp32 matmuls (TF32 at best) against the bf16 tensor peak
 # QLoRA (4-bit, single) ran at 5,832 tokens/s where bf16 LoRA (ZeRO-2) ran at 7,815 (4 x 2048, same card).
 KBIT_SLOWDOWN = 1.34
+# ~10 bytes moved per element at ~30 sustained matmul FLOPs per byte of HBM bandwidth (module docstring).
+LEAN_NORM_FLOPS_PER_ELEMENT = 300.0
 REFERENCE_GPU = "rtx3090"  # whose rates are used when the budget names no GPU (speeds are then relative)
 
 
@@ -86,6 +93,8 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
         levers += 2.0 * shape.layer_mlp_weight_params * n_layers
     if scn.cross_entropy == "fused_linear":
         levers += 2.0 * h * shape.vocab_size
+    if scn.lean_norm:
+        levers += LEAN_NORM_FLOPS_PER_ELEMENT * (2 * n_layers + 1) * h
     return forward + backward + recompute + levers, recompute
 
 

@@ -276,14 +276,17 @@ def _meta_offload_class() -> type:
 
 
 def _enable_levers(hf: Any, scn: Scenario, n_ckpt: int) -> None:
-    """The long-context levers as `model.enable_memory_levers` turns them on: the tiled MLP, activation
-    offload of the checkpointed layers' inputs, the fused loss's head."""
+    """The long-context levers as `model.enable_memory_levers` turns them on: the tiled MLP, the lean
+    RMSNorms, activation offload of the checkpointed layers' inputs, the fused loss's head."""
     from zerofit.fused_loss import install_fused_head
+    from zerofit.norms import enable_lean_norm
     from zerofit.offload import enable_activation_offload
     from zerofit.tiling import enable_tiled_mlp
 
     layers = decoder_layers(hf)
     enable_tiled_mlp(layers, scn.tiled_mlp if scn.tiled_mlp > 1 else 0)
+    if scn.lean_norm:
+        enable_lean_norm(hf)
     if scn.activation_offload and n_ckpt:
         enable_activation_offload(layers[:n_ckpt], _meta_offload_class()())
     if scn.cross_entropy == "fused_linear":
