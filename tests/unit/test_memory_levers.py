@@ -1,7 +1,8 @@
 """The memory levers of long context (issue 16), each exact: `train.tiled_mlp`, `train.activation_offload`,
-and `quantization.fp32_residual` (whose `false` is a stated change of numerics, not an exact lever).
+`train.lean_norm`, and `quantization.fp32_residual` (whose `false` is a stated change of numerics, not an exact lever).
 
-On tiny-llama in fp32 with ragged rows: the tiled MLP, the offloaded checkpoint inputs and both together
+On tiny-llama in fp32 with ragged rows: the tiled MLP, the offloaded checkpoint inputs, the lean RMSNorms
+(checkpointed, so their recomputation runs too) and all together
 give the plain model's loss (1e-6) and the gradient of every trainable parameter (1e-6 + 2e-5 relative),
 full fine-tuning and LoRA, with activation checkpointing on the same layers; a 4-step run per lever follows
 the reference loss curve within 2e-5. And each lever does what it is for: the tiled MLP's saved
@@ -38,7 +39,13 @@ BATCH = collate(ROWS, pad_id=0)
 LEVERS = {
     "tiled-3": {"tiled_mlp": 3},
     "offload": {"activation_checkpointing": True, "activation_offload": True},
-    "all-on-layer-1": {"tiled_mlp": 2, "activation_checkpointing": 1, "activation_offload": True},
+    "lean-norm": {"lean_norm": True, "activation_checkpointing": True},
+    "all-on-layer-1": {
+        "tiled_mlp": 2,
+        "activation_checkpointing": 1,
+        "activation_offload": True,
+        "lean_norm": True,
+    },
 }
 
 
@@ -75,6 +82,8 @@ def test_lever_gives_the_plain_models_loss_and_gradients(reference: Any, lever: 
     mlp_forwards = {type(layer.mlp).forward for layer in decoder_layers(built.model)}
     tiled = [getattr(layer.mlp, "_z3_leaf", False) for layer in decoder_layers(built.model)]
     assert all(tiled) == ("tiled_mlp" in LEVERS[lever]) and len(mlp_forwards) == 1  # the lever was on
+    lean = ["forward" in vars(m) for m in built.model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert len(lean) == 5 and all(lean) == ("lean_norm" in LEVERS[lever])  # 2 per layer + the final norm
 
 
 def test_tiled_mlp_replays_lora_dropout_in_backward() -> None:
@@ -178,6 +187,7 @@ def test_offload_takes_exactly_the_checkpointed_layers_inputs() -> None:
         ({"activation_offload": True, "activation_checkpointing": 0}, ["cross PCIe"]),
         ({"activation_offload": "auto", "activation_checkpointing": True}, ["train.activation_offload"]),
         ({"tiled_mlp": "auto"}, ["train.tiled_mlp = 'auto'", "train.tiled_mlp=4"]),
+        ({"lean_norm": "auto"}, ["train.lean_norm = 'auto'", "train.lean_norm=true"]),
     ],
 )
 def test_lever_settings_the_model_cannot_run_are_refused_before_loading(
