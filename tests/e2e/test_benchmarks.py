@@ -95,6 +95,7 @@ def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(tmp_path: Pa
         assert by[case]["cross_entropy"] == "fused_linear" and by[case]["activation_checkpointing"] is True
         assert by[case]["levers"]["activation_offload"] is True and by[case]["levers"]["tiled_mlp"] == 4
         assert by[case]["batch"]["micro"] == 1 and by[case]["predicted"]["verdict"]
+    assert by["long-lora-16k"]["levers"]["lean_norm"] is True  # the LoRA recipe's 32k needs it
     assert by["long-hf-qlora-16k"]["load_in_4bit"] is True and by["long-hf-lora-16k"]["load_in_4bit"] is False
     assert all(by[c]["collator"] == "flatten" for c in ("long-hf-qlora-16k", "long-hf-lora-16k"))
     assert set(report["ratios_useful_tokens_per_s"]) == {

@@ -1,8 +1,9 @@
 """The planner knows issue 16's long-context levers: their memory terms, their speed costs, `auto` for
-`train.tiled_mlp` / `train.activation_offload` decided by the chooser, and `zerofit plan --max-context`.
+`train.tiled_mlp` / `train.activation_offload` / `train.lean_norm` decided by the chooser, and
+`zerofit plan --max-context`.
 
 All analytic (no trace): each test builds scenarios at the Llama-3.1-8B shape and checks one lever's term
-against the lever's facts (zerofit.fused_loss / tiling / offload docstrings)."""
+against the lever's facts (zerofit.fused_loss / tiling / offload / norms docstrings)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from zerofit.errors import ConfigError
 from zerofit.loss import chunk_tokens
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.activations import TermKind, activation_terms
-from zerofit.planner.context import max_context
+from zerofit.planner.context import lever_combinations, max_context
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.scenario import Scenario
@@ -31,6 +32,7 @@ from zerofit.planner.speed import flops_per_token, predict_speed
 REPO = Path(__file__).resolve().parents[2]
 L31 = "meta-llama/Llama-3.1-8B"
 RECIPE = REPO / "configs" / "llama31-8b-qlora-longctx-3090.yaml"
+LORA_RECIPE = REPO / "configs" / "llama31-8b-lora-longctx-3090.yaml"
 QLORA = Scenario(
     model=L31, seq_len=16384, micro_batch_size=1, quantization="4bit", activation_checkpointing=True
 )
@@ -87,13 +89,50 @@ def test_fp32_residual_false_halves_the_residual_stream() -> None:
     assert estimate(lean).total_gib < estimate(QLORA).total_gib - 4
 
 
+# bf16 LoRA on ZeRO-2 (the LoRA long-context recipe's engine: adapters computed in bf16), 32k tokens.
+LORA_32K = Scenario(
+    model=L31,
+    seq_len=32768,
+    micro_batch_size=1,
+    strategy="deepspeed",
+    zero_stage=2,
+    activation_checkpointing=True,
+    cross_entropy="fused_linear",
+    tiled_mlp=4,
+    activation_offload=True,
+)
+
+
+def test_lean_norm_saves_each_norms_input_as_it_is() -> None:
+    h = 4096
+    lean = replace(LORA_32K, lean_norm=True)
+    norms = {
+        scn.lean_norm: [t.bytes for t in activation_terms(scn).per_layer_token_terms if t.kind is TermKind.NORMS]
+        for scn in (LORA_32K, lean)
+    }
+    # HF: 2 x (fp32 upcast + rstd); lean: 2 x (the bf16 input + rstd).
+    assert norms == {False: [2 * (4 * h + 4)], True: [2 * (2 * h + 4)]}
+    recomputed = {
+        scn.lean_norm: activation_terms(scn).bytes_of(TermKind.RECOMPUTED_LAYER) // scn.seq_len
+        for scn in (LORA_32K, lean)
+    }
+    # The recomputed layer's first norm saves the checkpointed input itself: only rstd is new there.
+    assert recomputed[False] - recomputed[True] == 2 * (4 * h + 4) - (2 * h + 4) - 4
+    assert estimate(lean).tensors_gib < estimate(LORA_32K).tensors_gib - 0.5
+    # With an fp32 residual stream HF's upcast is the input itself: LoRA saves the same either way.
+    fp32 = replace(QLORA, lean_norm=True)
+    assert activation_terms(fp32).per_layer_token_terms[0].bytes == 2 * (4 * h + 4)
+
+
 def test_speed_model_charges_each_lever() -> None:
     shape = model_shape(L31)
     base, _ = flops_per_token(QLORA)
     tiled, _ = flops_per_token(replace(QLORA, tiled_mlp=4))
     fused, _ = flops_per_token(replace(QLORA, cross_entropy="fused_linear"))
+    lean, _ = flops_per_token(replace(QLORA, lean_norm=True))
     assert tiled - base == 2 * 3 * 4096 * 14336 * shape.num_layers
     assert fused - base == 2 * 4096 * shape.vocab_size
+    assert 0 < lean - base < 0.005 * base  # an elementwise recompute per norm: charged, and small
     card = GPUS["rtx3090"]
     off = replace(QLORA, activation_offload=True)
     assert predict_speed(off, card).step_time_s == predict_speed(QLORA, card).step_time_s  # hidden by compute
@@ -112,6 +151,12 @@ def test_auto_levers_stay_off_where_not_needed_and_turn_on_where_needed() -> Non
     assert long.activation_offload is True and isinstance(long.tiled_mlp, int) and long.tiled_mlp > 1
 
 
+def test_lean_norm_auto_is_on_only_where_it_is_needed_to_fit() -> None:
+    assert _resolved(LORA_RECIPE, "data.max_seq_len=8192").config.train.lean_norm is False
+    long = _resolved(LORA_RECIPE).config.train  # 32k: does not fit without it (31,744 tokens do)
+    assert long.lean_norm is True and long.activation_offload is True
+
+
 def test_resolve_refuses_offload_without_checkpointing() -> None:
     with pytest.raises(ConfigError, match=r"train\.activation_offload = true needs activation checkpointing"):
         _resolved(RECIPE, "train.activation_offload=true", "train.activation_checkpointing=false")
@@ -126,6 +171,19 @@ def test_max_context_reaches_the_qlora_goal_and_names_its_levers() -> None:
     assert "train.cross_entropy=fused_linear" in mc.levers and "train.activation_offload=true" in mc.levers
     assert mc.total_gib is not None and mc.total_gib <= budget.limit_gib
     assert mc.next_total_gib is not None and mc.next_total_gib > budget.limit_gib  # the longest, not less
+
+
+def test_max_context_reaches_the_lora_goal_with_the_lean_norm() -> None:
+    cfg = load_config(str(LORA_RECIPE), [f"model.name_or_path={L31}"])
+    budget = resolve_budget(cfg, gpu="rtx3090", detect=False)
+    assert budget is not None
+    mc = max_context(cfg, 1, budget)
+    assert mc.tokens is not None and mc.tokens >= 32768
+    assert "train.lean_norm=true" in mc.levers and "train.activation_offload=true" in mc.levers
+    # Weighed even where the config turns it off (--max-context says what the longest context needs).
+    off = load_config(str(LORA_RECIPE), ["train.lean_norm=false"])
+    assert any("train.lean_norm=true" in combo for combo in lever_combinations(off))
+    assert mc.next_total_gib is not None and mc.next_total_gib > budget.limit_gib
 
 
 def test_max_context_is_capped_by_the_models_positions() -> None:
@@ -165,6 +223,7 @@ TRACE_CASES = {
         activation_offload=True,
         fp32_residual=False,
     ),
+    "lora-zero2-lean-norm-32k": replace(LORA_32K, lean_norm=True),
     "lora-all-levers-16k": Scenario(
         model=L31,
         seq_len=16384,
