@@ -8,8 +8,8 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     (micro 2, GAS 2, dp 2) on ZeRO-2 and ZeRO-3 with the loss inside lm_head (train.cross_entropy=fused_linear)
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
-    the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded and its MLP
-    in 3 token shards; ZeRO-3 with the MLP in 2 token shards
+    the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
+    in 3 token shards and lean RMSNorms; ZeRO-3 with the MLP in 2 token shards and lean RMSNorms
 
 through the real launchers (python, deepspeed, torchrun; gloo). Over 4 optimizer steps the per-step losses
 (metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
@@ -39,7 +39,12 @@ N_EXAMPLES, GLOBAL, STEPS, SEED, LR, MAX_LEN, CLIP = 20, 8, 4, 7, 1e-3, 64, 1.0
 TOL = 1e-5
 FUSED = "train.cross_entropy=fused_linear"
 
-LEVERS = ("train.tiled_mlp=3", "train.activation_checkpointing=true", "train.activation_offload=true")
+LEVERS = (
+    "train.tiled_mlp=3",
+    "train.activation_checkpointing=true",
+    "train.activation_offload=true",
+    "train.lean_norm=true",
+)
 SPLITS = [
     Launch("single-m8", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
     Launch("single-m2", "python", ("distributed.strategy=single", "batch.micro_batch_size=2")),
@@ -61,7 +66,13 @@ SPLITS = [
     Launch(
         "zero3-tiled",
         "deepspeed",
-        ("distributed.preset=zero3", "batch.micro_batch_size=2", "train.tiled_mlp=2", FUSED),
+        (
+            "distributed.preset=zero3",
+            "batch.micro_batch_size=2",
+            "train.tiled_mlp=2",
+            "train.lean_norm=true",
+            FUSED,
+        ),
     ),
 ]
 EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
@@ -144,6 +155,7 @@ def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> Non
     )
     tiled = yaml.safe_load((runs["zero3-tiled"].run_dir / "config.yaml").read_text())["train"]
     assert tiled["tiled_mlp"] == 2
+    assert levers["lean_norm"] is tiled["lean_norm"] is True
     assert levers["cross_entropy"] == tiled["cross_entropy"] == "fused_linear"
 
 

@@ -49,8 +49,8 @@ from zerofit.version import __version__
 # Config keys whose change cannot alter the training trajectory: names and places, logging, how
 # checkpoints are kept, the planner's target, how the (unchanged) global batch is split over micro-batches
 # (or packed rows) and ranks, implementation choices that compute the same values (recomputation, where
-# saved activations wait: `train.activation_offload`; not `train.tiled_mlp`, whose shards draw LoRA dropout
-# masks differently), the tokenization cache,
+# saved activations wait: `train.activation_offload`; what the RMSNorms save: `train.lean_norm`; not
+# `train.tiled_mlp`, whose shards draw LoRA dropout masks differently), the tokenization cache,
 # and evaluation (a no-grad forward in eval mode: it draws no random numbers and changes no weight; the
 # held-out fraction `data.eval_split` does change the training set, and is compared). `distributed.*` is judged by the
 # checkpoint format instead (a ZeRO-2 checkpoint loads only into ZeRO-2), and `data.path` by the data
@@ -66,6 +66,7 @@ NEUTRAL_KEYS = (
     "distributed",
     "train.activation_checkpointing",
     "train.activation_offload",
+    "train.lean_norm",
     "batch.tokens_per_micro_batch",
     "train.cross_entropy",
     "model.attn_implementation",
