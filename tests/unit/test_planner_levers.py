@@ -107,7 +107,9 @@ def test_lean_norm_saves_each_norms_input_as_it_is() -> None:
     h = 4096
     lean = replace(LORA_32K, lean_norm=True)
     norms = {
-        scn.lean_norm: [t.bytes for t in activation_terms(scn).per_layer_token_terms if t.kind is TermKind.NORMS]
+        scn.lean_norm: [
+            t.bytes for t in activation_terms(scn).per_layer_token_terms if t.kind is TermKind.NORMS
+        ]
         for scn in (LORA_32K, lean)
     }
     # HF: 2 x (fp32 upcast + rstd); lean: 2 x (the bf16 input + rstd).
