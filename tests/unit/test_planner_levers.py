@@ -25,7 +25,7 @@ from zerofit.planner.context import lever_combinations, max_context
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.scenario import Scenario
-from zerofit.planner.search import resolve_budget
+from zerofit.planner.search import remedies, resolve_budget
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import flops_per_token, predict_speed
 
@@ -186,6 +186,24 @@ def test_max_context_reaches_the_lora_goal_with_the_lean_norm() -> None:
     off = load_config(str(LORA_RECIPE), ["train.lean_norm=false"])
     assert any("train.lean_norm=true" in combo for combo in lever_combinations(off))
     assert mc.next_total_gib is not None and mc.next_total_gib > budget.limit_gib
+
+
+def test_remedies_offer_the_long_context_levers_where_they_make_it_fit() -> None:
+    cfg = load_config(
+        str(REPO / "configs" / "llama2-7b-lora-3090.yaml"),
+        [f"model.name_or_path={L31}", "data.max_seq_len=16384"],
+    )
+    budget = resolve_budget(cfg, gpu="rtx3090", detect=False)
+    assert budget is not None
+    by_name = {r.name: r for r in remedies(cfg, 1, budget)}
+    levers = by_name["long-context levers"]
+    assert levers.verdict == "fits" and levers.total_gib <= budget.limit_gib
+    # The overrides that change the config, fewest that are fastest: the model and engine stay.
+    assert "train.cross_entropy=fused_linear" in levers.how.split() and "distributed" not in levers.how
+    applied = load_config(str(REPO / "configs" / "llama2-7b-lora-3090.yaml"), [
+        f"model.name_or_path={L31}", "data.max_seq_len=16384", *levers.how.split()
+    ])  # fmt: skip
+    assert "long-context levers" not in {r.name for r in remedies(applied, 1, budget)}  # nothing left to add
 
 
 def test_max_context_is_capped_by_the_models_positions() -> None:

@@ -142,7 +142,7 @@ def _candidates(cfg: ZerofitConfig, world_size: int) -> list[tuple[tuple[str, ..
     return out
 
 
-def _needed(overrides: tuple[str, ...], cfg: ZerofitConfig) -> list[str]:
+def needed_overrides(overrides: tuple[str, ...], cfg: ZerofitConfig) -> list[str]:
     """The overrides that change something from the config (what the user has to add)."""
     t, q = cfg.train, cfg.quantization
     current = {
@@ -174,7 +174,11 @@ def max_context(cfg: ZerofitConfig, world_size: int, budget: Budget) -> MaxConte
     nxt = estimate(scn.with_levers(seq_len=best_len + STEP))
     top = sorted(est.breakdown.items(), key=lambda kv: -kv[1])[:4]
     result.tokens = best_len
-    result.levers = [*_needed(overrides, cfg), "batch.micro_batch_size=1", f"data.max_seq_len={best_len}"]
+    result.levers = [
+        *needed_overrides(overrides, cfg),
+        "batch.micro_batch_size=1",
+        f"data.max_seq_len={best_len}",
+    ]
     result.total_gib, result.host_ram_gib = est.total_gib, est.host_ram_gib
     result.tokens_per_s = predict_speed(scn, gpu).tokens_per_s
     result.peak_phase, result.next_total_gib = est.peak_phase, nxt.total_gib

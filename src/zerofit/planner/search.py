@@ -464,8 +464,31 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
         scn = _what_if(cfg, world_size, combined)
         if scn is not None:
             out.append(_remedy("combined", " + ".join(applied), scn, per_rank, budget))
+    levers = _lever_remedy(cfg, world_size, per_rank, budget)
+    out += [levers] if levers is not None else []
     more = _more_gpus(cfg, world_size, budget, cfg.batch.global_batch_size or per_rank * world_size)
     return out + ([more] if more is not None else [])
+
+
+def _lever_remedy(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Budget) -> Remedy | None:
+    """The long-context levers as one remedy: of the combinations `zerofit plan --max-context` weighs
+    (activation offload, tiled MLP, the fused loss, the lean RMSNorm, QLoRA's bf16 residual; every layer
+    checkpointed), the fastest that makes this run fit at micro-batch 1, as the overrides that change the
+    config. None where none fits or none changes anything. They keep the model and the engine, so they
+    are offered on their own, not combined with the other remedies."""
+    from zerofit.planner.context import lever_combinations, needed_overrides
+
+    fitting = []
+    for overrides in lever_combinations(cfg):
+        scn = _what_if(cfg, world_size, overrides, 1, per_rank)
+        if scn is not None and verdict(estimate(scn).total_gib, budget) == "fits":
+            fitting.append((overrides, scn))
+    if not fitting:
+        return None
+    # Fewest levers first in the list: among equally fast combinations the first one is kept.
+    overrides, scn = max(fitting, key=lambda c: predict_speed(c[1], budget.gpu).tokens_per_s)
+    how = " ".join(needed_overrides(overrides, cfg))
+    return _remedy("long-context levers", how, scn, per_rank, budget) if how else None
 
 
 def _more_gpus(cfg: ZerofitConfig, world_size: int, budget: Budget, global_batch: int) -> Remedy | None:
