@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import product
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zerofit.catalogue import model_config_dict
 from zerofit.errors import ConfigError
@@ -26,7 +26,22 @@ from zerofit.planner.speed import predict_speed
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
-    from zerofit.planner.search import Budget
+    from zerofit.planner.gpus import GPU
+
+
+class Budget(Protocol):
+    """What the search needs of a memory budget (`search.Budget` is one; named here, not imported, because
+    the search's remedies use this module)."""
+
+    @property
+    def gib(self) -> float: ...
+
+    @property
+    def limit_gib(self) -> float: ...
+
+    @property
+    def gpu(self) -> GPU | None: ...
+
 
 STEP = 1024  # lengths searched: multiples of this many tokens
 SEARCH_MAX = 1 << 20  # the longest length the memory search tries
