@@ -25,7 +25,7 @@ from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
 from zerofit.lora import apply_lora, check_target_modules, lora_config
-from zerofit.norms import enable_lean_norm
+from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
@@ -113,6 +113,18 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_lean_norm_before_load(path: str) -> None:
+    """`train.lean_norm = true`: refuse a model whose norm class it does not know (`norms.check_lean_norm`)
+    on a meta-device build (milliseconds), not after the weights load; best effort, like the LoRA check."""
+    from zerofit.planner.shapes import build_meta_model
+
+    try:
+        meta = build_meta_model(path)
+    except (ConfigError, ValueError, KeyError, ImportError):
+        return  # custom code: `enable_lean_norm` checks the loaded model itself
+    check_lean_norm(meta)
 
 
 def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -> None:
@@ -228,6 +240,8 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
+    if cfg.train.lean_norm is True:
+        check_lean_norm_before_load(path)
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, cfg.lora.target_modules)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)

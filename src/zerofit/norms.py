@@ -39,11 +39,14 @@ import torch
 
 from zerofit.errors import ConfigError
 
-__all__ = ["KNOWN_RMSNORMS", "enable_lean_norm", "lean_rms_norm"]
+__all__ = ["KNOWN_RMSNORMS", "LEAN_NORM_MODEL_TYPES", "check_lean_norm", "enable_lean_norm", "lean_rms_norm"]
 
 # Classes whose forward is HF's Llama formula (weight * normalized.to(input dtype), eps in
 # `variance_epsilon`). Qwen3's q_norm / k_norm (per head) are Qwen3RMSNorm too.
 KNOWN_RMSNORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+# The transformers model types whose every RMSNorm is one of those: where `train.lean_norm = auto` may
+# turn it on (the planner reads the model type from config.json, before any module exists).
+LEAN_NORM_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 class _LeanRMSNorm(torch.autograd.Function):
@@ -97,9 +100,9 @@ def lean_rms_norm(
     return _LeanRMSNorm.apply(x, weight, eps, chunk_elements)  # type: ignore[no-any-return]
 
 
-def _rmsnorms(model: torch.nn.Module) -> list[torch.nn.Module]:
+def check_lean_norm(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's RMSNorm modules (class name ending in `RMSNorm`); refuses a class not known to compute
-    HF's Llama formula (the module docstring)."""
+    HF's Llama formula (the module docstring). A meta-device build of the model will do (no weights)."""
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     unknown = sorted({type(m).__name__ for m in norms} - KNOWN_RMSNORMS)
     if unknown:
@@ -121,7 +124,7 @@ def enable_lean_norm(model: torch.nn.Module) -> int:
     Only `forward` is replaced on the instance (module names, hooks and the weight parameter stay), and
     the weight is read at call time, so it is the tensor ZeRO-3 / FSDP2 gathered for that call.
     """
-    norms = _rmsnorms(model)
+    norms = check_lean_norm(model)
     for norm in norms:
         norm.forward = lambda x, _m=norm: lean_rms_norm(x, _m.weight, _m.variance_epsilon)  # type: ignore[method-assign]
     return len(norms)

@@ -20,7 +20,13 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from zerofit.errors import ConfigError
-from zerofit.norms import KNOWN_RMSNORMS, enable_lean_norm, lean_rms_norm
+from zerofit.norms import (
+    KNOWN_RMSNORMS,
+    LEAN_NORM_MODEL_TYPES,
+    check_lean_norm,
+    enable_lean_norm,
+    lean_rms_norm,
+)
 
 HIDDEN, EPS = 64, 1e-5
 CLASSES = [LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm]
@@ -116,3 +122,15 @@ def test_enable_replaces_only_the_instances_forward() -> None:
     assert "forward" in vars(model[0]) and "forward" in vars(model[2])
     assert LlamaRMSNorm.forward is not vars(model[0])["forward"]  # the class is untouched
     assert [n for n, _ in model.named_parameters()] == ["0.weight", "1.weight", "1.bias", "2.weight"]
+
+
+@pytest.mark.parametrize("model_type", sorted(LEAN_NORM_MODEL_TYPES))
+def test_the_model_types_auto_may_choose_have_only_known_norms(model_type: str) -> None:
+    """`train.lean_norm = auto` is weighed by config.json's model type: each such model, built on the meta
+    device, has RMSNorms the lean norm knows (and has some)."""
+    from zerofit.catalogue import CATALOGUE
+    from zerofit.planner.shapes import build_meta_model
+
+    name = next(n for n, c in CATALOGUE.items() if c.get("model_type") == model_type)
+    norms = check_lean_norm(build_meta_model(name, num_layers=1))
+    assert len(norms) >= 3  # 2 in the layer + the final norm (Qwen3: + q_norm, k_norm)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from zerofit.catalogue import model_config_dict
 from zerofit.errors import ConfigError
+from zerofit.norms import LEAN_NORM_MODEL_TYPES
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import Scenario, what_if
 from zerofit.planner.speed import predict_speed
@@ -100,6 +101,11 @@ def _head_adapted(cfg: ZerofitConfig) -> bool:
     return any(t == "lm_head" or t.endswith(".lm_head") for t in targets)
 
 
+def lean_norm_applies(model: str) -> bool:
+    """The model's RMSNorms are ones the lean norm knows (by config.json's model type, `zerofit.norms`)."""
+    return model_config_dict(model).get("model_type") in LEAN_NORM_MODEL_TYPES
+
+
 def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
     """The override strings of every lever combination `--max-context` weighs, fewest levers first."""
     losses = [f"train.cross_entropy={cfg.train.cross_entropy}"]
@@ -109,8 +115,9 @@ def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
     if cfg.quantization.load_in != "none":
         residual.append("quantization.fp32_residual=false")
     out = []
+    lean_norm = (False, True) if lean_norm_applies(cfg.model.name_or_path) else (cfg.train.lean_norm is True,)
     for lean, offload, shards, loss, resid in product(
-        (False, True), (False, True), TILED_SHARDS, losses, residual
+        lean_norm, (False, True), TILED_SHARDS, losses, residual
     ):
         out.append(
             (

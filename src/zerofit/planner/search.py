@@ -630,7 +630,11 @@ def lever_variants(cfg: ZerofitConfig, scn: Scenario) -> list[Scenario]:
     offload: tuple[bool, ...] = (scn.activation_offload,)
     if t.activation_offload == "auto":
         offload = (False, True) if t.activation_checkpointing not in (False, 0) else (False,)
-    lean = (False, True) if t.lean_norm == "auto" else (scn.lean_norm,)
+    lean = (scn.lean_norm,)
+    if t.lean_norm == "auto":
+        from zerofit.planner.context import lean_norm_applies
+
+        lean = (False, True) if lean_norm_applies(scn.model) else (False,)
     return [
         scn.with_levers(tiled_mlp=s, activation_offload=o, lean_norm=n)
         for n in lean
