@@ -228,6 +228,34 @@ def test_fp32_residual_decides_the_residual_streams_dtype_under_qlora(fp32_resid
     assert all(p.grad is not None for p in built.model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("fp32_residual", [True, False])
+def test_lean_norm_composes_with_qlora(fp32_residual: bool) -> None:
+    """4-bit QLoRA at bf16 under autocast, checkpointed: the lean RMSNorm's forward is HF's bit for bit,
+    so the loss is the same number; the adapters' gradients agree to bf16 rounding (fp32 residual: the
+    norms' input is fp32 already)."""
+    out = {}
+    for lean in (False, True):
+        built = build_model(
+            config(
+                {"seed": 0, "lora": {"dropout": 0.0}},
+                train={"precision": "bf16", "activation_checkpointing": True, "lean_norm": lean},
+                quantization={"load_in": "4bit", "fp32_residual": fp32_residual},
+            )
+        )
+        norms = [m for m in built.model.modules() if type(m).__name__.endswith("RMSNorm")]
+        assert norms and all("forward" in vars(m) for m in norms) == lean
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = built.model(**BATCH).loss
+        loss.backward()
+        grads = {n: p.grad.float() for n, p in built.model.named_parameters() if p.grad is not None}
+        out[lean] = (loss.detach(), grads)
+    assert torch.equal(out[True][0], out[False][0])
+    assert out[True][1].keys() == out[False][1].keys() and out[False][1]
+    for name, grad in out[False][1].items():
+        scale = grad.abs().max().item()
+        assert torch.allclose(out[True][1][name], grad, rtol=0, atol=2e-2 * scale + 1e-8), name
+
+
 def test_each_lever_follows_the_reference_loss_curve(tmp_path: Path) -> None:
     """Four optimizer steps (global 4 = micro 2 x 2 accumulation, varied-length data) per lever in this
     process: the per-step losses match the plain run's within 2e-5."""
