@@ -257,3 +257,38 @@ def test_a_preference_run_assembles_its_training_and_eval_data_as_pairs(tmp_path
         assert run.data.mean_label_tokens == sum(learned) / 540  # per pair: both sequences count
     finally:
         run.close()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["data.format=preference"],
+            r"data\.format = 'preference' .*train\.objective = 'sft'.*train\.objective=dpo",
+        ),
+        (
+            ["train.objective=simpo", "data.format=prompt_response"],
+            r"train\.objective = 'simpo' learns from preference pairs, and data\.format = 'prompt_response'.*"
+            r"data\.format=preference",
+        ),
+        (
+            ["train.objective=dpo", "batch.micro_batch_size=null", "batch.tokens_per_micro_batch=1024"],
+            r"batch\.tokens_per_micro_batch = 1024 packs .* train\.objective = 'dpo' .*batch\.micro_batch_size",
+        ),
+    ],
+)
+def test_resolve_refuses_objectives_and_data_that_disagree(overrides: list[str], message: str) -> None:
+    from zerofit.config.loader import load_config
+    from zerofit.config.resolve import resolve
+    from zerofit.errors import ConfigError
+
+    base = [
+        f"data.path={REPO / 'data' / 'demo_preference.jsonl'}",
+        "distributed.strategy=single",
+        "batch.global_batch_size=4",
+        "batch.micro_batch_size=2",
+    ]
+    with pytest.raises(ConfigError, match=message) as err:
+        resolve(load_config(None, base + overrides), 1)
+    assert len(err.value.problems) == 1  # one paragraph, nothing else wrong
+    resolve(load_config(None, [*base, "train.objective=orpo", "data.format=preference"]), 1)  # agreeing
