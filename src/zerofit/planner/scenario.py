@@ -157,6 +157,19 @@ def compute_profile(scn: Scenario) -> ComputeProfile:
 # ------------------------------------------------------------------------------------ scenario from the spec
 
 
+def _require_resolved(cfg: ZerofitConfig) -> None:
+    """ValueError for a config with an `auto` that only `resolve()` (or `what_if`) decides."""
+    t = cfg.train
+    for key, value in (
+        ("train.activation_checkpointing", t.activation_checkpointing),
+        ("train.tiled_mlp", t.tiled_mlp),
+        ("train.activation_offload", t.activation_offload),
+        ("preference.reference", cfg.preference.reference),
+    ):
+        if value == "auto":
+            raise ValueError(f"scenario_for takes a resolved config: {key} is still auto")
+
+
 def scenario_for(
     config: ZerofitConfig,
     spec: EngineSpec,
@@ -173,15 +186,7 @@ def scenario_for(
 
     cfg = config
     t = cfg.train
-    for key, value in (
-        ("activation_checkpointing", t.activation_checkpointing),
-        ("tiled_mlp", t.tiled_mlp),
-        ("activation_offload", t.activation_offload),
-    ):
-        if value == "auto":
-            raise ValueError(f"scenario_for takes a resolved config: train.{key} is still auto")
-    if cfg.preference.reference == "auto":
-        raise ValueError("scenario_for takes a resolved config: preference.reference is still auto")
+    _require_resolved(cfg)
     plan = spec.plan
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
     lora = cfg.lora

@@ -301,12 +301,11 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     autocast = torch.autocast("cpu", dtype=prof.half_dtype) if prof.autocast else contextlib.nullcontext()
     micro, seq = scn.rows, scn.seq_len  # a preference micro-batch: both sequences of every pair
     mask = _padding_mask(micro, seq)
-    drop_grads = prof.grads_leave_autograd
 
     with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
         model.to_empty(device="cpu")
         trainable = [p for p in model.parameters() if p.requires_grad]
-        if drop_grads:
+        if prof.grads_leave_autograd:
             # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
             # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
             for p in trainable:
@@ -321,10 +320,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         def micro_step(tracker: Any = None) -> None:
             inputs = {"input_ids": input_ids, "attention_mask": mask}
             if scn.reference_forward:  # DPO's reference: the same rows, adapters off, no grad, first
-                with autocast, torch.no_grad(), model.disable_adapter():
-                    forward_token_sum(model, inputs, labels, scn.cross_entropy)
-                if tracker is not None:
-                    tracker.reset_mod_stats()  # the modules run again: per-module stats only, peak kept
+                _reference_forward(model, inputs, labels, scn.cross_entropy, autocast, tracker)
             with autocast:
                 if scn.cross_entropy == FUSED_LINEAR:  # the loss inside lm_head: no logits at all
                     loss = forward_token_sum(model, inputs, labels, scn.cross_entropy)
@@ -356,6 +352,19 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
     return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+
+
+def _reference_forward(
+    model: Any, inputs: dict[str, Any], labels: Any, impl: str, autocast: Any, tracker: Any
+) -> None:
+    """DPO's adapters-off reference as the loop runs it: a no-grad forward of the rows with peft's
+    adapters disabled, its log-prob sums (`preference.reference: adapters_off`)."""
+    import torch
+
+    with autocast, torch.no_grad(), model.disable_adapter():
+        forward_token_sum(model, inputs, labels, impl)
+    if tracker is not None:
+        tracker.reset_mod_stats()  # the modules run again: per-module stats only, the peak is kept
 
 
 def _padding_mask(micro: int, seq: int) -> Any:
