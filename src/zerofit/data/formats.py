@@ -257,7 +257,7 @@ def _implicit_prompt(
     if n == 0:
         raise DataError(
             f"{where}: 'chosen' and 'rejected' have no 'prompt' and share no leading messages, so there is no "
-            "prompt to prefer one over the other for; add a 'prompt' key (a string, or a list of messages)."
+            "prompt to prefer one over the other for; add a 'prompt' key (a list of messages)."
         )
     return chosen[:n], chosen[n:], rejected[n:]
 
