@@ -31,12 +31,13 @@ from zerofit.data import (
     DataStats,
     Example,
     GlobalBatchSampler,
+    PreferencePair,
     TokenizedData,
     hold_out,
     load_examples,
+    load_preference_pairs,
     set_chat_template,
 )
-from zerofit.data.pairs import PreferencePair
 from zerofit.engine import render_spec
 from zerofit.errors import DataError, LaunchError
 from zerofit.evaluate import Evaluator
@@ -60,15 +61,22 @@ if TYPE_CHECKING:
 __all__ = ["PreparedRun", "TrainData", "assemble", "device_type"]
 
 
+Units = list[Example] | list[PreferencePair]  # what the global batch counts: examples, or pairs
+
+
 @dataclass
 class TrainData:
-    """The tokenized training examples, what loading did to the source, the global-batch order, and the
-    evaluation examples (None without `data.eval_path` / `data.eval_split`)."""
+    """The tokenized training data, what loading did to the source, the global-batch order, and the
+    evaluation data (None without `data.eval_path` / `data.eval_split`).
 
-    examples: list[Example] | list[PreferencePair]  # pairs with train.objective dpo / simpo / orpo
+    `examples` (and `eval_examples`) are `Example`s for `train.objective: sft`, `PreferencePair`s for a
+    preference objective (one unit of the global batch each: the sampler counts pairs, never sequences).
+    """
+
+    examples: Units
     stats: DataStats
     sampler: GlobalBatchSampler
-    eval_examples: list[Example] | list[PreferencePair] | None = None
+    eval_examples: Units | None = None
     eval_stats: DataStats | None = None
 
     @property
@@ -78,15 +86,15 @@ class TrainData:
 
     @property
     def mean_label_tokens(self) -> float:
-        """Valid label tokens per example (a pair: both responses), on average (for the plan's tokens-per-step
-        line)."""
-        sequences = [
-            s
-            for e in self.examples
-            for s in ((e.chosen, e.rejected) if isinstance(e, PreferencePair) else (e,))
-        ]
-        valid = sum(sum(label != IGNORE_INDEX for label in e.labels) for e in sequences)
+        """Valid label tokens per unit of the global batch, on average (for the plan's tokens-per-step line):
+        per example, or per pair (its chosen and rejected sequences together)."""
+        valid = sum(_label_tokens(unit) for unit in self.examples)
         return valid / max(len(self.examples), 1)
+
+
+def _label_tokens(unit: Example | PreferencePair) -> int:
+    sequences = (unit.chosen, unit.rejected) if isinstance(unit, PreferencePair) else (unit,)
+    return sum(sum(label != IGNORE_INDEX for label in e.labels) for e in sequences)
 
 
 @dataclass
@@ -213,7 +221,7 @@ def device_type() -> str:
 FAULT_DELAY_DATA_ENV = "ZEROFIT_FAULT_DELAY_RANK0_DATA_S"
 
 
-def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData]) -> TokenizedData:
+def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData[Any]]) -> TokenizedData[Any]:
     """`load(is_rank0)` on rank 0, then on the others: rank 0 fills the tokenization cache (with progress),
     the others read it instead of tokenizing again. A DataError on rank 0 is raised on every rank.
 
@@ -235,26 +243,28 @@ def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData]) -> T
 
 def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> TrainData:
     """Training and evaluation data (`data.format: auto` detected per source; `TrainData.facts` says what
-    the training data decided)."""
+    the training data decided): examples for `train.objective: sft`, preference pairs for the others."""
     cfg = resolved.config
     d = cfg.data
+    objective = cfg.train.objective
 
-    def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData]:
-        return lambda show: load_examples(
-            path,
-            tokenizer,
-            d.max_seq_len,
-            format=d.format,
-            split=split,
-            subset=d.subset,
-            cache=d.cache,
-            progress=show,
-            key=key,
-            empty_responses=d.empty_responses,
+    def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData[Any]]:
+        options: dict[str, Any] = {
+            "format": d.format,
+            "split": split,
+            "subset": d.subset,
+            "cache": d.cache,
+            "key": key,
+            "empty_responses": d.empty_responses,
+        }
+        if objective == "sft":
+            return lambda show: load_examples(path, tokenizer, d.max_seq_len, progress=show, **options)
+        return lambda show: load_preference_pairs(
+            path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
         )
 
     train = _rank0_first(strategy, reader(d.path, d.split, "data.path"))
-    held: TokenizedData | None = None
+    held: TokenizedData[Any] | None = None
     if d.eval_path is not None:
         split = d.eval_split if isinstance(d.eval_split, str) else "train"
         held = _rank0_first(strategy, reader(d.eval_path, split, "data.eval_path"))

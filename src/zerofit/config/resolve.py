@@ -349,6 +349,31 @@ def _check_data(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
+    """The objective and the data agree: preference pairs for dpo / simpo / orpo, not for sft (with
+    `data.format: auto` the data says it when read), and preference pairs are not packed."""
+    objective, fmt, tokens = cfg.train.objective, cfg.data.format, cfg.batch.tokens_per_micro_batch
+    if objective == "sft" and fmt == "preference":
+        problems.append(
+            "data.format = 'preference' is preference pairs (prompt, chosen, rejected), and train.objective = "
+            "'sft' learns from one response per record; set train.objective=dpo (or simpo / orpo) to tune on "
+            "the pairs, or set data.format to the supervised data's format"
+        )
+    if objective != "sft" and fmt not in ("preference", "auto"):
+        problems.append(
+            f"train.objective = {objective!r} learns from preference pairs, and data.format = {fmt!r} has one "
+            "response per record; set data.format=preference (or auto) with data.path at {prompt, chosen, "
+            "rejected} records, or train.objective=sft"
+        )
+    if objective != "sft" and tokens is not None:
+        problems.append(
+            f"batch.tokens_per_micro_batch = {tokens!r} packs examples into rows, and train.objective = "
+            f"{objective!r} trains on preference pairs, which zerofit does not pack (yet); unset "
+            "batch.tokens_per_micro_batch and set batch.micro_batch_size (pairs per micro-batch: each is a "
+            "forward of twice as many sequences), or auto"
+        )
+
+
 def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
     """How long the run is: train.max_steps or train.epochs (not both, and epochs only where the step count
     can follow the data), and when it stops early."""
@@ -577,6 +602,7 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _check_length(problems, cfg)
     _check_quantization(problems, cfg)
     _check_data(problems, cfg)
+    _check_objective_data(problems, cfg)
     _check_model_and_loss(problems, cfg)
     if problems:
         raise ConfigError(problems)

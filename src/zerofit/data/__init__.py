@@ -1,13 +1,15 @@
 """Training data: sources (`records.py`), formats (`formats.py`), chat templates (`chat.py`), tokenizing
 (`tokenize.py`, `sft.py`, cached by `cache.py`), held-out evaluation splits (`holdout.py`), global batches
 (`batches.py`: order, split, collate) and token-budget micro-batches (`packing.py`: pack whole examples
-into rows)."""
+into rows); preference pairs (`preference.py` reads them, `pairs.py` collates them)."""
 
 from zerofit.data.batches import GlobalBatchSampler, collate, model_inputs, split_global_batch
 from zerofit.data.chat import set_chat_template
 from zerofit.data.formats import FORMATS
 from zerofit.data.holdout import hold_out
 from zerofit.data.packing import collate_packed, packed_micro_batches
+from zerofit.data.pairs import PreferencePair, collate_pairs
+from zerofit.data.preference import load_preference_pairs
 from zerofit.data.sft import (
     DataStats,
     Example,
@@ -24,11 +26,14 @@ __all__ = [
     "DataStats",
     "Example",
     "GlobalBatchSampler",
+    "PreferencePair",
     "TokenizedData",
     "collate",
     "collate_packed",
+    "collate_pairs",
     "hold_out",
     "load_examples",
+    "load_preference_pairs",
     "load_sft_dataset",
     "model_inputs",
     "packed_micro_batches",

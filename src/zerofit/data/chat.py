@@ -24,7 +24,13 @@ from typing import Any
 from zerofit.data.tokenize import text_within
 from zerofit.errors import DataError
 
-__all__ = ["has_generation_marks", "require_chat_template", "set_chat_template", "tokenize_conversation"]
+__all__ = [
+    "has_generation_marks",
+    "require_chat_template",
+    "set_chat_template",
+    "tokenize_conversation",
+    "tokenize_prompt",
+]
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -135,3 +141,10 @@ def tokenize_conversation(
         ids, mask = list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
     truncated = len(ids) > max_seq_len
     return ids[:max_seq_len], mask[:max_seq_len], truncated
+
+
+def tokenize_prompt(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> list[int]:
+    """Token ids of `messages` rendered as a prompt: with the template's generation prompt, where the
+    assistant's answer starts (a preference pair's shared prompt; its contents are not cut)."""
+    out = _render(tokenizer, messages, where, tokenize=True, return_dict=True, add_generation_prompt=True)
+    return list(out["input_ids"])

@@ -5,10 +5,14 @@
     messages          {"messages": [{"role", "content"}, ...]} (OpenAI) or
                       {"conversations": [{"from", "value"}, ...]} (ShareGPT)   chat template; loss on
                                                                            every assistant turn
+    preference        {"prompt", "chosen", "rejected"} (TRL's layout): strings, or conversational (`prompt` a
+                      list of messages, `chosen` / `rejected` lists of assistant messages; `prompt` may be
+                      left out when both are whole conversations sharing it: the implicit prompt)
+                                                                           preference objectives only
     text              {"text": str}                                       continued pre-training; loss on all
 
-`auto` decides from the first record's keys (in the order above, messages first) and says what it saw when
-nothing fits. Every record is then checked against that one format; a problem names the record.
+`auto` decides from the first record's keys (messages, alpaca, preference, prompt_response, text: in that
+order) and says what it saw when nothing fits. Every record is then checked against that one format; a problem names the record.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ __all__ = [
     "FORMATS",
     "Conversation",
     "Document",
+    "Preference",
     "PromptResponse",
     "alpaca_prompt",
     "detect_format",
     "parse_record",
 ]
 
-FORMATS = ("prompt_response", "alpaca", "messages", "text")
+FORMATS = ("prompt_response", "alpaca", "messages", "text", "preference")
 
 # The prompts of Stanford Alpaca (github.com/tatsu-lab/stanford_alpaca), as alpaca-format trainers use them.
 ALPACA_PROMPT = (
@@ -60,6 +65,12 @@ SHAREGPT_ROLES = {
 _SIGNATURES: tuple[tuple[str, tuple[tuple[str, ...], ...], str], ...] = (
     ("messages", (("messages",), ("conversations",)), "'messages' (OpenAI) or 'conversations' (ShareGPT)"),
     ("alpaca", (("instruction", "output"),), "'instruction' and 'output' (optional 'input')"),
+    (
+        "preference",
+        (("prompt", "chosen", "rejected"), ("chosen", "rejected")),
+        "'prompt', 'chosen' and 'rejected' (TRL's preference layout; no 'prompt' when chosen and rejected are "
+        "whole conversations)",
+    ),
     ("prompt_response", (("prompt", "response"),), "'prompt' and 'response'"),
     ("text", (("text",),), "'text'"),
 )
@@ -87,7 +98,24 @@ class Document:
     text: str
 
 
-Parsed = PromptResponse | Conversation | Document
+@dataclass(frozen=True)
+class Preference:
+    """A preference pair's record: one prompt and two responses to it, the chosen (better) and the rejected.
+
+    Strings (`prompt` the text before either response), or conversational: `prompt` a list of messages and
+    `chosen` / `rejected` lists of assistant messages (ShareGPT names already mapped), learned on those.
+    """
+
+    prompt: str | list[dict[str, Any]]
+    chosen: str | list[dict[str, Any]]
+    rejected: str | list[dict[str, Any]]
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.prompt, list)
+
+
+Parsed = PromptResponse | Conversation | Document | Preference
 
 
 def alpaca_prompt(instruction: str, input_text: str = "") -> str:
@@ -193,6 +221,8 @@ def parse_record(fmt: str, record: dict[str, Any], where: str) -> Parsed:
         return PromptResponse(alpaca_prompt(instruction, input_text), _string(record, "output", where, fmt))
     if fmt == "text":
         return Document(_string(record, "text", where, fmt))
+    if fmt == "preference":
+        return _preference(record, where)
     if fmt == "messages":
         key = "messages" if "messages" in record else "conversations"
         raw = record.get(key)
@@ -205,3 +235,62 @@ def parse_record(fmt: str, record: dict[str, Any], where: str) -> Parsed:
             raise DataError(f"{where}: {key!r} must be a list of messages, got {type(raw).__name__}.")
         return Conversation([_message(m, where, i) for i, m in enumerate(raw)])
     raise ValueError(f"unknown data format {fmt!r}")
+
+
+def _messages(value: Any, key: str, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise DataError(f"{where}: {key!r} must be a list of messages, got {type(value).__name__}.")
+    return [_message(m, where, i) for i, m in enumerate(value)]
+
+
+def _implicit_prompt(
+    chosen: list[dict[str, Any]], rejected: list[dict[str, Any]], where: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """TRL's implicit prompt: the messages both conversations share, up to the first assistant message in
+    which they part; (prompt, chosen's rest, rejected's rest)."""
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    while n > 0 and chosen[n - 1]["role"] == "assistant" and (n == len(chosen) or n == len(rejected)):
+        n -= 1  # a last turn both share is the response (an identical pair, dropped as such), not prompt
+    if n == 0:
+        raise DataError(
+            f"{where}: 'chosen' and 'rejected' have no 'prompt' and share no leading messages, so there is no "
+            "prompt to prefer one over the other for; add a 'prompt' key (a string, or a list of messages)."
+        )
+    return chosen[:n], chosen[n:], rejected[n:]
+
+
+def _preference(record: dict[str, Any], where: str) -> Preference:
+    """A `preference` record in either layout (strings, or conversational, with or without a prompt)."""
+    for key in ("chosen", "rejected"):
+        if key not in record:
+            _string(record, key, where, "preference")  # raises: missing key
+    chosen, rejected, prompt = record["chosen"], record["rejected"], record.get("prompt")
+    if isinstance(chosen, list) or isinstance(rejected, list):
+        c, r = _messages(chosen, "chosen", where), _messages(rejected, "rejected", where)
+        if prompt is None:
+            p, c, r = _implicit_prompt(c, r, where)
+        elif isinstance(prompt, list):
+            p = _messages(prompt, "prompt", where)
+        else:
+            raise DataError(
+                f"{where}: 'chosen' / 'rejected' are lists of messages but 'prompt' is a "
+                f"{type(prompt).__name__}; in TRL's conversational layout 'prompt' is a list of messages too "
+                '(e.g. [{"role": "user", "content": "..."}]), or all three are strings.'
+            )
+        for key, turns in (("chosen", c), ("rejected", r)):
+            if any(m["role"] != "assistant" for m in turns):
+                roles = ", ".join(repr(m["role"]) for m in turns)
+                raise DataError(
+                    f"{where}: {key!r} holds messages of roles {roles}; in TRL's conversational preference "
+                    "layout it holds only the assistant's response (the rest belongs in 'prompt')."
+                )
+        return Preference(p, c, r)
+    if prompt is None:
+        _string(record, "prompt", where, "preference")  # raises: missing key
+    return Preference(
+        _string(record, "prompt", where, "preference"),
+        _string(record, "chosen", where, "preference"),
+        _string(record, "rejected", where, "preference"),
+    )

@@ -2,21 +2,27 @@
 and for every batch split.
 
 Records, not examples, are held out: the examples of one long text document (cut into several) all land on
-the same side, so evaluation never scores text the model trained on.
+the same side, so evaluation never scores text the model trained on. Preference pairs (one per record) are
+held out the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from typing import TypeVar
 
 from zerofit.data.sft import TokenizedData
 from zerofit.errors import DataError
 
 __all__ = ["hold_out"]
 
+Unit = TypeVar("Unit")  # an `Example` (SFT) or a `PreferencePair`
 
-def hold_out(data: TokenizedData, fraction: float, seed: int) -> tuple[TokenizedData, TokenizedData]:
+
+def hold_out(
+    data: TokenizedData[Unit], fraction: float, seed: int
+) -> tuple[TokenizedData[Unit], TokenizedData[Unit]]:
     """(train, eval): `fraction` of `data`'s records (at least one, rounded) for evaluation, the rest to train.
 
     The training side keeps the source's counts of truncated and dropped records (the plan reports them for
@@ -31,11 +37,13 @@ def hold_out(data: TokenizedData, fraction: float, seed: int) -> tuple[Tokenized
         )
     # A string seed is hashed with SHA-512 by `random.Random`: the same choice in every process.
     chosen = set(random.Random(f"zerofit-eval-split:{seed}").sample(records, n_eval))
-    parts: dict[bool, TokenizedData] = {}
+    parts: dict[bool, TokenizedData[Unit]] = {}
     for held in (False, True):
         keep = [i for i, r in enumerate(data.records) if (r in chosen) == held]
         stats = dataclasses.replace(data.stats, n_examples=len(keep))
         if held:
-            stats = dataclasses.replace(stats, n_lines=n_eval, n_truncated=0, n_dropped=0, n_split=0)
+            stats = dataclasses.replace(
+                stats, n_lines=n_eval, n_truncated=0, n_dropped=0, n_split=0, n_identical=0, n_prompt_cut=0
+            )
         parts[held] = TokenizedData([data.examples[i] for i in keep], stats, [data.records[i] for i in keep])
     return parts[False], parts[True]

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Generic, TypeVar, get_args
 
 from zerofit.config.schema import EmptyResponses
 from zerofit.data.cache import CachedData, cache_key, load_cached, save_cached, tokenizer_fingerprint
@@ -65,7 +65,10 @@ class DataStats:
     max_seq_len; `n_dropped`: records with nothing left to learn, or dropped for an empty response;
     `n_split`: text documents longer than max_seq_len, cut into several examples; `detected`: the format
     came from `data.format=auto`; `n_empty`: records with an empty response, dropped (among `n_dropped`)
-    or kept as `empty_responses` (the `data.empty_responses` rule) says.
+    or kept as `empty_responses` (the `data.empty_responses` rule) says. Preference pairs
+    (`preference.py`) also count `n_identical`: pairs whose chosen and rejected sequence are the same
+    tokens once truncated, dropped (among `n_dropped`); and `n_prompt_cut`: pairs whose prompt lost its
+    start to fit (among `n_truncated`, which counts pairs with either sequence cut).
     """
 
     n_lines: int
@@ -79,18 +82,24 @@ class DataStats:
     from_cache: bool = False
     n_empty: int = 0
     empty_responses: str = "drop"
+    n_identical: int = 0
+    n_prompt_cut: int = 0
+
+
+Unit = TypeVar("Unit")  # what one source record becomes: an `Example` (SFT) or a `PreferencePair`
 
 
 @dataclass
-class TokenizedData:
-    """Examples, what loading did, and the record (0-based, in source order) each example came from."""
+class TokenizedData(Generic[Unit]):
+    """Examples (SFT: `TokenizedData[Example]`; preference objectives: `TokenizedData[PreferencePair]`, one
+    pair per record), what loading did, and the record (0-based, in source order) each came from."""
 
-    examples: list[Example]
+    examples: list[Unit]
     stats: DataStats
     records: list[int] = field(default_factory=list)
 
 
-def _has_labels(labels: list[int]) -> bool:
+def has_labels(labels: list[int]) -> bool:
     # Position 0 predicts nothing (`count_label_tokens`), so a label there alone teaches nothing.
     return any(label != IGNORE_INDEX for label in labels[1:])
 
@@ -169,6 +178,8 @@ class _Tokenizer:
     def add(self, index: int, where: str, record: dict[str, Any], source: RecordSource) -> None:
         if self.format is None:
             self.format = detect_format(record, where, self.key)
+        if self.format == "preference":
+            raise wrong_objective(source, self.detected)
         if index == 0 and self.format == "messages":  # before tokenizing anything: the fix is in the config
             require_chat_template(self.tokenizer, f"{self.key} = {source.name!r}")
         parsed = parse_record(self.format, record, where)
@@ -222,7 +233,7 @@ class _Tokenizer:
         )
 
     def _keep(self, index: int, examples: list[Example], truncated: bool) -> None:
-        kept = [e for e in examples if _has_labels(e.labels)]
+        kept = [e for e in examples if has_labels(e.labels)]
         if not kept:
             self.n_dropped += 1
             return
@@ -258,7 +269,7 @@ class _Tokenizer:
             )
         return DataError(f"{what}: all {n} texts are empty; put the documents under the key 'text'.")
 
-    def result(self, source: RecordSource) -> TokenizedData:
+    def result(self, source: RecordSource) -> TokenizedData[Example]:
         problem = self.mostly_empty(source)
         if problem is not None:
             raise problem
@@ -279,6 +290,17 @@ class _Tokenizer:
         return TokenizedData(self.examples, stats, self.records)
 
 
+def wrong_objective(source: RecordSource, detected: bool) -> DataError:
+    """The error for preference pairs read for supervised fine-tuning (`train.objective: sft`)."""
+    found = "data.format=auto found" if detected else "data.format ="
+    return DataError(
+        f"{source.describe()} holds preference pairs ({found} 'preference': prompt, chosen and rejected), "
+        "and train.objective = 'sft' learns from one response per record, so the pairs cannot be learned as "
+        "they are; set train.objective=dpo (or simpo / orpo) to tune on the preferences, or point data.path "
+        "at prompt/response or messages data."
+    )
+
+
 def _empty_response(parsed: PromptResponse | Conversation | Document) -> bool:
     """Whether the record's response is empty or blank (for a conversation: any assistant turn's)."""
     if isinstance(parsed, PromptResponse):
@@ -296,7 +318,7 @@ def _tokenize_source(
     key: str,
     progress: bool,
     empty_responses: str = "drop",
-) -> TokenizedData:
+) -> TokenizedData[Example]:
     state = _Tokenizer(tokenizer, max_seq_len, fmt, key, empty_responses)
     with tokenizing_progress(source, progress) as update:
         for index, (where, record) in enumerate(source):
@@ -306,7 +328,7 @@ def _tokenize_source(
     return state.result(source)
 
 
-def _from_cache(hit: CachedData) -> TokenizedData:
+def _from_cache(hit: CachedData) -> TokenizedData[Example]:
     examples = [Example(ids, labels) for ids, labels in zip(hit.ids, hit.labels, strict=True)]
     stats = DataStats(**{**hit.meta["stats"], "from_cache": True})
     return TokenizedData(examples, stats, hit.records)
@@ -324,7 +346,7 @@ def load_examples(
     progress: bool = False,
     key: str = "data.path",
     empty_responses: str = "drop",
-) -> TokenizedData:
+) -> TokenizedData[Example]:
     """Read and tokenize the data `path` names (a file, a save_to_disk folder or a hub dataset id).
 
     `format`: a `data.format` value (`auto` detects it from the first record). `split` / `subset`: for hub
@@ -334,14 +356,14 @@ def load_examples(
     """
     if empty_responses not in EMPTY_RESPONSE_RULES:
         raise ValueError(f"empty_responses must be one of {EMPTY_RESPONSE_RULES}, not {empty_responses!r}")
-    with _gc_paused():
+    with gc_paused():
         return _load(
             path, tokenizer, max_seq_len, format, split, subset, cache, progress, key, empty_responses
         )
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """No cyclic garbage collection while the examples are built: it would scan the growing heap of example
     lists again and again (two thirds of a 100k-example cache load); they hold no cycles to collect."""
     enabled = gc.isenabled()
@@ -364,7 +386,7 @@ def _load(
     progress: bool,
     key: str,
     empty_responses: str,
-) -> TokenizedData:
+) -> TokenizedData[Example]:
     source = open_source(path, split=split, subset=subset, key=key)
     if tokenizer.eos_token_id is None:
         raise DataError(

@@ -7,6 +7,8 @@ until the call returns: tokenizing one 2 MB response whole to keep 64 of its tok
 - `encode_head` tokenizes only a leading part of a text, long enough for the tokens a sequence keeps plus
   a margin (`SLACK_TOKENS`), doubling it while it is too short;
 - `text_within` cuts a text to such a leading part (chat contents, which the template renders);
+- `encode_tail` / `text_tail_within` do the same for a trailing part (a preference pair's prompt, whose
+  end, next to the response, is what a cut keeps: the margin then lies at the part's start);
 - `encode_document` yields every token of a long text (continued pre-training), tokenizing windows of
   `WINDOW_CHARS` characters cut before whitespace.
 
@@ -19,7 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SLACK_TOKENS", "WINDOW_CHARS", "encode_document", "encode_head", "text_within"]
+__all__ = [
+    "SLACK_TOKENS",
+    "WINDOW_CHARS",
+    "encode_document",
+    "encode_head",
+    "encode_tail",
+    "text_tail_within",
+    "text_within",
+]
 
 SLACK_TOKENS = 16  # tokens tokenized beyond what is kept, so a cut never reaches the kept ones
 WINDOW_CHARS = 1 << 18  # characters per tokenizer call for long documents (~100 MB of bookkeeping at most)
@@ -53,6 +63,29 @@ def text_within(tokenizer: Any, text: str, max_tokens: int) -> str:
     while chars < len(text):
         if len(_encode(tokenizer, text[:chars])) >= max_tokens + SLACK_TOKENS:
             return text[:chars]
+        chars *= 2
+    return text
+
+
+def encode_tail(tokenizer: Any, text: str, max_tokens: int) -> tuple[list[int], bool]:
+    """`(ids, cut)`: all token ids of `text` with `cut` False, or, for a text of more than `max_tokens` +
+    `SLACK_TOKENS` tokens, its last `max_tokens` ids with `cut` True (no special tokens added)."""
+    chars = _first_size(max_tokens)
+    while chars < len(text):
+        ids = _encode(tokenizer, text[-chars:])
+        if len(ids) >= max_tokens + SLACK_TOKENS:
+            return ids[len(ids) - max_tokens :], True
+        chars *= 2
+    return _encode(tokenizer, text), False
+
+
+def text_tail_within(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """`text`, or its trailing part that already holds more than `max_tokens` tokens (`text_within` from
+    the end)."""
+    chars = _first_size(max_tokens)
+    while chars < len(text):
+        if len(_encode(tokenizer, text[-chars:])) >= max_tokens + SLACK_TOKENS:
+            return text[-chars:]
         chars *= 2
     return text
 
