@@ -34,9 +34,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     lines = [
         "zerofit plan",
         f"  batch        {plan.describe()}",
-        f"  tokens/step  <= {plan.global_batch_size} x max_seq_len {cfg.data.max_seq_len} = "
-        f"{plan.global_batch_size * cfg.data.max_seq_len:,} (data: ~{data.mean_label_tokens * plan.global_batch_size:,.0f}"
-        " valid label tokens per step)",
+        f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}",
         f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
         f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
         f"  engine       {spec.describe_engine()}, precision {t.precision}, clip {t.max_grad_norm or 'off'}",
@@ -64,6 +62,17 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
             "of every epoch's order are not trained on (set train.partial_window=normalize to use them)"
         )
     return "\n".join(lines)
+
+
+def describe_tokens(global_batch: int, max_seq_len: int, fmt: str, mean_label_tokens: float) -> str:
+    """`<= 16 x max_seq_len 512 = 8,192 (data: ~900 valid label tokens per step)`; a global batch of pairs
+    is twice as many sequences (`<= 16 pairs x 2 sequences x max_seq_len 512 = 16,384 ...`)."""
+    sequences = f"{global_batch} pairs x 2 sequences" if fmt == "preference" else f"{global_batch}"
+    n = global_batch * max_seq_len * (2 if fmt == "preference" else 1)
+    return (
+        f"<= {sequences} x max_seq_len {max_seq_len} = {n:,} (data: ~{mean_label_tokens * global_batch:,.0f} "
+        "valid label tokens per step)"
+    )
 
 
 def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int) -> str:
@@ -150,20 +159,28 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
 
 def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
     """`data/x.jsonl [messages, detected]: 3,000 examples (2 truncated to 512 tokens, 3 dropped: 3 for an
-    empty response)`."""
+    empty response)`; preference pairs: `600 pairs (4 truncated to 512 tokens per sequence, 3 with the
+    prompt cut from its start, 5 dropped: 2 with identical chosen and rejected, 3 for an empty response)`."""
     how = [stats.format + (", detected" if stats.detected else "")]
     if stats.from_cache:
         how.append("from the tokenization cache")
-    notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens, {stats.n_dropped} dropped"
+    pairs = stats.format == "preference"
+    notes = f"{stats.n_truncated} truncated to {max_seq_len} tokens{' per sequence' if pairs else ''}"
+    if pairs:
+        notes += f", {stats.n_prompt_cut} with the prompt cut from its start"
+    notes += f", {stats.n_dropped} dropped"
+    why = [f"{stats.n_identical} with identical chosen and rejected"] if stats.n_identical else []
     if stats.n_empty and stats.empty_responses == "drop":
-        notes += f": {stats.n_empty} for an empty response"
-    elif stats.n_empty:
+        why.append(f"{stats.n_empty} for an empty response")
+    if why:
+        notes += ": " + ", ".join(why)
+    if stats.n_empty and stats.empty_responses != "drop":
         notes += (
             f", {stats.n_empty} with an empty response kept (data.empty_responses=keep: they learn eos only)"
         )
     if stats.n_split:
         notes += f", {stats.n_split} long texts split"
-    return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} examples ({notes})"
+    return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} {'pairs' if pairs else 'examples'} ({notes})"
 
 
 def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
@@ -176,7 +193,8 @@ def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
     else:
         source = f"{d.eval_split:g} of {d.path}'s records held out"
     when = f"every {cfg.eval.every_steps} steps and at the end" if cfg.eval.every_steps else "at the end"
-    return f"{stats.n_examples:,} examples ({source}), loss {when}"
+    unit = "pairs" if stats.format == "preference" else "examples"
+    return f"{stats.n_examples:,} {unit} ({source}), loss {when}"
 
 
 def loss_summary(losses: list[float]) -> str:

@@ -136,6 +136,12 @@ def test_identical_and_empty_pairs_are_dropped_and_counted(tok: Any, tmp_path: P
     s = data.stats
     assert (s.n_examples, s.n_identical, s.n_empty, s.n_dropped) == (6, 2, 1, 3)
     assert data.records == list(range(6))
+    from zerofit.run_report import describe_data
+
+    assert describe_data("d.jsonl", s, 32) == (
+        "d.jsonl [preference, detected]: 6 pairs (0 truncated to 32 tokens per sequence, 0 with the prompt cut "
+        "from its start, 3 dropped: 2 with identical chosen and rejected, 1 for an empty response)"
+    )
     kept = load_preference_pairs(tmp_path / "d.jsonl", tok, 32, empty_responses="keep")
     assert (kept.stats.n_examples, kept.stats.n_identical, kept.stats.n_dropped) == (7, 2, 2)
     with pytest.raises(DataError, match=r"d\.jsonl:7: 'chosen' and 'rejected' are the same tokens"):
