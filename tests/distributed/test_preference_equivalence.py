@@ -7,9 +7,13 @@ held-out pairs evaluated every 2 steps, through the real launchers (python, deep
     single        one process                 8 x 1 x 1                   precomputed (full fine-tuning)
     zero2         DeepSpeed ZeRO-2            2 x 2 x 2, SIGTERM mid-run and resumed: the uninterrupted curve
     zero3         DeepSpeed ZeRO-3            2 x 2 x 2                   precomputed
-    fsdp          FSDP2                       1 x 4 x 2                   precomputed
+    fsdp          FSDP2                       1 x 4 x 2                   precomputed (loss inside lm_head)
     single-lora   one process, LoRA           8 x 1 x 1                   adapters_off
-    zero3-lora    DeepSpeed ZeRO-3, LoRA      2 x 2 x 2                   adapters_off (ZeRO-3 gathers the base)
+    zero3-lora    DeepSpeed ZeRO-3, LoRA      2 x 2 x 2                   adapters_off (ZeRO-3 gathers the base;
+                                                                          loss inside lm_head)
+
+(`train.cross_entropy: fused_linear` on two launches: the per-token log-probs computed inside lm_head
+give the chunked loss's curve, on the engines that gather lm_head's weight in its forward.)
 
 Per-step loss, rewards/* and eval/* agree within 2e-5; the metrics carry TRL's names in metrics.jsonl and
 the offline W&B run; a resumed run reads its reference from the cache instead of a second pass.
@@ -32,6 +36,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 N_PAIRS, N_EVAL, GLOBAL, STEPS, SEED, LR, MAX_LEN = 24, 6, 8, 4, 5, 2e-3, 64
 TOL = 2e-5
 Z2, Z3 = ("distributed.preset=zero2",), ("distributed.preset=zero3",)
+FUSED = "train.cross_entropy=fused_linear"
 LORA = ("lora.enabled=true", "lora.target_modules=all-linear")
 FULL = [
     Launch(
@@ -41,11 +46,11 @@ FULL = [
     ),
     Launch("zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
     Launch("zero3", "deepspeed", (*Z3, "batch.micro_batch_size=2")),
-    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
 ]
 ADAPTERS = [
     Launch("single-lora", "python", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
-    Launch("zero3-lora", "deepspeed", (*Z3, "batch.micro_batch_size=2", *LORA)),
+    Launch("zero3-lora", "deepspeed", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
 ]
 RESUMED = Launch(
     "zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
