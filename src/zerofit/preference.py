@@ -52,6 +52,7 @@ __all__ = [
     "SFTObjective",
     "adapters_disabled",
     "dpo_losses",
+    "means_of",
     "orpo_losses",
     "row_logps",
     "simpo_losses",

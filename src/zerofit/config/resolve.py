@@ -374,6 +374,29 @@ def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _check_reference(problems: list[str], cfg: ZerofitConfig) -> None:
+    """`preference.reference` fits the objective: DPO needs one (adapters_off only with LoRA adapters to
+    switch off); SimPO and ORPO have none, so a reference set for them would silently be ignored."""
+    objective, reference = cfg.train.objective, cfg.preference.reference
+    if objective == "dpo" and reference == "none":
+        problems.append(
+            "preference.reference = 'none', and train.objective = 'dpo' scores every pair against a "
+            "reference model; set preference.reference=auto (adapters_off with LoRA, else precomputed), or "
+            "train.objective=simpo / orpo (no reference)"
+        )
+    if objective == "dpo" and reference == "adapters_off" and not cfg.lora.enabled:
+        problems.append(
+            "preference.reference = 'adapters_off' is the base with the LoRA adapters switched off, and "
+            "lora.enabled is false (full fine-tuning has no adapters); set preference.reference=precomputed "
+            "(or auto), or lora.enabled=true"
+        )
+    if objective in ("simpo", "orpo") and reference in ("adapters_off", "precomputed"):
+        problems.append(
+            f"preference.reference = {reference!r}, and train.objective = {objective!r} uses no reference "
+            "model; set preference.reference=auto (or none), or train.objective=dpo"
+        )
+
+
 def _check_length(problems: list[str], cfg: ZerofitConfig) -> None:
     """How long the run is: train.max_steps or train.epochs (not both, and epochs only where the step count
     can follow the data), and when it stops early."""
@@ -603,6 +626,7 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _check_quantization(problems, cfg)
     _check_data(problems, cfg)
     _check_objective_data(problems, cfg)
+    _check_reference(problems, cfg)
     _check_model_and_loss(problems, cfg)
     if problems:
         raise ConfigError(problems)
