@@ -51,13 +51,12 @@ class ReferencePass:
 
     pairs: int
     cached: bool
-    path: Path | None  # None: the model's weights could not be identified, so nothing was cached
+    path: Path | None  # None: not cached (data.cache false, or weights that are not local files)
+    uncached_because: str = ""
 
     def describe(self) -> str:
         """The plan's line for it."""
-        where = (
-            f" ({self.path})" if self.path is not None else " (not cached: the weights are not local files)"
-        )
+        where = f" ({self.path})" if self.path is not None else f" (not cached: {self.uncached_because})"
         how = "read from the cache, no pass" if self.cached else "computed in one pass before training"
         return f"reference log-probs of {self.pairs:,} pairs {how}{where}"
 
@@ -171,6 +170,7 @@ def precompute_reference(
     """Attach the reference log-probs to every pair of `pairs` (collective; module docstring)."""
     key = reference_key(cfg, pairs) if cfg.data.cache else None
     path = cache_dir() / "reference" / f"{key}.safetensors" if key is not None else None
+    because = "data.cache is false" if not cfg.data.cache else "the model's weights are not local files"
     cached = path is not None and strategy.rank == 0 and _read(path, len(pairs)) is not None
     cached = bool(strategy.broadcast_object(cached))  # rank 0's answer: every rank runs the pass or none
     if cached:
@@ -183,9 +183,9 @@ def precompute_reference(
     else:
         local = _score(strategy, model, pairs, micro_batch_size, pad_id, cfg.train.cross_entropy)
     table = strategy.all_reduce_sum(local).cpu()
-    if not cached and path is not None and strategy.rank == 0:
-        _write(path, table)
+    if not cached and path is not None and strategy.rank == 0 and not path.is_file():
+        _write(path, table)  # the first run to score these pairs wins: later runs all read the same table
     values: list[Any] = table.tolist()
     for pair, (chosen, rejected) in zip(pairs, values, strict=True):
         pair.reference = (chosen, rejected)
-    return ReferencePass(len(pairs), cached, path)
+    return ReferencePass(len(pairs), cached, path, "" if path is not None else because)

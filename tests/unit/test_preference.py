@@ -340,3 +340,46 @@ def test_resolve_refuses_a_reference_the_objective_cannot_use(overrides: list[st
     assert len(err.value.problems) == 1
     resolved = resolve(load_config(None, [*base, "train.objective=dpo"]), 1)  # auto: full fine-tuning
     assert resolved.config.preference.reference == "precomputed"
+
+
+# -- the precomputed reference: one pass, then the cache --------------------------------------------------
+
+
+def test_precomputed_reference_is_one_pass_then_the_cache() -> None:
+    """The pass scores every pair as the model does one pair at a time; a second run (a resume) reads the
+    same table back from a safetensors file without a pass; the key follows the model and the precision."""
+    from zerofit.config.schema import ZerofitConfig
+    from zerofit.reference import precompute_reference, reference_key
+
+    cfg = ZerofitConfig()
+    cfg.seed, cfg.train.precision = SEED, "fp32"
+    model = _tiny()
+    strategy = one_process_strategy()
+    strategy.prepare(
+        model,
+        lambda m: torch.optim.SGD(m.parameters(), lr=1.0),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
+    )
+    pairs = [_pair(200 + i) for i in range(5)]  # 5 pairs in micro-batches of 2: the last one is short
+    key = reference_key(cfg, pairs)
+    assert key is not None
+    first = precompute_reference(cfg, strategy, model, pairs, 2, 0)
+    try:
+        assert not first.cached and first.path is not None and first.path.suffix == ".safetensors"
+        with torch.no_grad():
+            for p in pairs:
+                direct = (
+                    float(_direct_logps(model, p.chosen)[0]),
+                    float(_direct_logps(model, p.rejected)[0]),
+                )
+                assert p.reference == pytest.approx(direct, rel=1e-5)
+        again = [_pair(200 + i) for i in range(5)]
+        second = precompute_reference(cfg, strategy, model, again, 3, 0)
+        assert second.cached and "read from the cache, no pass" in second.describe()
+        assert [p.reference for p in again] == [p.reference for p in pairs]  # exactly: the same table
+        cfg.train.precision = "bf16"
+        assert reference_key(cfg, pairs) != key
+        cfg.train.precision, cfg.seed = "fp32", SEED + 1  # another tiny-llama: other weights
+        assert reference_key(cfg, pairs) != key
+    finally:
+        first.path.unlink(missing_ok=True)  # type: ignore[union-attr]
