@@ -309,39 +309,6 @@ def test_tiny_model_learns_an_easy_preference() -> None:
     assert evaluated["eval/rewards/margins"] > 0
 
 
-# -- resolve(): the reference fits the objective ---------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["train.objective=dpo", "preference.reference=none"], r"'none', and train\.objective = 'dpo'"),
-        (["train.objective=dpo", "preference.reference=adapters_off"], r"lora\.enabled is false"),
-        (["train.objective=orpo", "preference.reference=precomputed"], r"'orpo' uses no reference"),
-    ],
-)
-def test_resolve_refuses_a_reference_the_objective_cannot_use(overrides: list[str], message: str) -> None:
-    from pathlib import Path
-
-    from zerofit.config.loader import load_config
-    from zerofit.config.resolve import resolve
-    from zerofit.errors import ConfigError
-
-    data = Path(__file__).resolve().parents[2] / "data" / "demo_preference.jsonl"
-    base = [
-        f"data.path={data}",
-        "distributed.strategy=single",
-        "batch.global_batch_size=4",
-        "batch.micro_batch_size=2",
-        "lora.enabled=false",
-    ]
-    with pytest.raises(ConfigError, match=message) as err:
-        resolve(load_config(None, base + overrides), 1)
-    assert len(err.value.problems) == 1
-    resolved = resolve(load_config(None, [*base, "train.objective=dpo"]), 1)  # auto: full fine-tuning
-    assert resolved.config.preference.reference == "precomputed"
-
-
 # -- the precomputed reference: one pass, then the cache --------------------------------------------------
 
 

@@ -281,6 +281,12 @@ def test_a_preference_run_assembles_its_training_and_eval_data_as_pairs(tmp_path
             ["train.objective=dpo", "batch.micro_batch_size=null", "batch.tokens_per_micro_batch=1024"],
             r"batch\.tokens_per_micro_batch = 1024 packs .* train\.objective = 'dpo' .*batch\.micro_batch_size",
         ),
+        (["train.objective=dpo", "preference.reference=none"], r"DPO's loss .*preference\.reference=auto"),
+        (
+            ["train.objective=dpo", "preference.reference=adapters_off", "lora.enabled=false"],
+            r"lora\.enabled = false leaves no adapters .*preference\.reference=precomputed",
+        ),
+        (["train.objective=simpo", "preference.reference=precomputed"], r"uses no reference model"),
     ],
 )
 def test_resolve_refuses_objectives_and_data_that_disagree(overrides: list[str], message: str) -> None:

@@ -42,7 +42,12 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     """The plan's four factors plus what they mean per optimizer step."""
     plan = resolved.plan
     max_seq_len = resolved.config.data.max_seq_len
+    objective = resolved.config.train.objective
+    sequences = 1 if objective == "sft" else 2  # a preference pair: its chosen and rejected sequence
     return {
+        "objective": objective,
+        "samples": "examples" if objective == "sft" else "pairs",
+        "sequences_per_sample": sequences,
         "global_batch_size": plan.global_batch_size,
         "micro_batch_size": plan.micro_batch_size,
         "grad_accum_steps": plan.grad_accum_steps,
@@ -50,10 +55,11 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
         "formula": plan.describe(),
         "samples_per_optimizer_step": plan.global_batch_size,
         "samples_per_rank_per_optimizer_step": plan.samples_per_rank,
-        "max_tokens_per_optimizer_step": plan.global_batch_size * max_seq_len,
+        "max_tokens_per_optimizer_step": plan.global_batch_size * sequences * max_seq_len,
         "tokens_per_micro_batch": resolved.config.batch.tokens_per_micro_batch,
         "tokens_note": (
-            f"upper bound: global_batch_size x data.max_seq_len ({plan.global_batch_size} x {max_seq_len}); "
+            f"upper bound: global_batch_size x data.max_seq_len ({plan.global_batch_size} x {max_seq_len}"
+            f"{'' if sequences == 1 else ', x 2 sequences per pair'}); "
             "the loss averages over the valid label tokens actually present, which padding and prompt masking "
             "make fewer"
         ),
@@ -119,7 +125,11 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     table.add_column("factor")
     table.add_column("value", justify="right")
     table.add_column("meaning")
-    table.add_row("global_batch_size", str(b["global_batch_size"]), "samples per optimizer step")
+    if b.get("samples") == "pairs":
+        unit = f"preference pairs per optimizer step (train.objective {b['objective']}: 2 sequences each)"
+    else:
+        unit = "samples per optimizer step"
+    table.add_row("global_batch_size", str(b["global_batch_size"]), unit)
     if b.get("tokens_per_micro_batch"):
         table.add_row(
             "tokens_per_micro_batch",
@@ -133,9 +143,10 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             "grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step, at most"
         )
     else:
-        table.add_row(
-            "micro_batch_size", str(b["micro_batch_size"]), "samples per forward/backward, per rank"
-        )
+        per_forward = "samples per forward/backward, per rank"
+        if b.get("samples") == "pairs":
+            per_forward = f"pairs per forward/backward, per rank ({2 * b['micro_batch_size']} sequences)"
+        table.add_row("micro_batch_size", str(b["micro_batch_size"]), per_forward)
         table.add_row("grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step")
     table.add_row("dp_size", str(b["dp_size"]), "data-parallel ranks (the launcher's world size)")
     table.add_row(

@@ -375,25 +375,29 @@ def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
 
 
 def _check_reference(problems: list[str], cfg: ZerofitConfig) -> None:
-    """`preference.reference` fits the objective: DPO needs one (adapters_off only with LoRA adapters to
-    switch off); SimPO and ORPO have none, so a reference set for them would silently be ignored."""
+    """`preference.reference` fits the objective: DPO needs one (adapters off only with LoRA adapters to
+    switch off), SimPO, ORPO and SFT have none."""
     objective, reference = cfg.train.objective, cfg.preference.reference
+    if reference == "auto":
+        return
     if objective == "dpo" and reference == "none":
         problems.append(
-            "preference.reference = 'none', and train.objective = 'dpo' scores every pair against a "
-            "reference model; set preference.reference=auto (adapters_off with LoRA, else precomputed), or "
-            "train.objective=simpo / orpo (no reference)"
+            "preference.reference = 'none' with train.objective = 'dpo': DPO's loss is the policy's log-prob "
+            "ratio against a reference model's; set preference.reference=auto (adapters_off under LoRA, "
+            "else precomputed), or train.objective=simpo / orpo, which need none"
         )
     if objective == "dpo" and reference == "adapters_off" and not cfg.lora.enabled:
         problems.append(
-            "preference.reference = 'adapters_off' is the base with the LoRA adapters switched off, and "
-            "lora.enabled is false (full fine-tuning has no adapters); set preference.reference=precomputed "
-            "(or auto), or lora.enabled=true"
+            "preference.reference = 'adapters_off' uses the base model with the LoRA adapters switched off "
+            "as the reference, and lora.enabled = false leaves no adapters to switch off; set "
+            "preference.reference=precomputed (log-probs computed once before training) or auto, or "
+            "lora.enabled=true"
         )
-    if objective in ("simpo", "orpo") and reference in ("adapters_off", "precomputed"):
+    if objective != "dpo" and reference != "none":
         problems.append(
-            f"preference.reference = {reference!r}, and train.objective = {objective!r} uses no reference "
-            "model; set preference.reference=auto (or none), or train.objective=dpo"
+            f"preference.reference = {reference!r} with train.objective = {objective!r}, which uses no "
+            "reference model (only DPO does), so it would be ignored; set preference.reference=auto (or "
+            "none), or train.objective=dpo"
         )
 
 

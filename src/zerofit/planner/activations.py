@@ -17,6 +17,10 @@ Selective checkpointing (the first n of L layers recomputed) keeps n layer input
 tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.loss`): unchunked holds fp32
 log-probabilities and two fp32 (tokens x vocab) gradients, chunked a gradient in the logits' dtype and one
 fp32 chunk.
+
+Preference tuning (`Scenario.rows`): a micro-batch of m pairs is one forward of 2m sequences, so every
+per-token term counts 2m x seq_len tokens; DPO's reference with the adapters off is one more moment, a
+no-grad forward of the same rows before the policy's (`_reference_moments`).
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class TermKind(StrEnum):
     OFFLOADED_INPUTS = "offloaded checkpointed inputs"  # host RAM (pinned), not the GPU
     FUSED_LOSS_TEMPORARY = "fused loss temporary"  # fused_linear: one chunk's logits work + weight cast
     FUSED_HEAD_GRAD = "fused loss head weight gradient"  # fused_linear, trainable head
+    # Preference tuning (issue 17): DPO's reference forward with the adapters off, under no_grad.
+    REFERENCE_FORWARD = "reference forward"
 
 
 # Kinds that are tensors autograd saves for backward (what `saved_tensors_hooks` sees); the others are
@@ -549,7 +555,7 @@ def _loss_moments(st: _Step) -> list[Moment]:
     if st.scn.cross_entropy == "fused_linear":
         head_input = st.dt.resid * h * tokens  # the fused function saves the hidden states as they are
     head = Term(TermKind.HEAD_INPUTS, final_norm + head_input + st.ids, "final norm + lm_head saved inputs")
-    ce_tokens = st.scn.micro_batch_size * (st.scn.seq_len - 1)
+    ce_tokens = st.scn.rows * (st.scn.seq_len - 1)
     return [Moment(where, (*st.base, head, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
 
 
@@ -640,7 +646,7 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
     """Alive through forward and backward: autocast's weight copies, the checkpointed inputs with the
     rotary tables (and the padding mask they keep), the saved tensors of the layers not checkpointed."""
     scn, h, n_layers = st_scn, shape.hidden_size, shape.num_layers
-    b, s = scn.micro_batch_size, scn.seq_len
+    b, s = scn.rows, scn.seq_len
     tokens, n_saved = b * s, n_layers - n_ckpt
     copies = _autocast_weight_copies(scn, shape, param_counts(scn), dt)
     terms = [Term(TermKind.AUTOCAST_WEIGHT_COPIES, copies, "autocast half copies of fp32 matmul weights")]
@@ -668,7 +674,7 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
 
 def _bool_mask(scn: Scenario) -> int:
     """Bytes of the boolean padding mask (B x 1 x S x S) sdpa is given for masked micro-batches."""
-    b, s = scn.micro_batch_size, scn.seq_len
+    b, s = scn.rows, scn.seq_len
     return b * s * s if (scn.masked_attention and scn.attn_implementation == "sdpa") else 0
 
 
@@ -678,7 +684,7 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
     shape = model_shape(scn.model)
     lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora) if scn.lora else None
     dt = _dtypes(scn, prof)
-    tokens = scn.micro_batch_size * scn.seq_len
+    tokens = scn.rows * scn.seq_len  # a preference micro-batch: both sequences of every pair
     n_ckpt = scn.checkpointed(shape.num_layers)
     layer_terms, post_attention_tok, tr, mlp_backward = _tiling(scn, shape, lora, dt, tokens)
     per_layer_tok = sum(t.bytes for t in layer_terms)
@@ -750,7 +756,9 @@ def activation_terms(scn: Scenario, layer_resident: Iterable[StateLine] = ()) ->
       - backward of the last layer (recomputed when n = L): its saved tensors + the gradients in flight
         around its down projection, with the logits still held by the training loop;
       - recomputation of layer n - 1 in backward (n > 0): the n checkpointed inputs (the layers above have
-        released theirs) + the recomputed layer + the gradients waiting at its output.
+        released theirs) + the recomputed layer + the gradients waiting at its output;
+      - DPO's reference forward (`preference.reference: adapters_off`): a no-grad forward of the same rows,
+        nothing saved (`_reference_moments`).
     `layer_resident`: the state lines that exist only while a decoder layer runs (`Place.IN_LAYER`: FSDP2's
     gathered layers); added to the candidates inside a layer.
     """
@@ -764,6 +772,8 @@ def activation_terms(scn: Scenario, layer_resident: Iterable[StateLine] = ()) ->
         moments.append(_recompute_moment(st))
     if st.n_saved:
         moments.extend(_forward_moments(st, _bool_mask(scn)))
+    if scn.reference_forward:
+        moments.extend(_reference_moments(st, _bool_mask(scn)))
     peak = max(moments, key=lambda m: m.total)
     return ActivationTerms(
         peak=peak.total,
@@ -773,6 +783,52 @@ def activation_terms(scn: Scenario, layer_resident: Iterable[StateLine] = ()) ->
         moments=tuple(moments),
         host=_host_terms(st),
     )
+
+
+def _reference_moments(st: _Step, bool_mask: int) -> list[Moment]:
+    """DPO's reference with the adapters off (`preference.reference: adapters_off`): before the policy's
+    forward, the same rows through the frozen base under no_grad. Nothing is saved (and autocast caches no
+    copy of a frozen weight), so inside a layer it holds the residual stream, the masks, that layer's
+    working set and sdpa's additive mask of the call; then the logits and the loss's forward temporaries
+    (unchunked: the fp32 copy and the log-probabilities; fused_linear: the hidden states and one chunk).
+    Only the rows' summed log-probs outlive it (a few bytes)."""
+    scn, h, tokens, resid = st.scn, st.shape.hidden_size, st.tokens, st.dt.resid
+    rope = 2 * scn.seq_len * st.shape.head_dim * resid
+    additive = st.dt.att * scn.seq_len * tokens if bool_mask else 0  # sdpa's per-call float mask
+    layer = (
+        Term(
+            TermKind.REFERENCE_FORWARD,
+            resid * h * tokens + bool_mask + rope + additive,
+            f"reference forward: residual stream ({tokens} tokens), padding masks, rotary",
+        ),
+        Term(
+            TermKind.REFERENCE_FORWARD,
+            st.tr.forward_extra * tokens,
+            "reference forward: one layer's working set (no grad: nothing saved)",
+        ),
+    )
+    return [
+        Moment("reference forward (adapters off, no grad): a decoder layer", (*layer, *st.in_layer)),
+        Moment("reference forward (adapters off, no grad): its log-probs", _reference_loss_terms(st)),
+    ]
+
+
+def _reference_loss_terms(st: _Step) -> tuple[Term, ...]:
+    """The reference's log-probs: the loss's forward temporaries on its logits (see `_reference_moments`)."""
+    ce_tokens = st.scn.rows * (st.scn.seq_len - 1)
+    if st.scn.cross_entropy == "unchunked":
+        fp32 = Term(
+            TermKind.REFERENCE_FORWARD,
+            8 * st.shape.vocab_size * ce_tokens,
+            "reference log-softmax: the fp32 logits and log-probabilities",
+        )
+        return (*st.logits, fp32)
+    forward = _loss_terms(st, ce_tokens)[-1][1]  # the loss's forward moment (its last candidate)
+    terms = [Term(TermKind.REFERENCE_FORWARD, t.bytes, f"reference {t.label}") for t in forward]
+    if st.scn.cross_entropy == "fused_linear":
+        hidden = st.dt.resid * st.shape.hidden_size * st.tokens
+        terms.append(Term(TermKind.REFERENCE_FORWARD, hidden, "reference forward: final hidden states"))
+    return tuple(terms)
 
 
 def _host_terms(st: _Step) -> tuple[Term, ...]:

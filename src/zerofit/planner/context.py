@@ -36,6 +36,11 @@ ASSUMPTIONS = (
     "attention through sdpa's memory-efficient / flash kernels: no sequence x sequence matrix is stored",
     "every decoder layer checkpointed; the global batch is kept by gradient accumulation",
 )
+# A preference objective: micro-batch 1 is one pair, two sequences padded to the longer.
+PAIR_ASSUMPTIONS = (
+    "micro-batch 1 pair: its chosen and rejected sequence, padded to the longer (a padding mask)",
+    *ASSUMPTIONS[1:],
+)
 
 
 @dataclass
@@ -160,6 +165,8 @@ def max_context(cfg: ZerofitConfig, world_size: int, budget: Budget) -> MaxConte
     memory_len = max((n for n, _, _ in found), default=0)
     best_len = min(memory_len, positions // STEP * STEP)
     result = MaxContext(None, [], budget.gib, budget.limit_gib, memory_len, positions)
+    if found and found[0][2].preference:
+        result.assumptions = PAIR_ASSUMPTIONS
     if best_len == 0:
         return result
     gpu = budget.gpu

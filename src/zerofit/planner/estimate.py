@@ -83,6 +83,9 @@ class MemoryEstimate:
             "activation_bytes_per_token_per_layer": self.per_layer_token_bytes,
             "micro_batch_size": self.scenario.micro_batch_size,
             "seq_len": self.scenario.seq_len,
+            "objective": self.scenario.objective,
+            "reference": self.scenario.reference,
+            "sequences_per_micro_batch": self.scenario.rows,
             "notes": self.notes,
         }
 
@@ -144,7 +147,7 @@ def estimate(scn: Scenario) -> MemoryEstimate:
     host = state.labelled(Place.HOST)
     host.update({t.label: t.bytes for t in acts.host})
     host_gib = sum(host.values()) / GIB
-    notes = list(state.notes)
+    notes = [*state.notes, *preference_notes(scn)]
     if scn.quantization != "none" and scn.zero_stage == 3:
         notes.append(
             "ZeRO-3 with k-bit base weights: the quantized weights are counted whole on every rank (an upper "
@@ -169,6 +172,29 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         per_layer_token_bytes={t.label: t.bytes for t in acts.per_layer_token_terms},
         notes=notes,
     )
+
+
+def preference_notes(scn: Scenario) -> list[str]:
+    """What the estimate counts for a preference objective (none for SFT)."""
+    if not scn.preference:
+        return []
+    m = scn.micro_batch_size
+    notes = [
+        f"train.objective {scn.objective}: a micro-batch of {m} pairs is one forward of {scn.rows} sequences "
+        f"(chosen and rejected), every activation and the loss counted for {scn.rows} x {scn.seq_len} tokens"
+    ]
+    if scn.reference == "adapters_off":
+        notes.append(
+            f"reference adapters_off: each micro-step first runs the {scn.rows} rows through the base with the "
+            "adapters off under no_grad (nothing saved: one layer's working set, then the log-probs' logits), "
+            "and its forward is in the step time"
+        )
+    elif scn.reference == "precomputed":
+        notes.append(
+            "reference precomputed: its log-probs are computed once before training (one no-grad pass over "
+            "every pair, less memory than a training step, cached with the data) and cost nothing per step"
+        )
+    return notes
 
 
 def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:

@@ -61,6 +61,7 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
     if "error" in memory:
         console.print(f"Memory: not estimated ({memory['error']})")
         return
+    _print_objective(memory, console)
     _print_breakdown(memory, console)
     _print_verdict(memory, console)
     _print_micro_table(memory, console)
@@ -70,6 +71,28 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
     _print_checks(memory, console)
     for note in memory.get("notes") or []:
         console.print(f"Note: {note}")
+
+
+_REFERENCE_PLANNED = {
+    "adapters_off": "adapters_off, a no-grad forward of the same {rows} rows through the base per micro-step "
+    "(counted in memory and step time)",
+    "precomputed": "precomputed, one no-grad pass over every pair before training (nothing per step)",
+    "none": "none",
+}
+
+
+def _print_objective(memory: dict[str, Any], console: Console) -> None:
+    """Which objective (and DPO reference) the estimate plans, for a preference objective."""
+    objective = memory.get("objective", "sft")
+    if objective == "sft":
+        return
+    rows = memory["sequences_per_micro_batch"]
+    reference = _REFERENCE_PLANNED.get(memory["reference"], memory["reference"]).format(rows=rows)
+    console.print(
+        f"Planned for train.objective {objective}: {memory['micro_batch_size']} pairs per micro-batch = {rows} "
+        f"sequences per forward (chosen and rejected); reference {reference}",
+        highlight=False,
+    )
 
 
 def _print_breakdown(memory: dict[str, Any], console: Console) -> None:

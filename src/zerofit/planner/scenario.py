@@ -62,6 +62,12 @@ class Scenario:
     # Token budget: micro_batch_size rows of seq_len tokens, each packing whole examples (attention is
     # masked per document, so always the masked path).
     packed: bool = False
+    # Preference tuning (train.objective dpo / simpo / orpo): a micro-batch of `micro_batch_size` pairs is
+    # one forward of twice as many sequences (`rows`). `reference` (preference.reference, resolved):
+    # `adapters_off` adds a no-grad forward of those rows per micro-step with the LoRA adapters off;
+    # `precomputed` costs nothing in training (a one-time pass before it), `none` has no reference.
+    objective: str = "sft"
+    reference: str = "none"
     # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
     # without autocast (how the 7B reference figures in docs/platform.md were measured).
     autocast: bool | None = None
@@ -84,9 +90,24 @@ class Scenario:
         return checkpointed_layers(self.activation_checkpointing, num_layers)
 
     @property
+    def rows(self) -> int:
+        """Sequences one micro-step's forward runs on: the micro-batch, or both sequences of its pairs."""
+        return self.micro_batch_size * (1 if self.objective == "sft" else 2)
+
+    @property
+    def preference(self) -> bool:
+        """A preference objective: the micro-batch counts pairs (`rows` = 2 x pairs)."""
+        return self.objective != "sft"
+
+    @property
+    def reference_forward(self) -> bool:
+        """Each micro-step also runs the reference: the same rows through the base, adapters off, no grad."""
+        return self.reference == "adapters_off"
+
+    @property
     def masked_attention(self) -> bool:
         """Attention takes the masked path: a padded micro-batch of several sequences, or packed rows."""
-        return self.micro_batch_size > 1 or self.packed
+        return self.rows > 1 or self.packed
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,19 @@ def compute_profile(scn: Scenario) -> ComputeProfile:
 # ------------------------------------------------------------------------------------ scenario from the spec
 
 
+def _require_resolved(cfg: ZerofitConfig) -> None:
+    """ValueError for a config with an `auto` that only `resolve()` (or `what_if`) decides."""
+    t = cfg.train
+    for key, value in (
+        ("train.activation_checkpointing", t.activation_checkpointing),
+        ("train.tiled_mlp", t.tiled_mlp),
+        ("train.activation_offload", t.activation_offload),
+        ("preference.reference", cfg.preference.reference),
+    ):
+        if value == "auto":
+            raise ValueError(f"scenario_for takes a resolved config: {key} is still auto")
+
+
 def scenario_for(
     config: ZerofitConfig,
     spec: EngineSpec,
@@ -152,13 +186,7 @@ def scenario_for(
 
     cfg = config
     t = cfg.train
-    for key, value in (
-        ("activation_checkpointing", t.activation_checkpointing),
-        ("tiled_mlp", t.tiled_mlp),
-        ("activation_offload", t.activation_offload),
-    ):
-        if value == "auto":
-            raise ValueError(f"scenario_for takes a resolved config: train.{key} is still auto")
+    _require_resolved(cfg)
     plan = spec.plan
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
     lora = cfg.lora
@@ -193,6 +221,8 @@ def scenario_for(
         activation_offload=t.activation_offload is True,
         fp32_residual=cfg.quantization.fp32_residual,
         packed=cfg.batch.tokens_per_micro_batch is not None,
+        objective=t.objective,
+        reference=cfg.preference.reference,
     )
 
 

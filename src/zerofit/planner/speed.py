@@ -26,6 +26,11 @@ The long-context levers (issue 16) add their own costs:
     2 x n x tokens x h x residual bytes per micro-step at the GPU's `pcie_gbps`, on a side stream that
     overlaps compute: it costs max(0, transfer - compute) per micro-step.
 
+Preference tuning (issue 17): a micro-batch of m pairs is a forward and backward of 2m sequences, so
+tokens count both sequences of every pair (tokens/s included); DPO's reference with the adapters off adds a
+no-grad forward of the base, 2 N + 4 L h s per token; a precomputed reference costs nothing per step (its
+one pass before training is not in the step time).
+
 Calibration (docs/platform.md, GPU measurements 2026-12-01: Llama-2-7B LoRA r16, ZeRO-2, bf16, full
 checkpointing, H200 capped at 24 GiB): micro 4 -> 8 at 1024 tokens and micro 2 -> 4 at 2048 tokens give
 the same per-token slope (1.09e-4 and 1.15e-4 s/token for 41.6 and 43.8 GFLOP/token: 380 TFLOP/s, 38.5% of
@@ -86,7 +91,8 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
         levers += 2.0 * shape.layer_mlp_weight_params * n_layers
     if scn.cross_entropy == "fused_linear":
         levers += 2.0 * h * shape.vocab_size
-    return forward + backward + recompute + levers, recompute
+    reference = forward if scn.reference_forward else 0.0  # the base's no-grad forward, adapters off
+    return forward + backward + recompute + levers + reference, recompute
 
 
 def offload_transfer_s(scn: Scenario, card: GPU) -> float:
@@ -94,7 +100,7 @@ def offload_transfer_s(scn: Scenario, card: GPU) -> float:
     if not scn.activation_offload:
         return 0.0
     shape = model_shape(scn.model)
-    per_layer = scn.micro_batch_size * scn.seq_len * shape.hidden_size * residual_bytes(scn)
+    per_layer = scn.rows * scn.seq_len * shape.hidden_size * residual_bytes(scn)
     return 2.0 * scn.checkpointed(shape.num_layers) * per_layer / (card.pcie_gbps * 1e9)
 
 
@@ -108,7 +114,7 @@ def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
         rate /= KBIT_SLOWDOWN
     total, recompute = flops_per_token(scn)
     n_layers = model_shape(scn.model).num_layers
-    micro_tokens = scn.micro_batch_size * scn.seq_len
+    micro_tokens = scn.rows * scn.seq_len  # both sequences of every pair under a preference objective
     compute = micro_tokens * total / rate
     # Offload copies run on a side stream: only what compute does not hide costs time.
     hidden_copy = max(0.0, offload_transfer_s(scn, card) - compute)

@@ -17,6 +17,8 @@ How the step is emulated, and why (docs/platform.md, "Measuring memory without a
     dropout path keeps a mask in the input's dtype);
   - a micro-batch of more than one sequence is padded (zerofit's collate pads to the longest), so an
     attention mask is passed and attention takes the masked path (GQA keys/values repeated to all heads);
+  - a preference micro-batch of m pairs is 2m rows; DPO's reference with the adapters off runs first in
+    each micro-step, a no-grad forward of those rows under peft's `disable_adapter`, as the loop runs it;
   - bitsandbytes 4/8-bit matmuls cannot run on fake tensors: quantized linears are emulated by a frozen
     half-precision matmul that saves no activation (as bitsandbytes' MatMul4Bit), and their weight bytes
     are swapped for the quantized bytes analytically;
@@ -297,14 +299,13 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     prof = compute_profile(scn)
     model = build_traced_model(scn, num_layers)
     autocast = torch.autocast("cpu", dtype=prof.half_dtype) if prof.autocast else contextlib.nullcontext()
-    micro, seq = scn.micro_batch_size, scn.seq_len
+    micro, seq = scn.rows, scn.seq_len  # a preference micro-batch: both sequences of every pair
     mask = _padding_mask(micro, seq)
-    drop_grads = prof.grads_leave_autograd
 
     with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
         model.to_empty(device="cpu")
         trainable = [p for p in model.parameters() if p.requires_grad]
-        if drop_grads:
+        if prof.grads_leave_autograd:
             # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
             # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
             for p in trainable:
@@ -316,8 +317,10 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         input_ids = torch.zeros(micro, seq, dtype=torch.long)
         labels = torch.zeros(micro, seq, dtype=torch.long)
 
-        def micro_step() -> None:
+        def micro_step(tracker: Any = None) -> None:
             inputs = {"input_ids": input_ids, "attention_mask": mask}
+            if scn.reference_forward:  # DPO's reference: the same rows, adapters off, no grad, first
+                _reference_forward(model, inputs, labels, scn.cross_entropy, autocast, tracker)
             with autocast:
                 if scn.cross_entropy == FUSED_LINEAR:  # the loss inside lm_head: no logits at all
                     loss = forward_token_sum(model, inputs, labels, scn.cross_entropy)
@@ -331,7 +334,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
             for i in range(min(scn.grad_accum_steps, 2)):
                 if tracker is not None and i > 0:
                     tracker.reset_mod_stats()  # per-module stats only; the global peak is kept
-                micro_step()
+                micro_step(tracker)
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -349,6 +352,19 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
     return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+
+
+def _reference_forward(
+    model: Any, inputs: dict[str, Any], labels: Any, impl: str, autocast: Any, tracker: Any
+) -> None:
+    """DPO's adapters-off reference as the loop runs it: a no-grad forward of the rows with peft's
+    adapters disabled, its log-prob sums (`preference.reference: adapters_off`)."""
+    import torch
+
+    with autocast, torch.no_grad(), model.disable_adapter():
+        forward_token_sum(model, inputs, labels, impl)
+    if tracker is not None:
+        tracker.reset_mod_stats()  # the modules run again: per-module stats only, the peak is kept
 
 
 def _padding_mask(micro: int, seq: int) -> Any:
