@@ -140,7 +140,7 @@ class Evaluator:
 
     strategy: Strategy
     model: torch.nn.Module
-    examples: list[Example]
+    examples: list[Example] | list[PreferencePair]  # pairs with a preference objective
     micro_batch_size: int
     pad_id: int
     every_steps: int
@@ -170,8 +170,9 @@ class Evaluator:
                 self.cross_entropy,
             )
             return {**fields, "eval/time_s": time.perf_counter() - started}
+        examples: list[Any] = self.examples
         result = evaluation_loss(
-            self.strategy, self.model, self.examples, self.micro_batch_size, self.pad_id, self.cross_entropy
+            self.strategy, self.model, examples, self.micro_batch_size, self.pad_id, self.cross_entropy
         )
         return {
             "eval/loss": result.loss,

@@ -108,7 +108,7 @@ def train_step(
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
     sums = strategy.all_reduce_sum(local_sums).tolist()
-    loss = sum(total / max(count, 1) for total, count in zip(sums, counts, strict=False))
+    loss = sum(total / max(count, 1) for total, count in zip(sums[: len(counts)], counts, strict=True))
     # A preference objective's metrics are means over pairs, its last count.
     metrics = means_of(objective.metrics, sums[len(counts) :], counts[-1])
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
