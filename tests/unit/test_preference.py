@@ -350,3 +350,18 @@ def test_precomputed_reference_is_one_pass_then_the_cache() -> None:
         assert reference_key(cfg, pairs) != key
     finally:
         first.path.unlink(missing_ok=True)  # type: ignore[union-attr]
+
+
+def test_the_gpu_probe_measures_a_preference_step_on_pairs() -> None:
+    """`zerofit plan --probe` feeds 2m rows per micro-batch of m pairs (and the precomputed reference's
+    column), so what it measures is a DPO step, not an SFT step of m rows."""
+    from zerofit.probe import synthetic_batch
+
+    batch = synthetic_batch(3, 16, VOCAB, 0, "dpo", "precomputed")
+    assert batch["input_ids"].shape == (6, 16) and int(batch["pairs"]) == 3
+    assert batch["reference_logps"].shape == (6,)
+    obj = PreferenceObjective(_settings("dpo"))
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    terms, sums = obj.terms(_tiny(), inputs, batch, "chunked")
+    assert obj.counts([batch]) == [3] and len(terms) == 1 and sums.shape == (len(METRICS),)
+    assert synthetic_batch(3, 16, VOCAB, 0)["input_ids"].shape == (3, 16)  # SFT: m rows
