@@ -93,6 +93,7 @@ class TrainData:
 
 
 def _label_tokens(unit: Example | PreferencePair) -> int:
+    """Valid label tokens of one unit: an example's, or a pair's two sequences' together."""
     sequences = (unit.chosen, unit.rejected) if isinstance(unit, PreferencePair) else (unit,)
     return sum(sum(label != IGNORE_INDEX for label in e.labels) for e in sequences)
 

@@ -67,6 +67,13 @@ def test_auto_detects_both_layouts_and_the_implicit_prompt() -> None:
     parsed = parse_record("preference", implicit, "x")
     assert isinstance(parsed, Preference)
     assert parsed == parse_record("preference", CONVERSATIONAL, "x")  # the shared turns are the prompt
+    texts = {"chosen": "Q: copy ab A: ab", "rejected": "Q: copy ab A: #$"}
+    assert detect_format(texts, "x") == "preference"
+    assert parse_record("preference", texts, "x") == Preference("Q: copy ab A:", " ab", " #$")  # TRL's rule
+    with pytest.raises(
+        DataError, match=r"x: 'chosen' and 'rejected' have no 'prompt' and share no beginning"
+    ):
+        parse_record("preference", {"chosen": "ab", "rejected": "cd"}, "x")
     with pytest.raises(
         DataError, match=r"x: 'chosen' / 'rejected' are lists of messages but 'prompt' is a str"
     ):

@@ -7,7 +7,8 @@
                                                                            every assistant turn
     preference        {"prompt", "chosen", "rejected"} (TRL's layout): strings, or conversational (`prompt` a
                       list of messages, `chosen` / `rejected` lists of assistant messages; `prompt` may be
-                      left out when both are whole conversations sharing it: the implicit prompt)
+                      left out when both are whole conversations or texts sharing it: the implicit
+                      prompt, their shared messages or TRL's common-prefix rule for strings)
                                                                            preference objectives only
     text              {"text": str}                                       continued pre-training; loss on all
 
@@ -69,7 +70,7 @@ _SIGNATURES: tuple[tuple[str, tuple[tuple[str, ...], ...], str], ...] = (
         "preference",
         (("prompt", "chosen", "rejected"), ("chosen", "rejected")),
         "'prompt', 'chosen' and 'rejected' (TRL's preference layout; no 'prompt' when chosen and rejected are "
-        "whole conversations)",
+        "whole conversations or texts that share it)",
     ),
     ("prompt_response", (("prompt", "response"),), "'prompt' and 'response'"),
     ("text", (("text",),), "'text'"),
@@ -256,7 +257,7 @@ def _implicit_prompt(
     if n == 0:
         raise DataError(
             f"{where}: 'chosen' and 'rejected' have no 'prompt' and share no leading messages, so there is no "
-            "prompt to prefer one over the other for; add a 'prompt' key (a string, or a list of messages)."
+            "prompt to prefer one over the other for; add a 'prompt' key (a list of messages)."
         )
     return chosen[:n], chosen[n:], rejected[n:]
 
@@ -287,10 +288,23 @@ def _preference(record: dict[str, Any], where: str) -> Preference:
                     "layout it holds only the assistant's response (the rest belongs in 'prompt')."
                 )
         return Preference(p, c, r)
+    c, r = _string(record, "chosen", where, "preference"), _string(record, "rejected", where, "preference")
     if prompt is None:
-        _string(record, "prompt", where, "preference")  # raises: missing key
-    return Preference(
-        _string(record, "prompt", where, "preference"),
-        _string(record, "chosen", where, "preference"),
-        _string(record, "rejected", where, "preference"),
-    )
+        return _implicit_string_prompt(c, r, where)
+    return Preference(_string(record, "prompt", where, "preference"), c, r)
+
+
+def _implicit_string_prompt(chosen: str, rejected: str, where: str) -> Preference:
+    """TRL's implicit prompt for strings (`extract_prompt`): the longest common prefix of both texts, less
+    a space it ends with (that space starts the responses)."""
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    if n and n < min(len(chosen), len(rejected)) and chosen[n - 1] == " ":
+        n -= 1
+    if n == 0:
+        raise DataError(
+            f"{where}: 'chosen' and 'rejected' have no 'prompt' and share no beginning, so there is no prompt "
+            "to prefer one over the other for; add a 'prompt' key (TRL's explicit layout)."
+        )
+    return Preference(chosen[:n], chosen[n:], rejected[n:])
