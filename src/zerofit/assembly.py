@@ -45,6 +45,8 @@ from zerofit.loss import IGNORE_INDEX
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.model import BuiltModel, build_model, load_tokenizer
 from zerofit.optim import build_optimizer, build_scheduler
+from zerofit.preference import Objective, PreferenceObjective, PreferenceSettings
+from zerofit.reference import ReferencePass, precompute_reference
 from zerofit.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.shared_storage import check_shared_output_dir
 from zerofit.strategies import build_strategy
@@ -105,6 +107,26 @@ class PreparedRun:
     built: BuiltModel
     model: torch.nn.Module  # what the loop calls: the engine-wrapped model
     data: TrainData | None  # None for synthetic-batch runs (the probe, the GPU benchmark)
+    reference: ReferencePass | None = None  # the precomputed DPO reference's pass (or cache hit)
+
+    @property
+    def objective(self) -> Objective | None:
+        """train.objective's loss for the loop and the evaluation (None: SFT, the loop's default)."""
+        cfg = self.plan.config
+        if cfg.train.objective == "sft":
+            return None
+        p = cfg.preference
+        return PreferenceObjective(
+            PreferenceSettings(
+                objective=cfg.train.objective,
+                beta=p.beta,
+                loss_type=p.loss_type,
+                label_smoothing=p.label_smoothing,
+                simpo_gamma=p.simpo_gamma,
+                orpo_lambda=p.orpo_lambda,
+                reference=p.reference,
+            )
+        )
 
     @property
     def flops_per_token(self) -> float:
@@ -153,6 +175,7 @@ class PreparedRun:
             clock=clock,
             watch=watch,
             keep_best=cfg.checkpoint.keep_best,
+            objective=self.objective,
         )
 
     def evaluator(self) -> Evaluator | None:
@@ -169,6 +192,7 @@ class PreparedRun:
             every_steps=cfg.eval.every_steps,
             max_steps=cfg.train.max_steps,
             cross_entropy=cfg.train.cross_entropy,
+            objective=self.objective,
         )
 
     def record(self) -> dict[str, Any]:
@@ -297,6 +321,18 @@ def _model_and_engine(
     return built, model
 
 
+def _reference_pass(
+    plan: RunPlan, strategy: Strategy, model: torch.nn.Module, data: TrainData | None, pad_id: int
+) -> ReferencePass | None:
+    """`preference.reference: precomputed`: the reference log-probs of every training and eval pair, from
+    the model as loaded (before any checkpoint is restored) or the cache (`zerofit.reference`)."""
+    cfg = plan.config
+    if data is None or cfg.train.objective == "sft" or cfg.preference.reference != "precomputed":
+        return None
+    pairs: list[Any] = [*data.examples, *(data.eval_examples or [])]
+    return precompute_reference(cfg, strategy, model, pairs, plan.batch.micro_batch_size, pad_id)
+
+
 def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun:
     """Build the run `resolved` describes, ready for `train_loop` (collective: every rank calls it).
 
@@ -322,7 +358,8 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
         data = _load_data(resolved, tokenizer, strategy) if with_data else None
         plan = make_run_plan(resolved, spec, decision, data.facts if data is not None else None)
         built, model = _model_and_engine(plan, strategy, tokenizer)
-        return PreparedRun(plan, strategy, built, model, data)
+        reference = _reference_pass(plan, strategy, model, data, int(tokenizer.pad_token_id))
+        return PreparedRun(plan, strategy, built, model, data, reference)
     except BaseException:
         strategy.close()
         raise

@@ -10,6 +10,11 @@ So the number is the mean over every valid label token of the eval data, whateve
 micro 2 and 1 rank x micro 4 give the same loss (up to float summation order). The model is put in eval
 mode (no dropout) for the pass and back in train mode after it.
 
+With a preference objective (`zerofit.preference`) the eval data is held-out pairs: `preference_evaluation`
+runs the objective's own sums and counts over windows of micro_batch_size pairs x dp, one all-reduce, so
+`eval/loss` is the objective's loss over every held-out pair (ORPO: its NLL over every held-out chosen
+token) and `eval/rewards/*`, `eval/logps/*` are means over every held-out pair, whatever the split.
+
 `Evaluator` is the loop's hook (`zerofit.train.Evaluating`): every `eval.every_steps` optimizer steps and
 after the last one, it returns the `eval/*` fields of that step's metrics row.
 """
@@ -23,11 +28,13 @@ from typing import Any
 import torch
 
 from zerofit.data import Example, collate, split_global_batch
+from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.loss import count_label_tokens
+from zerofit.preference import Objective, means_of
 from zerofit.strategies.base import Strategy
 
-__all__ = ["EvalResult", "Evaluator", "evaluation_loss"]
+__all__ = ["EvalResult", "Evaluator", "evaluation_loss", "preference_evaluation"]
 
 
 @dataclass(frozen=True)
@@ -85,18 +92,61 @@ def evaluation_loss(
     )
 
 
+def preference_evaluation(
+    strategy: Strategy,
+    model: torch.nn.Module,
+    pairs: list[PreferencePair],
+    objective: Objective,
+    micro_batch_size: int,
+    pad_id: int,
+    cross_entropy: str = "chunked",
+) -> dict[str, Any]:
+    """`eval/loss` and `eval/<metric>` of `objective` over every pair of `pairs` (collective, exact over ranks)."""
+    impl = FUSED_LINEAR if cross_entropy == FUSED_LINEAR else "chunked"
+    dp, rank = strategy.world_size, strategy.rank
+    window = micro_batch_size * dp
+    was_training = model.training
+    model.eval()
+    counts = [0] * len(objective.counts([]))
+    sums: torch.Tensor | None = None
+    try:
+        with torch.no_grad():
+            for start in range(0, len(pairs), window):
+                indices = list(range(start, min(start + window, len(pairs))))
+                (mine,) = split_global_batch(indices, micro_batch_size, 1, dp, rank)
+                batch = collate_pairs([pairs[i] for i in mine], pad_id)
+                with strategy.accumulate(is_last=True):  # the training forward's context, nothing deferred
+                    inputs = {k: batch[k].to(strategy.device) for k in ("input_ids", "attention_mask")}
+                    terms, metric_sums = objective.terms(model, inputs, batch, impl)
+                local = torch.cat([torch.stack([t.double() for t in terms]), metric_sums])
+                sums = local if sums is None else sums + local
+                counts = [a + b for a, b in zip(counts, objective.counts([batch]), strict=True)]
+    finally:
+        model.train(was_training)
+    assert sums is not None, "evaluation data holds at least one pair"
+    # One all-reduce of the sums and counts (fp64 holds the counts exactly far beyond any eval set).
+    count_t = torch.tensor(counts, dtype=torch.float64, device=sums.device)
+    total = strategy.all_reduce_sum(torch.cat([sums, count_t])).tolist()
+    n = len(counts)
+    global_counts = total[-n:]
+    loss = sum(t / max(c, 1.0) for t, c in zip(total[:n], global_counts, strict=True))
+    metrics = means_of(objective.metrics, total[n:-n], int(global_counts[-1]), prefix="eval/")
+    return {"eval/loss": loss, "eval/pairs": int(global_counts[-1]), **metrics}
+
+
 @dataclass
 class Evaluator:
     """Evaluates every `every_steps` optimizer steps (0: never in between) and after the last step."""
 
     strategy: Strategy
     model: torch.nn.Module
-    examples: list[Example]
+    examples: list[Example] | list[PreferencePair]  # pairs with a preference objective
     micro_batch_size: int
     pad_id: int
     every_steps: int
     max_steps: int
     cross_entropy: str = "chunked"  # train.cross_entropy (see `evaluation_loss`)
+    objective: Objective | None = None  # a preference objective: `examples` are pairs
 
     def due(self, steps_done: int) -> bool:
         """Whether the evaluation runs after optimizer step `steps_done` (1-based)."""
@@ -108,8 +158,21 @@ class Evaluator:
         if not self.due(steps_done):
             return {}
         started = time.perf_counter()
+        if self.objective is not None:
+            pairs: list[Any] = self.examples
+            fields = preference_evaluation(
+                self.strategy,
+                self.model,
+                pairs,
+                self.objective,
+                self.micro_batch_size,
+                self.pad_id,
+                self.cross_entropy,
+            )
+            return {**fields, "eval/time_s": time.perf_counter() - started}
+        examples: list[Any] = self.examples
         result = evaluation_loss(
-            self.strategy, self.model, self.examples, self.micro_batch_size, self.pad_id, self.cross_entropy
+            self.strategy, self.model, examples, self.micro_batch_size, self.pad_id, self.cross_entropy
         )
         return {
             "eval/loss": result.loss,

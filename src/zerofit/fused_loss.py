@@ -67,12 +67,13 @@ import torch
 import torch.nn.functional as F
 
 from zerofit.errors import ConfigError
-from zerofit.loss import IGNORE_INDEX, chunk_tokens, shifted_targets, token_sum_loss
+from zerofit.loss import IGNORE_INDEX, chunk_tokens, shifted_targets, token_losses, token_sum_loss
 
 __all__ = [
     "FUSED_LINEAR",
     "FusedHead",
     "describe_fused",
+    "forward_token_losses",
     "forward_token_sum",
     "fused_kernel",
     "fused_linear_token_sum",
@@ -98,7 +99,9 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 class _FusedLinearCrossEntropySum(torch.autograd.Function):
-    """Sum of cross-entropy of (hidden @ W^T + b) over valid targets, chunk by chunk (module docstring)."""
+    """Sum of cross-entropy of (hidden @ W^T + b) over valid targets, chunk by chunk (module docstring);
+    `per_token`: the per-token cross-entropy instead (0 at invalid targets; the incoming gradient is then
+    one number per token, for preference objectives' per-row sums)."""
 
     @staticmethod
     def forward(
@@ -108,12 +111,14 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
         bias: torch.Tensor | None,
         targets: torch.Tensor,
         chunk: int,
+        per_token: bool = False,
     ) -> torch.Tensor:
         cdt = _compute_dtype(hidden, weight)
         acc = torch.promote_types(cdt, torch.float32)  # fp32 (fp64 only for a float64 gradcheck)
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         total = torch.zeros((), dtype=acc, device=hidden.device)
+        tokens = torch.empty(n if per_token else 0, dtype=acc, device=hidden.device)
         # Autocast off inside: the casts are explicit (once per weight, not once per chunk).
         with torch.autocast(hidden.device.type, enabled=False):
             w, b = weight.to(cdt), None if bias is None else bias.to(cdt)
@@ -122,12 +127,15 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
                 t = targets[start : start + chunk]
                 lse_c = torch.logsumexp(x, dim=-1)
                 picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
-                total += torch.where(t != IGNORE_INDEX, lse_c - picked, 0.0).sum()
+                if per_token:
+                    tokens[start : start + chunk] = torch.where(t != IGNORE_INDEX, lse_c - picked, 0.0)
+                else:
+                    total += torch.where(t != IGNORE_INDEX, lse_c - picked, 0.0).sum()
                 lse[start : start + chunk] = lse_c
                 del x  # before the next chunk's matmul: one chunk of logits at a time, not two
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.chunk, ctx.cdt = chunk, cdt
-        return total
+        return tokens if per_token else total
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -146,7 +154,8 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
                 # softmax - one_hot(target), for valid rows only, times the incoming gradient (fp32).
                 g = torch.sub(F.linear(h, w, b), lse[start:stop, None]).exp_()
                 g.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(lse[start:stop, None], -1.0))
-                g.mul_(((t != IGNORE_INDEX).to(acc) * scale).unsqueeze(1))
+                s = scale if scale.dim() == 0 else scale[start:stop]  # per-token: this chunk's slice
+                g.mul_(((t != IGNORE_INDEX).to(acc) * s).unsqueeze(1))
                 if need_b:
                     grad_b += g.sum(0)
                 g = g.to(cdt)  # the reference's logits gradient is in the logits' dtype
@@ -159,7 +168,7 @@ class _FusedLinearCrossEntropySum(torch.autograd.Function):
                 del g  # before the next chunk's matmul
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None and bias is not None else None
-        return grad_h, grad_w, grad_b, None, None
+        return grad_h, grad_w, grad_b, None, None, None
 
 
 def fused_kernel(hidden: torch.Tensor, weight: torch.Tensor) -> str:
@@ -219,19 +228,21 @@ def fused_linear_token_sum(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     chunk: int | None = None,
+    per_token: bool = False,
 ) -> torch.Tensor:
     """Sum over valid `targets` of the cross-entropy of `hidden @ weight^T + bias`, in fp32, without the
     logits: `hidden` [..., H] (flattened to tokens), `targets` [tokens] already shifted
-    (`zerofit.loss.shifted_targets`), `chunk` tokens at a time (default `chunk_tokens(vocab)`)."""
+    (`zerofit.loss.shifted_targets`), `chunk` tokens at a time (default `chunk_tokens(vocab)`).
+    `per_token`: the [tokens] cross-entropies instead of their sum (pure PyTorch: the kernels only sum)."""
     flat = hidden.reshape(-1, hidden.shape[-1])  # a view: the final norm's output is contiguous
     targets = targets.to(flat.device)
     if flat.shape[0] != targets.shape[0]:
         raise ValueError(f"{flat.shape[0]} hidden states for {targets.shape[0]} targets")
-    kernel = fused_kernel(flat, weight)
+    kernel = "pytorch" if per_token else fused_kernel(flat, weight)
     if kernel != "pytorch":
         return _kernel_token_sum(kernel, flat, weight, bias, targets)
     return _FusedLinearCrossEntropySum.apply(
-        flat, weight, bias, targets, chunk or chunk_tokens(weight.shape[0])
+        flat, weight, bias, targets, chunk or chunk_tokens(weight.shape[0]), per_token
     )
 
 
@@ -243,6 +254,7 @@ class FusedHead:
     chunk: int | None = None
     targets: torch.Tensor | None = None
     returned: torch.Tensor | None = None
+    per_token: bool = False  # the next forward returns per-token losses, not their sum
 
     def loss_from(self, output: torch.Tensor) -> torch.Tensor:
         """The loss sum from the model's `logits` output, refusing a model that changed it after lm_head.
@@ -287,7 +299,9 @@ def _fused_head_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Te
     if state.targets is None:
         return type(self).forward(self, hidden)  # type(self): FSDP2 swaps the class, keeping Linear's forward
     targets, state.targets = state.targets, None  # one forward per context
-    state.returned = fused_linear_token_sum(hidden, self.weight, self.bias, targets, state.chunk)
+    state.returned = fused_linear_token_sum(
+        hidden, self.weight, self.bias, targets, state.chunk, state.per_token
+    )
     return state.returned
 
 
@@ -326,15 +340,18 @@ def _fused_state(model: torch.nn.Module) -> FusedHead:
 
 
 @contextmanager
-def fused_targets(model: torch.nn.Module, labels: torch.Tensor) -> Iterator[FusedHead]:
+def fused_targets(
+    model: torch.nn.Module, labels: torch.Tensor, per_token: bool = False
+) -> Iterator[FusedHead]:
     """Within it, the next forward of `model`'s fused lm_head returns the token-sum loss of `labels`
-    (unshifted, HF-style) instead of logits."""
+    (unshifted, HF-style) instead of logits (`per_token`: the per-token losses, flattened)."""
     state = _fused_state(model)
-    state.targets, state.returned = shifted_targets(labels), None
+    state.targets, state.returned, state.per_token = shifted_targets(labels), None, per_token
     try:
         yield state
     finally:
         state.targets = state.returned = None
+        state.per_token = False
 
 
 def forward_token_sum(
@@ -346,3 +363,15 @@ def forward_token_sum(
         return token_sum_loss(model(**inputs, use_cache=False).logits, labels, impl)
     with fused_targets(model, labels) as head:
         return head.loss_from(model(**inputs, use_cache=False).logits)
+
+
+def forward_token_losses(
+    model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, impl: str
+) -> torch.Tensor:
+    """One forward of `model` on `inputs` and its per-token losses over `labels`, [rows, seq] fp32
+    (`zerofit.loss.token_losses`): `fused_linear` inside lm_head (no logits), anything else from the
+    logits in chunks (`unchunked`: in one piece)."""
+    if impl != FUSED_LINEAR:
+        return token_losses(model(**inputs, use_cache=False).logits, labels, impl)
+    with fused_targets(model, labels, per_token=True) as head:
+        return head.loss_from(model(**inputs, use_cache=False).logits).reshape(labels.shape)

@@ -36,6 +36,7 @@ __all__ = [
     "count_label_tokens",
     "liger_available",
     "shifted_targets",
+    "token_losses",
     "token_sum_loss",
 ]
 
@@ -69,32 +70,40 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
 
 
 class _ChunkedCrossEntropySum(torch.autograd.Function):
-    """Sum of cross-entropy over valid targets, computed chunk by chunk in fp32.
+    """Sum of cross-entropy over valid targets, computed chunk by chunk in fp32 (or, `per_token`, the
+    per-token cross-entropy itself: fp32, 0 at invalid targets, what a preference objective sums per row).
 
     Forward keeps only each row's log-sum-exp (fp32, one number per token) besides the logits themselves;
-    backward recomputes softmax one chunk at a time and writes the gradient in the logits' dtype.
+    backward recomputes softmax one chunk at a time and writes the gradient in the logits' dtype. The
+    per-token form differs only in the incoming gradient: one number per token instead of one scalar.
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunk: int, per_token: bool = False
+    ) -> torch.Tensor:
         n = logits.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        tokens = torch.empty(n if per_token else 0, dtype=torch.float32, device=logits.device)
         for start in range(0, n, chunk):
             x = logits[start : start + chunk].float()
             t = targets[start : start + chunk]
             valid = t != IGNORE_INDEX
             lse_c = torch.logsumexp(x, dim=-1)
             picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
-            total += torch.where(valid, lse_c - picked, 0.0).sum()
+            if per_token:
+                tokens[start : start + chunk] = torch.where(valid, lse_c - picked, 0.0)
+            else:
+                total += torch.where(valid, lse_c - picked, 0.0).sum()
             lse[start : start + chunk] = lse_c
             del x  # before the next chunk's upcast: one fp32 chunk alive at a time
         ctx.save_for_backward(logits, targets, lse)
         ctx.chunk = chunk
-        return total
+        return tokens if per_token else total
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         scale = grad_out.float()
@@ -102,14 +111,15 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
             stop = start + ctx.chunk
             t = targets[start:stop]
             valid = t != IGNORE_INDEX
-            # softmax - one_hot(target), for valid rows only, times the incoming gradient.
+            # softmax - one_hot(target), for valid rows only, times the incoming gradient (a scalar for
+            # the sum, this chunk's slice of per-token gradients for the per-token form).
             # bf16/fp16 minus fp32 promotes to one new fp32 tensor (no separate upcast copy).
             g = torch.sub(logits[start:stop], lse[start:stop, None]).exp_()
             g.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(lse[start:stop, None], -1.0))
-            g.mul_((valid.float() * scale).unsqueeze(1))
+            g.mul_((valid.float() * (scale if scale.dim() == 0 else scale[start:stop])).unsqueeze(1))
             grad[start:stop] = g
             del g  # before the next chunk's: one fp32 chunk alive at a time, as the planner counts
-        return grad, None, None
+        return grad, None, None, None
 
 
 def chunked_token_sum_loss(
@@ -120,6 +130,28 @@ def chunked_token_sum_loss(
     flat = logits.reshape(-1, vocab)  # a view: the model's logits are contiguous
     targets = shifted_targets(labels.to(logits.device))
     return _ChunkedCrossEntropySum.apply(flat, targets, chunk or chunk_tokens(vocab))
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chunked") -> torch.Tensor:
+    """Per-token next-token cross-entropy, fp32, shaped like `labels` ([rows, seq]): position t holds the
+    loss of label t+1, 0 where that label is IGNORE_INDEX and at each row's last position.
+
+    What preference objectives sum per row (`zerofit.preference`): one fp32 number per token, so a row's
+    log-probability is a cheap `-sum(dim=1)`, never full fp32 logits. `chunked` (and `liger`, whose kernel
+    only sums: the same values) walks the tokens in chunks exactly as `token_sum_loss` does; `unchunked`
+    is `F.cross_entropy(reduction="none")` on the fp32 upcast (the reference the tests compare with).
+    """
+    rows, seq = labels.shape
+    targets = shifted_targets(labels.to(logits.device))
+    if impl == "unchunked":
+        flat = logits.float().reshape(-1, logits.size(-1))
+        per = F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="none")
+        return per.reshape(rows, seq)
+    if impl not in ("chunked", "liger"):
+        raise ValueError(f"per-token losses from logits: chunked or unchunked, not {impl!r}")
+    vocab = logits.size(-1)
+    per = _ChunkedCrossEntropySum.apply(logits.reshape(-1, vocab), targets, chunk_tokens(vocab), True)
+    return per.reshape(rows, seq)
 
 
 def liger_available() -> bool:

@@ -117,17 +117,28 @@ def _run_child(cfg_file: Path, world_size: int, micro: int, gas: int, timeout_s:
     return ProbeResult(micro, gas, False, oom, None, None, seconds, tail[0][:300])
 
 
-def synthetic_batch(micro: int, seq: int, vocab: int, pad_id: int) -> dict[str, Any]:
+def synthetic_batch(
+    micro: int, seq: int, vocab: int, pad_id: int, objective: str = "sft", reference: str = "none"
+) -> dict[str, Any]:
+    """A max-length micro-batch of `micro` examples, or for a preference objective of `micro` pairs: 2 x
+    micro rows laid out as `zerofit.data.pairs.collate_pairs` does (with zero reference log-probs when
+    they are precomputed: the loop reads them from the batch)."""
     import torch
 
-    ids = torch.randint(3, max(vocab, 4), (micro, seq), dtype=torch.long)
-    mask = torch.ones(micro, seq, dtype=torch.long)
-    if micro > 1:
+    rows = micro if objective == "sft" else 2 * micro
+    ids = torch.randint(3, max(vocab, 4), (rows, seq), dtype=torch.long)
+    mask = torch.ones(rows, seq, dtype=torch.long)
+    if rows > 1:
         mask[-1, -1] = 0  # one padded position: zerofit's right-padded batches take the masked attention path
         ids[-1, -1] = pad_id
     labels = ids.clone()
     labels[mask == 0] = IGNORE_INDEX
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if objective != "sft":
+        batch["pairs"] = torch.tensor(micro)
+        if reference == "precomputed":
+            batch["reference_logps"] = torch.zeros(rows, dtype=torch.float64)
+    return batch
 
 
 def _child(config_json: str, micro: int) -> int:
@@ -158,10 +169,16 @@ def _child(config_json: str, micro: int) -> int:
         plan = run.plan.batch
         torch.cuda.reset_peak_memory_stats()
         for _ in range(PROBE_STEPS):
-            batches = [
-                synthetic_batch(micro, cfg.data.max_seq_len, vocab, pad) for _ in range(plan.grad_accum_steps)
-            ]
-            train_step(run.strategy, run.model, batches, cfg.train.max_grad_norm, cfg.train.cross_entropy)
+            shape = (micro, cfg.data.max_seq_len, vocab, pad, cfg.train.objective, cfg.preference.reference)
+            batches = [synthetic_batch(*shape) for _ in range(plan.grad_accum_steps)]
+            train_step(
+                run.strategy,
+                run.model,
+                batches,
+                cfg.train.max_grad_norm,
+                cfg.train.cross_entropy,
+                run.objective,
+            )
         torch.cuda.synchronize()
         result["ok"] = True
     except torch.cuda.OutOfMemoryError as exc:

@@ -43,6 +43,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
+        *([f"  objective    {describe_objective(run)}"] if t.objective != "sft" else []),
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
         f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
         f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
@@ -114,6 +115,23 @@ def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
         f"collectives wait {minutes} for a peer (distributed.timeout_minutes); rank 0's tokenizing, checkpoint "
         "verification and export are waited for without a limit"
     )
+
+
+def describe_objective(run: PreparedRun) -> str:
+    """`dpo (sigmoid, beta 0.1): per pair, normalized by the global batch's pairs; reference: ...`."""
+    cfg = run.plan.config
+    p, objective = cfg.preference, cfg.train.objective
+    knobs = {
+        "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
+        "simpo": f"beta {p.beta:g}, gamma {p.simpo_gamma:g} x beta, mean log-probs",
+        "orpo": f"lambda {p.orpo_lambda:g}, NLL over the global batch's chosen tokens",
+    }[objective]
+    reference = {
+        "adapters_off": "the base with the LoRA adapters off (no second copy), before each policy forward",
+        "precomputed": run.reference.describe() if run.reference is not None else "precomputed",
+        "none": "none",
+    }[p.reference]
+    return f"{objective} ({knobs}), loss per pair over the global batch's pairs; reference: {reference}"
 
 
 def describe_compute(cfg: ZerofitConfig, model: Any) -> str:

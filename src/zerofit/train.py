@@ -1,8 +1,10 @@
 """One global batch per optimizer step, token-exact whatever the split (docs/design.md, "Gradient accumulation").
 
-    train_step: count the window's valid label tokens on this rank -> all-reduce once (before any
-                backward) -> per micro-step: forward, token *sum* / global tokens (x the engine's gradient
-                divide factor), backward (sync only on the last) -> clip once, step once -> loss.
+    train_step: count the window's normalizers on this rank (the objective's: valid label tokens for
+                SFT, pairs for DPO / SimPO, chosen tokens and pairs for ORPO; `zerofit.preference`) ->
+                all-reduce once (before any backward) -> per micro-step: forward, the objective's *sums*
+                / their global counts (x the engine's gradient divide factor), backward (sync only on
+                the last) -> clip once, step once -> loss (and a preference objective's rewards/*).
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
                 due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
@@ -11,13 +13,15 @@
                 -> periodic, timed, best or final checkpoint -> stop (signal or early stopping).
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
-normalizer is the whole global batch's token count, and the engine only contributes its divide factor.
+normalizer is the whole global batch's token (or pair) count, and the engine only contributes its divide
+factor. A preference global batch is a fixed set of pairs; a pair's chosen and rejected rows are always in
+the same micro-batch (`zerofit.data.pairs.collate_pairs`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -33,11 +37,13 @@ from zerofit.data import (
     packed_micro_batches,
     split_global_batch,
 )
-from zerofit.fused_loss import forward_token_sum
+from zerofit.data.pairs import PreferencePair, collate_pairs
+from zerofit.errors import ConfigError
 from zerofit.loss import count_label_tokens
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
+from zerofit.preference import Objective, SFTObjective, means_of
 from zerofit.signals import StopSignal
 from zerofit.strategies.base import Strategy
 
@@ -46,13 +52,15 @@ from zerofit.strategies.base import Strategy
 class StepResult:
     """What one optimizer step did: global token-mean loss, pre-clip grad norm, global valid label tokens,
     global input tokens (prompts included, padding not: the useful tokens the model computed on, for MFU)
-    and global processed tokens (every position of every micro-batch, padding included)."""
+    and global processed tokens (every position of every micro-batch, padding included); a preference
+    objective's per-pair means (`rewards/*`, `logps/*`; empty for SFT)."""
 
     loss: float
     grad_norm: float
     tokens: int
     input_tokens: int
     processed_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def train_step(
@@ -61,39 +69,57 @@ def train_step(
     micro_batches: list[dict[str, torch.Tensor]],
     max_grad_norm: float | None,
     cross_entropy: str = "chunked",
+    objective: Objective | None = None,
 ) -> StepResult:
     """One global batch: this rank's `micro_batches` (as many as every other rank's), one optimizer step.
 
     `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.loss`; `fused_linear`
-    computes them inside lm_head, `zerofit.fused_loss`).
+    computes them inside lm_head, `zerofit.fused_loss`). `objective` is train.objective's
+    (`zerofit.preference`; None: SFT's token sums).
     """
-    # 1. The normalizer: valid label tokens of the whole global batch, over all ranks, before any backward
-    #    (useful and processed input tokens ride along in the same all-reduce, for throughput accounting).
+    objective = objective if objective is not None else SFTObjective()
+    # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
+    #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
+    #    all-reduce, for throughput accounting).
     local = torch.tensor(
         [
+            *objective.counts(micro_batches),
             sum(count_label_tokens(b["labels"]) for b in micro_batches),
             sum(int(b["attention_mask"].sum()) for b in micro_batches),
             sum(b["input_ids"].numel() for b in micro_batches),
         ],
         dtype=torch.int64,
     )
-    tokens, input_tokens, processed_tokens = (int(x) for x in strategy.all_reduce_sum(local))
-    # 2. The one place that scales the loss: by the global token count, and back up by what the engine
+    *counts, tokens, input_tokens, processed_tokens = (int(x) for x in strategy.all_reduce_sum(local))
+    # 2. The one place that scales the loss: each sum by its global count, and back up by what the engine
     #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
-    #    gradient of (sum of token losses) / tokens. max(., 1): an all-masked window contributes zero.
-    scale = strategy.grad_divide_factor / max(tokens, 1)
+    #    gradient of (sum of token or pair losses) / count. max(., 1): an all-masked window adds zero.
+    scales = [strategy.grad_divide_factor / max(count, 1) for count in counts]
     # Accumulated on the device: a `.cpu()` per micro-step would force a GPU sync inside the window.
-    local_loss_sum = torch.zeros((), dtype=torch.float64, device=strategy.device)
+    local_sums = torch.zeros(
+        len(counts) + len(objective.metrics), dtype=torch.float64, device=strategy.device
+    )
     for j, batch in enumerate(micro_batches):
         with strategy.accumulate(is_last=j == len(micro_batches) - 1):
             inputs = model_inputs(batch, strategy.device)
-            loss_sum = forward_token_sum(model, inputs, batch["labels"], cross_entropy)
-            strategy.backward(loss_sum * scale)
-        local_loss_sum += loss_sum.detach().double()
+            terms, metric_sums = objective.terms(model, inputs, batch, cross_entropy)
+            strategy.backward(_scaled(terms, scales))
+        local_sums += torch.cat([torch.stack([t.detach().double() for t in terms]), metric_sums])
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
-    loss = float(strategy.all_reduce_sum(local_loss_sum)) / max(tokens, 1)
-    return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens)
+    sums = strategy.all_reduce_sum(local_sums).tolist()
+    loss = sum(total / max(count, 1) for total, count in zip(sums[: len(counts)], counts, strict=True))
+    # A preference objective's metrics are means over pairs, its last count.
+    metrics = means_of(objective.metrics, sums[len(counts) :], counts[-1])
+    return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
+
+
+def _scaled(terms: list[torch.Tensor], scales: list[float]) -> torch.Tensor:
+    """The micro-batch's share of the global loss: each sum times its scale (one term for SFT and DPO)."""
+    out = terms[0] * scales[0]
+    for term, scale in zip(terms[1:], scales[1:], strict=True):
+        out = out + term * scale
+    return out
 
 
 class CheckpointSaver(Protocol):
@@ -116,7 +142,7 @@ class LoopInputs:
 
     strategy: Strategy
     model: torch.nn.Module
-    examples: list[Example]
+    examples: list[Example] | list[PreferencePair]
     sampler: GlobalBatchSampler
     plan: BatchPlan
     max_steps: int
@@ -134,6 +160,7 @@ class LoopInputs:
     clock: SaveClock | None = None  # checkpoint.every_minutes (rank 0's clock decides)
     watch: EvalWatch | None = None  # best eval/loss (checkpoint.keep_best) and train.early_stopping
     keep_best: bool = False  # a new best evaluation forces a save of that step
+    objective: Objective | None = None  # train.objective's (`zerofit.preference`); None: SFT
 
 
 @dataclass(frozen=True)
@@ -156,6 +183,12 @@ class AfterStep:
         return self.stopping or self.timed or self.early_stop or best
 
 
+PACKED_PAIRS = (
+    "batch.tokens_per_micro_batch is set, and a preference objective trains on pairs, which zerofit does "
+    "not pack into token-budget rows yet; use batch.micro_batch_size (pairs per micro-batch) instead"
+)
+
+
 def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
     """This rank's collated micro-batches of global batch `step`, and the global batch's sample count.
 
@@ -165,15 +198,23 @@ def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch
     """
     indices = run.sampler.batch_indices(step)
     p, rank = run.plan, run.strategy.rank
+    if run.examples and isinstance(run.examples[0], PreferencePair):
+        # Pairs: micro_batch_size pairs (2 x that many rows) per micro-batch; a pair is never split.
+        if run.packed_row_tokens is not None:
+            raise ConfigError([PACKED_PAIRS])
+        mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank)
+        pairs: list[Any] = run.examples
+        return [collate_pairs([pairs[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+    examples: list[Any] = run.examples
     if run.packed_row_tokens is None:
         mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank)
-        return [collate([run.examples[i] for i in idx], run.pad_id) for idx in mine], len(indices)
-    lengths = {i: len(run.examples[i].input_ids) for i in indices}
+        return [collate([examples[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+    lengths = {i: len(examples[i].input_ids) for i in indices}
     packed = packed_micro_batches(
         indices, lengths, p.micro_batch_size, run.packed_row_tokens, p.dp_size, rank
     )
     micro_batches = [
-        collate_packed([[run.examples[i] for i in row] for row in rows], run.pad_id) for rows in packed
+        collate_packed([[examples[i] for i in row] for row in rows], run.pad_id) for rows in packed
     ]
     return micro_batches, len(indices)
 
@@ -187,6 +228,7 @@ def step_metrics(
         "lr": lr,
         "grad_norm": result.grad_norm,
         "tokens": result.tokens,
+        **result.metrics,
         **throughput_fields(
             step_time_s=seconds,
             tokens=result.tokens,
@@ -219,7 +261,9 @@ def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
         started = time.perf_counter()
         micro_batches, samples = rank_micro_batches(run, step)
         lr = run.strategy.current_lr()  # the LR this step's update uses
-        result = train_step(run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy)
+        result = train_step(
+            run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy, run.objective
+        )
         seconds = time.perf_counter() - started
         results.append(result)
         steps_done = step + 1

@@ -112,3 +112,25 @@ def test_missing_run_dir_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureF
     empty.mkdir()
     assert main(["compare", str(empty)]) == 2
     shutil.rmtree(empty)
+
+
+def test_compare_shows_a_preference_runs_rewards(
+    two_runs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DPO run's TRL-named metrics (rewards/*, logps/*) reach the outcome table and a plot."""
+    monkeypatch.setenv("COLUMNS", "160")
+    dpo = two_runs[0] / "metrics.jsonl"
+    rows = [json.loads(line) for line in dpo.read_text().splitlines()]
+    for row in rows:
+        row.update({"rewards/accuracies": 0.125 * row["step"], "rewards/margins": 0.5, "logps/chosen": -12.0})
+    dpo.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    (accuracy,) = [line for line in text.splitlines() if "final rewards/accuracies" in line]
+    assert "0.7500" in accuracy and "-" in accuracy.split("0.7500")[1]  # the SFT run has none
+    assert "final logps/chosen" in text and "-12.0000" in text
+    assert _png_size(out / "rewards_accuracies_vs_step.png") == (640, 400)

@@ -142,6 +142,7 @@ def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
             ("final eval loss", [_fmt(s.get("eval_loss"), ".4f") for s in summaries]),
             ("min eval loss", [_fmt(s.get("min_eval_loss"), ".4f") for s in summaries]),
         ]
+    rows += preference_rows(runs)
     rows += [
         ("tokens seen", [_fmt(s["tokens_seen"], ",.0f") for s in summaries]),
         ("mean tokens/s", [_fmt(s["mean_tokens_per_s"], ",.1f") for s in summaries]),
@@ -163,6 +164,34 @@ def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
     rows.append(("wall time", [_fmt(s["wall_s"], ".1f", " s") for s in summaries]))
     rows.append(("read from", [r.source for r in runs]))
     return rows
+
+
+# A preference run's (`train.objective` dpo / simpo / orpo) per-step metrics, TRL's names: the last value
+# of each is shown (and rewards/accuracies plotted) when any run logged it.
+PREFERENCE_KEYS = (
+    "rewards/accuracies",
+    "rewards/margins",
+    "rewards/chosen",
+    "rewards/rejected",
+    "logps/chosen",
+    "logps/rejected",
+    "eval/rewards/accuracies",
+    "eval/rewards/margins",
+)
+
+
+def _last(run: LoadedRun, key: str) -> Any:
+    values = run.series(key)[1]
+    return values[-1] if values else None
+
+
+def preference_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
+    """`final rewards/accuracies` and the other preference metrics, for the keys any run logged."""
+    return [
+        (f"final {key}", [_fmt(_last(run, key), ".4f") for run in runs])
+        for key in PREFERENCE_KEYS
+        if any(run.series(key)[0] for run in runs)
+    ]
 
 
 def unique_labels(runs: list[LoadedRun]) -> list[str]:
@@ -206,7 +235,8 @@ def build_tables(runs: list[LoadedRun]) -> tuple[Group, Table]:
 def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str]]:
     """Write the comparison PNGs into `out_dir`; returns each file with the labels of its plotted series.
 
-    loss_vs_step.png, eval_loss_vs_step.png (when a run has evaluations), loss_vs_tokens.png,
+    loss_vs_step.png, eval_loss_vs_step.png (when a run has evaluations), rewards_accuracies_vs_step.png and
+    eval_rewards_accuracies_vs_step.png (preference runs), loss_vs_tokens.png,
     peak_memory_per_rank.png (one line per run and rank), tokens_per_s.png. Series with no data are left out
     (and so not returned).
     """
@@ -266,6 +296,10 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
             "eval loss",
             per_run("eval/loss"),
         )
+    for key in ("rewards/accuracies", "eval/rewards/accuracies"):
+        if any(run.series(key)[0] for run in runs):
+            name = key.replace("/", "_") + "_vs_step.png"
+            figure(name, f"{key} (global batch mean over pairs)", "optimizer step", key, per_run(key))
     figure(
         "loss_vs_tokens.png",
         "Loss vs tokens seen",

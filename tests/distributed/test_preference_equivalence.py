@@ -1,0 +1,171 @@
+"""DPO with one global batch, any split, any engine (issue 17): one loss curve, on training and held-out pairs.
+
+A tiny Llama in fp32, preference pairs whose prompt and response lengths vary a lot, global batch 8 pairs,
+held-out pairs evaluated every 2 steps, through the real launchers (python, deepspeed, torchrun; gloo):
+
+    launch        engine                      split (micro x accum x dp)   reference
+    single        one process                 8 x 1 x 1                   precomputed (full fine-tuning)
+    zero2         DeepSpeed ZeRO-2            2 x 2 x 2, SIGTERM mid-run and resumed: the uninterrupted curve
+    zero3         DeepSpeed ZeRO-3            2 x 2 x 2                   precomputed
+    fsdp          FSDP2                       1 x 4 x 2                   precomputed (loss inside lm_head)
+    single-lora   one process, LoRA           8 x 1 x 1                   adapters_off
+    zero3-lora    DeepSpeed ZeRO-3, LoRA      2 x 2 x 2                   adapters_off (ZeRO-3 gathers the base;
+                                                                          loss inside lm_head)
+
+(`train.cross_entropy: fused_linear` on two launches: the per-token log-probs computed inside lm_head
+give the chunked loss's curve, on the engines that gather lm_head's weight in its forward.)
+
+Per-step loss, rewards/* and eval/* agree within 2e-5; the metrics carry TRL's names in metrics.jsonl and
+the offline W&B run; a resumed run reads its reference from the cache instead of a second pass.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import Launch, RunResult, run_launches, write_config
+from zerofit.preference import METRICS
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+N_PAIRS, N_EVAL, GLOBAL, STEPS, SEED, LR, MAX_LEN = 24, 6, 8, 4, 5, 2e-3, 64
+TOL = 2e-5
+Z2, Z3 = ("distributed.preset=zero2",), ("distributed.preset=zero3",)
+FUSED = "train.cross_entropy=fused_linear"
+LORA = ("lora.enabled=true", "lora.target_modules=all-linear")
+FULL = [
+    Launch(
+        "single",
+        "python",
+        ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
+    ),
+    Launch("zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
+    Launch("zero3", "deepspeed", (*Z3, "batch.micro_batch_size=2")),
+    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
+]
+ADAPTERS = [
+    Launch("single-lora", "python", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
+    Launch("zero3-lora", "deepspeed", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
+]
+RESUMED = Launch(
+    "zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
+)
+# rewards/accuracies counts pairs whose chosen reward is above the rejected one: at step 1 the policy is the
+# reference, every margin is 0 up to float noise (the reference pass batches pairs differently on every
+# world size), so the step-1 count is a coin toss per engine; from step 2 on margins are far from 0.
+CURVES = ("loss", *(m for m in METRICS if m != "rewards/accuracies"))
+EVAL_CURVES = ("eval/loss", *(f"eval/{m}" for m in METRICS))
+
+
+def _pairs(path: Path, n: int, seed: int) -> Path:
+    """Pairs with prompts of 1..40 and responses of 1..50 characters: token and pair counts differ a lot
+    between micro-batches (what a per-micro-batch mean gets wrong)."""
+    rng = random.Random(seed)
+
+    def text(alphabet: str) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 25, 50])))
+
+    with path.open("w") as f:
+        for _ in range(n):
+            record = {
+                "prompt": text("abcdefgh")[:40],
+                "chosen": text("0123456789"),
+                "rejected": text("xyz!?"),
+            }
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    root = tmp_path_factory.mktemp("preference")
+    config = write_config(
+        root / "dpo.yaml",
+        {
+            "seed": SEED,
+            "model": {"name_or_path": "tiny-llama"},
+            "batch": {"global_batch_size": GLOBAL},
+            "distributed": {"strategy": "deepspeed"},
+            "train": {"objective": "dpo", "max_steps": STEPS, "precision": "fp32", "max_grad_norm": 1.0},
+            "optimizer": {"lr": LR},
+            "scheduler": {"name": "cosine", "warmup_steps": 1},
+            "lora": {"enabled": False, "dropout": 0.0},
+            "preference": {"beta": 0.5},
+            "data": {
+                "path": str(_pairs(root / "train.jsonl", N_PAIRS, 0)),
+                "eval_path": str(_pairs(root / "eval.jsonl", N_EVAL, 1)),
+                "max_seq_len": MAX_LEN,
+            },
+            "eval": {"every_steps": 2},
+            "checkpoint": {"every_minutes": 0},
+            "logging": {"console": False, "wandb": {"mode": "disabled"}},
+        },
+    )
+    results = run_launches([*FULL, *ADAPTERS], config, root / "runs")
+    results.update(run_launches([RESUMED], config, root / "runs"))
+    for key, result in results.items():
+        if key != "zero2":  # the interrupted segment ends by its signal
+            result.check()
+    return results
+
+
+def _rows(result: RunResult, keys: tuple[str, ...]) -> list[list[float]]:
+    return [[row[k] for k in keys] for row in result.metrics if keys[0] in row]
+
+
+def _close(a: list[list[float]], b: list[list[float]]) -> float:
+    assert len(a) == len(b) and a, (a, b)
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+
+
+@pytest.mark.parametrize(
+    "name,ref",
+    [("zero2-resumed", "single"), ("zero3", "single"), ("fsdp", "single"), ("zero3-lora", "single-lora")],
+)
+def test_one_dpo_curve_for_every_engine_and_split(runs: dict[str, RunResult], name: str, ref: str) -> None:
+    run, base = runs[name], runs[ref]
+    assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
+    assert _close(_rows(run, CURVES), _rows(base, CURVES)) < TOL
+    assert _close(_rows(run, EVAL_CURVES), _rows(base, EVAL_CURVES)) < TOL
+    assert run.series("rewards/accuracies")[1:] == base.series("rewards/accuracies")[1:]
+    assert run.series("tokens") == base.series("tokens")
+    assert [row["eval/pairs"] for row in run.metrics if "eval/pairs" in row] == [N_EVAL, N_EVAL]
+
+
+def test_the_splits_and_references_are_the_ones_asked(runs: dict[str, RunResult]) -> None:
+    split = {
+        r: (runs[r].metrics[-1]["micro_batch_size"], runs[r].metrics[-1]["grad_accum_steps"]) for r in runs
+    }
+    assert split["single"] == (8, 1) and split["fsdp"] == (1, 4) and split["zero3-lora"] == (2, 2)
+    assert "reference: the base with the LoRA adapters off" in runs["zero3-lora"].stdout
+    assert "reference log-probs of 30 pairs" in runs["fsdp"].stdout
+    # Training moved the policy away from its reference, so the curves compared above are not flat.
+    assert abs(runs["single"].metrics[-1]["rewards/margins"]) > 1e-3
+    assert abs(runs["single-lora"].metrics[-1]["rewards/margins"]) > 1e-3
+
+
+def test_sigterm_mid_dpo_then_resume_gives_the_uninterrupted_curve(runs: dict[str, RunResult]) -> None:
+    stopped, resumed = runs["zero2"], runs["zero2-resumed"]
+    assert "resume with the same command plus checkpoint.resume=true" in stopped.stdout
+    assert "resumed from" in resumed.stdout
+    # The resumed run scores its reference from the cache: the pass never sees the trained weights.
+    assert "read from the cache, no pass" in resumed.stdout
+    # (test_one_dpo_curve_for_every_engine_and_split: its whole metrics.jsonl equals the single run's.)
+
+
+def test_metrics_carry_trl_names_in_metrics_jsonl_and_wandb(runs: dict[str, RunResult]) -> None:
+    from zerofit.metrics.wandb_reader import read_wandb_run
+
+    single = runs["single"]
+    for row in single.metrics:
+        assert set(METRICS) <= set(row) and 0 <= row["rewards/accuracies"] <= 1
+    (run_file,) = (single.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    history = read_wandb_run(run_file).history
+    last = history[max(history)]
+    for name in (*METRICS, "loss", "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins"):
+        assert last[name] == pytest.approx(single.metrics[-1][name], rel=1e-6), name
