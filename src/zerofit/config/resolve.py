@@ -508,6 +508,45 @@ def _check_model_and_loss(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _check_attention(problems: list[str], cfg: ZerofitConfig) -> None:
+    """An explicit `model.varlen_kernel` needs the varlen path, an install that has it and half precision
+    (the device is checked when the model loads: `zerofit.attention.choose_kernel`)."""
+    import importlib.util
+
+    m, precision = cfg.model, cfg.train.precision
+    kernel = m.varlen_kernel
+    if kernel == "auto":
+        return
+    if m.attn_implementation in ("sdpa", "eager"):
+        problems.append(
+            f"model.varlen_kernel = {kernel!r} with model.attn_implementation = {m.attn_implementation!r}: the "
+            "kernel is the varlen path's; set model.attn_implementation=varlen (or auto), or model.varlen_kernel=auto"
+        )
+    module = {"flash_attn": "flash_attn", "torch_varlen": "torch.nn.attention.varlen"}.get(kernel)
+    if module is not None and importlib.util.find_spec(module) is None:
+        fix = "pip install flash-attn (CUDA)" if kernel == "flash_attn" else "a torch that has it (2.10+)"
+        problems.append(
+            f"model.varlen_kernel = {kernel!r}: {module} is not installed here; install it ({fix}) or set "
+            "model.varlen_kernel=auto (the best kernel that runs: sdpa_per_document at worst, exact)"
+        )
+    elif module is not None and precision == "fp32":
+        problems.append(
+            f"model.varlen_kernel = {kernel!r} with train.precision = 'fp32': the kernel runs in bf16/fp16 "
+            "only; set train.precision=bf16, or model.varlen_kernel=sdpa_per_document (or auto) for fp32"
+        )
+
+
+def _fill_attention(cfg: ZerofitConfig, plan: BatchPlan) -> None:
+    """Decide `model.attn_implementation: auto`: varlen where sdpa would build a dense (B, 1, S, S) mask
+    (packed rows, micro-batches of several padded sequences) or a varlen kernel is asked for; plain sdpa
+    (is_causal, no mask) for one unpadded sequence per micro-batch."""
+    m = cfg.model
+    if m.attn_implementation != "auto":
+        return
+    masked = cfg.batch.tokens_per_micro_batch is not None or plan.micro_batch_size > 1
+    m.attn_implementation = "varlen" if masked or m.varlen_kernel != "auto" else "sdpa"
+
+
 def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) -> None:
     """Write the decided split, the planner's checkpointing choice and the run length into `cfg`."""
     t = cfg.train
@@ -578,10 +617,12 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _check_quantization(problems, cfg)
     _check_data(problems, cfg)
     _check_model_and_loss(problems, cfg)
+    _check_attention(problems, cfg)
     if problems:
         raise ConfigError(problems)
     plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
+    _fill_attention(cfg, plan)
     _fill_logging(cfg)
     _fill_reference(cfg)
     run_dir = _fill_run_dir(cfg, plan)
