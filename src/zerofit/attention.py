@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -209,7 +210,7 @@ def find_documents(starts: torch.Tensor) -> Documents:
     total = torch.tensor([batch_size * seq_len], device=starts.device)
     cu = torch.cat([offsets, total]).to(torch.int32)
     bounds = tuple(int(x) for x in cu.tolist())
-    max_len = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    max_len = max(b - a for a, b in pairwise(bounds))
     return Documents(cu_seqlens=cu, bounds=bounds, max_len=max_len, batch_size=batch_size, seq_len=seq_len)
 
 
@@ -315,7 +316,7 @@ def _per_document(
 
     s = docs.seq_len
     outs = []
-    for start, end in zip(docs.bounds, docs.bounds[1:], strict=False):
+    for start, end in pairwise(docs.bounds):
         row, a = divmod(start, s)
         b = a + (end - start)
         piece = (slice(row, row + 1), slice(None), slice(a, b))
