@@ -154,11 +154,19 @@ def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.n
     return model
 
 
+def attention_path(cfg: ZerofitConfig) -> str:
+    """`model.attn_implementation` as the model loads it. `auto` reaches here only from a config that did
+    not come through `resolve()` (which decides it by the batch): varlen, which is sdpa itself wherever a
+    micro-batch has no documents (one unpadded sequence per row), so it is exact either way."""
+    attn = cfg.model.attn_implementation
+    return "varlen" if attn == "auto" else attn
+
+
 def varlen_kernel(cfg: ZerofitConfig) -> str | None:
     """The kernel a varlen run uses on this process's device (CUDA when there is one, as the strategies
     place the model) in the run's compute dtype; None for sdpa / eager. An explicit `model.varlen_kernel`
     the device cannot run is refused here, before any weights load."""
-    if cfg.model.attn_implementation != "varlen":
+    if attention_path(cfg) != "varlen":
         return None
     cuda = torch.cuda.is_available()
     capability = torch.cuda.get_device_capability() if cuda else None
@@ -246,7 +254,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         model = AutoModelForCausalLM.from_pretrained(
             path,
             dtype=dtype,
-            attn_implementation=hf_attn_implementation(cfg.model.attn_implementation),
+            attn_implementation=hf_attn_implementation(attention_path(cfg)),
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map=device_map,

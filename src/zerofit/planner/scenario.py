@@ -196,9 +196,7 @@ def scenario_for(
         optimizer=cfg.optimizer.name,
         activation_checkpointing=cfg.train.activation_checkpointing,
         attn_implementation=cfg.model.attn_implementation,
-        varlen_kernel=planned_kernel(
-            cfg.model.attn_implementation, cfg.model.varlen_kernel, spec.dtypes.precision
-        ),
+        varlen_kernel=planned_kernel(cfg, spec.dtypes.precision),
         cross_entropy=t.cross_entropy,
         tiled_mlp=max(1, int(t.tiled_mlp)),
         activation_offload=t.activation_offload is True,
@@ -207,15 +205,15 @@ def scenario_for(
     )
 
 
-def planned_kernel(attn_implementation: str, asked: str, precision: str) -> str | None:
-    """The varlen kernel a run gets on the planned GPU (CUDA, compute capability 8.0+: the cards the
-    planner knows run FlashAttention-2 kernels), by the load's own rule (`zerofit.attention.choose_kernel`,
-    with what this install has); None for sdpa / eager."""
-    if attn_implementation != "varlen":
+def planned_kernel(cfg: ZerofitConfig, precision: str) -> str | None:
+    """The varlen kernel a resolved run gets on the planned GPU (CUDA, compute capability 8.0+: the cards
+    the planner knows run FlashAttention-2 kernels) at the engine's `precision`, by the load's own rule
+    (`zerofit.attention.choose_kernel`, with what this install has); None for sdpa / eager."""
+    if cfg.model.attn_implementation != "varlen":
         return None
     from zerofit.attention import choose_kernel, installed_kernels
 
-    return choose_kernel(asked, "cuda", torch_dtype(precision), (8, 0), installed_kernels())
+    return choose_kernel(cfg.model.varlen_kernel, "cuda", torch_dtype(precision), (8, 0), installed_kernels())
 
 
 # ---------------------------------------------------------------------------------------- what-if runs
