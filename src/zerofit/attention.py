@@ -19,15 +19,17 @@ Exact: each real token attends to the tokens of its own document before it, exac
 block-diagonal (or padding) mask lets through; padded queries (no label) attend within their padding run, so
 their outputs stay finite. What does not fit that pattern falls back to transformers' own sdpa path, which is
 today's behaviour: a KV cache (generation), a sliding window, an unpadded micro-batch of single documents
-(plain `is_causal`, no mask at all). A 2-D mask with a gap inside a row is refused (it is not zerofit's
-collate output and the segments could not express it).
+(plain `is_causal`, no mask at all). A sliding-window layer (Mistral) gets its documents with the window:
+the varlen kernels take it as their (window - 1, 0) window, the per-document sdpa builds a document-local
+mask only for a document longer than the window. A 2-D mask with a gap inside a row is refused (it is not
+zerofit's collate output and the segments could not express it).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
@@ -75,6 +77,9 @@ class Documents:
     max_len: int
     batch_size: int
     seq_len: int
+    # A sliding-window layer's window (each token sees itself and the window - 1 tokens before it, within
+    # its document), as transformers' sliding mask: None for full attention.
+    window: int | None = None
 
 
 def installed_kernels() -> dict[str, bool]:
@@ -226,12 +231,13 @@ def varlen_mask(
     device: Any = "cpu",
     **kwargs: Any,
 ) -> Documents | torch.Tensor | None:
-    """transformers' mask hook for the varlen path: the forward's `Documents`, or None where a plain causal
-    sdpa needs no mask (one document per row, no padding), or sdpa's own mask where the pattern is not
-    documents (a KV cache: q shorter than kv or offset; a sliding window), so those run exactly as today."""
+    """transformers' mask hook for the varlen path: the forward's `Documents` (with the window of a
+    sliding-window layer, `local_size`), or None where a plain causal sdpa needs no mask (one document per
+    row, no padding, no window shorter than the row), or sdpa's own mask under a KV cache (q shorter than
+    kv, or offset: generation), so that runs exactly as today."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
-    plain = q_length == kv_length and kv_offset == 0 and local_size is None
+    plain = q_length == kv_length and kv_offset == 0
     plain = plain and not (isinstance(q_offset, torch.Tensor) or q_offset != 0)
     if not plain:
         return sdpa_mask(
@@ -246,7 +252,10 @@ def varlen_mask(
             device=device,
             **kwargs,
         )
-    return _documents(batch_size, q_length, mask_function or causal_mask_function, attention_mask, device)
+    docs = _documents(batch_size, q_length, mask_function or causal_mask_function, attention_mask, device)
+    if local_size is None or (docs is None and q_length <= local_size):
+        return docs
+    return replace(docs or uniform_documents(batch_size, q_length, device), window=local_size)
 
 
 def _documents(
@@ -280,22 +289,28 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 def _flash_attn(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, scale: float
 ) -> torch.Tensor:
-    """FlashAttention-2's varlen kernel over flat (T, H, D) tensors (GQA native)."""
+    """FlashAttention-2's varlen kernel over flat (T, H, D) tensors (GQA native; a sliding window as its
+    (window - 1, 0) window)."""
     from flash_attn import flash_attn_varlen_func
 
     cu, n = docs.cu_seqlens, docs.max_len
-    return flash_attn_varlen_func(q, k, v, cu, cu, n, n, dropout_p=0.0, softmax_scale=scale, causal=True)
+    window = (-1, -1) if docs.window is None else (docs.window - 1, 0)
+    return flash_attn_varlen_func(
+        q, k, v, cu, cu, n, n, dropout_p=0.0, softmax_scale=scale, causal=True, window_size=window
+    )
 
 
 def _torch_varlen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, scale: float
 ) -> torch.Tensor:
-    """PyTorch's varlen kernel over flat (T, H, D) tensors; causal is its (-1, 0) window."""
+    """PyTorch's varlen kernel over flat (T, H, D) tensors; causal is its (-1, 0) window, a sliding one
+    (window - 1, 0)."""
     from torch.nn.attention.varlen import varlen_attn
 
     cu, n = docs.cu_seqlens, docs.max_len
     gqa = q.shape[1] != k.shape[1]
-    return varlen_attn(q, k, v, cu, cu, n, n, scale=scale, window_size=(-1, 0), enable_gqa=gqa)
+    window = (-1, 0) if docs.window is None else (docs.window - 1, 0)
+    return varlen_attn(q, k, v, cu, cu, n, n, scale=scale, window_size=window, enable_gqa=gqa)
 
 
 _FLAT_KERNELS: dict[str, Callable[..., torch.Tensor]] = {FLASH_ATTN: _flash_attn, TORCH_VARLEN: _torch_varlen}
@@ -320,18 +335,29 @@ def _per_document(
         row, a = divmod(start, s)
         b = a + (end - start)
         piece = (slice(row, row + 1), slice(None), slice(a, b))
+        mask = _window_mask(end - start, docs.window, query.device)
         out, _ = sdpa_attention_forward(
             module,
             query[piece],
             key[piece],
             value[piece],
-            None,
+            mask,
             dropout=dropout,
             scaling=scaling,
-            is_causal=True,
+            is_causal=mask is None,
         )
         outs.append(out)
     return torch.cat(outs, dim=1).reshape(docs.batch_size, s, *outs[0].shape[2:])
+
+
+def _window_mask(length: int, window: int | None, device: Any) -> torch.Tensor | None:
+    """A document's (1, 1, L, L) sliding-window causal mask, only where the window is shorter than it
+    (otherwise it is plain causal: every earlier token of the document is within the window)."""
+    if window is None or length <= window:
+        return None
+    q = torch.arange(length, device=device)[:, None]
+    k = torch.arange(length, device=device)[None, :]
+    return ((k <= q) & (k > q - window))[None, None]
 
 
 def _runnable(kernel: str, query: torch.Tensor) -> str:

@@ -49,12 +49,17 @@ PACKED = collate_packed([[_ex(5, 10), _ex(9, 30), _ex(3, 50)], [_ex(12, 70), _ex
 PADDED = collate([_ex(12, 10), _ex(7, 30), _ex(4, 60)], pad_id=0)
 
 
-def _model(attn: str) -> torch.nn.Module:
+def _model(attn: str, **train: Any) -> torch.nn.Module:
     cfg = config(
         {"seed": 0, "lora": {"enabled": False}, "model": {"attn_implementation": attn}},
-        train={"precision": "fp32"},
+        train={"precision": "fp32", **train},
     )
     return build_model(cfg).model
+
+
+# The memory levers a long-context run combines varlen with: every decoder layer recomputed in backward
+# (it receives the documents again), its input offloaded to host memory, the MLP in token shards.
+LEVERS = {"activation_checkpointing": True, "activation_offload": True, "tiled_mlp": 2}
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -69,10 +74,13 @@ def _run(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, .
     return out.logits.detach(), out.loss.detach(), grads
 
 
+@pytest.mark.parametrize("levers", [{}, LEVERS], ids=["plain", "with-levers"])
 @pytest.mark.parametrize("batch", [PACKED, PADDED], ids=["packed-ragged-rows", "padded-micro-batch"])
-def test_varlen_gives_the_dense_mask_sdpa_logits_loss_and_gradients(batch: dict[str, torch.Tensor]) -> None:
+def test_varlen_gives_the_dense_mask_sdpa_logits_loss_and_gradients(
+    batch: dict[str, torch.Tensor], levers: dict[str, Any]
+) -> None:
     ref_logits, ref_loss, ref_grads = _run(_model("sdpa"), batch)
-    varlen = _model("varlen")
+    varlen = _model("varlen", **levers)
     assert module_kernel(varlen) == PER_DOCUMENT  # CPU: the exact per-document sdpa
     logits, loss, grads = _run(varlen, batch)
     real = batch["attention_mask"].bool()
@@ -82,6 +90,34 @@ def test_varlen_gives_the_dense_mask_sdpa_logits_loss_and_gradients(batch: dict[
     assert grads.keys() == ref_grads.keys() and len(grads) > 10
     for name, grad in ref_grads.items():
         assert torch.allclose(grads[name], grad, atol=1e-6, rtol=2e-5), name
+
+
+def _mistral(attn: str, window: int | None) -> torch.nn.Module:
+    """A 2-layer Mistral (GQA) whose sliding window is shorter than most documents here (seeded weights)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from zerofit.attention import hf_attn_implementation
+
+    cfg = MistralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=window, max_position_embeddings=64,
+    )  # fmt: skip
+    cfg._attn_implementation = hf_attn_implementation(attn)
+    torch.manual_seed(0)
+    return MistralForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("batch", [PACKED, PADDED], ids=["packed-ragged-rows", "padded-micro-batch"])
+def test_varlen_keeps_a_sliding_window_within_each_document(batch: dict[str, torch.Tensor]) -> None:
+    ref_logits, ref_loss, ref_grads = _run(_mistral("sdpa", 4), batch)
+    logits, loss, grads = _run(_mistral("varlen", 4), batch)
+    real = batch["attention_mask"].bool()
+    assert torch.allclose(logits[real], ref_logits[real], atol=1e-5, rtol=0)
+    assert torch.allclose(loss, ref_loss, atol=1e-6, rtol=0)
+    for name, grad in ref_grads.items():
+        assert torch.allclose(grads[name], grad, atol=1e-6, rtol=2e-5), name
+    unwindowed = _run(_mistral("varlen", None), batch)[0]
+    assert not torch.allclose(unwindowed[real], ref_logits[real], atol=1e-3)  # the window was in force
 
 
 def test_the_mask_hook_finds_documents_and_builds_no_dense_mask() -> None:
