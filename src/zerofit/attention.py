@@ -164,8 +164,10 @@ def install_kernel(model: torch.nn.Module, kernel: str) -> int:
 def describe_attention(implementation: str, kernel: str | None, masked: bool) -> str:
     """What attention runs, for plans and the run's plan: the path, its kernel, and whether a dense mask
     exists (`masked`: packed rows or padded micro-batches of several sequences)."""
-    if implementation == "varlen":
+    if implementation == "varlen" and masked:
         return f"varlen, {kernel} kernel (documents as cu_seqlens, no dense mask)"
+    if implementation == "varlen":
+        return f"varlen (one sequence per micro-batch: sdpa's causal path, no mask; {kernel} kernel for documents)"
     if not masked:
         return f"{implementation} (one sequence per micro-batch: causal, no mask)"
     return f"{implementation} (a dense (B, 1, S, S) mask for packed rows / padding)"

@@ -21,7 +21,7 @@ import torch
 
 from zerofit.attention import choose_kernel, hf_attn_implementation, install_kernel, installed_kernels
 from zerofit.catalogue import TINY_LLAMA
-from zerofit.config.resolve import check_levers
+from zerofit.config.resolve import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
@@ -155,11 +155,9 @@ def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.n
 
 
 def attention_path(cfg: ZerofitConfig) -> str:
-    """`model.attn_implementation` as the model loads it. `auto` reaches here only from a config that did
-    not come through `resolve()` (which decides it by the batch): varlen, which is sdpa itself wherever a
-    micro-batch has no documents (one unpadded sequence per row), so it is exact either way."""
-    attn = cfg.model.attn_implementation
-    return "varlen" if attn == "auto" else attn
+    """`model.attn_implementation` as the model loads it: `auto` (a config that did not come through
+    `resolve()`) as `resolve()` decides it (`attention_choice`: varlen, sdpa for remote code)."""
+    return attention_choice(cfg)
 
 
 def varlen_kernel(cfg: ZerofitConfig) -> str | None:

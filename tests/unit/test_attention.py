@@ -229,21 +229,16 @@ def importlib_missing(name: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("batch", "expected"),
-    [
-        ({"micro_batch_size": 1}, "sdpa"),
-        ({"micro_batch_size": 4}, "varlen"),
-        ({"micro_batch_size": None, "tokens_per_micro_batch": 64}, "varlen"),
-    ],
+    ("model", "expected"),
+    [({}, "varlen"), ({"trust_remote_code": True}, "sdpa"), ({"attn_implementation": "eager"}, "eager")],
 )
-def test_auto_is_varlen_exactly_where_sdpa_would_build_a_dense_mask(
-    batch: dict[str, Any], expected: str
-) -> None:
+def test_auto_resolves_to_varlen_except_for_remote_code(model: dict[str, Any], expected: str) -> None:
+    """`auto` is varlen whatever the micro-batch (its hook is plain sdpa where there are no documents, see
+    the mask-hook test), sdpa for remote code (which need not build masks through transformers)."""
     cfg = config(
-        {"distributed": {"strategy": "single"}, "data": {"max_seq_len": 64}},
-        batch={"global_batch_size": 8, **batch},
+        {"distributed": {"strategy": "single"}, "model": model},
+        batch={"global_batch_size": 8, "micro_batch_size": 1},
     )
-    assert cfg.model.attn_implementation == "auto"
     assert resolve(cfg, 1).config.model.attn_implementation == expected
 
 

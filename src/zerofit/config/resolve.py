@@ -536,15 +536,22 @@ def _check_attention(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
-def _fill_attention(cfg: ZerofitConfig, plan: BatchPlan) -> None:
-    """Decide `model.attn_implementation: auto`: varlen where sdpa would build a dense (B, 1, S, S) mask
-    (packed rows, micro-batches of several padded sequences) or a varlen kernel is asked for; plain sdpa
-    (is_causal, no mask) for one unpadded sequence per micro-batch."""
+def _fill_attention(cfg: ZerofitConfig) -> None:
+    """Decide `model.attn_implementation: auto`: varlen (zerofit.attention), whose mask hook runs
+    transformers' plain sdpa (is_causal, no mask) for a micro-batch without documents (one unpadded
+    sequence per row) and the documents without a dense (B, 1, S, S) mask where sdpa would build one, so the
+    choice does not depend on the micro-batch the planner varies. Remote code (`model.trust_remote_code`)
+    keeps sdpa: a custom model need not build its masks through transformers' mask interface."""
+    cfg.model.attn_implementation = attention_choice(cfg)  # type: ignore[assignment]
+
+
+def attention_choice(cfg: ZerofitConfig) -> str:
+    """`model.attn_implementation` with `auto` decided (`_fill_attention`'s rule; also applied by
+    `zerofit.model` to a config that did not come through `resolve()`)."""
     m = cfg.model
     if m.attn_implementation != "auto":
-        return
-    masked = cfg.batch.tokens_per_micro_batch is not None or plan.micro_batch_size > 1
-    m.attn_implementation = "varlen" if masked or m.varlen_kernel != "auto" else "sdpa"
+        return m.attn_implementation
+    return "sdpa" if m.trust_remote_code and m.varlen_kernel == "auto" else "varlen"
 
 
 def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) -> None:
@@ -622,7 +629,7 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
         raise ConfigError(problems)
     plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
-    _fill_attention(cfg, plan)
+    _fill_attention(cfg)
     _fill_logging(cfg)
     _fill_reference(cfg)
     run_dir = _fill_run_dir(cfg, plan)
