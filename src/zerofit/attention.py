@@ -362,6 +362,17 @@ def _window_mask(length: int, window: int | None, device: Any) -> torch.Tensor |
     return ((k <= q) & (k > q - window))[None, None]
 
 
+def _autocast(*qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v in autocast's dtype when it is on for their device, as sdpa (on autocast's lower-precision
+    list) gets them: fp32 rotary tables promote q and k to fp32 under autocast (fp32 weights), which the
+    varlen kernels refuse. (The per-document path calls sdpa, which autocast casts itself.)"""
+    device = qkv[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return qkv
+    half = torch.get_autocast_dtype(device)
+    return tuple(t.to(half) for t in qkv)
+
+
 def _runnable(kernel: str, query: torch.Tensor) -> str:
     """`kernel` when these tensors can take it, else the per-document sdpa (e.g. fp32 evaluation, CPU)."""
     if kernel in _FLAT_KERNELS and query.is_cuda and query.dtype in _HALF:
@@ -388,7 +399,10 @@ def varlen_attention(
 
     if not isinstance(attention_mask, Documents):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    kernel = _runnable(getattr(module, _KERNEL_ATTR, PER_DOCUMENT), query)
+    kernel = getattr(module, _KERNEL_ATTR, PER_DOCUMENT)
+    if kernel in _FLAT_KERNELS:
+        query, key, value = _autocast(query, key, value)
+    kernel = _runnable(kernel, query)
     if kernel == PER_DOCUMENT or (dropout > 0.0 and module.training):
         return _per_document(module, query, key, value, attention_mask, dropout, scaling), None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5

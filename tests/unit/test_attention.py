@@ -312,13 +312,26 @@ def test_the_planner_drops_the_dense_mask_under_varlen() -> None:
     assert rotary[PACKED_16K] - rotary[varlen] == 2 * 16384 * 16384
 
 
-def test_varlen_terms_match_the_trace() -> None:
-    from dataclasses import replace
+TRACE_CASES = {
+    # QLoRA, one packed 16k row: the documents through torch's varlen op (its fake implementation).
+    "qlora-packed-16k": Scenario(
+        model=L31, seq_len=16384, micro_batch_size=1, quantization="4bit", activation_checkpointing=True,
+        packed=True, attn_implementation="varlen", varlen_kernel=TORCH_VARLEN,
+    ),
+    # LoRA under autocast, a padded micro-batch of 2 x 8k: q, k, v cast to bf16 for the kernel as sdpa gets them.
+    "lora-padded-2x8k": Scenario(
+        model=L31, seq_len=8192, micro_batch_size=2, activation_checkpointing=True,
+        attn_implementation="varlen", varlen_kernel=TORCH_VARLEN,
+    ),
+}  # fmt: skip
 
+
+@pytest.mark.parametrize("name", list(TRACE_CASES))
+def test_varlen_terms_match_the_trace(name: str) -> None:
     from zerofit.planner.estimate import estimate
     from zerofit.planner.trace import trace_memory
 
-    scn = replace(PACKED_16K, micro_batch_size=1, attn_implementation="varlen", varlen_kernel=TORCH_VARLEN)
+    scn = TRACE_CASES[name]
     traced = trace_memory(scn)
     assert abs(estimate(scn).tensors_gib / traced.tensors_gib - 1) < 0.05, traced.as_dict()
 

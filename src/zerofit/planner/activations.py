@@ -634,7 +634,7 @@ def _forward_moments(st: _Step, bool_mask: int) -> list[Moment]:
     h, tokens, resid = st.shape.hidden_size, st.tokens, st.dt.resid
     common: list[Term] = []
     if not st.n_ckpt:
-        label = "embedding output + boolean padding mask (forward only)"
+        label = "embedding output" + (" + boolean padding mask" if bool_mask else "") + " (forward only)"
         common.append(Term(TermKind.EMBEDDING_OUTPUT, resid * h * tokens + bool_mask, label))
     # The final RMSNorm: its input, fp32 upcast (saved; the input itself when already fp32) and rstd,
     # the fp32 product, and two results in the residual dtype.
@@ -668,8 +668,9 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
         where = f" on the GPU, {n_ckpt} offloaded" if scn.activation_offload else ""
         label = f"checkpointed layer inputs ({on_gpu} layers{where} x {tokens} tokens x {dt.resid * h:,} B)"
         terms.append(Term(TermKind.CHECKPOINTED_INPUTS, on_gpu * dt.resid * h * tokens, label))
-        label = "rotary cos/sin + boolean padding mask (kept by the checkpoints)"
-        terms.append(Term(TermKind.ROTARY, rope + _bool_mask(scn), label))
+        mask = _bool_mask(scn)
+        label = "rotary cos/sin" + (" + boolean padding mask" if mask else "") + " (kept by the checkpoints)"
+        terms.append(Term(TermKind.ROTARY, rope + mask, label))
     else:
         terms.append(Term(TermKind.ROTARY, rope, "rotary cos/sin"))
     if n_saved:
