@@ -2,7 +2,8 @@
 
     resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
     (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> lean RMSNorms
-    -> the fused loss head (train.cross_entropy=fused_linear) -> use_cache off
+    -> the fused loss head (train.cross_entropy=fused_linear) -> the varlen attention kernel
+    (model.attn_implementation=varlen) -> use_cache off
     -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
@@ -18,8 +19,9 @@ from typing import Any
 
 import torch
 
+from zerofit.attention import choose_kernel, hf_attn_implementation, install_kernel, installed_kernels
 from zerofit.catalogue import TINY_LLAMA
-from zerofit.config.resolve import check_levers
+from zerofit.config.resolve import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
@@ -44,6 +46,8 @@ class BuiltModel:
     load_dtype: torch.dtype
     # The offload hooks when `train.activation_offload` is on (their `take_offloaded_bytes()` per step).
     activation_offload: ActivationOffload | None = None
+    # The varlen path's kernel (`zerofit.attention.KERNELS`) when model.attn_implementation is varlen.
+    varlen_kernel: str | None = None
 
 
 def resolve_model_path(cfg: ZerofitConfig) -> str:
@@ -163,6 +167,25 @@ def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.n
     return model
 
 
+def attention_path(cfg: ZerofitConfig) -> str:
+    """`model.attn_implementation` as the model loads it: `auto` (a config that did not come through
+    `resolve()`) as `resolve()` decides it (`attention_choice`: varlen, sdpa for remote code)."""
+    return attention_choice(cfg)
+
+
+def varlen_kernel(cfg: ZerofitConfig) -> str | None:
+    """The kernel a varlen run uses on this process's device (CUDA when there is one, as the strategies
+    place the model) in the run's compute dtype; None for sdpa / eager. An explicit `model.varlen_kernel`
+    the device cannot run is refused here, before any weights load."""
+    if attention_path(cfg) != "varlen":
+        return None
+    cuda = torch.cuda.is_available()
+    capability = torch.cuda.get_device_capability() if cuda else None
+    device = "cuda" if cuda else "cpu"
+    dtype = torch_dtype(cfg.train.precision)
+    return choose_kernel(cfg.model.varlen_kernel, device, dtype, capability, installed_kernels())
+
+
 def check_memory_levers(cfg: ZerofitConfig) -> None:
     """Refuse lever settings the model cannot run, before any weights load: an `auto` that `resolve()`
     did not decide (this config did not come through it) and offload without checkpointing."""
@@ -236,6 +259,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder. Lever
     #    settings the model cannot run are refused before anything loads.
     check_memory_levers(cfg)
+    kernel = varlen_kernel(cfg)
     path = resolve_model_path(cfg)
 
     # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
@@ -253,7 +277,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         model = AutoModelForCausalLM.from_pretrained(
             path,
             dtype=dtype,
-            attn_implementation=cfg.model.attn_implementation,
+            attn_implementation=hf_attn_implementation(attention_path(cfg)),
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map=device_map,
@@ -280,6 +304,10 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     if cfg.train.cross_entropy == FUSED_LINEAR:
         install_fused_head(_hf_model(model))
 
+    # 5c. model.attn_implementation=varlen: each attention module runs the kernel chosen for this device.
+    if kernel is not None:
+        install_kernel(_hf_model(model), kernel)
+
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.
     _hf_model(model).config.use_cache = False
@@ -295,4 +323,5 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         trainable_params=trainable,
         load_dtype=dtype,
         activation_offload=offload,
+        varlen_kernel=kernel,
     )

@@ -136,6 +136,7 @@ def describe_objective(run: PreparedRun) -> str:
 
 def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     """Checkpointing (as resolved: `auto` is a number by now), the loss, and the token budget if any."""
+    from zerofit.attention import describe_attention, module_kernel
     from zerofit.recompute import checkpointed_layers, describe_checkpointing
 
     layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
@@ -147,6 +148,8 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
         device = next(model.parameters()).device.type
         loss += f" ({describe_fused(int(model.config.vocab_size), device)})"
     text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {loss} cross-entropy"
+    masked = cfg.batch.tokens_per_micro_batch is not None or cfg.batch.micro_batch_size > 1
+    text += ", attention: " + describe_attention(cfg.model.attn_implementation, module_kernel(model), masked)
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
         rows = cfg.batch.micro_batch_size

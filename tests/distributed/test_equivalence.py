@@ -6,6 +6,8 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     (micro 8, GAS 1, single)  (micro 2, GAS 4, single)  (micro 2, GAS 2, dp 2) on DeepSpeed ZeRO-0/2/3
     (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
     (micro 2, GAS 2, dp 2) on ZeRO-2 and ZeRO-3 with the loss inside lm_head (train.cross_entropy=fused_linear)
+    the reference (micro 8) on transformers' dense-mask sdpa, every other split on the varlen path
+    (model.attn_implementation: auto, zerofit.attention) for its padded micro-batches and packed rows
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
@@ -46,7 +48,13 @@ LEVERS = (
     "train.lean_norm=true",
 )
 SPLITS = [
-    Launch("single-m8", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
+    # The reference runs transformers' own sdpa (a dense mask for its padded micro-batch); every other launch
+    # takes model.attn_implementation's default, auto: varlen for its padded micro-batches and packed rows.
+    Launch(
+        "single-m8",
+        "python",
+        ("distributed.strategy=single", "batch.micro_batch_size=8", "model.attn_implementation=sdpa"),
+    ),
     Launch("single-m2", "python", ("distributed.strategy=single", "batch.micro_batch_size=2")),
     Launch("zero0", "deepspeed", ("distributed.preset=zero0", "batch.micro_batch_size=2")),
     Launch("zero2", "deepspeed", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
@@ -157,6 +165,20 @@ def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> Non
     assert tiled["tiled_mlp"] == 2
     assert levers["lean_norm"] is tiled["lean_norm"] is True
     assert levers["cross_entropy"] == tiled["cross_entropy"] == "fused_linear"
+
+
+def test_the_reference_ran_sdpa_and_the_packed_runs_varlen(runs: dict[str, RunResult]) -> None:
+    """The launches above agree with the dense-mask sdpa reference while the packed ones (ZeRO-2 and FSDP2
+    over 2 ranks, ragged rows) ran the varlen path (zerofit.attention), as config.yaml records."""
+    import yaml
+
+    def attn(name: str) -> str:
+        return yaml.safe_load((runs[name].run_dir / "config.yaml").read_text())["model"][
+            "attn_implementation"
+        ]
+
+    assert attn("single-m8") == "sdpa"
+    assert attn("zero2-packed") == attn("fsdp-packed") == attn("zero2-levers") == attn("zero2") == "varlen"
 
 
 def test_packed_runs_computed_less_padding(runs: dict[str, RunResult]) -> None:

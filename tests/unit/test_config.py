@@ -43,9 +43,11 @@ def _walk(node: Any) -> list[Any]:
 
 def _decided(cfg: Any) -> list[Any]:
     """Every value `resolve()` must have decided: all of them but `data.format`, which `auto` leaves to the
-    data (the assembly detects it when the data is read; config.yaml records the format found)."""
+    data (the assembly detects it when the data is read; config.yaml records the format found), and
+    `model.varlen_kernel`, which `auto` leaves to the device the model loads on (the run's plan names it)."""
     dumped = cfg.model_dump(mode="json")
     dumped["data"].pop("format")
+    dumped["model"].pop("varlen_kernel")
     return _walk(dumped)
 
 

@@ -70,6 +70,7 @@ NEUTRAL_KEYS = (
     "batch.tokens_per_micro_batch",
     "train.cross_entropy",
     "model.attn_implementation",
+    "model.varlen_kernel",
     "model.trust_remote_code",
     "data.path",
     "data.cache",

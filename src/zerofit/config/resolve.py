@@ -563,6 +563,52 @@ def _check_model_and_loss(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _check_attention(problems: list[str], cfg: ZerofitConfig) -> None:
+    """An explicit `model.varlen_kernel` needs the varlen path, an install that has it and half precision
+    (the device is checked when the model loads: `zerofit.attention.choose_kernel`)."""
+    import importlib.util
+
+    m, precision = cfg.model, cfg.train.precision
+    kernel = m.varlen_kernel
+    if kernel == "auto":
+        return
+    if m.attn_implementation in ("sdpa", "eager"):
+        problems.append(
+            f"model.varlen_kernel = {kernel!r} with model.attn_implementation = {m.attn_implementation!r}: the "
+            "kernel is the varlen path's; set model.attn_implementation=varlen (or auto), or model.varlen_kernel=auto"
+        )
+    module = {"flash_attn": "flash_attn", "torch_varlen": "torch.nn.attention.varlen"}.get(kernel)
+    if module is not None and importlib.util.find_spec(module) is None:
+        fix = "pip install flash-attn (CUDA)" if kernel == "flash_attn" else "a torch that has it (2.10+)"
+        problems.append(
+            f"model.varlen_kernel = {kernel!r}: {module} is not installed here; install it ({fix}) or set "
+            "model.varlen_kernel=auto (the best kernel that runs: sdpa_per_document at worst, exact)"
+        )
+    elif module is not None and precision == "fp32":
+        problems.append(
+            f"model.varlen_kernel = {kernel!r} with train.precision = 'fp32': the kernel runs in bf16/fp16 "
+            "only; set train.precision=bf16, or model.varlen_kernel=sdpa_per_document (or auto) for fp32"
+        )
+
+
+def _fill_attention(cfg: ZerofitConfig) -> None:
+    """Decide `model.attn_implementation: auto`: varlen (zerofit.attention), whose mask hook runs
+    transformers' plain sdpa (is_causal, no mask) for a micro-batch without documents (one unpadded
+    sequence per row) and the documents without a dense (B, 1, S, S) mask where sdpa would build one, so the
+    choice does not depend on the micro-batch the planner varies. Remote code (`model.trust_remote_code`)
+    keeps sdpa: a custom model need not build its masks through transformers' mask interface."""
+    cfg.model.attn_implementation = attention_choice(cfg)  # type: ignore[assignment]
+
+
+def attention_choice(cfg: ZerofitConfig) -> str:
+    """`model.attn_implementation` with `auto` decided (`_fill_attention`'s rule; also applied by
+    `zerofit.model` to a config that did not come through `resolve()`)."""
+    m = cfg.model
+    if m.attn_implementation != "auto":
+        return m.attn_implementation
+    return "sdpa" if m.trust_remote_code and m.varlen_kernel == "auto" else "varlen"
+
+
 def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) -> None:
     """Write the decided split, the planner's checkpointing choice and the run length into `cfg`."""
     t = cfg.train
@@ -637,10 +683,12 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _check_objective_data(problems, cfg)
     _check_reference(problems, cfg)
     _check_model_and_loss(problems, cfg)
+    _check_attention(problems, cfg)
     if problems:
         raise ConfigError(problems)
     plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
+    _fill_attention(cfg)
     _fill_logging(cfg)
     _fill_reference(cfg)
     run_dir = _fill_run_dir(cfg, plan)

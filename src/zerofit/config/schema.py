@@ -45,7 +45,17 @@ class ModelSection(_Section):
     name_or_path: str = Field(
         TINY_LLAMA, description="`tiny-llama` (built-in, random init), a local HF folder, or a hub id."
     )
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    attn_implementation: Literal["auto", "sdpa", "eager", "varlen"] = Field(
+        "auto",
+        description="auto: varlen where sdpa would need a dense (B, 1, S, S) mask (packed rows, padded "
+        "micro-batches of several sequences), sdpa otherwise; sdpa / eager: transformers' own; varlen: "
+        "zerofit.attention (documents as cu_seqlens, no dense mask).",
+    )
+    varlen_kernel: Literal["auto", "flash_attn", "torch_varlen", "sdpa_per_document"] = Field(
+        "auto",
+        description="The varlen path's kernel: auto = FlashAttention-2 where installed, else PyTorch's varlen "
+        "(both CUDA, bf16/fp16, sm80+), else exact per-document sdpa.",
+    )
     trust_remote_code: bool = False
 
 

@@ -138,7 +138,9 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model_path(cfg),
             dtype=load_dtype(cfg),
-            attn_implementation=cfg.model.attn_implementation,
+            # The merge never runs attention; the exported config names transformers' own sdpa, not
+            # zerofit's varlen function (a reader without zerofit loads it).
+            attn_implementation="eager" if cfg.model.attn_implementation == "eager" else "sdpa",
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map={"": str(device)} if quant is not None else None,

@@ -225,7 +225,9 @@ def _layer_split(
 def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
     """What attention saves per token: q, k, v, its output and logsumexp (sdpa) or the probabilities (eager)."""
     q_dim, kv_dim, heads = shape.q_dim, shape.kv_dim, shape.num_heads
-    masked = scn.masked_attention  # padded micro-batches of >1 sequence, or packed rows: masked attention
+    # Padded micro-batches of >1 sequence, or packed rows: sdpa takes its masked path (GQA keys and values
+    # repeated to all heads); the varlen kernels take the documents and keep k, v at their own heads.
+    masked = scn.dense_mask
     kv_saved = q_dim if (masked or scn.attn_implementation == "eager") else kv_dim
     if scn.attn_implementation == "eager":
         s = scn.seq_len
@@ -233,12 +235,22 @@ def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
         label = f"eager attention: q, k and v (repeated to all heads), fp32 softmax + probs (S={s})"
         return [Term(TermKind.ATTENTION, attn, label)]
     attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads
-    terms = [Term(TermKind.ATTENTION, attn, "sdpa attention: q, k, v, output, logsumexp")]
+    label = "sdpa attention: q, k, v, output, logsumexp"
+    if scn.attn_implementation == "varlen":
+        label = f"varlen attention ({scn.varlen_kernel}): q, k, v, output, logsumexp"
+    terms = [Term(TermKind.ATTENTION, attn, label)]
     if masked:
         # sdpa converts the boolean padding mask to an additive one per call and keeps it for backward.
         label = f"sdpa additive padding mask (S={scn.seq_len})"
         terms.append(Term(TermKind.PADDING_MASK, dt.att * scn.seq_len, label))
     return terms
+
+
+def _output_is_saved(scn: Scenario) -> bool:
+    """The attention output o_proj reads is the tensor attention itself saved (sdpa, the varlen kernels)."""
+    if scn.attn_implementation == "varlen":
+        return scn.varlen_kernel != "sdpa_per_document"
+    return scn.attn_implementation == "sdpa"
 
 
 @dataclass
@@ -293,7 +305,9 @@ def _linear_input_saves(
     # Linear inputs, by the tensor they read: (width, dtype of that tensor, already saved by attention).
     groups = {
         "attn_in": (h, dt.resid, False),
-        "o_in": (shape.q_dim, dt.att, scn.attn_implementation == "sdpa"),
+        # o_proj reads the attention output the kernel saved, except the per-document sdpa's, which is a
+        # concatenation of the documents' outputs (a copy of its own).
+        "o_in": (shape.q_dim, dt.att, _output_is_saved(scn)),
         "mlp_in": (h, dt.resid, False),
         "down_in": (shape.intermediate_size, dt.lin_out, False),
     }
@@ -636,7 +650,7 @@ def _forward_moments(st: _Step, bool_mask: int) -> list[Moment]:
     h, tokens, resid = st.shape.hidden_size, st.tokens, st.dt.resid
     common: list[Term] = []
     if not st.n_ckpt:
-        label = "embedding output + boolean padding mask (forward only)"
+        label = "embedding output" + (" + boolean padding mask" if bool_mask else "") + " (forward only)"
         common.append(Term(TermKind.EMBEDDING_OUTPUT, resid * h * tokens + bool_mask, label))
     # The final RMSNorm: its input, fp32 upcast (saved; the input itself when already fp32) and rstd,
     # the fp32 product, and two results in the residual dtype.
@@ -670,8 +684,9 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
         where = f" on the GPU, {n_ckpt} offloaded" if scn.activation_offload else ""
         label = f"checkpointed layer inputs ({on_gpu} layers{where} x {tokens} tokens x {dt.resid * h:,} B)"
         terms.append(Term(TermKind.CHECKPOINTED_INPUTS, on_gpu * dt.resid * h * tokens, label))
-        label = "rotary cos/sin + boolean padding mask (kept by the checkpoints)"
-        terms.append(Term(TermKind.ROTARY, rope + _bool_mask(scn), label))
+        mask = _bool_mask(scn)
+        label = "rotary cos/sin" + (" + boolean padding mask" if mask else "") + " (kept by the checkpoints)"
+        terms.append(Term(TermKind.ROTARY, rope + mask, label))
     else:
         terms.append(Term(TermKind.ROTARY, rope, "rotary cos/sin"))
     if n_saved:
@@ -685,7 +700,7 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
 def _bool_mask(scn: Scenario) -> int:
     """Bytes of the boolean padding mask (B x 1 x S x S) sdpa is given for masked micro-batches."""
     b, s = scn.rows, scn.seq_len
-    return b * s * s if (scn.masked_attention and scn.attn_implementation == "sdpa") else 0
+    return b * s * s if scn.dense_mask else 0
 
 
 def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, list[Term], ComputeProfile]:

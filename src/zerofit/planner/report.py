@@ -39,6 +39,7 @@ def memory_report(
         # A local model transformers cannot build on the meta device: the batch plan still stands.
         return {"error": f"memory planner: {type(exc).__name__}: {exc}"}
     out = plan.as_dict()
+    out["attention"] = attention_plan(scenario_for(resolved.config, spec))
     if trace:
         from zerofit.planner.trace import trace_memory
 
@@ -52,6 +53,18 @@ def memory_report(
     return out
 
 
+def attention_plan(scn: Any) -> dict[str, Any]:
+    """The attention path and kernel the plan counts (`memory.attention` of `zerofit plan --json`)."""
+    from zerofit.attention import describe_attention
+
+    return {
+        "implementation": scn.attn_implementation,
+        "kernel": scn.varlen_kernel,
+        "dense_mask": scn.dense_mask,
+        "text": describe_attention(scn.attn_implementation, scn.varlen_kernel, scn.masked_attention),
+    }
+
+
 def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -63,6 +76,8 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
         return
     _print_objective(memory, console)
     _print_breakdown(memory, console)
+    if memory.get("attention"):
+        console.print(f"Attention: {memory['attention']['text']}")
     _print_verdict(memory, console)
     _print_micro_table(memory, console)
     if memory.get("speed"):

@@ -51,7 +51,9 @@ class Scenario:
     optimizer: str = "adamw"
     # true (every decoder layer), false, or how many of the first layers are recomputed in backward.
     activation_checkpointing: bool | int = False
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "sdpa"  # sdpa | eager | varlen (resolved: never auto)
+    # The varlen path's kernel on the planned GPU (`zerofit.attention.KERNELS`; None unless varlen).
+    varlen_kernel: str | None = None
     cross_entropy: str = "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.loss, fused_loss)
     # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.tiling), the checkpointed
     # inputs kept in pinned host memory (zerofit.offload), and under k-bit quantization whether the
@@ -108,8 +110,15 @@ class Scenario:
 
     @property
     def masked_attention(self) -> bool:
-        """Attention takes the masked path: a padded micro-batch of several sequences, or packed rows."""
+        """Attention takes the masked path: a padded micro-batch of several sequences (a pair's two
+        sequences included), or packed rows (the documents of a varlen run; sdpa / eager then build a dense
+        mask)."""
         return self.rows > 1 or self.packed
+
+    @property
+    def dense_mask(self) -> bool:
+        """sdpa builds a dense (B, 1, S, S) boolean mask (and an additive one per layer): masked, not varlen."""
+        return self.masked_attention and self.attn_implementation == "sdpa"
 
 
 @dataclass(frozen=True)
@@ -219,6 +228,7 @@ def scenario_for(
         optimizer=cfg.optimizer.name,
         activation_checkpointing=cfg.train.activation_checkpointing,
         attn_implementation=cfg.model.attn_implementation,
+        varlen_kernel=planned_kernel(cfg, spec.dtypes.precision),
         cross_entropy=t.cross_entropy,
         tiled_mlp=max(1, int(t.tiled_mlp)),
         activation_offload=t.activation_offload is True,
@@ -228,6 +238,17 @@ def scenario_for(
         objective=t.objective,
         reference=cfg.preference.reference,
     )
+
+
+def planned_kernel(cfg: ZerofitConfig, precision: str) -> str | None:
+    """The varlen kernel a resolved run gets on the planned GPU (CUDA, compute capability 8.0+: the cards
+    the planner knows run FlashAttention-2 kernels) at the engine's `precision`, by the load's own rule
+    (`zerofit.attention.choose_kernel`, with what this install has); None for sdpa / eager."""
+    if cfg.model.attn_implementation != "varlen":
+        return None
+    from zerofit.attention import choose_kernel, installed_kernels
+
+    return choose_kernel(cfg.model.varlen_kernel, "cuda", torch_dtype(precision), (8, 0), installed_kernels())
 
 
 # ---------------------------------------------------------------------------------------- what-if runs

@@ -156,6 +156,8 @@ def hf_config(name_or_path: str, num_layers: int | None = None, attn_implementat
     """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers."""
     from transformers import AutoConfig
 
+    from zerofit.attention import hf_attn_implementation
+
     data = model_config_dict(name_or_path)
     data.pop("architectures", None)
     if num_layers is not None:
@@ -165,7 +167,7 @@ def hf_config(name_or_path: str, num_layers: int | None = None, attn_implementat
             data["layer_types"] = data["layer_types"][:num_layers]
     model_type = data.pop("model_type")
     config = AutoConfig.for_model(model_type, **data)
-    config._attn_implementation = attn_implementation
+    config._attn_implementation = hf_attn_implementation(attn_implementation)
     return config
 
 

@@ -36,6 +36,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from zerofit.attention import FLASH_ATTN, TORCH_VARLEN, install_kernel
 from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.lora import apply_lora, lora_config
 from zerofit.loss import token_sum_loss
@@ -197,7 +198,7 @@ def _cuda_like_dropout(model: Any) -> None:
 
 
 @contextlib.contextmanager
-def _masks_as_on_device() -> Any:
+def _masks_as_on_device(documents_found: bool = False) -> Any:
     """Let transformers skip the causal mask for an unpadded batch, as it does for real tensors.
 
     transformers treats fake tensors as "tracing" and then always materialises the causal mask, which
@@ -219,9 +220,19 @@ def _masks_as_on_device() -> Any:
         return original(padding_mask, q_length, kv_length, *args, **kwargs)
 
     # zerofit never packs several examples into a row; transformers cannot tell from fake position ids.
+    # The varlen path (model.attn_implementation=varlen) gets one document per row where the run finds
+    # documents (`documents_found`: packed rows, padded micro-batches of several sequences), and the planned
+    # kernel as on the GPU (torch's varlen op has a fake implementation saving what the CUDA kernel saves).
+    import zerofit.attention as attention
+
+    def documents(batch_size: int, seq_len: int, *args: Any) -> Any:
+        return attention.uniform_documents(batch_size, seq_len) if documents_found else None
+
     with (
         mock.patch.object(masking, "_ignore_causal_mask_sdpa", ignore_when_unpadded),
         mock.patch.object(masking, "find_packed_sequence_indices", lambda *args, **kwargs: None),
+        mock.patch.object(attention, "_documents", documents),
+        mock.patch.object(attention, "_runnable", lambda kernel, query: kernel),
     ):
         yield
 
@@ -246,6 +257,10 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
     all_layers = scn.checkpointed(model_shape(scn.model).num_layers) == model_shape(scn.model).num_layers
     n_ckpt = enable_activation_checkpointing(hf, num_layers if all_layers else 0)
     _enable_levers(hf, scn, n_ckpt)
+    if scn.varlen_kernel is not None:
+        # FlashAttention-2 saves what torch's varlen (a FlashAttention-2 kernel) does; only the latter has
+        # a fake implementation to trace.
+        install_kernel(hf, TORCH_VARLEN if scn.varlen_kernel == FLASH_ATTN else scn.varlen_kernel)
     hf.config.use_cache = False
     if prof.cast_params_to is not None:
         # DeepSpeed / FSDP2 compute with every parameter in the half dtype (buffers stay fp32).
@@ -305,7 +320,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     micro, seq = scn.rows, scn.seq_len  # a preference micro-batch: both sequences of every pair
     mask = _padding_mask(micro, seq)
 
-    with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
+    with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device(scn.masked_attention):
         model.to_empty(device="cpu")
         trainable = [p for p in model.parameters() if p.requires_grad]
         if prof.grads_leave_autograd:
