@@ -48,7 +48,11 @@ MEASURED: dict[str, tuple[str, list[str], int, int, float, float, float | None, 
 
 def _scenario(case: str) -> Scenario:
     path, overrides, micro, accum, *_ = MEASURED[case]
-    cfg = load_config(path, [*overrides, "train.cross_entropy=unchunked", "planner.gpu=h200"])
+    # Measured (2026-12-01) with sdpa's dense padding mask and the unchunked loss: plan what ran.
+    cfg = load_config(
+        path,
+        [*overrides, "train.cross_entropy=unchunked", "model.attn_implementation=sdpa", "planner.gpu=h200"],
+    )
     return what_if(cfg, 1, micro_batch_size=micro, grad_accum_steps=accum)
 
 
