@@ -1,13 +1,15 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
-    resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> lean RMSNorms
-    -> the fused loss head (train.cross_entropy=fused_linear) -> use_cache off
-    -> train mode
+    resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> fused kernels (train.kernels)
+    -> activation checkpointing (the first n decoder layers) -> activation offload (their saved inputs)
+    -> tiled MLP -> lean RMSNorms -> the fused loss head (train.cross_entropy=fused_linear)
+    -> torch.compile of each decoder layer (train.compile) -> use_cache off -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
 The order matters: quantization happens at load time; k-bit preparation freezes the base and upcasts
-what is not quantized before peft adds adapters; checkpointing is enabled on the Hugging Face model
+what is not quantized before peft adds adapters; the kernels rebind forwards the tiled MLP then wraps
+(zerofit.kernels); compiling last compiles each layer as every lever left it, inside its checkpoint
+(zerofit.compiling); checkpointing is enabled on the Hugging Face model
 underneath peft so each checkpointed decoder layer is recomputed (non-reentrant) in backward.
 """
 
@@ -19,11 +21,13 @@ from typing import Any
 import torch
 
 from zerofit.catalogue import TINY_LLAMA
+from zerofit.compiling import compile_decoder_layers
 from zerofit.config.resolve import check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
+from zerofit.kernels import apply_kernels, kernel_problems
 from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
@@ -44,6 +48,7 @@ class BuiltModel:
     load_dtype: torch.dtype
     # The offload hooks when `train.activation_offload` is on (their `take_offloaded_bytes()` per step).
     activation_offload: ActivationOffload | None = None
+    compiled_layers: int = 0  # decoder layers compiled (`train.compile`), 0 when eager
 
 
 def resolve_model_path(cfg: ZerofitConfig) -> str:
@@ -125,6 +130,24 @@ def check_lean_norm_before_load(path: str) -> None:
     except (ConfigError, ValueError, KeyError, ImportError):
         return  # custom code: `enable_lean_norm` checks the loaded model itself
     check_lean_norm(meta)
+
+
+def check_kernels_before_load(path: str, kernels: str) -> None:
+    """`train.kernels`: refuse a model type or activation Liger's kernels do not compute, from its config
+    (milliseconds, no weights); a config that cannot be read is left to `apply_kernels` after the load."""
+    if kernels == "none":
+        return
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError):
+        return
+    problems = kernel_problems(
+        kernels, getattr(config, "model_type", None), getattr(config, "hidden_act", None)
+    )
+    if problems:
+        raise ConfigError(problems)
 
 
 def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -> None:
@@ -242,6 +265,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
     if cfg.train.lean_norm is True:
         check_lean_norm_before_load(path)
+    check_kernels_before_load(path, cfg.train.kernels)
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, cfg.lora.target_modules)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
@@ -271,6 +295,10 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         config = lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
         model = apply_lora(model, config, seed=cfg.seed)
 
+    # 4b. train.kernels=liger: Liger's RMSNorm, SwiGLU and RoPE forwards on the HF model underneath peft,
+    #     before the tiled MLP wraps the MLP's forward (`zerofit.kernels`).
+    apply_kernels(_hf_model(model), cfg.train.kernels)
+
     # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
     #    decoder layers, offload of their saved inputs, the tiled MLP, lean RMSNorms (`enable_memory_levers`).
     offload = enable_memory_levers(_hf_model(model), cfg)
@@ -279,6 +307,10 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     #     context (`zerofit.fused_loss`), the same module and parameter names, logits everywhere else.
     if cfg.train.cross_entropy == FUSED_LINEAR:
         install_fused_head(_hf_model(model))
+
+    # 5c. train.compile: each decoder layer compiled in place, as every lever left it; checkpointing and the
+    #     offload hooks stay outside the compiled body (`zerofit.compiling`).
+    compiled = compile_decoder_layers(decoder_layers(_hf_model(model))) if cfg.train.compile else 0
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.
@@ -295,4 +327,5 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         trainable_params=trainable,
         load_dtype=dtype,
         activation_offload=offload,
+        compiled_layers=compiled,
     )

@@ -147,6 +147,12 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
         device = next(model.parameters()).device.type
         loss += f" ({describe_fused(int(model.config.vocab_size), device)})"
     text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {loss} cross-entropy"
+    if cfg.train.kernels != "none":
+        text += f", kernels {cfg.train.kernels} (RMSNorm, SwiGLU, RoPE)"
+    if cfg.train.compile:
+        from zerofit.compiling import describe_compile
+
+        text += f", {describe_compile(layers)}"
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
         rows = cfg.batch.micro_batch_size
