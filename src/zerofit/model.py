@@ -27,7 +27,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
-from zerofit.kernels import apply_kernels, kernel_problems
+from zerofit.kernels import LIGER_INSTALL, apply_kernels, kernel_problems, liger_kernels_available
 from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
@@ -133,10 +133,15 @@ def check_lean_norm_before_load(path: str) -> None:
 
 
 def check_kernels_before_load(path: str, kernels: str) -> None:
-    """`train.kernels`: refuse a model type or activation Liger's kernels do not compute, from its config
-    (milliseconds, no weights); a config that cannot be read is left to `apply_kernels` after the load."""
+    """`train.kernels`: refuse a missing Liger-Kernel, and a model type or activation its kernels do not
+    compute, from the config (milliseconds, no weights); a config that cannot be read is left to
+    `apply_kernels` after the load."""
     if kernels == "none":
         return
+    if not liger_kernels_available():
+        raise ConfigError(
+            [f"train.kernels = {kernels!r} needs Liger-Kernel, which is not installed here; {LIGER_INSTALL}"]
+        )
     from transformers import AutoConfig
 
     try:
