@@ -62,7 +62,13 @@ SPLITS = [
     Launch(
         "zero2-levers",
         "deepspeed",
-        ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128", *LEVERS, FUSED, "train.compile=true"),
+        (
+            "distributed.preset=zero2",
+            "batch.tokens_per_micro_batch=128",
+            *LEVERS,
+            FUSED,
+            "train.compile=true",
+        ),
     ),
     Launch(
         "zero3-tiled",
