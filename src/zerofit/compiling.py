@@ -58,11 +58,12 @@ def graph_breaks() -> int:
     return sum(graph_break_reasons().values())
 
 
-def describe_compile(compiled_layers: int) -> str:
-    """The plan's line: what is compiled and where the graph breaks are reported."""
+def describe_compile(compiled_layers: int, checkpointed_layers: int = 0) -> str:
+    """The plan's line: what is compiled, where it sits against checkpointing, where graph breaks go."""
     if compiled_layers <= 0:
         return "off (eager)"
+    where = ", inside the checkpoint of the checkpointed ones" if checkpointed_layers > 0 else ""
     return (
-        f"torch.compile of {compiled_layers} decoder layers (inductor, inside each layer's checkpoint); graph "
-        "breaks counted at the first step: metrics.jsonl compile/graph_breaks"
+        f"torch.compile of {compiled_layers} decoder layers (inductor{where}); graph breaks counted from "
+        "the first step: metrics.jsonl compile/graph_breaks"
     )

@@ -152,7 +152,7 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     if cfg.train.compile:
         from zerofit.compiling import describe_compile
 
-        text += f", {describe_compile(layers)}"
+        text += f", {describe_compile(layers, n)}"
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
         rows = cfg.batch.micro_batch_size

@@ -148,3 +148,19 @@ def test_liger_kernels_equal_the_eager_model_in_fp32() -> None:
     for name, grad in out["none"][1].items():
         scale = grad.abs().max().item()
         assert torch.allclose(out["liger"][1][name], grad, rtol=0, atol=1e-4 * scale + 1e-8), name
+
+
+def test_liger_kernels_take_the_fused_loss_when_the_loss_is_unset_and_never_the_lean_norm() -> None:
+    from zerofit.config.resolve import _fill_kernels
+
+    unset = config({}, train={"kernels": "liger", "lean_norm": "auto"})
+    notes = _fill_kernels(unset)
+    assert (unset.train.cross_entropy, unset.train.lean_norm, len(notes)) == ("fused_linear", False, 2)
+    for kept in (
+        config({}, train={"kernels": "liger", "cross_entropy": "chunked"}),  # the user's choice stays
+        config(
+            {"lora": {"target_modules": ["q_proj", "lm_head"]}}, train={"kernels": "liger"}
+        ),  # adapted head
+    ):
+        _fill_kernels(kept)
+        assert kept.train.cross_entropy == "chunked"
