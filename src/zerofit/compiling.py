@@ -29,7 +29,8 @@ compiles, which happens at the first forward of each new shape; `graph_breaks()`
 loop logs the running total as `compile/graph_breaks` in metrics.jsonl (0 is a layer that compiled whole).
 
 Equality: the same ops, fused and reordered by inductor, so equal up to rounding: on the tiny model in fp32
-the loss within 1e-5 relative of the eager run's (tests/unit/test_compiling.py).
+the loss curve within 1e-5 relative of the eager run's (tests/unit/test_speed_levers.py; on 2 ranks
+tests/distributed/test_equivalence.py).
 """
 
 from __future__ import annotations

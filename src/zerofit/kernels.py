@@ -25,7 +25,7 @@ and saves the same tensors as Liger's RMSNorm, so the two are not combined: `tru
 
 Triton kernels run on CUDA only: a run on another device, or without the package installed, is refused
 before the weights load with the fix. Equality (fp32, on CUDA): the token sums within 1e-5 relative and the
-gradients within 1e-4 of their largest magnitude of the eager model's (tests/unit/test_kernels.py, which
+gradients within 1e-4 of their largest magnitude of the eager model's (tests/unit/test_speed_levers.py, which
 skips without CUDA and Liger).
 """
 
