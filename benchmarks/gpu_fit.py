@@ -36,6 +36,18 @@ micro-batch 1 (global batch LONG_GLOBAL = 1), under the same cap:
                      else sdpa, Liger kernels where installed
     long-hf-lora-L   the same with a bf16 base
 
+Speed levers (`--cases speed`, issue 19), the LoRA recipe at the same cap and global batch, on both workloads:
+
+    lora[-real]-kernels           train.kernels=liger (Liger's RMSNorm, SwiGLU, RoPE; its fused linear
+                                  cross-entropy, the loss an unset train.cross_entropy then resolves to)
+    lora[-real]-compile           train.compile=true (torch.compile of each decoder layer)
+    lora[-real]-kernels-compile   both
+    hf-best, hf-best-real         HF's best at the recipe's split: Trainer + peft, padding-free packing
+                                  (DataCollatorWithFlattening), flash_attention_2 where installed else sdpa,
+                                  Liger kernels where installed
+    (with lora, lora-real as the levers-off runs). `--smoke` runs the kernels cases with train.kernels=none
+    (Liger needs CUDA: the case records `smoke_kernels_off`), so the CPU smoke covers their setup.
+
 The report prints zerofit / HF in useful tokens/s per length; an OOM in a long case is a measured answer
 (recorded with its peak), not a failure of the script.
 
@@ -93,8 +105,23 @@ CASES: dict[str, dict[str, Any]] = {
     "hf": {"hf": True, "workload": "max_length"},
     "hf-real": {"hf": True, "workload": "real_length"},
 }  # fmt: skip
+
+# ------------------------------------------------------------------------------------------ speed levers
+
+SPEED_LEVERS = {"kernels": ["train.kernels=liger"], "compile": ["train.compile=true"]}
+SPEED_LEVERS["kernels-compile"] = SPEED_LEVERS["kernels"] + SPEED_LEVERS["compile"]
+for _lever, _overrides in SPEED_LEVERS.items():
+    CASES[f"lora-{_lever}"] = {"config": LORA, "overrides": list(_overrides), "workload": "max_length"}
+    CASES[f"lora-real-{_lever}"] = {"config": LORA, "overrides": list(_overrides), "workload": "real_length"}
+# HF's best at the recipe's split (micro 4 x accum 8, 1024 tokens): padding-free, fastest attention, Liger.
+CASES["hf-best"] = {"hf": True, "workload": "max_length", "best": True}
+CASES["hf-best-real"] = {"hf": True, "workload": "real_length", "best": True}
+SPEED_CASES = ["lora", "lora-real", *(f"lora{w}-{lever}" for lever in SPEED_LEVERS for w in ("", "-real"))]
+SPEED_CASES += ["hf-best", "hf-best-real"]
 DEFAULT_CASES = "lora,lora-nockpt,lora-auto,lora-real,lora-packed,qlora,hf,hf-real,lora-2gpu-fsdp"
 RATIOS = [("lora", "hf"), ("lora-auto", "hf"), ("lora-real", "hf-real"), ("lora-packed", "hf-real")]
+RATIOS += [(f"lora-{lever}", "hf-best") for lever in SPEED_LEVERS] + [("lora", "hf-best")]
+RATIOS += [(f"lora-real-{lever}", "hf-best-real") for lever in SPEED_LEVERS] + [("lora-real", "hf-best-real")]
 HF_SPLIT = {"micro": 4, "gas": 8, "seq": 1024}  # the LoRA recipe's shape: global 32 = 4 x 8, 1024 tokens
 BASE_MODEL = "meta-llama/Llama-2-7b-hf"  # shape only: the catalogue's config.json, random weights
 RESULT_PREFIX = "GPU_FIT_RESULT "
@@ -174,6 +201,7 @@ LONG_CASES = [c for c in CASES if CASES[c].get("long")]
 CASE_GROUPS: dict[str, list[str]] = {
     "default": DEFAULT_CASES.split(","),
     "long": LONG_CASES,
+    "speed": SPEED_CASES,
     "long-zerofit": [c for c in LONG_CASES if not CASES[c].get("hf")],
     "long-hf": [c for c in LONG_CASES if CASES[c].get("hf")],
     **{f"long-{r}": [f"long-{r}-{t}" for t in LONG_LENGTHS] + [f"long-hf-{r}-{t}" for t in LONG_LENGTHS] for r in LONG_RECIPES},
@@ -286,6 +314,11 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
     ]
     if smoke:
         overrides += ["model.name_or_path=tiny-llama", "data.max_seq_len=64", "planner.gpu_memory_gib=1"]
+        if (
+            "train.kernels=liger" in overrides
+        ):  # Liger runs on CUDA only: the smoke checks the rest of the case
+            overrides.append("train.kernels=none")
+            out["smoke_kernels_off"] = True
     else:
         overrides.append(f"model.name_or_path={model_dir}")
     try:
@@ -314,6 +347,8 @@ def run_case(case: str, model_dir: str | None, cap_gib: float, steps: int, smoke
             "activation_offload": cfg.train.activation_offload,
             "lean_norm": cfg.train.lean_norm,
             "fp32_residual": cfg.quantization.fp32_residual,
+            "kernels": cfg.train.kernels,
+            "compile": cfg.train.compile,
         },
         predicted={
             "tensors_gib": round(predicted.estimate.tensors_gib, 3),
@@ -387,6 +422,8 @@ def child_command(case: str, args: argparse.Namespace, model_dir: Path | None) -
             cmd += ["--collator", "flatten", "--attn", "auto", "--liger", "auto"]
             cmd += ["--load-in-4bit"] if spec["qlora"] else []
         else:
+            if spec.get("best"):  # HF's best at the recipe's split: padding-free, fastest kernels installed
+                cmd += ["--collator", "flatten", "--attn", "auto", "--liger", "auto"]
             cmd += [
                 "--micro",
                 str(HF_SPLIT["micro"]),

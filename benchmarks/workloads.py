@@ -152,6 +152,7 @@ def run_zerofit(
             precision=cfg.train.precision,
             cross_entropy=cfg.train.cross_entropy,
             packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
+            compiled=run.built.compiled_layers > 0,
         )
         results = train_loop(loop)
     finally:
@@ -171,6 +172,9 @@ def run_zerofit(
         "cpu_s_per_step": round(cpu_seconds / len(steady), 4),
         "useful_tokens_per_cpu_s": round(count("useful_tokens_per_s") / cpu_seconds, 1),
         "losses": [round(r.loss, 5) for r in results],
+        # train.compile: dynamo's graph breaks over the run (the first, warm-up step compiles; new shapes of
+        # the real-length workload recompile there and later, inside the measured steps).
+        "compile_graph_breaks": sink.rows[-1].get("compile/graph_breaks") if sink.rows else None,
         "split": {
             "micro_batch_size": resolved.plan.micro_batch_size,
             "grad_accum_steps": resolved.plan.grad_accum_steps,

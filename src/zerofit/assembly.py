@@ -176,6 +176,7 @@ class PreparedRun:
             watch=watch,
             keep_best=cfg.checkpoint.keep_best,
             objective=self.objective,
+            compiled=self.built.compiled_layers > 0,
         )
 
     def evaluator(self) -> Evaluator | None:
@@ -201,6 +202,8 @@ class PreparedRun:
             "params_total": self.built.total_params,
             "params_trainable": self.built.trainable_params,
         }
+        if self.built.compiled_layers:
+            out["compiled_layers"] = self.built.compiled_layers
         if self.data is not None:
             out["data_stats"] = dataclasses.asdict(self.data.stats)
             if self.data.eval_stats is not None:
@@ -295,6 +298,12 @@ def _check_device(resolved: ResolvedConfig, strategy: Strategy) -> None:
             f"train.cross_entropy = 'liger' runs Triton kernels on CUDA, and this rank trains on "
             f"{strategy.device}; use train.cross_entropy=chunked (the default: the same token sums in "
             "pure PyTorch)"
+        )
+    if cfg.train.kernels != "none" and strategy.device.type != "cuda":
+        raise LaunchError(
+            f"train.kernels = {cfg.train.kernels!r} runs Liger's Triton kernels on CUDA, and this rank trains on "
+            f"{strategy.device}; run on a CUDA device (pip install 'zerofit[liger]' there), or "
+            "train.kernels=none (the same token sums in PyTorch)"
         )
     check_shared_output_dir(strategy, Path(cfg.output_dir))
 

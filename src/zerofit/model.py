@@ -1,14 +1,16 @@
 """Build the model to train: one ordered pipeline from a config to a ready (unwrapped) module.
 
-    resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> activation checkpointing
-    (the first n decoder layers) -> activation offload (their saved inputs) -> tiled MLP -> lean RMSNorms
-    -> the fused loss head (train.cross_entropy=fused_linear) -> the varlen attention kernel
-    (model.attn_implementation=varlen) -> use_cache off
-    -> train mode
+    resolve path -> load (dtype, quantization) -> k-bit preparation -> LoRA -> fused kernels (train.kernels)
+    -> activation checkpointing (the first n decoder layers) -> activation offload (their saved inputs)
+    -> tiled MLP -> lean RMSNorms -> the fused loss head (train.cross_entropy=fused_linear) -> the varlen
+    attention kernel (model.attn_implementation=varlen) -> torch.compile of each decoder layer
+    (train.compile) -> use_cache off -> train mode
 
 The strategy wraps the result (DeepSpeed engine, FSDP2 shards, DDP); nothing here knows about ranks.
 The order matters: quantization happens at load time; k-bit preparation freezes the base and upcasts
-what is not quantized before peft adds adapters; checkpointing is enabled on the Hugging Face model
+what is not quantized before peft adds adapters; the kernels rebind forwards the tiled MLP then wraps
+(zerofit.kernels); compiling last compiles each layer as every lever left it, inside its checkpoint
+(zerofit.compiling); checkpointing is enabled on the Hugging Face model
 underneath peft so each checkpointed decoder layer is recomputed (non-reentrant) in backward.
 """
 
@@ -21,11 +23,13 @@ import torch
 
 from zerofit.attention import choose_kernel, hf_attn_implementation, install_kernel, installed_kernels
 from zerofit.catalogue import TINY_LLAMA
+from zerofit.compiling import compile_decoder_layers
 from zerofit.config.resolve import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
+from zerofit.kernels import LIGER_INSTALL, apply_kernels, kernel_problems, liger_kernels_available
 from zerofit.lora import apply_lora, check_target_modules, lora_config
 from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
@@ -48,6 +52,7 @@ class BuiltModel:
     activation_offload: ActivationOffload | None = None
     # The varlen path's kernel (`zerofit.attention.KERNELS`) when model.attn_implementation is varlen.
     varlen_kernel: str | None = None
+    compiled_layers: int = 0  # decoder layers compiled (`train.compile`), 0 when eager
 
 
 def resolve_model_path(cfg: ZerofitConfig) -> str:
@@ -129,6 +134,29 @@ def check_lean_norm_before_load(path: str) -> None:
     except (ConfigError, ValueError, KeyError, ImportError):
         return  # custom code: `enable_lean_norm` checks the loaded model itself
     check_lean_norm(meta)
+
+
+def check_kernels_before_load(path: str, kernels: str) -> None:
+    """`train.kernels`: refuse a missing Liger-Kernel, and a model type or activation its kernels do not
+    compute, from the config (milliseconds, no weights); a config that cannot be read is left to
+    `apply_kernels` after the load."""
+    if kernels == "none":
+        return
+    if not liger_kernels_available():
+        raise ConfigError(
+            [f"train.kernels = {kernels!r} needs Liger-Kernel, which is not installed here; {LIGER_INSTALL}"]
+        )
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError):
+        return
+    problems = kernel_problems(
+        kernels, getattr(config, "model_type", None), getattr(config, "hidden_act", None)
+    )
+    if problems:
+        raise ConfigError(problems)
 
 
 def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -> None:
@@ -266,6 +294,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
     if cfg.train.lean_norm is True:
         check_lean_norm_before_load(path)
+    check_kernels_before_load(path, cfg.train.kernels)
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, cfg.lora.target_modules)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
@@ -295,6 +324,10 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         config = lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
         model = apply_lora(model, config, seed=cfg.seed)
 
+    # 4b. train.kernels=liger: Liger's RMSNorm, SwiGLU and RoPE forwards on the HF model underneath peft,
+    #     before the tiled MLP wraps the MLP's forward (`zerofit.kernels`).
+    apply_kernels(_hf_model(model), cfg.train.kernels)
+
     # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
     #    decoder layers, offload of their saved inputs, the tiled MLP, lean RMSNorms (`enable_memory_levers`).
     offload = enable_memory_levers(_hf_model(model), cfg)
@@ -307,6 +340,9 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 5c. model.attn_implementation=varlen: each attention module runs the kernel chosen for this device.
     if kernel is not None:
         install_kernel(_hf_model(model), kernel)
+    # 5d. train.compile: each decoder layer compiled in place, as every lever left it; checkpointing and the
+    #     offload hooks stay outside the compiled body (`zerofit.compiling`).
+    compiled = compile_decoder_layers(decoder_layers(_hf_model(model))) if cfg.train.compile else 0
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.
@@ -324,4 +360,5 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         load_dtype=dtype,
         activation_offload=offload,
         varlen_kernel=kernel,
+        compiled_layers=compiled,
     )

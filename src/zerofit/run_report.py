@@ -150,6 +150,12 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {loss} cross-entropy"
     masked = cfg.batch.tokens_per_micro_batch is not None or cfg.batch.micro_batch_size > 1
     text += ", attention: " + describe_attention(cfg.model.attn_implementation, module_kernel(model), masked)
+    if cfg.train.kernels != "none":
+        text += f", kernels {cfg.train.kernels} (RMSNorm, SwiGLU, RoPE)"
+    if cfg.train.compile:
+        from zerofit.compiling import describe_compile
+
+        text += f", {describe_compile(layers, n)}"
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
         rows = cfg.batch.micro_batch_size

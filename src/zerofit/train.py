@@ -28,6 +28,7 @@ import torch
 
 from zerofit.batching import BatchPlan
 from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
+from zerofit.compiling import graph_breaks
 from zerofit.data import (
     Example,
     GlobalBatchSampler,
@@ -161,6 +162,7 @@ class LoopInputs:
     watch: EvalWatch | None = None  # best eval/loss (checkpoint.keep_best) and train.early_stopping
     keep_best: bool = False  # a new best evaluation forces a save of that step
     objective: Objective | None = None  # train.objective's (`zerofit.preference`); None: SFT
+    compiled: bool = False  # train.compile: each row reports dynamo's graph breaks so far
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,9 @@ def step_metrics(
         "epoch": run.sampler.epoch_of(step),
         "partial_window": run.sampler.is_partial(step),
         "step_skipped": not run.strategy.step_applied,
+        # train.compile: the graph breaks dynamo met compiling the layers (at the first step, and at each new
+        # shape it recompiles for), a running total of this process (`zerofit.compiling`).
+        **({"compile/graph_breaks": graph_breaks()} if run.compiled else {}),
     }
 
 

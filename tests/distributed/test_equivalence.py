@@ -11,7 +11,7 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
-    in 3 token shards and lean RMSNorms; ZeRO-3 with the MLP in 2 token shards and lean RMSNorms
+    in 3 token shards and lean RMSNorms, every layer compiled (train.compile, inside its checkpoint); ZeRO-3 with the MLP in 2 token shards and lean RMSNorms
 
 through the real launchers (python, deepspeed, torchrun; gloo). Over 4 optimizer steps the per-step losses
 (metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
@@ -64,12 +64,19 @@ SPLITS = [
     Launch("zero2-packed", "deepspeed", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
     Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
     # The memory levers (issue 16) on ZeRO-2, packed rows: every layer checkpointed with its input offloaded,
-    # every MLP in 3 token shards, the loss inside lm_head (no logits); ZeRO-3 with the tiled MLP (its MLP a
+    # every MLP in 3 token shards, the loss inside lm_head (no logits), each decoder layer compiled (issue 19:
+    # compile inside the checkpoint, the offload hooks outside it, under ZeRO-2's gradient hooks); ZeRO-3 with the tiled MLP (its MLP a
     # ZeRO-3 leaf module) and the fused loss (lm_head's weight gathered by the module's hooks).
     Launch(
         "zero2-levers",
         "deepspeed",
-        ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128", *LEVERS, FUSED),
+        (
+            "distributed.preset=zero2",
+            "batch.tokens_per_micro_batch=128",
+            *LEVERS,
+            FUSED,
+            "train.compile=true",
+        ),
     ),
     Launch(
         "zero3-tiled",
@@ -165,6 +172,9 @@ def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> Non
     assert tiled["tiled_mlp"] == 2
     assert levers["lean_norm"] is tiled["lean_norm"] is True
     assert levers["cross_entropy"] == tiled["cross_entropy"] == "fused_linear"
+    assert levers["compile"] is True and tiled["compile"] is False
+    # The tiled MLP's RNG-state calls break the compiled layers' graphs: counted in every row.
+    assert all(row["compile/graph_breaks"] > 0 for row in runs["zero2-levers"].metrics)
 
 
 def test_the_reference_ran_sdpa_and_the_packed_runs_varlen(runs: dict[str, RunResult]) -> None:

@@ -73,6 +73,25 @@ def test_gpu_fit_smoke_runs_a_zerofit_case_and_writes_its_results(tmp_path: Path
     assert case["useful_tokens_per_s"] > 0 and case["predicted"]["verdict"]
 
 
+def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(tmp_path: Path) -> None:
+    # kernels + compile (issue 19) and HF's best at the recipe's split; on CPU the kernels case runs with
+    # train.kernels=none (Liger needs CUDA), so the smoke checks the case's setup, compile, and the ratio.
+    _run(str(BENCH / "gpu_fit.py"), "--smoke", "--cases", "lora-kernels-compile,hf-best", "--steps", "1",
+         "--results", str(tmp_path))  # fmt: skip
+    (path,) = tmp_path.glob("gpu_fit-smoke-*.json")
+    report = json.loads(path.read_text())
+    by = {r["case"]: r for r in report["results"]}
+    assert all(r["ok"] is True and r["useful_tokens_per_s"] > 0 for r in by.values()), by
+    zf = by["lora-kernels-compile"]
+    assert (
+        zf["smoke_kernels_off"] is True
+        and zf["levers"]["compile"] is True
+        and zf["levers"]["kernels"] == "none"
+    )
+    assert zf["compile_graph_breaks"] is not None
+    assert "lora-kernels-compile / hf-best" in report["ratios_useful_tokens_per_s"]
+
+
 def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(tmp_path: Path) -> None:
     # One length of the long-context set (the group `long-16k`): zerofit QLoRA and LoRA with the levers, and
     # HF's padding-free baseline for each; on CPU every length is the same tiny run, so one stands for all.

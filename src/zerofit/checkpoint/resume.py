@@ -49,7 +49,8 @@ from zerofit.version import __version__
 # Config keys whose change cannot alter the training trajectory: names and places, logging, how
 # checkpoints are kept, the planner's target, how the (unchanged) global batch is split over micro-batches
 # (or packed rows) and ranks, implementation choices that compute the same values (recomputation, where
-# saved activations wait: `train.activation_offload`; what the RMSNorms save: `train.lean_norm`; not
+# saved activations wait: `train.activation_offload`; what the RMSNorms save: `train.lean_norm`; fused kernels
+# and compiled layers, the same ops fused: `train.kernels`, `train.compile`; not
 # `train.tiled_mlp`, whose shards draw LoRA dropout masks differently), the tokenization cache,
 # and evaluation (a no-grad forward in eval mode: it draws no random numbers and changes no weight; the
 # held-out fraction `data.eval_split` does change the training set, and is compared). `distributed.*` is judged by the
@@ -69,6 +70,8 @@ NEUTRAL_KEYS = (
     "train.lean_norm",
     "batch.tokens_per_micro_batch",
     "train.cross_entropy",
+    "train.kernels",
+    "train.compile",
     "model.attn_implementation",
     "model.varlen_kernel",
     "model.trust_remote_code",

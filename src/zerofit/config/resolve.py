@@ -531,6 +531,51 @@ def check_levers(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _check_kernels(problems: list[str], cfg: ZerofitConfig) -> None:
+    """`train.kernels=liger` needs Liger-Kernel installed, and replaces the RMSNorm forward the lean norm
+    replaces too (the same saved tensors): the two are not combined (`auto` lean norm resolves to false)."""
+    t = cfg.train
+    if t.kernels == "none":
+        return
+    from zerofit.kernels import LIGER_INSTALL, liger_kernels_available
+
+    if not liger_kernels_available():
+        problems.append(
+            f"train.kernels = {t.kernels!r} needs Liger-Kernel, which is not installed here (its Triton kernels "
+            f"run on CUDA only): {LIGER_INSTALL} on a CUDA machine, or train.kernels=none"
+        )
+    if t.lean_norm is True:
+        problems.append(
+            f"train.kernels = {t.kernels!r} with train.lean_norm = true: both replace the RMSNorm forward, and "
+            "Liger's RMSNorm already saves only its input and the fp32 rstd (what the lean norm saves); set "
+            "train.lean_norm=false (or auto)"
+        )
+
+
+def _fill_kernels(cfg: ZerofitConfig) -> list[str]:
+    """With `train.kernels=liger`, the lean norm's `auto` is false (Liger's RMSNorm saves the same), and an
+    unset `train.cross_entropy` is Liger's fused linear cross-entropy (`fused_linear`, where lm_head has no
+    LoRA adapter); returns the notes the plan prints."""
+    t = cfg.train
+    if t.kernels == "none":
+        return []
+    notes: list[str] = []
+    if t.lean_norm == "auto":
+        t.lean_norm = False
+        notes.append(
+            "train.lean_norm auto -> false: Liger's RMSNorm (train.kernels=liger) saves the same tensors"
+        )
+    targets = cfg.lora.target_modules if cfg.lora.enabled else "all-linear"
+    lm_head_adapted = not isinstance(targets, str) and any(x.split(".")[-1] == "lm_head" for x in targets)
+    if "cross_entropy" not in t.model_fields_set and not lm_head_adapted:
+        t.cross_entropy = "fused_linear"
+        notes.append(
+            "train.cross_entropy -> fused_linear: Liger's fused linear cross-entropy (train.kernels=liger; "
+            "set train.cross_entropy to keep another)"
+        )
+    return notes
+
+
 def _check_quantization(problems: list[str], cfg: ZerofitConfig) -> None:
     """Quantized base weights are frozen, so they need LoRA, and 8-bit ones cannot be sharded by FSDP2."""
     load_in = cfg.quantization.load_in
@@ -684,8 +729,10 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _check_reference(problems, cfg)
     _check_model_and_loss(problems, cfg)
     _check_attention(problems, cfg)
+    _check_kernels(problems, cfg)
     if problems:
         raise ConfigError(problems)
+    notes += _fill_kernels(cfg)
     plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
     _fill_attention(cfg)

@@ -172,6 +172,19 @@ class TrainSection(_Section):
             "(zerofit.fused_loss)."
         ),
     )
+    kernels: Literal["none", "liger"] = Field(
+        "none",
+        description="Fused kernels applied to the loaded model (zerofit.kernels): liger = Liger-Kernel's RMSNorm, "
+        "SwiGLU and RoPE (and its fused linear cross-entropy through train.cross_entropy=fused_linear, the "
+        "loss when train.cross_entropy is left unset); CUDA only, pip install 'zerofit[liger]'. The same token "
+        "sums; opt-in, the planner never turns it on.",
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile each decoder layer (zerofit.compiling), inside its activation checkpoint; "
+        "graph breaks are counted and reported (metrics.jsonl compile/graph_breaks). Opt-in, the planner never "
+        "turns it on.",
+    )
     max_grad_norm: Annotated[float | None, RuleHint("0 or null disables clipping")] = Field(
         1.0, ge=0, description="Clip after the window; null or 0 disables."
     )

@@ -121,6 +121,10 @@ def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
         residual.append("quantization.fp32_residual=false")
     out = []
     lean_norm = (False, True) if lean_norm_applies(cfg.model.name_or_path) else (cfg.train.lean_norm is True,)
+    if (
+        cfg.train.kernels != "none"
+    ):  # Liger's RMSNorm saves what the lean norm saves; the two are not combined
+        lean_norm = (False,)
     for lean, offload, shards, loss, resid in product(
         lean_norm, (False, True), TILED_SHARDS, losses, residual
     ):

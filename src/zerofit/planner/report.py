@@ -228,6 +228,8 @@ def print_speed(speed: dict[str, Any], console: Console) -> None:
             f"{o['recompute_fraction']:.0%}",
         )
     console.print(t)
+    if speed.get("speed_levers"):
+        console.print(f"Speed levers on: {speed['speed_levers']}")
     chosen, runner_up, base = speed["chosen"], speed["runner_up"], speed["baseline"]
     if chosen is None:
         console.print("Chosen plan: none fits")

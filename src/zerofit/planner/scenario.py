@@ -63,6 +63,11 @@ class Scenario:
     activation_offload: bool = False
     fp32_residual: bool = True
     lean_norm: bool = False
+    # Opt-in speed levers (issue 19): train.kernels (none | liger) and train.compile; their speed factors
+    # are speed.py's stated constants. Liger's RMSNorm saves what the lean norm saves (`lean_norm` is set
+    # for it); its SwiGLU saves less than the eager MLP, which the memory model does not count (an upper bound).
+    kernels: str = "none"
+    compile: bool = False
     # Token budget: micro_batch_size rows of seq_len tokens, each packing whole examples (attention is
     # masked per document, so always the masked path).
     packed: bool = False
@@ -233,7 +238,9 @@ def scenario_for(
         tiled_mlp=max(1, int(t.tiled_mlp)),
         activation_offload=t.activation_offload is True,
         fp32_residual=cfg.quantization.fp32_residual,
-        lean_norm=t.lean_norm is True,
+        lean_norm=t.lean_norm is True or t.kernels == "liger",
+        kernels=t.kernels,
+        compile=t.compile,
         packed=cfg.batch.tokens_per_micro_batch is not None,
         objective=t.objective,
         reference=cfg.preference.reference,

@@ -32,7 +32,7 @@ from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
 from zerofit.planner.scenario import Scenario, scenario_for, what_if
 from zerofit.planner.shapes import model_shape
-from zerofit.planner.speed import SpeedEstimate, predict_speed
+from zerofit.planner.speed import SpeedEstimate, predict_speed, speed_levers
 from zerofit.recompute import describe_checkpointing
 
 if TYPE_CHECKING:
@@ -206,6 +206,8 @@ class SpeedPlan:
     options: list[PlanOption]
     configured: PlanOption
     baseline: PlanOption | None
+    # What the speed model assumed for the opt-in speed levers that are on (`speed.speed_levers`), or None.
+    speed_levers: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The `memory.speed` block of `zerofit plan --json`."""
@@ -223,6 +225,7 @@ class SpeedPlan:
             "speedup_vs_baseline": round(chosen.speed.tokens_per_s / base, 3) if chosen and base else None,
             "configured_vs_baseline": round(self.configured.speed.tokens_per_s / base, 3) if base else None,
             "options": [o.as_dict() for o in self.options],
+            "speed_levers": self.speed_levers,
         }
 
 
@@ -524,6 +527,7 @@ def plan_memory(resolved: ResolvedConfig, spec: EngineSpec, budget: Budget | Non
             options=fastest_options(configured, per_rank, budget),
             configured=plan_option(configured, budget),
             baseline=baseline_option(configured, per_rank, budget),
+            speed_levers=speed_levers(configured),
         )
         if result.verdict != "fits":
             result.remedies = remedies(cfg, world, budget)

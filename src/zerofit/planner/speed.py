@@ -36,6 +36,13 @@ tokens count both sequences of every pair (tokens/s included); DPO's reference w
 no-grad forward of the base, 2 N + 4 L h s per token; a precomputed reference costs nothing per step (its
 one pass before training is not in the step time).
 
+The opt-in speed levers (issue 19) multiply the sustained rate by stated factors, never fitted from
+anything but measured runs: KERNEL_SPEED_FACTOR (train.kernels) and COMPILE_SPEED_FACTOR (train.compile)
+are 1.0 (no gain claimed) until a GPU run of this code measures them; the claims elsewhere (Liger's README
+~20% throughput, torchtune #1228 ~30% faster QLoRA with compile) are not this code's measurements. The
+planner never turns either lever on (they are not `auto` keys), so they never change which plan is chosen;
+`zerofit plan` prints the factors it assumed (`speed_levers`).
+
 Calibration (docs/platform.md, GPU measurements 2026-12-01: Llama-2-7B LoRA r16, ZeRO-2, bf16, full
 checkpointing, H200 capped at 24 GiB): micro 4 -> 8 at 1024 tokens and micro 2 -> 4 at 2048 tokens give
 the same per-token slope (1.09e-4 and 1.15e-4 s/token for 41.6 and 43.8 GFLOP/token: 380 TFLOP/s, 38.5% of
@@ -63,6 +70,9 @@ FP32_SLOWDOWN = 4.0  # fp32 matmuls (TF32 at best) against the bf16 tensor peak
 KBIT_SLOWDOWN = 1.34
 # ~10 bytes moved per element at ~30 sustained matmul FLOPs per byte of HBM bandwidth (module docstring).
 LEAN_NORM_FLOPS_PER_ELEMENT = 300.0
+# Rate multipliers of the opt-in speed levers: 1.0 = no gain claimed (not measured on this code yet).
+KERNEL_SPEED_FACTOR = {"none": 1.0, "liger": 1.0}
+COMPILE_SPEED_FACTOR = 1.0
 REFERENCE_GPU = "rtx3090"  # whose rates are used when the budget names no GPU (speeds are then relative)
 
 
@@ -121,6 +131,7 @@ def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
         rate /= FP32_SLOWDOWN
     if scn.quantization == "4bit":
         rate /= KBIT_SLOWDOWN
+    rate *= KERNEL_SPEED_FACTOR[scn.kernels] * (COMPILE_SPEED_FACTOR if scn.compile else 1.0)
     total, recompute = flops_per_token(scn)
     n_layers = model_shape(scn.model).num_layers
     micro_tokens = scn.rows * scn.seq_len  # both sequences of every pair under a preference objective
@@ -137,4 +148,18 @@ def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
         recompute_fraction=recompute / total,
         gpu=card.name,
         reference=gpu is None,
+    )
+
+
+def speed_levers(scn: Scenario) -> str | None:
+    """What the speed model assumed for the opt-in speed levers this run turns on (None: neither is on)."""
+    parts = []
+    if scn.kernels != "none":
+        parts.append(f"kernels {scn.kernels} x{KERNEL_SPEED_FACTOR[scn.kernels]:.2f}")
+    if scn.compile:
+        parts.append(f"compile x{COMPILE_SPEED_FACTOR:.2f}")
+    if not parts:
+        return None
+    return (
+        ", ".join(parts) + " on the sustained rate (1.00: not measured on this code, no gain claimed; opt-in)"
     )
