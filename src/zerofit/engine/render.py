@@ -80,6 +80,7 @@ def _common(resolved: ResolvedConfig) -> dict[str, Any]:
         "dtypes": tensor_dtypes(cfg.train.precision, cfg.distributed.strategy, lora=cfg.lora.enabled),
         "max_grad_norm": cfg.train.max_grad_norm,
         "timeout_minutes": cfg.distributed.timeout_minutes,
+        "sequence_parallel": cfg.distributed.sequence_parallel,
     }
 
 
@@ -161,7 +162,11 @@ def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
             if stage >= 2
             else "ZeRO-0/1 reduce gradients once per window, at the accumulation boundary",
         ),
-        grad_divide_factor=float(plan.dp_size),  # DeepSpeed averages gradients over the dp ranks
+        # DeepSpeed averages gradients over the dp ranks: it sums over every rank and divides by
+        # world / sequence_parallel (`_reduce_non_expert_gradients`, ZeRO's `div_(world / sp)`), which is
+        # plan.dp_size; a parameter's full gradient is the sum over its group's shards, so dp is right
+        # with Ulysses too.
+        grad_divide_factor=float(plan.dp_size),
         config=config,
         zero_stage=stage,
         offload_optimizer=offload_optimizer,

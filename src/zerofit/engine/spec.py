@@ -62,6 +62,8 @@ class EngineSpec:
     grad_divide_factor: float
     # How long a collective may wait for a peer (`distributed.timeout_minutes`), given to the process group.
     timeout_minutes: float = 30.0
+    # Ranks that share one sequence (`distributed.sequence_parallel`, Ulysses); dp = world / this.
+    sequence_parallel: int = 1
 
     @property
     def filename(self) -> str:
