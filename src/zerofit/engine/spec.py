@@ -142,7 +142,8 @@ class DeepSpeedSpec(EngineSpec):
         return self.offload_optimizer
 
     def describe_grad_sync(self) -> str:
-        if self.plan.dp_size == 1:
+        # Sequence-parallel ranks reduce too: each shard holds part of every parameter's gradient.
+        if self.plan.dp_size * self.sequence_parallel == 1:
             return super().describe_grad_sync()
         if self.zero_stage >= 2:
             return (
