@@ -16,6 +16,7 @@ process within 2e-5, and so do the steps trained after resuming on another seque
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
