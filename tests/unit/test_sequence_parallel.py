@@ -1,0 +1,107 @@
+"""Ulysses sequence parallelism's arithmetic, in process: the shards, the label shift across a cut, the
+normalizer, the batch rule with N, and the refusals (docs/contracts.md, `distributed.sequence_parallel`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from zerofit.config import load_config, resolve
+from zerofit.data import Example, collate
+from zerofit.engine import render_spec
+from zerofit.errors import ConfigError
+from zerofit.loss import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
+from zerofit.model import check_heads_before_load
+from zerofit.sequence_parallel import head_count_problem, shard_micro_batch
+from zerofit.tiny_llama import ensure_tiny_llama
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "configs" / "demo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # the demo config names its data relative to the checkout
+
+
+def _ragged_batch() -> dict[str, torch.Tensor]:
+    """Two examples of 7 and 4 tokens (prompt tokens masked), right-padded to 7."""
+    examples = [
+        Example(input_ids=[1, 5, 6, 7, 8, 9, 10], labels=[IGNORE_INDEX, IGNORE_INDEX, 6, 7, 8, 9, 10]),
+        Example(input_ids=[1, 11, 12, 13], labels=[IGNORE_INDEX, 11, 12, 13]),
+    ]
+    return collate(examples, pad_id=0)
+
+
+@pytest.mark.parametrize("sp", [2, 3, 4])
+def test_shards_partition_the_shifted_labels_and_the_tokens(sp: int) -> None:
+    batch = _ragged_batch()
+    shards = [shard_micro_batch(batch, sp, r, rows=3, pad_id=0) for r in range(sp)]
+    width = -(-7 // sp) * sp
+    for shard in shards:
+        assert {k: tuple(v.shape) for k, v in shard.items()} == dict.fromkeys(
+            ("input_ids", "attention_mask", "shift_labels", "position_ids"), (3, width // sp)
+        )
+    joined = {k: torch.cat([s[k] for s in shards], dim=1) for k in shards[0]}
+    # Position t's target is label t+1, also where t is the last position of one shard.
+    expected = torch.full((3, width), IGNORE_INDEX)
+    expected[:2, :6] = batch["labels"][:, 1:]
+    assert torch.equal(joined["shift_labels"], expected)
+    assert torch.equal(joined["input_ids"][:2, :7], batch["input_ids"])
+    assert torch.equal(joined["position_ids"], torch.arange(width).expand(3, width))  # global positions
+    # Every valid label counted exactly once in the group; padding rows and columns count nothing.
+    assert sum(count_label_tokens(*batch_labels(s)) for s in shards) == count_label_tokens(batch["labels"])
+    assert sum(int(s["attention_mask"].sum()) for s in shards) == int(batch["attention_mask"].sum())
+
+
+@pytest.mark.parametrize("impl", ["chunked", "unchunked"])
+def test_shard_token_sums_add_up_to_the_whole_sequence(impl: str) -> None:
+    """The group's shard losses (each from its own positions' logits) sum to the unsharded token sum, so
+    dividing by the global count gives the one-process loss."""
+    batch, sp = _ragged_batch(), 2
+    torch.manual_seed(0)
+    logits = torch.randn(2, 8, 17, dtype=torch.float64)  # 7 positions, padded to 8
+    whole = token_sum_loss(logits[:, :7], batch["labels"], impl)
+    parts = []
+    for r in range(sp):
+        shard = shard_micro_batch(batch, sp, r, rows=2, pad_id=0)
+        labels, shifted = batch_labels(shard)
+        parts.append(token_sum_loss(logits[:, r * 4 : (r + 1) * 4], labels, impl, shifted))
+    assert float(sum(parts)) == pytest.approx(float(whole), rel=1e-12)
+
+
+def test_the_batch_rule_counts_dp_as_world_over_n() -> None:
+    resolved = resolve(load_config(DEMO, ["distributed.sequence_parallel=2", "batch.micro_batch_size=2"]), 4)
+    assert (resolved.plan.dp_size, resolved.plan.grad_accum_steps) == (2, 4)  # 16 = 2 x 4 x dp 2
+    spec = render_spec(resolved)
+    # DeepSpeed counts its batch over world / sequence_parallel ranks and divides gradients by that.
+    assert spec.to_json()["train_batch_size"] == 16 and spec.grad_divide_factor == 2.0
+    assert spec.sequence_parallel == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world", "says"),
+    [
+        (["distributed.strategy=fsdp", "distributed.preset=null"], 2, "distributed.strategy=deepspeed"),
+        (["distributed.strategy=ddp", "distributed.preset=null"], 2, "has none"),
+        ([], 3, "must divide the world size (3 rank(s))"),
+        (["batch.micro_batch_size=null", "batch.tokens_per_micro_batch=128"], 2, "batch.micro_batch_size"),
+        (["train.objective=dpo"], 2, "train.objective = 'sft' only"),
+        (["model.attn_implementation=eager"], 2, "model.attn_implementation=sdpa"),
+    ],
+)
+def test_unsupported_combinations_are_refused(overrides: list[str], world: int, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        resolve(load_config(DEMO, ["distributed.sequence_parallel=2", *overrides]), world)
+    assert "distributed.sequence_parallel = 2" in str(err.value) and says in str(err.value)
+
+
+def test_head_counts_that_do_not_split_are_refused_before_the_weights_load() -> None:
+    assert head_count_problem(32, 8, 4) is None and head_count_problem(32, 2, 4) is None  # kv replicated
+    assert "one of [2, 4]" in (head_count_problem(4, 2, 3) or "")
+    with pytest.raises(ConfigError) as err:  # the tiny model: 4 attention heads, 2 key/value heads
+        check_heads_before_load(str(ensure_tiny_llama(0)), 3, trust_remote_code=False)
+    assert "4 attention heads and 2 key/value heads" in str(err.value)
+    check_heads_before_load(str(ensure_tiny_llama(0)), 2, trust_remote_code=False)
