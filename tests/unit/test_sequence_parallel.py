@@ -105,3 +105,49 @@ def test_head_counts_that_do_not_split_are_refused_before_the_weights_load() -> 
         check_heads_before_load(str(ensure_tiny_llama(0)), 3, trust_remote_code=False)
     assert "4 attention heads and 2 key/value heads" in str(err.value)
     check_heads_before_load(str(ensure_tiny_llama(0)), 2, trust_remote_code=False)
+
+
+# ----------------------------------------------------------------------------------------- the planner
+
+LORA_LONG = REPO / "configs" / "llama31-8b-lora-longctx-3090.yaml"
+
+
+def test_planner_shards_the_activations_and_adds_the_exchange() -> None:
+    from zerofit.planner.estimate import estimate, ulysses_buffer_bytes
+    from zerofit.planner.gpus import GPUS
+    from zerofit.planner.scenario import what_if
+    from zerofit.planner.speed import predict_speed, ulysses_transfer_s
+
+    cfg = load_config(LORA_LONG, ["data.max_seq_len=16384", "batch.global_batch_size=4"])
+    one, two = what_if(cfg, 1), what_if(cfg, 2, ["distributed.sequence_parallel=2"])
+    assert (two.sequence_parallel, two.dp_size, two.zero_ranks, two.shard_seq_len) == (2, 1, 2, 8192)
+    half = estimate(one.with_levers(seq_len=8192))
+    sharded = estimate(two)
+    acts = {k: v for k, v in sharded.breakdown.items() if k.startswith("activations:")}
+    exchange = [v for k, v in acts.items() if "Ulysses all-to-all" in k]
+    assert exchange and exchange[0] * 2**30 == pytest.approx(ulysses_buffer_bytes(two))
+    # The rank's activations are those of its 8k-token shard, plus the exchange's buffers.
+    half_acts = sum(v for k, v in half.breakdown.items() if k.startswith("activations:"))
+    assert sum(acts.values()) == pytest.approx(half_acts + exchange[0], rel=1e-6)
+    # The all-to-alls cost time, less over NVLink than over PCIe; none without sequence parallelism.
+    assert ulysses_transfer_s(one, GPUS["rtx3090"]) == 0.0
+    assert ulysses_transfer_s(two, GPUS["h200"]) < ulysses_transfer_s(two, GPUS["rtx3090"])
+    rtx = predict_speed(two, GPUS["rtx3090"])
+    no_comm = predict_speed(two, GPUS["rtx3090"]).step_time_s - ulysses_transfer_s(two, GPUS["rtx3090"])
+    assert rtx.step_time_s > no_comm > 0
+
+
+def test_max_context_grows_with_two_and_four_cards() -> None:
+    from zerofit.planner.context import max_context
+    from zerofit.planner.search import resolve_budget
+
+    reached = {}
+    for sp in (1, 2, 4):
+        cfg = load_config(LORA_LONG, [f"distributed.sequence_parallel={sp}"])
+        budget = resolve_budget(cfg, gpu="rtx3090", detect=False)
+        assert budget is not None
+        found = max_context(cfg, sp, budget)
+        assert found.tokens is not None
+        reached[sp] = found.memory_tokens
+    assert reached[2] > 1.5 * reached[1] and reached[4] > 1.5 * reached[2], reached
+    assert any("sequence parallelism 4" in line for line in found.assumptions)
