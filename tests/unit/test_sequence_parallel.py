@@ -151,3 +151,17 @@ def test_max_context_grows_with_two_and_four_cards() -> None:
         reached[sp] = found.memory_tokens
     assert reached[2] > 1.5 * reached[1] and reached[4] > 1.5 * reached[2], reached
     assert any("sequence parallelism 4" in line for line in found.assumptions)
+
+
+def test_a_sequence_parallel_checkpoint_resumes_only_on_its_world_size(tmp_path: Path) -> None:
+    from zerofit.checkpoint.resume import _check_sequence_parallel_world
+    from zerofit.errors import ResumeError
+
+    saved = resolve(load_config(DEMO, ["distributed.sequence_parallel=2"]), 2).config.model_dump(mode="json")
+    manifest = {"world_size": 2, "config": saved}
+    for world, sp in ((2, 1), (2, 2)):  # another N (and dp) on the same ranks: DeepSpeed loads it directly
+        _check_sequence_parallel_world(
+            tmp_path, manifest, resolve(load_config(DEMO, [f"distributed.sequence_parallel={sp}"]), world)
+        )
+    with pytest.raises(ResumeError, match="resumes on the same number of ranks"):
+        _check_sequence_parallel_world(tmp_path, manifest, resolve(load_config(DEMO), 1))
