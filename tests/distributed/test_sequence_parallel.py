@@ -4,7 +4,8 @@ A tiny Llama (4 attention heads, 2 key/value heads), full fine-tuning in fp32, r
 tokens), global batch 8, as
 
     one process, micro 8                                      (the reference)
-    DeepSpeed ZeRO-2 on 2 ranks gloo, distributed.sequence_parallel=2, micro 4 x accum 2 x dp 1
+    DeepSpeed ZeRO-3 on 2 ranks gloo, distributed.sequence_parallel=2, micro 4 x accum 2 x dp 1, every
+    layer checkpointed
     that run's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2 x dp 2
 
 Every sequence of the SP run is sharded over both ranks, attention through DeepSpeed's all-to-all
@@ -32,8 +33,15 @@ from launch_helpers import (
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS, TOL = 4, 2e-5
-SP2 = ("distributed.preset=zero2", "distributed.sequence_parallel=2", "batch.micro_batch_size=4")
-RESUMED = ("distributed.preset=zero2", "batch.micro_batch_size=2", "checkpoint.resume=true")
+# ZeRO-3 (its reduce-scatter divides by the world, not dp: `render._deepspeed_divide_factor`), every layer
+# checkpointed (the recomputation runs the all-to-alls again).
+SP2 = (
+    "distributed.preset=zero3",
+    "distributed.sequence_parallel=2",
+    "batch.micro_batch_size=4",
+    "train.activation_checkpointing=true",
+)
+RESUMED = ("distributed.preset=zero3", "batch.micro_batch_size=2", "checkpoint.resume=true")
 
 
 @pytest.fixture(scope="module")

@@ -165,3 +165,26 @@ def test_a_sequence_parallel_checkpoint_resumes_only_on_its_world_size(tmp_path:
         )
     with pytest.raises(ResumeError, match="resumes on the same number of ranks"):
         _check_sequence_parallel_world(tmp_path, manifest, resolve(load_config(DEMO), 1))
+
+
+@pytest.mark.parametrize(
+    ("preset", "factor"), [("zero0", 2.0), ("zero1", 2.0), ("zero2", 2.0), ("zero3", 4.0)]
+)
+def test_the_divide_factor_is_what_deepspeed_divides_by(preset: str, factor: float) -> None:
+    """dp = 2 on 4 ranks with N = 2: ZeRO-0/1/2 divide by world / N, ZeRO-3's reduce-scatter by the world."""
+    overrides = [
+        "distributed.sequence_parallel=2",
+        f"distributed.preset={preset}",
+        "batch.micro_batch_size=2",
+    ]
+    assert render_spec(resolve(load_config(DEMO, overrides), 4)).grad_divide_factor == factor
+    plain = ["distributed.sequence_parallel=1", f"distributed.preset={preset}", "batch.micro_batch_size=2"]
+    assert render_spec(resolve(load_config(DEMO, plain), 4)).grad_divide_factor == 4.0  # dp 4 = world
+
+
+def test_zero3_without_reduce_scatter_is_refused(tmp_path: Path) -> None:
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"stage": 3, "reduce_scatter": false}}')
+    overrides = ["distributed.sequence_parallel=2", f"distributed.ds_config={ds}", "distributed.preset=null"]
+    with pytest.raises(ConfigError, match=r"needs zero_optimization\.reduce_scatter = true"):
+        render_spec(resolve(load_config(DEMO, overrides), 2))
