@@ -21,10 +21,13 @@ rank a different dataloader sample in turn: zerofit's sampler and token normaliz
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
-from zerofit.loss import IGNORE_INDEX, SHIFTED_LABELS
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the shard functions: the head-count rule is also checked while a config
+# resolves (`config.resolve`), which stays torch-free.
 
 __all__ = ["head_count_problem", "shard_micro_batch"]
 
@@ -46,6 +49,8 @@ def head_count_problem(heads: int, kv_heads: int, sp: int) -> str | None:
 
 def _pad_to(tensor: torch.Tensor, rows: int, width: int, value: int) -> torch.Tensor:
     """`tensor` [r, w] right-padded with `value` to [rows, width]."""
+    import torch.nn.functional as F
+
     return F.pad(tensor, (0, width - tensor.shape[1], 0, rows - tensor.shape[0]), value=value)
 
 
@@ -55,6 +60,10 @@ def shard_micro_batch(
     """This rank's shard of a collated (right-padded, `zerofit.data.collate`) micro-batch: input_ids,
     position_ids, attention_mask (only counted, never given to the model) and the shifted labels of
     positions [sp_rank * C, (sp_rank + 1) * C), C = the padded length / sp."""
+    import torch
+
+    from zerofit.loss import IGNORE_INDEX, SHIFTED_LABELS
+
     seq = batch["input_ids"].shape[1]
     width = -(-seq // sp) * sp
     rows = max(rows, batch["input_ids"].shape[0])

@@ -101,6 +101,9 @@ def test_unsupported_combinations_are_refused(overrides: list[str], world: int, 
 def test_head_counts_that_do_not_split_are_refused_before_the_weights_load() -> None:
     assert head_count_problem(32, 8, 4) is None and head_count_problem(32, 2, 4) is None  # kv replicated
     assert "one of [2, 4]" in (head_count_problem(4, 2, 3) or "")
+    # A catalogued model (tiny-llama: 4 heads) is refused while the config resolves (`zerofit plan` too).
+    with pytest.raises(ConfigError, match="4 attention heads and 2 key/value heads"):
+        resolve(load_config(DEMO, ["distributed.sequence_parallel=3", "batch.global_batch_size=12"]), 3)
     with pytest.raises(ConfigError) as err:  # the tiny model: 4 attention heads, 2 key/value heads
         check_heads_before_load(str(ensure_tiny_llama(0)), 3, trust_remote_code=False)
     assert "4 attention heads and 2 key/value heads" in str(err.value)

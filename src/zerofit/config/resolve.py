@@ -513,11 +513,31 @@ def _check_sequence_parallel(problems: list[str], cfg: ZerofitConfig, world_size
             f"{key} supports train.objective = 'sft' only (a pair's rows would be cut across ranks), not "
             f"{cfg.train.objective!r}; set distributed.sequence_parallel=1 for preference training"
         )
+    heads = _head_count_problem(cfg.model.name_or_path, sp)
+    if heads is not None:
+        problems.append(heads)
     if cfg.model.attn_implementation == "eager":
         problems.append(
             f"{key} runs attention on the whole sequence after DeepSpeed's all-to-all, which needs "
             "model.attn_implementation = 'sdpa' (eager builds a full 4-D mask); set model.attn_implementation=sdpa"
         )
+
+
+def _head_count_problem(model: str, sp: int) -> str | None:
+    """The head-count rule (`sequence_parallel.head_count_problem`) for a catalogued model or a local
+    folder, read without network; any other model is checked from its config before its weights load
+    (`model.check_heads_before_load`)."""
+    from zerofit.catalogue import CATALOGUE, model_config_dict
+    from zerofit.sequence_parallel import head_count_problem
+
+    if model not in CATALOGUE and not (Path(model) / "config.json").is_file():
+        return None
+    config = model_config_dict(model)
+    config = config.get("text_config") or config
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    return head_count_problem(heads, int(config.get("num_key_value_heads") or heads), sp)
 
 
 def _check_preset(problems: list[str], preset_name: str | None, strategy: str) -> None:
