@@ -220,7 +220,8 @@ def copy_as_interrupted(src: Path, dst: Path, stopped_at: int, last_step: int) -
     """A copy of run directory `src` as if the run had stopped right after its step-`stopped_at` checkpoint."""
     shutil.copytree(src, dst)
     shutil.rmtree(dst / "checkpoints" / f"step-{last_step}")
-    shutil.rmtree(dst / "adapter")
+    for export in ("adapter", "model"):  # LoRA's or full fine-tuning's final export
+        shutil.rmtree(dst / export, ignore_errors=True)
     rows = (src / "metrics.jsonl").read_text().splitlines()[:stopped_at]
     (dst / "metrics.jsonl").write_text("\n".join(rows) + "\n")
 

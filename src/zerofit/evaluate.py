@@ -27,11 +27,12 @@ from typing import Any
 
 import torch
 
-from zerofit.data import Example, collate, split_global_batch
+from zerofit.data import Example, collate, model_inputs, split_global_batch
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
-from zerofit.loss import count_label_tokens
+from zerofit.loss import batch_labels, count_label_tokens
 from zerofit.preference import Objective, means_of
+from zerofit.sequence_parallel import shard_micro_batch
 from zerofit.strategies.base import Strategy
 
 __all__ = ["EvalResult", "Evaluator", "evaluation_loss", "preference_evaluation"]
@@ -61,7 +62,8 @@ def evaluation_loss(
     would write gradients that no evaluation needs).
     """
     impl = FUSED_LINEAR if cross_entropy == FUSED_LINEAR else "chunked"
-    dp, rank = strategy.world_size, strategy.rank
+    # Sequence parallelism: a group's ranks evaluate the same examples, each its shard of every sequence.
+    dp, rank = strategy.dp_world_size, strategy.dp_rank
     window = micro_batch_size * dp
     was_training = model.training
     model.eval()
@@ -72,16 +74,14 @@ def evaluation_loss(
             for start in range(0, len(examples), window):
                 indices = list(range(start, min(start + window, len(examples))))
                 (mine,) = split_global_batch(indices, micro_batch_size, 1, dp, rank)
-                batch = collate([examples[i] for i in mine], pad_id)
+                batch = _eval_batch(strategy, [examples[i] for i in mine], micro_batch_size, pad_id)
+                labels, shifted = batch_labels(batch)
                 # The training forward's context (autocast where the engine uses it); `is_last` so no engine
                 # defers anything: without gradients there is nothing to synchronize.
                 with strategy.accumulate(is_last=True):
-                    inputs = {
-                        "input_ids": batch["input_ids"].to(strategy.device),
-                        "attention_mask": batch["attention_mask"].to(strategy.device),
-                    }
-                    loss_sum += forward_token_sum(model, inputs, batch["labels"], impl).double()
-                tokens += count_label_tokens(batch["labels"])
+                    inputs = model_inputs(batch, strategy.device)
+                    loss_sum += forward_token_sum(model, inputs, labels, impl, shifted).double()
+                tokens += count_label_tokens(labels, shifted)
     finally:
         model.train(was_training)
     # One all-reduce of (loss sum, tokens): float64 holds token counts exactly far beyond any eval set.
@@ -90,6 +90,16 @@ def evaluation_loss(
     return EvalResult(
         loss=total_loss / max(total_tokens, 1.0), tokens=int(total_tokens), examples=len(examples)
     )
+
+
+def _eval_batch(
+    strategy: Strategy, examples: list[Example], micro_batch_size: int, pad_id: int
+) -> dict[str, torch.Tensor]:
+    """A collated eval micro-batch, or this rank's shard of it under sequence parallelism."""
+    batch = collate(examples, pad_id)
+    if strategy.sp_size == 1:
+        return batch
+    return shard_micro_batch(batch, strategy.sp_size, strategy.sp_rank, micro_batch_size, pad_id)
 
 
 def preference_evaluation(
@@ -103,7 +113,8 @@ def preference_evaluation(
 ) -> dict[str, Any]:
     """`eval/loss` and `eval/<metric>` of `objective` over every pair of `pairs` (collective, exact over ranks)."""
     impl = FUSED_LINEAR if cross_entropy == FUSED_LINEAR else "chunked"
-    dp, rank = strategy.world_size, strategy.rank
+    # Sequence parallelism: a group's ranks evaluate the same examples, each its shard of every sequence.
+    dp, rank = strategy.dp_world_size, strategy.dp_rank
     window = micro_batch_size * dp
     was_training = model.training
     model.eval()

@@ -341,12 +341,13 @@ def _fused_state(model: torch.nn.Module) -> FusedHead:
 
 @contextmanager
 def fused_targets(
-    model: torch.nn.Module, labels: torch.Tensor, per_token: bool = False
+    model: torch.nn.Module, labels: torch.Tensor, per_token: bool = False, shifted: bool = False
 ) -> Iterator[FusedHead]:
     """Within it, the next forward of `model`'s fused lm_head returns the token-sum loss of `labels`
-    (unshifted, HF-style) instead of logits (`per_token`: the per-token losses, flattened)."""
+    (unshifted, HF-style, unless `shifted`) instead of logits (`per_token`: the per-token losses, flattened)."""
     state = _fused_state(model)
-    state.targets, state.returned, state.per_token = shifted_targets(labels), None, per_token
+    targets = shifted_targets(labels, shifted)
+    state.targets, state.returned, state.per_token = targets, None, per_token
     try:
         yield state
     finally:
@@ -355,13 +356,18 @@ def fused_targets(
 
 
 def forward_token_sum(
-    model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, impl: str
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    labels: torch.Tensor,
+    impl: str,
+    shifted: bool = False,
 ) -> torch.Tensor:
     """One forward of `model` on `inputs` and its token-sum loss over `labels` (`zerofit.loss`), by
-    `train.cross_entropy`: `fused_linear` inside lm_head (no logits), anything else from the logits."""
+    `train.cross_entropy`: `fused_linear` inside lm_head (no logits), anything else from the logits
+    (`shifted`: a sequence-parallel shard's targets, `zerofit.loss.batch_labels`)."""
     if impl != FUSED_LINEAR:
-        return token_sum_loss(model(**inputs, use_cache=False).logits, labels, impl)
-    with fused_targets(model, labels) as head:
+        return token_sum_loss(model(**inputs, use_cache=False).logits, labels, impl, shifted)
+    with fused_targets(model, labels, shifted=shifted) as head:
         return head.loss_from(model(**inputs, use_cache=False).logits)
 
 

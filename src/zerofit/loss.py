@@ -31,6 +31,8 @@ import torch.nn.functional as F
 __all__ = [
     "CROSS_ENTROPY_IMPLS",
     "IGNORE_INDEX",
+    "SHIFTED_LABELS",
+    "batch_labels",
     "chunk_tokens",
     "chunked_token_sum_loss",
     "count_label_tokens",
@@ -47,10 +49,22 @@ CROSS_ENTROPY_IMPLS = ("chunked", "unchunked", "liger")
 CHUNK_FP32_BYTES = 2**27
 
 
-def count_label_tokens(labels: torch.Tensor) -> int:
+# A sequence-parallel shard's key (`zerofit.sequence_parallel`): its targets, shifted before the sequence
+# was cut, so the last position of a shard predicts the first token of the next one.
+SHIFTED_LABELS = "shift_labels"
+
+
+def batch_labels(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    """A micro-batch's labels and whether they are already shifted (a sequence-parallel shard's targets)."""
+    if SHIFTED_LABELS in batch:
+        return batch[SHIFTED_LABELS], True
+    return batch["labels"], False
+
+
+def count_label_tokens(labels: torch.Tensor, shifted: bool = False) -> int:
     """Valid label tokens of a batch: positions 1.. whose label is not IGNORE_INDEX (position 0 predicts
-    nothing)."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+    nothing); every position of already `shifted` targets."""
+    return int(((labels if shifted else labels[:, 1:]) != IGNORE_INDEX).sum())
 
 
 def chunk_tokens(vocab_size: int) -> int:
@@ -58,12 +72,15 @@ def chunk_tokens(vocab_size: int) -> int:
     return max(1, CHUNK_FP32_BYTES // (4 * vocab_size))
 
 
-def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
-    """The target of every position, flattened: label t+1 at position t, IGNORE_INDEX at each row's end.
+def shifted_targets(labels: torch.Tensor, shifted: bool = False) -> torch.Tensor:
+    """The target of every position, flattened: label t+1 at position t, IGNORE_INDEX at each row's end
+    (`shifted`: the labels already are those targets, a sequence-parallel shard's).
 
     Shifting the labels instead of the logits keeps the logits a free `view(-1, vocab)` (slicing off the
     last position would copy all of them); the last position's gradient is simply zero.
     """
+    if shifted:
+        return labels.reshape(-1)
     targets = torch.full_like(labels, IGNORE_INDEX)
     targets[:, :-1] = labels[:, 1:]
     return targets.reshape(-1)
@@ -123,12 +140,12 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
 
 
 def chunked_token_sum_loss(
-    logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None
+    logits: torch.Tensor, labels: torch.Tensor, chunk: int | None = None, shifted: bool = False
 ) -> torch.Tensor:
     """`token_sum_loss` with the chunked custom autograd function (see the module docstring)."""
     vocab = logits.size(-1)
     flat = logits.reshape(-1, vocab)  # a view: the model's logits are contiguous
-    targets = shifted_targets(labels.to(logits.device))
+    targets = shifted_targets(labels.to(logits.device), shifted)
     return _ChunkedCrossEntropySum.apply(flat, targets, chunk or chunk_tokens(vocab))
 
 
@@ -163,17 +180,20 @@ def liger_available() -> bool:
     return True
 
 
-def _liger_token_sum_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _liger_token_sum_loss(logits: torch.Tensor, labels: torch.Tensor, shifted: bool) -> torch.Tensor:
     from liger_kernel.transformers import LigerCrossEntropyLoss
 
     vocab = logits.size(-1)
-    targets = shifted_targets(labels.to(logits.device))
+    targets = shifted_targets(labels.to(logits.device), shifted)
     loss = LigerCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
     return loss(logits.reshape(-1, vocab), targets).float()
 
 
-def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chunked") -> torch.Tensor:
-    """Sum (not mean) of next-token cross-entropy over valid labels, in fp32.
+def token_sum_loss(
+    logits: torch.Tensor, labels: torch.Tensor, impl: str = "chunked", shifted: bool = False
+) -> torch.Tensor:
+    """Sum (not mean) of next-token cross-entropy over valid labels, in fp32 (`shifted`: `labels` are
+    already the targets of every position, a sequence-parallel shard's).
 
     `impl` is `train.cross_entropy` (chunked, unchunked or liger: the same sum). A batch with no valid
     label gives a zero sum that still carries a graph, so every rank runs the same backward. The count that
@@ -181,9 +201,9 @@ def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chun
     micro-step).
     """
     if impl == "chunked":
-        return chunked_token_sum_loss(logits, labels)
+        return chunked_token_sum_loss(logits, labels, shifted=shifted)
     if impl == "liger":
-        return _liger_token_sum_loss(logits, labels)
+        return _liger_token_sum_loss(logits, labels, shifted)
     if impl == "fused_linear":
         raise ValueError(
             "train.cross_entropy=fused_linear computes the loss inside lm_head, from the hidden states, not "
@@ -193,6 +213,6 @@ def token_sum_loss(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chun
         raise ValueError(
             f"unknown cross-entropy implementation {impl!r}; expected one of {CROSS_ENTROPY_IMPLS}"
         )
-    shift_logits = logits[:, :-1, :].float().reshape(-1, logits.size(-1))
-    shift_labels = labels[:, 1:].reshape(-1).to(shift_logits.device)
-    return F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    flat = logits.float().reshape(-1, logits.size(-1))
+    targets = shifted_targets(labels.to(flat.device), shifted)
+    return F.cross_entropy(flat, targets, ignore_index=IGNORE_INDEX, reduction="sum")

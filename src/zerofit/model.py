@@ -35,6 +35,7 @@ from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
+from zerofit.sequence_parallel import head_count_problem
 from zerofit.tiling import enable_tiled_mlp, tiled_mlp_shards
 from zerofit.tiny_llama import ensure_tiny_llama
 
@@ -157,6 +158,18 @@ def check_kernels_before_load(path: str, kernels: str) -> None:
     )
     if problems:
         raise ConfigError(problems)
+
+
+def check_heads_before_load(path: str, sp: int, trust_remote_code: bool) -> None:
+    """`distributed.sequence_parallel`: refuse a model whose attention / key-value head counts cannot be
+    split over `sp` ranks (`sequence_parallel.head_count_problem`), from its config alone (no weights)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).get_text_config()
+    heads = int(config.num_attention_heads)
+    problem = head_count_problem(heads, int(getattr(config, "num_key_value_heads", None) or heads), sp)
+    if problem is not None:
+        raise ConfigError([problem])
 
 
 def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -> None:
@@ -295,6 +308,8 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     if cfg.train.lean_norm is True:
         check_lean_norm_before_load(path)
     check_kernels_before_load(path, cfg.train.kernels)
+    if cfg.distributed.sequence_parallel > 1:
+        check_heads_before_load(path, cfg.distributed.sequence_parallel, cfg.model.trust_remote_code)
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, cfg.lora.target_modules)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)

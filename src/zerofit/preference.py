@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from zerofit.fused_loss import forward_token_losses, forward_token_sum
-from zerofit.loss import IGNORE_INDEX, count_label_tokens
+from zerofit.loss import IGNORE_INDEX, batch_labels, count_label_tokens
 
 __all__ = [
     "METRICS",
@@ -90,13 +90,14 @@ class SFTObjective:
 
     def counts(self, micro_batches: list[Batch]) -> list[int]:
         """Valid label tokens of this rank's micro-batches."""
-        return [sum(count_label_tokens(b["labels"]) for b in micro_batches)]
+        return [sum(count_label_tokens(*batch_labels(b)) for b in micro_batches)]
 
     def terms(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], batch: Batch, impl: str
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The micro-batch's token-loss sum (`zerofit.fused_loss.forward_token_sum`); no metrics."""
-        loss_sum = forward_token_sum(model, inputs, batch["labels"], impl)
+        labels, shifted = batch_labels(batch)  # a sequence-parallel shard's are shifted already
+        loss_sum = forward_token_sum(model, inputs, labels, impl, shifted)
         return [loss_sum], loss_sum.new_zeros(0, dtype=torch.float64)
 
 

@@ -31,9 +31,10 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     lr = f"{run_plan.effective_lr:.3g}"
     if o.lr_scaling != "none":
         lr += f" (= {o.lr:.3g} x {o.lr_scaling} scaling, global {plan.global_batch_size} vs base {o.base_batch_size})"
+    ranks = plan.dp_size * spec.sequence_parallel  # every rank, sequence-parallel ones too
     lines = [
         "zerofit plan",
-        f"  batch        {plan.describe()}",
+        f"  batch        {plan.describe()}{describe_sequence_parallel(spec.sequence_parallel)}",
         f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}",
         f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
         f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
@@ -47,12 +48,12 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
         f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
         f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
-        f"  timeout      {describe_timeout(cfg, plan.dp_size)}",
+        f"  timeout      {describe_timeout(cfg, ranks)}",
         f"  run dir      {run_plan.run_dir}",
     ]
-    if plan.dp_size > 1:
+    if ranks > 1:
         lines.append(
-            f"  storage      output_dir {cfg.output_dir!r} is shared by all {plan.dp_size} ranks (checked): each "
+            f"  storage      output_dir {cfg.output_dir!r} is shared by all {ranks} ranks (checked): each "
             "writes its part of every checkpoint there, so on several nodes it must be a shared filesystem"
         )
     lines += [f"  note         {note}" for note in run_plan.notes]
@@ -104,6 +105,13 @@ def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool) -> str:
     if c.keep_best and has_eval:
         keep += " + best eval/loss (saved at each new best)"
     return f"{' and '.join(when)} (and when stopped), {keep}"
+
+
+def describe_sequence_parallel(sp: int) -> str:
+    """The batch line's tail under Ulysses sequence parallelism (empty without it)."""
+    if sp == 1:
+        return ""
+    return f"; sequence parallel {sp}: each sequence sharded over {sp} ranks (Ulysses all-to-all attention)"
 
 
 def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:

@@ -40,11 +40,12 @@ from zerofit.data import (
 )
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.errors import ConfigError
-from zerofit.loss import count_label_tokens
+from zerofit.loss import batch_labels, count_label_tokens
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
 from zerofit.preference import Objective, SFTObjective, means_of
+from zerofit.sequence_parallel import shard_micro_batch
 from zerofit.signals import StopSignal
 from zerofit.strategies.base import Strategy
 
@@ -85,7 +86,7 @@ def train_step(
     local = torch.tensor(
         [
             *objective.counts(micro_batches),
-            sum(count_label_tokens(b["labels"]) for b in micro_batches),
+            sum(count_label_tokens(*batch_labels(b)) for b in micro_batches),
             sum(int(b["attention_mask"].sum()) for b in micro_batches),
             sum(b["input_ids"].numel() for b in micro_batches),
         ],
@@ -199,7 +200,8 @@ def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch
     the rank that needs the most (at most `grad_accum_steps`).
     """
     indices = run.sampler.batch_indices(step)
-    p, rank = run.plan, run.strategy.rank
+    # The data-parallel rank: every rank of a sequence-parallel group gets its group's examples.
+    p, rank = run.plan, run.strategy.dp_rank
     if run.examples and isinstance(run.examples[0], PreferencePair):
         # Pairs: micro_batch_size pairs (2 x that many rows) per micro-batch; a pair is never split.
         if run.packed_row_tokens is not None:
@@ -210,7 +212,8 @@ def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch
     examples: list[Any] = run.examples
     if run.packed_row_tokens is None:
         mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank)
-        return [collate([examples[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+        batches = [collate([examples[i] for i in idx], run.pad_id) for idx in mine]
+        return [_sequence_shard(run, b) for b in batches], len(indices)
     lengths = {i: len(examples[i].input_ids) for i in indices}
     packed = packed_micro_batches(
         indices, lengths, p.micro_batch_size, run.packed_row_tokens, p.dp_size, rank
@@ -219,6 +222,14 @@ def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch
         collate_packed([[examples[i] for i in row] for row in rows], run.pad_id) for rows in packed
     ]
     return micro_batches, len(indices)
+
+
+def _sequence_shard(run: LoopInputs, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """This rank's shard of its group's micro-batch under sequence parallelism (the batch itself without)."""
+    s = run.strategy
+    if s.sp_size == 1:
+        return batch
+    return shard_micro_batch(batch, s.sp_size, s.sp_rank, run.plan.micro_batch_size, run.pad_id)
 
 
 def step_metrics(
@@ -239,7 +250,7 @@ def step_metrics(
             processed_tokens=result.processed_tokens,
             flops_per_token=run.flops_per_token,
             device=run.strategy.device,
-            world_size=run.plan.dp_size,
+            world_size=run.strategy.world_size,  # every device, sequence-parallel ones too
             precision=run.precision,
         ),
         "micro_batch_size": run.plan.micro_batch_size,

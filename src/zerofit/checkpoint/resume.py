@@ -276,6 +276,25 @@ def _refusal(folder: Path, refused: dict[str, str]) -> ResumeError:
     )
 
 
+def _check_sequence_parallel_world(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+    """A checkpoint saved with `distributed.sequence_parallel` > 1 resumes on its own world size (any N
+    that divides it): DeepSpeed 0.19.8 records its sequence-parallel size as the tensor-parallel degree
+    of the checkpoint (the Ulysses mpu aliases one to the other), and its universal-checkpoint converter,
+    which a change of world size needs, then refuses the checkpoint's single model-state file."""
+    saved_world = int(manifest.get("world_size", resolved.world_size))
+    saved_sp = int(_saved_config(manifest).get("distributed.sequence_parallel", 1) or 1)
+    if saved_sp == 1 or saved_world == resolved.world_size:
+        return
+    raise ResumeError(
+        f"checkpoint.resume: {folder} was saved with distributed.sequence_parallel = {saved_sp} on "
+        f"{saved_world} rank(s), and this launch has {resolved.world_size}; a sequence-parallel checkpoint "
+        f"resumes on the same number of ranks (DeepSpeed cannot re-partition it to another world size: its "
+        f"universal-checkpoint converter reads the sequence-parallel size as tensor parallelism). Launch "
+        f"{saved_world} rank(s), with any distributed.sequence_parallel that divides {saved_world} (1 "
+        "included), or start a new run (checkpoint.resume=false)"
+    )
+
+
 def _elastic_note(manifest: dict[str, Any], resolved: ResolvedConfig) -> str | None:
     saved = int(manifest.get("world_size", resolved.world_size))
     if saved == resolved.world_size:
@@ -318,6 +337,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
         if max_steps is not None:
             _check_step(folder, int(manifest["step"]), max_steps)
         _check_pickles(folder, resolved.config.checkpoint.trust_pickles)
+        _check_sequence_parallel_world(folder, manifest, resolved)
         fallbacks = [
             f"{bad.name} is damaged ({'; '.join(why[:2])}{'; ...' if len(why) > 2 else ''}): resuming from "
             f"{folder.name}, the newest checkpoint that verifies"

@@ -247,7 +247,8 @@ def _check_batch(
     if micro == "auto":
         return None
     try:
-        return solve_batch(world_size, b.global_batch_size, micro, b.grad_accum_steps)  # type: ignore[arg-type]
+        dp = data_parallel_size(cfg, world_size)
+        return solve_batch(dp, b.global_batch_size, micro, b.grad_accum_steps)  # type: ignore[arg-type]
     except BatchConfigError as exc:
         problems.append(_batch_problem(cfg, exc))
         return None
@@ -269,7 +270,8 @@ def _choose(
     if plan is not None:
         return plan, choice
     try:
-        return solve_batch(world_size, cfg.batch.global_batch_size, choice.micro_batch_size, None), choice
+        dp = data_parallel_size(cfg, world_size)
+        return solve_batch(dp, cfg.batch.global_batch_size, choice.micro_batch_size, None), choice
     except BatchConfigError as exc:
         raise ConfigError([_batch_problem(cfg, exc)]) from None
 
@@ -474,6 +476,68 @@ def _check_engine(problems: list[str], cfg: ZerofitConfig, world_size: int) -> N
             )
         elif not Path(ds_config).is_file():
             problems.append(f"distributed.ds_config = {ds_config!r}: file does not exist")
+
+
+def data_parallel_size(cfg: ZerofitConfig, world_size: int) -> int:
+    """Data-parallel ranks: the world, over the ranks that share one sequence (`distributed.sequence_parallel`;
+    a size that does not divide the world is refused by `_check_sequence_parallel`, and counts as 1 here)."""
+    sp = cfg.distributed.sequence_parallel
+    return world_size // sp if sp > 0 and world_size % sp == 0 else world_size
+
+
+def _check_sequence_parallel(problems: list[str], cfg: ZerofitConfig, world_size: int) -> None:
+    """`distributed.sequence_parallel` > 1: DeepSpeed only, dividing the world size, SFT on padded
+    micro-batches (the head counts are checked against the model's config before its weights load)."""
+    sp, d = cfg.distributed.sequence_parallel, cfg.distributed
+    if sp <= 1:
+        return
+    key = f"distributed.sequence_parallel = {sp}"
+    if d.strategy != "deepspeed":
+        problems.append(
+            f"{key} needs DeepSpeed's Ulysses all-to-all attention, and distributed.strategy = "
+            f"{d.strategy!r} has none; set distributed.strategy=deepspeed, or distributed.sequence_parallel=1"
+        )
+    if world_size % sp:
+        problems.append(
+            f"{key} must divide the world size ({world_size} rank(s)): each group of {sp} ranks shares one "
+            f"sequence; launch a multiple of {sp} ranks, or set distributed.sequence_parallel to a divisor "
+            f"of {world_size}"
+        )
+    if cfg.batch.tokens_per_micro_batch is not None:
+        problems.append(
+            f"{key} shards padded micro-batches, and batch.tokens_per_micro_batch packs documents into "
+            "rows, which zerofit does not shard across ranks yet; set batch.micro_batch_size instead"
+        )
+    if cfg.train.objective != "sft":
+        problems.append(
+            f"{key} supports train.objective = 'sft' only (a pair's rows would be cut across ranks), not "
+            f"{cfg.train.objective!r}; set distributed.sequence_parallel=1 for preference training"
+        )
+    heads = _head_count_problem(cfg.model.name_or_path, sp)
+    if heads is not None:
+        problems.append(heads)
+    if cfg.model.attn_implementation == "eager":
+        problems.append(
+            f"{key} runs attention on the whole sequence after DeepSpeed's all-to-all, which needs "
+            "model.attn_implementation = 'sdpa' (eager builds a full 4-D mask); set model.attn_implementation=sdpa"
+        )
+
+
+def _head_count_problem(model: str, sp: int) -> str | None:
+    """The head-count rule (`sequence_parallel.head_count_problem`) for a catalogued model or a local
+    folder, read without network; any other model is checked from its config before its weights load
+    (`model.check_heads_before_load`)."""
+    from zerofit.catalogue import CATALOGUE, model_config_dict
+    from zerofit.sequence_parallel import head_count_problem
+
+    if model not in CATALOGUE and not (Path(model) / "config.json").is_file():
+        return None
+    config = model_config_dict(model)
+    config = config.get("text_config") or config
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    return head_count_problem(heads, int(config.get("num_key_value_heads") or heads), sp)
 
 
 def _check_preset(problems: list[str], preset_name: str | None, strategy: str) -> None:
@@ -720,6 +784,7 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     problems: list[str] = []
     notes = _settle_engine(cfg)
     _check_engine(problems, cfg, world_size)
+    _check_sequence_parallel(problems, cfg, world_size)
     plan = _check_batch(cfg, world_size, choose_plan, problems)
     _check_training(problems, cfg)
     _check_length(problems, cfg)

@@ -100,6 +100,12 @@ class DistributedSection(_Section):
         description="Process-group timeout: how long a collective may wait for a peer before the run fails "
         "(zerofit's own rank-0-only work, tokenizing, verifying, exporting, waits without it).",
     )
+    sequence_parallel: Annotated[int, RuleHint("1 = off; e.g. 2 or 4, dividing the world size")] = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism (DeepSpeed only): each sequence is sharded across this "
+        "many ranks, attention runs through DeepSpeed's all-to-all; the data-parallel size is world / N.",
+    )
 
 
 class EarlyStoppingSection(_Section):

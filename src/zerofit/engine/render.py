@@ -80,6 +80,7 @@ def _common(resolved: ResolvedConfig) -> dict[str, Any]:
         "dtypes": tensor_dtypes(cfg.train.precision, cfg.distributed.strategy, lora=cfg.lora.enabled),
         "max_grad_norm": cfg.train.max_grad_norm,
         "timeout_minutes": cfg.distributed.timeout_minutes,
+        "sequence_parallel": cfg.distributed.sequence_parallel,
     }
 
 
@@ -161,7 +162,9 @@ def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
             if stage >= 2
             else "ZeRO-0/1 reduce gradients once per window, at the accumulation boundary",
         ),
-        grad_divide_factor=float(plan.dp_size),  # DeepSpeed averages gradients over the dp ranks
+        grad_divide_factor=_deepspeed_divide_factor(
+            plan.dp_size, cfg.distributed.sequence_parallel, stage, zero
+        ),
         config=config,
         zero_stage=stage,
         offload_optimizer=offload_optimizer,
@@ -170,6 +173,31 @@ def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
         user_file=user_file,
         engine_scheduler=_scheduler_type(config),
     )
+
+
+def _deepspeed_divide_factor(dp: int, sp: int, stage: int, zero: dict[str, Any]) -> float:
+    """What DeepSpeed divides the sum of every rank's gradient by (the loop multiplies its loss by it).
+
+    DeepSpeed averages over the dp ranks: it sums over every rank and divides by world / sequence_parallel
+    = dp (the engine's `_reduce_non_expert_gradients`, ZeRO-1/2's `div_(world / sp)`); under Ulysses a
+    parameter's full gradient is the sum over its group's shards, so dp is exact. ZeRO-3's reduce-scatter
+    (`reduce_scatter_coalesced`, DeepSpeed 0.19.8) divides by the whole partition group, world = dp x N,
+    without the sequence-parallel correction (measured: half the gradient at N = 2); its other path, the
+    contiguous all-reduce, divides by dp but is taken only for buckets under `reduce_bucket_size`, so
+    ZeRO-3 with N > 1 keeps `reduce_scatter` on (DeepSpeed's default) and counts world.
+    """
+    if sp == 1 or stage < 3:
+        return float(dp)
+    if zero.get("reduce_scatter", True) is False:
+        raise ConfigError(
+            [
+                f"distributed.sequence_parallel = {sp} with ZeRO-3 needs zero_optimization.reduce_scatter = "
+                "true (DeepSpeed's default): with it off, DeepSpeed divides some gradient buckets by the data-"
+                "parallel size and others by the world size, and the gradient would not be exact; drop "
+                "reduce_scatter from the DeepSpeed file, or set distributed.sequence_parallel=1"
+            ]
+        )
+    return float(dp * sp)
 
 
 def _scheduler_type(config: dict[str, Any]) -> str | None:

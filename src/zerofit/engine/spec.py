@@ -62,6 +62,8 @@ class EngineSpec:
     grad_divide_factor: float
     # How long a collective may wait for a peer (`distributed.timeout_minutes`), given to the process group.
     timeout_minutes: float = 30.0
+    # Ranks that share one sequence (`distributed.sequence_parallel`, Ulysses); dp = world / this.
+    sequence_parallel: int = 1
 
     @property
     def filename(self) -> str:
@@ -140,7 +142,8 @@ class DeepSpeedSpec(EngineSpec):
         return self.offload_optimizer
 
     def describe_grad_sync(self) -> str:
-        if self.plan.dp_size == 1:
+        # Sequence-parallel ranks reduce too: each shard holds part of every parameter's gradient.
+        if self.plan.dp_size * self.sequence_parallel == 1:
             return super().describe_grad_sync()
         if self.zero_stage >= 2:
             return (

@@ -197,6 +197,13 @@ def max_context(cfg: ZerofitConfig, world_size: int, budget: Budget) -> MaxConte
     result = MaxContext(None, [], budget.gib, budget.limit_gib, memory_len, positions)
     if found and found[0][2].preference:
         result.assumptions = PAIR_ASSUMPTIONS
+    if found and found[0][2].sequence_parallel > 1:
+        sp = found[0][2].sequence_parallel
+        result.assumptions = (
+            *result.assumptions,
+            f"sequence parallelism {sp}: each of {sp} ranks holds 1/{sp} of the sequence (Ulysses all-to-all "
+            "attention, its communication from the GPU's stated interconnect bandwidth, not measured)",
+        )
     if best_len == 0:
         return result
     gpu = budget.gpu

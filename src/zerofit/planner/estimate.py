@@ -119,14 +119,33 @@ def _dequant_layer_gib(scn: Scenario) -> float:
     return model_shape(scn.model).layer_linear_weight_params * half_b / GIB
 
 
+def ulysses_buffer_bytes(scn: Scenario) -> int:
+    """Ulysses sequence parallelism's exchange buffers of one layer (0 without it): the shard's q, k and v
+    sent and received by the all-to-all (DeepSpeed's `_combine_local_sequences` makes each contiguous
+    before the exchange and receives into a new tensor), two copies in the compute dtype."""
+    if scn.sequence_parallel <= 1:
+        return 0
+    shape = model_shape(scn.model)
+    width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    compute_bytes = 4 if scn.precision == "fp32" else 2
+    return 2 * scn.rows * scn.shard_seq_len * width * compute_bytes
+
+
+def _rank_shard(scn: Scenario) -> Scenario:
+    """What one rank's activations are of. Ulysses: its sequence shard (attention too: the whole sequence
+    for 1/N of the heads holds as many numbers); the exchange's buffers are `ulysses_buffer_bytes`."""
+    return scn.with_levers(seq_len=scn.shard_seq_len) if scn.sequence_parallel > 1 else scn
+
+
 def estimate(scn: Scenario) -> MemoryEstimate:
     """The analytic per-rank peak for `scn`, with a breakdown a reader can check by hand."""
     state = model_state(scn)
-    acts = activation_terms(scn, state.at(Place.IN_LAYER))
+    acts = activation_terms(_rank_shard(scn), state.at(Place.IN_LAYER))
+    exchange = ulysses_buffer_bytes(scn)
     resident = state.bytes_at(Place.GPU)
     window = state.bytes_at(Place.WINDOW_GRADS)
     held = window if scn.grad_accum_steps > 1 else 0
-    fwd = resident + held + acts.peak
+    fwd = resident + held + acts.peak + exchange
     step = resident + window + state.bytes_at(Place.STEP_TEMPS)
     # The peak phase's lines, as shown (label -> bytes).
     breakdown: dict[str, int] = state.labelled(Place.GPU)
@@ -137,13 +156,17 @@ def estimate(scn: Scenario) -> MemoryEstimate:
                 {f"{line.label} held across the window": line.bytes for line in state.at(Place.WINDOW_GRADS)}
             )
         breakdown.update({f"activations: {k}": n for k, n in acts.lines.items()})
+        if exchange:
+            breakdown[
+                f"activations: Ulysses all-to-all buffers (q/k/v, 1 layer, 1/{scn.sequence_parallel})"
+            ] = exchange
     else:
         phase = "optimizer step"
         breakdown.update(state.labelled(Place.WINDOW_GRADS))
         breakdown.update(state.labelled(Place.STEP_TEMPS))
     tensors = max(fwd, step)
     tensors_gib = tensors / GIB
-    allowance = allowance_gib(tensors_gib, scn.dp_size, _dequant_layer_gib(scn))
+    allowance = allowance_gib(tensors_gib, scn.zero_ranks, _dequant_layer_gib(scn))
     host = state.labelled(Place.HOST)
     host.update({t.label: t.bytes for t in acts.host})
     host_gib = sum(host.values()) / GIB

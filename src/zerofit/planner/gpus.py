@@ -11,6 +11,11 @@ rate, so their figure is half the headline number. V100 has no bf16: its fp16 fi
 `pcie_gbps` is the usable host<->device copy bandwidth of pinned memory, one direction (GB/s, 1e9): about
 25 on PCIe 4.0 x16 (32 nominal), 50 on PCIe 5.0 x16, 12 on PCIe 3.0 x16; the planner charges activation
 offload's copies with it (`speed.py`). Measured figures vary with the host; these are typical.
+
+`interconnect_gbps` is the GPU<->GPU bandwidth one all-to-all moves data at, one direction (GB/s): NVLink on
+SXM boards (A100: 300, H100 / H200: 450 of their 600 / 900 bidirectional), else peer traffic over PCIe
+(`pcie_gbps`). The planner charges Ulysses sequence parallelism's all-to-alls with it (`speed.py`); these
+are the vendors' figures, not measured by zerofit.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ class GPU:
     bf16: bool = True  # supports bf16 (Ampere and newer)
     pcie_gbps: float = 25.0  # usable pinned host<->device bandwidth (PCIe 4.0 x16 unless stated)
     match: tuple[str, ...] = ()  # substrings of torch.cuda.get_device_name() that identify it
+    nvlink_gbps: float | None = None  # GPU<->GPU one direction over NVLink (None: peers talk over PCIe)
+
+    @property
+    def interconnect_gbps(self) -> float:
+        """GPU<->GPU bandwidth of one direction: NVLink's where the board has it, else PCIe's."""
+        return self.nvlink_gbps if self.nvlink_gbps is not None else self.pcie_gbps
 
 
 GPUS: dict[str, GPU] = {
@@ -49,11 +60,19 @@ GPUS: dict[str, GPU] = {
         GPU("l40s", "NVIDIA L40S (48 GB)", 44.52, 362.0, match=("L40S",)),
         GPU("v100-16gb", "NVIDIA Tesla V100 16 GB (fp16 only)", 15.77, 125.0, False, 12.0, ("V100",)),
         GPU("v100-32gb", "NVIDIA Tesla V100 32 GB (fp16 only)", 31.74, 125.0, False, 12.0, ("V100",)),
-        GPU("a100-40gb", "NVIDIA A100 40 GB", 39.39, 312.0, match=("A100",)),
-        GPU("a100-80gb", "NVIDIA A100 80 GB", 79.15, 312.0, match=("A100",)),
-        GPU("h100-80gb", "NVIDIA H100 80 GB (SXM)", 79.11, 989.0, pcie_gbps=50.0, match=("H100",)),
+        GPU("a100-40gb", "NVIDIA A100 40 GB", 39.39, 312.0, match=("A100",), nvlink_gbps=300.0),
+        GPU("a100-80gb", "NVIDIA A100 80 GB", 79.15, 312.0, match=("A100",), nvlink_gbps=300.0),
+        GPU(
+            "h100-80gb",
+            "NVIDIA H100 80 GB (SXM)",
+            79.11,
+            989.0,
+            pcie_gbps=50.0,
+            match=("H100",),
+            nvlink_gbps=450.0,
+        ),
         GPU("h100-pcie", "NVIDIA H100 80 GB PCIe", 79.11, 756.0, pcie_gbps=50.0, match=("H100 PCIe",)),
-        GPU("h200", "NVIDIA H200 141 GB", 139.8, 989.0, pcie_gbps=50.0, match=("H200",)),
+        GPU("h200", "NVIDIA H200 141 GB", 139.8, 989.0, pcie_gbps=50.0, match=("H200",), nvlink_gbps=450.0),
     )
 }
 

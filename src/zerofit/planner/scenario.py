@@ -33,6 +33,7 @@ class Scenario:
     micro_batch_size: int
     grad_accum_steps: int = 1
     dp_size: int = 1
+    sequence_parallel: int = 1  # Ulysses: ranks sharing one sequence (dp_size = world / this)
     strategy: str = "single"  # single | ddp | deepspeed | fsdp
     zero_stage: int = 0
     offload_optimizer: bool = False
@@ -93,6 +94,16 @@ class Scenario:
         """The same run with other long-context levers (`tiled_mlp`, `activation_offload`, `cross_entropy`,
         `fp32_residual`, `lean_norm`, `seq_len`, `activation_checkpointing`)."""
         return replace(self, **levers)
+
+    @property
+    def zero_ranks(self) -> int:
+        """Ranks ZeRO partitions over: every rank (DeepSpeed's sequence-data-parallel group), dp x N."""
+        return max(self.dp_size, 1) * self.sequence_parallel
+
+    @property
+    def shard_seq_len(self) -> int:
+        """Positions of one rank's sequence shard: the sequence padded to a multiple of N, over N."""
+        return -(-self.seq_len // self.sequence_parallel)
 
     def checkpointed(self, num_layers: int) -> int:
         """How many of the model's `num_layers` decoder layers are checkpointed."""
@@ -213,6 +224,7 @@ def scenario_for(
         micro_batch_size=micro_batch_size if micro_batch_size is not None else plan.micro_batch_size,
         grad_accum_steps=grad_accum_steps if grad_accum_steps is not None else plan.grad_accum_steps,
         dp_size=plan.dp_size,
+        sequence_parallel=spec.sequence_parallel,
         strategy=spec.strategy,
         zero_stage=ds.zero_stage if ds else 0,
         offload_optimizer=bool(ds and ds.offload_optimizer),
@@ -273,6 +285,8 @@ def apply_overrides(cfg: ZerofitConfig, overrides: Iterable[str]) -> ZerofitConf
 
 def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accum: int | None) -> list[str]:
     """Overrides that leave no `auto` in `cfg`'s batch and checkpointing (see `what_if`)."""
+    from zerofit.config.resolve import data_parallel_size
+
     b, out = cfg.batch, []
     rows: int | None = micro
     if rows is None and "auto" in (b.micro_batch_size, b.tokens_per_micro_batch):
@@ -288,7 +302,8 @@ def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accu
         if accum is None:
             out.append("batch.grad_accum_steps=null")  # derived from the global batch
         else:
-            out += [f"batch.grad_accum_steps={accum}", f"batch.global_batch_size={rows * accum * world_size}"]
+            dp = data_parallel_size(cfg, world_size)  # world / distributed.sequence_parallel
+            out += [f"batch.grad_accum_steps={accum}", f"batch.global_batch_size={rows * accum * dp}"]
     t = cfg.train
     if t.activation_checkpointing == "auto":
         out.append("train.activation_checkpointing=true")  # planned as every layer: the smallest peak

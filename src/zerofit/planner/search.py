@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from zerofit.config.resolve import PlanChoice, micro_batch_setting
+from zerofit.config.resolve import PlanChoice, data_parallel_size, micro_batch_setting
 from zerofit.engine.user_ds_config import pinned_split_problems
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
@@ -92,12 +92,13 @@ def resolve_budget(
 
 
 def samples_per_rank(cfg: ZerofitConfig, world_size: int) -> int | None:
-    """Samples each rank processes per optimizer step (global / dp), when the config fixes the global batch."""
-    b = cfg.batch
+    """Samples each rank processes per optimizer step (global / dp), when the config fixes the global batch
+    (dp = world / `distributed.sequence_parallel`: a sequence-parallel group processes one rank's share)."""
+    b, dp = cfg.batch, data_parallel_size(cfg, world_size)
     if b.global_batch_size is not None:
-        if b.global_batch_size % world_size:
+        if b.global_batch_size % dp:
             return None
-        return b.global_batch_size // world_size
+        return b.global_batch_size // dp
     if isinstance(b.micro_batch_size, int) and b.grad_accum_steps:
         return b.micro_batch_size * b.grad_accum_steps
     return None

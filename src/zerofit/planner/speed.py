@@ -31,6 +31,13 @@ The long-context levers (issue 16) add their own costs:
     2 x n x tokens x h x residual bytes per micro-step at the GPU's `pcie_gbps`, on a side stream that
     overlaps compute: it costs max(0, transfer - compute) per micro-step.
 
+Ulysses sequence parallelism (issue 19, `distributed.sequence_parallel: N`): a rank computes its 1/N
+shard of every sequence (attention over the whole sequence for 1/N of the heads: the same FLOPs per token),
+and per decoder layer 4 all-to-alls (q, k, v, the attention output) run in forward, 4 in backward and 4
+more in a checkpointed layer's recomputation, each moving (N - 1) / N of the shard's tensor at the GPU's
+`interconnect_gbps` (NVLink, else PCIe). They sit on the attention's critical path, so they are added, not
+overlapped. Stated from the vendors' bandwidths, not measured (no 2-GPU run yet).
+
 Preference tuning (issue 17): a micro-batch of m pairs is a forward and backward of 2m sequences, so
 tokens count both sequences of every pair (tokens/s included); DPO's reference with the adapters off adds a
 no-grad forward of the base, 2 N + 4 L h s per token; a precomputed reference costs nothing per step (its
@@ -119,8 +126,22 @@ def offload_transfer_s(scn: Scenario, card: GPU) -> float:
     if not scn.activation_offload:
         return 0.0
     shape = model_shape(scn.model)
-    per_layer = scn.rows * scn.seq_len * shape.hidden_size * residual_bytes(scn)
+    per_layer = scn.rows * scn.shard_seq_len * shape.hidden_size * residual_bytes(scn)
     return 2.0 * scn.checkpointed(shape.num_layers) * per_layer / (card.pcie_gbps * 1e9)
+
+
+def ulysses_transfer_s(scn: Scenario, card: GPU) -> float:
+    """Seconds one micro-step's Ulysses all-to-alls take at `card`'s interconnect (0 without them)."""
+    sp = scn.sequence_parallel
+    if sp <= 1:
+        return 0.0
+    shape = model_shape(scn.model)
+    compute_bytes = 4 if scn.precision == "fp32" else 2
+    # q and the output are num_heads wide, k and v num_kv_heads; a rank keeps 1/N of what it holds.
+    width = (2 * shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    per_layer = scn.rows * scn.shard_seq_len * width * compute_bytes * (sp - 1) / sp
+    passes = 2.0 * shape.num_layers + scn.checkpointed(shape.num_layers)  # forward, backward, recompute
+    return passes * per_layer / (card.interconnect_gbps * 1e9)
 
 
 def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
@@ -135,10 +156,12 @@ def predict_speed(scn: Scenario, gpu: GPU | None = None) -> SpeedEstimate:
     total, recompute = flops_per_token(scn)
     n_layers = model_shape(scn.model).num_layers
     micro_tokens = scn.rows * scn.seq_len  # both sequences of every pair under a preference objective
-    compute = micro_tokens * total / rate
+    compute = scn.rows * scn.shard_seq_len * total / rate  # a rank's shard (all of it without Ulysses)
     # Offload copies run on a side stream: only what compute does not hide costs time.
     hidden_copy = max(0.0, offload_transfer_s(scn, card) - compute)
-    t_micro = MICRO_STEP_OVERHEAD_S_PER_LAYER * n_layers + compute + hidden_copy
+    t_micro = (
+        MICRO_STEP_OVERHEAD_S_PER_LAYER * n_layers + compute + hidden_copy + ulysses_transfer_s(scn, card)
+    )
     step = scn.grad_accum_steps * t_micro
     global_tokens = micro_tokens * scn.grad_accum_steps * scn.dp_size
     return SpeedEstimate(

@@ -172,7 +172,7 @@ def model_state(scn: Scenario) -> StateTerms:
     prof = compute_profile(scn)
     shape = model_shape(scn.model)
     counts = param_counts(scn)
-    dp = max(scn.dp_size, 1)
+    dp = scn.zero_ranks
     t = StateTerms()
     half_b = dtype_bytes(prof.half) if prof.half else 4
     quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
@@ -276,7 +276,7 @@ def _deepspeed_state(
         scn, t, counts, quant_b, qlabel, f"{frozen_label} + trainable weights ({pdt})", pb, pdt
     )
     mixed = prof.half is not None
-    shard = max(scn.dp_size, 1) if scn.zero_stage >= 1 else 1
+    shard = scn.zero_ranks if scn.zero_stage >= 1 else 1
     where = Place.HOST if scn.offload_optimizer else Place.GPU
     suffix = f", 1/{shard}" if shard > 1 else ""
     if mixed and T * 4 // shard:
@@ -315,7 +315,7 @@ def _deepspeed_weights(
 ) -> None:
     """DeepSpeed's weights: whole on every rank up to ZeRO-2; ZeRO-3 keeps a 1/dp partition (or the host
     copy, offloaded) plus the parameters gathered while they run. Quantized weights stay whole."""
-    dp = max(scn.dp_size, 1)
+    dp = scn.zero_ranks
     if quant_b:
         t.add(StateKind.QUANTIZED_WEIGHTS, Place.GPU, quant_b, qlabel, traced=True)
     weights = (counts.frozen + counts.trainable) * pb

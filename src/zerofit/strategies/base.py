@@ -109,6 +109,11 @@ class Strategy(ABC):
         self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
         self.spec = spec
         self.grad_divide_factor = spec.grad_divide_factor
+        # Ulysses: groups of `sp_size` consecutive ranks share one sequence (DeepSpeed's
+        # `parallel_state_sp` builds them so); the data-parallel rank is the group's index.
+        self.sp_size = spec.sequence_parallel
+        self.sp_rank, self.dp_rank = self.rank % self.sp_size, self.rank // self.sp_size
+        self.dp_world_size = self.world_size // self.sp_size
         self.device = pick_device(env)
         if self.device.type == "cpu":
             limit_cpu_threads()

@@ -110,6 +110,7 @@ class DeepSpeedStrategy(Strategy):
         self._unlink_cpu_allreduce_segment()
         self.stage = spec.zero_stage
         self.engine: Any = None
+        self._replaced_attention: tuple[str, Any] | None = None  # (key, function) Ulysses replaced
 
     def _unlink_cpu_allreduce_segment(self) -> None:
         """Remove the name of this rank's DeepSpeed CPU allreduce segment once every rank has mapped it.
@@ -150,6 +151,7 @@ class DeepSpeedStrategy(Strategy):
             optimizer, params = make_optimizer(model), None
         self.engine, _, _, _ = deepspeed.initialize(
             model=model,
+            mpu=self._ulysses(model),
             optimizer=optimizer,
             model_parameters=params,
             # zerofit's schedule, called with the engine's base optimizer; or none, so that DeepSpeed builds
@@ -159,6 +161,27 @@ class DeepSpeedStrategy(Strategy):
             dist_init_required=False,
         )
         return self.engine
+
+    def _ulysses(self, model: torch.nn.Module) -> Any:
+        """`distributed.sequence_parallel` > 1: DeepSpeed's Ulysses attention replaces the model's attention
+        function (the all-to-all of q/k/v and of the output around it) and its sequence-parallel groups
+        become the engine's mpu, so ZeRO partitions and reduces over all ranks and divides by dp = world /
+        N (`grad_divide_factor`). None (plain data parallelism) otherwise."""
+        if self.sp_size == 1:
+            return None
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        # DeepSpeed overwrites the attention function's registry entry; `close` puts the original back.
+        key = model.config._attn_implementation
+        self._replaced_attention = (key, ALL_ATTENTION_FUNCTIONS[key])
+        return UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model,
+            core_attn_implementation=key,
+            sequence_parallel_size=self.sp_size,
+            micro_batch_size=self.spec.plan.micro_batch_size,
+            seq_length_is_variable=True,  # every micro-batch is padded to its own longest example
+        )
 
     def accumulate(self, is_last: bool) -> AbstractContextManager[None]:
         self.engine.set_gradient_accumulation_boundary(is_last)
@@ -293,3 +316,15 @@ class DeepSpeedStrategy(Strategy):
             # alone would leave them, and a second run in the same process (`zerofit.train` called twice
             # in a notebook) would reuse a dead group.
             deepspeed.comm.destroy_process_group()
+        if self.sp_size > 1:
+            # The groups of `parallel_state_sp` are module globals that refuse a second initialization:
+            # a later run in this process builds its own.
+            from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+            parallel_state_sp._release_sequence_parallel_groups()
+        if self._replaced_attention is not None:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            key, original = self._replaced_attention
+            ALL_ATTENTION_FUNCTIONS[key] = original
+            self._replaced_attention = None
