@@ -178,22 +178,32 @@ def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
     itself says stays whole (`_no_split_modules` of `architectures`' transformers class, no weights), else
     transformers' naming convention (`<Arch>ForCausalLM` -> `<Arch>DecoderLayer`, for custom code; the
     strategy checks the loaded model has that class and refuses naming it when not)."""
-    archs = [a for a in model_cfg.get("architectures") or [] if isinstance(a, str)]
-    for arch in archs:
+    archs = [
+        a for a in model_cfg.get("architectures") or [] if isinstance(a, str) and a.endswith("ForCausalLM")
+    ]
+    for arch in [*archs, *_causal_lm_class(model_cfg.get("model_type"))]:
         declared = _no_split_modules(arch)
         if declared:
             return next((name for name in declared if name.endswith("DecoderLayer")), declared[0])
     for arch in archs:
-        if arch.endswith("ForCausalLM"):
-            return arch.removesuffix("ForCausalLM") + "DecoderLayer"
+        return arch.removesuffix("ForCausalLM") + "DecoderLayer"
     raise ConfigError(
         [
             f"distributed.strategy = 'fsdp': cannot tell which module class is the decoder layer of model_type "
-            f"{model_cfg.get('model_type')!r} (architectures {archs!r}: no transformers class declaring "
-            "_no_split_modules, no <Arch>ForCausalLM name) to shard per layer. Fix: "
+            f"{model_cfg.get('model_type')!r} (architectures {model_cfg.get('architectures')!r}: no "
+            "transformers causal-LM class declaring _no_split_modules, no <Arch>ForCausalLM name) to shard per layer. Fix: "
             "distributed.strategy=deepspeed, or a model whose config.json names its transformers class"
         ]
     )
+
+
+def _causal_lm_class(model_type: Any) -> list[str]:
+    """The causal-LM class transformers' Auto classes build for `model_type` (a config without
+    `architectures`), as a list of none or one name."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    return [name] if isinstance(name, str) else []
 
 
 def _no_split_modules(arch: str) -> list[str]:
