@@ -8,9 +8,10 @@ config.json, to name suffixes that peft matches, fused projections included (Phi
 adapted through peft's parameter targeting (`LoraConfig.target_parameters`), and only when asked. The two MoE
 keys:
 
-- `lora.moe_experts` (what the `mlp` and `all-linear` meanings adapt of an MoE block): `none` (the MoE blocks stay frozen), `shared` (the default: the shared experts' linears,
-  for families that have them, e.g. Qwen2-MoE; routed experts frozen), `all` (shared experts and every routed
-  expert through `target_parameters`: a LoRA pair per expert weight, far more trainable parameters);
+- `lora.moe_experts`: `none` (expert weights frozen), `shared` (the default: the `mlp` and `all-linear`
+  meanings also adapt the shared experts' linears, for families that have them, e.g. Qwen2-MoE; routed
+  experts frozen), `all` (as shared, and every routed expert through `target_parameters`, whatever
+  `target_modules` is: a LoRA pair per expert weight, many more trainable parameters);
 - `lora.train_router`: `false` (the default: the router keeps its routing) or `true` (the router's weights train
   in full, through peft's `modules_to_save`; they are experts x hidden, small).
 
@@ -145,13 +146,11 @@ def resolve_lora_targets(
     if fam is None:
         return _unmapped_family(model_type, target_modules)
     modules = _named_modules(fam, target_modules, _has_dense_mlp(fam, model_config))
-    # The MoE keys extend the MLP meanings only: `attention` and explicit names are exactly what they say.
-    experts: tuple[str, ...] = ()
-    if fam.is_moe and target_modules in ("mlp", "all-linear"):
-        if moe_experts in ("shared", "all"):
-            modules = _dedupe(modules + fam.shared_expert)
-        if moe_experts == "all":
-            experts = fam.expert_parameters
+    # Shared experts are linears: the MLP meanings take them (explicit names match them by peft's rule).
+    # Routed experts cannot be named as modules: `all` adds them to any target value.
+    if fam.is_moe and target_modules in ("mlp", "all-linear") and moe_experts in ("shared", "all"):
+        modules = _dedupe(modules + fam.shared_expert)
+    experts = fam.expert_parameters if fam.is_moe and moe_experts == "all" else ()
     router = fam.router if train_router else ()
     if not modules and not experts:
         _refuse(
@@ -243,16 +242,18 @@ def _summary(
     text = f"{fam.family}: {what}"
     if not fam.is_moe:
         return text
-    if target_modules not in ("mlp", "all-linear"):
-        experts = "MoE blocks frozen (lora.moe_experts adapts them only with mlp / all-linear)"
-    elif moe_experts == "all":
-        experts = "every routed expert (peft target_parameters)" + (
-            ", shared experts" if fam.shared_expert else ""
-        )
-    elif moe_experts == "shared" and fam.shared_expert:
-        experts = "shared experts; routed experts frozen"
+    routed = (
+        "every routed expert (peft target_parameters)" if moe_experts == "all" else "routed experts frozen"
+    )
+    if not fam.shared_expert:
+        shared = ""
+    elif not isinstance(target_modules, str):
+        shared = "; shared experts where the names match"
+    elif target_modules in ("mlp", "all-linear") and moe_experts in ("shared", "all"):
+        shared = "; shared experts adapted"
     else:
-        experts = "routed experts frozen" + (", shared experts frozen" if fam.shared_expert else "")
+        shared = "; shared experts frozen"
+    experts = routed + shared
     router = "router trained in full" if train_router else "router frozen"
     return f"{text}; {experts}; {router}"
 

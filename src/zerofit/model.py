@@ -153,6 +153,51 @@ def check_lora_targets_before_load(path: str, spec: AdapterSpec) -> None:
     check_model_targets(meta, spec)
 
 
+def lora_spec(cfg: ZerofitConfig) -> AdapterSpec:
+    """The adapter settings of `cfg.lora` (`zerofit.lora.lora_config`)."""
+    lora = cfg.lora
+    return lora_config(
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        lora.target_modules,
+        lora.use_dora,
+        lora.moe_experts,
+        lora.train_router,
+    )
+
+
+def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
+    """What `cfg`'s LoRA adapts, for `zerofit plan` (text and --json): the family, the mapped module and
+    expert-parameter names, the router choice, and the counts peft reaches on a meta-device build of the
+    whole model (no weights). None without LoRA; {"error": ...} for a model not buildable from its config."""
+    if not cfg.lora.enabled:
+        return None
+    from zerofit.planner.shapes import build_meta_model
+
+    spec = lora_spec(cfg)
+    try:
+        meta = build_meta_model(resolve_model_path(cfg))
+    except (ConfigError, ValueError, KeyError, ImportError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    targets = model_targets(meta, spec)
+    counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
+    return {
+        "summary": targets.summary,
+        "family": targets.family,
+        "target_modules": targets.target_modules
+        if isinstance(targets.target_modules, str)
+        else list(targets.target_modules),
+        "target_parameters": list(targets.target_parameters),
+        "modules_to_save": list(targets.modules_to_save),
+        "adapted_modules": counts.modules,
+        "adapted_parameters": counts.parameters,
+        "full_modules": counts.full,
+        "trainable_params": counts.trainable_params,
+        "described": f"{targets.summary}: {counts.describe()}",
+    }
+
+
 def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.nn.Module:
     """Freeze a k-bit (QLoRA / 8-bit) base before adapters are added; `quantization.fp32_residual`.
 
