@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from zerofit.catalogue import is_tiny_model
+from zerofit.catalogue import is_tiny_model, model_config_dict
 from zerofit.config.resolve import check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
@@ -125,13 +125,36 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     return tokenizer
 
 
+def check_attention_before_load(path: str, attn_implementation: str) -> None:
+    """Refuse `model.attn_implementation = sdpa` for a model class transformers does not run it for (Gemma-2:
+    attention-logit soft-capping), from config.json's `architectures` alone, before any weight loads."""
+    import transformers
+
+    if attn_implementation != "sdpa":
+        return
+    try:
+        archs = model_config_dict(path).get("architectures") or []
+    except ConfigError:
+        return  # no config here: the load reports it
+    for arch in archs:
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        if cls is not None and getattr(cls, "_supports_sdpa", True) is False:
+            raise ConfigError(
+                [
+                    f"model.attn_implementation = 'sdpa': {arch} does not run attention through torch's "
+                    "scaled_dot_product_attention (transformers supports only eager or flash attention for it, "
+                    "e.g. Gemma-2's attention-logit soft-capping). Fix: model.attn_implementation=eager"
+                ]
+            )
+
+
 def check_lean_norm_before_load(path: str) -> None:
     """`train.lean_norm = true`: refuse a model whose norm class it does not know (`norms.check_lean_norm`)
     on a meta-device build (milliseconds), not after the weights load; best effort, like the LoRA check."""
     from zerofit.planner.shapes import build_meta_model
 
     try:
-        meta = build_meta_model(path)
+        meta = build_meta_model(path, attn_implementation="eager")
     except (ConfigError, ValueError, KeyError, ImportError):
         return  # custom code: `enable_lean_norm` checks the loaded model itself
     check_lean_norm(meta)
@@ -147,7 +170,7 @@ def check_lora_targets_before_load(path: str, spec: AdapterSpec) -> None:
     from zerofit.planner.shapes import build_meta_model
 
     try:
-        meta = build_meta_model(path)
+        meta = build_meta_model(path, attn_implementation="eager")  # names only: any attention will do
     except (ConfigError, ValueError, KeyError, ImportError):
         return
     check_model_targets(meta, spec)
@@ -177,7 +200,7 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
 
     spec = lora_spec(cfg)
     try:
-        meta = build_meta_model(resolve_model_path(cfg))
+        meta = build_meta_model(resolve_model_path(cfg), attn_implementation="eager")  # names and counts only
     except (ConfigError, ValueError, KeyError, ImportError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     targets = model_targets(meta, spec)
@@ -294,6 +317,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
+    check_attention_before_load(path, cfg.model.attn_implementation)
     if cfg.train.lean_norm is True:
         check_lean_norm_before_load(path)
     lora = cfg.lora
