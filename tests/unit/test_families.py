@@ -189,7 +189,9 @@ def test_every_family_trains_exports_merged_and_generates(
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
     capsys.readouterr()
     assert cli(["generate", str(merged), "--prompt", "add: 2+2\n", "--max-new-tokens", "4"]) == 0
-    assert capsys.readouterr().out.strip()
+    out, err = capsys.readouterr()
+    # A random model may end at once (eos first): generate says so rather than printing nothing silently.
+    assert out.strip() or "the continuation is empty" in err
 
 
 def test_gguf_export_refuses_a_family_it_does_not_map(
