@@ -71,6 +71,27 @@ def test_moe_experts_and_router_choices(name: str) -> None:
     assert "every routed expert" in summary and "router trained in full" in summary
 
 
+def test_moe_expert_and_router_adapters_merge_into_the_base_exactly() -> None:
+    """What `zerofit export --merge` does (peft's merge_and_unload) keeps the adapted MoE model's logits:
+    the routed experts' parameter adapters and the fully trained router fold into plain weights."""
+    from transformers import AutoModelForCausalLM
+
+    from zerofit.tiny_llama import ensure_tiny_model
+
+    base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model("tiny-qwen2-moe", 0), dtype=torch.float32)
+    model = apply_lora(base, lora_config(4, 8, 0.0, "all-linear", False, "all", True), seed=0).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:  # as if trained: every adapter and the router moved
+                param.add_(0.05 * torch.randn(param.shape, generator=gen))
+        ids = torch.randint(4, 100, (1, 16), generator=gen)
+        adapted = model(ids).logits
+        merged = model.merge_and_unload()
+        assert not any("lora" in name or "modules_to_save" in name for name, _ in merged.named_parameters())
+        torch.testing.assert_close(merged(ids).logits, adapted, rtol=0, atol=1e-5)
+
+
 def test_moe_keys_on_a_dense_model_and_unknown_meanings_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"lora.moe_experts = 'all' for Qwen3 \(dense\)"):
         resolve_lora_targets(CATALOGUE["tiny-qwen3"], "all-linear", "all")
