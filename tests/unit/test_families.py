@@ -92,6 +92,19 @@ def test_moe_expert_and_router_adapters_merge_into_the_base_exactly() -> None:
         torch.testing.assert_close(merged(ids).logits, adapted, rtol=0, atol=1e-5)
 
 
+def test_the_plan_says_what_lora_adapted() -> None:
+    """`zerofit plan`'s `lora` block (text and --json) for an MoE model: the mapped names and the counts."""
+    from zerofit.config import load_config
+    from zerofit.model import lora_targets_report
+
+    overrides = ["model.name_or_path=tiny-mixtral", "lora.target_modules=attention", "lora.moe_experts=all"]
+    report = lora_targets_report(load_config(REPO / "configs" / "demo.yaml", overrides))
+    assert report is not None and report["family"] == "Mixtral"
+    assert report["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    assert (report["adapted_modules"], report["adapted_parameters"], report["full_modules"]) == (8, 4, 0)
+    assert report["trainable_params"] > 0 and "8 modules + 4 expert parameters adapted" in report["described"]
+
+
 def test_moe_keys_on_a_dense_model_and_unknown_meanings_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"lora.moe_experts = 'all' for Qwen3 \(dense\)"):
         resolve_lora_targets(CATALOGUE["tiny-qwen3"], "all-linear", "all")
