@@ -397,6 +397,14 @@ def varlen_attention(
     own sdpa function, unchanged (no documents to find, or a KV cache / sliding window)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if kwargs.get("softcap") is not None:
+        # Neither sdpa nor these kernels cap the attention logits: running them would silently change the
+        # model (Gemma-2). `resolve()` plans eager for such models; this guards every other way in.
+        raise ValueError(
+            f"model.attn_implementation = 'varlen': {type(module).__name__} soft-caps its attention logits "
+            f"(softcap={kwargs['softcap']}), which varlen attention does not compute; set "
+            "model.attn_implementation=eager"
+        )
     if not isinstance(attention_mask, Documents):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     kernel = getattr(module, _KERNEL_ATTR, PER_DOCUMENT)

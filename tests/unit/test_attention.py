@@ -29,6 +29,7 @@ from zerofit.attention import (
     Documents,
     choose_kernel,
     module_kernel,
+    varlen_attention,
     varlen_mask,
 )
 from zerofit.config.resolve import resolve
@@ -346,3 +347,23 @@ def test_plan_says_which_attention_path_and_kernel() -> None:
     assert attention["implementation"] == "varlen" and attention["dense_mask"] is False
     assert attention["kernel"] in (TORCH_VARLEN, FLASH_ATTN)  # planned for a CUDA card in bf16
     assert "no dense mask" in attention["text"]
+
+
+def test_soft_capped_attention_plans_eager_and_is_never_run_by_varlen() -> None:
+    """Gemma-2 caps its attention logits, which neither sdpa nor the varlen kernels compute: `auto` resolves to
+    eager for it, an explicit varlen is refused before the load, and the hook itself refuses a softcap."""
+    from zerofit.model import check_attention_before_load, resolve_model_path
+
+    batch = {"global_batch_size": 4, "micro_batch_size": 1}
+    gemma2 = config({"model": {"name_or_path": "tiny-gemma2"}, "batch": batch})
+    assert resolve(gemma2, 1).config.model.attn_implementation == "eager"
+    llama = config({"batch": batch})
+    assert resolve(llama, 1).config.model.attn_implementation == "varlen"  # a Llama keeps varlen
+    path = resolve_model_path(config({"model": {"name_or_path": "tiny-gemma2"}}))
+    with pytest.raises(
+        ConfigError, match=r"model.attn_implementation = 'varlen': Gemma2ForCausalLM .*=eager"
+    ):
+        check_attention_before_load(path, "varlen")
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="soft-caps its attention logits"):
+        varlen_attention(torch.nn.Linear(1, 1), q, q, q, None, softcap=50.0)

@@ -29,7 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
-from zerofit.catalogue import TINY_LLAMA
+from zerofit.catalogue import is_tiny_model, soft_caps_attention
 from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
 from zerofit.data_files import DATA_FILE_SUFFIXES  # a path with one of them names a local file
 from zerofit.errors import ConfigError
@@ -302,7 +302,7 @@ def _model_path_problem(name: str) -> str | None:
 
     A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`hub.py`).
     """
-    if name == TINY_LLAMA:
+    if is_tiny_model(name):
         return None
     folder = Path(name).expanduser()
     model_folder = "a model folder (config.json, the tokenizer files and the weights, as save_pretrained or `hf download` writes it)"
@@ -705,7 +705,8 @@ def _fill_attention(cfg: ZerofitConfig) -> None:
     transformers' plain sdpa (is_causal, no mask) for a micro-batch without documents (one unpadded
     sequence per row) and the documents without a dense (B, 1, S, S) mask where sdpa would build one, so the
     choice does not depend on the micro-batch the planner varies. Remote code (`model.trust_remote_code`)
-    keeps sdpa: a custom model need not build its masks through transformers' mask interface."""
+    keeps sdpa: a custom model need not build its masks through transformers' mask interface. A model that
+    soft-caps its attention logits (Gemma-2) gets eager, the only path that computes the cap."""
     cfg.model.attn_implementation = attention_choice(cfg)  # type: ignore[assignment]
 
 
@@ -715,6 +716,8 @@ def attention_choice(cfg: ZerofitConfig) -> str:
     m = cfg.model
     if m.attn_implementation != "auto":
         return m.attn_implementation
+    if soft_caps_attention(m.name_or_path):
+        return "eager"  # Gemma-2's attention-logit soft-capping: only transformers' eager path computes it
     return "sdpa" if m.trust_remote_code and m.varlen_kernel == "auto" else "varlen"
 
 
