@@ -3,7 +3,7 @@ per family (issue 18).
 
 The tiny models are each family's own transformers class with random init (`zerofit.tiny_llama`). Training runs
 in this process on the single engine (seconds each); the 2-rank ZeRO-2 and FSDP2 launches are in
-tests/distributed/test_families.py.
+tests/distributed/test_families_engines.py.
 """
 
 from __future__ import annotations
