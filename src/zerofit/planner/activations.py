@@ -189,12 +189,31 @@ _POST_ATTENTION_GROUPS = ("o_in", "mlp_in", "down_in")
 _MLP_GROUPS = ("mlp_in", "down_in")
 
 
-def _norm_saves(scn: Scenario, hidden: int, dt: _Dt) -> int:
+def _norm_saves(scn: Scenario, hidden: int, dt: _Dt, rows: int = 1) -> int:
     """Bytes per token one RMSNorm saves for backward: HF's fp32 upcast input and rstd (+ its normalized
-    output when the weight trains); the lean norm (`train.lean_norm`) its input as it is and the rstd."""
+    output when the weight trains); the lean norm (`train.lean_norm`) its input as it is and the rstd.
+    `rows`: rstds per token (a q/k norm over each head keeps one per head)."""
     if scn.lean_norm:
-        return dt.resid * hidden + 4
-    return 4 * hidden + 4 + (dt.resid * hidden if not scn.lora else 0)
+        return dt.resid * hidden + 4 * rows
+    return 4 * hidden + 4 * rows + (dt.resid * hidden if not scn.lora else 0)
+
+
+def _layer_norms(scn: Scenario, shape: ModelShape, dt: _Dt) -> tuple[int, int, str]:
+    """Every RMSNorm of one layer (2 for Llama; Gemma 4, Qwen3 and Gemma 3 also q/k norms per head): bytes
+    per token saved, the part after attention, and the label."""
+    norms = shape.norms or (("input_layernorm", shape.hidden_size, 1), ("post_attention_layernorm", shape.hidden_size, 1))
+    total = post = 0
+    for name, width, rows in norms:
+        saved = _norm_saves(scn, width, dt, rows)
+        total += saved
+        before_attention = name.startswith(("input_", "self_attn")) or name.rpartition(".")[2][:2] in ("q_", "k_")
+        post += 0 if before_attention else saved
+    heads = sum(1 for _, _, rows in norms if rows > 1)
+    kind = "lean RMSNorms (input as it is, rstd)" if scn.lean_norm else "RMSNorms (fp32 input, rstd"
+    if not scn.lean_norm:
+        kind += ", normalized output)" if not scn.lora else ")"
+    extra = f", {heads} of them over each q/k head" if heads else ""
+    return total, post, f"{len(norms)} {kind}{extra}"
 
 
 def _layer_split(
@@ -204,13 +223,10 @@ def _layer_split(
     bytes belong after attention (o_proj, norm 2, the MLP). `tiled` (train.tiled_mlp): the MLP saves only
     its input (zerofit.tiling), its intermediates exist per shard in backward (`MLP_SHARD`)."""
     h, inter = shape.hidden_size, shape.intermediate_size
-    # RMSNorm x2: fp32 upcast input + rstd; normalized output too when the norm weight trains (lean: the
+    # Each RMSNorm: fp32 upcast input + rstd; normalized output too when the norm weight trains (lean: the
     # input as it is + rstd).
-    norm = _norm_saves(scn, h, dt)
-    label = "2 RMSNorms (fp32 input, rstd" + (", normalized output)" if not scn.lora else ")")
-    if scn.lean_norm:
-        label = "2 lean RMSNorms (input as it is, rstd)"
-    terms = [Term(TermKind.NORMS, 2 * norm, label), *_attention_saves(scn, shape, dt)]
+    all_norms, norm, label = _layer_norms(scn, shape, dt)
+    terms = [Term(TermKind.NORMS, all_norms, label), *_attention_saves(scn, shape, dt)]
     if tiled:
         mlp = dt.resid * h
         terms.append(Term(TermKind.TILED_MLP_INPUT, mlp, "tiled MLP: its input (intermediates per shard)"))

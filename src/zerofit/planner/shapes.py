@@ -25,7 +25,7 @@ from typing import Any
 from zerofit.catalogue import model_config_dict
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,17 @@ class ModelShape:
     linears: tuple[LinearShape, ...]  # the linear layers of one decoder layer, in forward order
     layer_param_numels: tuple[int, ...]  # element count of each parameter tensor of one decoder layer
     outside_param_numels: tuple[int, ...]  # ... and of each parameter tensor outside the layers
+    # The RMSNorms of one decoder layer, in forward order: (name, width of its input per token, rows per
+    # token it normalises). Llama: 2 norms of `hidden`; Qwen3 and Gemma 3 add q/k norms over each head
+    # (q_dim / kv_dim wide, one rstd per head); Gemma 2/3 have 4 norms of `hidden` per layer.
+    norms: tuple[tuple[str, int, int], ...] = ()
+    # Mixture of experts (0 experts: a dense model): experts per MoE layer, routed per token, an expert's
+    # MLP width, the shared expert's width (0: none), and the expert parameters of one layer (all resident).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    layer_expert_params: int = 0
 
     @property
     def layer_mlp_weight_params(self) -> int:
@@ -77,6 +88,11 @@ class ModelShape:
     def param_numels(self) -> tuple[int, ...]:
         """Element count of every parameter tensor of the model (per-tensor optimizer rules need them)."""
         return self.layer_param_numels * self.num_layers + self.outside_param_numels
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts model (its MLP is routed experts, not one SwiGLU)."""
+        return self.num_experts > 0
 
     @property
     def kv_dim(self) -> int:
@@ -203,6 +219,40 @@ def _linears_of(layer: Any) -> tuple[LinearShape, ...]:
     return tuple(found)
 
 
+def _norms_of(layer: Any, q_dim: int, kv_dim: int, head_dim: int) -> tuple[tuple[str, int, int], ...]:
+    """Every RMSNorm of a decoder layer: (name, input width per token, rstd rows per token). A norm whose
+    weight is head_dim wide normalises each head of q (or k): its input per token is q_dim (kv_dim) wide."""
+    found = []
+    for name, module in layer.named_modules():
+        weight = getattr(module, "weight", None)
+        if "Norm" not in type(module).__name__ or weight is None or weight.dim() != 1:
+            continue
+        width = weight.numel()
+        if width == head_dim and name.rpartition(".")[2].startswith(("q_", "k_")):
+            per_token = q_dim if name.rpartition(".")[2].startswith("q_") else kv_dim
+            found.append((name, per_token, per_token // head_dim))
+        else:
+            found.append((name, width, 1))
+    return tuple(found)
+
+
+def _moe_fields(layer: Any, cfg: Any) -> dict[str, int]:
+    """The routed-experts facts of a decoder layer (all zero for a dense layer): the experts module's 3-D
+    parameters (transformers 5 stores every expert of a layer fused, not as `nn.Linear`s)."""
+    experts = next((m for n, m in layer.named_modules() if n.endswith("experts")), None)
+    if experts is None:
+        return {}
+    num = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", 0)
+    shared = getattr(cfg, "shared_expert_intermediate_size", 0) or 0
+    return {
+        "num_experts": num,
+        "experts_per_token": cfg.num_experts_per_tok,
+        "expert_intermediate_size": getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size,
+        "shared_expert_intermediate_size": shared,
+        "layer_expert_params": sum(p.numel() for p in experts.parameters()),
+    }
+
+
 def _layers_prefix(model: Any) -> str:
     for name, module in model.named_modules():
         if module is decoder_layers(model):
@@ -225,6 +275,8 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
     num_layers = len(layers)
     other = total - num_layers * layer_params - embed - head_params
     heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     return ModelShape(
         name_or_path=name_or_path,
         model_type=cfg.model_type,
@@ -232,8 +284,8 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         intermediate_size=cfg.intermediate_size,
         num_layers=num_layers,
         num_heads=heads,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         vocab_size=cfg.vocab_size,
         tie_word_embeddings=tied,
         total_params=total,
@@ -247,6 +299,8 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         outside_param_numels=tuple(
             p.numel() for n, p in model.named_parameters() if not n.startswith(_layers_prefix(model))
         ),
+        norms=_norms_of(layer, heads * head_dim, kv_heads * head_dim, head_dim),
+        **_moe_fields(layer, cfg),
     )
 
 
@@ -260,6 +314,7 @@ def model_shape(name_or_path: str) -> ModelShape:
         cached["linears"] = tuple(LinearShape(**lin) for lin in cached["linears"])
         cached["layer_param_numels"] = tuple(cached["layer_param_numels"])
         cached["outside_param_numels"] = tuple(cached["outside_param_numels"])
+        cached["norms"] = tuple(tuple(n) for n in cached["norms"])
         cached["name_or_path"] = name_or_path
         return ModelShape(**cached)
     shape = _compute_model_shape(name_or_path)

@@ -307,6 +307,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
 
     with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
         model.to_empty(device="cpu")
+        _retie_embeddings(model, scn)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if prof.grads_leave_autograd:
             # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
@@ -355,6 +356,17 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
     return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+
+
+def _retie_embeddings(model: Any, scn: Scenario) -> None:
+    """`to_empty` gives each module its own new parameter, which unties a tied lm_head (Gemma, small
+    Qwens): one weight would be traced as two. Tie it back as transformers loads it."""
+    if not model_shape(scn.model).tie_word_embeddings:
+        return
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = hf.get_output_embeddings()
+    head = getattr(head, "base_layer", head)  # an adapter on lm_head wraps the tied linear
+    head.weight = hf.get_input_embeddings().weight
 
 
 def _reference_forward(
