@@ -82,6 +82,7 @@ class TermKind(StrEnum):
     NORMS = "norms"
     ATTENTION = "attention"
     PADDING_MASK = "padding mask"
+    SLIDING_MASK = "sliding-window mask"
     SWIGLU = "swiglu"
     SHARED_LINEAR_INPUTS = "shared linear inputs"
     LINEAR_INPUT_COPIES = "linear input copies"
@@ -126,6 +127,7 @@ SAVED_FOR_BACKWARD = frozenset(
         TermKind.NORMS,
         TermKind.ATTENTION,
         TermKind.PADDING_MASK,
+        TermKind.SLIDING_MASK,
         TermKind.SWIGLU,
         TermKind.SHARED_LINEAR_INPUTS,
         TermKind.LINEAR_INPUT_COPIES,
@@ -248,13 +250,28 @@ def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
         attn = dt.att * (q_dim + 2 * kv_saved) + 4 * heads * s + dt.att * heads * s
         label = f"eager attention: q, k and v (repeated to all heads), fp32 softmax + probs (S={s})"
         return [Term(TermKind.ATTENTION, attn, label)]
-    attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads
+    attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads + _fused_qkv_extra(scn, shape, dt)
     terms = [Term(TermKind.ATTENTION, attn, "sdpa attention: q, k, v, output, logsumexp")]
     if masked:
         # sdpa converts the boolean padding mask to an additive one per call and keeps it for backward.
         label = f"sdpa additive padding mask (S={scn.seq_len})"
         terms.append(Term(TermKind.PADDING_MASK, dt.att * scn.seq_len, label))
+    elif shape.sliding_layers and scn.seq_len > shape.sliding_window:
+        # A window shorter than the sequence is not `is_causal`: sliding layers get a mask, saved the same
+        # way (the layer term is an average over all layers: only `sliding_layers` of them have it).
+        label = f"sdpa sliding-window mask (S={scn.seq_len}, window {shape.sliding_window}, {shape.sliding_layers} of {shape.num_layers} layers)"
+        per_layer = dt.att * scn.seq_len * shape.sliding_layers // shape.num_layers
+        terms.append(Term(TermKind.SLIDING_MASK, per_layer, label))
     return terms
+
+
+def _fused_qkv_extra(scn: Scenario, shape: ModelShape, dt: _Dt) -> int:
+    """A fused `qkv_proj` (Phi-3/4): v passed on as a view keeps the whole q|k|v output alive (q and k are
+    rotated into new tensors). Not when v is repeated to all heads (GQA under masked or eager attention)."""
+    if not any(lin.name.endswith("qkv_proj") for lin in shape.linears):
+        return 0
+    repeated = shape.num_kv_heads != shape.num_heads and (scn.masked_attention or scn.attn_implementation == "eager")
+    return 0 if repeated else dt.att * (shape.q_dim + shape.kv_dim)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 from zerofit.catalogue import model_config_dict
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
-_CACHE_VERSION = 4
+_CACHE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,9 @@ class ModelShape:
     norms: tuple[tuple[str, int, int], ...] = ()
     # Mixture of experts (0 experts: a dense model): experts per MoE layer, routed per token, an expert's
     # MLP width, the shared expert's width (0: none), and the expert parameters of one layer (all resident).
+    # Sliding-window attention: the window (0: none) and how many of the layers use it.
+    sliding_window: int = 0
+    sliding_layers: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
@@ -253,6 +256,17 @@ def _moe_fields(layer: Any, cfg: Any) -> dict[str, int]:
     }
 
 
+def _sliding_fields(cfg: Any, num_layers: int) -> dict[str, int]:
+    """The sliding window and how many layers attend through it (per-layer `layer_types` where the family
+    mixes local and global layers, Gemma 2/3; else every layer when a window is set, Mistral v0.1, Phi-3)."""
+    window = getattr(cfg, "sliding_window", None) or 0
+    if not window:
+        return {}
+    types = getattr(cfg, "layer_types", None)
+    sliding = sum(t == "sliding_attention" for t in types) if isinstance(types, list) else num_layers
+    return {"sliding_window": window, "sliding_layers": sliding}
+
+
 def _layers_prefix(model: Any) -> str:
     for name, module in model.named_modules():
         if module is decoder_layers(model):
@@ -301,6 +315,7 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         ),
         norms=_norms_of(layer, heads * head_dim, kv_heads * head_dim, head_dim),
         **_moe_fields(layer, cfg),
+        **_sliding_fields(cfg, num_layers),
     )
 
 
