@@ -84,6 +84,9 @@ class TermKind(StrEnum):
     PADDING_MASK = "padding mask"
     SLIDING_MASK = "sliding-window mask"
     SWIGLU = "swiglu"
+    MOE_ROUTED = "routed experts"  # per token: k routed rows through an expert MLP, the router's softmax
+    MOE_SHARED = "shared expert"  # per token: the always-on shared expert (Qwen-MoE) and its gate
+    MERGED_EXPERTS = "merged expert weights"  # per layer: W + BA of adapted 3-D expert weights, saved
     SHARED_LINEAR_INPUTS = "shared linear inputs"
     LINEAR_INPUT_COPIES = "linear input copies"
     LORA_A_OUTPUTS = "lora A outputs"
@@ -129,6 +132,9 @@ SAVED_FOR_BACKWARD = frozenset(
         TermKind.PADDING_MASK,
         TermKind.SLIDING_MASK,
         TermKind.SWIGLU,
+        TermKind.MOE_ROUTED,
+        TermKind.MOE_SHARED,
+        TermKind.MERGED_EXPERTS,
         TermKind.SHARED_LINEAR_INPUTS,
         TermKind.LINEAR_INPUT_COPIES,
         TermKind.LORA_A_OUTPUTS,
@@ -232,12 +238,48 @@ def _layer_split(
     if tiled:
         mlp = dt.resid * h
         terms.append(Term(TermKind.TILED_MLP_INPUT, mlp, "tiled MLP: its input (intermediates per shard)"))
+    elif shape.is_moe:
+        moe_terms = _moe_saves(scn, shape, lora, dt)
+        mlp = sum(t.bytes for t in moe_terms)
+        terms.extend(moe_terms)
     else:
         # SwiGLU: gate output (activation input), activation output, up output.
         mlp = 3 * dt.lin_out * inter
         terms.append(Term(TermKind.SWIGLU, mlp, "SwiGLU: gate, act(gate), up outputs"))
     linear_terms, linear_post_attention = _linear_input_saves(scn, shape, lora, dt, skip_mlp=tiled)
     return terms + linear_terms, norm + mlp + linear_post_attention
+
+
+def _moe_saves(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt) -> list[Term]:
+    """What a mixture-of-experts block saves per token (transformers 5's grouped_mm experts): each token is
+    routed to k experts, so k rows run an expert MLP of width I: its fused gate|up output (2I) and act(gate)
+    (I), the expert output (h, saved by the routing-weight product), three int64 indices and the weight;
+    the router's fp32 softmax and logits (E wide) and its top-k. With the experts adapted (peft's
+    `target_parameters`) the merged weight needs its own gradient: the gathered input (h) and the down
+    projection's input (I) are saved too. A shared expert (Qwen-MoE) is a dense SwiGLU of its own width
+    behind a sigmoid gate (which keeps the expert's output)."""
+    m, h, k = dt.lin_out, shape.hidden_size, shape.experts_per_token
+    inter, experts = shape.expert_intermediate_size, shape.num_experts
+    row = m * (3 * inter + h) + 3 * 8 + m
+    if lora is not None and lora.experts_adapted:
+        row += m * (inter + h)
+    router = 4 * experts + m * experts + 12 * k
+    label = f"routed experts: {k} of {experts} per token through an MLP of {inter}, router softmax"
+    terms = [Term(TermKind.MOE_ROUTED, k * row + router, label)]
+    shared = shape.shared_expert_intermediate_size
+    if shared:
+        label = f"shared expert: SwiGLU of {shared} (gate, act(gate), up) and its sigmoid gate"
+        terms.append(Term(TermKind.MOE_SHARED, 3 * m * shared + m * h + 2 * m, label))
+    return terms
+
+
+def _merged_expert_bytes(scn: Scenario, lora: LoraShape | None) -> int:
+    """Bytes one layer's merged expert weights (W + BA, rebuilt each forward in the weights' dtype) hold
+    from forward to backward when peft adapts the 3-D expert weights."""
+    if lora is None or not lora.experts_adapted:
+        return 0
+    prof = compute_profile(scn)
+    return lora.merged_expert_numel * (dtype_bytes(prof.half) if prof.half else 4)
 
 
 def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
@@ -328,7 +370,7 @@ def _linear_input_saves(
         "attn_in": (h, dt.resid, False),
         "o_in": (shape.q_dim, dt.att, scn.attn_implementation == "sdpa"),
         "mlp_in": (h, dt.resid, False),
-        "down_in": (shape.intermediate_size, dt.lin_out, False),
+        "down_in": (shape.shared_expert_intermediate_size or shape.intermediate_size, dt.lin_out, False),
     }
     acc = _LinearSaves(shared=set())
     post_attention = 0
@@ -344,6 +386,8 @@ def _linear_input_saves(
         _save_linear(acc, scn, dt, group, width, x_b, adapter_r)
         if group in _POST_ATTENTION_GROUPS:
             post_attention += acc.own - before
+    if lora is not None and lora.router_adapted:
+        acc.shared.add("mlp_in")  # the router's merged weight needs its input: the MLP's normed input
     counted = [g for g in acc.shared if g in groups and not groups[g][2]]
     shared = sum(groups[g][0] * groups[g][1] for g in counted)
     post_attention += sum(groups[g][0] * groups[g][1] for g in counted if g in _POST_ATTENTION_GROUPS)
@@ -418,6 +462,8 @@ def _transients(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _D
     first), minus what the down projection's nodes saved and have just released.
     """
     h, inter = shape.hidden_size, shape.intermediate_size
+    if shape.is_moe:  # the routed rows: k per token through an expert MLP (and the shared expert's)
+        inter = shape.experts_per_token * shape.expert_intermediate_size + shape.shared_expert_intermediate_size
     m, ac, a = dt.lin_out, dt.autocast_half, dt.adapter
     full = not scn.lora
     targets = {t.name.rpartition(".")[2] for t in (lora.layer_targets if lora else ())}
@@ -480,6 +526,7 @@ class _Step:
     ids: int  # the input ids the embedding's backward keeps (full fine-tuning only)
     in_layer: tuple[Term, ...]  # bytes that exist only while a decoder layer runs
     mlp_backward: tuple[Term, ...] = ()  # tiled MLP: one shard's intermediates + the input-gradient buffer
+    layer_fixed: int = 0  # bytes one layer saves independent of tokens (merged expert weights)
 
     @property
     def last_recomputed(self) -> bool:
@@ -489,7 +536,10 @@ class _Step:
     def recomputed(self, which: str) -> Term:
         """One recomputed layer's saved tensors; `which` names it (`last layer`, `layer 3`)."""
         label = f"recomputed {which} ({self.tokens} tokens x {self.recomputed_tok:,} B)"
-        return Term(TermKind.RECOMPUTED_LAYER, self.recomputed_tok * self.tokens, label)
+        if self.layer_fixed:
+            label += f" + {self.layer_fixed:,} B of merged expert weights"
+        nbytes = self.recomputed_tok * self.tokens + self.layer_fixed
+        return Term(TermKind.RECOMPUTED_LAYER, nbytes, label)
 
     def input_ids(self) -> list[Term]:
         """The embedding backward's input ids, when it keeps them."""
@@ -685,7 +735,9 @@ def _forward_moments(st: _Step, bool_mask: int) -> list[Moment]:
     ]
 
 
-def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_layer_tok: int) -> list[Term]:
+def _base_terms(
+    st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_layer_tok: int, layer_fixed: int = 0
+) -> list[Term]:
     """Alive through forward and backward: autocast's weight copies, the checkpointed inputs with the
     rotary tables (and the padding mask they keep), the saved tensors of the layers not checkpointed."""
     scn, h, n_layers = st_scn, shape.hidden_size, shape.num_layers
@@ -711,7 +763,10 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
         # Under LoRA nothing before layer 0's first adapter needs a gradient: its first RMSNorm saves nothing.
         layer0_saving = 0 if (not scn.lora or n_ckpt) else _norm_saves(scn, h, dt)
         label = f"saved activations ({n_saved} layers x {tokens} tokens x {per_layer_tok:,} B)"
-        terms.append(Term(TermKind.SAVED_LAYERS, (n_saved * per_layer_tok - layer0_saving) * tokens, label))
+        saved = (n_saved * per_layer_tok - layer0_saving) * tokens + n_saved * layer_fixed
+        if layer_fixed:
+            label += f" + {n_saved} x {layer_fixed:,} B of merged expert weights"
+        terms.append(Term(TermKind.SAVED_LAYERS, saved, label))
     return terms
 
 
@@ -731,6 +786,7 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
     n_ckpt = scn.checkpointed(shape.num_layers)
     layer_terms, post_attention_tok, tr, mlp_backward = _tiling(scn, shape, lora, dt, tokens)
     per_layer_tok = sum(t.bytes for t in layer_terms)
+    layer_fixed = _merged_expert_bytes(scn, lora)  # bytes a layer saves whatever its token count
     v = shape.vocab_size
     logits_label = (
         f"logits ({dtype_label(dt.logits, prof.half)}, {tokens} x {v:,}), held by the training loop"
@@ -750,7 +806,8 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
         recomputed_tok=per_layer_tok
         - (dt.resid * shape.hidden_size if scn.lean_norm or dt.resid == 4 else 0),
         tr=tr,
-        base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok)),
+        base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok, layer_fixed)),
+        layer_fixed=layer_fixed,
         logits=()
         if scn.cross_entropy == "fused_linear"
         else (Term(TermKind.LOGITS, dt.logits * v * tokens, logits_label),),

@@ -122,6 +122,26 @@ class LoraShape:
     # Element counts of every trainable tensor of the whole model (for per-tensor optimizer rules such as
     # bitsandbytes' "8-bit state only for tensors of >= 4096 elements").
     tensor_numels: tuple[int, ...]
+    # Parameters (not `nn.Linear`s) peft adapts in one layer through `target_parameters`, as
+    # (module, parameter, numel): a MoE's fused 3-D expert weights and its router's weight, which peft
+    # 0.21 targets for `all-linear` on transformers 5 Mixtral / Qwen3-MoE. Their merged weight W + BA is
+    # rebuilt in every forward (one full-size copy per layer, saved for backward).
+    adapted_params: tuple[tuple[str, str, int], ...] = ()
+
+    @property
+    def experts_adapted(self) -> bool:
+        """True when the experts' 3-D weights carry an adapter (each layer saves their merged copy)."""
+        return any(module.endswith("experts") for module, _, _ in self.adapted_params)
+
+    @property
+    def router_adapted(self) -> bool:
+        """True when the router's weight carries an adapter (the router then saves its input)."""
+        return any(not module.endswith("experts") for module, _, _ in self.adapted_params)
+
+    @property
+    def merged_expert_numel(self) -> int:
+        """Elements of the merged expert weights one layer rebuilds per forward."""
+        return sum(n for module, _, n in self.adapted_params if module.endswith("experts"))
 
 
 def _cache_dir() -> Path:
@@ -351,7 +371,21 @@ def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_d
         if base is not None and hasattr(module, "lora_A") and hasattr(base, "in_features"):
             bias = getattr(base, "bias", None) is not None
             layer_targets.append(LinearShape(name, base.in_features, base.out_features, bias))
-    return {"trainable": trainable, "layer_targets": layer_targets}
+    return {"trainable": trainable, "layer_targets": layer_targets, "adapted_params": _adapted_params(layer0)}
+
+
+def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
+    """(module, parameter, numel) of every parameter peft wraps (`ParamWrapper`) in a decoder layer; the
+    module name is the wrapped module's, without peft's `base_layer` hops."""
+    found = []
+    for name, module in layer.named_modules():
+        param_name = getattr(module, "parameter_name", None)
+        if param_name is None or not hasattr(module, "lora_A"):
+            continue
+        base = module.get_base_layer()
+        numel = getattr(base, param_name).numel() if hasattr(base, param_name) else 0
+        found.append((name.replace(".base_layer", ""), param_name, numel))
+    return found
 
 
 @lru_cache(maxsize=128)
@@ -377,6 +411,7 @@ def _lora_shape_cached(
             "layer_targets": [asdict(t) for t in one["layer_targets"]],
             "layer_numels": layer_numels,
             "outside_numels": outside_numels,
+            "adapted_params": one["adapted_params"],
         }
         _write_cache(key, cached)
     per_layer = cached["layer_trainable_params"]
@@ -391,6 +426,7 @@ def _lora_shape_cached(
         outside_trainable_params=outside,
         layer_targets=tuple(LinearShape(**t) for t in cached["layer_targets"]),
         tensor_numels=numels,
+        adapted_params=tuple(tuple(a) for a in cached.get("adapted_params", ())),
     )
 
 
