@@ -98,6 +98,7 @@ class TermKind(StrEnum):
     SAVED_LAYERS = "saved layers"
     HEAD_INPUTS = "final norm and lm_head saved inputs"
     LOGITS = "logits"
+    LOGITS_SOFTCAP = "soft-capped logits"  # final logit soft-capping: the tanh's saved output
     LOSS_LOG_PROBS = "loss log-probabilities"
     LOSS_GRADIENTS = "loss gradients"
     LOSS_CHUNK = "loss chunk"
@@ -145,6 +146,7 @@ SAVED_FOR_BACKWARD = frozenset(
         TermKind.SAVED_LAYERS,
         TermKind.HEAD_INPUTS,
         TermKind.LOSS_LOG_PROBS,
+        TermKind.LOGITS_SOFTCAP,
         TermKind.TILED_MLP_INPUT,
     }
 )
@@ -291,6 +293,9 @@ def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
         s = scn.seq_len
         attn = dt.att * (q_dim + 2 * kv_saved) + 4 * heads * s + dt.att * heads * s
         label = f"eager attention: q, k and v (repeated to all heads), fp32 softmax + probs (S={s})"
+        if shape.attn_logit_softcapping:  # Gemma 2: the scores' tanh keeps its output (heads x S)
+            attn += dt.att * heads * s
+            label += f", soft-capped scores (tanh output, cap {shape.attn_logit_softcapping:g})"
         return [Term(TermKind.ATTENTION, attn, label)]
     attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads + _fused_qkv_extra(scn, shape, dt)
     terms = [Term(TermKind.ATTENTION, attn, "sdpa attention: q, k, v, output, logsumexp")]
@@ -649,7 +654,18 @@ def _loss_moments(st: _Step) -> list[Moment]:
         head_input = st.dt.resid * h * tokens  # the fused function saves the hidden states as they are
     head = Term(TermKind.HEAD_INPUTS, final_norm + head_input + st.ids, "final norm + lm_head saved inputs")
     ce_tokens = st.scn.rows * (st.scn.seq_len - 1)
-    return [Moment(where, (*st.base, head, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
+    capped = _softcap_terms(st)
+    return [Moment(where, (*st.base, head, *capped, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
+
+
+def _softcap_terms(st: _Step) -> tuple[Term, ...]:
+    """Final logit soft-capping (Gemma 2): cap * tanh(logits / cap) keeps the tanh's output, one more
+    logits-sized tensor, until the loss's backward has passed through it."""
+    cap = st.shape.final_logit_softcapping
+    if not cap or st.scn.cross_entropy == "fused_linear" or not st.logits:
+        return ()
+    label = f"final logit soft-capping: tanh output (cap {cap:g}), saved"
+    return (Term(TermKind.LOGITS_SOFTCAP, st.logits[0].bytes, label),)
 
 
 def _last_layer_moments(st: _Step, head_grad: int) -> list[Moment]:

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.catalogue import model_config_dict
+from zerofit.errors import ConfigError
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
-_CACHE_VERSION = 5
+_CACHE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class ModelShape:
     norms: tuple[tuple[str, int, int], ...] = ()
     # Mixture of experts (0 experts: a dense model): experts per MoE layer, routed per token, an expert's
     # MLP width, the shared expert's width (0: none), and the expert parameters of one layer (all resident).
+    # Gemma 2's soft-capping (0: none): cap * tanh(x / cap) of the attention scores (eager only) and of the
+    # final logits; each tanh keeps its output for backward.
+    attn_logit_softcapping: float = 0.0
+    final_logit_softcapping: float = 0.0
     # Sliding-window attention: the window (0: none) and how many of the layers use it.
     sliding_window: int = 0
     sliding_layers: int = 0
@@ -216,8 +221,21 @@ def build_meta_model(
     from transformers import AutoModelForCausalLM
 
     config = hf_config(name_or_path, num_layers, attn_implementation)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    except ValueError as exc:
+        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise
+        # Gemma 2: soft-capped attention logits have no sdpa kernel in transformers, which refuses it.
+        raise ConfigError(
+            [
+                f"model.attn_implementation = 'sdpa': {name_or_path} ({config.model_type}) has no sdpa "
+                "attention in transformers (its attention logits are soft-capped, which only eager "
+                "attention computes); set model.attn_implementation=eager (the plan then counts the "
+                "S x S probabilities of eager attention)"
+            ]
+        ) from None
 
 
 def decoder_layers(model: Any) -> Any:
@@ -295,7 +313,7 @@ def _layers_prefix(model: Any) -> str:
 
 
 def _compute_model_shape(name_or_path: str) -> ModelShape:
-    model = build_meta_model(name_or_path)
+    model = build_meta_model(name_or_path, attn_implementation="eager")  # shapes only: any attention
     cfg = model.config
     layers = decoder_layers(model)
     layer = layers[0]
@@ -336,6 +354,8 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         norms=_norms_of(layer, heads * head_dim, kv_heads * head_dim, head_dim),
         **_moe_fields(layer, cfg),
         **_sliding_fields(cfg, num_layers),
+        attn_logit_softcapping=getattr(cfg, "attn_logit_softcapping", None) or 0.0,
+        final_logit_softcapping=getattr(cfg, "final_logit_softcapping", None) or 0.0,
     )
 
 
@@ -361,7 +381,8 @@ def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_d
     from zerofit.lora import apply_lora, lora_config
 
     model = apply_lora(
-        build_meta_model(name_or_path, num_layers), lora_config(r, 2 * r, 0.0, targets, use_dora)
+        build_meta_model(name_or_path, num_layers, attn_implementation="eager"),
+        lora_config(r, 2 * r, 0.0, targets, use_dora),
     )
     trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     layer0 = decoder_layers(model)[0]
