@@ -1,4 +1,4 @@
-"""The model catalogue: config.json contents of every popular family at a real size and the built-in `tiny-llama`.
+"""The model catalogue: config.json contents of each popular family at a real size, and `tiny-llama`.
 
 The ground floor of zerofit: the renderer (bucket sizes, FSDP's layer class), the planner (shapes) and the
 built-in model all read a model's config from here, never its weights, so `zerofit plan` works offline for

@@ -13,6 +13,14 @@ come from which tensors autograd saves for backward:
   - SwiGLU saves gate and up outputs and the activation's output;
   - dropout keeps a one-byte mask per element (CUDA).
 
+Per family (issue 18; the shapes come from the model class, `ModelShape`): every RMSNorm of a layer counts
+(Gemma's 4, Qwen3's and Gemma 3's q/k norms over each head); a fused `qkv_proj` (Phi-3/4) keeps its whole
+output alive through v; sliding-window layers attend through a saved mask when the window is shorter than
+the sequence; Gemma 2's soft-capping keeps the tanh output of the attention scores (eager: transformers has
+no soft-capped sdpa) and of the final logits; a mixture of experts routes k rows per token through an expert
+MLP (`_moe_saves`) and, when peft adapts the fused 3-D expert weights, each layer saves their merged copy
+W + BA (a per-layer constant, not per token).
+
 Selective checkpointing (the first n of L layers recomputed) keeps n layer inputs and L - n layers of saved
 tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.loss`): unchunked holds fp32
 log-probabilities and two fp32 (tokens x vocab) gradients, chunked a gradient in the logits' dtype and one
@@ -211,12 +219,16 @@ def _norm_saves(scn: Scenario, hidden: int, dt: _Dt, rows: int = 1) -> int:
 def _layer_norms(scn: Scenario, shape: ModelShape, dt: _Dt) -> tuple[int, int, str]:
     """Every RMSNorm of one layer (2 for Llama; Gemma 4, Qwen3 and Gemma 3 also q/k norms per head): bytes
     per token saved, the part after attention, and the label."""
-    norms = shape.norms or (("input_layernorm", shape.hidden_size, 1), ("post_attention_layernorm", shape.hidden_size, 1))
+    norms = shape.norms or (
+        ("input_layernorm", shape.hidden_size, 1),
+        ("post_attention_layernorm", shape.hidden_size, 1),
+    )
     total = post = 0
     for name, width, rows in norms:
         saved = _norm_saves(scn, width, dt, rows)
         total += saved
-        before_attention = name.startswith(("input_", "self_attn")) or name.rpartition(".")[2][:2] in ("q_", "k_")
+        short = name.rpartition(".")[2]
+        before_attention = name.startswith(("input_", "self_attn")) or short.startswith(("q_", "k_"))
         post += 0 if before_attention else saved
     heads = sum(1 for _, _, rows in norms if rows > 1)
     kind = "lean RMSNorms (input as it is, rstd)" if scn.lean_norm else "RMSNorms (fp32 input, rstd"
@@ -306,7 +318,10 @@ def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
     elif shape.sliding_layers and scn.seq_len > shape.sliding_window:
         # A window shorter than the sequence is not `is_causal`: sliding layers get a mask, saved the same
         # way (the layer term is an average over all layers: only `sliding_layers` of them have it).
-        label = f"sdpa sliding-window mask (S={scn.seq_len}, window {shape.sliding_window}, {shape.sliding_layers} of {shape.num_layers} layers)"
+        label = (
+            f"sdpa sliding-window mask (S={scn.seq_len}, window {shape.sliding_window}, "
+            f"{shape.sliding_layers} of {shape.num_layers} layers)"
+        )
         per_layer = dt.att * scn.seq_len * shape.sliding_layers // shape.num_layers
         terms.append(Term(TermKind.SLIDING_MASK, per_layer, label))
     return terms
@@ -317,7 +332,9 @@ def _fused_qkv_extra(scn: Scenario, shape: ModelShape, dt: _Dt) -> int:
     rotated into new tensors). Not when v is repeated to all heads (GQA under masked or eager attention)."""
     if not any(lin.name.endswith("qkv_proj") for lin in shape.linears):
         return 0
-    repeated = shape.num_kv_heads != shape.num_heads and (scn.masked_attention or scn.attn_implementation == "eager")
+    repeated = shape.num_kv_heads != shape.num_heads and (
+        scn.masked_attention or scn.attn_implementation == "eager"
+    )
     return 0 if repeated else dt.att * (shape.q_dim + shape.kv_dim)
 
 
@@ -468,7 +485,9 @@ def _transients(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _D
     """
     h, inter = shape.hidden_size, shape.intermediate_size
     if shape.is_moe:  # the routed rows: k per token through an expert MLP (and the shared expert's)
-        inter = shape.experts_per_token * shape.expert_intermediate_size + shape.shared_expert_intermediate_size
+        inter = (
+            shape.experts_per_token * shape.expert_intermediate_size + shape.shared_expert_intermediate_size
+        )
     m, ac, a = dt.lin_out, dt.autocast_half, dt.adapter
     full = not scn.lora
     targets = {t.name.rpartition(".")[2] for t in (lora.layer_targets if lora else ())}

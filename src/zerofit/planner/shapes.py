@@ -5,7 +5,9 @@ features decide activation and LoRA sizes), how many parameters sit outside the 
 norm, lm_head), and exactly how many parameters LoRA adds. All of it comes from building the real
 transformers model class on `torch.device("meta")` (no memory, milliseconds) and, for LoRA, applying peft to
 a meta build too, so counts are exact for any architecture transformers knows, including biases, GQA and
-DoRA magnitude vectors.
+DoRA magnitude vectors. Family facts come from the build too: every RMSNorm of a layer, the sliding window
+and its layers, soft-capping, tied embeddings, and a mixture of experts' routed experts (transformers 5
+stores a layer's experts as fused 3-D parameters, not `nn.Linear`s) and what peft adapts among them.
 
 LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of these models are identical), which
 keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`),
@@ -96,6 +98,15 @@ class ModelShape:
     def param_numels(self) -> tuple[int, ...]:
         """Element count of every parameter tensor of the model (per-tensor optimizer rules need them)."""
         return self.layer_param_numels * self.num_layers + self.outside_param_numels
+
+    @property
+    def layer_active_matmul_params(self) -> int:
+        """Matmul weights one token runs through in a decoder layer: the linears, plus under MoE only the
+        k routed experts (of all resident) and the router (E x h): what the speed model counts."""
+        if not self.is_moe:
+            return self.layer_linear_weight_params
+        routed = self.layer_expert_params * self.experts_per_token // self.num_experts
+        return self.layer_linear_weight_params + routed + self.num_experts * self.hidden_size
 
     @property
     def is_moe(self) -> bool:

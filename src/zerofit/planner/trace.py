@@ -306,8 +306,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     mask = _padding_mask(micro, seq)
 
     with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device():
-        model.to_empty(device="cpu")
-        _retie_embeddings(model, scn)
+        _materialize(model, scn)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if prof.grads_leave_autograd:
             # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
@@ -358,9 +357,11 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
 
 
-def _retie_embeddings(model: Any, scn: Scenario) -> None:
-    """`to_empty` gives each module its own new parameter, which unties a tied lm_head (Gemma, small
-    Qwens): one weight would be traced as two. Tie it back as transformers loads it."""
+def _materialize(model: Any, scn: Scenario) -> None:
+    """Fake storages for the meta model. `to_empty` gives each module its own new parameter, which unties
+    a tied lm_head (Gemma, small Qwens): one weight would be traced as two. Tie it back as transformers
+    loads it."""
+    model.to_empty(device="cpu")
     if not model_shape(scn.model).tie_word_embeddings:
         return
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
