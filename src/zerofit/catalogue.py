@@ -38,6 +38,107 @@ TINY_LLAMA_CONFIG: dict[str, Any] = {
     "pad_token_id": 0,
 }
 
+# The other built-in families: random-init models built from each family's own transformers class, as small
+# as tiny-llama but with what makes the family itself (head_dim != hidden / heads, q/k norms, tied embeddings,
+# soft-capping, sliding windows, fused projections, routed and shared experts). Shared dimensions first; every
+# one carries the same character vocabulary (ids 0-3: pad, bos, eos, unk) plus its family's chat tokens, and
+# eos_token_id is set per family when its tokenizer is written (`zerofit.tiny_llama`).
+_TINY_BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+_TINY_MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    TINY_LLAMA: TINY_LLAMA_CONFIG,
+    "tiny-llama3": {**TINY_LLAMA_CONFIG, "rope_theta": 500000.0},
+    "tiny-mistral": {
+        **_TINY_BASE,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "sliding_window": 64,
+        "tie_word_embeddings": False,
+    },
+    "tiny-qwen2": {
+        **_TINY_BASE,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "tie_word_embeddings": True,
+    },
+    "tiny-qwen3": {
+        **_TINY_BASE,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "head_dim": 32,
+        "tie_word_embeddings": True,
+    },
+    "tiny-gemma2": {
+        **_TINY_BASE,
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 16,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+    },
+    "tiny-gemma3": {
+        **_TINY_BASE,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "tie_word_embeddings": True,
+    },
+    "tiny-phi3": {
+        **_TINY_BASE,
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "tie_word_embeddings": False,
+    },
+    "tiny-mixtral": {
+        **_TINY_BASE,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    },
+    "tiny-qwen3-moe": {
+        **_TINY_BASE,
+        **_TINY_MOE,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "head_dim": 32,
+        "tie_word_embeddings": False,
+    },
+    "tiny-qwen2-moe": {
+        **_TINY_BASE,
+        **_TINY_MOE,
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "shared_expert_intermediate_size": 64,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def is_tiny_model(name: str) -> bool:
+    """Whether `model.name_or_path` names one of the built-in random-init models (`tiny-llama`, `tiny-qwen3`, ...)."""
+    return name in TINY_CONFIGS
+
+
 _LLAMA2_7B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -239,7 +340,7 @@ FAMILY_CATALOGUE: dict[str, dict[str, Any]] = {
 }
 
 CATALOGUE: dict[str, dict[str, Any]] = {
-    TINY_LLAMA: TINY_LLAMA_CONFIG,
+    **TINY_CONFIGS,
     "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
     "meta-llama/Meta-Llama-3-8B": {
         **_LLAMA2_7B,

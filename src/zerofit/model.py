@@ -18,19 +18,26 @@ from typing import Any
 
 import torch
 
-from zerofit.catalogue import TINY_LLAMA
+from zerofit.catalogue import is_tiny_model, model_config_dict
 from zerofit.config.resolve import check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
-from zerofit.lora import apply_lora, check_target_modules, lora_config
+from zerofit.lora import (
+    AdapterSpec,
+    adapted_counts,
+    apply_lora,
+    check_model_targets,
+    lora_config,
+    model_targets,
+)
 from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
 from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
 from zerofit.tiling import enable_tiled_mlp, tiled_mlp_shards
-from zerofit.tiny_llama import ensure_tiny_llama
+from zerofit.tiny_llama import ensure_tiny_model
 
 
 @dataclass
@@ -44,12 +51,15 @@ class BuiltModel:
     load_dtype: torch.dtype
     # The offload hooks when `train.activation_offload` is on (their `take_offloaded_bytes()` per step).
     activation_offload: ActivationOffload | None = None
+    # What LoRA adapted, in words with its counts (`describe_adapters`); None without LoRA.
+    adapters: str | None = None
 
 
 def resolve_model_path(cfg: ZerofitConfig) -> str:
-    """`tiny-llama` becomes the built-in model's cache folder (built once per seed); anything else as given."""
-    if cfg.model.name_or_path == TINY_LLAMA:
-        return str(ensure_tiny_llama(cfg.seed))
+    """A built-in model (`tiny-llama`, `tiny-qwen3`, ...) becomes its cache folder (built once per seed);
+    anything else as given."""
+    if is_tiny_model(cfg.model.name_or_path):
+        return str(ensure_tiny_model(cfg.model.name_or_path, cfg.seed))
     return cfg.model.name_or_path
 
 
@@ -115,33 +125,100 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     return tokenizer
 
 
+def check_attention_before_load(path: str, attn_implementation: str) -> None:
+    """Refuse `model.attn_implementation = sdpa` for a model class transformers does not run it for (Gemma-2:
+    attention-logit soft-capping), from config.json's `architectures` alone, before any weight loads."""
+    import transformers
+
+    if attn_implementation != "sdpa":
+        return
+    try:
+        archs = model_config_dict(path).get("architectures") or []
+    except ConfigError:
+        return  # no config here: the load reports it
+    for arch in archs:
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        if cls is not None and getattr(cls, "_supports_sdpa", True) is False:
+            raise ConfigError(
+                [
+                    f"model.attn_implementation = 'sdpa': {arch} does not run attention through torch's "
+                    "scaled_dot_product_attention (transformers supports only eager or flash attention for it, "
+                    "e.g. Gemma-2's attention-logit soft-capping). Fix: model.attn_implementation=eager"
+                ]
+            )
+
+
 def check_lean_norm_before_load(path: str) -> None:
     """`train.lean_norm = true`: refuse a model whose norm class it does not know (`norms.check_lean_norm`)
     on a meta-device build (milliseconds), not after the weights load; best effort, like the LoRA check."""
     from zerofit.planner.shapes import build_meta_model
 
     try:
-        meta = build_meta_model(path)
+        meta = build_meta_model(path, attn_implementation="eager")
     except (ConfigError, ValueError, KeyError, ImportError):
         return  # custom code: `enable_lean_norm` checks the loaded model itself
     check_lean_norm(meta)
 
 
-def check_lora_targets_before_load(path: str, target_modules: str | list[str]) -> None:
-    """`lora.check_target_modules` on a meta-device build of the model at `path` (milliseconds, no weights).
+def check_lora_targets_before_load(path: str, spec: AdapterSpec) -> None:
+    """`lora.check_model_targets` on a meta-device build of the model at `path` (milliseconds, no weights):
+    meaning words mapped for the model's family, and every name checked to exist, before the load.
 
     Best effort: an architecture that cannot be built from its config alone (custom code) is checked by
     `apply_lora` after the load instead.
     """
-    if isinstance(target_modules, str):
-        return
     from zerofit.planner.shapes import build_meta_model
 
     try:
-        meta = build_meta_model(path)
+        meta = build_meta_model(path, attn_implementation="eager")  # names only: any attention will do
     except (ConfigError, ValueError, KeyError, ImportError):
         return
-    check_target_modules(meta, target_modules)
+    check_model_targets(meta, spec)
+
+
+def lora_spec(cfg: ZerofitConfig) -> AdapterSpec:
+    """The adapter settings of `cfg.lora` (`zerofit.lora.lora_config`)."""
+    lora = cfg.lora
+    return lora_config(
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        lora.target_modules,
+        lora.use_dora,
+        lora.moe_experts,
+        lora.train_router,
+    )
+
+
+def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
+    """What `cfg`'s LoRA adapts, for `zerofit plan` (text and --json): the family, the mapped module and
+    expert-parameter names, the router choice, and the counts peft reaches on a meta-device build of the
+    whole model (no weights). None without LoRA; {"error": ...} for a model not buildable from its config."""
+    if not cfg.lora.enabled:
+        return None
+    from zerofit.planner.shapes import build_meta_model
+
+    spec = lora_spec(cfg)
+    try:
+        meta = build_meta_model(resolve_model_path(cfg), attn_implementation="eager")  # names and counts only
+    except (ConfigError, ValueError, KeyError, ImportError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    targets = model_targets(meta, spec)
+    counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
+    return {
+        "summary": targets.summary,
+        "family": targets.family,
+        "target_modules": targets.target_modules
+        if isinstance(targets.target_modules, str)
+        else list(targets.target_modules),
+        "target_parameters": list(targets.target_parameters),
+        "modules_to_save": list(targets.modules_to_save),
+        "adapted_modules": counts.modules,
+        "adapted_parameters": counts.parameters,
+        "full_modules": counts.full,
+        "trainable_params": counts.trainable_params,
+        "described": f"{targets.summary}: {counts.describe()}",
+    }
 
 
 def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.nn.Module:
@@ -240,10 +317,21 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
     # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
+    check_attention_before_load(path, cfg.model.attn_implementation)
     if cfg.train.lean_norm is True:
         check_lean_norm_before_load(path)
-    if cfg.lora.enabled:
-        check_lora_targets_before_load(path, cfg.lora.target_modules)
+    lora = cfg.lora
+    spec = lora_config(
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        lora.target_modules,
+        lora.use_dora,
+        lora.moe_experts,
+        lora.train_router,
+    )
+    if lora.enabled:
+        check_lora_targets_before_load(path, spec)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
 
     # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
@@ -266,10 +354,11 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
-    if cfg.lora.enabled:
-        lora = cfg.lora
-        config = lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
-        model = apply_lora(model, config, seed=cfg.seed)
+    adapters = None
+    if lora.enabled:
+        targets = model_targets(model, spec)
+        model = apply_lora(model, spec, seed=cfg.seed)
+        adapters = f"{targets.summary or 'the listed modules'}: {adapted_counts(model).describe()}"
 
     # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
     #    decoder layers, offload of their saved inputs, the tiled MLP, lean RMSNorms (`enable_memory_levers`).
@@ -295,4 +384,5 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         trainable_params=trainable,
         load_dtype=dtype,
         activation_offload=offload,
+        adapters=adapters,
     )

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from zerofit.errors import ConfigError
+
 __all__ = [
     "checkpointed_layers",
     "decoder_layers",
     "describe_checkpointing",
     "enable_activation_checkpointing",
+    "no_split_classes",
 ]
 
 
@@ -45,11 +48,27 @@ def describe_checkpointing(n: int, num_layers: int) -> str:
     return f"first {n} of {num_layers} layers"
 
 
+def no_split_classes(model: Any) -> list[str]:
+    """The block classes the model itself says must stay whole (`_no_split_modules` of its transformers
+    class, or of the transformers model under a peft / FSDP wrapper), in the model's order."""
+    names: list[str] = []
+    for module in model.modules():
+        for name in getattr(module, "_no_split_modules", None) or []:
+            if name not in names:
+                names.append(name)
+    return names
+
+
 def decoder_layers(hf_model: Any) -> list[Any]:
-    """The model's repeated decoder blocks, in order (transformers' `GradientCheckpointingLayer`s)."""
+    """The model's repeated decoder blocks, in order: transformers' `GradientCheckpointingLayer`s, or (a
+    model whose layers are not, e.g. custom code) the modules of the classes its `_no_split_modules` names."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    return [m for m in hf_model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    layers = [m for m in hf_model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if layers:
+        return layers
+    classes = set(no_split_classes(hf_model))
+    return [m for m in hf_model.modules() if type(m).__name__ in classes]
 
 
 def enable_activation_checkpointing(hf_model: Any, n_layers: int) -> int:
@@ -62,8 +81,19 @@ def enable_activation_checkpointing(hf_model: Any, n_layers: int) -> int:
     """
     if n_layers <= 0:
         return 0
-    hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     layers = decoder_layers(hf_model)
+    if not layers or not getattr(hf_model, "supports_gradient_checkpointing", False):
+        classes = ", ".join(no_split_classes(hf_model)) or "none"
+        raise ConfigError(
+            [
+                f"train.activation_checkpointing = {n_layers} layers: {type(hf_model).__name__} has no decoder "
+                f"layer zerofit can checkpoint (no transformers GradientCheckpointingLayer; its own block "
+                f"classes, _no_split_modules: {classes}; supports_gradient_checkpointing: "
+                f"{getattr(hf_model, 'supports_gradient_checkpointing', False)}). Fix: "
+                "train.activation_checkpointing=false, or a model whose transformers class supports it"
+            ]
+        )
+    hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     for index, layer in enumerate(layers):
         layer.gradient_checkpointing = index < n_layers
     return min(n_layers, len(layers))

@@ -37,6 +37,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}",
         f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
         f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
+        *([f"  lora         {built.adapters}"] if built.adapters else []),
         f"  engine       {spec.describe_engine()}, precision {t.precision}, clip {t.max_grad_norm or 'off'}",
         f"  engine file  {engine_file}",
         f"  data         {describe_data(cfg.data.path, stats, cfg.data.max_seq_len)}, {sampler.steps_per_epoch} steps/epoch",

@@ -1,4 +1,6 @@
-"""The built-in `tiny-llama`: a random-init Llama and a character-level tokenizer, written once to a cache.
+"""The built-in tiny models: `tiny-llama` and one per family (`tiny-qwen3`, `tiny-gemma3`, `tiny-phi3`,
+`tiny-mixtral`, ...): random-init models of each family's own transformers class and a character-level
+tokenizer carrying the family's chat-template text and chat tokens, written once to a cache.
 
 Nothing is downloaded. The model is written as a normal Hugging Face folder (config.json, safetensors
 weights, tokenizer files) so every later load goes through `from_pretrained` exactly as a real model
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from zerofit.catalogue import TINY_LLAMA_CONFIG
+from zerofit.catalogue import TINY_CONFIGS, TINY_LLAMA
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # A chat template for `messages` data: one letter per role, assistant turns end with eos. The
@@ -35,6 +37,93 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- 'a: ' -}}{%- endif -%}"
 )
+
+# Each family's chat format, written as its real template renders it (the tokens, headers and turn ends of
+# the family's instruct models), so chat data goes through the data pipeline as it would for the real model.
+# Llama-3, ChatML (Qwen) and Gemma mark assistant text with `{% generation %}`; Mistral's [INST] and Phi-3's
+# `<|user|>` templates are left unmarked, as shipped, so the turn-by-turn mask path (`data/chat.py`) runs too.
+_LLAMA3_TEMPLATE = (
+    "{{- '<|begin_of_text|>' -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- message['content'] + '<|eot_id|>' -}}{%- endgeneration -%}"
+    "{%- else -%}{{- message['content'] + '<|eot_id|>' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"
+)
+_CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- message['content'] + '<|im_end|>' -}}{%- endgeneration -%}{{- '\n' -}}"
+    "{%- else -%}{{- message['content'] + '<|im_end|>\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+# Gemma has no system role: a system message is prepended to the first user turn; the assistant is `model`.
+_GEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<start_of_turn>model\n' -}}"
+    "{%- generation -%}{{- message['content'] + '<end_of_turn>' -}}{%- endgeneration -%}{{- '\n' -}}"
+    "{%- else -%}"
+    "{{- '<start_of_turn>user\n' + (first if loop.first else '') + message['content'] + '<end_of_turn>\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
+)
+_MISTRAL_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{{- message['content'] + eos_token -}}"
+    "{%- else -%}{{- '[INST] ' + message['content'] + ' [/INST]' -}}{%- endif -%}"
+    "{%- endfor -%}"
+)
+_PHI3_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}"
+)
+
+
+class TinyFamily:
+    """A built-in model's chat format: its template, its chat tokens (added after the characters) and the
+    token that ends an assistant turn (the tokenizer's eos, as in the family's instruct models)."""
+
+    def __init__(self, template: str, tokens: tuple[str, ...] = (), eos: str = EOS) -> None:
+        self.template, self.tokens, self.eos = template, tokens, eos
+
+
+_LLAMA3 = TinyFamily(
+    _LLAMA3_TEMPLATE,
+    ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    "<|eot_id|>",
+)
+_CHATML = TinyFamily(_CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>")
+_GEMMA = TinyFamily(_GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>"), "<end_of_turn>")
+_MISTRAL = TinyFamily(_MISTRAL_TEMPLATE, ("[INST]", "[/INST]"))
+_PHI3 = TinyFamily(_PHI3_TEMPLATE, ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<|end|>")
+FAMILIES: dict[str, TinyFamily] = {
+    TINY_LLAMA: TinyFamily(CHAT_TEMPLATE),
+    "tiny-llama3": _LLAMA3,
+    "tiny-mistral": _MISTRAL,
+    "tiny-mixtral": _MISTRAL,
+    "tiny-qwen2": _CHATML,
+    "tiny-qwen3": _CHATML,
+    "tiny-qwen3-moe": _CHATML,
+    "tiny-qwen2-moe": _CHATML,
+    "tiny-gemma2": _GEMMA,
+    "tiny-gemma3": _GEMMA,
+    "tiny-phi3": _PHI3,
+}
+assert set(FAMILIES) == set(TINY_CONFIGS), "every built-in model has a chat format"
+
 # Bump when the files written by `_build_into` change (the chat template came with 2): the cache folder
 # name carries it, so checkouts with an older or newer tiny-llama never share a folder. (The completion
 # marker came later without a bump: the model files are byte-identical, and a v2 folder without the
@@ -56,72 +145,98 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ZEROFIT_CACHE", Path.home() / ".cache" / "zerofit")).expanduser()
 
 
+def tiny_model_path(name: str = TINY_LLAMA, seed: int = 0) -> Path:
+    """The folder `ensure_tiny_model(name, seed)` builds (it may not exist yet)."""
+    return cache_dir() / f"{name}-seed{seed}-v{FILES_VERSION}"
+
+
 def tiny_llama_path(seed: int = 0) -> Path:
     """The folder `ensure_tiny_llama(seed)` builds (it may not exist yet)."""
-    return cache_dir() / f"tiny-llama-seed{seed}-v{FILES_VERSION}"
+    return tiny_model_path(TINY_LLAMA, seed)
 
 
-def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast (imported lazily: transformers is slow to import)
+def build_tokenizer(
+    name: str = TINY_LLAMA,
+):  # -> transformers.PreTrainedTokenizerFast (imported lazily: slow)
     """A character-level fast tokenizer over a fixed vocabulary: one token per character, no merges.
 
     Encoding never adds special tokens by itself (no post-processor): the data pipeline adds bos/eos
     explicitly, so masking is the same for every tokenizer. Characters outside the vocabulary map to <unk>.
-    It carries `CHAT_TEMPLATE`, so chat (`messages`) data trains on tiny-llama too.
+    It carries the chat template of built-in model `name`'s family, with that family's chat tokens (after
+    the characters, as added special tokens, so `<|im_start|>` is one token) and its turn-end token as eos.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS))}
-    assert len(vocab) <= TINY_LLAMA_CONFIG["vocab_size"]
+    family = FAMILIES[name]
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS, *family.tokens))}
+    assert len(vocab) <= TINY_CONFIGS[name]["vocab_size"]
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # Split into single characters, keeping each one (including spaces and newlines) as its own token.
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     # Concatenate tokens on decode (the default decoder would join them with spaces).
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.add_special_tokens([*SPECIAL_TOKENS, *family.tokens])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
-        eos_token=EOS,
+        eos_token=family.eos,
         unk_token=UNK,
         pad_token=PAD,
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=TINY_LLAMA_CONFIG["max_position_embeddings"],
+        chat_template=family.template,
+        model_max_length=TINY_CONFIGS[name]["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
 
 
-def _build_into(folder: Path, seed: int) -> None:
-    """Write config, seeded random weights and tokenizer into `folder` (which must exist and be empty).
+def _build_into(folder: Path, seed: int, name: str = TINY_LLAMA) -> None:
+    """Write config, seeded random weights and tokenizer of built-in model `name` into `folder` (which must
+    exist and be empty); the model is its family's own transformers class (config.json's `architectures`).
 
     Every file is written here, whatever the distributed state: `PreTrainedModel.save_pretrained` writes
     nothing on a rank other than 0 once torch.distributed is initialized (`should_save_on_this_rank`), so
     a non-zero rank building through it would produce a folder holding only the tokenizer. The bytes are
     those `save_pretrained` writes for this model (config.json with its dtype, generation_config.json,
-    one untied `model.safetensors` with metadata format=pt), so the weights are the same as ever.
+    one `model.safetensors` with metadata format=pt; a tied lm_head is stored once, as save_pretrained does).
     """
+    import transformers
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**TINY_LLAMA_CONFIG)
+    tokenizer = build_tokenizer(name)
+    data = dict(TINY_CONFIGS[name])
+    data["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    model_class = getattr(transformers, data["architectures"][0])
     # Seeded init without disturbing the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     model.config.dtype = str(model.dtype).removeprefix("torch.")  # as save_pretrained records it
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
-    weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    build_tokenizer().save_pretrained(folder)
+    save_file(_unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
     _write_marker(folder)
+
+
+def _unshared_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each storage once: a tied output head (Qwen2, Gemma) is the embedding, which
+    safetensors refuses to store twice and `from_pretrained` ties back."""
+    seen: set[int] = set()
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        weights[name] = tensor.contiguous()
+    return weights
 
 
 def _write_marker(folder: Path) -> None:
     """Record every file of `folder` and its size in `MARKER`, written last: the folder is now complete."""
     missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
     if missing:  # a writer skipped a file: never mark such a folder complete
-        raise RuntimeError(f"building tiny-llama in {folder} wrote no {', '.join(missing)}")
+        raise RuntimeError(f"building a tiny model in {folder} wrote no {', '.join(missing)}")
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
     (folder / MARKER).write_text(json.dumps({"files": files}, indent=2) + "\n")
 
@@ -175,14 +290,19 @@ def _replace(new: Path, target: Path) -> None:
 
 
 def ensure_tiny_llama(seed: int = 0) -> Path:
-    """Return the folder of the built-in tiny Llama for `seed`, building it once per machine if needed.
+    """Return the folder of the built-in tiny Llama for `seed` (`ensure_tiny_model`)."""
+    return ensure_tiny_model(TINY_LLAMA, seed)
+
+
+def ensure_tiny_model(name: str = TINY_LLAMA, seed: int = 0) -> Path:
+    """Return the folder of built-in model `name` for `seed`, building it once per machine if needed.
 
     Safe when several processes (the ranks of a launch, or several launches) call it at once: one builds,
     under a lock in the cache folder, into a temporary folder it renames into place; the others wait for
     the lock and then find the folder complete. An incomplete folder (a build that was killed, or one
     written by an older zerofit whose non-zero rank wrote only the tokenizer) is rebuilt, with a note.
     """
-    target = tiny_llama_path(seed)
+    target = tiny_model_path(name, seed)
     if incomplete_reason(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +317,7 @@ def ensure_tiny_llama(seed: int = 0) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            _build_into(tmp, seed)
+            _build_into(tmp, seed, name)
             tmp.chmod(0o755)  # mkdtemp makes it 0700: other users sharing the cache read the model too
             _replace(tmp, target)
         finally:

@@ -90,6 +90,8 @@ FIXED_BY_CHECKPOINT = (
     "lora.r",
     "lora.target_modules",
     "lora.use_dora",
+    "lora.moe_experts",
+    "lora.train_router",
     "model",
     "quantization",
 )

@@ -72,10 +72,12 @@ def build_plan_report(
     """Everything `zerofit plan` shows, as one JSON-able dict (what `--json` prints).
 
     Keys: `batch`, `strategy`, `preset`, `engine_config` (the exact dict the engine receives),
-    `engine_config_file`, `run_dir`, `world_size`, `notes` (what resolve decided for the user, e.g. an engine
+    `engine_config_file`, `run_dir`, `world_size`, `lora` (what the adapters reach: mapped names, counts;
+    None without LoRA), `notes` (what resolve decided for the user, e.g. an engine
     switch), `schedule` (the LR schedule that runs), `config` (the resolved config), `memory` (the planner's
     verdict for `spec`; memory_options: gpu, gpu_mem, trace; with `probe`, the probe's measurements).
     """
+    from zerofit.model import lora_targets_report
     from zerofit.planner.report import memory_report
 
     cfg = resolved.config
@@ -92,6 +94,7 @@ def build_plan_report(
         "schedule": spec.describe_schedule(cfg.scheduler.name, cfg.scheduler.warmup_steps),
         "config": cfg.model_dump(mode="json"),
         "memory": memory_report(resolved, spec, **memory_options),
+        "lora": lora_targets_report(cfg),
     }
     if probe:
         report["memory"]["probe"] = probe_report(resolved, report["memory"])
@@ -158,6 +161,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         from zerofit.planner.report import print_memory
 
         print_memory(report["memory"], console)
+    lora = report.get("lora")
+    if lora:
+        console.print(f"LoRA: {lora.get('described') or lora.get('error')}", highlight=False)
     engine = report["preset"] or report["strategy"]
     if report.get("ds_config"):
         engine = f"{report['strategy']} (your file {report['ds_config']}, autos filled)"

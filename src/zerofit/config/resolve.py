@@ -29,7 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
-from zerofit.catalogue import TINY_LLAMA
+from zerofit.catalogue import is_tiny_model
 from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
 from zerofit.data_files import DATA_FILE_SUFFIXES  # a path with one of them names a local file
 from zerofit.errors import ConfigError
@@ -300,7 +300,7 @@ def _model_path_problem(name: str) -> str | None:
 
     A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`hub.py`).
     """
-    if name == TINY_LLAMA:
+    if is_tiny_model(name):
         return None
     folder = Path(name).expanduser()
     model_folder = "a model folder (config.json, the tokenizer files and the weights, as save_pretrained or `hf download` writes it)"

@@ -229,8 +229,22 @@ class LoraSection(_Section):
     r: int = 16
     alpha: int = 32
     dropout: float = Field(0.05, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    target_modules: list[str] | Literal["all-linear", "attention", "mlp"] = Field(
+        "all-linear",
+        description="A meaning (all-linear, attention, mlp: mapped per model family, fused projections "
+        "included) or a list of module names (each matches the end of a module's full name).",
+    )
     use_dora: bool = False
+    moe_experts: Literal["none", "shared", "all"] = Field(
+        "shared",
+        description="Mixture-of-experts models, with target_modules mlp / all-linear: none (MoE blocks frozen), "
+        "shared (the shared experts, where the family has them), all (shared and every routed expert, through "
+        "peft's target_parameters).",
+    )
+    train_router: bool = Field(
+        False,
+        description="Mixture-of-experts models: train the router's weights in full (false: routing frozen).",
+    )
 
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)

@@ -46,14 +46,6 @@ __all__ = ["decoder_layer_class", "render_spec"]
 # Large enough that DeepSpeed never prints its own step lines; zerofit's console sink reports progress.
 _STEPS_PER_PRINT = 10**9
 
-# Decoder-layer class by HF `model_type`, for the FSDP wrap policy; other models fall back to
-# `<Arch>ForCausalLM` -> `<Arch>DecoderLayer`, the transformers naming convention.
-_DECODER_LAYER_BY_MODEL_TYPE = {
-    "llama": "LlamaDecoderLayer",
-    "mistral": "MistralDecoderLayer",
-    "qwen2": "Qwen2DecoderLayer",
-}
-
 
 def render_spec(resolved: ResolvedConfig, device_type: str = "cpu") -> EngineSpec:
     """The spec of the engine `resolved` names (DeepSpeed, FSDP2, or one process / DDP).
@@ -182,20 +174,47 @@ def _scheduler_type(config: dict[str, Any]) -> str | None:
 
 
 def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
-    """The transformer-block class FSDP shards one by one, from an HF config dict."""
-    model_type = model_cfg.get("model_type")
-    if model_type in _DECODER_LAYER_BY_MODEL_TYPE:
-        return _DECODER_LAYER_BY_MODEL_TYPE[model_type]
-    for arch in model_cfg.get("architectures") or []:
-        if isinstance(arch, str) and arch.endswith("ForCausalLM"):
-            return arch.removesuffix("ForCausalLM") + "DecoderLayer"
+    """The transformer-block class FSDP shards one by one, from an HF config dict: what the model class
+    itself says stays whole (`_no_split_modules` of `architectures`' transformers class, no weights), else
+    transformers' naming convention (`<Arch>ForCausalLM` -> `<Arch>DecoderLayer`, for custom code; the
+    strategy checks the loaded model has that class and refuses naming it when not)."""
+    archs = [
+        a for a in model_cfg.get("architectures") or [] if isinstance(a, str) and a.endswith("ForCausalLM")
+    ]
+    for arch in [*archs, *_causal_lm_class(model_cfg.get("model_type"))]:
+        declared = _no_split_modules(arch)
+        if declared:
+            return next((name for name in declared if name.endswith("DecoderLayer")), declared[0])
+    for arch in archs:
+        return arch.removesuffix("ForCausalLM") + "DecoderLayer"
     raise ConfigError(
         [
-            f"cannot tell which module class is the decoder layer of model_type {model_type!r} "
-            f"(architectures {model_cfg.get('architectures')!r}) for FSDP wrapping; use "
-            "distributed.strategy=deepspeed or a llama / mistral / qwen2 model"
+            f"distributed.strategy = 'fsdp': cannot tell which module class is the decoder layer of model_type "
+            f"{model_cfg.get('model_type')!r} (architectures {model_cfg.get('architectures')!r}: no "
+            "transformers causal-LM class declaring _no_split_modules, no <Arch>ForCausalLM name) to shard per layer. Fix: "
+            "distributed.strategy=deepspeed, or a model whose config.json names its transformers class"
         ]
     )
+
+
+def _causal_lm_class(model_type: Any) -> list[str]:
+    """The causal-LM class transformers' Auto classes build for `model_type` (a config without
+    `architectures`), as a list of none or one name."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    return [name] if isinstance(name, str) else []
+
+
+def _no_split_modules(arch: str) -> list[str]:
+    """`_no_split_modules` of transformers class `arch` (the class only: no model is built), [] if unknown."""
+    import transformers
+
+    try:
+        cls = getattr(transformers, arch)
+    except (AttributeError, ImportError, RuntimeError):
+        return []
+    return list(getattr(cls, "_no_split_modules", None) or [])
 
 
 _FSDP_SYNC_EVERY = (

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from zerofit.catalogue import TINY_LLAMA
+from zerofit.catalogue import is_tiny_model
 from zerofit.config.resolve import adaptation_method
 from zerofit.export.checkpoints import WeightsSource
 from zerofit.export.trained import RunConfig
@@ -67,8 +67,8 @@ def losses(run_dir: Path, up_to_step: int | None = None) -> dict[str, tuple[int,
 
 def _base_model(run: RunConfig) -> str:
     name = run.config.model.name_or_path
-    if name == TINY_LLAMA:
-        return f"{TINY_LLAMA} (zerofit's built-in random-init Llama, seed {run.config.seed})"
+    if is_tiny_model(name):
+        return f"{name} (zerofit's built-in random-init model, seed {run.config.seed})"
     return name
 
 
@@ -123,7 +123,7 @@ def model_card(
     table = "\n".join(f"| {key} | {value} |" for key, value in rows)
     front = yaml.safe_dump(
         {
-            **({"base_model": cfg.model.name_or_path} if cfg.model.name_or_path != TINY_LLAMA else {}),
+            **({"base_model": cfg.model.name_or_path} if not is_tiny_model(cfg.model.name_or_path) else {}),
             "library_name": {"adapter": "peft", "gguf": "gguf"}.get(kind, "transformers"),
             "tags": ["zerofit", method.split(" ")[0], *(["gguf"] if kind == "gguf" else [])],
         },

@@ -92,7 +92,15 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
     lora = run.config.lora
     model: Any = apply_lora(
         build_meta_model(resolve_model_path(run.config)),
-        lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora),
+        lora_config(
+            lora.r,
+            lora.alpha,
+            lora.dropout,
+            lora.target_modules,
+            lora.use_dora,
+            lora.moe_experts,
+            lora.train_router,
+        ),
     )
     state = read_checkpoint(source.path, source.trust_pickles)
     result = model.load_state_dict(state, strict=False, assign=True)

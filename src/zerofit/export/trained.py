@@ -165,7 +165,16 @@ def _apply_adapters(
         )
     lora = run.config.lora
     model = apply_lora(
-        base, lora_config(lora.r, lora.alpha, lora.dropout, lora.target_modules, lora.use_dora)
+        base,
+        lora_config(
+            lora.r,
+            lora.alpha,
+            lora.dropout,
+            lora.target_modules,
+            lora.use_dora,
+            lora.moe_experts,
+            lora.train_router,
+        ),
     )
     _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
     return model.to(dtype)

@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.engine.spec import FSDPSpec
 from zerofit.errors import ConfigError
+from zerofit.recompute import no_split_classes
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,
@@ -99,9 +100,10 @@ class FSDPStrategy(Strategy):
             found = sorted({type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__})
             raise ConfigError(
                 [
-                    f"FSDP wrap: the model has no module of class {layer_class!r} to shard per layer "
-                    f"(layer-like classes found: {', '.join(found) or 'none'}); this model architecture is "
-                    "not supported by the fsdp strategy yet, use distributed.strategy=deepspeed"
+                    f"distributed.strategy = 'fsdp': the model ({type(model).__name__}) has no module of class "
+                    f"{layer_class!r}, the decoder layer its config names, to shard per layer (the model's own "
+                    f"_no_split_modules: {', '.join(no_split_classes(model)) or 'none'}; layer-like classes: "
+                    f"{', '.join(found) or 'none'}), so it cannot be wrapped. Fix: distributed.strategy=deepspeed"
                 ]
             )
         policies = self._policies()
