@@ -3,7 +3,7 @@ family, at real shapes (the catalogue's config.json values) and at tiny shapes o
 
 The real shapes are the acceptance set: Qwen3-8B (q/k norms), Gemma-3-12B (4 norms, q/k norms, head_dim 256,
 sliding-window layers, a tied 262k embedding), Mistral-7B, Phi-4 (fused qkv / gate_up projections) and
-Mixtral-8x7B (8 experts, top-2, peft adapting the fused 3-D expert weights under `all-linear`), at micro
+Mixtral-8x7B (8 experts, top-2, routed experts frozen: `lora.moe_experts: shared`), at micro
 1 x 2048 with LoRA on all linear layers. Each point traces 1 and 2 decoder layers in FakeTensorMode (2-14 s).
 """
 
@@ -76,21 +76,30 @@ def _tiny(model: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "model",
+    ("model", "moe_experts", "train_router"),
     [
-        "google/gemma-3-12b-pt",
-        "google/gemma-2-9b",
-        "microsoft/Phi-3-mini-4k-instruct",
-        "Qwen/Qwen3-30B-A3B",
-        "Qwen/Qwen1.5-MoE-A2.7B",
-        "mistralai/Mixtral-8x7B-v0.1",
+        ("google/gemma-3-12b-pt", "shared", False),
+        ("google/gemma-2-9b", "shared", False),
+        ("microsoft/Phi-3-mini-4k-instruct", "shared", False),
+        ("Qwen/Qwen3-30B-A3B", "all", False),
+        ("Qwen/Qwen1.5-MoE-A2.7B", "shared", True),
+        ("mistralai/Mixtral-8x7B-v0.1", "shared", False),
     ],
 )
-def test_tiny_shapes_within_5_percent_of_trace(model: str) -> None:
-    # A padded micro-batch of 2 x 256: masked attention, sliding windows of 64, routed rows of 2 experts.
+def test_tiny_shapes_within_5_percent_of_trace(model: str, moe_experts: str, train_router: bool) -> None:
+    # A padded micro-batch of 2 x 256: masked attention, sliding windows of 64, routed rows of 2 experts;
+    # every routed expert adapted (merged weights saved per layer) and a router trained in full.
     name = _tiny(model)
     attn = "eager" if model_shape(name).attn_logit_softcapping else "sdpa"  # Gemma 2: eager only
-    scn = Scenario(model=name, seq_len=256, micro_batch_size=2, lora=True, attn_implementation=attn)
+    scn = Scenario(
+        model=name,
+        seq_len=256,
+        micro_batch_size=2,
+        lora=True,
+        attn_implementation=attn,
+        lora_moe_experts=moe_experts,
+        lora_train_router=train_router,
+    )
     traced = trace_memory(scn).tensors_gib
     assert abs(estimate(scn).tensors_gib / traced - 1) < 0.05, model
 
@@ -109,15 +118,19 @@ def test_family_shapes_come_from_the_model_classes() -> None:
     assert model_shape("Qwen/Qwen1.5-MoE-A2.7B").shared_expert_intermediate_size == 5632
 
 
-def test_all_linear_on_an_moe_adapts_what_peft_adapts() -> None:
-    # peft 0.21 on transformers 5: `all-linear` reaches Mixtral's fused 3-D experts and router through
-    # target_parameters; Qwen1.5-MoE's experts are not reached (its shared expert's linears are).
-    mixtral = lora_shape("mistralai/Mixtral-8x7B-v0.1", 16)
-    assert mixtral.experts_adapted and mixtral.router_adapted
-    assert mixtral.merged_expert_numel == model_shape("mistralai/Mixtral-8x7B-v0.1").layer_expert_params
+def test_moe_choices_reach_what_peft_adapts() -> None:
+    # lora.moe_experts: `shared` (default) leaves the routed experts' fused 3-D weights frozen; `all` adapts
+    # them through peft's target_parameters (each layer then rebuilds W + BA); lora.train_router trains the
+    # router in full (modules_to_save), which then saves its input.
+    model = "mistralai/Mixtral-8x7B-v0.1"
+    default = lora_shape(model, 16)
+    assert not default.experts_adapted and not default.router_adapted
+    every = lora_shape(model, 16, moe_experts="all")
+    assert every.merged_expert_numel == model_shape(model).layer_expert_params
+    assert every.trainable_params > 10 * default.trainable_params  # a LoRA pair per expert weight
+    assert lora_shape(model, 16, train_router=True).router_adapted
     qwen15 = lora_shape("Qwen/Qwen1.5-MoE-A2.7B", 16)
-    assert not qwen15.experts_adapted
-    assert any("shared_expert" in t.name for t in qwen15.layer_targets)
+    assert any("shared_expert" in t.name for t in qwen15.layer_targets)  # `shared`: its shared expert adapts
 
 
 def test_moe_speed_counts_the_routed_experts_only() -> None:

@@ -815,7 +815,13 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
     """The shared quantities of every candidate moment, with one layer's per-token terms."""
     prof = compute_profile(scn)
     shape = model_shape(scn.model)
-    lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora) if scn.lora else None
+    lora = (
+        lora_shape(
+            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+        )
+        if scn.lora
+        else None
+    )
     dt = _dtypes(scn, prof)
     tokens = scn.rows * scn.seq_len  # a preference micro-batch: both sequences of every pair
     n_ckpt = scn.checkpointed(shape.num_layers)

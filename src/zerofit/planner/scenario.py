@@ -46,6 +46,10 @@ class Scenario:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | str = "all-linear"
     use_dora: bool = False
+    # Mixture of experts (lora.moe_experts, lora.train_router; zerofit.lora_targets): which experts adapt
+    # (`all`: every routed expert through peft's target_parameters) and whether the router trains in full.
+    lora_moe_experts: str = "shared"
+    lora_train_router: bool = False
     quantization: str = "none"  # none | 8bit | 4bit
     double_quant: bool = True
     optimizer: str = "adamw"
@@ -214,6 +218,8 @@ def scenario_for(
         if isinstance(lora.target_modules, str)
         else tuple(lora.target_modules),
         use_dora=lora.use_dora,
+        lora_moe_experts=lora.moe_experts,
+        lora_train_router=lora.train_router,
         quantization=cfg.quantization.load_in,
         double_quant=cfg.quantization.double_quant,
         optimizer=cfg.optimizer.name,

@@ -388,12 +388,14 @@ def model_shape(name_or_path: str) -> ModelShape:
     return shape
 
 
-def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool) -> dict[str, Any]:
+def _lora_counts(
+    name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool, moe: tuple[str, bool]
+) -> dict[str, Any]:
     from zerofit.lora import apply_lora, lora_config
 
     model = apply_lora(
         build_meta_model(name_or_path, num_layers, attn_implementation="eager"),
-        lora_config(r, 2 * r, 0.0, targets, use_dora),
+        lora_config(r, 2 * r, 0.0, targets, use_dora, *moe),
     )
     trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     layer0 = decoder_layers(model)[0]
@@ -403,7 +405,15 @@ def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_d
         if base is not None and hasattr(module, "lora_A") and hasattr(base, "in_features"):
             bias = getattr(base, "bias", None) is not None
             layer_targets.append(LinearShape(name, base.in_features, base.out_features, bias))
-    return {"trainable": trainable, "layer_targets": layer_targets, "adapted_params": _adapted_params(layer0)}
+    adapted = _adapted_params(layer0)
+    # A router trained in full (lora.train_router: peft's modules_to_save) needs its input saved, as an
+    # adapted one does: recorded as an adapted parameter of the router module.
+    adapted += [
+        (n.split(".modules_to_save")[0].split(".layers.0.")[-1], "weight", p.numel())
+        for n, p in layer0.named_parameters(prefix=f"{_layers_prefix(model)}0")
+        if p.requires_grad and ".modules_to_save." in n
+    ]
+    return {"trainable": trainable, "layer_targets": layer_targets, "adapted_params": adapted}
 
 
 def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
@@ -422,15 +432,16 @@ def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
 
 @lru_cache(maxsize=128)
 def _lora_shape_cached(
-    name_or_path: str, r: int, targets: tuple[str, ...] | str, use_dora: bool
+    name_or_path: str, r: int, targets: tuple[str, ...] | str, use_dora: bool, moe: tuple[str, bool]
 ) -> LoraShape:
     shape = model_shape(name_or_path)
     payload = {"config": model_config_dict(name_or_path), "r": r, "targets": targets, "dora": use_dora}
+    payload["moe"] = list(moe)
     key = _cache_key("lora", payload)
     cached = _read_cache(key)
     if cached is None:
-        one = _lora_counts(name_or_path, 1, r, targets, use_dora)
-        two = _lora_counts(name_or_path, 2, r, targets, use_dora)
+        one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe)
+        two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe)
         t1 = sum(n for _, n in one["trainable"])
         t2 = sum(n for _, n in two["trainable"])
         per_layer = t2 - t1
@@ -463,8 +474,14 @@ def _lora_shape_cached(
 
 
 def lora_shape(
-    name_or_path: str, r: int, target_modules: Any = "all-linear", use_dora: bool = False
+    name_or_path: str,
+    r: int,
+    target_modules: Any = "all-linear",
+    use_dora: bool = False,
+    moe_experts: str = "shared",
+    train_router: bool = False,
 ) -> LoraShape:
-    """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build."""
+    """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build, with
+    `target_modules` mapped for its family and the MoE choices (`zerofit.lora_targets`)."""
     targets = target_modules if isinstance(target_modules, str) else tuple(target_modules)
-    return _lora_shape_cached(name_or_path, r, targets, use_dora)
+    return _lora_shape_cached(name_or_path, r, targets, use_dora, (moe_experts, train_router))

@@ -87,7 +87,16 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
     layer_matmul = float(shape.layer_active_matmul_params * n_layers)
     matmul = layer_matmul + shape.vocab_size * h
     if scn.lora:
-        trainable = float(lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora).trainable_params)
+        trainable = float(
+            lora_shape(
+                scn.model,
+                scn.lora_r,
+                scn.lora_targets,
+                scn.use_dora,
+                scn.lora_moe_experts,
+                scn.lora_train_router,
+            ).trainable_params
+        )
     else:
         trainable = matmul
     attention = 4.0 * n_layers * shape.q_dim * s  # q_dim: head_dim x heads (Gemma: > h)

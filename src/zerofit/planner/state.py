@@ -43,7 +43,9 @@ def param_counts(scn: Scenario) -> ParamCounts:
     quantized_per_layer = shape.layer_linear_weight_params if scn.quantization != "none" else 0
     quantized = quantized_per_layer * shape.num_layers
     if scn.lora:
-        lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora)
+        lora = lora_shape(
+            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+        )
         trainable, numels = lora.trainable_params, lora.tensor_numels
         frozen = shape.total_params - quantized
     else:

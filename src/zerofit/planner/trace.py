@@ -238,7 +238,16 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
         _emulate_quantization(model, prof.half_dtype or torch.float32, scn.fp32_residual)
     if scn.lora:
         model = apply_lora(
-            model, lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
+            model,
+            lora_config(
+                scn.lora_r,
+                scn.lora_alpha,
+                scn.lora_dropout,
+                scn.lora_targets,
+                scn.use_dora,
+                scn.lora_moe_experts,
+                scn.lora_train_router,
+            ),
         )
         _cuda_like_dropout(model)
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
