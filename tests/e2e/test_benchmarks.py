@@ -182,3 +182,11 @@ def test_loss_memory_prints_every_loss_and_writes_its_json(tmp_path: Path) -> No
     sums = [r["loss_sum"] for r in report["results"]]
     assert max(sums) - min(sums) <= 1e-5 * max(sums)  # the same token sums
     assert all(r["peak_mib"] > 0 for r in report["results"])
+
+
+def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(tmp_path: Path) -> None:
+    out = tmp_path / "planner_families.json"
+    _run(str(BENCH / "planner_families.py"), "--smoke", str(out))
+    (row,) = json.loads(out.read_text())["points"]
+    assert row["model"] == "tiny Qwen/Qwen3-30B-A3B" and row["trace_gib"] > 0
+    assert abs(row["diff_pct"]) < 5  # the analytic estimate within 5% of the trace

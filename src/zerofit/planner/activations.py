@@ -13,6 +13,14 @@ come from which tensors autograd saves for backward:
   - SwiGLU saves gate and up outputs and the activation's output;
   - dropout keeps a one-byte mask per element (CUDA).
 
+Per family (issue 18; the shapes come from the model class, `ModelShape`): every RMSNorm of a layer counts
+(Gemma's 4, Qwen3's and Gemma 3's q/k norms over each head); a fused `qkv_proj` (Phi-3/4) keeps its whole
+output alive through v; sliding-window layers attend through a saved mask when the window is shorter than
+the sequence; Gemma 2's soft-capping keeps the tanh output of the attention scores (eager: transformers has
+no soft-capped sdpa) and of the final logits; a mixture of experts routes k rows per token through an expert
+MLP (`_moe_saves`) and, when peft adapts the fused 3-D expert weights, each layer saves their merged copy
+W + BA (a per-layer constant, not per token).
+
 Selective checkpointing (the first n of L layers recomputed) keeps n layer inputs and L - n layers of saved
 tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.loss`): unchunked holds fp32
 log-probabilities and two fp32 (tokens x vocab) gradients, chunked a gradient in the logits' dtype and one
@@ -82,7 +90,11 @@ class TermKind(StrEnum):
     NORMS = "norms"
     ATTENTION = "attention"
     PADDING_MASK = "padding mask"
+    SLIDING_MASK = "sliding-window mask"
     SWIGLU = "swiglu"
+    MOE_ROUTED = "routed experts"  # per token: k routed rows through an expert MLP, the router's softmax
+    MOE_SHARED = "shared expert"  # per token: the always-on shared expert (Qwen-MoE) and its gate
+    MERGED_EXPERTS = "merged expert weights"  # per layer: W + BA of adapted 3-D expert weights, saved
     SHARED_LINEAR_INPUTS = "shared linear inputs"
     LINEAR_INPUT_COPIES = "linear input copies"
     LORA_A_OUTPUTS = "lora A outputs"
@@ -94,6 +106,7 @@ class TermKind(StrEnum):
     SAVED_LAYERS = "saved layers"
     HEAD_INPUTS = "final norm and lm_head saved inputs"
     LOGITS = "logits"
+    LOGITS_SOFTCAP = "soft-capped logits"  # final logit soft-capping: the tanh's saved output
     LOSS_LOG_PROBS = "loss log-probabilities"
     LOSS_GRADIENTS = "loss gradients"
     LOSS_CHUNK = "loss chunk"
@@ -126,7 +139,11 @@ SAVED_FOR_BACKWARD = frozenset(
         TermKind.NORMS,
         TermKind.ATTENTION,
         TermKind.PADDING_MASK,
+        TermKind.SLIDING_MASK,
         TermKind.SWIGLU,
+        TermKind.MOE_ROUTED,
+        TermKind.MOE_SHARED,
+        TermKind.MERGED_EXPERTS,
         TermKind.SHARED_LINEAR_INPUTS,
         TermKind.LINEAR_INPUT_COPIES,
         TermKind.LORA_A_OUTPUTS,
@@ -137,6 +154,7 @@ SAVED_FOR_BACKWARD = frozenset(
         TermKind.SAVED_LAYERS,
         TermKind.HEAD_INPUTS,
         TermKind.LOSS_LOG_PROBS,
+        TermKind.LOGITS_SOFTCAP,
         TermKind.TILED_MLP_INPUT,
     }
 )
@@ -189,12 +207,35 @@ _POST_ATTENTION_GROUPS = ("o_in", "mlp_in", "down_in")
 _MLP_GROUPS = ("mlp_in", "down_in")
 
 
-def _norm_saves(scn: Scenario, hidden: int, dt: _Dt) -> int:
+def _norm_saves(scn: Scenario, hidden: int, dt: _Dt, rows: int = 1) -> int:
     """Bytes per token one RMSNorm saves for backward: HF's fp32 upcast input and rstd (+ its normalized
-    output when the weight trains); the lean norm (`train.lean_norm`) its input as it is and the rstd."""
+    output when the weight trains); the lean norm (`train.lean_norm`) its input as it is and the rstd.
+    `rows`: rstds per token (a q/k norm over each head keeps one per head)."""
     if scn.lean_norm:
-        return dt.resid * hidden + 4
-    return 4 * hidden + 4 + (dt.resid * hidden if not scn.lora else 0)
+        return dt.resid * hidden + 4 * rows
+    return 4 * hidden + 4 * rows + (dt.resid * hidden if not scn.lora else 0)
+
+
+def _layer_norms(scn: Scenario, shape: ModelShape, dt: _Dt) -> tuple[int, int, str]:
+    """Every RMSNorm of one layer (2 for Llama; Gemma 4, Qwen3 and Gemma 3 also q/k norms per head): bytes
+    per token saved, the part after attention, and the label."""
+    norms = shape.norms or (
+        ("input_layernorm", shape.hidden_size, 1),
+        ("post_attention_layernorm", shape.hidden_size, 1),
+    )
+    total = post = 0
+    for name, width, rows in norms:
+        saved = _norm_saves(scn, width, dt, rows)
+        total += saved
+        short = name.rpartition(".")[2]
+        before_attention = name.startswith(("input_", "self_attn")) or short.startswith(("q_", "k_"))
+        post += 0 if before_attention else saved
+    heads = sum(1 for _, _, rows in norms if rows > 1)
+    kind = "lean RMSNorms (input as it is, rstd)" if scn.lean_norm else "RMSNorms (fp32 input, rstd"
+    if not scn.lean_norm:
+        kind += ", normalized output)" if not scn.lora else ")"
+    extra = f", {heads} of them over each q/k head" if heads else ""
+    return total, post, f"{len(norms)} {kind}{extra}"
 
 
 def _layer_split(
@@ -204,22 +245,55 @@ def _layer_split(
     bytes belong after attention (o_proj, norm 2, the MLP). `tiled` (train.tiled_mlp): the MLP saves only
     its input (zerofit.tiling), its intermediates exist per shard in backward (`MLP_SHARD`)."""
     h, inter = shape.hidden_size, shape.intermediate_size
-    # RMSNorm x2: fp32 upcast input + rstd; normalized output too when the norm weight trains (lean: the
+    # Each RMSNorm: fp32 upcast input + rstd; normalized output too when the norm weight trains (lean: the
     # input as it is + rstd).
-    norm = _norm_saves(scn, h, dt)
-    label = "2 RMSNorms (fp32 input, rstd" + (", normalized output)" if not scn.lora else ")")
-    if scn.lean_norm:
-        label = "2 lean RMSNorms (input as it is, rstd)"
-    terms = [Term(TermKind.NORMS, 2 * norm, label), *_attention_saves(scn, shape, dt)]
+    all_norms, norm, label = _layer_norms(scn, shape, dt)
+    terms = [Term(TermKind.NORMS, all_norms, label), *_attention_saves(scn, shape, dt)]
     if tiled:
         mlp = dt.resid * h
         terms.append(Term(TermKind.TILED_MLP_INPUT, mlp, "tiled MLP: its input (intermediates per shard)"))
+    elif shape.is_moe:
+        moe_terms = _moe_saves(scn, shape, lora, dt)
+        mlp = sum(t.bytes for t in moe_terms)
+        terms.extend(moe_terms)
     else:
         # SwiGLU: gate output (activation input), activation output, up output.
         mlp = 3 * dt.lin_out * inter
         terms.append(Term(TermKind.SWIGLU, mlp, "SwiGLU: gate, act(gate), up outputs"))
     linear_terms, linear_post_attention = _linear_input_saves(scn, shape, lora, dt, skip_mlp=tiled)
     return terms + linear_terms, norm + mlp + linear_post_attention
+
+
+def _moe_saves(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _Dt) -> list[Term]:
+    """What a mixture-of-experts block saves per token (transformers 5's grouped_mm experts): each token is
+    routed to k experts, so k rows run an expert MLP of width I: its fused gate|up output (2I) and act(gate)
+    (I), the expert output (h, saved by the routing-weight product), three int64 indices and the weight;
+    the router's fp32 softmax and logits (E wide) and its top-k. With the experts adapted (peft's
+    `target_parameters`) the merged weight needs its own gradient: the gathered input (h) and the down
+    projection's input (I) are saved too. A shared expert (Qwen-MoE) is a dense SwiGLU of its own width
+    behind a sigmoid gate (which keeps the expert's output)."""
+    m, h, k = dt.lin_out, shape.hidden_size, shape.experts_per_token
+    inter, experts = shape.expert_intermediate_size, shape.num_experts
+    row = m * (3 * inter + h) + 3 * 8 + m
+    if lora is not None and lora.experts_adapted:
+        row += m * (inter + h)
+    router = 4 * experts + m * experts + 12 * k
+    label = f"routed experts: {k} of {experts} per token through an MLP of {inter}, router softmax"
+    terms = [Term(TermKind.MOE_ROUTED, k * row + router, label)]
+    shared = shape.shared_expert_intermediate_size
+    if shared:
+        label = f"shared expert: SwiGLU of {shared} (gate, act(gate), up) and its sigmoid gate"
+        terms.append(Term(TermKind.MOE_SHARED, 3 * m * shared + m * h + 2 * m, label))
+    return terms
+
+
+def _merged_expert_bytes(scn: Scenario, lora: LoraShape | None) -> int:
+    """Bytes one layer's merged expert weights (W + BA, rebuilt each forward in the weights' dtype) hold
+    from forward to backward when peft adapts the 3-D expert weights."""
+    if lora is None or not lora.experts_adapted:
+        return 0
+    prof = compute_profile(scn)
+    return lora.merged_expert_numel * (dtype_bytes(prof.half) if prof.half else 4)
 
 
 def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
@@ -233,8 +307,11 @@ def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
         s = scn.seq_len
         attn = dt.att * (q_dim + 2 * kv_saved) + 4 * heads * s + dt.att * heads * s
         label = f"eager attention: q, k and v (repeated to all heads), fp32 softmax + probs (S={s})"
+        if shape.attn_logit_softcapping:  # Gemma 2: the scores' tanh keeps its output (heads x S)
+            attn += dt.att * heads * s
+            label += f", soft-capped scores (tanh output, cap {shape.attn_logit_softcapping:g})"
         return [Term(TermKind.ATTENTION, attn, label)]
-    attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads
+    attn = dt.att * (2 * q_dim + 2 * kv_saved) + 4 * heads + _fused_qkv_extra(scn, shape, dt)
     label = "sdpa attention: q, k, v, output, logsumexp"
     if scn.attn_implementation == "varlen":
         label = f"varlen attention ({scn.varlen_kernel}): q, k, v, output, logsumexp"
@@ -243,6 +320,15 @@ def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:
         # sdpa converts the boolean padding mask to an additive one per call and keeps it for backward.
         label = f"sdpa additive padding mask (S={scn.seq_len})"
         terms.append(Term(TermKind.PADDING_MASK, dt.att * scn.seq_len, label))
+    elif shape.sliding_layers and scn.seq_len > shape.sliding_window:
+        # A window shorter than the sequence is not `is_causal`: sliding layers get a mask, saved the same
+        # way (the layer term is an average over all layers: only `sliding_layers` of them have it).
+        label = (
+            f"sdpa sliding-window mask (S={scn.seq_len}, window {shape.sliding_window}, "
+            f"{shape.sliding_layers} of {shape.num_layers} layers)"
+        )
+        per_layer = dt.att * scn.seq_len * shape.sliding_layers // shape.num_layers
+        terms.append(Term(TermKind.SLIDING_MASK, per_layer, label))
     return terms
 
 
@@ -251,6 +337,17 @@ def _output_is_saved(scn: Scenario) -> bool:
     if scn.attn_implementation == "varlen":
         return scn.varlen_kernel != "sdpa_per_document"
     return scn.attn_implementation == "sdpa"
+
+
+def _fused_qkv_extra(scn: Scenario, shape: ModelShape, dt: _Dt) -> int:
+    """A fused `qkv_proj` (Phi-3/4): v passed on as a view keeps the whole q|k|v output alive (q and k are
+    rotated into new tensors). Not when v is repeated to all heads (GQA under sdpa's dense mask or eager)."""
+    if not any(lin.name.endswith("qkv_proj") for lin in shape.linears):
+        return 0
+    repeated = shape.num_kv_heads != shape.num_heads and (
+        scn.dense_mask or scn.attn_implementation == "eager"
+    )
+    return 0 if repeated else dt.att * (shape.q_dim + shape.kv_dim)
 
 
 @dataclass
@@ -309,7 +406,7 @@ def _linear_input_saves(
         # concatenation of the documents' outputs (a copy of its own).
         "o_in": (shape.q_dim, dt.att, _output_is_saved(scn)),
         "mlp_in": (h, dt.resid, False),
-        "down_in": (shape.intermediate_size, dt.lin_out, False),
+        "down_in": (shape.shared_expert_intermediate_size or shape.intermediate_size, dt.lin_out, False),
     }
     acc = _LinearSaves(shared=set())
     post_attention = 0
@@ -325,6 +422,8 @@ def _linear_input_saves(
         _save_linear(acc, scn, dt, group, width, x_b, adapter_r)
         if group in _POST_ATTENTION_GROUPS:
             post_attention += acc.own - before
+    if lora is not None and lora.router_adapted:
+        acc.shared.add("mlp_in")  # the router's merged weight needs its input: the MLP's normed input
     counted = [g for g in acc.shared if g in groups and not groups[g][2]]
     shared = sum(groups[g][0] * groups[g][1] for g in counted)
     post_attention += sum(groups[g][0] * groups[g][1] for g in counted if g in _POST_ATTENTION_GROUPS)
@@ -399,6 +498,10 @@ def _transients(scn: Scenario, shape: ModelShape, lora: LoraShape | None, dt: _D
     first), minus what the down projection's nodes saved and have just released.
     """
     h, inter = shape.hidden_size, shape.intermediate_size
+    if shape.is_moe:  # the routed rows: k per token through an expert MLP (and the shared expert's)
+        inter = (
+            shape.experts_per_token * shape.expert_intermediate_size + shape.shared_expert_intermediate_size
+        )
     m, ac, a = dt.lin_out, dt.autocast_half, dt.adapter
     full = not scn.lora
     targets = {t.name.rpartition(".")[2] for t in (lora.layer_targets if lora else ())}
@@ -461,6 +564,7 @@ class _Step:
     ids: int  # the input ids the embedding's backward keeps (full fine-tuning only)
     in_layer: tuple[Term, ...]  # bytes that exist only while a decoder layer runs
     mlp_backward: tuple[Term, ...] = ()  # tiled MLP: one shard's intermediates + the input-gradient buffer
+    layer_fixed: int = 0  # bytes one layer saves independent of tokens (merged expert weights)
 
     @property
     def last_recomputed(self) -> bool:
@@ -470,7 +574,10 @@ class _Step:
     def recomputed(self, which: str) -> Term:
         """One recomputed layer's saved tensors; `which` names it (`last layer`, `layer 3`)."""
         label = f"recomputed {which} ({self.tokens} tokens x {self.recomputed_tok:,} B)"
-        return Term(TermKind.RECOMPUTED_LAYER, self.recomputed_tok * self.tokens, label)
+        if self.layer_fixed:
+            label += f" + {self.layer_fixed:,} B of merged expert weights"
+        nbytes = self.recomputed_tok * self.tokens + self.layer_fixed
+        return Term(TermKind.RECOMPUTED_LAYER, nbytes, label)
 
     def input_ids(self) -> list[Term]:
         """The embedding backward's input ids, when it keeps them."""
@@ -580,7 +687,18 @@ def _loss_moments(st: _Step) -> list[Moment]:
         head_input = st.dt.resid * h * tokens  # the fused function saves the hidden states as they are
     head = Term(TermKind.HEAD_INPUTS, final_norm + head_input + st.ids, "final norm + lm_head saved inputs")
     ce_tokens = st.scn.rows * (st.scn.seq_len - 1)
-    return [Moment(where, (*st.base, head, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
+    capped = _softcap_terms(st)
+    return [Moment(where, (*st.base, head, *capped, *terms)) for where, terms in _loss_terms(st, ce_tokens)]
+
+
+def _softcap_terms(st: _Step) -> tuple[Term, ...]:
+    """Final logit soft-capping (Gemma 2): cap * tanh(logits / cap) keeps the tanh's output, one more
+    logits-sized tensor, until the loss's backward has passed through it."""
+    cap = st.shape.final_logit_softcapping
+    if not cap or st.scn.cross_entropy == "fused_linear" or not st.logits:
+        return ()
+    label = f"final logit soft-capping: tanh output (cap {cap:g}), saved"
+    return (Term(TermKind.LOGITS_SOFTCAP, st.logits[0].bytes, label),)
 
 
 def _last_layer_moments(st: _Step, head_grad: int) -> list[Moment]:
@@ -666,7 +784,9 @@ def _forward_moments(st: _Step, bool_mask: int) -> list[Moment]:
     ]
 
 
-def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_layer_tok: int) -> list[Term]:
+def _base_terms(
+    st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_layer_tok: int, layer_fixed: int = 0
+) -> list[Term]:
     """Alive through forward and backward: autocast's weight copies, the checkpointed inputs with the
     rotary tables (and the padding mask they keep), the saved tensors of the layers not checkpointed."""
     scn, h, n_layers = st_scn, shape.hidden_size, shape.num_layers
@@ -693,7 +813,10 @@ def _base_terms(st_scn: Scenario, shape: ModelShape, dt: _Dt, n_ckpt: int, per_l
         # Under LoRA nothing before layer 0's first adapter needs a gradient: its first RMSNorm saves nothing.
         layer0_saving = 0 if (not scn.lora or n_ckpt) else _norm_saves(scn, h, dt)
         label = f"saved activations ({n_saved} layers x {tokens} tokens x {per_layer_tok:,} B)"
-        terms.append(Term(TermKind.SAVED_LAYERS, (n_saved * per_layer_tok - layer0_saving) * tokens, label))
+        saved = (n_saved * per_layer_tok - layer0_saving) * tokens + n_saved * layer_fixed
+        if layer_fixed:
+            label += f" + {n_saved} x {layer_fixed:,} B of merged expert weights"
+        terms.append(Term(TermKind.SAVED_LAYERS, saved, label))
     return terms
 
 
@@ -707,12 +830,19 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
     """The shared quantities of every candidate moment, with one layer's per-token terms."""
     prof = compute_profile(scn)
     shape = model_shape(scn.model)
-    lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora) if scn.lora else None
+    lora = (
+        lora_shape(
+            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+        )
+        if scn.lora
+        else None
+    )
     dt = _dtypes(scn, prof)
     tokens = scn.rows * scn.seq_len  # a preference micro-batch: both sequences of every pair
     n_ckpt = scn.checkpointed(shape.num_layers)
     layer_terms, post_attention_tok, tr, mlp_backward = _tiling(scn, shape, lora, dt, tokens)
     per_layer_tok = sum(t.bytes for t in layer_terms)
+    layer_fixed = _merged_expert_bytes(scn, lora)  # bytes a layer saves whatever its token count
     v = shape.vocab_size
     logits_label = (
         f"logits ({dtype_label(dt.logits, prof.half)}, {tokens} x {v:,}), held by the training loop"
@@ -732,7 +862,8 @@ def _step(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[_Step, li
         recomputed_tok=per_layer_tok
         - (dt.resid * shape.hidden_size if scn.lean_norm or dt.resid == 4 else 0),
         tr=tr,
-        base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok)),
+        base=tuple(_base_terms(scn, shape, dt, n_ckpt, per_layer_tok, layer_fixed)),
+        layer_fixed=layer_fixed,
         logits=()
         if scn.cross_entropy == "fused_linear"
         else (Term(TermKind.LOGITS, dt.logits * v * tokens, logits_label),),

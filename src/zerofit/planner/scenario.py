@@ -47,6 +47,10 @@ class Scenario:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | str = "all-linear"
     use_dora: bool = False
+    # Mixture of experts (lora.moe_experts, lora.train_router; zerofit.lora_targets): which experts adapt
+    # (`all`: every routed expert through peft's target_parameters) and whether the router trains in full.
+    lora_moe_experts: str = "shared"
+    lora_train_router: bool = False
     quantization: str = "none"  # none | 8bit | 4bit
     double_quant: bool = True
     optimizer: str = "adamw"
@@ -217,7 +221,6 @@ def scenario_for(
     _require_resolved(cfg)
     plan = spec.plan
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
-    lora = cfg.lora
     return Scenario(
         model=cfg.model.name_or_path,
         seq_len=cfg.data.max_seq_len,
@@ -232,14 +235,7 @@ def scenario_for(
         ds_builds_optimizer=spec.builds_optimizer,
         fsdp_cpu_offload=isinstance(spec, FSDPSpec) and spec.cpu_offload,
         precision=spec.dtypes.precision,
-        lora=lora.enabled,
-        lora_r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        lora_targets=lora.target_modules
-        if isinstance(lora.target_modules, str)
-        else tuple(lora.target_modules),
-        use_dora=lora.use_dora,
+        **_lora_fields(cfg),
         quantization=cfg.quantization.load_in,
         double_quant=cfg.quantization.double_quant,
         optimizer=cfg.optimizer.name,
@@ -257,6 +253,22 @@ def scenario_for(
         objective=t.objective,
         reference=cfg.preference.reference,
     )
+
+
+def _lora_fields(cfg: ZerofitConfig) -> dict[str, Any]:
+    """The Scenario fields of `cfg.lora` (what is adapted, and how)."""
+    lora = cfg.lora
+    targets = lora.target_modules
+    return {
+        "lora": lora.enabled,
+        "lora_r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "lora_targets": targets if isinstance(targets, str) else tuple(targets),
+        "use_dora": lora.use_dora,
+        "lora_moe_experts": lora.moe_experts,
+        "lora_train_router": lora.train_router,
+    }
 
 
 def planned_kernel(cfg: ZerofitConfig, precision: str) -> str | None:

@@ -5,7 +5,9 @@ features decide activation and LoRA sizes), how many parameters sit outside the 
 norm, lm_head), and exactly how many parameters LoRA adds. All of it comes from building the real
 transformers model class on `torch.device("meta")` (no memory, milliseconds) and, for LoRA, applying peft to
 a meta build too, so counts are exact for any architecture transformers knows, including biases, GQA and
-DoRA magnitude vectors.
+DoRA magnitude vectors. Family facts come from the build too: every RMSNorm of a layer, the sliding window
+and its layers, soft-capping, tied embeddings, and a mixture of experts' routed experts (transformers 5
+stores a layer's experts as fused 3-D parameters, not `nn.Linear`s) and what peft adapts among them.
 
 LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of these models are identical), which
 keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`),
@@ -23,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.catalogue import model_config_dict
+from zerofit.errors import ConfigError
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
-_CACHE_VERSION = 3
+_CACHE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,24 @@ class ModelShape:
     linears: tuple[LinearShape, ...]  # the linear layers of one decoder layer, in forward order
     layer_param_numels: tuple[int, ...]  # element count of each parameter tensor of one decoder layer
     outside_param_numels: tuple[int, ...]  # ... and of each parameter tensor outside the layers
+    # The RMSNorms of one decoder layer, in forward order: (name, width of its input per token, rows per
+    # token it normalises). Llama: 2 norms of `hidden`; Qwen3 and Gemma 3 add q/k norms over each head
+    # (q_dim / kv_dim wide, one rstd per head); Gemma 2/3 have 4 norms of `hidden` per layer.
+    norms: tuple[tuple[str, int, int], ...] = ()
+    # Mixture of experts (0 experts: a dense model): experts per MoE layer, routed per token, an expert's
+    # MLP width, the shared expert's width (0: none), and the expert parameters of one layer (all resident).
+    # Gemma 2's soft-capping (0: none): cap * tanh(x / cap) of the attention scores (eager only) and of the
+    # final logits; each tanh keeps its output for backward.
+    attn_logit_softcapping: float = 0.0
+    final_logit_softcapping: float = 0.0
+    # Sliding-window attention: the window (0: none) and how many of the layers use it.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    layer_expert_params: int = 0
 
     @property
     def layer_mlp_weight_params(self) -> int:
@@ -77,6 +98,20 @@ class ModelShape:
     def param_numels(self) -> tuple[int, ...]:
         """Element count of every parameter tensor of the model (per-tensor optimizer rules need them)."""
         return self.layer_param_numels * self.num_layers + self.outside_param_numels
+
+    @property
+    def layer_active_matmul_params(self) -> int:
+        """Matmul weights one token runs through in a decoder layer: the linears, plus under MoE only the
+        k routed experts (of all resident) and the router (E x h): what the speed model counts."""
+        if not self.is_moe:
+            return self.layer_linear_weight_params
+        routed = self.layer_expert_params * self.experts_per_token // self.num_experts
+        return self.layer_linear_weight_params + routed + self.num_experts * self.hidden_size
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts model (its MLP is routed experts, not one SwiGLU)."""
+        return self.num_experts > 0
 
     @property
     def kv_dim(self) -> int:
@@ -103,6 +138,26 @@ class LoraShape:
     # Element counts of every trainable tensor of the whole model (for per-tensor optimizer rules such as
     # bitsandbytes' "8-bit state only for tensors of >= 4096 elements").
     tensor_numels: tuple[int, ...]
+    # Parameters (not `nn.Linear`s) peft adapts in one layer through `target_parameters`, as
+    # (module, parameter, numel): a MoE's fused 3-D expert weights and its router's weight, which peft
+    # 0.21 targets for `all-linear` on transformers 5 Mixtral / Qwen3-MoE. Their merged weight W + BA is
+    # rebuilt in every forward (one full-size copy per layer, saved for backward).
+    adapted_params: tuple[tuple[str, str, int], ...] = ()
+
+    @property
+    def experts_adapted(self) -> bool:
+        """True when the experts' 3-D weights carry an adapter (each layer saves their merged copy)."""
+        return any(module.endswith("experts") for module, _, _ in self.adapted_params)
+
+    @property
+    def router_adapted(self) -> bool:
+        """True when the router's weight carries an adapter (the router then saves its input)."""
+        return any(not module.endswith("experts") for module, _, _ in self.adapted_params)
+
+    @property
+    def merged_expert_numel(self) -> int:
+        """Elements of the merged expert weights one layer rebuilds per forward."""
+        return sum(n for module, _, n in self.adapted_params if module.endswith("experts"))
 
 
 def _cache_dir() -> Path:
@@ -179,8 +234,21 @@ def build_meta_model(
     from transformers import AutoModelForCausalLM
 
     config = hf_config(name_or_path, num_layers, attn_implementation)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    except ValueError as exc:
+        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise
+        # Gemma 2: soft-capped attention logits have no sdpa kernel in transformers, which refuses it.
+        raise ConfigError(
+            [
+                f"model.attn_implementation = 'sdpa': {name_or_path} ({config.model_type}) has no sdpa "
+                "attention in transformers (its attention logits are soft-capped, which only eager "
+                "attention computes); set model.attn_implementation=eager (the plan then counts the "
+                "S x S probabilities of eager attention)"
+            ]
+        ) from None
 
 
 def decoder_layers(model: Any) -> Any:
@@ -205,6 +273,51 @@ def _linears_of(layer: Any) -> tuple[LinearShape, ...]:
     return tuple(found)
 
 
+def _norms_of(layer: Any, q_dim: int, kv_dim: int, head_dim: int) -> tuple[tuple[str, int, int], ...]:
+    """Every RMSNorm of a decoder layer: (name, input width per token, rstd rows per token). A norm whose
+    weight is head_dim wide normalises each head of q (or k): its input per token is q_dim (kv_dim) wide."""
+    found = []
+    for name, module in layer.named_modules():
+        weight = getattr(module, "weight", None)
+        if "Norm" not in type(module).__name__ or weight is None or weight.dim() != 1:
+            continue
+        width = weight.numel()
+        if width == head_dim and name.rpartition(".")[2].startswith(("q_", "k_")):
+            per_token = q_dim if name.rpartition(".")[2].startswith("q_") else kv_dim
+            found.append((name, per_token, per_token // head_dim))
+        else:
+            found.append((name, width, 1))
+    return tuple(found)
+
+
+def _moe_fields(layer: Any, cfg: Any) -> dict[str, int]:
+    """The routed-experts facts of a decoder layer (all zero for a dense layer): the experts module's 3-D
+    parameters (transformers 5 stores every expert of a layer fused, not as `nn.Linear`s)."""
+    experts = next((m for n, m in layer.named_modules() if n.endswith("experts")), None)
+    if experts is None:
+        return {}
+    num = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", 0)
+    shared = getattr(cfg, "shared_expert_intermediate_size", 0) or 0
+    return {
+        "num_experts": num,
+        "experts_per_token": cfg.num_experts_per_tok,
+        "expert_intermediate_size": getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size,
+        "shared_expert_intermediate_size": shared,
+        "layer_expert_params": sum(p.numel() for p in experts.parameters()),
+    }
+
+
+def _sliding_fields(cfg: Any, num_layers: int) -> dict[str, int]:
+    """The sliding window and how many layers attend through it (per-layer `layer_types` where the family
+    mixes local and global layers, Gemma 2/3; else every layer when a window is set, Mistral v0.1, Phi-3)."""
+    window = getattr(cfg, "sliding_window", None) or 0
+    if not window:
+        return {}
+    types = getattr(cfg, "layer_types", None)
+    sliding = sum(t == "sliding_attention" for t in types) if isinstance(types, list) else num_layers
+    return {"sliding_window": window, "sliding_layers": sliding}
+
+
 def _layers_prefix(model: Any) -> str:
     for name, module in model.named_modules():
         if module is decoder_layers(model):
@@ -213,7 +326,7 @@ def _layers_prefix(model: Any) -> str:
 
 
 def _compute_model_shape(name_or_path: str) -> ModelShape:
-    model = build_meta_model(name_or_path)
+    model = build_meta_model(name_or_path, attn_implementation="eager")  # shapes only: any attention
     cfg = model.config
     layers = decoder_layers(model)
     layer = layers[0]
@@ -227,6 +340,8 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
     num_layers = len(layers)
     other = total - num_layers * layer_params - embed - head_params
     heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     return ModelShape(
         name_or_path=name_or_path,
         model_type=cfg.model_type,
@@ -234,8 +349,8 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         intermediate_size=cfg.intermediate_size,
         num_layers=num_layers,
         num_heads=heads,
-        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         vocab_size=cfg.vocab_size,
         tie_word_embeddings=tied,
         total_params=total,
@@ -249,6 +364,11 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         outside_param_numels=tuple(
             p.numel() for n, p in model.named_parameters() if not n.startswith(_layers_prefix(model))
         ),
+        norms=_norms_of(layer, heads * head_dim, kv_heads * head_dim, head_dim),
+        **_moe_fields(layer, cfg),
+        **_sliding_fields(cfg, num_layers),
+        attn_logit_softcapping=getattr(cfg, "attn_logit_softcapping", None) or 0.0,
+        final_logit_softcapping=getattr(cfg, "final_logit_softcapping", None) or 0.0,
     )
 
 
@@ -262,6 +382,7 @@ def model_shape(name_or_path: str) -> ModelShape:
         cached["linears"] = tuple(LinearShape(**lin) for lin in cached["linears"])
         cached["layer_param_numels"] = tuple(cached["layer_param_numels"])
         cached["outside_param_numels"] = tuple(cached["outside_param_numels"])
+        cached["norms"] = tuple(tuple(n) for n in cached["norms"])
         cached["name_or_path"] = name_or_path
         return ModelShape(**cached)
     shape = _compute_model_shape(name_or_path)
@@ -269,11 +390,14 @@ def model_shape(name_or_path: str) -> ModelShape:
     return shape
 
 
-def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool) -> dict[str, Any]:
+def _lora_counts(
+    name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool, moe: tuple[str, bool]
+) -> dict[str, Any]:
     from zerofit.lora import apply_lora, lora_config
 
     model = apply_lora(
-        build_meta_model(name_or_path, num_layers), lora_config(r, 2 * r, 0.0, targets, use_dora)
+        build_meta_model(name_or_path, num_layers, attn_implementation="eager"),
+        lora_config(r, 2 * r, 0.0, targets, use_dora, *moe),
     )
     trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     layer0 = decoder_layers(model)[0]
@@ -283,20 +407,43 @@ def _lora_counts(name_or_path: str, num_layers: int, r: int, targets: Any, use_d
         if base is not None and hasattr(module, "lora_A") and hasattr(base, "in_features"):
             bias = getattr(base, "bias", None) is not None
             layer_targets.append(LinearShape(name, base.in_features, base.out_features, bias))
-    return {"trainable": trainable, "layer_targets": layer_targets}
+    adapted = _adapted_params(layer0)
+    # A router trained in full (lora.train_router: peft's modules_to_save) needs its input saved, as an
+    # adapted one does: recorded as an adapted parameter of the router module.
+    adapted += [
+        (n.split(".modules_to_save")[0].split(".layers.0.")[-1], "weight", p.numel())
+        for n, p in layer0.named_parameters(prefix=f"{_layers_prefix(model)}0")
+        if p.requires_grad and ".modules_to_save." in n
+    ]
+    return {"trainable": trainable, "layer_targets": layer_targets, "adapted_params": adapted}
+
+
+def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
+    """(module, parameter, numel) of every parameter peft wraps (`ParamWrapper`) in a decoder layer; the
+    module name is the wrapped module's, without peft's `base_layer` hops."""
+    found = []
+    for name, module in layer.named_modules():
+        param_name = getattr(module, "parameter_name", None)
+        if param_name is None or not hasattr(module, "lora_A"):
+            continue
+        base = module.get_base_layer()
+        numel = getattr(base, param_name).numel() if hasattr(base, param_name) else 0
+        found.append((name.replace(".base_layer", ""), param_name, numel))
+    return found
 
 
 @lru_cache(maxsize=128)
 def _lora_shape_cached(
-    name_or_path: str, r: int, targets: tuple[str, ...] | str, use_dora: bool
+    name_or_path: str, r: int, targets: tuple[str, ...] | str, use_dora: bool, moe: tuple[str, bool]
 ) -> LoraShape:
     shape = model_shape(name_or_path)
     payload = {"config": model_config_dict(name_or_path), "r": r, "targets": targets, "dora": use_dora}
+    payload["moe"] = list(moe)
     key = _cache_key("lora", payload)
     cached = _read_cache(key)
     if cached is None:
-        one = _lora_counts(name_or_path, 1, r, targets, use_dora)
-        two = _lora_counts(name_or_path, 2, r, targets, use_dora)
+        one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe)
+        two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe)
         t1 = sum(n for _, n in one["trainable"])
         t2 = sum(n for _, n in two["trainable"])
         per_layer = t2 - t1
@@ -309,6 +456,7 @@ def _lora_shape_cached(
             "layer_targets": [asdict(t) for t in one["layer_targets"]],
             "layer_numels": layer_numels,
             "outside_numels": outside_numels,
+            "adapted_params": one["adapted_params"],
         }
         _write_cache(key, cached)
     per_layer = cached["layer_trainable_params"]
@@ -323,12 +471,19 @@ def _lora_shape_cached(
         outside_trainable_params=outside,
         layer_targets=tuple(LinearShape(**t) for t in cached["layer_targets"]),
         tensor_numels=numels,
+        adapted_params=tuple(tuple(a) for a in cached.get("adapted_params", ())),
     )
 
 
 def lora_shape(
-    name_or_path: str, r: int, target_modules: Any = "all-linear", use_dora: bool = False
+    name_or_path: str,
+    r: int,
+    target_modules: Any = "all-linear",
+    use_dora: bool = False,
+    moe_experts: str = "shared",
+    train_router: bool = False,
 ) -> LoraShape:
-    """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build."""
+    """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build, with
+    `target_modules` mapped for its family and the MoE choices (`zerofit.lora_targets`)."""
     targets = target_modules if isinstance(target_modules, str) else tuple(target_modules)
-    return _lora_shape_cached(name_or_path, r, targets, use_dora)
+    return _lora_shape_cached(name_or_path, r, targets, use_dora, (moe_experts, train_router))

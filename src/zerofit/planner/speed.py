@@ -10,8 +10,9 @@ One micro-step of a rank costs a fixed overhead plus its FLOPs at a sustained ra
                        + backward 2 N (activation gradients) + 2 N_trainable + 8 L h s
                        + recompute (n / L) x (2 N_layers + 4 L h s)   for n of L layers checkpointed
 
-with N the matmul weights (decoder layers + lm_head), N_layers those of the decoder layers, h the hidden
-size, s the sequence length (attention: PaLM's 12 L h s per token, forward 4, backward 8). A step is
+with N the matmul weights (decoder layers + lm_head; of a mixture of experts only the k experts a token is
+routed to, and the router), N_layers those of the decoder layers, h the attention width (heads x head_dim),
+s the sequence length (attention: PaLM's 12 L h s per token, forward 4, backward 8). A step is
 `grad_accum_steps` micro-steps; tokens/s is the global batch's tokens over the step time. A 4-bit base
 dequantizes every weight on the fly: KBIT_SLOWDOWN on the compute term.
 
@@ -99,13 +100,23 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
     """(FLOPs per trained token including recomputation, the recomputation's part), per the module formula."""
     shape = model_shape(scn.model)
     n_layers, h, s = shape.num_layers, shape.hidden_size, scn.seq_len
-    layer_matmul = float(shape.layer_linear_weight_params * n_layers)
+    # A mixture of experts: a token runs through its k routed experts only (all are resident).
+    layer_matmul = float(shape.layer_active_matmul_params * n_layers)
     matmul = layer_matmul + shape.vocab_size * h
     if scn.lora:
-        trainable = float(lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora).trainable_params)
+        trainable = float(
+            lora_shape(
+                scn.model,
+                scn.lora_r,
+                scn.lora_targets,
+                scn.use_dora,
+                scn.lora_moe_experts,
+                scn.lora_train_router,
+            ).trainable_params
+        )
     else:
         trainable = matmul
-    attention = 4.0 * n_layers * h * s
+    attention = 4.0 * n_layers * shape.q_dim * s  # q_dim: head_dim x heads (Gemma: > h)
     forward = 2 * matmul + attention
     backward = 2 * matmul + 2 * trainable + 2 * attention
     ckpt = scn.checkpointed(n_layers)

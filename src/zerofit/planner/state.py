@@ -43,7 +43,9 @@ def param_counts(scn: Scenario) -> ParamCounts:
     quantized_per_layer = shape.layer_linear_weight_params if scn.quantization != "none" else 0
     quantized = quantized_per_layer * shape.num_layers
     if scn.lora:
-        lora = lora_shape(scn.model, scn.lora_r, scn.lora_targets, scn.use_dora)
+        lora = lora_shape(
+            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+        )
         trainable, numels = lora.trainable_params, lora.tensor_numels
         frozen = shape.total_params - quantized
     else:
@@ -350,9 +352,9 @@ def _fsdp_state(
     """FSDP2: every parameter, gradient and optimizer state sharded 1/dp in its original dtype; the root
     group gathered through the step, decoder layers only while they run; optionally on the host."""
     T = counts.trainable
-    t.trace_weight_surplus = (counts.frozen + T) * half_b
-    if quant_b:
-        t.trace_weight_surplus += quant_b - counts.quantized * half_b
+    # The trace holds every weight unsharded in param_dtype, quantized ones as half-precision stand-ins
+    # (`trace._emulate_quantization`): all of it is replaced by the shards below.
+    t.trace_weight_surplus = (counts.frozen + counts.quantized + T) * half_b
     where = Place.HOST if scn.fsdp_cpu_offload else Place.GPU
     sharded = (quant_b + counts.frozen * frozen_b + T * 4) // dp
     t.add(StateKind.SHARDED_WEIGHTS, where, sharded, f"sharded weights (original dtypes, 1/{dp})")

@@ -249,7 +249,16 @@ def build_traced_model(scn: Scenario, num_layers: int) -> Any:
         _emulate_quantization(model, prof.half_dtype or torch.float32, scn.fp32_residual)
     if scn.lora:
         model = apply_lora(
-            model, lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
+            model,
+            lora_config(
+                scn.lora_r,
+                scn.lora_alpha,
+                scn.lora_dropout,
+                scn.lora_targets,
+                scn.use_dora,
+                scn.lora_moe_experts,
+                scn.lora_train_router,
+            ),
         )
         _cuda_like_dropout(model)
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -321,7 +330,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
     mask = _padding_mask(micro, seq)
 
     with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device(scn.masked_attention):
-        model.to_empty(device="cpu")
+        _materialize(model, scn)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if prof.grads_leave_autograd:
             # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
@@ -370,6 +379,19 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
     return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+
+
+def _materialize(model: Any, scn: Scenario) -> None:
+    """Fake storages for the meta model. `to_empty` gives each module its own new parameter, which unties
+    a tied lm_head (Gemma, small Qwens): one weight would be traced as two. Tie it back as transformers
+    loads it."""
+    model.to_empty(device="cpu")
+    if not model_shape(scn.model).tie_word_embeddings:
+        return
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = hf.get_output_embeddings()
+    head = getattr(head, "base_layer", head)  # an adapter on lm_head wraps the tied linear
+    head.weight = hf.get_input_embeddings().weight
 
 
 def _reference_forward(
