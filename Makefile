@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

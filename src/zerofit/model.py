@@ -79,6 +79,19 @@ def load_dtype(cfg: ZerofitConfig) -> torch.dtype:
     return torch_dtype(dtypes.load)
 
 
+def _trained_routers(cfg: ZerofitConfig) -> tuple[str, ...]:
+    """The router modules `lora.train_router` trains in full (`lora_targets`), as name suffixes."""
+    from zerofit.lora_targets import resolve_lora_targets
+
+    lora = cfg.lora
+    try:
+        model_config = model_config_dict(cfg.model.name_or_path)
+    except ConfigError:
+        return ()  # no config to read here: the LoRA check before the load reports the model
+    targets = resolve_lora_targets(model_config, lora.target_modules, lora.moe_experts, lora.train_router)
+    return targets.modules_to_save
+
+
 def quantization_config(cfg: ZerofitConfig) -> Any | None:
     """The bitsandbytes config for `quantization.load_in` 4bit/8bit, or None (no quantization)."""
     load_in = cfg.quantization.load_in
@@ -86,10 +99,14 @@ def quantization_config(cfg: ZerofitConfig) -> Any | None:
         return None
     from transformers import BitsAndBytesConfig
 
+    # A router trained in full (`lora.train_router`) stays a float nn.Linear: a quantized one has no float
+    # weight to train. The skip list replaces transformers' default one, so lm_head is named again.
+    skip = ["lm_head", *_trained_routers(cfg)] if cfg.lora.enabled and cfg.lora.train_router else None
     if load_in == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     # 4-bit matmuls dequantize to the compute dtype: the run's precision (fp32 for precision fp32).
     return BitsAndBytesConfig(
+        llm_int8_skip_modules=skip,
         load_in_4bit=True,
         bnb_4bit_quant_type=cfg.quantization.quant_type,
         bnb_4bit_use_double_quant=cfg.quantization.double_quant,

@@ -239,12 +239,10 @@ def test_a_naive_per_micro_batch_mean_disagrees(
 
 
 def test_adapters_off_reference_equals_the_frozen_base_exactly() -> None:
-    from peft import get_peft_model
-
-    from zerofit.lora import lora_config
+    from zerofit.lora import apply_lora, lora_config
 
     base = _tiny()
-    peft_model = get_peft_model(
+    peft_model = apply_lora(
         _tiny(), lora_config(r=4, alpha=8, dropout=0.0, target_modules="all-linear", use_dora=False)
     )
     with torch.no_grad():  # adapters that change the output (lora_B starts at zero)
