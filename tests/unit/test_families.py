@@ -255,3 +255,15 @@ def test_qlora_trains_an_moe_and_a_fused_projection_family(tmp_path: Path) -> No
             logging={"console": False, "wandb": {"mode": "disabled"}},
         )
         assert result.steps == 2 and result.final_loss is not None
+
+
+def test_a_trained_router_is_kept_out_of_quantization() -> None:
+    """QLoRA with `lora.train_router`: the router (Qwen2-MoE's gate and shared-expert gate, nn.Linears) stays a
+    float module peft can train in full; bitsandbytes would otherwise quantize it to uint8 storage."""
+    from zerofit.config import load_config
+    from zerofit.model import quantization_config
+
+    overrides = ["model.name_or_path=tiny-qwen2-moe", "quantization.load_in=4bit", "lora.moe_experts=all"]
+    trained = quantization_config(load_config(None, [*overrides, "lora.train_router=true"]))
+    assert {"lm_head", "mlp.gate", "mlp.shared_expert_gate"} <= set(trained.llm_int8_skip_modules)
+    assert quantization_config(load_config(None, overrides)).llm_int8_skip_modules is None
