@@ -406,17 +406,8 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     check_kernels_before_load(path, cfg.train.kernels)
     if cfg.distributed.sequence_parallel > 1:
         check_heads_before_load(path, cfg.distributed.sequence_parallel, cfg.model.trust_remote_code)
-    lora = cfg.lora
-    spec = lora_config(
-        lora.r,
-        lora.alpha,
-        lora.dropout,
-        lora.target_modules,
-        lora.use_dora,
-        lora.moe_experts,
-        lora.train_router,
-    )
-    if lora.enabled:
+    spec = lora_spec(cfg)
+    if cfg.lora.enabled:
         check_lora_targets_before_load(path, spec)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
 
@@ -441,7 +432,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
     adapters = None
-    if lora.enabled:
+    if cfg.lora.enabled:
         targets = model_targets(model, spec)
         model = apply_lora(model, spec, seed=cfg.seed)
         adapters = f"{targets.summary or 'the listed modules'}: {adapted_counts(model).describe()}"

@@ -26,8 +26,8 @@ from zerofit.errors import ConfigError
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
 from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for
-from zerofit.lora import apply_lora, lora_config
-from zerofit.model import resolve_model_path
+from zerofit.lora import apply_lora
+from zerofit.model import lora_spec, resolve_model_path
 from zerofit.precision import DTYPES, torch_dtype
 
 __all__ = ["EXPORT_INFO", "ExportResult", "check_out", "export_run", "merged_model", "output_dtype"]
@@ -89,18 +89,9 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
     wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
     from zerofit.planner.shapes import build_meta_model
 
-    lora = run.config.lora
     model: Any = apply_lora(
         build_meta_model(resolve_model_path(run.config)),
-        lora_config(
-            lora.r,
-            lora.alpha,
-            lora.dropout,
-            lora.target_modules,
-            lora.use_dora,
-            lora.moe_experts,
-            lora.train_router,
-        ),
+        lora_spec(run.config),
     )
     state = read_checkpoint(source.path, source.trust_pickles)
     result = model.load_state_dict(state, strict=False, assign=True)

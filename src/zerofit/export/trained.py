@@ -23,8 +23,8 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
 from zerofit.hub import hub_errors
-from zerofit.lora import apply_lora, lora_config
-from zerofit.model import load_dtype, load_tokenizer, quantization_config, resolve_model_path
+from zerofit.lora import apply_lora
+from zerofit.model import load_dtype, load_tokenizer, lora_spec, quantization_config, resolve_model_path
 from zerofit.run_layout import CONFIG_FILE
 
 __all__ = [
@@ -165,18 +165,9 @@ def _apply_adapters(
         raise ConfigError(
             [f"{source.path} is a full model export, but {run.run_dir}/config.yaml says lora.enabled=true"]
         )
-    lora = run.config.lora
     model = apply_lora(
         base,
-        lora_config(
-            lora.r,
-            lora.alpha,
-            lora.dropout,
-            lora.target_modules,
-            lora.use_dora,
-            lora.moe_experts,
-            lora.train_router,
-        ),
+        lora_spec(run.config),
     )
     _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
     return model.to(dtype)
