@@ -27,13 +27,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.data.cache import CachedData, cache_key, load_cached, save_cached, tokenizer_fingerprint
+from zerofit.data.cache import CachedData, load_cached, save_cached
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import Preference, detect_format, parse_record
 from zerofit.data.pairs import PreferencePair
 from zerofit.data.progress import tokenizing_progress
-from zerofit.data.records import RecordSource, open_source
-from zerofit.data.sft import EMPTY_RESPONSE_RULES, DataStats, Example, TokenizedData, gc_paused, has_labels
+from zerofit.data.records import RecordSource
+from zerofit.data.sft import (
+    EMPTY_RESPONSE_RULES,
+    DataStats,
+    Example,
+    TokenizedData,
+    cache_entry,
+    gc_paused,
+    has_labels,
+    open_tokenizable,
+)
 from zerofit.data.tokenize import encode_head, encode_tail, text_tail_within, text_within
 from zerofit.errors import DataError
 from zerofit.loss import IGNORE_INDEX
@@ -317,27 +326,14 @@ def load_preference_pairs(
     if empty_responses not in EMPTY_RESPONSE_RULES:
         raise ValueError(f"empty_responses must be one of {EMPTY_RESPONSE_RULES}, not {empty_responses!r}")
     with gc_paused():
-        source = open_source(path, split=split, subset=subset, key=key)
-        if tokenizer.eos_token_id is None:
-            raise DataError(
-                f"{source.describe()}: the tokenizer has no eos token, so responses cannot be terminated; use a "
-                "model whose tokenizer defines eos_token."
-            )
-        fingerprint = source.fingerprint() if cache else None
-        entry = None
-        if fingerprint is not None:
-            entry = cache_key(
-                source=fingerprint,
-                tokenizer=tokenizer_fingerprint(tokenizer),
-                format=format,
-                max_seq_len=max_seq_len,
-                empty_responses=empty_responses,
-                unit="pairs",  # never the entry of the same source read for SFT
-            )
-            hit = load_cached(entry)
-            data = _from_cache(hit) if hit is not None else None
-            if data is not None:
-                return data
+        source = open_tokenizable(path, tokenizer, split, subset, key)
+        # unit: never the entry of the same source read for SFT
+        entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
+                            empty_responses=empty_responses, unit="pairs")  # fmt: skip
+        hit = load_cached(entry) if entry is not None else None
+        data = _from_cache(hit) if hit is not None else None
+        if data is not None:
+            return data
         state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective)
         data = _tokenize_source(source, state, progress)
         if entry is not None:

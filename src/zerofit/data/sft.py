@@ -375,6 +375,29 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def open_tokenizable(
+    path: str | Path, tokenizer: Any, split: str, subset: str | None, key: str
+) -> RecordSource:
+    """The record source `path` names (`key`: the config key that named it), refused when `tokenizer`
+    cannot terminate a sequence (no eos token). Shared by the SFT and the preference loaders."""
+    source = open_source(path, split=split, subset=subset, key=key)
+    if tokenizer.eos_token_id is None:
+        raise DataError(
+            f"{source.describe()}: the tokenizer has no eos token, so sequences cannot be terminated; use a "
+            "model whose tokenizer defines eos_token."
+        )
+    return source
+
+
+def cache_entry(source: RecordSource, tokenizer: Any, cache: bool, **parts: Any) -> str | None:
+    """The tokenization-cache key of `source` read with `tokenizer` and `parts` (format, max_seq_len, the
+    rules that decide which records are kept, ...), or None without caching or a source fingerprint."""
+    fingerprint = source.fingerprint() if cache else None
+    if fingerprint is None:
+        return None
+    return cache_key(source=fingerprint, tokenizer=tokenizer_fingerprint(tokenizer), **parts)
+
+
 def _load(
     path: str | Path,
     tokenizer: Any,
@@ -387,26 +410,12 @@ def _load(
     key: str,
     empty_responses: str,
 ) -> TokenizedData[Example]:
-    source = open_source(path, split=split, subset=subset, key=key)
-    if tokenizer.eos_token_id is None:
-        raise DataError(
-            f"{source.describe()}: the tokenizer has no eos token, so sequences cannot be terminated; use a "
-            "model whose tokenizer defines eos_token."
-        )
-    entry = None
-    if cache:
-        fingerprint = source.fingerprint()
-        if fingerprint is not None:
-            entry = cache_key(
-                source=fingerprint,
-                tokenizer=tokenizer_fingerprint(tokenizer),
-                format=format,
-                max_seq_len=max_seq_len,
-                empty_responses=empty_responses,  # which records become examples
-            )
-            hit = load_cached(entry)
-            if hit is not None:
-                return _from_cache(hit)
+    source = open_tokenizable(path, tokenizer, split, subset, key)
+    entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
+                        empty_responses=empty_responses)  # fmt: skip
+    hit = load_cached(entry) if entry is not None else None
+    if hit is not None:
+        return _from_cache(hit)
     data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress, empty_responses)
     if entry is not None:
         ids = [e.input_ids for e in data.examples]
