@@ -41,6 +41,7 @@ __all__ = [
     "apply_kernels",
     "kernel_problems",
     "liger_kernels_available",
+    "require_liger",
 ]
 
 # Model types whose RMSNorm, SwiGLU MLP and rotary embedding are Llama's formulas, which Liger's kernels
@@ -78,6 +79,14 @@ def kernel_problems(kernels: str, model_type: str | None, hidden_act: str | None
     return problems
 
 
+def require_liger(kernels: str) -> None:
+    """Refuse `train.kernels` (other than none) where Liger-Kernel is not installed, with the fix."""
+    if not liger_kernels_available():
+        raise ConfigError(
+            [f"train.kernels = {kernels!r} needs Liger-Kernel, which is not installed here; {LIGER_INSTALL}"]
+        )
+
+
 def apply_kernels(hf_model: Any, kernels: str) -> None:
     """Apply `train.kernels` to a transformers model (the one underneath peft); `none` leaves it as is."""
     if kernels == "none":
@@ -88,10 +97,7 @@ def apply_kernels(hf_model: Any, kernels: str) -> None:
     )
     if problems:
         raise ConfigError(problems)
-    if not liger_kernels_available():
-        raise ConfigError(
-            [f"train.kernels = {kernels!r} needs Liger-Kernel, which is not installed here; {LIGER_INSTALL}"]
-        )
+    require_liger(kernels)
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
     _apply_liger_kernel_to_instance(

@@ -29,7 +29,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError
 from zerofit.fused_loss import FUSED_LINEAR, install_fused_head
 from zerofit.hub import hub_errors
-from zerofit.kernels import LIGER_INSTALL, apply_kernels, kernel_problems, liger_kernels_available
+from zerofit.kernels import apply_kernels, kernel_problems, require_liger
 from zerofit.lora import (
     AdapterSpec,
     adapted_counts,
@@ -194,10 +194,7 @@ def check_kernels_before_load(path: str, kernels: str) -> None:
     `apply_kernels` after the load."""
     if kernels == "none":
         return
-    if not liger_kernels_available():
-        raise ConfigError(
-            [f"train.kernels = {kernels!r} needs Liger-Kernel, which is not installed here; {LIGER_INSTALL}"]
-        )
+    require_liger(kernels)
     from transformers import AutoConfig
 
     try:
