@@ -111,6 +111,35 @@ def _step_hook(callback: Callable[[int], None]) -> Any:
     return StepHook()
 
 
+def rank_peaks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's peak over the steady-state steps, from the `mem/rank{r}/...` fields the loop logs.
+
+    The loop resets the CUDA peak counters at every logged step (`zerofit.metrics.memory`), so after a run
+    `torch.cuda.max_memory_allocated()` covers only what came after the last log; the logged per-step peaks
+    are the steps' own. On CUDA `peak_gib` is the allocated peak and `peak_reserved_gib` the reserved one; on
+    CPU (`mem/source` = cpu_rss) both are the process RSS, which says nothing about a GPU.
+    """
+    out: list[dict[str, Any]] = []
+    rank = 0
+    while rows and f"mem/rank{rank}/peak_gib" in rows[0]:
+        peak = max(float(r[f"mem/rank{rank}/peak_gib"]) for r in rows)
+        reserved = [
+            float(r[f"mem/rank{rank}/peak_reserved_gib"])
+            for r in rows
+            if f"mem/rank{rank}/peak_reserved_gib" in r
+        ]
+        out.append(
+            {
+                "rank": rank,
+                "peak_gib": round(peak, 3),
+                "peak_reserved_gib": round(max(reserved), 3) if reserved else None,
+                "source": rows[0].get("mem/source"),
+            }
+        )
+        rank += 1
+    return out
+
+
 def run_zerofit(
     resolved: ResolvedConfig,
     examples: list[Example],
@@ -172,6 +201,7 @@ def run_zerofit(
         "cpu_s_per_step": round(cpu_seconds / len(steady), 4),
         "useful_tokens_per_cpu_s": round(count("useful_tokens_per_s") / cpu_seconds, 1),
         "losses": [round(r.loss, 5) for r in results],
+        "memory_per_rank": rank_peaks(steady),
         # train.compile: dynamo's graph breaks over the run (the first, warm-up step compiles; new shapes of
         # the real-length workload recompile there and later, inside the measured steps).
         "compile_graph_breaks": sink.rows[-1].get("compile/graph_breaks") if sink.rows else None,

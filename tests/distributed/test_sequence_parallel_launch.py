@@ -6,7 +6,9 @@ tokens), global batch 8, as
     one process, micro 8                                      (the reference)
     DeepSpeed ZeRO-3 on 2 ranks gloo, distributed.sequence_parallel=2, micro 4 x accum 2 x dp 1, every
     layer checkpointed
-    that run's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2 x dp 2
+    the same split as (SP 2, dp 1) with the whole global batch in one micro-batch: micro 8 x accum 1, no
+    layer checkpointed, no checkpoint saved (started beside the resumed run below, which waits for sp2's)
+    sp2's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2 x dp 2
 
 Every sequence of the SP run is sharded over both ranks, attention through DeepSpeed's all-to-all
 (`UlyssesSPAttentionHF`), labels shifted before the cut; the loss curve, the token counts, the pre-clip
@@ -42,6 +44,7 @@ SP2 = (
     "train.activation_checkpointing=true",
 )
 RESUMED = ("distributed.preset=zero3", "batch.micro_batch_size=2", "checkpoint.resume=true")
+SP2_MICRO8 = (*SP2[:2], "batch.micro_batch_size=8", "checkpoint.every_steps=0", "checkpoint.save_final=false")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResu
     single = Launch("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8"))
     results = run_launches([single, Launch("sp2", "deepspeed", SP2)], config, out)
     copy_as_interrupted(results["sp2"].check().run_dir, out / "sp2-to-dp2", stopped_at=2, last_step=STEPS)
-    results.update(run_launches([Launch("sp2-to-dp2", "deepspeed", RESUMED)], config, out))
+    second = [Launch("sp2-to-dp2", "deepspeed", RESUMED), Launch("sp2-m8", "deepspeed", SP2_MICRO8)]
+    results.update(run_launches(second, config, out))
     for result in results.values():
         result.check()
     yield results
@@ -89,6 +93,20 @@ def test_sp2_trains_one_global_batch_like_one_process(runs: dict[str, RunResult]
     assert _close(sp.series("loss"), ref.series("loss")), (sp.series("loss"), ref.series("loss"))
     assert _close(sp.series("grad_norm"), ref.series("grad_norm"))
     assert "sequence parallel 2: each sequence sharded over 2 ranks" in sp.stdout
+
+
+def test_sp2_in_one_micro_batch_trains_like_one_process(runs: dict[str, RunResult]) -> None:
+    ref, sp = runs["single"], runs["sp2-m8"]
+    assert [(r["micro_batch_size"], r["grad_accum_steps"], r["dp_size"]) for r in sp.metrics] == [
+        (8, 1, 1)
+    ] * 4
+    assert sp.series("tokens") == ref.series("tokens")
+    assert _close(sp.series("loss"), ref.series("loss")), (sp.series("loss"), ref.series("loss"))
+    assert _close(sp.series("grad_norm"), ref.series("grad_norm"))
+    evals = [(r["eval/loss"], r["eval/tokens"]) for r in sp.metrics if "eval/loss" in r]
+    ref_evals = [(r["eval/loss"], r["eval/tokens"]) for r in ref.metrics if "eval/loss" in r]
+    assert [t for _, t in evals] == [t for _, t in ref_evals]
+    assert _close([loss for loss, _ in evals], [loss for loss, _ in ref_evals])
 
 
 def test_sp2_evaluation_loss_is_exact(runs: dict[str, RunResult]) -> None:

@@ -95,11 +95,13 @@ def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(tmp_path: Path) -> None:
 def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(tmp_path: Path) -> None:
     # One length of the long-context set (the group `long-16k`): zerofit QLoRA and LoRA with the levers, and
     # HF's padding-free baseline for each; on CPU every length is the same tiny run, so one stands for all.
+    # With them the 2-rank Ulysses case (issue 19), which --smoke runs on 2 gloo CPU ranks, and the 2-GPU
+    # FSDP case, which it cannot run: recorded as skipped with the reason, and the script still exits 0.
     result = _run(
         str(BENCH / "gpu_fit.py"),
         "--smoke",
         "--cases",
-        "long-16k",
+        "long-16k,long-2gpu-sp,lora-2gpu-fsdp",
         "--steps",
         "1",
         "--results",
@@ -108,8 +110,25 @@ def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(tmp_path: Pa
     (path,) = tmp_path.glob("gpu_fit-smoke-*.json")
     report = json.loads(path.read_text())
     by = {r["case"]: r for r in report["results"]}
+    assert by.pop("lora-2gpu-fsdp") == {
+        "case": "lora-2gpu-fsdp",
+        "ok": False,
+        "skipped": "needs 2 GPUs; --smoke runs it on none",
+    }
+    sp = by.pop("long-2gpu-sp")
+    assert sp["ok"] is True and sp["useful_tokens_per_s"] > 0, sp
+    # Two ranks trained one sequence between them: SP 2, dp 1, and each rank's memory was logged.
+    assert sp["batch"] == {"global": 1, "micro": 1, "accum": 1, "dp": 1, "sequence_parallel": 2, "ranks": 2}
+    assert [r["rank"] for r in sp["memory_per_rank"]] == [0, 1] and sp["predicted"]["verdict"]
+    assert sp["overrides"][0] == "data.max_seq_len=61440"  # the GPU length; --smoke runs 64 tokens
+    context = sp["context_vs_one_card"]
+    assert context["tokens"] == 64 and context["one_card_planned_memory_tokens"] > 0
+    assert context["2_cards_planned_memory_tokens"] >= context["one_card_planned_memory_tokens"]
+    assert "  long-2gpu-sp: 64 tokens over 2 ranks, useful " in result.stdout
     assert set(by) == {"long-qlora-16k", "long-lora-16k", "long-hf-qlora-16k", "long-hf-lora-16k"}
     assert all(r["ok"] is True and r["useful_tokens_per_s"] > 0 for r in by.values()), by
+    # The one-card LoRA case ran in the same command: the SP case's context is compared with its length.
+    assert context["one_card_measured_tokens"] == 16384
     for case in ("long-qlora-16k", "long-lora-16k"):  # the levers reached the resolved config
         assert by[case]["cross_entropy"] == "fused_linear" and by[case]["activation_checkpointing"] is True
         assert by[case]["levers"]["activation_offload"] is True and by[case]["levers"]["tiled_mlp"] == 4
@@ -144,6 +163,13 @@ def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:
     shape = (config.hidden_size, config.intermediate_size, config.num_hidden_layers)
     assert shape == (4096, 14336, 32) and (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
     assert config.vocab_size == 128256 and sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    # The 2-GPU cases need 2 cards; with fewer they are skipped with the reason (written to the results).
+    assert gpu_fit.skip_reason("long-2gpu-sp", smoke=False, gpus=1) == (
+        "needs 2 GPUs, 1 found here (torch.cuda.device_count()): not run"
+    )
+    assert gpu_fit.skip_reason("long-2gpu-sp", smoke=False, gpus=2) is None
+    assert gpu_fit.skip_reason("long-2gpu-sp", smoke=True, gpus=0) is None  # 2 gloo CPU ranks
+    assert gpu_fit.skip_reason("lora-2gpu-fsdp", smoke=True, gpus=0) is not None
     assert gpu_fit.CASE_GROUPS["long"] == [
         f"long-{kind}-{length}"
         for length in ("16k", "32k", "64k")
