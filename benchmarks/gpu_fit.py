@@ -48,6 +48,15 @@ Speed levers (`--cases speed`, issue 19), the LoRA recipe at the same cap and gl
     (with lora, lora-real as the levers-off runs). `--smoke` runs the kernels cases with train.kernels=none
     (Liger needs CUDA: the case records `smoke_kernels_off`), so the CPU smoke covers their setup.
 
+Two GPUs, Ulysses sequence parallelism (`--cases long-2gpu`, issue 19; 2 ranks under the same cap each):
+
+    long-2gpu-sp         the LoRA long-context recipe as shipped with distributed.sequence_parallel=2 (dp 1)
+                         at 61,440 tokens (ZeRO-2: the planner's longest on 2 cards is 63,488)
+    long-2gpu-sp-zero3   the same on ZeRO-3 at 73,728 tokens (1.89x one card's planned 38,912)
+    each with every rank's measured peak against the plan and its context against one card's
+    (`context_vs_one_card`); skipped, with the reason in the results, where fewer than 2 GPUs are found;
+    `--smoke` runs them on 2 gloo CPU ranks.
+
 The report prints zerofit / HF in useful tokens/s per length; an OOM in a long case is a measured answer
 (recorded with its peak), not a failure of the script.
 
@@ -60,6 +69,7 @@ file is written under benchmarks/results/ (gpu_fit-<gpu>-<utc time>.json).
     python benchmarks/gpu_fit.py --cases lora,lora-auto,hf --steps 3
     python benchmarks/gpu_fit.py --smoke                           # CPU + tiny-llama: checks the script
     python benchmarks/gpu_fit.py --cases long --steps 1            # the long-context set (12 cases)
+    python benchmarks/gpu_fit.py --cases long-2gpu --steps 1       # 2 GPUs, Ulysses (2 cases)
 """
 
 from __future__ import annotations

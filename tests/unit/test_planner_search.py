@@ -139,7 +139,8 @@ def test_each_remedy_typed_as_shown_plans_to_its_predicted_peak(tmp_path: Path) 
 
 def test_remedies_are_runs_resolve_accepts() -> None:
     """Each remedy is the run `resolve()` makes of its overrides: a one-process QLoRA config is offered no
-    "more GPUs" (a one-process run cannot be launched on several ranks), only what it could run."""
+    "more GPUs" as it is (a one-process run cannot be launched on several ranks), only what it could run:
+    more GPUs on DeepSpeed, with the sequence shared (a QLoRA base is not sharded by ZeRO-3)."""
     cfg = load_config(
         str(REPO / "configs" / "llama2-7b-qlora-3090.yaml"),
         ["data.max_seq_len=4096", "batch.micro_batch_size=2"],
@@ -147,7 +148,9 @@ def test_remedies_are_runs_resolve_accepts() -> None:
     resolved = resolve(cfg, 1, choose_fastest_plan)
     plan = plan_memory(resolved, render_spec(resolved), resolve_budget(resolved.config, gpu="rtx4080"))
     assert plan.verdict == "does not fit" and plan.remedies
-    assert not any(r.name.startswith("more GPUs") for r in plan.remedies), [r.name for r in plan.remedies]
+    more = [r for r in plan.remedies if r.name.startswith("more GPUs")]
+    assert [r.name for r in more] == ["more GPUs: 2 with sequence parallelism 2"], [r.name for r in more]
+    assert "distributed.strategy=deepspeed distributed.preset=zero2 distributed.sequence_parallel=2" in more[0].how
 
 
 # ----------------------------------------------------------------------------------------- recipes

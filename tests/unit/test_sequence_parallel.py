@@ -156,6 +156,29 @@ def test_max_context_grows_with_two_and_four_cards() -> None:
     assert any("sequence parallelism 4" in line for line in found.assumptions)
 
 
+def test_a_sequence_too_long_for_one_card_gets_sequence_parallelism_as_its_remedy() -> None:
+    from zerofit.planner.estimate import estimate
+    from zerofit.planner.scenario import what_if
+    from zerofit.planner.search import remedies, resolve_budget
+
+    cfg = load_config(LORA_LONG, ["data.max_seq_len=61440"])  # one card's longest is 38,912
+    budget = resolve_budget(cfg, gpu="rtx3090", detect=False)
+    assert budget is not None
+    # On the 2 GPUs launched: more data-parallel ranks never shorten a rank's sequence; sharing it does.
+    by_name = {r.name: r for r in remedies(cfg, 2, budget)}
+    shared = by_name["sequence parallelism: 2 of the 2 GPUs share each sequence"]
+    assert shared.verdict == "fits" and shared.how.split()[0] == "distributed.sequence_parallel=2"
+    # Typed as shown (with the levers it needs at that length), it is the run that fits.
+    typed = [*shared.how.split(), f"batch.micro_batch_size={shared.micro_batch_size}"]
+    scn = what_if(load_config(LORA_LONG, ["data.max_seq_len=61440", *typed]), 2)
+    assert scn.sequence_parallel == 2 and estimate(scn).total_gib == pytest.approx(shared.total_gib)
+    assert estimate(scn).total_gib <= budget.limit_gib
+    # On one GPU: 2 with ZeRO-3 data parallelism would not fit, 2 sharing the sequence do.
+    more = [r for r in remedies(cfg, 1, budget) if r.name.startswith("more GPUs")]
+    assert [r.name for r in more] == ["more GPUs: 2 with sequence parallelism 2"]
+    assert "deepspeed --num_gpus 2" in more[0].how and "distributed.sequence_parallel=2" in more[0].how
+
+
 def test_a_sequence_parallel_checkpoint_resumes_only_on_its_world_size(tmp_path: Path) -> None:
     from zerofit.checkpoint.resume import _check_sequence_parallel_world
     from zerofit.errors import ResumeError

@@ -470,7 +470,11 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
             out.append(_remedy("combined", " + ".join(applied), scn, per_rank, budget))
     levers = _lever_remedy(cfg, world_size, per_rank, budget)
     out += [levers] if levers is not None else []
-    more = _more_gpus(cfg, world_size, budget, cfg.batch.global_batch_size or per_rank * world_size)
+    global_batch = cfg.batch.global_batch_size or per_rank * world_size
+    if world_size >= 2:  # the ranks launched can share each sequence: no more GPUs needed
+        shared = _sequence_parallel_at(cfg, world_size, budget, global_batch, launched=True)
+        out += [shared] if shared is not None else []
+    more = _more_gpus(cfg, world_size, budget, global_batch)
     return out + ([more] if more is not None else [])
 
 
@@ -496,20 +500,91 @@ def _lever_remedy(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Bu
 
 
 def _more_gpus(cfg: ZerofitConfig, world_size: int, budget: Budget, global_batch: int) -> Remedy | None:
-    """The fewest GPUs (sharded by ZeRO-3 unless the base is quantized) that divide the global batch and make
-    the run fit, or None."""
+    """The fewest GPUs that make the run fit, or None: data-parallel (sharded by ZeRO-3 unless the base is
+    quantized) where they divide the global batch, else with the sequence shared by some of them (Ulysses,
+    `_sequence_parallel_at`): more data-parallel ranks never shorten the sequence one rank holds."""
     engine = _engine_overrides("deepspeed", "zero3") if cfg.quantization.load_in == "none" else ()
     for n in (2, 4, 8, 16, 32, 64):
-        if n <= world_size or global_batch % n:
+        if n <= world_size:
             continue
-        scn = _what_if(cfg, n, engine, 1, global_batch // n)
-        if scn is None:
-            continue
-        m, est = _best_micro(scn, global_batch // n, budget)
-        if verdict(est.total_gib, budget) == "fits":
-            how = f"launch {n} ranks (e.g. deepspeed --num_gpus {n}) with distributed.preset=zero3"
-            return Remedy(f"more GPUs: {n} with ZeRO-3", how, m, est.total_gib, "fits", est.host_ram_gib)
+        scn = None if global_batch % n else _what_if(cfg, n, engine, 1, global_batch // n)
+        if scn is not None:
+            m, est = _best_micro(scn, global_batch // n, budget)
+            if verdict(est.total_gib, budget) == "fits":
+                how = f"launch {n} ranks (e.g. deepspeed --num_gpus {n}) with distributed.preset=zero3"
+                return Remedy(f"more GPUs: {n} with ZeRO-3", how, m, est.total_gib, "fits", est.host_ram_gib)
+        shared = _sequence_parallel_at(cfg, n, budget, global_batch)
+        if shared is not None:
+            return shared
     return None
+
+
+def _sequence_parallel_at(
+    cfg: ZerofitConfig, n: int, budget: Budget, global_batch: int, launched: bool = False
+) -> Remedy | None:
+    """Ulysses sequence parallelism on `n` ranks (`distributed.sequence_parallel`, DeepSpeed): the smallest
+    size above the config's that divides `n`, keeps dp = n / size dividing the global batch and makes the
+    run fit (with the long-context levers where it needs them, `_fit_with_levers`), on the config's
+    DeepSpeed engine if it has one, else ZeRO-3 (ZeRO-2 for a quantized base); None where none fits or
+    `resolve()` refuses it (head counts, packing, a preference objective, eager attention). `launched`: `n`
+    is the world the config is planned for (no launch change to show)."""
+    for sp in (d for d in divisors(n) if d > cfg.distributed.sequence_parallel):
+        if global_batch % (n // sp):
+            continue
+        for engine in _sequence_parallel_engines(cfg):
+            found = _fit_with_levers(
+                cfg, n, (*engine, f"distributed.sequence_parallel={sp}"), global_batch // (n // sp), budget
+            )
+            if found is None:
+                continue
+            levers, m, est = found
+            shown = [o for o in engine if o not in (_NO_DS_CONFIG, "distributed.strategy=deepspeed")]
+            if cfg.distributed.strategy != "deepspeed":
+                shown.insert(0, "distributed.strategy=deepspeed")
+            change = " ".join([*shown, f"distributed.sequence_parallel={sp}", *levers])
+            how = change if launched else f"launch {n} ranks (e.g. deepspeed --num_gpus {n}) with {change}"
+            name = f"sequence parallelism: {sp} of the {n} GPUs share each sequence"
+            if not launched:
+                name = f"more GPUs: {n} with sequence parallelism {sp}"
+            return Remedy(name, how, m, est.total_gib, "fits", est.host_ram_gib)
+    return None
+
+
+def _fit_with_levers(
+    cfg: ZerofitConfig, n: int, overrides: tuple[str, ...], per_rank: int, budget: Budget
+) -> tuple[list[str], int, MemoryEstimate] | None:
+    """`overrides` on `n` ranks at its best micro-batch when that fits, else with the fastest fitting
+    combination of the long-context levers at micro 1 (as `_lever_remedy`): the lever overrides that change
+    the config, the micro-batch and the estimate; None where nothing fits (or `resolve()` refuses it)."""
+    from zerofit.planner.context import lever_combinations, needed_overrides
+
+    scn = _what_if(cfg, n, overrides, 1, per_rank)
+    if scn is None:
+        return None
+    m, est = _best_micro(scn, per_rank, budget)
+    if verdict(est.total_gib, budget) == "fits":
+        return [], m, est
+    fitting = []
+    for levers in lever_combinations(cfg):
+        scn = _what_if(cfg, n, (*overrides, *levers), 1, per_rank)
+        if scn is not None and verdict(estimate(scn).total_gib, budget) == "fits":
+            fitting.append((levers, scn))
+    if not fitting:
+        return None
+    levers, scn = max(fitting, key=lambda c: predict_speed(c[1], budget.gpu).tokens_per_s)
+    return needed_overrides(levers, cfg), 1, estimate(scn)
+
+
+def _sequence_parallel_engines(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
+    """The engines a sequence-parallel remedy tries, in order: the config's own DeepSpeed one (no override),
+    then ZeRO-3, which also shards the base weights over the ranks (ZeRO-2 for a quantized base)."""
+    preset = "zero3" if cfg.quantization.load_in == "none" else "zero2"
+    out: list[tuple[str, ...]] = []
+    if cfg.distributed.strategy == "deepspeed":
+        out.append(())
+    if not (cfg.distributed.strategy == "deepspeed" and cfg.distributed.preset == preset):
+        out.append(_engine_overrides("deepspeed", preset))
+    return out
 
 
 def plan_memory(resolved: ResolvedConfig, spec: EngineSpec, budget: Budget | None) -> MemoryPlan:
