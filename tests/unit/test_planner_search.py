@@ -150,7 +150,10 @@ def test_remedies_are_runs_resolve_accepts() -> None:
     assert plan.verdict == "does not fit" and plan.remedies
     more = [r for r in plan.remedies if r.name.startswith("more GPUs")]
     assert [r.name for r in more] == ["more GPUs: 2 with sequence parallelism 2"], [r.name for r in more]
-    assert "distributed.strategy=deepspeed distributed.preset=zero2 distributed.sequence_parallel=2" in more[0].how
+    assert (
+        "distributed.strategy=deepspeed distributed.preset=zero2 distributed.sequence_parallel=2"
+        in more[0].how
+    )
 
 
 # ----------------------------------------------------------------------------------------- recipes
