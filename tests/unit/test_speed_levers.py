@@ -155,6 +155,35 @@ def test_liger_kernels_equal_the_eager_model_in_fp32(monkeypatch: pytest.MonkeyP
         assert torch.allclose(out["liger"][1][name], grad, rtol=0, atol=1e-4 * scale + 1e-8), name
 
 
+@pytest.mark.skipif(not liger_kernels_available(), reason="Liger-Kernel (and Triton) not installed here")
+def test_liger_rebinds_the_norms_and_mlps_under_peft_and_keeps_the_adapters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Liger's module replacement needs no GPU (only its Triton kernels do, which `_check_device` refuses on a
+    # CPU rank): zerofit's build path applies it to the model underneath peft; every decoder norm, the final
+    # norm and every MLP get Liger's forward on the instance, the LoRA linears inside the MLPs stay (and
+    # train), and Llama's RoPE function is swapped module-wide.
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)
+    eager_rope = modeling_llama.apply_rotary_pos_emb
+    built = build_model(config({"seed": 0}, train={"kernels": "liger"}))
+    hf = built.model.get_base_model()
+    rebound = sorted(n.removeprefix("model.") for n, m in hf.named_modules() if "forward" in vars(m))
+    layers = range(hf.config.num_hidden_layers)
+    expected = [
+        f"layers.{i}.{part}"
+        for i in layers
+        for part in ("input_layernorm", "mlp", "post_attention_layernorm")
+    ]
+    assert rebound == sorted([*expected, "norm"])
+    assert vars(hf.model.norm)["forward"].__func__.__qualname__ == "LigerRMSNorm.forward"
+    assert vars(hf.model.layers[0].mlp)["forward"].__func__.__qualname__ == "LigerSwiGLUMLP.forward"
+    assert hasattr(hf.model.layers[0].mlp.gate_proj, "lora_A")  # peft's adapted linear, called by Liger's MLP
+    assert modeling_llama.apply_rotary_pos_emb is not eager_rope
+    assert modeling_llama.apply_rotary_pos_emb.__name__ == "liger_rotary_pos_emb"
+
+
 def test_liger_kernels_take_the_fused_loss_when_the_loss_is_unset_and_never_the_lean_norm() -> None:
     from zerofit.config.resolve import _fill_kernels
 
