@@ -564,13 +564,17 @@ def _fit_with_levers(
     m, est = _best_micro(scn, per_rank, budget)
     if verdict(est.total_gib, budget) == "fits":
         return [], m, est
+    combos = lever_combinations(cfg)
+    # The last combination saves the most (every lever on, the most MLP shards): where it does not fit,
+    # none does, and the other what-ifs are skipped (this runs for every size of every GPU count).
+    most = _what_if(cfg, n, (*overrides, *combos[-1]), 1, per_rank)
+    if most is None or verdict(estimate(most).total_gib, budget) != "fits":
+        return None
     fitting = []
-    for levers in lever_combinations(cfg):
+    for levers in combos:
         scn = _what_if(cfg, n, (*overrides, *levers), 1, per_rank)
         if scn is not None and verdict(estimate(scn).total_gib, budget) == "fits":
             fitting.append((levers, scn))
-    if not fitting:
-        return None
     levers, scn = max(fitting, key=lambda c: predict_speed(c[1], budget.gpu).tokens_per_s)
     return needed_overrides(levers, cfg), 1, estimate(scn)
 
