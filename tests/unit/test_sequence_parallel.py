@@ -3,17 +3,19 @@ normalizer, the batch rule with N, and the refusals (docs/contracts.md, `distrib
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from config_helpers import config
 from zerofit.config import load_config, resolve
 from zerofit.data import Example, collate
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError
 from zerofit.loss import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
-from zerofit.model import check_heads_before_load
+from zerofit.model import build_model, check_heads_before_load
 from zerofit.sequence_parallel import head_count_problem, shard_micro_batch
 from zerofit.tiny_llama import ensure_tiny_llama
 
@@ -86,6 +88,7 @@ def test_the_batch_rule_counts_dp_as_world_over_n() -> None:
     [
         (["distributed.strategy=fsdp", "distributed.preset=null"], 2, "distributed.strategy=deepspeed"),
         (["distributed.strategy=ddp", "distributed.preset=null"], 2, "has none"),
+        (["distributed.strategy=single", "distributed.preset=null"], 2, "'single' has none"),
         ([], 3, "must divide the world size (3 rank(s))"),
         (["batch.micro_batch_size=null", "batch.tokens_per_micro_batch=128"], 2, "batch.micro_batch_size"),
         (["train.objective=dpo"], 2, "train.objective = 'sft' only"),
@@ -108,6 +111,20 @@ def test_head_counts_that_do_not_split_are_refused_before_the_weights_load() -> 
         check_heads_before_load(str(ensure_tiny_llama(0)), 3, trust_remote_code=False)
     assert "4 attention heads and 2 key/value heads" in str(err.value)
     check_heads_before_load(str(ensure_tiny_llama(0)), 2, trust_remote_code=False)
+
+
+def test_build_model_refuses_the_head_count_before_any_weight_loads(tmp_path: Path) -> None:
+    # A model folder with its config.json and no weights: the refusal comes from the config alone (a load
+    # would fail on the missing weights instead).
+    shutil.copy(ensure_tiny_llama(0) / "config.json", tmp_path / "config.json")
+    cfg = config(
+        {
+            "model": {"name_or_path": str(tmp_path)},
+            "distributed": {"strategy": "deepspeed", "sequence_parallel": 3},
+        }
+    )
+    with pytest.raises(ConfigError, match="sequence_parallel = 3 splits the attention heads"):
+        build_model(cfg)
 
 
 # ----------------------------------------------------------------------------------------- the planner
