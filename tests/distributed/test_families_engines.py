@@ -27,6 +27,7 @@ exported and generated from, in tests/unit/test_families.py.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,11 @@ QLORA_ON = {
     "tiny-qwen3-moe": "zero2",
     "tiny-qwen2-moe": "zero2",
 }
-ENGINES = {"zero2": "deepspeed", "fsdp": "torchrun"}
+ENGINES = {"zero2": "deepspeed", "fsdp": "torchrun"}  # ZeRO-2 first: its launches are the longer ones
+# A launch is CPU-bound start-up (imports, engine init: ~20 s of 2 ranks alone on 2 cores, ZeRO-2 ~6 s more
+# for its launcher and shared-memory comm op), so about two cores per launch; on 2 cores the 12 launches
+# took 148 s at 2 at a time, 162 s at 3 and 181 s at 4 (a shared machine, one measurement each).
+PARALLEL = max(2, min(6, (os.cpu_count() or 2) // 2))
 # run name -> (engine, family, quantized)
 RUNS = {
     f"{engine}-{'qlora' if QLORA_ON[name] == engine else 'lora'}-{name}": (
@@ -102,7 +107,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
             "logging": {"wandb": {"mode": "disabled"}},
         },
     )
-    return run_launches([_launch(name) for name in RUNS], config, out / "runs", max_parallel=3)
+    return run_launches([_launch(name) for name in RUNS], config, out / "runs", max_parallel=PARALLEL)
 
 
 @pytest.mark.parametrize("run_name", list(RUNS))
