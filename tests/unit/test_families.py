@@ -8,6 +8,7 @@ tests/distributed/test_families_engines.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -238,23 +239,43 @@ def test_gguf_export_refuses_a_family_it_does_not_map(
     assert not out.exists()
 
 
-def test_qlora_trains_an_moe_and_a_fused_projection_family(tmp_path: Path) -> None:
-    """4-bit base (bitsandbytes on CPU) under LoRA: Phi-3's fused projections and Qwen3-MoE's attention
-    quantized, the experts' 3-D weights adapted as they are."""
-    for name, lora in (("tiny-phi3", {}), ("tiny-qwen3-moe", {"moe_experts": "all"})):
-        result = zerofit.train(
-            str(REPO / "configs" / "demo.yaml"),
-            output_dir=str(tmp_path),
-            run_name=name,
-            model={"name_or_path": name},
-            distributed={"strategy": "single", "preset": None},
-            batch={"global_batch_size": 2, "micro_batch_size": 2},
-            train={"max_steps": 2, "precision": "bf16"},
-            quantization={"load_in": "4bit"},
-            lora={"target_modules": "all-linear", **lora},
-            logging={"console": False, "wandb": {"mode": "disabled"}},
-        )
-        assert result.steps == 2 and result.final_loss is not None
+# The issue's held-out-style families and the MoE recipe's tiny twin: each also trains QLoRA on one process.
+HELD_OUT = ("tiny-qwen3", "tiny-gemma3", "tiny-phi3", "tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe")
+
+
+@pytest.mark.parametrize("name", HELD_OUT)
+def test_qlora_trains_exports_merged_and_generates(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4-bit base (bitsandbytes on CPU) under LoRA all-linear on one process (the MoE models with every
+    expert's 3-D weights adapted as they are and the router trained, kept out of quantization), then
+    `zerofit export --merge` (the base dequantized, bf16) and `zerofit generate` from the merged model."""
+    moe = {"moe_experts": "all", "train_router": True} if name in MOE else {}
+    result = zerofit.train(
+        str(REPO / "configs" / "demo.yaml"),
+        output_dir=str(tmp_path),
+        run_name=name,
+        model={"name_or_path": name},
+        distributed={"strategy": "single", "preset": None},
+        batch={"global_batch_size": 2, "micro_batch_size": 2},
+        train={"max_steps": 2, "precision": "bf16"},
+        quantization={"load_in": "4bit"},
+        lora={"target_modules": "all-linear", **moe},
+        logging={"console": False, "wandb": {"mode": "disabled"}},
+    )
+    assert result.steps == 2 and result.final_loss is not None and result.final_loss == result.final_loss
+    from zerofit.config import load_config
+
+    assert load_config(tmp_path / name / "config.yaml").quantization.load_in == "4bit"
+    merged = tmp_path / "merged"
+    assert cli(["export", str(tmp_path / name), "--merge", "--out", str(merged)]) == 0
+    info = json.loads((merged / "zerofit_export.json").read_text())
+    assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
+    assert (info["kind"], info["dtype"]) == ("merged", "bfloat16")
+    capsys.readouterr()
+    assert cli(["generate", str(merged), "--prompt", "add: 2+2", "--max-new-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert (out.strip() or "the continuation is empty" in err) and "Traceback" not in err
 
 
 def test_a_trained_router_is_kept_out_of_quantization() -> None:

@@ -9,6 +9,8 @@ Mixtral-8x7B (8 experts, top-2, routed experts frozen: `lora.moe_experts: shared
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from zerofit import catalogue
@@ -147,3 +149,78 @@ def test_softcapped_attention_refuses_sdpa_with_the_field() -> None:
         ConfigError, match=r"model.attn_implementation = 'sdpa'.*set model.attn_implementation=eager"
     ):
         trace_memory(Scenario(model="google/gemma-2-9b", seq_len=128, micro_batch_size=1))
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+@pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe"])
+def test_expert_adapter_flops_are_what_peft_computes(name: str, checkpointed: bool) -> None:
+    """`lora.moe_experts=all` costs, over the same step with the experts frozen, exactly the FLOPs torch's
+    FlopCounterMode counts in a real forward + backward: the merged weight's gradient over the routed tokens
+    and peft's per-forward folds of W + s BA (twice each: register_parametrization evaluates it once),
+    again in a recomputed layer. Transformers' eager experts (its grouped_mm has no FLOP formula)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    from zerofit.lora import apply_lora, lora_config
+    from zerofit.planner.speed import expert_adapter_flops
+    from zerofit.recompute import enable_activation_checkpointing
+    from zerofit.tiny_llama import ensure_tiny_model
+
+    seq = 64
+    ids = torch.randint(4, 100, (1, seq), generator=torch.Generator().manual_seed(0))
+
+    def step_flops(moe_experts: str) -> int:
+        base = AutoModelForCausalLM.from_pretrained(
+            ensure_tiny_model(name, 0), dtype=torch.float32, experts_implementation="eager"
+        )
+        model = apply_lora(
+            base, lora_config(4, 8, 0.0, "attention", False, moe_experts, False), seed=0
+        ).train()
+        enable_activation_checkpointing(model.get_base_model(), 2 if checkpointed else 0)
+        with FlopCounterMode(display=False) as counter:
+            model(input_ids=ids, labels=ids).loss.backward()
+        return int(counter.get_total_flops())
+
+    scn = Scenario(
+        model=name,
+        seq_len=seq,
+        micro_batch_size=1,
+        lora=True,
+        lora_r=4,
+        lora_targets="attention",
+        lora_moe_experts="all",
+        activation_checkpointing=checkpointed,
+    )
+    merged = lora_shape(name, 4, "attention", moe_experts="all").merged_expert_numel
+    predicted = expert_adapter_flops(scn, merged, scn.checkpointed(2)) * seq
+    assert step_flops("all") - step_flops("none") == predicted
+    # flops_per_token charges it in place of 2 x the expert adapters' trainable factors.
+    none = dataclasses.replace(scn, lora_moe_experts="none")
+    extra = flops_per_token(scn)[0] - flops_per_token(none)[0]
+    assert extra == pytest.approx(predicted / seq)
+
+
+def test_a_mixed_attention_family_is_traced_per_layer_type() -> None:
+    """Gemma-3's 5 sliding : 1 full layers (`layer_types`), here 12 tiny layers with a window of 64 under a
+    256-token sequence: the trace adds a (sliding, full) pair and counts each type's layers by its own
+    increment (a full layer saves no window mask), as the analytic model counts 10 masked layers of 12."""
+    from zerofit.planner.gpus import GIB
+
+    name = _tiny("google/gemma-3-12b-pt")
+    catalogue.CATALOGUE[name] = {**catalogue.CATALOGUE[name], "num_hidden_layers": 12}
+    scn = Scenario(model=name, seq_len=256, micro_batch_size=1, lora=True)
+    assert model_shape(name).sliding_layers == 10
+    result = trace_memory(scn)
+    one, sliding, full = result.layers
+    assert [t.label for t in result.layers] == [
+        "1 (sliding_attention)",
+        "2 (sliding_attention, sliding_attention)",
+        "2 (sliding_attention, full_attention)",
+    ]
+    assert full.peak_bytes < sliding.peak_bytes  # the full layer's increment: no window mask
+    expected = (
+        one.peak_bytes + 9 * (sliding.peak_bytes - one.peak_bytes) + 2 * (full.peak_bytes - one.peak_bytes)
+    )
+    assert result.traced_gib * GIB == pytest.approx(expected)
+    assert abs(estimate(scn).tensors_gib / result.tensors_gib - 1) < 0.05

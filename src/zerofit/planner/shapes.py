@@ -143,6 +143,9 @@ class LoraShape:
     # 0.21 targets for `all-linear` on transformers 5 Mixtral / Qwen3-MoE. Their merged weight W + BA is
     # rebuilt in every forward (one full-size copy per layer, saved for backward).
     adapted_params: tuple[tuple[str, str, int], ...] = ()
+    # Trainable elements of one layer's expert-weight adapters (their lora_A / lora_B factors): part of
+    # `layer_trainable_params`, whose gradients come from the merged weight's, not from the tokens.
+    layer_expert_factor_params: int = 0
 
     @property
     def experts_adapted(self) -> bool:
@@ -207,14 +210,24 @@ def _write_cache(key: str, data: dict[str, Any]) -> None:
         pass
 
 
-def hf_config(name_or_path: str, num_layers: int | None = None, attn_implementation: str = "sdpa") -> Any:
-    """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers."""
+def hf_config(
+    name_or_path: str,
+    num_layers: int | None = None,
+    attn_implementation: str = "sdpa",
+    *,
+    layer_types: tuple[str, ...] | None = None,
+) -> Any:
+    """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers
+    (`layer_types`: the attention type of each of them, for a family that mixes sliding and full layers)."""
     from transformers import AutoConfig
 
     from zerofit.attention import hf_attn_implementation
 
     data = model_config_dict(name_or_path)
     data.pop("architectures", None)
+    if layer_types is not None:
+        num_layers = len(layer_types)
+        data["layer_types"] = list(layer_types)
     if num_layers is not None:
         data["num_hidden_layers"] = num_layers
         # Per-layer attention types (sliding/full) must match the layer count.
@@ -227,13 +240,18 @@ def hf_config(name_or_path: str, num_layers: int | None = None, attn_implementat
 
 
 def build_meta_model(
-    name_or_path: str, num_layers: int | None = None, attn_implementation: str = "sdpa", dtype: Any = None
+    name_or_path: str,
+    num_layers: int | None = None,
+    attn_implementation: str = "sdpa",
+    dtype: Any = None,
+    *,
+    layer_types: tuple[str, ...] | None = None,
 ) -> Any:
     """The model class transformers would load, built on the meta device: shapes only, no memory."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(name_or_path, num_layers, attn_implementation)
+    config = hf_config(name_or_path, num_layers, attn_implementation, layer_types=layer_types)
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
@@ -408,6 +426,13 @@ def _lora_counts(
             bias = getattr(base, "bias", None) is not None
             layer_targets.append(LinearShape(name, base.in_features, base.out_features, bias))
     adapted = _adapted_params(layer0)
+    factors = sum(
+        p.numel()
+        for name, module in layer0.named_modules()
+        if getattr(module, "parameter_name", None) is not None
+        and name.replace(".base_layer", "").endswith("experts")
+        for p in (*module.lora_A.parameters(), *module.lora_B.parameters())
+    )
     # A router trained in full (lora.train_router: peft's modules_to_save) needs its input saved, as an
     # adapted one does: recorded as an adapted parameter of the router module.
     adapted += [
@@ -415,7 +440,12 @@ def _lora_counts(
         for n, p in layer0.named_parameters(prefix=f"{_layers_prefix(model)}0")
         if p.requires_grad and ".modules_to_save." in n
     ]
-    return {"trainable": trainable, "layer_targets": layer_targets, "adapted_params": adapted}
+    return {
+        "trainable": trainable,
+        "layer_targets": layer_targets,
+        "adapted_params": adapted,
+        "expert_factor_params": factors,
+    }
 
 
 def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
@@ -439,6 +469,7 @@ def _lora_shape_cached(
     shape = model_shape(name_or_path)
     payload = {"config": model_config_dict(name_or_path), "r": r, "targets": targets, "dora": use_dora}
     payload["moe"] = list(moe)
+    payload["fields"] = 2  # entries also hold expert_factor_params (older ones are not read)
     key = _cache_key("lora", payload)
     cached = _read_cache(key)
     if cached is None:
@@ -457,6 +488,7 @@ def _lora_shape_cached(
             "layer_numels": layer_numels,
             "outside_numels": outside_numels,
             "adapted_params": one["adapted_params"],
+            "expert_factor_params": one["expert_factor_params"],
         }
         _write_cache(key, cached)
     per_layer = cached["layer_trainable_params"]
@@ -472,6 +504,7 @@ def _lora_shape_cached(
         layer_targets=tuple(LinearShape(**t) for t in cached["layer_targets"]),
         tensor_numels=numels,
         adapted_params=tuple(tuple(a) for a in cached.get("adapted_params", ())),
+        layer_expert_factor_params=cached["expert_factor_params"],
     )
 
 

@@ -12,7 +12,10 @@ One micro-step of a rank costs a fixed overhead plus its FLOPs at a sustained ra
 
 with N the matmul weights (decoder layers + lm_head; of a mixture of experts only the k experts a token is
 routed to, and the router), N_layers those of the decoder layers, h the attention width (heads x head_dim),
-s the sequence length (attention: PaLM's 12 L h s per token, forward 4, backward 8). A step is
+s the sequence length (attention: PaLM's 12 L h s per token, forward 4, backward 8), N_trainable the
+adapters on linears (LoRA; every weight in full fine-tuning). Adapted 3-D expert weights of a mixture of
+experts (`lora.moe_experts: all`) cost what peft computes for them instead (`expert_adapter_flops`: the
+merged weight's gradient over the routed tokens and the per-micro-step fold). A step is
 `grad_accum_steps` micro-steps; tokens/s is the global batch's tokens over the step time. A 4-bit base
 dequantizes every weight on the fly: KBIT_SLOWDOWN on the compute term.
 
@@ -103,23 +106,17 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
     # A mixture of experts: a token runs through its k routed experts only (all are resident).
     layer_matmul = float(shape.layer_active_matmul_params * n_layers)
     matmul = layer_matmul + shape.vocab_size * h
+    ckpt = scn.checkpointed(n_layers)
+    trainable, experts = matmul, 0.0
     if scn.lora:
-        trainable = float(
-            lora_shape(
-                scn.model,
-                scn.lora_r,
-                scn.lora_targets,
-                scn.use_dora,
-                scn.lora_moe_experts,
-                scn.lora_train_router,
-            ).trainable_params
+        lora = lora_shape(
+            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
         )
-    else:
-        trainable = matmul
+        trainable = float(lora.trainable_params - lora.layer_expert_factor_params * n_layers)
+        experts = expert_adapter_flops(scn, lora.merged_expert_numel, ckpt)
     attention = 4.0 * n_layers * shape.q_dim * s  # q_dim: head_dim x heads (Gemma: > h)
     forward = 2 * matmul + attention
-    backward = 2 * matmul + 2 * trainable + 2 * attention
-    ckpt = scn.checkpointed(n_layers)
+    backward = 2 * matmul + 2 * trainable + 2 * attention + experts
     recompute = ckpt / n_layers * (2 * layer_matmul + attention)
     levers = 0.0
     if scn.tiled_mlp > 1:
@@ -130,6 +127,27 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
         levers += LEAN_NORM_FLOPS_PER_ELEMENT * (2 * n_layers + 1) * h
     reference = forward if scn.reference_forward else 0.0  # the base's no-grad forward, adapters off
     return forward + backward + recompute + levers + reference, recompute
+
+
+def expert_adapter_flops(scn: Scenario, merged_numel: int, checkpointed: int) -> float:
+    """Per trained token, what peft 0.21's `ParamWrapper` computes for LoRA on a mixture of experts' 3-D
+    expert weights (`lora.moe_experts: all`), beyond the base model's FLOPs (counted with torch's
+    FlopCounterMode: tests/unit/test_planner_families.py).
+
+    The adapted weight is parametrized as W' = W + s lhs @ rhs for every expert of the layer, one
+    `baddbmm` of 2 r P FLOPs for the layer's P adapted expert elements, and it runs twice per forward:
+    torch's `register_parametrization`, which peft calls in each forward, evaluates it once to check it,
+    then the forward's cached use (again both in a checkpointed layer's recomputation). W' requires grad,
+    so the routed experts' matmuls compute its full weight gradient, 2 k/E P per token (what a full
+    fine-tune of the experts computes), and the fold's backward turns it into the two factors' gradients
+    (4 r P). The folds are per micro-step, spread over the micro-step's tokens."""
+    if not merged_numel:
+        return 0.0
+    shape = model_shape(scn.model)
+    layers = shape.num_layers
+    routed = 2.0 * shape.experts_per_token / shape.num_experts * merged_numel * layers
+    fold = 2.0 * scn.lora_r * merged_numel * (4 * layers + 2 * checkpointed)
+    return routed + fold / (scn.rows * scn.seq_len)
 
 
 def offload_transfer_s(scn: Scenario, card: GPU) -> float:

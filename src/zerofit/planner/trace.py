@@ -26,7 +26,10 @@ How the step is emulated, and why (docs/platform.md, "Measuring memory without a
     CPU offload) is not traceable; it is added from the analytic model's formulas and reported separately.
 
 Only 1 and 2 decoder layers are traced; a peak is linear in the layer count, so N layers are extrapolated
-as p1 + (N - 1) (p2 - p1) (docs/platform.md: exact to 0.01 GiB against a full 32-layer trace).
+as p1 + (N - 1) (p2 - p1) (docs/platform.md: exact to 0.01 GiB against a full 32-layer trace). A family that
+mixes sliding-window and full-attention layers (`layer_types`: Gemma 2's 1 : 1, Gemma 3's 5 : 1) is traced
+with a third model, its first layer's type followed by the other type, and each type's layers are
+extrapolated by their own increment: p1 + (Na - 1) (p_aa - p1) + Nb (p_ab - p1).
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ class LayerTrace:
     num_layers: int
     peak_bytes: int
     by_category: dict[str, int]
+    layer_types: tuple[str, ...] | None = None  # set where the family mixes attention types
+
+    @property
+    def label(self) -> str:
+        """`2`, or `2 (sliding_attention, full_attention)` for a mixed pair."""
+        return (
+            f"{self.num_layers} ({', '.join(self.layer_types)})" if self.layer_types else str(self.num_layers)
+        )
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class TraceResult:
     traced_gib: float  # what the fake-tensor step itself peaked at, extrapolated to all layers
     engine_added_gib: float  # analytic bytes for what cannot be traced (see module docstring)
     by_category_gib: dict[str, float]
-    layers: tuple[LayerTrace, LayerTrace]
+    layers: tuple[LayerTrace, ...]  # 1 and 2 layers (and the mixed pair, for mixed attention types)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,7 +93,7 @@ class TraceResult:
             "traced_gib": round(self.traced_gib, 4),
             "engine_added_gib": round(self.engine_added_gib, 4),
             "by_category_gib": {k: round(v, 4) for k, v in self.by_category_gib.items()},
-            "layer_peaks_gib": {str(t.num_layers): round(t.peak_bytes / GIB, 5) for t in self.layers},
+            "layer_peaks_gib": {t.label: round(t.peak_bytes / GIB, 5) for t in self.layers},
             "notes": self.notes,
         }
 
@@ -237,13 +248,18 @@ def _masks_as_on_device(documents_found: bool = False) -> Any:
         yield
 
 
-def build_traced_model(scn: Scenario, num_layers: int) -> Any:
-    """The configured model with `num_layers` decoder layers, on the meta device, in the engine's dtypes."""
+def build_traced_model(scn: Scenario, num_layers: int, layer_types: tuple[str, ...] | None = None) -> Any:
+    """The configured model with `num_layers` decoder layers (of `layer_types`, where given), on the meta
+    device, in the engine's dtypes."""
     import torch
 
     prof = compute_profile(scn)
     model = build_meta_model(
-        scn.model, num_layers=num_layers, attn_implementation=scn.attn_implementation, dtype=prof.load_dtype
+        scn.model,
+        num_layers=num_layers,
+        attn_implementation=scn.attn_implementation,
+        dtype=prof.load_dtype,
+        layer_types=layer_types,
     )
     if scn.quantization != "none":
         _emulate_quantization(model, prof.half_dtype or torch.float32, scn.fp32_residual)
@@ -319,12 +335,12 @@ def _enable_levers(hf: Any, scn: Scenario, n_ckpt: int) -> None:
         install_fused_head(hf)
 
 
-def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
+def _trace_layers(scn: Scenario, num_layers: int, layer_types: tuple[str, ...] | None = None) -> LayerTrace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     prof = compute_profile(scn)
-    model = build_traced_model(scn, num_layers)
+    model = build_traced_model(scn, num_layers, layer_types)
     autocast = torch.autocast("cpu", dtype=prof.half_dtype) if prof.autocast else contextlib.nullcontext()
     micro, seq = scn.rows, scn.seq_len  # a preference micro-batch: both sequences of every pair
     mask = _padding_mask(micro, seq)
@@ -378,7 +394,7 @@ def _trace_layers(scn: Scenario, num_layers: int) -> LayerTrace:
             window(tracker)
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
-    return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat)
+    return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat, layer_types=layer_types)
 
 
 def _materialize(model: Any, scn: Scenario) -> None:
@@ -436,7 +452,8 @@ def _peak_by_category(peak: dict[Any, dict[Any, int]]) -> tuple[int, dict[str, i
 
 
 def trace_memory(scn: Scenario) -> TraceResult:
-    """Trace the configured step with 1 and 2 decoder layers and extrapolate to the model's layer count.
+    """Trace the configured step with 1 and 2 decoder layers (and a mixed pair where the family mixes
+    attention types) and extrapolate to the model's layer count.
 
     Checkpointing is traced as all layers or none: a peak with the first n of L layers checkpointed is not
     linear in the layer count, so a selective plan raises ValueError (the analytic model covers it).
@@ -447,12 +464,9 @@ def trace_memory(scn: Scenario) -> TraceResult:
             f"the trace covers activation checkpointing of all layers or none, not the first {scn.checkpointed(n)} "
             f"of {n}; trace with train.activation_checkpointing=true or false"
         )
-    t1, t2 = _trace_layers(scn, 1), _trace_layers(scn, 2)
-    traced = t1.peak_bytes + (n - 1) * (t2.peak_bytes - t1.peak_bytes)
-    by_cat = {
-        k: (t1.by_category.get(k, 0) + (n - 1) * (t2.by_category.get(k, 0) - t1.by_category.get(k, 0))) / GIB
-        for k in CATEGORIES
-    }
+    traces, counts = _traces_by_layer_type(scn, n)
+    traced = _extrapolate([t.peak_bytes for t in traces], counts)
+    by_cat = {k: _extrapolate([t.by_category.get(k, 0) for t in traces], counts) / GIB for k in CATEGORIES}
     added, step_peak, notes = untraced_state(scn)
     total = max(traced + added, step_peak or 0)
     return TraceResult(
@@ -460,6 +474,31 @@ def trace_memory(scn: Scenario) -> TraceResult:
         traced_gib=traced / GIB,
         engine_added_gib=added / GIB,
         by_category_gib=by_cat,
-        layers=(t1, t2),
+        layers=traces,
         notes=notes,
     )
+
+
+def _extrapolate(values: list[int], counts: tuple[int, ...]) -> int:
+    """The 1-layer value plus each later trace's increment over it, times the layers it stands for."""
+    return values[0] + sum(c * (v - values[0]) for v, c in zip(values[1:], counts, strict=True))
+
+
+def _traces_by_layer_type(scn: Scenario, n: int) -> tuple[tuple[LayerTrace, ...], tuple[int, ...]]:
+    """The traced models and how many of the N layers each one's increment over the 1-layer trace stands
+    for: (1 layer, 2 layers) and (N - 1,) for one attention type; for a family mixing sliding and full
+    layers (`layer_types`), also the first layer's type followed by the other one, so that each type's
+    layers count their own increment (a sliding layer's saved window mask, which a full layer lacks)."""
+    from zerofit.planner.shapes import hf_config
+
+    types = tuple(getattr(hf_config(scn.model), "layer_types", None) or ())
+    if len(set(types)) < 2:
+        return (_trace_layers(scn, 1), _trace_layers(scn, 2)), (n - 1,)
+    first = types[0]
+    other = next(t for t in types if t != first)
+    traces = (
+        _trace_layers(scn, 1, (first,)),
+        _trace_layers(scn, 2, (first, first)),
+        _trace_layers(scn, 2, (first, other)),
+    )
+    return traces, (types.count(first) - 1, len(types) - types.count(first))
