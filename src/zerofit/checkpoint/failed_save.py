@@ -14,7 +14,7 @@ from pathlib import Path
 
 from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.rundir import CHECKPOINTS
-from zerofit.errors import CheckpointWriteError, ExportWriteError
+from zerofit.errors import CheckpointWriteError, ExportWriteError, MetricsWriteError
 from zerofit.writes import write_failure
 
 
@@ -94,6 +94,31 @@ def export_failed(out: Path, failure: str) -> ExportWriteError:
     return ExportWriteError(
         f"the final export {out} could not be written ({failure}); that filesystem has "
         f"{_free_space(run_dir)}. No partial {out.name}/ was left. {weights}"
+    )
+
+
+def metrics_failed(run_dir: Path, step: int, failure: str) -> MetricsWriteError:
+    """The error every rank raises when rank 0 could not write the metrics of step `step` into `run_dir`.
+
+    No checkpoint is attempted at that step (its filesystem is the one that just refused a few hundred
+    bytes); the newest complete checkpoint is where a resume starts, and the resume rewinds metrics.jsonl
+    to it (a torn last line included).
+    """
+    kept = checkpoint_folders(run_dir / CHECKPOINTS)
+    if kept:
+        kept_step, folder = kept[-1]
+        kept_text = (
+            f"Kept: step-{kept_step} ({folder}), the newest complete checkpoint, where a resume starts"
+        )
+        again = f"resume with the same command plus checkpoint.resume=true run_name={run_dir.name}"
+    else:
+        kept_text = "Kept: no checkpoint (none was due yet), so nothing can be resumed"
+        again = "run the same command again"
+    return MetricsWriteError(
+        f"the metrics of step {step} could not be written in {run_dir} ({failure}); that filesystem has "
+        f"{_free_space(run_dir)}. The run stopped at step {step} without saving a checkpoint there. {kept_text}. "
+        f"Fix: free space on that filesystem (or lower checkpoint.keep_last), then {again}; or set output_dir "
+        "to a filesystem with room and start again"
     )
 
 

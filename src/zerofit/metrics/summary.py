@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zerofit.messages import warn
+from zerofit.metrics.base import named
 from zerofit.run_layout import RunLayout
 
 _RANK_PEAK = re.compile(r"^mem/rank(\d+)/peak_gib$")
@@ -188,17 +190,27 @@ class RunFilesSink:
 
 def record_outcome(run_dir: str | Path, fields: dict[str, Any]) -> None:
     """Add how the run ended (`stop_reason`, `early_stopped`, `best_step`, `best_eval_loss`) to the
-    `summary.json` the sinks wrote at close (rank 0, after the loop)."""
+    `summary.json` the sinks wrote at close (rank 0, after the loop).
+
+    A write that fails (a full disk) is a warning: the run trained, checkpointed and exported already, and
+    raising here would leave the other ranks waiting for rank 0 at the run's last barrier."""
     path = RunLayout(Path(run_dir)).summary
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         summary = {}
-    _write_json(path, {**summary, **fields})
+    try:
+        _write_json(path, {**summary, **fields})
+    except OSError as exc:
+        warn(f"how the run ended could not be added to {path}: {named(exc, path)}")
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # no half-written .tmp left on the full disk
+        raise named(exc, path) from exc
     tmp.replace(path)  # atomic: a crash never leaves half a file for `compare` to choke on
