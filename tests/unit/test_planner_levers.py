@@ -159,6 +159,13 @@ def test_lean_norm_auto_is_on_only_where_it_is_needed_to_fit() -> None:
     assert long.lean_norm is True and long.activation_offload is True
 
 
+def test_the_qlora_recipe_turns_the_lean_norm_on_where_its_4bit_base_needs_it_to_fit() -> None:
+    assert _resolved(RECIPE).config.train.lean_norm is False  # 64k fits without it: not paid for
+    assert _resolved(RECIPE, "data.max_seq_len=81920").config.train.lean_norm is True
+    with pytest.raises(ConfigError, match="not even checkpointing every layer at micro 1 fits"):
+        _resolved(RECIPE, "data.max_seq_len=81920", "train.lean_norm=false")  # fits only with it
+
+
 def test_resolve_refuses_offload_without_checkpointing() -> None:
     with pytest.raises(ConfigError, match=r"train\.activation_offload = true needs activation checkpointing"):
         _resolved(RECIPE, "train.activation_offload=true", "train.activation_checkpointing=false")
