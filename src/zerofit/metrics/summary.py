@@ -55,13 +55,16 @@ class RunSummary:
     - `peak_gib_rank{r}` and `peak_gib`: the largest `mem/rank{r}/peak_gib` of each rank and over all ranks.
     - `mean_tokens_per_s`: mean of `tokens_per_s` over logged steps, leaving out the first one when there
       are several (it includes warm-up: kernel compilation, allocator growth, JIT of DeepSpeed ops).
-    - `tokens_seen`: sum of `tokens`; `steps`: number of logged steps; `wall_s`: first to last log.
+    - `tokens_seen`: sum of `tokens` over the logged rows; `wall_s`: first to last log.
+    - `steps`: the optimizer steps done, the `step` of the last logged row (a row's `step` is the steps done,
+      and the last step of a run is always logged), not the number of rows: with `logging.log_every` > 1,
+      or a resumed run whose earlier rows were rewound or torn, those differ.
     - `predicted_peak_gib` (planner, tensors) and, on CUDA, `measured_peak_gib` and their ratio.
     """
 
     def __init__(self, predicted_peak: float | None = None) -> None:
         self.predicted_peak = predicted_peak
-        self.steps = 0
+        self.logged_rows = 0  # rows folded in (fewer than `steps` under logging.log_every > 1)
         self.last_step: int | None = None
         self.final_loss: float | None = None
         self.min_loss: float | None = None
@@ -81,8 +84,8 @@ class RunSummary:
         if self._first_time is None:
             self._first_time = now
         self._last_time = now
-        self.steps += 1
-        self.last_step = step
+        self.logged_rows += 1
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
         loss = _number(metrics.get("loss"))
         if loss is not None:
             self.final_loss = loss
@@ -129,7 +132,7 @@ class RunSummary:
         if wall_s is None and self._first_time is not None and self._last_time is not None:
             wall_s = self._last_time - self._first_time
         out: dict[str, Any] = {
-            "steps": self.steps,
+            "steps": self.last_step or 0,
             "last_step": self.last_step,
             "final_loss": self.final_loss,
             "min_loss": self.min_loss,
