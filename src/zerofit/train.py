@@ -291,20 +291,30 @@ def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
         steps_done = step + 1
         evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None else {}
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
-        failure = None
-        if logged:
-            fields = {**step_metrics(run, step, result, lr, seconds, samples), **evaluated}
-            fields |= memory_fields(run.strategy)  # a collective: every rank, before rank 0 writes
-            failure = attempt(functools.partial(run.sink.log, steps_done, fields))
+        row = functools.partial(step_metrics, run, step, result, lr, seconds, samples)
+        failure = _log_row(run, steps_done, {**row(), **evaluated}) if logged else None
         agreed = agree_after_step(run, evaluated.get(BEST_METRIC), logged, failure is not None)
         if agreed.metrics_failed:
             raise _metrics_write_error(run, steps_done, failure)
+        if agreed.stopping and not logged:
+            # A signal stops the run between logging steps: its last step gets a row too, so the rows end
+            # at the steps done (the summary's count) and at the stop checkpoint a resume starts from.
+            failure = _log_row(run, steps_done, row())
+            if run.strategy.broadcast_object(failure) is not None:
+                raise _metrics_write_error(run, steps_done, failure)
         if run.watch is not None and agreed.verdict is not None:
             run.watch.record(steps_done, float(evaluated[BEST_METRIC]), agreed.verdict)
         run.checkpointer.after_step(steps_done, agreed.save(run.keep_best))
         if agreed.stopping or agreed.early_stop:
             break
     return results
+
+
+def _log_row(run: LoopInputs, steps_done: int, fields: dict[str, Any]) -> str | None:
+    """Log one metrics row (every rank: the memory fields are a collective); rank 0's failed write (a full
+    disk) as one line, else None."""
+    fields = {**fields, **memory_fields(run.strategy)}
+    return attempt(functools.partial(run.sink.log, steps_done, fields))
 
 
 def _metrics_write_error(run: LoopInputs, steps_done: int, failure: str | None) -> MetricsWriteError:
