@@ -188,3 +188,34 @@ def test_how_the_run_ended_on_a_full_disk_is_a_warning_not_a_crash_before_the_la
         assert not list(disk.glob("summary.json*"))  # no half-written file left either
     err = capsys.readouterr().err
     assert f"could not be added to {disk / 'summary.json'}" in err and "No space left on device" in err
+
+
+def test_a_run_directory_that_cannot_be_written_before_the_first_step_is_one_paragraph(
+    tmp_path: Path,
+) -> None:
+    """A full disk at the start: the run directory's lock, config.yaml, run_info.json are rank 0's writes
+    before any collective step; each failure is the same paragraph on every rank, not an OSError."""
+    from zerofit.api import train
+    from zerofit.errors import MetricsWriteError
+
+    with small_filesystem(tmp_path / "disk", 256) as disk:
+        fill(disk)
+        with pytest.raises(MetricsWriteError) as err:
+            train(
+                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
+                **{
+                    "distributed.strategy": "single",
+                    "distributed.preset": None,
+                    "train.max_steps": 2,
+                    "output_dir": str(disk),
+                    "run_name": "r",
+                    "logging.console": False,
+                    "logging.wandb.mode": "disabled",
+                },
+            )
+        text = str(err.value)
+        assert (
+            f"the run's files in {disk / 'r'} could not be written ([Errno 28] No space left on device"
+            in text
+        )
+        assert "free of 256.0 KiB" in text and "Nothing was trained" in text and "\n" not in text
