@@ -42,7 +42,7 @@ class RunResult:
     run_dir: Path
     final_loss: float | None
     eval_loss: float | None  # the last evaluation's loss (None without evaluation data)
-    steps: int  # optimizer steps logged
+    steps: int  # optimizer steps done (the step of the last metrics row)
     metrics: list[dict[str, Any]] = field(repr=False)  # the rows of metrics.jsonl
     summary: dict[str, Any] = field(repr=False)  # summary.json: losses, tokens, throughput, memory
     export_dir: Path | None = None  # adapter/ or model/ (None with checkpoint.save_final=false)

@@ -177,6 +177,7 @@ class PreparedRun:
             keep_best=cfg.checkpoint.keep_best,
             objective=self.objective,
             compiled=self.built.compiled_layers > 0,
+            run_dir=self.plan.run_dir,
         )
 
     def evaluator(self) -> Evaluator | None:

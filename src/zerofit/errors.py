@@ -51,6 +51,12 @@ class CheckpointWriteError(ZerofitError):
     the same paragraph, naming the folder, its free space, the checkpoint kept and the fix."""
 
 
+class MetricsWriteError(ZerofitError):
+    """The run's metrics (metrics.jsonl, run_info.json, summary.json) could not be written (a full disk):
+    the run stops after that step on every rank, with the same paragraph naming the file, its filesystem's
+    free space, the checkpoint kept and the fix."""
+
+
 class ExportWriteError(ZerofitError):
     """The final export could not be written (a full disk): every rank reports the same paragraph, naming
     the folder, its free space and the checkpoint the weights can be exported from."""

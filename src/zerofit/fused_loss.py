@@ -79,6 +79,7 @@ __all__ = [
     "fused_linear_token_sum",
     "fused_targets",
     "install_fused_head",
+    "logit_postprocessing",
 ]
 
 FUSED_LINEAR = "fused_linear"
@@ -285,6 +286,16 @@ def _is_cast_of(output: torch.Tensor, returned: torch.Tensor) -> bool:
     return torch.equal(output, returned.to(output.dtype))
 
 
+def logit_postprocessing(config: dict[str, Any]) -> str | None:
+    """`config.<key> = <value>` for the first config.json attribute through which the architecture changes
+    the logits after lm_head (a softcap, a scale), else None: the fused loss would miss that change."""
+    for key, neutral in _LOGIT_POSTPROCESSING.items():
+        value = config.get(key, neutral)
+        if value not in (neutral, 1, 1.0):
+            return f"config.{key} = {value}"
+    return None
+
+
 def _postprocessing_problem(what: str) -> str:
     return (
         f"train.cross_entropy = 'fused_linear' computes the loss inside lm_head, and this model changes the "
@@ -312,10 +323,9 @@ def install_fused_head(model: torch.nn.Module, chunk: int | None = None) -> None
     an architecture that changes the logits after lm_head.
     """
     config = getattr(model, "config", None)
-    for key, neutral in _LOGIT_POSTPROCESSING.items():
-        value = getattr(config, key, neutral)
-        if value not in (neutral, 1, 1.0):
-            raise ConfigError([_postprocessing_problem(f"config.{key} = {value}")])
+    changed = logit_postprocessing({key: getattr(config, key, None) for key in _LOGIT_POSTPROCESSING})
+    if changed is not None:
+        raise ConfigError([_postprocessing_problem(changed)])
     head = model.get_output_embeddings()
     if type(head) is not torch.nn.Linear:
         raise ConfigError(

@@ -331,6 +331,7 @@ def check_memory_levers(cfg: ZerofitConfig) -> None:
             "train.activation_offload=true (with activation checkpointing)",
         ),
         ("lean_norm", t.lean_norm, "train.lean_norm=true"),
+        ("cross_entropy", t.cross_entropy, "train.cross_entropy=chunked"),
     ):
         if value == "auto":
             raise ConfigError(

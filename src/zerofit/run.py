@@ -92,9 +92,13 @@ def write_run_files(run: PreparedRun) -> Path:
 
 
 def announce(run: PreparedRun) -> None:
-    """Rank 0 writes config.yaml + the engine config and prints the plan; every rank waits for it."""
-    if run.strategy.rank == 0:
-        say(format_plan(run, write_run_files(run)))
+    """Rank 0 writes config.yaml + the engine config and prints the plan; every rank waits for it (a full
+    disk: one paragraph on every rank, `rank0_writes`)."""
+    from zerofit.checkpoint.failed_save import rank0_writes
+
+    engine_file = rank0_writes(run.strategy, run.plan.run_dir, lambda: write_run_files(run))
+    if engine_file is not None:
+        say(format_plan(run, engine_file))
     run.strategy.barrier()
 
 
@@ -150,9 +154,14 @@ class FinetuneRecipe:
         message = resume_message(point, cfg.checkpoint.resume, plan.run_dir, cfg.train.max_steps)
         if message:
             say(message, rank=rank)
-        self.sink = open_sinks(
+        from zerofit.checkpoint.failed_save import rank0_writes
+        from zerofit.metrics.base import NullSink
+
+        # run_info.json (and W&B's run id) on rank 0; the other ranks get a NullSink.
+        sinks = rank0_writes(strategy, plan.run_dir, lambda: open_sinks(
             plan, rank, run.record(), config_path=self.config_path, history=self.history, prior_wall_s=elapsed
-        )
+        ))  # fmt: skip
+        self.sink = sinks if sinks is not None else NullSink()
 
     def train(self) -> RunOutcome:
         """Train to `train.max_steps` (or a stop / early stop), export, and say how the run ended. The exit

@@ -19,6 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
+from zerofit.checkpoint.failed_save import rank0_writes
 from zerofit.errors import LaunchError
 from zerofit.strategies.base import Strategy
 
@@ -50,9 +51,12 @@ def check_shared_output_dir(strategy: Strategy, output_dir: Path, wait_s: float 
     output_dir = Path(output_dir)
     token = strategy.broadcast_object(uuid.uuid4().hex if strategy.rank == 0 else None)
     probe = output_dir / f"{PROBE_PREFIX}{token}"
-    if strategy.rank == 0:
+
+    def write_probe() -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text(token)
+
+    rank0_writes(strategy, output_dir, write_probe)  # a full disk: one paragraph on every rank
     strategy.barrier()
     seen = _sees(probe, token, wait_s)
     views = strategy.all_gather_object((strategy.rank, socket.gethostname(), seen))

@@ -9,7 +9,8 @@
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
                 due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
                 all-reduce agrees on what happens next (a stop signal on any rank, rank 0's clock saying
-                a timed save is due, rank 0's verdict on the evaluation: a new best, patience run out)
+                a timed save is due, rank 0's verdict on the evaluation: a new best, patience run out;
+                rank 0's metrics write failing on a full disk: every rank stops with one paragraph)
                 -> periodic, timed, best or final checkpoint -> stop (signal or early stopping).
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
@@ -20,13 +21,16 @@ the same micro-batch (`zerofit.data.pairs.collate_pairs`).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from zerofit.batching import BatchPlan
+from zerofit.checkpoint.failed_save import attempt, metrics_failed
 from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
 from zerofit.compiling import graph_breaks
 from zerofit.data import (
@@ -39,7 +43,7 @@ from zerofit.data import (
     split_global_batch,
 )
 from zerofit.data.pairs import PreferencePair, collate_pairs
-from zerofit.errors import ConfigError
+from zerofit.errors import ConfigError, MetricsWriteError
 from zerofit.loss import batch_labels, count_label_tokens
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
@@ -164,6 +168,7 @@ class LoopInputs:
     keep_best: bool = False  # a new best evaluation forces a save of that step
     objective: Objective | None = None  # train.objective's (`zerofit.preference`); None: SFT
     compiled: bool = False  # train.compile: each row reports dynamo's graph breaks so far
+    run_dir: Path | None = None  # where rank 0's metrics go: named by a failed metrics write
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,7 @@ class AfterStep:
     stopping: bool = False
     timed: bool = False
     verdict: Verdict | None = None
+    metrics_failed: bool = False  # rank 0 could not write this step's metrics: the run stops, no save
 
     @property
     def early_stop(self) -> bool:
@@ -284,10 +290,18 @@ def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
         results.append(result)
         steps_done = step + 1
         evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None else {}
-        if evaluated or steps_done % run.log_every == 0 or steps_done == run.max_steps:
-            metrics = step_metrics(run, step, result, lr, seconds, samples)
-            run.sink.log(steps_done, {**metrics, **evaluated, **memory_fields(run.strategy)})
-        agreed = agree_after_step(run, evaluated.get(BEST_METRIC))
+        logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
+        row = functools.partial(step_metrics, run, step, result, lr, seconds, samples)
+        failure = _log_row(run, steps_done, {**row(), **evaluated}) if logged else None
+        agreed = agree_after_step(run, evaluated.get(BEST_METRIC), logged, failure is not None)
+        if agreed.metrics_failed:
+            raise _metrics_write_error(run, steps_done, failure)
+        if agreed.stopping and not logged:
+            # A signal stops the run between logging steps: its last step gets a row too, so the rows end
+            # at the steps done (the summary's count) and at the stop checkpoint a resume starts from.
+            failure = _log_row(run, steps_done, row())
+            if run.strategy.broadcast_object(failure) is not None:
+                raise _metrics_write_error(run, steps_done, failure)
         if run.watch is not None and agreed.verdict is not None:
             run.watch.record(steps_done, float(evaluated[BEST_METRIC]), agreed.verdict)
         run.checkpointer.after_step(steps_done, agreed.save(run.keep_best))
@@ -296,16 +310,36 @@ def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
     return results
 
 
-def agree_after_step(run: LoopInputs, eval_loss: float | None) -> AfterStep:
-    """One tiny all-reduce after every step (none when there is nothing to agree on), so every rank saves
-    and stops after the same step: each rank's stop-signal votes, and rank 0's alone for a due timed save
-    and the evaluation's verdict (other ranks add zeros, so no other clock or rounding can differ).
+def _log_row(run: LoopInputs, steps_done: int, fields: dict[str, Any]) -> str | None:
+    """Log one metrics row (every rank: the memory fields are a collective); rank 0's failed write (a full
+    disk) as one line, else None."""
+    fields = {**fields, **memory_fields(run.strategy)}
+    return attempt(functools.partial(run.sink.log, steps_done, fields))
 
-    `eval_loss` is this step's eval/loss, or None when no evaluation ran (the same on every rank).
+
+def _metrics_write_error(run: LoopInputs, steps_done: int, failure: str | None) -> MetricsWriteError:
+    """Rank 0's paragraph for its failed metrics write (its file, its filesystem's free space), on every rank."""
+    text = None
+    if run.strategy.rank == 0:
+        assert failure is not None and run.run_dir is not None, "rank 0 logs, into the run directory"
+        text = str(metrics_failed(run.run_dir, steps_done, failure))
+    return MetricsWriteError(run.strategy.broadcast_object(text))
+
+
+def agree_after_step(
+    run: LoopInputs, eval_loss: float | None, logged: bool = False, write_failed: bool = False
+) -> AfterStep:
+    """One tiny all-reduce after every step (none when there is nothing to agree on), so every rank saves
+    and stops after the same step: each rank's stop-signal votes, and rank 0's alone for a due timed save,
+    the evaluation's verdict and a failed metrics write (other ranks add zeros, so no other clock or
+    rounding can differ).
+
+    `eval_loss` is this step's eval/loss, or None when no evaluation ran; `logged`: rank 0 wrote this
+    step's metrics (the same on every rank); `write_failed`: that write failed here (a full disk).
     """
     stop, rank0 = run.stop, run.strategy.rank == 0
     judged = run.watch is not None and eval_loss is not None
-    if stop is None and run.clock is None and not judged:
+    if stop is None and run.clock is None and not judged and not logged:
         return AfterStep()
     signals = stop.votes() if stop is not None else []
     mine = Verdict(False, False)
@@ -313,9 +347,9 @@ def agree_after_step(run: LoopInputs, eval_loss: float | None) -> AfterStep:
         assert run.watch is not None and eval_loss is not None
         mine = run.watch.judge(eval_loss)
     timed = run.clock is not None and rank0 and run.clock.due()
-    local = [*signals, int(timed), int(mine.best), int(mine.exhausted)]
+    local = [*signals, int(timed), int(mine.best), int(mine.exhausted), int(write_failed and rank0)]
     votes = run.strategy.all_reduce_sum(torch.tensor(local, dtype=torch.int64)).tolist()
     n = len(signals)
     stopping = stop is not None and stop.agree(votes[:n])
     verdict = Verdict(bool(votes[n + 1]), bool(votes[n + 2])) if judged else None
-    return AfterStep(stopping=stopping, timed=bool(votes[n]), verdict=verdict)
+    return AfterStep(stopping, bool(votes[n]), verdict, metrics_failed=bool(votes[n + 3]))

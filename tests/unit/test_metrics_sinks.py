@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,21 @@ def test_summary_mean_throughput_skips_warmup_step() -> None:
     assert "predicted_over_measured" not in result  # RSS is not comparable with a tensor prediction
     summary.update(5, {**_step_metrics(5), "mem/source": "cuda"}, now=5.0)
     assert summary.result()["predicted_over_measured"] == pytest.approx(4.0 / 6.0)
+
+
+def test_the_end_of_run_table_counts_optimizer_steps_not_logged_rows() -> None:
+    """logging.log_every=3 over 8 steps logs steps 3, 6 and 8 (the last is always logged); a resumed run
+    replays the kept rows before its own: both say 8 optimizer steps, as the run did."""
+    buffer = io.StringIO()
+    sink = ConsoleSink(8, console=Console(file=buffer, force_terminal=False, width=120))
+    for step in (3, 6, 8):
+        sink.log(step, _step_metrics(step))
+    sink.close()
+    assert re.search(r"optimizer steps\s+│\s+8 ", buffer.getvalue()), buffer.getvalue()
+    resumed = RunSummary()
+    resumed.replay([{"step": s, **_step_metrics(s)} for s in (3, 6)])  # the rows up to the checkpoint
+    resumed.update(8, _step_metrics(8))
+    assert resumed.result()["steps"] == 8 and resumed.logged_rows == 3
 
 
 def test_console_off_terminal_prints_compact_lines_and_a_table() -> None:

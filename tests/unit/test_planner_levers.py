@@ -159,6 +159,78 @@ def test_lean_norm_auto_is_on_only_where_it_is_needed_to_fit() -> None:
     assert long.lean_norm is True and long.activation_offload is True
 
 
+def test_the_qlora_recipe_turns_the_lean_norm_on_where_its_4bit_base_needs_it_to_fit() -> None:
+    assert _resolved(RECIPE).config.train.lean_norm is False  # 64k fits without it: not paid for
+    assert _resolved(RECIPE, "data.max_seq_len=81920").config.train.lean_norm is True
+    with pytest.raises(ConfigError, match="not even checkpointing every layer at micro 1 fits"):
+        _resolved(RECIPE, "data.max_seq_len=81920", "train.lean_norm=false")  # fits only with it
+
+
+def test_cross_entropy_auto_is_the_fused_loss_only_where_the_logits_do_not_fit() -> None:
+    """The QLoRA recipe at 65,536 tokens fits only without the logits (128k vocabulary: 16 GiB of them and
+    as much again for their gradient); at 4,096 tokens they fit and the chunked loss (no extra lm_head
+    matmul) is kept. The plan's note says which, and the resolved config (config.yaml) holds no `auto`."""
+    long = _resolved(RECIPE, "train.cross_entropy=auto")
+    assert long.config.train.cross_entropy == "fused_linear"
+    assert any(
+        n.startswith("train.cross_entropy auto -> fused_linear: without the logits") for n in long.notes
+    )
+    with pytest.raises(ConfigError, match="not even checkpointing every layer at micro 1 fits"):
+        _resolved(RECIPE, "train.cross_entropy=chunked")  # the logits are what does not fit
+    short = _resolved(RECIPE, "train.cross_entropy=auto", "data.max_seq_len=4096")
+    assert short.config.train.cross_entropy == "chunked"
+    assert any(
+        n.startswith("train.cross_entropy auto -> chunked: the plan fits with the logits")
+        for n in short.notes
+    )
+    assert "auto" not in {long.config.train.cross_entropy, short.config.train.tiled_mlp}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        # The demo adapts lm_head with LoRA: the fused loss needs a plain Linear head.
+        (("planner.gpu=rtx3090",), "LoRA adapts lm_head"),
+        (
+            ("model.name_or_path=tiny-gemma2", "lora.target_modules=all-linear", "planner.gpu=rtx3090"),
+            "config.final_logit_softcapping = 30.0",
+        ),
+        (
+            ("lora.target_modules=all-linear", "model.trust_remote_code=true", "planner.gpu=rtx3090"),
+            "model.trust_remote_code",
+        ),
+        # No GPU budget (no planner.gpu, no CUDA device here): nothing to weigh the fused loss against.
+        (("lora.target_modules=all-linear",), "no GPU memory budget is known here"),
+    ],
+)
+def test_cross_entropy_auto_keeps_the_default_where_the_fused_loss_cannot_be_chosen(
+    overrides: tuple[str, ...], why: str
+) -> None:
+    resolved = _resolved(
+        REPO / "configs" / "demo.yaml", "train.cross_entropy=auto", "distributed.strategy=single", *overrides
+    )
+    assert resolved.config.train.cross_entropy == "chunked"
+    note = next(n for n in resolved.notes if n.startswith("train.cross_entropy auto -> chunked"))
+    assert why in note
+
+
+def test_an_unresolved_cross_entropy_auto_never_reaches_the_model() -> None:
+    from zerofit.model import check_memory_levers
+
+    with pytest.raises(ConfigError, match=r"train.cross_entropy = 'auto' reached the model unresolved"):
+        check_memory_levers(
+            load_config(
+                str(LORA_RECIPE),
+                [
+                    "train.cross_entropy=auto",
+                    "train.tiled_mlp=false",
+                    "train.activation_offload=false",
+                    "train.lean_norm=false",
+                ],
+            )
+        )
+
+
 def test_resolve_refuses_offload_without_checkpointing() -> None:
     with pytest.raises(ConfigError, match=r"train\.activation_offload = true needs activation checkpointing"):
         _resolved(RECIPE, "train.activation_offload=true", "train.activation_checkpointing=false")

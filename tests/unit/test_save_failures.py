@@ -1,4 +1,4 @@
-"""A checkpoint that cannot be written (a full disk) is one paragraph, the partial folder goes, the newest
+"""A checkpoint (or a metrics row) that cannot be written (a full disk) is one paragraph, the partial folder goes, the newest
 complete checkpoint stays; the write layer recognises torch's, DCP's and DeepSpeed's failed writes."""
 
 from __future__ import annotations
@@ -130,3 +130,92 @@ def test_a_final_export_on_a_full_disk_is_one_paragraph_and_names_the_checkpoint
         assert f"zerofit export {run_dir} --out {run_dir / 'adapter'}" in text and "\n" not in text
         assert not (run_dir / "adapter.tmp").exists() and not (run_dir / "adapter").exists()
         assert [step for step, _ in complete_checkpoints(run_dir)] == [2]
+
+
+def test_metrics_that_cannot_be_written_stop_the_run_with_one_paragraph_and_keep_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The disk fills up after the step-2 checkpoint: step 3's metrics.jsonl row cannot be written."""
+    from zerofit.api import train
+    from zerofit.errors import MetricsWriteError
+
+    save = Checkpointer.save
+
+    def then_the_disk_fills(self: Checkpointer, steps_done: int) -> Path:
+        folder = save(self, steps_done)
+        fill(disk)
+        # The last page of metrics.jsonl has room a row could use without a new block: blank lines (which
+        # every reader skips) take it, so the next row needs a block the disk no longer has.
+        metrics = disk / "r" / "metrics.jsonl"
+        with metrics.open("a") as f:
+            f.write("\n" * (-metrics.stat().st_size % 4096))
+        return folder
+
+    monkeypatch.setattr(Checkpointer, "save", then_the_disk_fills)
+    with small_filesystem(tmp_path / "disk", 1024) as disk:
+        with pytest.raises(MetricsWriteError) as err:
+            train(
+                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
+                **{
+                    "distributed.strategy": "single",
+                    "distributed.preset": None,
+                    "train.max_steps": 6,
+                    "checkpoint.every_steps": 2,
+                    "output_dir": str(disk),
+                    "run_name": "r",
+                    "logging.console": False,
+                    "logging.wandb.mode": "disabled",
+                },
+            )
+        text, run_dir = str(err.value), disk / "r"
+        assert f"the metrics of step 3 could not be written in {run_dir}" in text
+        assert f"No space left on device: '{run_dir / 'metrics.jsonl'}'" in text and "free of 1.0 MiB" in text
+        assert f"Kept: step-2 ({run_dir / 'checkpoints' / 'step-2'})" in text
+        assert "checkpoint.resume=true run_name=r" in text and "\n" not in text
+        assert [step for step, _ in complete_checkpoints(run_dir)] == [2]
+        verify(run_dir / "checkpoints" / "step-2")
+        assert "warning" not in capsys.readouterr().err  # the paragraph alone: no second word on the disk
+
+
+def test_how_the_run_ended_on_a_full_disk_is_a_warning_not_a_crash_before_the_last_barrier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerofit.metrics.summary import record_outcome
+
+    with small_filesystem(tmp_path / "disk", 64) as disk:
+        fill(disk)
+        record_outcome(disk, {"stop_reason": "max_steps"})
+        assert not list(disk.glob("summary.json*"))  # no half-written file left either
+    err = capsys.readouterr().err
+    assert f"could not be added to {disk / 'summary.json'}" in err and "No space left on device" in err
+
+
+def test_a_run_directory_that_cannot_be_written_before_the_first_step_is_one_paragraph(
+    tmp_path: Path,
+) -> None:
+    """A full disk at the start: the run directory's lock, config.yaml, run_info.json are rank 0's writes
+    before any collective step; each failure is the same paragraph on every rank, not an OSError."""
+    from zerofit.api import train
+    from zerofit.errors import MetricsWriteError
+
+    with small_filesystem(tmp_path / "disk", 256) as disk:
+        fill(disk)
+        with pytest.raises(MetricsWriteError) as err:
+            train(
+                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
+                **{
+                    "distributed.strategy": "single",
+                    "distributed.preset": None,
+                    "train.max_steps": 2,
+                    "output_dir": str(disk),
+                    "run_name": "r",
+                    "logging.console": False,
+                    "logging.wandb.mode": "disabled",
+                },
+            )
+        text = str(err.value)
+        assert (
+            f"the run's files in {disk / 'r'} could not be written ([Errno 28] No space left on device"
+            in text
+        )
+        assert "free of 256.0 KiB" in text and "Nothing was trained" in text and "\n" not in text

@@ -191,6 +191,28 @@ def test_a_stop_request_ends_the_loop_after_the_step_in_progress_with_a_checkpoi
     assert stop.agreed == signal.SIGTERM and StopSignal.exit_code(stop.agreed) == 143
 
 
+def test_a_stop_between_logging_steps_logs_the_last_step_too() -> None:
+    """logging.log_every=3, a signal during step 2: the rows end at the step the run stopped after (the
+    end-of-run summary's step count, the stop checkpoint's step), not at the last logging step."""
+    import signal
+
+    from zerofit.signals import StopSignal
+
+    stop = StopSignal()
+    stop.arm("test")
+
+    class _SignalAtStep2(_Checkpoints):
+        def after_step(self, steps_done: int, stopping: bool = False) -> None:
+            super().after_step(steps_done, stopping)
+            if steps_done == 1:  # as if SIGTERM arrived while step 2 was running
+                stop.signum = signal.SIGTERM
+
+    sink, checkpoints = _Sink(), _SignalAtStep2()
+    run = _loop_run(sink, checkpoints, max_steps=9, max_grad_norm=1.0, stop=stop, log_every=3)
+    assert len(train_loop(run)) == 2 and checkpoints.stopping == [2]
+    assert [step for step, _ in sink.rows] == [2] and "mem/rank0/peak_gib" in sink.rows[0][1]
+
+
 def test_mfu_is_logged_from_input_tokens_where_the_device_peak_is_known(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,11 +11,17 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.rundir import CHECKPOINTS
-from zerofit.errors import CheckpointWriteError, ExportWriteError
+from zerofit.errors import CheckpointWriteError, ExportWriteError, MetricsWriteError
 from zerofit.writes import write_failure
+
+if TYPE_CHECKING:
+    from zerofit.strategies.base import Strategy
+
+T = TypeVar("T")
 
 
 def attempt(write: Callable[[], None]) -> str | None:
@@ -94,6 +100,57 @@ def export_failed(out: Path, failure: str) -> ExportWriteError:
     return ExportWriteError(
         f"the final export {out} could not be written ({failure}); that filesystem has "
         f"{_free_space(run_dir)}. No partial {out.name}/ was left. {weights}"
+    )
+
+
+def metrics_failed(run_dir: Path, step: int, failure: str) -> MetricsWriteError:
+    """The error every rank raises when rank 0 could not write the metrics of step `step` into `run_dir`.
+
+    No checkpoint is attempted at that step (its filesystem is the one that just refused a few hundred
+    bytes); the newest complete checkpoint is where a resume starts, and the resume rewinds metrics.jsonl
+    to it (a torn last line included).
+    """
+    kept = checkpoint_folders(run_dir / CHECKPOINTS)
+    if kept:
+        kept_step, folder = kept[-1]
+        kept_text = (
+            f"Kept: step-{kept_step} ({folder}), the newest complete checkpoint, where a resume starts"
+        )
+        again = f"resume with the same command plus checkpoint.resume=true run_name={run_dir.name}"
+    else:
+        kept_text = "Kept: no checkpoint (none was due yet), so nothing can be resumed"
+        again = "run the same command again"
+    return MetricsWriteError(
+        f"the metrics of step {step} could not be written in {run_dir} ({failure}); that filesystem has "
+        f"{_free_space(run_dir)}. The run stopped at step {step} without saving a checkpoint there. {kept_text}. "
+        f"Fix: free space on that filesystem (or lower checkpoint.keep_last), then {again}; or set output_dir "
+        "to a filesystem with room and start again"
+    )
+
+
+def rank0_writes(strategy: Strategy, run_dir: Path, write: Callable[[], T]) -> T | None:
+    """`write()` on rank 0 (the run directory's own files before the first step: its lock, config.yaml,
+    the engine config, run_info.json, W&B's run id) and its result there (None on the other ranks). A
+    failed write (a full disk) ends the launch on every rank with the same paragraph, instead of a
+    traceback on rank 0 and the other ranks waiting for it at the next collective."""
+    result: list[T] = []
+    failure = attempt(lambda: result.append(write())) if strategy.rank == 0 else None
+    failure = strategy.broadcast_object(failure)
+    if failure is not None:
+        raise run_files_failed(run_dir, failure)
+    return result[0] if result else None
+
+
+def run_files_failed(run_dir: Path, failure: str) -> MetricsWriteError:
+    """The error every rank raises when rank 0 could not write the run directory's files before training."""
+    kept = checkpoint_folders(run_dir / CHECKPOINTS)
+    kept_text = (
+        f" Kept as they were: its checkpoints (the newest step-{kept[-1][0]}, {kept[-1][1]})" if kept else ""
+    )
+    return MetricsWriteError(
+        f"the run's files in {run_dir} could not be written ({failure}); that filesystem has "
+        f"{_free_space(run_dir)}. Nothing was trained in this launch.{kept_text} Fix: free space on that "
+        "filesystem, then run the same command again; or set output_dir to a filesystem with room"
     )
 
 

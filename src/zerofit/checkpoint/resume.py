@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
+from zerofit.checkpoint.failed_save import rank0_writes
 from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, lock_run_dir, locked_by
 from zerofit.config.resolve import ResolvedConfig
@@ -459,12 +460,14 @@ def restore(
     `settle_run_dir` validated the resume, so a refused or failed load never changes the run record.
     """
     step = checkpointer.load(point.folder, point.world_size) if point is not None else 0
-    rows: list[dict[str, Any]] = []
-    if checkpointer.strategy.rank == 0:
+
+    def settle_record() -> list[dict[str, Any]]:
         lock_run_dir(run_dir)
         if point is not None:
             finish_resume(point)
-        rows = rewind_metrics(run_dir / METRICS_FILE, step)  # `auto` without a checkpoint: back to step 0
+        return rewind_metrics(run_dir / METRICS_FILE, step)  # `auto` without a checkpoint: back to step 0
+
+    rows = rank0_writes(checkpointer.strategy, run_dir, settle_record) or []
     return step, (rows if point is not None else None)
 
 

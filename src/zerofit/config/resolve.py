@@ -41,14 +41,16 @@ class PlanChoice:
     """What the planner decides for the `auto` keys: the micro-batch (rows of packed tokens under a token
     budget), the decoder layers to checkpoint (`true`, `false` or a number), the MLP's token shards
     (`false` or a number), whether the checkpointed inputs are offloaded to host memory and whether the
-    RMSNorms are lean (`train.lean_norm`). A value is
-    written into the config only where its key is `auto`."""
+    RMSNorms are lean (`train.lean_norm`), and the loss (`train.cross_entropy`: `chunked` or
+    `fused_linear`). A value is written into the config only where its key is `auto`."""
 
     micro_batch_size: int
     activation_checkpointing: bool | int
     tiled_mlp: bool | int = False
     activation_offload: bool = False
     lean_norm: bool = False
+    cross_entropy: str = "chunked"
+    loss_reason: str = ""  # why `train.cross_entropy: auto` became `cross_entropy` (the plan's note)
 
 
 # `auto` batch / checkpointing keys: (config, world size) -> the plan to use; raises ConfigError.
@@ -223,6 +225,7 @@ def _auto_keys(cfg: ZerofitConfig) -> list[str]:
             ("train.tiled_mlp", cfg.train.tiled_mlp),
             ("train.activation_offload", cfg.train.activation_offload),
             ("train.lean_norm", cfg.train.lean_norm),
+            ("train.cross_entropy", cfg.train.cross_entropy),
         )
         if value == "auto"
     ]
@@ -631,7 +634,7 @@ def _fill_kernels(cfg: ZerofitConfig) -> list[str]:
         )
     targets = cfg.lora.target_modules if cfg.lora.enabled else "all-linear"
     lm_head_adapted = not isinstance(targets, str) and any(x.split(".")[-1] == "lm_head" for x in targets)
-    if "cross_entropy" not in t.model_fields_set and not lm_head_adapted:
+    if ("cross_entropy" not in t.model_fields_set or t.cross_entropy == "auto") and not lm_head_adapted:
         t.cross_entropy = "fused_linear"
         notes.append(
             "train.cross_entropy -> fused_linear: Liger's fused linear cross-entropy (train.kernels=liger; "
@@ -733,6 +736,8 @@ def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) 
             t.activation_offload = choice.activation_offload
         if t.lean_norm == "auto":
             t.lean_norm = choice.lean_norm
+        if t.cross_entropy == "auto":
+            t.cross_entropy = choice.cross_entropy  # type: ignore[assignment]
     if cfg.batch.tokens_per_micro_batch is not None:
         cfg.batch.tokens_per_micro_batch = plan.micro_batch_size * cfg.data.max_seq_len
     if t.max_steps is None and t.epochs is None:
@@ -801,8 +806,13 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     if problems:
         raise ConfigError(problems)
     notes += _fill_kernels(cfg)
+    loss_auto = cfg.train.cross_entropy == "auto"
     plan, choice = _choose(cfg, world_size, choose_plan, plan)
     _fill_batch(cfg, plan, choice)
+    if loss_auto:  # the plan says what auto became (config.yaml records it)
+        notes.append(
+            f"train.cross_entropy auto -> {cfg.train.cross_entropy}: {choice.loss_reason if choice else ''}"
+        )
     _fill_attention(cfg)
     _fill_logging(cfg)
     _fill_reference(cfg)

@@ -170,12 +170,13 @@ class TrainSection(_Section):
         "fp32 upcast input, recomputing the normalized value in backward (zerofit.norms): the same output, "
         "gradients equal up to rounding. auto: the planner's choice (only where it is needed to fit or is faster).",
     )
-    cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear"] = Field(
+    cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear", "auto"] = Field(
         "chunked",
         description=(
             "How the loss runs over the vocabulary (zerofit.loss); the same token sums. fused_linear: the "
             "lm_head matmul and the loss together, chunk by chunk of tokens, so the logits never exist "
-            "(zerofit.fused_loss)."
+            "(zerofit.fused_loss). auto: the planner's choice between chunked and fused_linear (fused only "
+            "where it is needed to fit or is faster, and only where the fused loss applies)."
         ),
     )
     kernels: Literal["none", "liger"] = Field(

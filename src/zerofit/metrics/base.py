@@ -58,8 +58,11 @@ class JsonlSink:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise named(exc, self.path) from exc
 
     def log_config(self, config: dict[str, Any]) -> None:
         del config  # config.yaml in the run directory holds it
@@ -69,15 +72,30 @@ class JsonlSink:
             self._file.close()
 
 
+def named(exc: OSError, path: Path) -> OSError:
+    """`exc` with the file it failed to write: a failed `write`/`flush` of an open file carries no name, and
+    the user must be told which file (and so which filesystem) is full."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
 class MultiSink:
     """Fans every call out to several sinks."""
 
     def __init__(self, sinks: list[MetricsSink]) -> None:
         self.sinks = sinks
+        self.write_failed = (
+            False  # a log failed to write (a full disk): the loop reports it, close stays quiet
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.log(step, metrics)
+        try:
+            for sink in self.sinks:
+                sink.log(step, metrics)
+        except OSError:
+            self.write_failed = True
+            raise
 
     def log_config(self, config: dict[str, Any]) -> None:
         for sink in self.sinks:
@@ -85,9 +103,11 @@ class MultiSink:
 
     def close(self) -> None:
         """Close every sink, even when one fails to write (a full disk): that is a warning, and it must not
-        hide the error that ended the run (the close runs while that error is propagating)."""
+        hide the error that ended the run (the close runs while that error is propagating). After a failed
+        `log` the run's error paragraph has said so already: no second word about the same full disk."""
         for sink in self.sinks:
             try:
                 sink.close()
             except OSError as exc:
-                warn(f"the run's metrics files could not be finished: {exc}")
+                if not self.write_failed:
+                    warn(f"the run's metrics files could not be finished: {exc}")

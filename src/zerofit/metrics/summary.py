@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zerofit.messages import warn
+from zerofit.metrics.base import named
 from zerofit.run_layout import RunLayout
 
 _RANK_PEAK = re.compile(r"^mem/rank(\d+)/peak_gib$")
@@ -53,13 +55,16 @@ class RunSummary:
     - `peak_gib_rank{r}` and `peak_gib`: the largest `mem/rank{r}/peak_gib` of each rank and over all ranks.
     - `mean_tokens_per_s`: mean of `tokens_per_s` over logged steps, leaving out the first one when there
       are several (it includes warm-up: kernel compilation, allocator growth, JIT of DeepSpeed ops).
-    - `tokens_seen`: sum of `tokens`; `steps`: number of logged steps; `wall_s`: first to last log.
+    - `tokens_seen`: sum of `tokens` over the logged rows; `wall_s`: first to last log.
+    - `steps`: the optimizer steps done, the `step` of the last logged row (a row's `step` is the steps done,
+      and the last step of a run is always logged), not the number of rows: with `logging.log_every` > 1,
+      or a resumed run whose earlier rows were rewound or torn, those differ.
     - `predicted_peak_gib` (planner, tensors) and, on CUDA, `measured_peak_gib` and their ratio.
     """
 
     def __init__(self, predicted_peak: float | None = None) -> None:
         self.predicted_peak = predicted_peak
-        self.steps = 0
+        self.logged_rows = 0  # rows folded in (fewer than `steps` under logging.log_every > 1)
         self.last_step: int | None = None
         self.final_loss: float | None = None
         self.min_loss: float | None = None
@@ -79,8 +84,8 @@ class RunSummary:
         if self._first_time is None:
             self._first_time = now
         self._last_time = now
-        self.steps += 1
-        self.last_step = step
+        self.logged_rows += 1
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
         loss = _number(metrics.get("loss"))
         if loss is not None:
             self.final_loss = loss
@@ -127,7 +132,7 @@ class RunSummary:
         if wall_s is None and self._first_time is not None and self._last_time is not None:
             wall_s = self._last_time - self._first_time
         out: dict[str, Any] = {
-            "steps": self.steps,
+            "steps": self.last_step or 0,
             "last_step": self.last_step,
             "final_loss": self.final_loss,
             "min_loss": self.min_loss,
@@ -188,17 +193,27 @@ class RunFilesSink:
 
 def record_outcome(run_dir: str | Path, fields: dict[str, Any]) -> None:
     """Add how the run ended (`stop_reason`, `early_stopped`, `best_step`, `best_eval_loss`) to the
-    `summary.json` the sinks wrote at close (rank 0, after the loop)."""
+    `summary.json` the sinks wrote at close (rank 0, after the loop).
+
+    A write that fails (a full disk) is a warning: the run trained, checkpointed and exported already, and
+    raising here would leave the other ranks waiting for rank 0 at the run's last barrier."""
     path = RunLayout(Path(run_dir)).summary
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         summary = {}
-    _write_json(path, {**summary, **fields})
+    try:
+        _write_json(path, {**summary, **fields})
+    except OSError as exc:
+        warn(f"how the run ended could not be added to {path}: {named(exc, path)}")
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # no half-written .tmp left on the full disk
+        raise named(exc, path) from exc
     tmp.replace(path)  # atomic: a crash never leaves half a file for `compare` to choke on

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from zerofit.catalogue import model_config_dict
 from zerofit.errors import ConfigError
+from zerofit.fused_loss import logit_postprocessing
 from zerofit.norms import LEAN_NORM_MODEL_TYPES
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import Scenario, what_if
@@ -106,6 +107,18 @@ def _head_adapted(cfg: ZerofitConfig) -> bool:
     return any(t == "lm_head" or t.endswith(".lm_head") for t in targets)
 
 
+def fused_loss_refusal(cfg: ZerofitConfig) -> str | None:
+    """Why `train.cross_entropy: auto` may not choose the fused loss for this config (None: it may): the
+    cases where `fused_linear` is refused or would fail at the first forward (`zerofit.fused_loss`)."""
+    if _head_adapted(cfg):
+        return "LoRA adapts lm_head (lora.target_modules), and the fused loss needs a plain Linear head"
+    if cfg.model.trust_remote_code:
+        return "model.trust_remote_code: a custom forward may change the logits after lm_head"
+    config = model_config_dict(cfg.model.name_or_path)
+    changed = logit_postprocessing({**config.get("text_config", {}), **config})
+    return f"the model changes the logits after lm_head ({changed})" if changed else None
+
+
 def lean_norm_applies(model: str) -> bool:
     """The model's RMSNorms are ones the lean norm knows (by config.json's model type, `zerofit.norms`)."""
     return model_config_dict(model).get("model_type") in LEAN_NORM_MODEL_TYPES
@@ -113,8 +126,9 @@ def lean_norm_applies(model: str) -> bool:
 
 def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
     """The override strings of every lever combination `--max-context` weighs, fewest levers first."""
-    losses = [f"train.cross_entropy={cfg.train.cross_entropy}"]
-    if cfg.train.cross_entropy != "fused_linear" and not _head_adapted(cfg):
+    base = "chunked" if cfg.train.cross_entropy == "auto" else cfg.train.cross_entropy
+    losses = [f"train.cross_entropy={base}"]
+    if base != "fused_linear" and not _head_adapted(cfg):
         losses.append("train.cross_entropy=fused_linear")
     residual = ["quantization.fp32_residual=true"]
     if cfg.quantization.load_in != "none":

@@ -196,6 +196,7 @@ def _require_resolved(cfg: ZerofitConfig) -> None:
         ("train.tiled_mlp", t.tiled_mlp),
         ("train.activation_offload", t.activation_offload),
         ("train.lean_norm", t.lean_norm),
+        ("train.cross_entropy", t.cross_entropy),
         ("preference.reference", cfg.preference.reference),
     ):
         if value == "auto":
@@ -326,6 +327,8 @@ def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accu
         out.append("train.activation_offload=false")
     if t.lean_norm == "auto":
         out.append("train.lean_norm=false")
+    if t.cross_entropy == "auto":
+        out.append("train.cross_entropy=chunked")
     return out
 
 

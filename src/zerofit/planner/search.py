@@ -268,6 +268,7 @@ class PlanOption:
     tiled_mlp: int = 1  # MLP token shards (1 = off)
     activation_offload: bool = False
     lean_norm: bool = False
+    cross_entropy: str = "chunked"
 
     @property
     def checkpointing(self) -> bool | int:
@@ -283,7 +284,8 @@ class PlanOption:
         if self.tiled_mlp > 1:
             out += f", MLP in {self.tiled_mlp} token shards"
         out += ", inputs offloaded to host" if self.activation_offload else ""
-        return out + (", lean RMSNorms" if self.lean_norm else "")
+        out += ", lean RMSNorms" if self.lean_norm else ""
+        return out + (", the loss inside lm_head" if self.cross_entropy == "fused_linear" else "")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form (the levers' keys only where the option uses them)."""
@@ -305,6 +307,8 @@ class PlanOption:
             out["activation_offload"] = True
         if self.lean_norm:
             out["lean_norm"] = True
+        if self.cross_entropy == "fused_linear":
+            out["cross_entropy"] = "fused_linear"
         return out
 
 
@@ -324,6 +328,7 @@ def plan_option(scn: Scenario, budget: Budget | None) -> PlanOption:
         tiled_mlp=scn.tiled_mlp,
         activation_offload=scn.activation_offload,
         lean_norm=scn.lean_norm,
+        cross_entropy=scn.cross_entropy,
     )
 
 
@@ -660,6 +665,11 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
     per_rank = _auto_samples_per_rank(cfg, world_size, micro_key) if micro == "auto" else None
     if micro != "auto" and b.global_batch_size:
         per_rank = samples_per_rank(cfg, world_size)
+    # The loss alone is auto (the rest fixed): where it cannot be weighed, the default, as without auto.
+    only_loss = isinstance(micro, int) and _auto_names(cfg) == ["train.cross_entropy"]
+    if only_loss and resolve_budget(cfg) is None:
+        assert isinstance(micro, int)
+        return _default_loss(cfg, micro, NO_BUDGET_FOR_THE_LOSS)
     budget = _budget_for_auto(cfg, keys)
     pinned = pinned_split_problems(cfg)  # a user's DeepSpeed file may not pin the split auto chooses
     if pinned:
@@ -669,7 +679,12 @@ def choose_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
         assert per_rank is not None
         return _choose_micro(cfg, world_size, scn, per_rank, budget, keys)
     assert isinstance(micro, int)
-    return _choose_checkpointing(cfg, world_size, scn, micro, per_rank, budget)
+    try:
+        return _choose_checkpointing(cfg, world_size, scn, micro, per_rank, budget)
+    except ConfigError:
+        if not only_loss:
+            raise
+        return _default_loss(cfg, micro, "the plan fits neither with nor without the logits; the default")
 
 
 def _auto_samples_per_rank(cfg: ZerofitConfig, world_size: int, micro_key: str) -> int:
@@ -719,8 +734,14 @@ def lever_variants(cfg: ZerofitConfig, scn: Scenario) -> list[Scenario]:
         from zerofit.planner.context import lean_norm_applies
 
         lean = (False, True) if lean_norm_applies(scn.model) else (False,)
+    losses = (scn.cross_entropy,)
+    if t.cross_entropy == "auto":
+        from zerofit.planner.context import fused_loss_refusal
+
+        losses = ("chunked",) if fused_loss_refusal(cfg) else ("chunked", "fused_linear")
     return [
-        scn.with_levers(tiled_mlp=s, activation_offload=o, lean_norm=n)
+        scn.with_levers(tiled_mlp=s, activation_offload=o, lean_norm=n, cross_entropy=c)
+        for c in losses
         for n in lean
         for o in offload
         for s in shards
@@ -737,7 +758,38 @@ def _plan_choice(cfg: ZerofitConfig, best: PlanOption) -> PlanChoice:
         tiled_mlp=best.tiled_mlp if best.tiled_mlp > 1 else False,
         activation_offload=best.activation_offload,
         lean_norm=best.lean_norm,
+        cross_entropy=best.cross_entropy,
+        loss_reason=_loss_reason(cfg, best),
     )
+
+
+def _loss_reason(cfg: ZerofitConfig, best: PlanOption) -> str:
+    """Why `train.cross_entropy: auto` became the chosen option's loss (the plan's note)."""
+    if cfg.train.cross_entropy != "auto":
+        return ""
+    from zerofit.planner.context import fused_loss_refusal
+
+    refusal = fused_loss_refusal(cfg)
+    if refusal:
+        return f"the fused loss does not apply here ({refusal})"
+    if best.cross_entropy == "fused_linear":
+        return "without the logits the plan fits, or a faster one does (the fused loss is exact: the same token sums)"
+    return "the plan fits with the logits and is fastest so (the fused loss costs one more lm_head matmul)"
+
+
+NO_BUDGET_FOR_THE_LOSS = (
+    "no GPU memory budget is known here (planner.gpu, planner.gpu_memory_gib or a CUDA device) to weigh the "
+    "fused loss against, so the default"
+)
+
+
+def _default_loss(cfg: ZerofitConfig, micro: int, why: str) -> PlanChoice:
+    """`train.cross_entropy: auto` as the only `auto` key, where the planner cannot weigh it (no GPU budget
+    known, or nothing fits either way): the default loss and the configured plan, as without auto."""
+    t = cfg.train
+    return PlanChoice(
+        micro, t.activation_checkpointing, t.tiled_mlp, t.activation_offload, t.lean_norm, "chunked", why
+    )  # type: ignore[arg-type]
 
 
 def _choose_micro(
@@ -791,5 +843,5 @@ def _choose_checkpointing(
 def _auto_names(cfg: ZerofitConfig) -> list[str]:
     """The training keys set to `auto` (for messages)."""
     t = cfg.train
-    keys = ("activation_checkpointing", "tiled_mlp", "activation_offload", "lean_norm")
+    keys = ("activation_checkpointing", "tiled_mlp", "activation_offload", "lean_norm", "cross_entropy")
     return [f"train.{k}" for k in keys if getattr(t, k) == "auto"]
