@@ -1,7 +1,8 @@
 """Run `launchers/launch_finetune.py` through the real launchers (python, deepspeed, torchrun) in tests.
 
 Launches of one test module are started together (a few at a time) so their start-up costs overlap; each
-gets its own free rendezvous port and run name. Results expose the run directory's metrics and export.
+gets its own free rendezvous port and run name, and a one-process launch beside others gets its share of
+the cores (OMP_NUM_THREADS). Results expose the run directory's metrics and export.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def run_launches(
     logs = output_dir / "_logs"
     logs.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
+    side_by_side = min(max_parallel, len(pending))
     while pending or running:
         while pending and len(running) < max_parallel:
             launch = pending.pop(0)
@@ -138,7 +140,7 @@ def run_launches(
             proc = subprocess.Popen(
                 launch.command(config, output_dir),
                 cwd=REPO,
-                env={**base_env, **launch.env},
+                env={**base_env, **_cpu_share(launch, side_by_side, base_env), **launch.env},
                 stdout=out.open("w"),
                 stderr=err.open("w"),
                 text=True,
@@ -174,6 +176,22 @@ def run_launches(
             )
         time.sleep(0.02 if interrupts else 0.1)
     return results
+
+
+def _cpu_share(launch: Launch, side_by_side: int, env: dict[str, str]) -> dict[str, str]:
+    """OMP_NUM_THREADS for a one-process launch that runs beside other launches: its share of the cores.
+
+    A lone process on CPU takes a thread per core (torch's default; zerofit splits the cores between the
+    ranks of a multi-rank launch itself, `strategies/base.py` `limit_cpu_threads`, which these launches
+    keep exercising). Beside another launch that is more threads than cores, and torch's OpenMP threads
+    then wait for each other at every op: on 2 cores, two 20-step single-process runs of the demo config
+    side by side took 35-40 s of CPU each instead of 7, and 43-83 s of training instead of 2-4 s.
+    """
+    one_process = launch.launcher == "python" or launch.nproc == 1  # (`nproc` means nothing to python)
+    if not one_process or side_by_side < 2 or "OMP_NUM_THREADS" in env:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": str(max(1, cores // side_by_side))}
 
 
 def _rows(metrics: Path) -> int:

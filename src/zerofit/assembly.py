@@ -314,7 +314,11 @@ def _model_and_engine(
 ) -> tuple[BuiltModel, torch.nn.Module]:
     """The model as the plan says (seeded, quantized on its GPU), wrapped by the engine with its optimizer
     and schedule."""
-    from transformers import set_seed
+    # accelerate's set_seed (accelerate comes with peft) seeds what transformers' does (random, numpy, torch,
+    # every CUDA device); transformers' lives in trainer_utils, which imports peft and with it bitsandbytes,
+    # whose import compiles kernels through torch.compile: ~1 s of CPU per rank that a run without LoRA
+    # or 8-bit optimizers never needed. (A LoRA run imports peft when it applies the adapters.)
+    from accelerate.utils import set_seed
 
     cfg = plan.config
     set_seed(cfg.seed)  # the same LoRA init and dropout stream on every rank and every split
