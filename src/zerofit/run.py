@@ -175,7 +175,7 @@ class FinetuneRecipe:
         cfg, strategy = plan.config, run.strategy
         assert cfg.train.max_steps is not None
         loop = run.loop_inputs(self.sink, self.checkpointer, stop, clock=self.checkpointer.clock, watch=watch)
-        results = train_loop(loop, self.start_step)
+        results = train_loop(loop, self.start_step, self._tokens_before())
         steps_done = self.start_step + len(results)
         stopped = stop.agreed is not None and steps_done < cfg.train.max_steps
         if stopped:
@@ -195,6 +195,20 @@ class FinetuneRecipe:
         # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
         strategy.barrier()
         return RunOutcome(0, plan.run_dir, exported)
+
+    def _tokens_before(self) -> int:
+        """The valid label tokens of the steps a resume does not train again: its checkpoint's count, or,
+        for a checkpoint older than that record, the kept metrics rows' (rank 0's; short of the unlogged
+        steps under `logging.log_every` > 1, as such a run's own rows were)."""
+        from zerofit.metrics.summary import tokens_seen_through
+
+        assert self.run is not None
+        point = self.run.plan.resume
+        if point is None or self.start_step == 0:
+            return 0
+        if point.tokens_seen is not None:
+            return point.tokens_seen
+        return int(tokens_seen_through(self.history or []))
 
     def cleanup(self) -> None:
         """Close the sinks (if `train` did not get to) and tear the engine's process group down."""

@@ -39,6 +39,7 @@ class ResumePoint:
     step: int
     world_size: int  # ranks that saved it
     elapsed_s: float  # wall time of the run up to this checkpoint
+    tokens_seen: int | None = None  # valid label tokens of its steps (None: a manifest older than the field)
     notes: tuple[str, ...] = ()  # fallbacks, accepted and neutral changes, elastic resume
     damaged: tuple[Path, ...] = ()  # newer checkpoints that failed verification (set aside after the load)
 

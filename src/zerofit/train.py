@@ -130,9 +130,10 @@ def _scaled(terms: list[torch.Tensor], scales: list[float]) -> torch.Tensor:
 
 class CheckpointSaver(Protocol):
     """What the loop needs from `zerofit.checkpoint.Checkpointer`: called after every step; the second
-    argument forces a save (a decision every rank agreed on)."""
+    argument forces a save (a decision every rank agreed on), the third is the valid label tokens trained on
+    since step 0 (a checkpoint records it, so a resume continues the count)."""
 
-    def after_step(self, steps_done: int, force: bool = False, /) -> None: ...
+    def after_step(self, steps_done: int, force: bool = False, tokens_seen: int | None = None, /) -> None: ...
 
 
 class Evaluating(Protocol):
@@ -239,7 +240,13 @@ def _sequence_shard(run: LoopInputs, batch: dict[str, torch.Tensor]) -> dict[str
 
 
 def step_metrics(
-    run: LoopInputs, step: int, result: StepResult, lr: float, seconds: float, samples: int
+    run: LoopInputs,
+    step: int,
+    result: StepResult,
+    lr: float,
+    seconds: float,
+    samples: int,
+    tokens_seen: int,
 ) -> dict[str, Any]:
     """The per-step fields of `metrics.jsonl` (docs/contracts.md), memory aside."""
     return {
@@ -247,6 +254,7 @@ def step_metrics(
         "lr": lr,
         "grad_norm": result.grad_norm,
         "tokens": result.tokens,
+        "tokens_seen": tokens_seen,
         **result.metrics,
         **throughput_fields(
             step_time_s=seconds,
@@ -276,9 +284,15 @@ def memory_fields(strategy: Strategy) -> dict[str, Any]:
     return per_rank_fields(strategy.all_gather_object(memory_snapshot(strategy.device)))
 
 
-def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
-    """Optimizer steps `start_step`..`max_steps - 1`; metrics are logged with `step` = steps done (1-based)."""
+def train_loop(run: LoopInputs, start_step: int = 0, tokens_before: int = 0) -> list[StepResult]:
+    """Optimizer steps `start_step`..`max_steps - 1`; metrics are logged with `step` = steps done (1-based).
+
+    `tokens_before`: the valid label tokens of steps 0..`start_step - 1` (a resumed run's, from its
+    checkpoint); every row's `tokens_seen` counts on from it, every step's tokens included, logged or not
+    (`logging.log_every`), so no consumer has to add up the rows' `tokens`.
+    """
     results: list[StepResult] = []
+    seen = tokens_before
     for step in range(start_step, run.max_steps):
         started = time.perf_counter()
         micro_batches, samples = rank_micro_batches(run, step)
@@ -288,10 +302,11 @@ def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
         )
         seconds = time.perf_counter() - started
         results.append(result)
+        seen += result.tokens  # global (all-reduced): the same on every rank and for every split
         steps_done = step + 1
         evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None else {}
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
-        row = functools.partial(step_metrics, run, step, result, lr, seconds, samples)
+        row = functools.partial(step_metrics, run, step, result, lr, seconds, samples, seen)
         failure = _log_row(run, steps_done, {**row(), **evaluated}) if logged else None
         agreed = agree_after_step(run, evaluated.get(BEST_METRIC), logged, failure is not None)
         if agreed.metrics_failed:
@@ -304,7 +319,7 @@ def train_loop(run: LoopInputs, start_step: int = 0) -> list[StepResult]:
                 raise _metrics_write_error(run, steps_done, failure)
         if run.watch is not None and agreed.verdict is not None:
             run.watch.record(steps_done, float(evaluated[BEST_METRIC]), agreed.verdict)
-        run.checkpointer.after_step(steps_done, agreed.save(run.keep_best))
+        run.checkpointer.after_step(steps_done, agreed.save(run.keep_best), seen)
         if agreed.stopping or agreed.early_stop:
             break
     return results

@@ -100,6 +100,27 @@ def test_a_stop_saves_once_even_when_a_periodic_save_fell_on_the_same_step(tmp_p
     assert (tmp_path / "checkpoints" / "step-2" / MANIFEST).stat().st_mtime_ns == before
 
 
+def test_a_checkpoint_records_the_tokens_seen_a_resume_continues_from(tmp_path: Path) -> None:
+    """The loop's running count of label tokens goes into every manifest and back into the resume point
+    (the metrics rows lack the unlogged steps under logging.log_every > 1); an older manifest gives None."""
+    run_dir = tmp_path / "r"
+    strategy = _strategy()
+    record = checkpoint_record(new_run_plan(_resolved(run_dir)), strategy.checkpoint_format)
+    ckpt = Checkpointer(strategy, run_dir, CheckpointSection(every_steps=2), max_steps=10, record=record)
+    for step, seen in ((1, 7), (2, 15), (3, 22)):
+        _train_one_step(strategy)
+        ckpt.after_step(step, False, seen)
+    manifest_path = run_dir / "checkpoints" / "step-2" / MANIFEST
+    assert json.loads(manifest_path.read_text())["tokens_seen"] == 15
+    point = find_resume_point(_resolved(run_dir), "torch-state")
+    assert point is not None and (point.step, point.tokens_seen) == (2, 15)
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["tokens_seen"]  # a checkpoint from before the record
+    manifest_path.write_text(json.dumps(manifest))
+    point = find_resume_point(_resolved(run_dir), "torch-state")
+    assert point is not None and point.tokens_seen is None
+
+
 def test_a_half_written_checkpoint_is_ignored(tmp_path: Path) -> None:
     ckpt = _saved_run(tmp_path / "r", (3,))
     (ckpt.root / "step-5.tmp").mkdir()  # a crash mid-save

@@ -131,6 +131,32 @@ def test_the_end_of_run_table_counts_optimizer_steps_not_logged_rows() -> None:
     assert resumed.result()["steps"] == 8 and resumed.logged_rows == 3
 
 
+def test_tokens_seen_is_the_rows_running_count_not_a_sum_over_logged_rows(tmp_path: Path) -> None:
+    """logging.log_every=3 over 8 steps of 50 label tokens logs steps 3, 6 and 8, each with the loop's
+    `tokens_seen`: the summary (console table, summary.json, compare) and the tokens x-axis say 400, not the
+    150 of the three logged rows. Rows from before the field (no `tokens_seen`) still add up `tokens`."""
+    from metrics_fixtures import make_run
+
+    from zerofit.metrics.runs import load_run
+    from zerofit.metrics.summary import tokens_seen_through
+
+    rows = [{"step": s, **_step_metrics(s), "tokens_seen": 50 * s} for s in (3, 6, 8)]
+    summary = RunSummary()
+    for row in rows:
+        summary.update(row["step"], row)
+    assert summary.result()["tokens_seen"] == 400
+    resumed = RunSummary()  # an old run's rows up to its checkpoint, then rows that count
+    resumed.replay([{"step": s, **_step_metrics(s)} for s in (3, 6)])
+    assert resumed.result()["tokens_seen"] == 100
+    resumed.update(8, rows[-1])
+    assert resumed.result()["tokens_seen"] == 400
+    assert tokens_seen_through(rows[:2]) == 300 and tokens_seen_through([_step_metrics(1)] * 2) == 100
+    run = load_run(make_run(tmp_path, "every-3"))
+    run.rows = rows
+    assert run.series("loss", x="tokens_seen")[0] == [150.0, 300.0, 400.0]
+    assert run.summary()["tokens_seen"] == 400
+
+
 def test_console_off_terminal_prints_compact_lines_and_a_table() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=False, width=120)

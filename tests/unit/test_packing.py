@@ -136,7 +136,7 @@ class _Sink:
 
 
 class _NoCheckpoints:
-    def after_step(self, steps_done: int, stopping: bool = False) -> None: ...
+    def after_step(self, steps_done: int, stopping: bool = False, tokens_seen: int | None = None) -> None: ...
 
 
 def test_train_loop_with_a_token_budget_logs_useful_and_processed_tokens() -> None:

@@ -1,6 +1,7 @@
 """Resume and export in one process: a planted pickle runs nothing (every kind of file zerofit reads), changes a
 resume accepted are trained with (the logged lr is the new config's schedule), resume says what it passes over
-and why, and a reader survives pruning of the checkpoint it reads."""
+and why, a resume continues the exact count of tokens seen, and a reader survives pruning of the checkpoint it
+reads."""
 
 from __future__ import annotations
 
@@ -195,6 +196,29 @@ def test_resuming_at_or_past_max_steps_is_an_error_with_the_fix(run: Path, tmp_p
         ResumeError, match=r"at step 4 and train.max_steps is 4: the run has already trained all"
     ):
         find_resume_point(_resolved(run_dir), "torch-state")
+
+
+def test_tokens_seen_counts_unlogged_steps_and_a_resume_continues_it_exactly(
+    run: Path, tmp_path: Path
+) -> None:
+    """logging.log_every=3 over 4 steps logs steps 3 and 4; their `tokens_seen` and summary.json's are the
+    label tokens of every step (the fixture's run logs each step of the same batches). Resumed from step 2,
+    whose checkpoint no row reaches, the run logs the same values: the count comes from the manifest."""
+    every = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    running = [sum(r["tokens"] for r in every[:n]) for n in range(1, STEPS + 1)]
+    sparse = _train(tmp_path / "runs", "sparse", **{"logging.log_every": 3})
+
+    def seen(run_dir: Path) -> tuple[list[tuple[int, int]], int]:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return [(r["step"], r["tokens_seen"]) for r in rows], summary["tokens_seen"]
+
+    expected = ([(3, running[2]), (4, running[3])], running[3])
+    assert running[3] > every[2]["tokens"] + every[3]["tokens"] and seen(sparse) == expected
+    resumed = _copy(sparse, tmp_path, "resumed")
+    shutil.rmtree(resumed / "checkpoints" / "step-4")  # resume from step 2: no row is kept
+    _resume(resumed, "logging.log_every=3")
+    assert seen(resumed) == expected
 
 
 # --- a planted pickle runs nothing -------------------------------------------------------------------

@@ -133,9 +133,11 @@ class _Checkpoints:
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.stopping: list[int] = []
+        self.tokens_seen: list[int | None] = []
 
-    def after_step(self, steps_done: int, stopping: bool = False) -> None:
+    def after_step(self, steps_done: int, stopping: bool = False, tokens_seen: int | None = None) -> None:
         self.steps.append(steps_done)
+        self.tokens_seen.append(tokens_seen)
         if stopping:
             self.stopping.append(steps_done)
 
@@ -202,8 +204,8 @@ def test_a_stop_between_logging_steps_logs_the_last_step_too() -> None:
     stop.arm("test")
 
     class _SignalAtStep2(_Checkpoints):
-        def after_step(self, steps_done: int, stopping: bool = False) -> None:
-            super().after_step(steps_done, stopping)
+        def after_step(self, steps_done: int, stopping: bool = False, tokens_seen: int | None = None) -> None:
+            super().after_step(steps_done, stopping, tokens_seen)
             if steps_done == 1:  # as if SIGTERM arrived while step 2 was running
                 stop.signum = signal.SIGTERM
 
@@ -244,3 +246,22 @@ def test_every_logged_field_is_a_documented_contract() -> None:
     contract_memory = re.compile(r"^mem/rank\d+/(allocated|reserved|peak)_gib$")
     undocumented = {f for f in undocumented if not f.startswith("mem/") or contract_memory.match(f)}
     assert not undocumented, f"metrics.jsonl fields missing from docs/contracts.md: {sorted(undocumented)}"
+
+
+def test_every_row_counts_the_tokens_of_every_step_under_log_every_and_on_from_a_resume() -> None:
+    """logging.log_every=3 logs steps 3, 6 and 7 only; each row's `tokens_seen` is the label tokens of all
+    steps so far (the unlogged ones too), the checkpointer gets the same count after every step, and a loop
+    resumed at step 4 with the count its checkpoint recorded logs the uninterrupted run's values."""
+    sink, checkpoints = _Sink(), _Checkpoints()
+    results = train_loop(_loop_run(sink, checkpoints, max_steps=7, max_grad_norm=1.0, log_every=3))
+    running = [sum(r.tokens for r in results[:n]) for n in range(1, 8)]
+    assert len(set(r.tokens for r in results)) > 1  # steps differ, so a sum over logged rows would not do
+    assert [(step, row["tokens_seen"]) for step, row in sink.rows] == [(s, running[s - 1]) for s in (3, 6, 7)]
+    assert checkpoints.tokens_seen == running
+    resumed_sink = _Sink()
+    train_loop(
+        _loop_run(resumed_sink, _Checkpoints(), max_steps=7, max_grad_norm=1.0, log_every=3),
+        start_step=4,
+        tokens_before=running[3],
+    )
+    assert [(s, row["tokens_seen"]) for s, row in resumed_sink.rows] == [(6, running[5]), (7, running[6])]

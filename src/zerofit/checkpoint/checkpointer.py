@@ -85,6 +85,7 @@ class Checkpointer:
         self.elapsed_before = elapsed_s
         self.started = time.monotonic()
         self.last_saved: int | None = None
+        self.tokens_seen: int | None = None  # the loop's running count, recorded in every manifest
         self.clock = clock if clock is not None else SaveClock(section.every_minutes)
         self.watch = watch
 
@@ -93,9 +94,13 @@ class Checkpointer:
         """Wall time of the whole run so far (earlier sessions included)."""
         return self.elapsed_before + time.monotonic() - self.started
 
-    def after_step(self, steps_done: int, force: bool = False) -> None:
+    def after_step(self, steps_done: int, force: bool = False, tokens_seen: int | None = None) -> None:
         """Called by the loop after every optimizer step (on every rank); `force` saves now (a decision every
-        rank agreed on: a stop, a due wall-clock save, a new best evaluation)."""
+        rank agreed on: a stop, a due wall-clock save, a new best evaluation). `tokens_seen` (the valid label
+        tokens of steps 1..`steps_done`) goes into the manifest, where a resume continues the count from:
+        the metrics rows alone lack the unlogged steps' tokens under `logging.log_every` > 1."""
+        if tokens_seen is not None:
+            self.tokens_seen = tokens_seen
         every = self.section.every_steps
         due = steps_done == self.max_steps or bool(every and steps_done % every == 0) or force
         if due and self.last_saved != steps_done:
@@ -134,6 +139,7 @@ class Checkpointer:
                 "step": steps_done,
                 "world_size": world,
                 "elapsed_s": round(self.elapsed_s, 3),
+                **({"tokens_seen": self.tokens_seen} if self.tokens_seen is not None else {}),
                 "files": files,
             }
             failure = attempt(lambda: self._commit(tmp, final, manifest))

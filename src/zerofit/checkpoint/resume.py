@@ -232,6 +232,13 @@ def _planned_steps(manifest: dict[str, Any], resolved: ResolvedConfig) -> int | 
     return int(saved["max_steps"]) if same_epochs and saved.get("max_steps") is not None else None
 
 
+def _tokens_seen(manifest: dict[str, Any]) -> int | None:
+    """The valid label tokens the checkpoint's steps trained on, or None for a manifest written before
+    zerofit recorded them (the resume then adds up the kept metrics rows, see `metrics.summary`)."""
+    value = manifest.get("tokens_seen")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _check_step(folder: Path, step: int, max_steps: int) -> None:
     """A checkpoint at or past train.max_steps has nothing left to train: say so instead of a silent 0-step run."""
     if step < max_steps:
@@ -356,6 +363,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
             step=int(manifest["step"]),
             world_size=int(manifest.get("world_size", resolved.world_size)),
             elapsed_s=float(manifest.get("elapsed_s", 0.0)),
+            tokens_seen=_tokens_seen(manifest),
             notes=tuple(fallbacks + ([elastic] if elastic else []) + [f"changed: {n}" for n in notes]),
             damaged=tuple(bad for bad, _ in damaged),
         )

@@ -16,7 +16,7 @@ import yaml
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import DataError
-from zerofit.metrics.summary import RunSummary, predicted_peak_gib
+from zerofit.metrics.summary import RunSummary, next_tokens_seen, predicted_peak_gib
 from zerofit.run_layout import METRICS_FILE, RunLayout
 
 # The optimizer-step column of W&B history rows (see wandb_sink.STEP_METRIC).
@@ -49,17 +49,13 @@ class LoadedRun:
         return result
 
     def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
-        """`(xs, ys)` of rows that have numeric `key`; `x="tokens_seen"` accumulates `tokens`."""
+        """`(xs, ys)` of rows that have numeric `key`; `x="tokens_seen"`: the rows' running count (older
+        rows without it: their `tokens` added up, see `next_tokens_seen`)."""
         xs: list[float] = []
         ys: list[float] = []
         seen = 0.0
         for row in self.rows:
-            tokens = row.get("tokens")
-            seen = (
-                float(row["tokens_seen"])
-                if _is_num(row.get("tokens_seen"))
-                else seen + (float(tokens) if _is_num(tokens) else 0.0)
-            )
+            seen = next_tokens_seen(seen, row)
             value = row.get(key)
             if _is_num(value):
                 xs.append(seen if x == "tokens_seen" else float(row.get(x, len(xs) + 1)))

@@ -47,6 +47,22 @@ def predicted_peak_gib(run_config: dict[str, Any]) -> float | None:
     return None
 
 
+def next_tokens_seen(seen: float, row: dict[str, Any]) -> float:
+    """The tokens seen through `row`, given `seen` through the rows before it: the row's own running count
+    (`tokens_seen`, every step counted) where it has one, else `seen` plus its `tokens` (older run folders,
+    whose rows under `logging.log_every` > 1 leave steps out)."""
+    exact = _number(row.get("tokens_seen"))
+    return exact if exact is not None else seen + (_number(row.get("tokens")) or 0.0)
+
+
+def tokens_seen_through(rows: list[dict[str, Any]]) -> float:
+    """The tokens seen through the last of `rows` (a resumed run's kept rows), see `next_tokens_seen`."""
+    seen = 0.0
+    for row in rows:
+        seen = next_tokens_seen(seen, row)
+    return seen
+
+
 class RunSummary:
     """Accumulates per-step metrics into the run's outcome.
 
@@ -55,7 +71,10 @@ class RunSummary:
     - `peak_gib_rank{r}` and `peak_gib`: the largest `mem/rank{r}/peak_gib` of each rank and over all ranks.
     - `mean_tokens_per_s`: mean of `tokens_per_s` over logged steps, leaving out the first one when there
       are several (it includes warm-up: kernel compilation, allocator growth, JIT of DeepSpeed ops).
-    - `tokens_seen`: sum of `tokens` over the logged rows; `wall_s`: first to last log.
+    - `tokens_seen`: valid label tokens trained on since step 0, the last row's `tokens_seen` (exact: the
+      loop counts every step, logged or not); rows without it (run folders older than the field) add up
+      their `tokens`, which misses the unlogged steps under `logging.log_every` > 1. `wall_s`: first to
+      last log.
     - `steps`: the optimizer steps done, the `step` of the last logged row (a row's `step` is the steps done,
       and the last step of a run is always logged), not the number of rows: with `logging.log_every` > 1,
       or a resumed run whose earlier rows were rewound or torn, those differ.
@@ -96,7 +115,7 @@ class RunSummary:
             self.min_eval_loss = (
                 eval_loss if self.min_eval_loss is None else min(self.min_eval_loss, eval_loss)
             )
-        self.tokens_seen += _number(metrics.get("tokens")) or 0.0
+        self.tokens_seen = next_tokens_seen(self.tokens_seen, metrics)
         tps = _number(metrics.get("tokens_per_s"))
         if tps is not None:
             self.throughputs.append(tps)

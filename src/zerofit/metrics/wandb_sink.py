@@ -27,7 +27,12 @@ from typing import Any
 
 from zerofit.config.resolve import wandb_key_configured
 from zerofit.messages import say
-from zerofit.metrics.summary import RunSummary, predicted_peak_gib
+from zerofit.metrics.summary import (
+    RunSummary,
+    next_tokens_seen,
+    predicted_peak_gib,
+    tokens_seen_through,
+)
 from zerofit.run_layout import RunLayout
 from zerofit.run_plan import RunPlan
 
@@ -155,7 +160,7 @@ class WandbSink:
         """A resumed run: the earlier steps count in the summary and in `train/tokens_seen`."""
         self._summary.replay(rows)
         self._start -= wall_s
-        self._tokens_seen = sum(float(row.get("tokens") or 0) for row in rows)
+        self._tokens_seen = tokens_seen_through(rows)
 
     def _init(self, mode: str, timeout: float) -> Any:
         try:
@@ -183,10 +188,7 @@ class WandbSink:
         if self.run is None:
             return
         self._summary.update(step, metrics)
-        if "tokens_seen" in metrics and isinstance(metrics["tokens_seen"], (int, float)):
-            self._tokens_seen = float(metrics["tokens_seen"])
-        else:
-            self._tokens_seen += float(metrics.get("tokens") or 0)
+        self._tokens_seen = next_tokens_seen(self._tokens_seen, metrics)
         row: dict[str, Any] = {STEP_METRIC: step, TOKENS_METRIC: self._tokens_seen}
         try:
             for key, value in metrics.items():
