@@ -161,9 +161,12 @@ def test_lean_norm_auto_is_on_only_where_it_is_needed_to_fit() -> None:
 
 def test_the_qlora_recipe_turns_the_lean_norm_on_where_its_4bit_base_needs_it_to_fit() -> None:
     assert _resolved(RECIPE).config.train.lean_norm is False  # 64k fits without it: not paid for
-    assert _resolved(RECIPE, "data.max_seq_len=81920").config.train.lean_norm is True
+    # 81,920 tokens still fit without it, in 64 MLP shards (a lean norm costs a recompute, more shards don't).
+    at_80k = _resolved(RECIPE, "data.max_seq_len=81920").config.train
+    assert (at_80k.lean_norm, at_80k.tiled_mlp) == (False, 64)
+    assert _resolved(RECIPE, "data.max_seq_len=82944").config.train.lean_norm is True
     with pytest.raises(ConfigError, match="not even checkpointing every layer at micro 1 fits"):
-        _resolved(RECIPE, "data.max_seq_len=81920", "train.lean_norm=false")  # fits only with it
+        _resolved(RECIPE, "data.max_seq_len=82944", "train.lean_norm=false")  # fits only with it
 
 
 def test_cross_entropy_auto_is_the_fused_loss_only_where_the_logits_do_not_fit() -> None:
@@ -245,6 +248,24 @@ def test_max_context_reaches_the_qlora_goal_and_names_its_levers() -> None:
     assert "train.cross_entropy=fused_linear" in mc.levers and "train.activation_offload=true" in mc.levers
     assert mc.total_gib is not None and mc.total_gib <= budget.limit_gib
     assert mc.next_total_gib is not None and mc.next_total_gib > budget.limit_gib  # the longest, not less
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, LORA_RECIPE], ids=["qlora", "lora"])
+def test_the_longest_context_max_context_reports_is_reachable_with_the_recipes_auto_levers(
+    recipe: Path,
+) -> None:
+    """The long-context recipes' --max-context needs 64 (QLoRA) and 32 (LoRA) MLP shards;
+    `train.tiled_mlp: auto` weighs the same shard counts, so setting data.max_seq_len to that length
+    resolves (to those shards), not to "nothing fits"."""
+    cfg = load_config(str(recipe), [])
+    budget = resolve_budget(cfg, gpu="rtx3090", detect=False)
+    assert budget is not None
+    mc = max_context(cfg, 1, budget)
+    assert mc.tokens is not None and mc.tokens > cfg.data.max_seq_len
+    shards = next(int(lever.split("=")[1]) for lever in mc.levers if lever.startswith("train.tiled_mlp="))
+    assert shards > 16  # beyond what auto once weighed
+    train = _resolved(recipe, f"data.max_seq_len={mc.tokens}").config.train
+    assert train.tiled_mlp == shards and train.activation_offload is True
 
 
 def test_max_context_reaches_the_lora_goal_with_the_lean_norm() -> None:

@@ -2,9 +2,11 @@
 
 Every combination of the long-context levers the config may use is a candidate (each the run `resolve()`
 makes of the config with those overrides, `what_if`): every decoder layer checkpointed; activation offload
-off / on; the tiled MLP off or in 2..64 token shards; the config's loss or `fused_linear` (unless LoRA
-adapts lm_head, which the fused loss refuses); under k-bit quantization `quantization.fp32_residual` true or
-false; the lean RMSNorm (`train.lean_norm`) off / on. For each, the longest fitting length is found by bisection over multiples of `STEP` tokens up to
+off / on; the tiled MLP off or in 2..64 token shards (`scenario.TILED_MLP_SHARDS`, the shard counts
+`train.tiled_mlp: auto` weighs too, so what this reports an `auto` config reaches); the config's loss or
+`fused_linear` (unless LoRA adapts lm_head, which the fused loss refuses); under k-bit quantization
+`quantization.fp32_residual` true or false; the lean RMSNorm (`train.lean_norm`) off / on. For each, the
+longest fitting length is found by bisection over multiples of `STEP` tokens up to
 `SEARCH_MAX` (the peak grows with the length, so the fitting lengths are a prefix). The answer is the
 longest of them, capped at the model's `max_position_embeddings` (beyond it the model was not trained:
 `limited_by` says which bound stopped it, and `memory_tokens` is what memory alone allows); among the
@@ -23,7 +25,7 @@ from zerofit.errors import ConfigError
 from zerofit.fused_loss import logit_postprocessing
 from zerofit.norms import LEAN_NORM_MODEL_TYPES
 from zerofit.planner.estimate import MemoryEstimate, estimate
-from zerofit.planner.scenario import Scenario, what_if
+from zerofit.planner.scenario import TILED_MLP_SHARDS, Scenario, what_if
 from zerofit.planner.speed import predict_speed
 
 if TYPE_CHECKING:
@@ -47,7 +49,6 @@ class Budget(Protocol):
 
 STEP = 1024  # lengths searched: multiples of this many tokens
 SEARCH_MAX = 1 << 20  # the longest length the memory search tries
-TILED_SHARDS = (False, 2, 4, 8, 16, 32, 64)
 ASSUMPTIONS = (
     "micro-batch 1, one unpacked sequence: no padding mask",
     "attention through sdpa's memory-efficient / flash kernels: no sequence x sequence matrix is stored",
@@ -140,13 +141,13 @@ def lever_combinations(cfg: ZerofitConfig) -> list[tuple[str, ...]]:
     ):  # Liger's RMSNorm saves what the lean norm saves; the two are not combined
         lean_norm = (False,)
     for lean, offload, shards, loss, resid in product(
-        lean_norm, (False, True), TILED_SHARDS, losses, residual
+        lean_norm, (False, True), TILED_MLP_SHARDS, losses, residual
     ):
         out.append(
             (
                 "train.activation_checkpointing=true",
                 f"train.activation_offload={str(offload).lower()}",
-                f"train.tiled_mlp={str(shards).lower()}",
+                f"train.tiled_mlp={shards if shards > 1 else 'false'}",
                 loss,
                 resid,
                 f"train.lean_norm={str(lean).lower()}",

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from zerofit.engine.spec import EngineSpec
 
 
+# The MLP token shard counts the planner weighs (1 = off): `train.tiled_mlp: auto` (`search.lever_variants`)
+# and `zerofit plan --max-context` (`context.lever_combinations`) try the same ones, so the longest context
+# --max-context reports is one a config's `auto` reaches at that `data.max_seq_len`.
+TILED_MLP_SHARDS = (1, 2, 4, 8, 16, 32, 64)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Everything the memory of one training step depends on (built from an engine spec by `scenario_for`)."""

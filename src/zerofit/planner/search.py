@@ -30,7 +30,7 @@ from zerofit.engine.user_ds_config import pinned_split_problems
 from zerofit.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
-from zerofit.planner.scenario import Scenario, scenario_for, what_if
+from zerofit.planner.scenario import TILED_MLP_SHARDS, Scenario, scenario_for, what_if
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import SpeedEstimate, predict_speed, speed_levers
 from zerofit.recompute import describe_checkpointing
@@ -716,16 +716,12 @@ def _auto_samples_per_rank(cfg: ZerofitConfig, world_size: int, micro_key: str) 
     return per_rank
 
 
-# The shard counts `train.tiled_mlp = auto` weighs (1 = off).
-TILED_MLP_CANDIDATES = (1, 2, 4, 8, 16)
-
-
 def lever_variants(cfg: ZerofitConfig, scn: Scenario) -> list[Scenario]:
     """`scn` with every combination of the `auto` levers' settings (`train.tiled_mlp`,
     `train.activation_offload`, `train.lean_norm`), the levers-off one first (ties keep it). Offload only
     where some layer can be checkpointed (`resolve()` refuses it otherwise)."""
     t = cfg.train
-    shards = TILED_MLP_CANDIDATES if t.tiled_mlp == "auto" else (scn.tiled_mlp,)
+    shards = TILED_MLP_SHARDS if t.tiled_mlp == "auto" else (scn.tiled_mlp,)
     offload: tuple[bool, ...] = (scn.activation_offload,)
     if t.activation_offload == "auto":
         offload = (False, True) if t.activation_checkpointing not in (False, 0) else (False,)
