@@ -18,6 +18,25 @@ from zerofit.metrics.base import JsonlSink, MultiSink
 from zerofit.writes import WriteGuard
 
 
+def train_demo_into(disk: Path, max_steps: int, **overrides: object) -> None:
+    """The demo config trained on one process into run `r` of `disk` (a small filesystem), quietly."""
+    from zerofit.api import train
+
+    train(
+        str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
+        **{
+            "distributed.strategy": "single",
+            "distributed.preset": None,
+            "train.max_steps": max_steps,
+            "output_dir": str(disk),
+            "run_name": "r",
+            "logging.console": False,
+            "logging.wandb.mode": "disabled",
+            **overrides,
+        },
+    )
+
+
 def test_a_checkpoint_on_a_full_disk_is_one_paragraph_and_the_good_one_stays(tmp_path: Path) -> None:
     with small_filesystem(tmp_path / "disk", 512) as disk:
         run_dir = disk / "run"
@@ -99,7 +118,6 @@ def test_a_final_export_on_a_full_disk_is_one_paragraph_and_names_the_checkpoint
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import zerofit.checkpoint.final_export as final_export
-    from zerofit.api import train
     from zerofit.errors import ExportWriteError
 
     write = final_export._write_export
@@ -111,18 +129,7 @@ def test_a_final_export_on_a_full_disk_is_one_paragraph_and_names_the_checkpoint
     monkeypatch.setattr(final_export, "_write_export", on_a_full_disk)
     with small_filesystem(tmp_path / "disk", 4096) as disk:
         with pytest.raises(ExportWriteError) as err:
-            train(
-                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
-                **{
-                    "distributed.strategy": "single",
-                    "distributed.preset": None,
-                    "train.max_steps": 2,
-                    "output_dir": str(disk),
-                    "run_name": "r",
-                    "logging.console": False,
-                    "logging.wandb.mode": "disabled",
-                },
-            )
+            train_demo_into(disk, 2)
         text, run_dir = str(err.value), disk / "r"
         assert f"the final export {run_dir / 'adapter'} could not be written" in text
         assert "No space left on device" in text and "free of 4.0 MiB" in text
@@ -136,7 +143,6 @@ def test_metrics_that_cannot_be_written_stop_the_run_with_one_paragraph_and_keep
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The disk fills up after the step-2 checkpoint: step 3's metrics.jsonl row cannot be written."""
-    from zerofit.api import train
     from zerofit.errors import MetricsWriteError
 
     save = Checkpointer.save
@@ -154,19 +160,7 @@ def test_metrics_that_cannot_be_written_stop_the_run_with_one_paragraph_and_keep
     monkeypatch.setattr(Checkpointer, "save", then_the_disk_fills)
     with small_filesystem(tmp_path / "disk", 1024) as disk:
         with pytest.raises(MetricsWriteError) as err:
-            train(
-                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
-                **{
-                    "distributed.strategy": "single",
-                    "distributed.preset": None,
-                    "train.max_steps": 6,
-                    "checkpoint.every_steps": 2,
-                    "output_dir": str(disk),
-                    "run_name": "r",
-                    "logging.console": False,
-                    "logging.wandb.mode": "disabled",
-                },
-            )
+            train_demo_into(disk, 6, **{"checkpoint.every_steps": 2})
         text, run_dir = str(err.value), disk / "r"
         assert f"the metrics of step 3 could not be written in {run_dir}" in text
         assert f"No space left on device: '{run_dir / 'metrics.jsonl'}'" in text and "free of 1.0 MiB" in text
@@ -195,24 +189,12 @@ def test_a_run_directory_that_cannot_be_written_before_the_first_step_is_one_par
 ) -> None:
     """A full disk at the start: the run directory's lock, config.yaml, run_info.json are rank 0's writes
     before any collective step; each failure is the same paragraph on every rank, not an OSError."""
-    from zerofit.api import train
     from zerofit.errors import MetricsWriteError
 
     with small_filesystem(tmp_path / "disk", 256) as disk:
         fill(disk)
         with pytest.raises(MetricsWriteError) as err:
-            train(
-                str(Path(__file__).parents[2] / "configs" / "demo.yaml"),
-                **{
-                    "distributed.strategy": "single",
-                    "distributed.preset": None,
-                    "train.max_steps": 2,
-                    "output_dir": str(disk),
-                    "run_name": "r",
-                    "logging.console": False,
-                    "logging.wandb.mode": "disabled",
-                },
-            )
+            train_demo_into(disk, 2)
         text = str(err.value)
         assert (
             f"the run's files in {disk / 'r'} could not be written ([Errno 28] No space left on device"
