@@ -489,19 +489,36 @@ def _lever_remedy(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Bu
     checkpointed), the fastest that makes this run fit at micro-batch 1, as the overrides that change the
     config. None where none fits or none changes anything. They keep the model and the engine, so they
     are offered on their own, not combined with the other remedies."""
-    from zerofit.planner.context import lever_combinations, needed_overrides
+    from zerofit.planner.context import needed_overrides
 
-    fitting = []
-    for overrides in lever_combinations(cfg):
-        scn = _what_if(cfg, world_size, overrides, 1, per_rank)
-        if scn is not None and verdict(estimate(scn).total_gib, budget) == "fits":
-            fitting.append((overrides, scn))
-    if not fitting:
+    found = _fastest_levers(cfg, world_size, (), per_rank, budget)
+    if found is None:
         return None
-    # Fewest levers first in the list: among equally fast combinations the first one is kept.
-    overrides, scn = max(fitting, key=lambda c: predict_speed(c[1], budget.gpu).tokens_per_s)
+    overrides, scn = found
     how = " ".join(needed_overrides(overrides, cfg))
     return _remedy("long-context levers", how, scn, per_rank, budget) if how else None
+
+
+def _fastest_levers(
+    cfg: ZerofitConfig, n: int, overrides: tuple[str, ...], per_rank: int, budget: Budget
+) -> tuple[tuple[str, ...], Scenario] | None:
+    """Of the long-context lever combinations `--max-context` weighs, the fastest that makes `overrides` on
+    `n` ranks fit at micro-batch 1 (its lever overrides and scenario), or None where none fits."""
+    from zerofit.planner.context import lever_combinations
+
+    combos = lever_combinations(cfg)
+    # The last combination saves the most (every lever on, the most MLP shards): where it does not fit,
+    # none does, and the other what-ifs are skipped (remedies run this for every size of every GPU count).
+    most = _what_if(cfg, n, (*overrides, *combos[-1]), 1, per_rank)
+    if most is None or verdict(estimate(most).total_gib, budget) != "fits":
+        return None
+    fitting = []
+    for levers in combos:
+        scn = _what_if(cfg, n, (*overrides, *levers), 1, per_rank)
+        if scn is not None and verdict(estimate(scn).total_gib, budget) == "fits":
+            fitting.append((levers, scn))
+    # Fewest levers first in the list: among equally fast combinations the first one is kept.
+    return max(fitting, key=lambda c: predict_speed(c[1], budget.gpu).tokens_per_s)
 
 
 def _more_gpus(cfg: ZerofitConfig, world_size: int, budget: Budget, global_batch: int) -> Remedy | None:
@@ -559,9 +576,9 @@ def _fit_with_levers(
     cfg: ZerofitConfig, n: int, overrides: tuple[str, ...], per_rank: int, budget: Budget
 ) -> tuple[list[str], int, MemoryEstimate] | None:
     """`overrides` on `n` ranks at its best micro-batch when that fits, else with the fastest fitting
-    combination of the long-context levers at micro 1 (as `_lever_remedy`): the lever overrides that change
+    combination of the long-context levers at micro 1 (`_fastest_levers`): the lever overrides that change
     the config, the micro-batch and the estimate; None where nothing fits (or `resolve()` refuses it)."""
-    from zerofit.planner.context import lever_combinations, needed_overrides
+    from zerofit.planner.context import needed_overrides
 
     scn = _what_if(cfg, n, overrides, 1, per_rank)
     if scn is None:
@@ -569,18 +586,10 @@ def _fit_with_levers(
     m, est = _best_micro(scn, per_rank, budget)
     if verdict(est.total_gib, budget) == "fits":
         return [], m, est
-    combos = lever_combinations(cfg)
-    # The last combination saves the most (every lever on, the most MLP shards): where it does not fit,
-    # none does, and the other what-ifs are skipped (this runs for every size of every GPU count).
-    most = _what_if(cfg, n, (*overrides, *combos[-1]), 1, per_rank)
-    if most is None or verdict(estimate(most).total_gib, budget) != "fits":
+    found = _fastest_levers(cfg, n, overrides, per_rank, budget)
+    if found is None:
         return None
-    fitting = []
-    for levers in combos:
-        scn = _what_if(cfg, n, (*overrides, *levers), 1, per_rank)
-        if scn is not None and verdict(estimate(scn).total_gib, budget) == "fits":
-            fitting.append((levers, scn))
-    levers, scn = max(fitting, key=lambda c: predict_speed(c[1], budget.gpu).tokens_per_s)
+    levers, scn = found
     return needed_overrides(levers, cfg), 1, estimate(scn)
 
 
