@@ -157,10 +157,18 @@ class FinetuneRecipe:
         from zerofit.checkpoint.failed_save import rank0_writes
         from zerofit.metrics.base import NullSink
 
+        def opened() -> MetricsSink:
+            return open_sinks(
+                plan,
+                rank,
+                run.record(),
+                config_path=self.config_path,
+                history=self.history,
+                prior_wall_s=elapsed,
+            )
+
         # run_info.json (and W&B's run id) on rank 0; the other ranks get a NullSink.
-        sinks = rank0_writes(strategy, plan.run_dir, lambda: open_sinks(
-            plan, rank, run.record(), config_path=self.config_path, history=self.history, prior_wall_s=elapsed
-        ))  # fmt: skip
+        sinks = rank0_writes(strategy, plan.run_dir, opened)
         self.sink = sinks if sinks is not None else NullSink()
 
     def train(self) -> RunOutcome:
