@@ -9,6 +9,9 @@ Decoding is greedy unless a temperature is given; transformers' `generate` does 
     an export         a merged or full model folder, or an adapter folder (its base from the export's
                       zerofit_export.json, else from adapter_config.json via peft), or a GGUF export (the
                       file its zerofit_export.json names, read back by transformers' GGUF reader)
+
+A saved config is data: the `model.trust_remote_code` a run's config.yaml or an export's zerofit_export.json
+records holds only with the user's own --trust-remote-code (`export.trained.settle_remote_code`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 import torch
 
 from zerofit.config.loader import validate_config
+from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError, DataError
 from zerofit.export import EXPORT_INFO, load_trained
-from zerofit.export.trained import load_base
+from zerofit.export.trained import load_base, settle_remote_code
+from zerofit.hub import hub_errors
 from zerofit.run_layout import CONFIG_FILE
 
 __all__ = ["Generator", "load_generator"]
@@ -91,33 +96,51 @@ def _is_chat(config: dict[str, Any] | None) -> bool:
     return isinstance(data, dict) and data.get("format") == "messages"
 
 
-def _from_export(folder: Path, device: torch.device, dtype: torch.dtype) -> Generator:
-    from transformers import AutoTokenizer
-
+def _from_export(
+    folder: Path, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+) -> Generator:
+    """A Generator for an export folder: its `zerofit_export.json` config rebuilds an adapter's base as the run
+    loaded it; that config's `model.trust_remote_code` holds only with `trust_remote_code` (the user's flag),
+    and a folder from elsewhere (no such config) runs its own code only with the flag."""
     info_file = folder / EXPORT_INFO
     info = json.loads(info_file.read_text()) if info_file.is_file() else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else None
     if info.get("kind") == "gguf" and isinstance(info.get("file"), str):
         return _from_gguf(folder, info["file"], _is_chat(config), device, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    settled = (
+        settle_remote_code(validate_config(config), trust_remote_code, str(info_file), folder)
+        if config is not None
+        else None
+    )
+    trust = settled.model.trust_remote_code if settled is not None else trust_remote_code
+    with hub_errors(str(folder), "weights"):
+        model, tokenizer = _load_export(folder, settled, trust, device, dtype)
+    return Generator(model.to(device=device, dtype=dtype).eval(), tokenizer, _is_chat(config), device)
+
+
+def _load_export(
+    folder: Path, config: ZerofitConfig | None, trust: bool, device: torch.device, dtype: torch.dtype
+) -> tuple[Any, Any]:
+    """The model and tokenizer of an export folder (a merged / full model, or an adapter on its base)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if (folder / "adapter_config.json").is_file():
         from peft import AutoPeftModelForCausalLM, PeftModel
 
-        if (
-            config is not None
-        ):  # the base exactly as the run loaded it (tiny-llama rebuilt, QLoRA dequantized)
-            base = load_base(validate_config(config), dtype, device)
-            model = PeftModel.from_pretrained(base, str(folder), is_trainable=False)
-        else:  # a peft folder from elsewhere: its adapter_config.json names the base
-            model = AutoPeftModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    else:
-        from transformers import AutoModelForCausalLM
+        if config is not None:
+            # the base exactly as the run loaded it (tiny-llama rebuilt, QLoRA dequantized)
+            base = load_base(config, dtype, device)
+            return PeftModel.from_pretrained(base, str(folder), is_trainable=False), tokenizer
+        # a peft folder from elsewhere: its adapter_config.json names the base
+        return AutoPeftModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, trust_remote_code=trust
+        ), tokenizer
+    from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    model = model.to(device=device, dtype=dtype).eval()
-    return Generator(model, tokenizer, _is_chat(config), device)
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust), tokenizer
 
 
 def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype: torch.dtype) -> Generator:
@@ -133,13 +156,23 @@ def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype:
     return Generator(model.to(device=device).eval(), tokenizer, chat, device)
 
 
-def load_generator(path: Path, step: int | None = None, trust_pickles: bool = False) -> Generator:
-    """A `Generator` for run directory or export `path` (see the module docstring); `trust_pickles` as for
-    `zerofit.export.load_trained`."""
+def load_generator(
+    path: Path, step: int | None = None, trust_pickles: bool = False, trust_remote_code: bool = False
+) -> Generator:
+    """A `Generator` for run directory or export `path` (see the module docstring); `trust_pickles` and
+    `trust_remote_code` as for `zerofit.export.load_trained` (a saved config's `model.trust_remote_code` holds
+    only with `trust_remote_code`, the user's --trust-remote-code)."""
     path = Path(path)
     device, dtype = _device()
     if (path / CONFIG_FILE).is_file():
-        trained = load_trained(path, step=step, dtype=dtype, device=device, trust_pickles=trust_pickles)
+        trained = load_trained(
+            path,
+            step=step,
+            dtype=dtype,
+            device=device,
+            trust_pickles=trust_pickles,
+            trust_remote_code=trust_remote_code,
+        )
         return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device)
     if any((path / name).is_file() for name in (EXPORT_INFO, "config.json", "adapter_config.json")):
         if step is not None:
@@ -148,7 +181,7 @@ def load_generator(path: Path, step: int | None = None, trust_pickles: bool = Fa
                     f"--step {step}: {path} is an export (one set of weights); --step picks a checkpoint of a run directory"
                 ]
             )
-        return _from_export(path, device, dtype)
+        return _from_export(path, device, dtype, trust_remote_code)
     raise ConfigError(
         [
             f"{path} is neither a run directory (it has no {CONFIG_FILE}) nor an export (no {EXPORT_INFO}, "

@@ -143,10 +143,9 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     """
     from transformers import AutoTokenizer
 
-    with hub_errors(cfg.model.name_or_path, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(
-            resolve_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code
-        )
+    path = resolve_model_path(cfg)
+    with hub_errors(cfg.model.name_or_path, "tokenizer", path):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -412,7 +411,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
     dtype = load_dtype(cfg)
     quant = quantization_config(cfg)
-    with hub_errors(cfg.model.name_or_path, "weights"):
+    with hub_errors(cfg.model.name_or_path, "weights", path):
         model = AutoModelForCausalLM.from_pretrained(
             path,
             dtype=dtype,

@@ -33,6 +33,16 @@ def step_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{value!r} is neither a step number nor 'best'") from None
 
 
+def add_trust_remote_code(parser: argparse.ArgumentParser) -> None:
+    """`--trust-remote-code`: the user's own opt-in to the base model's code (export and generate)."""
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="honour the run's model.trust_remote_code: let transformers import the Python files its base "
+        "model's auto_map names (only for a model whose source you trust: a saved config alone never does)",
+    )
+
+
 def register(subparsers: Any) -> None:
     """Add the `export` subcommand."""
     parser = subparsers.add_parser(
@@ -77,6 +87,7 @@ def register(subparsers: Any) -> None:
         help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
         "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
     )
+    add_trust_remote_code(parser)
     parser.set_defaults(func=run)
 
 
@@ -99,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         step=step,
         dtype=args.dtype,
         trust_pickles=args.trust_pickles,
+        trust_remote_code=args.trust_remote_code,
     )
     what = {
         "adapter": "LoRA adapter (peft)",
@@ -112,12 +124,25 @@ def run(args: argparse.Namespace) -> int:
         if result.kind == "adapter"
         else "transformers.AutoModelForCausalLM.from_pretrained"
     )
+    _note_remote_code(result.out)
     say(
         f"exported {what} from {result.source.describe()} of {args.run_dir}\n"
         f"  -> {result.out} ({result.size_bytes / 2**20:.2f} MiB of weights, tokenizer, README.md model card)\n"
         f"  load it with {load}('{result.out}'), or try it: zerofit generate {result.out} --prompt \"...\""
     )
     return 0
+
+
+def _note_remote_code(out: Path) -> None:
+    """Say so when the export carries the base model's own code onward (only ever with --trust-remote-code)."""
+    from zerofit.hub import remote_code
+
+    found = [code.file for code in remote_code(str(out)) if Path(code.file).is_file()]
+    if found:
+        say(
+            f"note: the export carries the base model's own code ({', '.join(found)}); whoever loads it runs that "
+            "code and needs trust_remote_code=True (zerofit generate: --trust-remote-code)"
+        )
 
 
 def _run_gguf(args: argparse.Namespace, step: int | None) -> int:
@@ -135,6 +160,7 @@ def _run_gguf(args: argparse.Namespace, step: int | None) -> int:
         step=step,
         quant=args.quant or DEFAULT_QUANT,
         trust_pickles=args.trust_pickles,
+        trust_remote_code=args.trust_remote_code,
     )
     file = result.file
     lines = [

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zerofit.commands.export import step_arg
+from zerofit.commands.export import add_trust_remote_code, step_arg
 from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
 
 
@@ -54,6 +54,7 @@ def register(subparsers: Any) -> None:
         help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
         "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
     )
+    add_trust_remote_code(parser)
     parser.set_defaults(func=run)
 
 
@@ -71,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
     from zerofit.generate import load_generator
 
     step = resolve_step(Path(args.path), args.step) if args.step is not None else None
-    generator = load_generator(Path(args.path), step=step, trust_pickles=args.trust_pickles)
+    generator = load_generator(
+        Path(args.path),
+        step=step,
+        trust_pickles=args.trust_pickles,
+        trust_remote_code=args.trust_remote_code,
+    )
     text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()

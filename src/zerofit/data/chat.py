@@ -28,6 +28,7 @@ __all__ = [
     "has_generation_marks",
     "require_chat_template",
     "set_chat_template",
+    "template_file",
     "tokenize_conversation",
     "tokenize_prompt",
 ]
@@ -47,9 +48,16 @@ def set_chat_template(tokenizer: Any, value: str | None) -> None:
     """
     if value is None:
         return
-    path = Path(value).expanduser()
-    template = path.read_text(encoding="utf-8") if "{" not in value and path.is_file() else value
-    tokenizer.chat_template = template
+    path = template_file(value)
+    tokenizer.chat_template = (
+        path.read_text(encoding="utf-8") if path is not None and path.is_file() else value
+    )
+
+
+def template_file(value: str) -> Path | None:
+    """The path `data.chat_template` names, or None when `value` is the template text itself (Jinja has a
+    `{`; a value without one must name a file, which `resolve()` checks): one rule, in training and at export."""
+    return None if "{" in value else Path(value).expanduser()
 
 
 def require_chat_template(tokenizer: Any, source: str) -> str:

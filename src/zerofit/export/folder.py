@@ -141,10 +141,13 @@ def export_run(
     step: int | None = None,
     dtype: str = "auto",
     trust_pickles: bool = False,
+    trust_remote_code: bool = False,
 ) -> ExportResult:
     """Export the trained weights of `run_dir` into `out` (see the module docstring); returns what was written.
-    `trust_pickles`: let DeepSpeed / DCP unpickle a checkpoint naming globals beyond zerofit's allow-list."""
-    run = read_run_config(Path(run_dir))
+    `trust_pickles`: let DeepSpeed / DCP unpickle a checkpoint naming globals beyond zerofit's allow-list;
+    `trust_remote_code`: honour the run's `model.trust_remote_code`, which a saved config alone never turns
+    on (`trained.settle_remote_code`): only then does a merged export carry the base model's own code."""
+    run = read_run_config(Path(run_dir), trust_remote_code)
     out = Path(out)
     check_out(out, run.run_dir)
     source = find_weights(run.run_dir, step, trust_pickles)

@@ -59,10 +59,9 @@ def _check_base(run: RunConfig) -> None:
     from transformers import AutoConfig
 
     cfg = run.config
-    with hub_errors(cfg.model.name_or_path, "config"):
-        config = AutoConfig.from_pretrained(
-            resolve_model_path(cfg), trust_remote_code=cfg.model.trust_remote_code
-        )
+    path = resolve_model_path(cfg)
+    with hub_errors(cfg.model.name_or_path, "config", path):
+        config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     check_architecture(config)
 
 
@@ -73,9 +72,11 @@ def export_gguf(
     step: int | None = None,
     quant: str = DEFAULT_QUANT,
     trust_pickles: bool = False,
+    trust_remote_code: bool = False,
 ) -> GGUFExportResult:
-    """Export the trained model of `run_dir` as GGUF into folder `out` (module docstring)."""
-    run = read_run_config(Path(run_dir))
+    """Export the trained model of `run_dir` as GGUF into folder `out` (module docstring); `trust_remote_code`:
+    honour the run's `model.trust_remote_code` (`trained.settle_remote_code`)."""
+    run = read_run_config(Path(run_dir), trust_remote_code)
     out = Path(out)
     check_out(out, run.run_dir)
     stem = run.config.run_name or run.run_dir.name

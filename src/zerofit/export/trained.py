@@ -20,12 +20,13 @@ import yaml
 
 from zerofit.config.loader import validate_config
 from zerofit.config.schema import ZerofitConfig
+from zerofit.data.chat import template_file
 from zerofit.errors import ConfigError
 from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
-from zerofit.hub import hub_errors
+from zerofit.hub import allowed_remote_code, hub_errors
 from zerofit.lora import apply_lora
 from zerofit.model import load_dtype, load_tokenizer, lora_spec, quantization_config, resolve_model_path
-from zerofit.run_layout import CONFIG_FILE
+from zerofit.run_layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 
 __all__ = [
     "RunConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "load_base",
     "load_trained",
     "read_run_config",
+    "settle_remote_code",
     "tokenizer_for",
 ]
 
@@ -58,8 +60,21 @@ class RunConfig:
         return self.data_value("format") == "messages"
 
 
-def read_run_config(run_dir: Path) -> RunConfig:
-    """The `config.yaml` of run directory `run_dir`; `ConfigError` when it is missing or unreadable."""
+def settle_remote_code(config: ZerofitConfig, flag: bool, where: str, *folders: Path) -> ZerofitConfig:
+    """`config` (read from a run or export folder, `where`) with `model.trust_remote_code` as the user allows
+    it: on only with `flag` (--trust-remote-code); a base model (or one of `folders`) that would run code
+    without it is refused (`hub.allowed_remote_code`). Every load downstream reads the settled value."""
+    saved = config.model.trust_remote_code
+    candidates = [*map(str, folders), resolve_model_path(config)] if saved and not flag else []
+    allowed = allowed_remote_code(saved, flag, candidates, where)
+    if allowed == saved:
+        return config
+    return config.model_copy(update={"model": config.model.model_copy(update={"trust_remote_code": allowed})})
+
+
+def read_run_config(run_dir: Path, trust_remote_code: bool = False) -> RunConfig:
+    """The `config.yaml` of run directory `run_dir`; `ConfigError` when it is missing or unreadable.
+    `model.trust_remote_code` from it holds only with `trust_remote_code` (`settle_remote_code`)."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not path.is_file():
@@ -81,6 +96,9 @@ def read_run_config(run_dir: Path) -> RunConfig:
                 for p in exc.problems
             ]
         ) from None
+    config = settle_remote_code(
+        config, trust_remote_code, str(path), run_dir / ADAPTER_DIR, run_dir / MODEL_DIR
+    )
     return RunConfig(run_dir, config, raw)
 
 
@@ -104,29 +122,54 @@ def tokenizer_for(run: RunConfig, source: WeightsSource | None = None) -> Any:
     the run's `data.chat_template` when it set one (training formatted its chats with that template)."""
     from transformers import AutoTokenizer
 
-    if (
-        source is not None
-        and source.kind != "checkpoint"
-        and (source.path / "tokenizer_config.json").is_file()
-    ):
-        tokenizer = AutoTokenizer.from_pretrained(source.path)
+    folder = source.path if source is not None and source.kind != "checkpoint" else None
+    saved = folder is not None and (folder / "tokenizer_config.json").is_file()
+    if folder is not None and saved:
+        with hub_errors(str(folder), "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(
+                folder, trust_remote_code=run.config.model.trust_remote_code
+            )
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
     else:
         tokenizer = load_tokenizer(run.config)
     template = run.data_value("chat_template")
     if isinstance(template, str) and template:
-        tokenizer.chat_template = _template_text(template)
+        text = _template_text(run, template, saved and bool(getattr(tokenizer, "chat_template", None)))
+        if text is not None:
+            tokenizer.chat_template = text
     return tokenizer
 
 
-def _template_text(value: str) -> str:
-    """`data.chat_template` is a Jinja template, or the path of a file holding one."""
-    try:
-        path = Path(value)
-        return path.read_text() if path.is_file() else value
-    except (OSError, ValueError):  # a template is no valid file name (too long, NUL bytes)
+def _template_text(run: RunConfig, value: str, tokenizer_has_it: bool) -> str | None:
+    """The template text of the run's `data.chat_template` (Jinja text, or the path of a file holding it, by
+    `data.chat_template`'s own rule); None: keep the saved tokenizer's template (training installed it).
+
+    A saved config is data: a file it names is read only inside the run folder. A file elsewhere (where
+    training read it) is not read again; the run's final export carries the text in its tokenizer, and a
+    checkpoint, which has no tokenizer, is refused with the fix rather than exported without its template.
+    """
+    path = template_file(value)
+    if path is None:
         return value
+    try:
+        inside = (run.run_dir / path).resolve()
+        readable = inside.is_relative_to(run.run_dir.resolve()) and inside.is_file()
+    except (OSError, ValueError):  # no valid file name (too long, NUL bytes)
+        readable = False
+    if readable:
+        return inside.read_text(encoding="utf-8")
+    if tokenizer_has_it:
+        return None
+    raise ConfigError(
+        [
+            f"{run.run_dir / CONFIG_FILE}: data.chat_template = {value!r} names a file outside the run folder, "
+            "and zerofit reads no file outside a run folder on its saved config's word (the weights come from a "
+            "checkpoint, whose tokenizer holds no template). If it is your run, copy the template into the run "
+            f"folder and name it there (data.chat_template: chat.jinja for {run.run_dir}/chat.jinja), or put "
+            "the template text itself in data.chat_template"
+        ]
+    )
 
 
 def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device) -> torch.nn.Module:
@@ -134,9 +177,10 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
     from transformers import AutoModelForCausalLM
 
     quant = quantization_config(cfg)
-    with hub_errors(cfg.model.name_or_path, "weights"):
+    path = resolve_model_path(cfg)
+    with hub_errors(cfg.model.name_or_path, "weights", path):
         model = AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(cfg),
+            path,
             dtype=load_dtype(cfg),
             # The merge never runs attention; the exported config names transformers' own sdpa, not
             # zerofit's varlen function (a reader without zerofit loads it).
@@ -233,10 +277,12 @@ def load_trained(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     trust_pickles: bool = False,
+    trust_remote_code: bool = False,
 ) -> TrainedModel:
     """The trained model of `run_dir`, with the weights `find_weights(run_dir, step)` picks (`trust_pickles`:
-    let DeepSpeed / DCP unpickle a checkpoint that names globals beyond zerofit's allow-list)."""
-    run = read_run_config(run_dir)
+    let DeepSpeed / DCP unpickle a checkpoint that names globals beyond zerofit's allow-list;
+    `trust_remote_code`: honour the run's `model.trust_remote_code`, see `settle_remote_code`)."""
+    run = read_run_config(run_dir, trust_remote_code)
     source = find_weights(run.run_dir, step, trust_pickles)
     try:
         return build_trained(run, source, dtype=dtype, device=device)
