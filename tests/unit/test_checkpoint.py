@@ -312,6 +312,33 @@ def test_run_dir_problems_are_refused_before_anything_loads(
         _settle(_resolved(tmp_path / "r"))
 
 
+@pytest.mark.parametrize("mode", ["auto", "true", "false"])
+def test_a_run_name_that_leaves_output_dir_is_refused_and_writes_nothing_there(
+    tmp_path: Path, mode: str
+) -> None:
+    # Another run's files beside output_dir: `run_name=../victim` must never reach them.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "config.yaml").write_text("mine\n")
+    (victim / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = sorted((p.name, p.read_text()) for p in victim.iterdir())
+    resolved = _resolved(tmp_path / "runs" / "r", f"checkpoint.resume={mode}")
+    # A config that slipped past the schema (built in Python without validation) is refused by the joins.
+    resolved.config.__dict__["run_name"] = "../victim"
+    with pytest.raises(ConfigError, match=r"run_name = '\.\./victim': must be one folder name"):
+        _settle(resolved)
+    with pytest.raises(ConfigError, match=r"run_name = '\.\./victim'"):
+        make_run_plan(resolved, render_spec(resolved))
+    raw = load_config(
+        None, [f"data.path={DEMO_DATA}", "batch.global_batch_size=4", "batch.micro_batch_size=2"]
+    )
+    raw.__dict__["run_name"] = "../victim"
+    with pytest.raises(ConfigError, match=r"run_name = '\.\./victim'"):
+        resolve(raw, 1)
+    assert sorted((p.name, p.read_text()) for p in victim.iterdir()) == before
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_unknown_allowed_change_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"'optimizer.lrr' is not a config key.*did you mean 'optimizer.lr'"

@@ -207,6 +207,18 @@ def test_explicit_run_name_is_kept() -> None:
     assert resolved.run_dir == Path("/tmp/out/mine")
 
 
+@pytest.mark.parametrize(
+    "name", ["../victim", "../../x", "/tmp/x", "a/b", "a\\b", "", "  ", ".", "..", "a\x00b", "x\ny"]
+)
+def test_a_run_name_is_one_folder_name_inside_output_dir(name: str) -> None:
+    # The field, the value, the rule and a fix, at load time: nothing is resolved, nothing written.
+    with pytest.raises(ConfigError) as err:
+        validate_config({"run_name": name})
+    text = str(err.value)
+    assert f"run_name = {name!r}: must be one folder name inside output_dir" in text
+    assert "e.g. run_name=" in text
+
+
 def test_lr_scaling_is_opt_in() -> None:
     base = ["optimizer.lr=1e-3", "optimizer.base_batch_size=4"]
     assert resolve(load_config(DEMO, base), 1).effective_lr == 1e-3

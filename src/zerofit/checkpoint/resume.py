@@ -41,7 +41,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ConfigError, ResumeError, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
-from zerofit.run_layout import METRICS_FILE
+from zerofit.run_layout import METRICS_FILE, run_dir_of
 from zerofit.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
@@ -402,9 +402,9 @@ def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, Resu
     mode = resolved.config.checkpoint.resume
     if mode is False:
         name = free_name(Path(resolved.config.output_dir), str(resolved.config.run_name))
-        check_output_location(Path(resolved.config.output_dir) / name)
+        check_output_location(run_dir_of(resolved.config.output_dir, name))
         return name, None
-    check_output_location(resolved.run_dir)
+    check_output_location(run_dir_of(resolved.config.output_dir, str(resolved.config.run_name)))
     holder = locked_by(resolved.run_dir)
     if holder is not None:
         raise ResumeError(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from zerofit.errors import ConfigError, ResumeError
-from zerofit.run_layout import CHECKPOINTS_DIR, LOCK_FILE
+from zerofit.run_layout import CHECKPOINTS_DIR, LOCK_FILE, check_run_name
 
 CHECKPOINTS = CHECKPOINTS_DIR  # the name the checkpoint modules import
 _held_locks: list[IO[str]] = []  # this process's lock files, open for its lifetime
@@ -45,8 +45,9 @@ def check_output_location(run_dir: Path) -> None:
 
 
 def free_name(output_dir: Path, run_name: str) -> str:
-    """`run_name`, or the first free `run_name-2`, `-3`, ... when `output_dir/run_name` holds a run."""
-    name, suffix = run_name, 1
+    """`run_name`, or the first free `run_name-2`, `-3`, ... when `output_dir/run_name` holds a run (a name
+    that is not one folder name under `output_dir` is refused, `check_run_name`)."""
+    name, suffix = check_run_name(run_name), 1
     while (output_dir / name).is_dir() and any((output_dir / name).iterdir()):
         suffix += 1
         name = f"{run_name}-{suffix}"

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from zerofit.catalogue import TINY_LLAMA
+from zerofit.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
@@ -417,6 +418,17 @@ class ZerofitConfig(_Section):
 
     run_name: str | None = Field(None, description="Default says model/method/preset/split.")
     output_dir: str = "runs"
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, value: str | None) -> str | None:
+        """A run name is one path component under output_dir: `../victim`, `/tmp/x` or `` would write
+        outside this run's folder (into another run's config.yaml and metrics.jsonl)."""
+        problem = None if value is None else run_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     seed: int = 42
     model: ModelSection = Field(default_factory=ModelSection)
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
