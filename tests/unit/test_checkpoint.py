@@ -4,6 +4,7 @@ the metrics.jsonl rewind of a resumed run."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -16,13 +17,20 @@ import torch
 from config_helpers import DEMO_DATA, new_run_plan, one_process_strategy
 from zerofit.checkpoint import MANIFEST, Checkpointer, checkpoint_record, complete_checkpoints, verify
 from zerofit.checkpoint.manifest import data_fingerprint
-from zerofit.checkpoint.resume import DAMAGED_SUFFIX, find_resume_point, finish_resume, settle_run_dir
+from zerofit.checkpoint.resume import (
+    DAMAGED_SUFFIX,
+    find_resume_point,
+    finish_resume,
+    restore,
+    settle_run_dir,
+)
 from zerofit.config import load_config, resolve
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import CheckpointSection
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError, ResumeError
 from zerofit.metrics.history import rewind_metrics
+from zerofit.run_layout import LOCK_FILE
 from zerofit.run_plan import RunPlan, make_run_plan
 from zerofit.strategies.single import SingleStrategy
 
@@ -337,6 +345,24 @@ def test_a_run_name_that_leaves_output_dir_is_refused_and_writes_nothing_there(
         resolve(raw, 1)
     assert sorted((p.name, p.read_text()) for p in victim.iterdir()) == before
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_dir_whose_lock_another_run_holds_is_refused_as_that_not_as_a_full_disk(tmp_path: Path) -> None:
+    # Two launches with one run_name: the first holds the lock; the second must say so (EAGAIN from flock is
+    # not a full disk), with the holder's pid, and the fix.
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    with (run_dir / LOCK_FILE).open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        checkpointer = SimpleNamespace(strategy=SimpleNamespace(rank=0, broadcast_object=lambda obj: obj))
+        with pytest.raises(ResumeError) as err:
+            restore(checkpointer, None, run_dir)  # type: ignore[arg-type]
+    text = str(err.value)
+    assert f"another zerofit run (pid 4242) holds {run_dir}'s lock ({LOCK_FILE})" in text
+    assert "wait for it to finish, or give this run another run_name" in text
+    assert "free space" not in text and "Resource temporarily unavailable" not in text
 
 
 def test_an_unknown_allowed_change_is_a_config_error(tmp_path: Path) -> None:

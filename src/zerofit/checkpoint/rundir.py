@@ -70,17 +70,28 @@ def locked_by(run_dir: Path) -> int | None:
     return None
 
 
+def held_by(run_dir: Path, pid: int | None) -> str:
+    """Who holds `run_dir`'s lock, in words: `another zerofit run (pid 123) holds RUN_DIR's lock (.zerofit.lock)`
+    (the pid left out when the holder has not recorded it yet)."""
+    who = f"another zerofit run (pid {pid})" if pid is not None and pid > 0 else "another zerofit run"
+    return f"{who} holds {run_dir}'s lock ({LOCK_FILE})"
+
+
 def lock_run_dir(run_dir: Path) -> None:
-    """Hold `run_dir`'s lock until this process exits (rank 0 of the run writing it); creates the folder."""
+    """Hold `run_dir`'s lock until this process exits (rank 0 of the run writing it); creates the folder.
+
+    A lock already held (EAGAIN / EWOULDBLOCK: another launch with this run_name got there first) is a
+    `ResumeError` that says so, raised from nothing: the OSError is not a failed write (no disk is full).
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     f = (run_dir / LOCK_FILE).open("a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         f.close()
         raise ResumeError(
-            f"{run_dir} is being written by another zerofit run (pid {locked_by(run_dir)}) that started at "
-            "the same time as this one; let it finish, or give this run another run_name"
+            f"{held_by(run_dir, locked_by(run_dir))}: it is writing that run directory (two launches with "
+            "one run_name at the same time); wait for it to finish, or give this run another run_name"
         ) from None
     f.seek(0)
     f.truncate()
