@@ -160,6 +160,15 @@ def test_bad_literal_value_names_allowed_values() -> None:
     assert "train.precision = 'bf16+fp16'" in str(err.value) and "'fp16'" in str(err.value)
 
 
+@pytest.mark.parametrize("value", ["maybe", "3", "[auto]"])
+def test_a_bad_resume_mode_names_every_accepted_value(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, [f"checkpoint.resume={value}"])
+    text = str(err.value)
+    assert text.count("checkpoint.resume = ") == 1
+    assert all(word in text for word in ("must be true", "false", "or auto", "e.g. checkpoint.resume=auto"))
+
+
 # ----------------------------------------------------------------------------------------- resolve
 
 

@@ -9,6 +9,7 @@ Defaults here are the values a user gets when a key is absent; derived values
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -364,6 +365,19 @@ class CheckpointSection(_Section):
         description="Resume from the newest checkpoint of the run dir that verifies: true (it must exist), "
         "auto (if there is one), false (a new run).",
     )
+
+    @field_validator("resume", mode="wrap")
+    @classmethod
+    def _resume_mode(cls, value: Any, handler: Callable[[Any], Any]) -> Any:
+        """Any other value is refused with every accepted one (pydantic alone names only the boolean)."""
+        try:
+            return handler(value)
+        except ValueError:  # pydantic's ValidationError is one
+            raise ValueError(
+                "must be true (resume; a checkpoint must exist), false (a new run) or auto (resume if there "
+                "is a checkpoint, else start at step 0); e.g. checkpoint.resume=auto"
+            ) from None
+
     allow_changes: list[str] = Field(
         default_factory=list,
         description="Config keys (or sections) a resume may change although they alter the trajectory.",
