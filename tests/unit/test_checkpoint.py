@@ -161,6 +161,7 @@ def test_load_restores_model_optimizer_scheduler_rng_and_step(tmp_path: Path) ->
         (lambda f: os.truncate(f / "state.pt", 100), "state.pt is 100 bytes, the manifest says"),
         (lambda f: _flip_last_byte(f / "state.pt"), "state.pt does not match its SHA-256"),
         (lambda f: (f / MANIFEST).write_text("{"), "manifest.json is unreadable"),
+        (lambda f: _set_manifest_step(f, 3), "the folder is step-4 but its manifest.json says step 3"),
     ],
 )
 def test_a_damaged_checkpoint_falls_back_to_the_newest_that_verifies(
@@ -175,6 +176,12 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_that_verifies(
     finish_resume(point)  # after the load: the damaged one is set aside, out of the way of pruning
     assert [s for s, _ in complete_checkpoints(run_dir)] == [2]
     assert (run_dir / "checkpoints" / f"step-4{DAMAGED_SUFFIX}").is_dir()
+
+
+def _set_manifest_step(folder: Path, step: int) -> None:
+    """The manifest of `folder` made to name another step (a checkpoint renamed or copied over another)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "step": step}))
 
 
 def _flip_last_byte(path: Path) -> None:
