@@ -9,7 +9,9 @@ the writer. What is inside a checkpoint's `step-N/` folder is the writing engine
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+from zerofit.errors import ConfigError
 
 __all__ = [
     "ADAPTER_DIR",
@@ -25,6 +27,9 @@ __all__ = [
     "WANDB_DIR",
     "WANDB_RUN_ID_FILE",
     "RunLayout",
+    "check_run_name",
+    "run_dir_of",
+    "run_name_problem",
 ]
 
 CONFIG_FILE = "config.yaml"  # the fully resolved config
@@ -38,6 +43,54 @@ ADAPTER_DIR = "adapter"  # the final export of a LoRA run
 MODEL_DIR = "model"  # the final export of a full fine-tuning run
 WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
 WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
+
+# What a run name must be, said after the value in every refusal (the schema's, the resolver's, the joins').
+RUN_NAME_RULE = (
+    "must be one folder name inside output_dir: not empty, not '.' or '..', no '/' or '\\', not an absolute "
+    "path, no control characters"
+)
+
+
+def run_name_problem(name: str) -> str | None:
+    """Why `name` is not one path component under `output_dir` (the rule and a fix), or None if it is.
+
+    A run name is joined under `output_dir` and written into (config.yaml, metrics.jsonl, checkpoints): a
+    name that climbs out (`../victim`), names another place (`/tmp/x`, `a/b`) or is empty (`runs/` itself)
+    would write into a folder that is not this run's.
+    """
+    bad = (
+        not name.strip()
+        or name in {".", ".."}
+        or "/" in name
+        or "\\" in name
+        or PurePosixPath(name).is_absolute()
+        or PureWindowsPath(name).is_absolute()
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+    )
+    if not bad:
+        return None
+    return f"{RUN_NAME_RULE}; pick a plain name, e.g. run_name={_plain_name(name)} (output_dir says where runs go)"
+
+
+def _plain_name(name: str) -> str:
+    """A one-component name to suggest for a refused `name`: its path parts joined by `-`."""
+    parts = PurePosixPath(name.replace("\\", "/")).parts
+    joined = "-".join(part for part in parts if part.strip("/."))
+    return "".join(c for c in joined if ord(c) >= 32 and ord(c) != 127).strip() or "my-run"
+
+
+def check_run_name(name: str) -> str:
+    """`name` if it is one path component (see `run_name_problem`), else a `ConfigError` naming it."""
+    problem = run_name_problem(name)
+    if problem is not None:
+        raise ConfigError([f"run_name = {name!r}: {problem}"])
+    return name
+
+
+def run_dir_of(output_dir: str | Path, run_name: str) -> Path:
+    """`output_dir/run_name`, the run directory, for a run name that stays inside `output_dir` (checked)."""
+    return Path(output_dir) / check_run_name(run_name)
+
 
 # The engine file, exactly what the engine received, by `distributed.strategy`.
 ENGINE_FILES = {

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from zerofit.batching import BatchPlan
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
+from zerofit.run_layout import run_dir_of
 
 if TYPE_CHECKING:
     from zerofit.engine.spec import EngineSpec
@@ -120,7 +121,7 @@ def make_run_plan(
         batch=resolved.plan,
         spec=spec,
         world_size=resolved.world_size,
-        run_dir=Path(cfg.output_dir) / str(cfg.run_name),
+        run_dir=run_dir_of(cfg.output_dir, str(cfg.run_name)),
         resume=decision.resume if decision is not None else None,
         effective_lr=resolved.effective_lr,
         method=resolved.method,

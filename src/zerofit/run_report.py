@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
     from zerofit.data import DataStats
 
-__all__ = ["best_line", "format_plan", "loss_summary"]
+__all__ = ["best_line", "describe_levers", "format_plan", "loss_summary"]
 
 
 def format_plan(run: PreparedRun, engine_file: Path) -> str:
@@ -165,6 +165,9 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
         from zerofit.compiling import describe_compile
 
         text += f", {describe_compile(layers, n)}"
+    levers = describe_levers(cfg.train.tiled_mlp, cfg.train.activation_offload, cfg.train.lean_norm, n)
+    if levers:
+        text += f", {levers}"
     tokens = cfg.batch.tokens_per_micro_batch
     if tokens is not None:
         rows = cfg.batch.micro_batch_size
@@ -173,6 +176,31 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
             "micro = rows, accum = at most)"
         )
     return text
+
+
+def describe_levers(
+    tiled_mlp: Any, activation_offload: Any, lean_norm: Any, checkpointed: int | None = None
+) -> str:
+    """The memory levers that are on, each with its setting (set explicitly or chosen by `auto`, resolved by
+    now): `tiled MLP 16 shards, activation offload on (...), lean norm on`; empty when none is. Printed in
+    the launch's plan (`compute`) and by `zerofit plan`, so the plan says every lever that changes the step."""
+    from zerofit.offload import describe_offload
+    from zerofit.tiling import tiled_mlp_shards
+
+    parts = []
+    shards = tiled_mlp_shards(tiled_mlp)
+    if shards > 0:
+        parts.append(f"tiled MLP {shards} shards (train.tiled_mlp)")
+    if activation_offload is True:
+        where = (
+            describe_offload(checkpointed, True)
+            if checkpointed
+            else "the checkpointed layers' inputs -> pinned host memory"
+        )
+        parts.append(f"activation offload on ({where})")
+    if lean_norm is True:
+        parts.append("lean norm on (RMSNorms save their input in its own dtype)")
+    return ", ".join(parts)
 
 
 def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from zerofit.errors import ZerofitError
+
 __all__ = ["WriteGuard", "torch_save", "write_failure"]
 
 # What torch's zip writer says when the bytes it wrote did not reach the file (given a path, not a file).
@@ -43,7 +45,12 @@ def torch_save(obj: Any, path: str | Path) -> None:
 
 def write_failure(exc: BaseException) -> str | None:
     """`exc` as one line if it is a failed file write (`[Errno 28] No space left on device: 'path'`), else
-    None (a bug, which keeps its traceback). DCP's `CheckpointException` counts if any rank's error does."""
+    None (a bug, which keeps its traceback). DCP's `CheckpointException` counts if any rank's error does.
+
+    A `ZerofitError` is never one: it is a refusal with its own paragraph (a run directory whose lock another
+    run holds), even when raised while handling an OSError (EAGAIN from `flock` is no full disk)."""
+    if isinstance(exc, ZerofitError):
+        return None
     if isinstance(exc, OSError):
         return _describe_os_error(exc)
     if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _TORCH_WRITE_MARKERS):
@@ -54,7 +61,7 @@ def write_failure(exc: BaseException) -> str | None:
             described = write_failure(inner)
             if described is not None:
                 return f"rank {rank}: {described}" if len(failures) > 1 else described
-    cause = exc.__cause__ or exc.__context__
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return write_failure(cause) if isinstance(cause, OSError) else None
 
 

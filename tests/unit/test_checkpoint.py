@@ -4,6 +4,7 @@ the metrics.jsonl rewind of a resumed run."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -16,13 +17,20 @@ import torch
 from config_helpers import DEMO_DATA, new_run_plan, one_process_strategy
 from zerofit.checkpoint import MANIFEST, Checkpointer, checkpoint_record, complete_checkpoints, verify
 from zerofit.checkpoint.manifest import data_fingerprint
-from zerofit.checkpoint.resume import DAMAGED_SUFFIX, find_resume_point, finish_resume, settle_run_dir
+from zerofit.checkpoint.resume import (
+    DAMAGED_SUFFIX,
+    find_resume_point,
+    finish_resume,
+    restore,
+    settle_run_dir,
+)
 from zerofit.config import load_config, resolve
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import CheckpointSection
 from zerofit.engine import render_spec
 from zerofit.errors import ConfigError, ResumeError
 from zerofit.metrics.history import rewind_metrics
+from zerofit.run_layout import LOCK_FILE
 from zerofit.run_plan import RunPlan, make_run_plan
 from zerofit.strategies.single import SingleStrategy
 
@@ -153,6 +161,7 @@ def test_load_restores_model_optimizer_scheduler_rng_and_step(tmp_path: Path) ->
         (lambda f: os.truncate(f / "state.pt", 100), "state.pt is 100 bytes, the manifest says"),
         (lambda f: _flip_last_byte(f / "state.pt"), "state.pt does not match its SHA-256"),
         (lambda f: (f / MANIFEST).write_text("{"), "manifest.json is unreadable"),
+        (lambda f: _set_manifest_step(f, 3), "the folder is step-4 but its manifest.json says step 3"),
     ],
 )
 def test_a_damaged_checkpoint_falls_back_to_the_newest_that_verifies(
@@ -167,6 +176,12 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_that_verifies(
     finish_resume(point)  # after the load: the damaged one is set aside, out of the way of pruning
     assert [s for s, _ in complete_checkpoints(run_dir)] == [2]
     assert (run_dir / "checkpoints" / f"step-4{DAMAGED_SUFFIX}").is_dir()
+
+
+def _set_manifest_step(folder: Path, step: int) -> None:
+    """The manifest of `folder` made to name another step (a checkpoint renamed or copied over another)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "step": step}))
 
 
 def _flip_last_byte(path: Path) -> None:
@@ -310,6 +325,51 @@ def test_run_dir_problems_are_refused_before_anything_loads(
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # (root may write anywhere)
     with pytest.raises(ConfigError, match=r"is not writable by this user"):
         _settle(_resolved(tmp_path / "r"))
+
+
+@pytest.mark.parametrize("mode", ["auto", "true", "false"])
+def test_a_run_name_that_leaves_output_dir_is_refused_and_writes_nothing_there(
+    tmp_path: Path, mode: str
+) -> None:
+    # Another run's files beside output_dir: `run_name=../victim` must never reach them.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "config.yaml").write_text("mine\n")
+    (victim / "metrics.jsonl").write_text('{"step": 1}\n')
+    before = sorted((p.name, p.read_text()) for p in victim.iterdir())
+    resolved = _resolved(tmp_path / "runs" / "r", f"checkpoint.resume={mode}")
+    # A config that slipped past the schema (built in Python without validation) is refused by the joins.
+    resolved.config.__dict__["run_name"] = "../victim"
+    with pytest.raises(ConfigError, match=r"run_name = '\.\./victim': must be one folder name"):
+        _settle(resolved)
+    with pytest.raises(ConfigError, match=r"run_name = '\.\./victim'"):
+        make_run_plan(resolved, render_spec(resolved))
+    raw = load_config(
+        None, [f"data.path={DEMO_DATA}", "batch.global_batch_size=4", "batch.micro_batch_size=2"]
+    )
+    raw.__dict__["run_name"] = "../victim"
+    with pytest.raises(ConfigError, match=r"run_name = '\.\./victim'"):
+        resolve(raw, 1)
+    assert sorted((p.name, p.read_text()) for p in victim.iterdir()) == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_dir_whose_lock_another_run_holds_is_refused_as_that_not_as_a_full_disk(tmp_path: Path) -> None:
+    # Two launches with one run_name: the first holds the lock; the second must say so (EAGAIN from flock is
+    # not a full disk), with the holder's pid, and the fix.
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    with (run_dir / LOCK_FILE).open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        checkpointer = SimpleNamespace(strategy=SimpleNamespace(rank=0, broadcast_object=lambda obj: obj))
+        with pytest.raises(ResumeError) as err:
+            restore(checkpointer, None, run_dir)  # type: ignore[arg-type]
+    text = str(err.value)
+    assert f"another zerofit run (pid 4242) holds {run_dir}'s lock ({LOCK_FILE})" in text
+    assert "wait for it to finish, or give this run another run_name" in text
+    assert "free space" not in text and "Resource temporarily unavailable" not in text
 
 
 def test_an_unknown_allowed_change_is_a_config_error(tmp_path: Path) -> None:

@@ -112,6 +112,15 @@ def test_plan_text_shows_every_factor_and_the_engine_config(capsys: pytest.Captu
     assert "ds_config.json" in out and '"train_batch_size": 16' in out
 
 
+def test_plan_text_names_each_memory_lever_that_is_on(capsys: pytest.CaptureFixture[str]) -> None:
+    levers = ["train.tiled_mlp=16", "train.activation_offload=true", "train.lean_norm=true"]
+    argv = ["plan", "--config", DEMO, *levers, "train.activation_checkpointing=true"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())  # (rich wraps long lines)
+    assert "Memory levers: tiled MLP 16 shards (train.tiled_mlp), activation offload on (" in out
+    assert "lean norm on" in out
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -160,6 +160,15 @@ def test_bad_literal_value_names_allowed_values() -> None:
     assert "train.precision = 'bf16+fp16'" in str(err.value) and "'fp16'" in str(err.value)
 
 
+@pytest.mark.parametrize("value", ["maybe", "3", "[auto]"])
+def test_a_bad_resume_mode_names_every_accepted_value(value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEMO, [f"checkpoint.resume={value}"])
+    text = str(err.value)
+    assert text.count("checkpoint.resume = ") == 1
+    assert all(word in text for word in ("must be true", "false", "or auto", "e.g. checkpoint.resume=auto"))
+
+
 # ----------------------------------------------------------------------------------------- resolve
 
 
@@ -205,6 +214,18 @@ def test_wandb_mode_disabled_in_the_environment_wins(monkeypatch: pytest.MonkeyP
 def test_explicit_run_name_is_kept() -> None:
     resolved = resolve(load_config(DEMO, ["run_name=mine", "output_dir=/tmp/out"]), 1)
     assert resolved.run_dir == Path("/tmp/out/mine")
+
+
+@pytest.mark.parametrize(
+    "name", ["../victim", "../../x", "/tmp/x", "a/b", "a\\b", "", "  ", ".", "..", "a\x00b", "x\ny"]
+)
+def test_a_run_name_is_one_folder_name_inside_output_dir(name: str) -> None:
+    # The field, the value, the rule and a fix, at load time: nothing is resolved, nothing written.
+    with pytest.raises(ConfigError) as err:
+        validate_config({"run_name": name})
+    text = str(err.value)
+    assert f"run_name = {name!r}: must be one folder name inside output_dir" in text
+    assert "e.g. run_name=" in text
 
 
 def test_lr_scaling_is_opt_in() -> None:

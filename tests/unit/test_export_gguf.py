@@ -23,6 +23,7 @@ tolerance, with the same greedy token.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,22 @@ def test_the_folder_holds_the_files_a_modelfile_and_the_card(gguf_dir: Path, run
     assert "library_name: gguf" in card and "ollama create demo -f Modelfile" in card and "q8_0" in card
     # `zerofit generate` samples from the GGUF folder (read back through transformers)
     assert cli(["generate", str(gguf_dir), "--prompt", "12 + 7 =", "--max-new-tokens", "4"]) == 0
+
+
+def test_an_export_folder_belongs_to_one_run(run_dir: Path, gguf_dir: Path, tmp_path: Path) -> None:
+    # A GGUF export adds files to its folder: into another run's export (GGUF or hf) it would leave metadata
+    # (zerofit_export.json, card, Modelfile) of one run beside weights of another. Refused; nothing changes.
+    other = tmp_path / "runs" / "demo"
+    shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("checkpoints"))
+    hf = export_run(run_dir, tmp_path / "hf").out
+    for folder, source in ((gguf_dir, other), (hf, run_dir)):
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        with pytest.raises(ConfigError) as err:
+            export_gguf(source, folder, quant="f16")
+        kind = "gguf" if folder == gguf_dir else "adapter"
+        assert f"--out {folder} holds a {kind} export of {run_dir.resolve()}" in str(err.value)
+        assert f"GGUF exports of this run ({source.resolve()}) only: choose another --out" in str(err.value)
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
 @pytest.mark.parametrize(

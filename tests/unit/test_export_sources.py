@@ -1,4 +1,5 @@
-"""Which weights `zerofit export` / `generate` read from a run directory, and what they say when there are none.
+"""Which weights `zerofit export` / `generate` read from a run directory, and what they say when there are none;
+and an `--out` that cannot be written, said as one paragraph before anything loads.
 
 (The readers themselves run on real ZeRO-3, FSDP2 and single-process checkpoints in
 tests/distributed/test_multinode_export.py.)
@@ -6,12 +7,16 @@ tests/distributed/test_multinode_export.py.)
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from zerofit.checkpoint.manifest import MANIFEST
+from zerofit.cli import main as cli
 from zerofit.errors import ConfigError
 from zerofit.export import find_weights, read_checkpoint, read_run_config
 
@@ -88,3 +93,62 @@ def test_not_a_run_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not validate with this zerofit") as err:
         read_run_config(tmp_path)
     assert "did you mean 'train.max_steps'" in str(err.value)
+
+
+# ------------------------------------------------------------- where `--out` can be written
+
+
+def _fake_run(run: Path) -> Path:
+    """A run directory with a config and a final adapter (empty files: enough to get past the checks)."""
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text("run_name: demo\n")
+    _final(run, 3)
+    return run
+
+
+def _one_paragraph(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert cli(["export", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "\n" not in err.strip()
+    return err
+
+
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_an_out_under_a_file_is_one_paragraph_naming_the_folder_errno_and_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    run = _fake_run(tmp_path / "run")
+    (tmp_path / "a-file").write_text("x")  # (as root a mode cannot stop a write; a file in the way does)
+    out = tmp_path / "a-file" / "sub" / "export"
+    err = _one_paragraph(capsys, str(run), "--format", fmt, "--out", str(out))
+    assert f"--out {out}: {tmp_path / 'a-file'} cannot be written ([Errno 20] Not a directory)" in err
+    assert "choose an --out under a folder you can write" in err
+
+
+def test_an_out_under_a_folder_this_user_cannot_write_is_one_paragraph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = _fake_run(tmp_path / "run")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:  # root writes through any mode: the kernel's answer for another user, simulated
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real(p, mode))
+    err = _one_paragraph(capsys, str(run), "--out", str(locked / "export"))
+    assert f"{locked} cannot be written ([Errno 13] Permission denied)" in err
+    assert not any(locked.iterdir())
+
+
+def test_a_folder_that_cannot_be_made_at_write_time_is_one_paragraph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What no check before the write can see (a read-only filesystem, where even root cannot write).
+    run = _fake_run(tmp_path / "run")
+    out = tmp_path / "ro" / "export"
+
+    def read_only(self: Path, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    err = _one_paragraph(capsys, str(run), "--out", str(out))
+    assert f"--out {out}: {tmp_path / 'ro'} cannot be written ([Errno 30] Read-only file system)" in err

@@ -291,3 +291,24 @@ def test_each_lever_follows_the_reference_loss_curve(tmp_path: Path) -> None:
     assert len(curves["reference"]) == 4 and curves["reference"][0] != curves["reference"][-1]
     for name in LEVERS:
         assert curves[name] == pytest.approx(curves["reference"], abs=2e-5, rel=0), name
+
+
+def test_the_launch_plan_names_each_lever_that_is_on_with_its_setting() -> None:
+    from types import SimpleNamespace
+
+    from zerofit.run_report import describe_compute
+
+    model = torch.nn.Linear(2, 2)
+    model.config = SimpleNamespace(num_hidden_layers=4)  # type: ignore[assignment]
+    on = config(
+        {"batch": {"micro_batch_size": 1}},
+        train={"tiled_mlp": 16, "activation_checkpointing": 2, "activation_offload": True, "lean_norm": True},
+    )
+    text = describe_compute(on, model)
+    assert "tiled MLP 16 shards" in text
+    assert "activation offload on (inputs of the 2 checkpointed layers -> pinned host memory)" in text
+    assert "lean norm on" in text
+    off = describe_compute(
+        config({"batch": {"micro_batch_size": 1}}, train={"activation_checkpointing": 2}), model
+    )
+    assert not any(word in off for word in ("tiled MLP", "activation offload", "lean norm"))

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, TypeVar
 
 from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.rundir import CHECKPOINTS
-from zerofit.errors import CheckpointWriteError, ExportWriteError, MetricsWriteError
+from zerofit.errors import (
+    CheckpointWriteError,
+    ConfigError,
+    ExportWriteError,
+    MetricsWriteError,
+    ResumeError,
+    ZerofitError,
+)
 from zerofit.writes import write_failure
 
 if TYPE_CHECKING:
@@ -132,13 +139,34 @@ def rank0_writes(strategy: Strategy, run_dir: Path, write: Callable[[], T]) -> T
     """`write()` on rank 0 (the run directory's own files before the first step: its lock, config.yaml,
     the engine config, run_info.json, W&B's run id) and its result there (None on the other ranks). A
     failed write (a full disk) ends the launch on every rank with the same paragraph, instead of a
-    traceback on rank 0 and the other ranks waiting for it at the next collective."""
+    traceback on rank 0 and the other ranks waiting for it at the next collective; so does a refusal
+    (`ZerofitError`: the run directory's lock held by another run), with its own paragraph."""
     result: list[T] = []
-    failure = attempt(lambda: result.append(write())) if strategy.rank == 0 else None
-    failure = strategy.broadcast_object(failure)
+    failure: str | None = None
+    refusal: tuple[str, str, list[str]] | None = None
+    if strategy.rank == 0:
+        try:
+            failure = attempt(lambda: result.append(write()))
+        except ZerofitError as exc:
+            refusal = error_parts(exc)
+    failure, refusal = strategy.broadcast_object((failure, refusal))
+    if refusal is not None:
+        raise rebuild_error(*refusal)
     if failure is not None:
         raise run_files_failed(run_dir, failure)
     return result[0] if result else None
+
+
+def error_parts(exc: ZerofitError) -> tuple[str, str, list[str]]:
+    """A user error as plain data another rank can receive (its class name, message and problems)."""
+    return type(exc).__name__, str(exc), list(getattr(exc, "problems", []))
+
+
+def rebuild_error(kind: str, message: str, problems: list[str]) -> ZerofitError:
+    """The error `error_parts` described, raised on every rank with the same paragraph."""
+    if kind == "ConfigError":
+        return ConfigError(problems)
+    return ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
 
 
 def run_files_failed(run_dir: Path, failure: str) -> MetricsWriteError:

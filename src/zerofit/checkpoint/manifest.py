@@ -6,8 +6,9 @@ manifest says what it must contain: every file with its size and SHA-256, plus t
 against (the resolved config, the batch plan, the world size, the engine's checkpoint format, the data
 file's fingerprint, the step).
 
-`verify()` re-reads every listed file: a missing, truncated or altered file makes the checkpoint unusable
-(and resume falls back to an older one) instead of failing deep inside an engine's loader. Pure Python:
+`verify()` re-reads every listed file: a missing, truncated or altered file, or a `step-N` folder whose
+manifest names another step, makes the checkpoint unusable (and resume falls back to an older one, setting
+this one aside as `step-N.damaged`) instead of failing deep inside an engine's loader. Pure Python:
 no torch, so a resume is judged before any model is loaded.
 """
 
@@ -86,6 +87,9 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
         manifest = read_manifest(folder)
     except ValueError as exc:
         return None, [str(exc)]
+    mismatch = _step_mismatch(folder, manifest)
+    if mismatch is not None:
+        return manifest, [mismatch]
     problems = []
     for name, meta in sorted(manifest["files"].items()):
         path = folder / name
@@ -101,6 +105,21 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
 
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def _step_mismatch(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """Why a `step-N` folder's manifest does not describe step N (a folder renamed or copied over another),
+    or None: a resume would start at the manifest's step while believing it resumed step N."""
+    match = _STEP_DIR.match(folder.name)
+    saved = manifest.get("step")
+    if match is None or (
+        isinstance(saved, int) and not isinstance(saved, bool) and saved == int(match.group(1))
+    ):
+        return None
+    return (
+        f"the folder is {folder.name} but its {MANIFEST} says step {saved!r} (renamed, or copied from another "
+        "checkpoint): which step it holds is unknown"
+    )
 
 
 def step_folders(root: Path) -> list[tuple[int, Path]]:

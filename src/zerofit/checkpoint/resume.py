@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
-from zerofit.checkpoint.failed_save import rank0_writes
+from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
 from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, step_folders, verify
-from zerofit.checkpoint.rundir import check_output_location, free_name, lock_run_dir, locked_by
+from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
-from zerofit.errors import ConfigError, ResumeError, ZerofitError
+from zerofit.errors import ResumeError, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
-from zerofit.run_layout import METRICS_FILE
+from zerofit.run_layout import METRICS_FILE, run_dir_of
 from zerofit.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
@@ -402,26 +402,20 @@ def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, Resu
     mode = resolved.config.checkpoint.resume
     if mode is False:
         name = free_name(Path(resolved.config.output_dir), str(resolved.config.run_name))
-        check_output_location(Path(resolved.config.output_dir) / name)
+        check_output_location(run_dir_of(resolved.config.output_dir, name))
         return name, None
-    check_output_location(resolved.run_dir)
+    check_output_location(run_dir_of(resolved.config.output_dir, str(resolved.config.run_name)))
     holder = locked_by(resolved.run_dir)
     if holder is not None:
         raise ResumeError(
-            f"checkpoint.resume: {resolved.run_dir} is being written by another zerofit run (pid {holder}): a "
-            "stopped run may still be saving its checkpoint, or another launch uses this run_name; wait for "
-            "it to exit, then resume"
+            f"checkpoint.resume: {held_by(resolved.run_dir, holder)}: a stopped run may still be saving its "
+            "checkpoint, or another launch uses this run_name; wait for it to exit, then resume (or give "
+            "this run another run_name)"
         )
     point = find_resume_point(resolved, checkpoint_format)
     if point is None and mode is True:
         raise _nothing_to_resume(resolved.run_dir)
     return str(resolved.config.run_name), point
-
-
-def _rebuild(kind: str, message: str, problems: list[str]) -> ZerofitError:
-    if kind == "ConfigError":
-        return ConfigError(problems)
-    return ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
 
 
 def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecision:
@@ -435,13 +429,13 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecisi
         try:
             outcome = ("ok", *_decide(resolved, strategy.checkpoint_format))
         except ZerofitError as exc:
-            outcome = ("error", type(exc).__name__, str(exc), list(getattr(exc, "problems", [])))
+            outcome = ("error", *error_parts(exc))
     else:
         outcome = ()
     strategy.wait_for_rank0("rank 0 to verify the checkpoints")  # hashing may outlast the pg timeout
     outcome = strategy.broadcast_object(outcome)
     if outcome[0] == "error":
-        raise _rebuild(*outcome[1:])
+        raise rebuild_error(*outcome[1:])
     _, name, point = outcome
     return RunDirDecision(run_name=name, resume=point)
 

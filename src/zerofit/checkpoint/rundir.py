@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from zerofit.errors import ConfigError, ResumeError
-from zerofit.run_layout import CHECKPOINTS_DIR, LOCK_FILE
+from zerofit.run_layout import CHECKPOINTS_DIR, LOCK_FILE, check_run_name
 
 CHECKPOINTS = CHECKPOINTS_DIR  # the name the checkpoint modules import
 _held_locks: list[IO[str]] = []  # this process's lock files, open for its lifetime
@@ -45,8 +45,9 @@ def check_output_location(run_dir: Path) -> None:
 
 
 def free_name(output_dir: Path, run_name: str) -> str:
-    """`run_name`, or the first free `run_name-2`, `-3`, ... when `output_dir/run_name` holds a run."""
-    name, suffix = run_name, 1
+    """`run_name`, or the first free `run_name-2`, `-3`, ... when `output_dir/run_name` holds a run (a name
+    that is not one folder name under `output_dir` is refused, `check_run_name`)."""
+    name, suffix = check_run_name(run_name), 1
     while (output_dir / name).is_dir() and any((output_dir / name).iterdir()):
         suffix += 1
         name = f"{run_name}-{suffix}"
@@ -69,17 +70,28 @@ def locked_by(run_dir: Path) -> int | None:
     return None
 
 
+def held_by(run_dir: Path, pid: int | None) -> str:
+    """Who holds `run_dir`'s lock, in words: `another zerofit run (pid 123) holds RUN_DIR's lock (.zerofit.lock)`
+    (the pid left out when the holder has not recorded it yet)."""
+    who = f"another zerofit run (pid {pid})" if pid is not None and pid > 0 else "another zerofit run"
+    return f"{who} holds {run_dir}'s lock ({LOCK_FILE})"
+
+
 def lock_run_dir(run_dir: Path) -> None:
-    """Hold `run_dir`'s lock until this process exits (rank 0 of the run writing it); creates the folder."""
+    """Hold `run_dir`'s lock until this process exits (rank 0 of the run writing it); creates the folder.
+
+    A lock already held (EAGAIN / EWOULDBLOCK: another launch with this run_name got there first) is a
+    `ResumeError` that says so, raised from nothing: the OSError is not a failed write (no disk is full).
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     f = (run_dir / LOCK_FILE).open("a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         f.close()
         raise ResumeError(
-            f"{run_dir} is being written by another zerofit run (pid {locked_by(run_dir)}) that started at "
-            "the same time as this one; let it finish, or give this run another run_name"
+            f"{held_by(run_dir, locked_by(run_dir))}: it is writing that run directory (two launches with "
+            "one run_name at the same time); wait for it to finish, or give this run another run_name"
         ) from None
     f.seek(0)
     f.truncate()

@@ -23,6 +23,7 @@ from zerofit.engine import EngineSpec, render_spec
 from zerofit.errors import ConfigError, LaunchError
 from zerofit.messages import quiet_libraries
 from zerofit.planner import choose_fastest_plan
+from zerofit.run_report import describe_levers
 
 
 def default_world_size() -> int:
@@ -164,6 +165,10 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     lora = report.get("lora")
     if lora:
         console.print(f"LoRA: {lora.get('described') or lora.get('error')}", highlight=False)
+    train = report["config"]["train"]
+    levers = describe_levers(train["tiled_mlp"], train["activation_offload"], train["lean_norm"])
+    if levers:
+        console.print(f"Memory levers: {levers}", highlight=False)
     engine = report["preset"] or report["strategy"]
     if report.get("ds_config"):
         engine = f"{report['strategy']} (your file {report['ds_config']}, autos filled)"

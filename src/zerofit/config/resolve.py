@@ -34,6 +34,7 @@ from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
 from zerofit.data_files import DATA_FILE_SUFFIXES  # a path with one of them names a local file
 from zerofit.errors import ConfigError
 from zerofit.presets import DEFAULT_PRESET, list_presets
+from zerofit.run_layout import run_dir_of
 
 
 @dataclass(frozen=True)
@@ -774,9 +775,10 @@ def _fill_reference(cfg: ZerofitConfig) -> None:
 def _fill_run_dir(cfg: ZerofitConfig, plan: BatchPlan) -> Path:
     """Decide the run name (the default one says model, method, preset, precision, global batch) and the
     run directory it names under `output_dir`."""
-    if cfg.run_name is None:
-        cfg.run_name = default_run_name(cfg, plan)
-    return Path(cfg.output_dir) / cfg.run_name
+    name = default_run_name(cfg, plan) if cfg.run_name is None else cfg.run_name
+    run_dir = run_dir_of(cfg.output_dir, name)  # one folder name: nothing is written outside output_dir
+    cfg.run_name = name
+    return run_dir
 
 
 def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | None = None) -> ResolvedConfig:

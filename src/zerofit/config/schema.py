@@ -9,12 +9,14 @@ Defaults here are the values a user gets when a key is absent; derived values
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from zerofit.catalogue import TINY_LLAMA
+from zerofit.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
@@ -363,6 +365,19 @@ class CheckpointSection(_Section):
         description="Resume from the newest checkpoint of the run dir that verifies: true (it must exist), "
         "auto (if there is one), false (a new run).",
     )
+
+    @field_validator("resume", mode="wrap")
+    @classmethod
+    def _resume_mode(cls, value: Any, handler: Callable[[Any], Any]) -> Any:
+        """Any other value is refused with every accepted one (pydantic alone names only the boolean)."""
+        try:
+            return handler(value)
+        except ValueError:  # pydantic's ValidationError is one
+            raise ValueError(
+                "must be true (resume; a checkpoint must exist), false (a new run) or auto (resume if there "
+                "is a checkpoint, else start at step 0); e.g. checkpoint.resume=auto"
+            ) from None
+
     allow_changes: list[str] = Field(
         default_factory=list,
         description="Config keys (or sections) a resume may change although they alter the trajectory.",
@@ -417,6 +432,17 @@ class ZerofitConfig(_Section):
 
     run_name: str | None = Field(None, description="Default says model/method/preset/split.")
     output_dir: str = "runs"
+
+    @field_validator("run_name")
+    @classmethod
+    def _one_folder_name(cls, value: str | None) -> str | None:
+        """A run name is one path component under output_dir: `../victim`, `/tmp/x` or `` would write
+        outside this run's folder (into another run's config.yaml and metrics.jsonl)."""
+        problem = None if value is None else run_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     seed: int = 42
     model: ModelSection = Field(default_factory=ModelSection)
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)

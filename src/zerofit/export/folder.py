@@ -14,6 +14,7 @@ good one; `--out` must be new, empty, or an earlier zerofit export.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -30,7 +31,15 @@ from zerofit.lora import apply_lora
 from zerofit.model import lora_spec, resolve_model_path
 from zerofit.precision import DTYPES, torch_dtype
 
-__all__ = ["EXPORT_INFO", "ExportResult", "check_out", "export_run", "merged_model", "output_dtype"]
+__all__ = [
+    "EXPORT_INFO",
+    "ExportResult",
+    "check_out",
+    "export_run",
+    "merged_model",
+    "output_dtype",
+    "unwritable_out",
+]
 
 EXPORT_INFO = "zerofit_export.json"
 _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -73,6 +82,34 @@ def check_out(out: Path, run_dir: Path) -> None:
                 "or empty folder (an earlier zerofit export there is replaced, atomically)"
             ]
         )
+    for target in (out, out.parent):  # files go into `out` (GGUF) or beside it, renamed into place (hf)
+        _check_writable(out, target)
+
+
+def _check_writable(out: Path, target: Path) -> None:
+    """Refuse an `--out` whose folder `target` (or the folder it would be made in) this user cannot write,
+    or that has a file in the way, before anything is loaded."""
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    code = errno.ENOTDIR if not existing.is_dir() else None
+    if code is None and not os.access(existing, os.W_OK | os.X_OK):
+        code = errno.EACCES
+    if code is not None:
+        raise unwritable_out(out, OSError(code, os.strerror(code), str(existing)))
+
+
+def unwritable_out(out: Path, exc: OSError) -> ConfigError:
+    """`--out` cannot be made or written into (no permission, a file in the way, a read-only filesystem),
+    as one paragraph: the folder, the errno and the fix."""
+    folder = exc.filename or out.parent
+    return ConfigError(
+        [
+            f"--out {out}: {folder} cannot be written ([Errno {exc.errno}] {exc.strerror}); nothing was "
+            "exported; choose an --out under a folder you can write (e.g. in your home folder), or fix that "
+            "folder's permissions"
+        ]
+    )
 
 
 def _replace(tmp: Path, out: Path) -> None:
@@ -152,10 +189,13 @@ def export_run(
     check_out(out, run.run_dir)
     source = find_weights(run.run_dir, step, trust_pickles)
     out_dtype = output_dtype(run, dtype)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:  # what `check_out` cannot see from here (a read-only filesystem as root)
+        raise unwritable_out(out, exc) from None
     try:
         kind = _write_weights(run, source, tmp, merge, out_dtype)
         tokenizer_for(run, source).save_pretrained(tmp)

@@ -22,7 +22,7 @@ from pathlib import Path
 from zerofit.errors import ConfigError
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights
-from zerofit.export.folder import EXPORT_INFO, check_out, merged_model
+from zerofit.export.folder import EXPORT_INFO, check_out, merged_model, unwritable_out
 from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architecture, check_quant, write_gguf
 from zerofit.export.modelfile import modelfile
 from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
@@ -65,6 +65,32 @@ def _check_base(run: RunConfig) -> None:
     check_architecture(config)
 
 
+def _check_shared_folder(out: Path, run: RunConfig) -> None:
+    """A GGUF export adds its files to `out` (several types share a folder), so `out` may hold only GGUF
+    exports of this same run: an export folder belongs to one run. Into an export of another run, or an
+    hf export (whose weights would stay beside the new metadata), it would leave a folder whose
+    zerofit_export.json, model card and Modelfile describe one run while other files come from another."""
+    info_file = out / EXPORT_INFO
+    if not info_file.is_file():
+        return  # new or empty (`check_out` refused a folder of something else)
+    try:
+        info = json.loads(info_file.read_text())
+    except (OSError, ValueError):
+        info = {}
+    info = info if isinstance(info, dict) else {}
+    this_run = str(run.run_dir.resolve())
+    if info.get("kind") == "gguf" and info.get("source_run") == this_run:
+        return
+    what = f"a {info.get('kind', 'unreadable')} export of {info.get('source_run', 'an unknown run')}"
+    raise ConfigError(
+        [
+            f"--out {out} holds {what} ({info_file}); a GGUF export adds its files to a folder, so it goes "
+            f"into a new or empty folder, or one holding GGUF exports of this run ({this_run}) only: choose "
+            "another --out"
+        ]
+    )
+
+
 def export_gguf(
     run_dir: Path,
     out: Path,
@@ -79,15 +105,17 @@ def export_gguf(
     run = read_run_config(Path(run_dir), trust_remote_code)
     out = Path(out)
     check_out(out, run.run_dir)
+    _check_shared_folder(out, run)
     stem = run.config.run_name or run.run_dir.name
     quant = check_quant(quant, str(out / stem))
     _check_base(run)
     source = find_weights(run.run_dir, step, trust_pickles)
     model = merged_model(run, source)
     tokenizer = tokenizer_for(run, source)
-    out.mkdir(parents=True, exist_ok=True)
-    if not os.access(out, os.W_OK):
-        raise ConfigError([f"--out {out}: this user cannot write there; choose a folder you can write"])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # what `check_out` cannot see from here (a read-only filesystem as root)
+        raise unwritable_out(out, exc) from None
     written = write_gguf(model, tokenizer, out / f"{stem}-{quant}.gguf", quant, stem)
     _write_text(
         out / MODELFILE, modelfile(written.path.name, tokenizer, model.config.max_position_embeddings)
