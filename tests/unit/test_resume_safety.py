@@ -22,7 +22,7 @@ from zerofit.checkpoint import MANIFEST, checkpoint_record
 from zerofit.checkpoint.resume import find_resume_point
 from zerofit.config import load_config, resolve
 from zerofit.config.resolve import ResolvedConfig
-from zerofit.errors import ResumeError, ZerofitError
+from zerofit.errors import ResumeError, RunFinished, ZerofitError
 from zerofit.export import checkpoints as export_checkpoints
 from zerofit.export import export_run, read_checkpoint
 from zerofit.generate import load_generator
@@ -192,10 +192,11 @@ def test_resuming_at_or_past_max_steps_is_an_error_with_the_fix(run: Path, tmp_p
             _resolved(run_dir, "train.max_steps=3", "checkpoint.allow_changes=[train.max_steps]"),
             "torch-state",
         )
-    with pytest.raises(
-        ResumeError, match=r"at step 4 and train.max_steps is 4: the run has already trained all"
-    ):
+    with pytest.raises(ResumeError, match=r"has already finished: it has trained all its 4 steps") as err:
         find_resume_point(_resolved(run_dir), "torch-state")
+    assert "train.max_steps=N (N > 4) checkpoint.allow_changes=[train.max_steps]" in str(err.value)
+    with pytest.raises(RunFinished):  # under resume=auto (a requeue) the launcher exits 0
+        find_resume_point(_resolved(run_dir, "checkpoint.resume=auto"), "torch-state")
 
 
 def test_tokens_seen_counts_unlogged_steps_and_a_resume_continues_it_exactly(
