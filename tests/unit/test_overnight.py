@@ -226,6 +226,18 @@ def test_a_run_stops_early_keeps_its_best_checkpoint_and_exports_it(
     assert "max_steps: 10" in saved and "epochs: 5" in saved
     assert cli(["export", str(run_dir), "--step", "best", "--out", str(tmp_path / "best")]) == 0
     assert "from checkpoint step-1" in capsys.readouterr().out
+    # The model cards say the steps the weights trained for and that the run stopped early, never "10".
+    card = (tmp_path / "best" / "README.md").read_text()
+    assert (
+        "| training | 1 of 10 optimizer steps (early stopping ended the run after step 3) of global 16"
+        in card
+    )
+    assert cli(["export", str(run_dir), "--out", str(tmp_path / "final")]) == 0
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert (
+        "| training | 3 of 10 optimizer steps (early stopping ended the run after step 3) of global 16"
+        in card
+    )
 
 
 # --- a finished run stays finished --------------------------------------------------------------------------
