@@ -60,3 +60,16 @@ class MetricsWriteError(ZerofitError):
 class ExportWriteError(ZerofitError):
     """The final export could not be written (a full disk): every rank reports the same paragraph, naming
     the folder, its free space and the checkpoint the weights can be exported from."""
+
+
+class RunFinished(ResumeError):
+    """A resume found the run already finished (its last step done, or stopped early by its patience): one
+    paragraph saying so and how to train further; nothing is trained or written. Under
+    `checkpoint.resume=auto` (a scheduler's requeue) the launch exits 0, so the requeued job neither fails
+    nor changes anything."""
+
+
+class TrainingDiverged(ZerofitError):
+    """A step's loss or gradient norm is not finite (NaN or inf): the run stops at that step on every rank
+    with one paragraph naming the step, the value and the likely causes; nothing from that step is saved, so
+    the last checkpoint stays the last good one."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
-from zerofit.errors import ConfigError, LaunchError, ZerofitError
+from zerofit.errors import ConfigError, LaunchError, RunFinished, ZerofitError
 from zerofit.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.planner import choose_fastest_plan
 from zerofit.run_layout import RunLayout
@@ -185,14 +185,16 @@ class FinetuneRecipe:
         loop = run.loop_inputs(self.sink, self.checkpointer, stop, clock=self.checkpointer.clock, watch=watch)
         results = train_loop(loop, self.start_step, self._tokens_before())
         steps_done = self.start_step + len(results)
-        stopped = stop.agreed is not None and steps_done < cfg.train.max_steps
-        if stopped:
+        # A signal during the step that ran out early stopping's patience: the run is finished, so it ends
+        # (exported) as an early stop, not as a stop to resume (which would train on past the stop).
+        early = watch is not None and watch.stopped_at is not None
+        stopped = stop.agreed is not None and steps_done < cfg.train.max_steps and not early
+        if stop.agreed is not None:
             stop.stopped()  # the stop checkpoint is written: later signals change nothing
         exported = None
         if cfg.checkpoint.save_final and not stopped:
             exported = export_final(strategy, run.built.tokenizer, plan.run_dir)
         self._close_sink()  # summary.json is complete before the outcome is added to it
-        early = watch is not None and watch.stopped_at is not None
         if strategy.rank == 0:
             record_outcome(plan.run_dir, _outcome_fields(stopped, early, watch, stop))
         if stopped:
@@ -299,6 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
         return run_training(resolved, args.config, stop).exit_code
+    except RunFinished as exc:
+        # A finished run resumed under checkpoint.resume=auto (a requeue): nothing to do, not a failure.
+        say(f"zerofit: {exc}", rank=env.rank)
+        return 0
     except ZerofitError as exc:
         # One paragraph, every rank, no traceback: the message names the field, the rule and the fix.
         error(f"zerofit (rank {env.rank})", exc)

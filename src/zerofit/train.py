@@ -10,7 +10,8 @@
                 due (`zerofit.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
                 all-reduce agrees on what happens next (a stop signal on any rank, rank 0's clock saying
                 a timed save is due, rank 0's verdict on the evaluation: a new best, patience run out;
-                rank 0's metrics write failing on a full disk: every rank stops with one paragraph)
+                rank 0's metrics write failing on a full disk, a NaN / inf loss, gradient norm or weights
+                on any rank: every rank stops with one paragraph, before any save)
                 -> periodic, timed, best or final checkpoint -> stop (signal or early stopping).
 
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
@@ -22,15 +23,18 @@ the same micro-batch (`zerofit.data.pairs.collate_pairs`).
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from zerofit.batching import BatchPlan
 from zerofit.checkpoint.failed_save import attempt, metrics_failed
+from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
 from zerofit.compiling import graph_breaks
 from zerofit.data import (
@@ -43,12 +47,13 @@ from zerofit.data import (
     split_global_batch,
 )
 from zerofit.data.pairs import PreferencePair, collate_pairs
-from zerofit.errors import ConfigError, MetricsWriteError
+from zerofit.errors import ConfigError, MetricsWriteError, TrainingDiverged
 from zerofit.loss import batch_labels, count_label_tokens
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
 from zerofit.preference import Objective, SFTObjective, means_of
+from zerofit.run_layout import RunLayout
 from zerofit.sequence_parallel import shard_micro_batch
 from zerofit.signals import StopSignal
 from zerofit.strategies.base import Strategy
@@ -181,6 +186,7 @@ class AfterStep:
     timed: bool = False
     verdict: Verdict | None = None
     metrics_failed: bool = False  # rank 0 could not write this step's metrics: the run stops, no save
+    diverged: bool = False  # a non-finite loss, gradient norm or weights on some rank: the run stops, no save
 
     @property
     def early_stop(self) -> bool:
@@ -304,13 +310,20 @@ def train_loop(run: LoopInputs, start_step: int = 0, tokens_before: int = 0) -> 
         results.append(result)
         seen += result.tokens  # global (all-reduced): the same on every rank and for every split
         steps_done = step + 1
-        evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None else {}
+        # NaN / inf (the same on every rank: global values): no evaluation of such weights, its row logged.
+        bad = non_finite(result, run.strategy.step_applied, run.model)
+        evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None and bad is None else {}
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
+        logged = logged or bad is not None
         row = functools.partial(step_metrics, run, step, result, lr, seconds, samples, seen)
         failure = _log_row(run, steps_done, {**row(), **evaluated}) if logged else None
-        agreed = agree_after_step(run, evaluated.get(BEST_METRIC), logged, failure is not None)
+        agreed = agree_after_step(
+            run, evaluated.get(BEST_METRIC), logged, failure is not None, bad is not None
+        )
         if agreed.metrics_failed:
             raise _metrics_write_error(run, steps_done, failure)
+        if agreed.diverged:  # before any save: the last checkpoint stays the last good one
+            raise diverged(run, steps_done, bad or "a value on another rank is not finite", lr)
         if agreed.stopping and not logged:
             # A signal stops the run between logging steps: its last step gets a row too, so the rows end
             # at the steps done (the summary's count) and at the stop checkpoint a resume starts from.
@@ -323,6 +336,51 @@ def train_loop(run: LoopInputs, start_step: int = 0, tokens_before: int = 0) -> 
         if agreed.stopping or agreed.early_stop:
             break
     return results
+
+
+def non_finite(result: StepResult, step_applied: bool, model: torch.nn.Module | None = None) -> str | None:
+    """What of this step is NaN or inf, or None when all is finite: the loss, the gradient norm of an
+    applied step, or (an update that overflowed) this rank's trainable weights after it.
+
+    A gradient norm that is not finite on a step the fp16 loss scaler skipped (`step_applied` False: the
+    scaler lowers its scale and the weights are untouched, by design) is not a divergence; a loss that is
+    not finite always is (weights that produce one never recover, skipped steps or not).
+    """
+    if not math.isfinite(result.loss):
+        return f"the loss is {result.loss}"
+    if step_applied and not math.isfinite(result.grad_norm):
+        return f"the gradient norm is {result.grad_norm}"
+    if step_applied and model is not None and not weights_finite(model):
+        return "the weights the update wrote are not all finite (the loss and gradient norm were)"
+    return None
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """Whether this rank's trainable weights (its own shard under FSDP2 / ZeRO-3) are all finite: one
+    device sync for all of them, so a checkpoint is never written from an update that overflowed."""
+    shards = (p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad)
+    local = [t.detach() for t in shards if t.numel()]
+    return not local or bool(torch.stack([torch.isfinite(t).all() for t in local]).all())
+
+
+def diverged(run: LoopInputs, steps_done: int, what: str, lr: float) -> TrainingDiverged:
+    """The one paragraph for a step whose loss, gradient norm or weights are not finite (every rank)."""
+    folders = checkpoint_folders(RunLayout(run.run_dir).checkpoints) if run.run_dir is not None else []
+    if folders:
+        kept = (
+            f"The last good checkpoint, {folders[-1][1]} (step {folders[-1][0]}), is kept: nothing of step "
+            f"{steps_done} was saved. Fix the cause and resume from it with the same command plus "
+            "checkpoint.resume=true and checkpoint.allow_changes=[KEY] for the key you changed (e.g. "
+            "optimizer.lr), or start a new run (checkpoint.resume=false)"
+        )
+    else:
+        kept = f"No checkpoint was saved before it (nothing of step {steps_done} was): fix the cause and start again"
+    return TrainingDiverged(
+        f"training diverged at step {steps_done}: {what}, so the run stops here (an update from it would "
+        "make every later step NaN). Likely causes: a learning rate too high for this model (this step's "
+        f"lr {lr:g}; optimizer.lr), a preference.beta too large (DPO / SimPO / ORPO), or an fp16 overflow "
+        f"(train.precision=fp16: bf16 has fp32's range). {kept}"
+    )
 
 
 def _log_row(run: LoopInputs, steps_done: int, fields: dict[str, Any]) -> str | None:
@@ -342,7 +400,11 @@ def _metrics_write_error(run: LoopInputs, steps_done: int, failure: str | None) 
 
 
 def agree_after_step(
-    run: LoopInputs, eval_loss: float | None, logged: bool = False, write_failed: bool = False
+    run: LoopInputs,
+    eval_loss: float | None,
+    logged: bool = False,
+    write_failed: bool = False,
+    bad: bool = False,
 ) -> AfterStep:
     """One tiny all-reduce after every step (none when there is nothing to agree on), so every rank saves
     and stops after the same step: each rank's stop-signal votes, and rank 0's alone for a due timed save,
@@ -350,11 +412,12 @@ def agree_after_step(
     rounding can differ).
 
     `eval_loss` is this step's eval/loss, or None when no evaluation ran; `logged`: rank 0 wrote this
-    step's metrics (the same on every rank); `write_failed`: that write failed here (a full disk).
+    step's metrics (the same on every rank); `write_failed`: that write failed here (a full disk); `bad`:
+    this step is not finite here (`non_finite`; any rank's vote stops every rank).
     """
     stop, rank0 = run.stop, run.strategy.rank == 0
     judged = run.watch is not None and eval_loss is not None
-    if stop is None and run.clock is None and not judged and not logged:
+    if stop is None and run.clock is None and not judged and not logged and not bad:
         return AfterStep()
     signals = stop.votes() if stop is not None else []
     mine = Verdict(False, False)
@@ -362,9 +425,9 @@ def agree_after_step(
         assert run.watch is not None and eval_loss is not None
         mine = run.watch.judge(eval_loss)
     timed = run.clock is not None and rank0 and run.clock.due()
-    local = [*signals, int(timed), int(mine.best), int(mine.exhausted), int(write_failed and rank0)]
+    local = [*signals, int(timed), int(mine.best), int(mine.exhausted), int(write_failed and rank0), int(bad)]
     votes = run.strategy.all_reduce_sum(torch.tensor(local, dtype=torch.int64)).tolist()
     n = len(signals)
     stopping = stop is not None and stop.agree(votes[:n])
     verdict = Verdict(bool(votes[n + 1]), bool(votes[n + 2])) if judged else None
-    return AfterStep(stopping, bool(votes[n]), verdict, metrics_failed=bool(votes[n + 3]))
+    return AfterStep(stopping, bool(votes[n]), verdict, bool(votes[n + 3]), bool(votes[n + 4]))

@@ -6,10 +6,12 @@ tiny-llama run that stops early, keeps and exports its best checkpoint."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from config_helpers import DEMO_DATA, one_process_strategy, prepared_one_process_strategy
 from zerofit.checkpoint import Checkpointer, complete_checkpoints
@@ -224,3 +226,146 @@ def test_a_run_stops_early_keeps_its_best_checkpoint_and_exports_it(
     assert "max_steps: 10" in saved and "epochs: 5" in saved
     assert cli(["export", str(run_dir), "--step", "best", "--out", str(tmp_path / "best")]) == 0
     assert "from checkpoint step-1" in capsys.readouterr().out
+    # The model cards say the steps the weights trained for and that the run stopped early, never "10".
+    card = (tmp_path / "best" / "README.md").read_text()
+    assert (
+        "| training | 1 of 10 optimizer steps (early stopping ended the run after step 3) of global 16"
+        in card
+    )
+    assert cli(["export", str(run_dir), "--out", str(tmp_path / "final")]) == 0
+    card = (tmp_path / "final" / "README.md").read_text()
+    assert (
+        "| training | 3 of 10 optimizer steps (early stopping ended the run after step 3) of global 16"
+        in card
+    )
+
+
+# --- a finished run stays finished --------------------------------------------------------------------------
+
+
+def _early_args(tmp_path: Path) -> list[str]:
+    """Dotted overrides of configs/demo.yaml for a run that early-stops after step 3 of 10 (as above)."""
+    lines = [json.dumps({"prompt": f"{i} + {i} =", "response": f" {2 * i}"}) for i in range(48)]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines[:40]) + "\n")
+    (tmp_path / "eval.jsonl").write_text("\n".join(lines[40:]) + "\n")
+    return [
+        f"output_dir={tmp_path / 'runs'}",
+        "run_name=early",
+        "distributed.strategy=single",
+        "distributed.preset=null",
+        "batch.micro_batch_size=8",
+        "train.max_steps=null",
+        "train.epochs=5",
+        "train.early_stopping.patience=2",
+        "train.early_stopping.min_delta=100",
+        f"data.path={tmp_path / 'train.jsonl'}",
+        f"data.eval_path={tmp_path / 'eval.jsonl'}",
+        "eval.every_steps=1",
+        "checkpoint.keep_last=1",
+        "logging.console=false",
+        "logging.wandb.mode=disabled",
+    ]
+
+
+def _launch(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    """`launchers/launch_finetune.py --config configs/demo.yaml ARGS` in this process (no signal handlers)."""
+    from zerofit import run
+
+    monkeypatch.setattr(run.StopSignal, "install", lambda self: self)
+    return run.main(["--config", "configs/demo.yaml", *args])
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a run directory (the lock aside) and its bytes."""
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".zerofit.lock"
+    }
+
+
+def test_an_early_stopped_run_resumed_is_finished_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _early_args(tmp_path)
+    run_dir = tmp_path / "runs" / "early"
+    assert _launch(monkeypatch, *args) == 0
+    manifest = json.loads((run_dir / "checkpoints" / "step-3" / "manifest.json").read_text())
+    assert manifest["early_stopped"] is True  # the stop state is part of the checkpoint
+    # This process holds the run's lock until it exits: resume a copy, as another process would.
+    run_dir = tmp_path / "requeued" / "early"
+    shutil.copytree(tmp_path / "runs" / "early", run_dir, ignore=shutil.ignore_patterns(".zerofit.lock"))
+    args.append(f"output_dir={run_dir.parent}")
+    before = _files(run_dir)
+    assert "adapter/adapter_model.safetensors" in before and "summary.json" in before
+    capsys.readouterr()
+    # A scheduler's requeue: exit 0, one paragraph, nothing trained or written.
+    assert _launch(monkeypatch, *args, "checkpoint.resume=auto") == 0
+    out, err = capsys.readouterr()
+    assert out.count("has already finished") == 1 and not err
+    assert "early stopping ended it after step 3" in out and "train.early_stopping.patience=N (N > 2" in out
+    assert "resumed from" not in out
+    assert _files(run_dir) == before
+    # Asked to resume explicitly: the same paragraph as an error (exit 2), still nothing changed.
+    assert _launch(monkeypatch, *args, "checkpoint.resume=true") == 2
+    assert "has already finished: early stopping ended it" in capsys.readouterr().err
+    assert _files(run_dir) == before
+
+
+def test_a_signal_in_the_step_that_ends_the_patience_ends_the_run_as_an_early_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from zerofit.api import _config
+    from zerofit.evaluate import Evaluator
+    from zerofit.run import resolve_for_launch, run_training
+    from zerofit.strategies.env import launch_env
+
+    stop = StopSignal()
+    evaluate = Evaluator.after_step
+
+    def sigterm_in_step_3(self: Evaluator, steps_done: int) -> dict[str, Any]:
+        if steps_done == 3:  # the SIGTERM arrives while step 3, the one that runs the patience out, trains
+            stop.signum = signal.SIGTERM
+        return evaluate(self, steps_done)
+
+    monkeypatch.setattr(Evaluator, "after_step", sigterm_in_step_3)
+    items = dict(arg.split("=", 1) for arg in _early_args(tmp_path))
+    cfg, _ = _config("configs/demo.yaml", {k: yaml.safe_load(v) for k, v in items.items()})
+    outcome = run_training(resolve_for_launch(cfg, launch_env()), None, stop)
+    run_dir = tmp_path / "runs" / "early"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (outcome.exit_code, summary["stop_reason"], summary["last_step"]) == (0, "early_stopping", 3)
+    assert (run_dir / "adapter").is_dir()  # finished: exported, nothing left to resume
+    manifest = json.loads((run_dir / "checkpoints" / "step-3" / "manifest.json").read_text())
+    assert manifest["early_stopped"] is True
+
+
+def test_a_finished_epochs_run_names_train_epochs_as_the_way_to_train_further(tmp_path: Path) -> None:
+    from zerofit.checkpoint import checkpoint_record
+    from zerofit.checkpoint.resume import find_resume_point
+    from zerofit.errors import ResumeError, RunFinished
+
+    where = (f"output_dir={tmp_path}", "run_name=r")
+    launch = _resolve("train.epochs=2", *where)
+    per_epoch = GlobalBatchSampler(3000, 16, seed=42).steps_per_epoch
+    saved = make_run_plan(launch, render_spec(launch), data=DataFacts("prompt_response", per_epoch))
+    strategy = prepared_one_process_strategy()
+    record = checkpoint_record(saved, strategy.checkpoint_format)
+    Checkpointer(strategy, launch.run_dir, CheckpointSection(), max_steps=374, record=record).save(374)
+    fmt = strategy.checkpoint_format
+    with pytest.raises(ResumeError) as err:
+        find_resume_point(_resolve("train.epochs=2", "checkpoint.resume=true", *where), fmt)
+    text = str(err.value)
+    assert "has already finished: it has trained all its train.epochs 2 = 374 steps" in text
+    assert "train.epochs=N (N > 2) checkpoint.allow_changes=[train.epochs]" in text
+    assert "train.max_steps" not in text  # refused for an epochs run: never suggested
+    with pytest.raises(RunFinished):  # a requeue: the launcher exits 0
+        find_resume_point(_resolve("train.epochs=2", "checkpoint.resume=auto", *where), fmt)
+    # What the paragraph suggests is accepted.
+    more = _resolve(
+        "train.epochs=3", "checkpoint.allow_changes=[train.epochs]", "checkpoint.resume=true", *where
+    )
+    point = find_resume_point(more, fmt)
+    assert point is not None and point.step == 374

@@ -6,6 +6,7 @@ reads."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from zerofit.checkpoint import MANIFEST, checkpoint_record
 from zerofit.checkpoint.resume import find_resume_point
 from zerofit.config import load_config, resolve
 from zerofit.config.resolve import ResolvedConfig
-from zerofit.errors import ResumeError, ZerofitError
+from zerofit.errors import ResumeError, RunFinished, ZerofitError
 from zerofit.export import checkpoints as export_checkpoints
 from zerofit.export import export_run, read_checkpoint
 from zerofit.generate import load_generator
@@ -192,10 +193,11 @@ def test_resuming_at_or_past_max_steps_is_an_error_with_the_fix(run: Path, tmp_p
             _resolved(run_dir, "train.max_steps=3", "checkpoint.allow_changes=[train.max_steps]"),
             "torch-state",
         )
-    with pytest.raises(
-        ResumeError, match=r"at step 4 and train.max_steps is 4: the run has already trained all"
-    ):
+    with pytest.raises(ResumeError, match=r"has already finished: it has trained all its 4 steps") as err:
         find_resume_point(_resolved(run_dir), "torch-state")
+    assert "train.max_steps=N (N > 4) checkpoint.allow_changes=[train.max_steps]" in str(err.value)
+    with pytest.raises(RunFinished):  # under resume=auto (a requeue) the launcher exits 0
+        find_resume_point(_resolved(run_dir, "checkpoint.resume=auto"), "torch-state")
 
 
 def test_tokens_seen_counts_unlogged_steps_and_a_resume_continues_it_exactly(
@@ -397,3 +399,45 @@ def test_generate_during_training_rereads_the_newest_when_the_one_picked_is_prun
     monkeypatch.setattr(trained, "find_weights", picked_then_pruned)
     loaded = trained.load_trained(run_dir)
     assert picks == [4, 2] and loaded.source.step == 2
+
+
+# --- a step that is not finite stops the run --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("when", "what"),
+    [
+        ("before", "the loss is nan"),  # NaN weights going into step 3: its forward gives a NaN loss
+        ("after", "the weights the update wrote are not all finite"),  # step 3's update overflowed
+    ],
+)
+def test_a_step_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str, what: str
+) -> None:
+    loop = importlib.import_module("zerofit.train")  # (`zerofit.train` the attribute is the API's function)
+    real, calls = loop.train_step, []
+
+    def poisoned(strategy: Any, model: torch.nn.Module, *args: Any) -> loop.StepResult:
+        calls.append(1)
+        param = next(p for p in model.parameters() if p.requires_grad)
+        if len(calls) == 3 and when == "before":
+            param.data.fill_(float("nan"))
+        result = real(strategy, model, *args)
+        if len(calls) == 3 and when == "after":
+            param.data.fill_(float("inf"))
+        return result
+
+    monkeypatch.setattr(loop, "train_step", poisoned)
+    with pytest.raises(zerofit.errors.TrainingDiverged) as err:
+        _train(tmp_path, "nan", **{"checkpoint.every_steps": 1})
+    text, run_dir = str(err.value), tmp_path / "nan"
+    assert text.startswith(f"training diverged at step 3: {what}") and "lr " in text
+    assert "fp16" in text and "preference.beta" in text
+    assert (
+        f"{run_dir / 'checkpoints' / 'step-2'} (step 2), is kept" in text and "checkpoint.resume=true" in text
+    )
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    assert not (run_dir / "adapter").exists()  # no export of the bad weights
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # the bad step's row says what happened
+    assert all(r["loss"] is not None for r in rows[:2]) and (rows[2]["loss"] is None) == (when == "before")

@@ -23,6 +23,7 @@ import torch
 
 from zerofit.checkpoint.failed_save import attempt, first_failure, remove_partial, save_failed
 from zerofit.checkpoint.manifest import (
+    EARLY_STOPPED,
     checkpoint_folders,
     describe_files,
     listed_files,
@@ -140,12 +141,18 @@ class Checkpointer:
                 "world_size": world,
                 "elapsed_s": round(self.elapsed_s, 3),
                 **({"tokens_seen": self.tokens_seen} if self.tokens_seen is not None else {}),
+                **({EARLY_STOPPED: True} if self._early_stopped(steps_done) else {}),
                 "files": files,
             }
             failure = attempt(lambda: self._commit(tmp, final, manifest))
         self._raise_if_failed([self.strategy.broadcast_object(failure)], tmp, steps_done)
         self.last_saved = steps_done
         return final
+
+    def _early_stopped(self, steps_done: int) -> bool:
+        """Whether early stopping ends the run after `steps_done` (the loop records the verdict before
+        this step's save): the manifest says so, and a resume of it is a finished run."""
+        return self.watch is not None and self.watch.stopped_at == steps_done
 
     @staticmethod
     def _prepare(tmp: Path) -> None:

@@ -21,6 +21,7 @@ from zerofit.errors import (
     ExportWriteError,
     MetricsWriteError,
     ResumeError,
+    RunFinished,
     ZerofitError,
 )
 from zerofit.writes import write_failure
@@ -166,6 +167,8 @@ def rebuild_error(kind: str, message: str, problems: list[str]) -> ZerofitError:
     """The error `error_parts` described, raised on every rank with the same paragraph."""
     if kind == "ConfigError":
         return ConfigError(problems)
+    if kind == "RunFinished":
+        return RunFinished(message)
     return ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
 
 

@@ -25,6 +25,9 @@ from zerofit.digest import content_sha256, file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+# Set (true) in the manifest of the checkpoint written when early stopping ended the run: the run is
+# finished, and a resume says so instead of training on (`resume._check_early_stop`).
+EARLY_STOPPED = "early_stopped"
 
 
 def data_fingerprint(path: str | Path) -> dict[str, Any]:

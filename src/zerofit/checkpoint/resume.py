@@ -12,7 +12,9 @@ the process group up and before any model is loaded, so every refusal costs seco
 A checkpoint is used only if its manifest verifies (every file present, of the right size and checksum);
 a damaged one (a `step-N` folder without a manifest included) is passed over for the next older one, and
 the resume says which and why. Its pickles are checked before anything loads them (`zerofit.safe_load`), and
-a checkpoint at or past `train.max_steps` is refused (nothing is left to train). The config the
+a checkpoint at or past `train.max_steps` is refused (nothing is left to train), and so is one written
+when early stopping ended the run (its manifest says so): a finished run says so and changes nothing, and
+under `auto` (a scheduler's requeue) the launch exits 0 (`RunFinished`). The config the
 checkpoint was saved with is compared with this launch's: a change that alters the training trajectory
 (see `NEUTRAL_KEYS` for the ones that cannot) is refused with the diff and the override that accepts it
 (`checkpoint.allow_changes`); an accepted change is applied after the load (`Strategy.apply_config`), or
@@ -34,11 +36,11 @@ from typing import Any
 
 from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
-from zerofit.checkpoint.manifest import MANIFEST, data_fingerprint, step_folders, verify
+from zerofit.checkpoint.manifest import EARLY_STOPPED, MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
-from zerofit.errors import ResumeError, ZerofitError
+from zerofit.errors import ResumeError, RunFinished, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
 from zerofit.run_layout import METRICS_FILE, run_dir_of
@@ -239,18 +241,63 @@ def _tokens_seen(manifest: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _check_step(folder: Path, step: int, max_steps: int) -> None:
-    """A checkpoint at or past train.max_steps has nothing left to train: say so instead of a silent 0-step run."""
+def _check_step(folder: Path, step: int, max_steps: int, resolved: ResolvedConfig) -> None:
+    """A checkpoint at or past the run's step count has nothing left to train: a run at its last step is
+    finished (`_finished`); one past it (a lowered train.max_steps) is refused with the fix."""
     if step < max_steps:
         return
-    done = "all its" if step == max_steps else "more than its"
+    if step == max_steps:
+        train = resolved.config.train
+        by_epochs = train.max_steps is None and train.epochs is not None
+        length = f"train.epochs {train.epochs} = {max_steps} steps" if by_epochs else f"{max_steps} steps"
+        further = (
+            f"raise the epoch count and accept the change: train.epochs=N (N > {train.epochs}) "
+            "checkpoint.allow_changes=[train.epochs]"
+            if by_epochs
+            else f"raise the step count and accept the change: train.max_steps=N (N > {step}) "
+            "checkpoint.allow_changes=[train.max_steps]"
+        )
+        raise _finished(resolved, folder, f"it has trained all its {length}", further)
     raise ResumeError(
         f"checkpoint.resume: {folder} is at step {step} and train.max_steps is {max_steps}: the run has already "
-        f"trained {done} {max_steps} steps, so resuming it would train nothing. To train further, raise the "
-        f"step count and accept the change: train.max_steps=N (N > {step}) "
+        f"trained more than its {max_steps} steps, so resuming it would train nothing. To train further, raise "
+        f"the step count and accept the change: train.max_steps=N (N > {step}) "
         "checkpoint.allow_changes=[train.max_steps]; to train again from step 0, start a new run "
         "(checkpoint.resume=false, or another run_name)"
     )
+
+
+def _check_early_stop(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+    """A checkpoint written when early stopping ended the run (its manifest says so, `Checkpointer.save`)
+    is a finished run, unless this launch changed train.early_stopping (accepted by
+    checkpoint.allow_changes: a new patience decides again, from the evaluations the run kept)."""
+    if manifest.get(EARLY_STOPPED) is not True:
+        return
+    saved, now = _saved_config(manifest), flatten(resolved.config.model_dump(mode="json"))
+    keys = [key for key in set(saved) | set(now) if _matches(key, ("train.early_stopping",))]
+    if any(saved.get(key) != now.get(key) for key in keys):
+        return
+    es = resolved.config.train.early_stopping
+    raise _finished(
+        resolved,
+        folder,
+        f"early stopping ended it after step {manifest['step']} (eval/loss did not improve by more than "
+        f"{es.min_delta:g} for {es.patience} evaluation(s))",
+        f"raise the patience and accept the change: train.early_stopping.patience=N (N > {es.patience}, or 0 "
+        "to never stop early) checkpoint.allow_changes=[train.early_stopping]",
+    )
+
+
+def _finished(resolved: ResolvedConfig, folder: Path, why: str, further: str) -> ResumeError:
+    """The one paragraph for a resume of a finished run: nothing trained, nothing written. Under
+    `checkpoint.resume=auto` (a scheduler's requeue) a `RunFinished`, which the launcher ends with exit 0."""
+    text = (
+        f"checkpoint.resume: the run in {resolved.run_dir} has already finished: {why}; its newest checkpoint "
+        f"is {folder.name}. Nothing was trained and nothing in the run directory was changed. To train "
+        f"further, {further}; to train again from step 0, start a new run (checkpoint.resume=false, or "
+        "another run_name)"
+    )
+    return RunFinished(text) if resolved.config.checkpoint.resume == "auto" else ResumeError(text)
 
 
 def _check_pickles(folder: Path, trusted: bool) -> None:
@@ -345,7 +392,8 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
         _fixed_by_checkpoint(folder, manifest, resolved)
         max_steps = _planned_steps(manifest, resolved)
         if max_steps is not None:
-            _check_step(folder, int(manifest["step"]), max_steps)
+            _check_step(folder, int(manifest["step"]), max_steps, resolved)
+        _check_early_stop(folder, manifest, resolved)
         _check_pickles(folder, resolved.config.checkpoint.trust_pickles)
         _check_sequence_parallel_world(folder, manifest, resolved)
         fallbacks = [

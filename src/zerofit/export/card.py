@@ -65,6 +65,29 @@ def losses(run_dir: Path, up_to_step: int | None = None) -> dict[str, tuple[int,
     return found
 
 
+def _steps(run_dir: Path, source: WeightsSource, planned: int | None) -> str:
+    """The optimizer steps the weights were trained for, out of the run's planned count, and how the run
+    ended short of it (early stopping, a signal; `summary.json`): never the planned count for steps not
+    done (a run that early-stopped at step 7 of 300 trained 7)."""
+    if source.step is None:
+        return f"{planned} optimizer steps planned"
+    done = (
+        f"{source.step} of {planned} optimizer steps"
+        if planned != source.step
+        else f"{planned} optimizer steps"
+    )
+    try:
+        summary = json.loads(RunLayout(run_dir).summary.read_text())
+    except (OSError, ValueError):
+        summary = {}
+    reason = summary.get("stop_reason") if isinstance(summary, dict) else None
+    if reason == "early_stopping":
+        done += f" (early stopping ended the run after step {summary.get('last_step')})"
+    elif isinstance(reason, str) and reason != "max_steps":
+        done += f" (the run was stopped by {reason} after step {summary.get('last_step')})"
+    return done
+
+
 def _base_model(run: RunConfig) -> str:
     name = run.config.model.name_or_path
     if is_tiny_model(name):
@@ -109,7 +132,8 @@ def model_card(
         ("data", data),
         (
             "training",
-            f"{t.max_steps} optimizer steps of {split}, {engine}, {t.precision}, {o.name} lr {o.lr:g}, "
+            f"{_steps(run.run_dir, source, t.max_steps)} of {split}, {engine}, {t.precision}, {o.name} "
+            f"lr {o.lr:g}, "
             f"{s.name} schedule, warmup {s.warmup_steps}",
         ),
         ("weights", source.describe()),
