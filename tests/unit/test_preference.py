@@ -442,6 +442,29 @@ def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
         first.path.unlink(missing_ok=True)
 
 
+def test_preference_evaluation_over_0_tokens_is_an_error_never_a_best_loss() -> None:
+    """Held-out pairs with a response whose labels are all masked are refused when loaded; ORPO's eval over
+    0 chosen tokens, or over no pairs, raises the paragraph instead of returning a 0.0 eval/loss."""
+    from zerofit.errors import DataError
+    from zerofit.evaluate import check_eval_data, preference_evaluation
+
+    def masked(example: Example) -> Example:
+        return Example(example.input_ids, [IGNORE_INDEX] * len(example.labels))
+
+    pairs = [_pair(i) for i in range(3)]
+    check_eval_data(pairs)
+    pairs[1] = PreferencePair(pairs[1].chosen, masked(pairs[1].rejected))
+    with pytest.raises(DataError, match="holds 1 of 3 pairs with a response whose labels are all masked"):
+        check_eval_data(pairs)
+    chosen_masked = [PreferencePair(masked(p.chosen), p.rejected) for p in pairs]
+    model, strategy = _tiny(), one_process_strategy()
+    orpo = PreferenceObjective(_settings("orpo"))
+    with pytest.raises(DataError, match="holds 3 pairs with no response token to score"):
+        preference_evaluation(strategy, model, chosen_masked, orpo, 2, 0)
+    with pytest.raises(DataError, match="holds no pairs"):
+        preference_evaluation(strategy, model, [], orpo, 2, 0)
+
+
 def test_the_gpu_probe_measures_a_preference_step_on_pairs() -> None:
     """`zerofit plan --probe` feeds 2m rows per micro-batch of m pairs (and the precomputed reference's
     column), so what it measures is a DPO step, not an SFT step of m rows."""
