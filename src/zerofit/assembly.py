@@ -40,7 +40,7 @@ from zerofit.data import (
 )
 from zerofit.engine import render_spec
 from zerofit.errors import DataError, LaunchError
-from zerofit.evaluate import Evaluator
+from zerofit.evaluate import Evaluator, check_eval_data
 from zerofit.loss import IGNORE_INDEX
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.model import BuiltModel, build_model, load_tokenizer
@@ -277,6 +277,8 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
         held = _rank0_first(strategy, reader(d.path, d.eval_split, "data.path"))
     elif d.eval_split is not None:
         train, held = hold_out(train, d.eval_split, cfg.seed)
+    if held is not None:
+        check_eval_data(held.examples)  # 0 tokens to score: refused now, not a 0.0 "best" eval/loss later
     sampler = GlobalBatchSampler(
         len(train.examples), resolved.plan.global_batch_size, cfg.seed, d.shuffle, cfg.train.partial_window
     )

@@ -17,6 +17,11 @@ token) and `eval/rewards/*`, `eval/logps/*` are means over every held-out pair, 
 
 `Evaluator` is the loop's hook (`zerofit.train.Evaluating`): every `eval.every_steps` optimizer steps and
 after the last one, it returns the `eval/*` fields of that step's metrics row.
+
+An evaluation over 0 valid label tokens (or 0 pairs) is an error, never an `eval/loss` of 0.0: that number
+would be the best so far, and keeping it would prune the checkpoint that really is the best.
+`check_eval_data` refuses such eval data when it is loaded (before the model), and both evaluations raise
+the same `DataError` should the global count still be 0.
 """
 
 from __future__ import annotations
@@ -29,13 +34,15 @@ import torch
 
 from zerofit.data import Example, collate, model_inputs, split_global_batch
 from zerofit.data.pairs import PreferencePair, collate_pairs
+from zerofit.data.sft import has_labels
+from zerofit.errors import DataError
 from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.loss import batch_labels, count_label_tokens
 from zerofit.preference import Objective, means_of
 from zerofit.sequence_parallel import shard_micro_batch
 from zerofit.strategies.base import Strategy
 
-__all__ = ["EvalResult", "Evaluator", "evaluation_loss", "preference_evaluation"]
+__all__ = ["EvalResult", "Evaluator", "check_eval_data", "evaluation_loss", "preference_evaluation"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,36 @@ class EvalResult:
     loss: float
     tokens: int
     examples: int
+
+
+def no_eval_tokens(what: str) -> DataError:
+    """The error for evaluation data that leaves nothing to score (`what`: what it holds)."""
+    return DataError(
+        f"the evaluation data (data.eval_path or data.eval_split) holds {what}, so there is no valid "
+        "label token to score: eval/loss would be 0.0 over 0 tokens, count as the best evaluation and let "
+        "checkpoint pruning delete the checkpoint that really is the best. This happens when every label "
+        "of the eval examples is masked (prompt-only records, a damaged tokenization cache entry), when "
+        "data.eval_split holds out too few records, or when data.max_seq_len cuts off every response; use "
+        "eval data with responses (a larger data.eval_split or another data.eval_path), raise "
+        "data.max_seq_len, or delete the tokenization cache entry ($ZEROFIT_CACHE/tokenized/) to have the "
+        "data tokenized again."
+    )
+
+
+def check_eval_data(units: list[Example] | list[PreferencePair]) -> None:
+    """Refuse evaluation data with no valid label token (for pairs: a pair whose chosen or rejected
+    response has none, since each pair's log-probs need both), before anything is trained or evaluated."""
+    if not units:
+        raise no_eval_tokens("no examples")
+    if isinstance(units[0], PreferencePair):
+        pairs: list[Any] = units
+        empty = sum(not (has_labels(p.chosen.labels) and has_labels(p.rejected.labels)) for p in pairs)
+        if empty:
+            raise no_eval_tokens(f"{empty} of {len(pairs)} pairs with a response whose labels are all masked")
+        return
+    examples: list[Any] = units
+    if not any(has_labels(e.labels) for e in examples):
+        raise no_eval_tokens(f"{len(examples)} examples whose labels are all masked")
 
 
 def evaluation_loss(
@@ -87,9 +124,9 @@ def evaluation_loss(
     # One all-reduce of (loss sum, tokens): float64 holds token counts exactly far beyond any eval set.
     local = torch.stack([loss_sum, torch.tensor(float(tokens), dtype=torch.float64, device=strategy.device)])
     total_loss, total_tokens = (float(x) for x in strategy.all_reduce_sum(local))
-    return EvalResult(
-        loss=total_loss / max(total_tokens, 1.0), tokens=int(total_tokens), examples=len(examples)
-    )
+    if total_tokens == 0:  # the same global count on every rank: every rank raises
+        raise no_eval_tokens(f"{len(examples)} examples whose labels are all masked")
+    return EvalResult(loss=total_loss / total_tokens, tokens=int(total_tokens), examples=len(examples))
 
 
 def _eval_batch(
@@ -134,13 +171,16 @@ def preference_evaluation(
                 counts = [a + b for a, b in zip(counts, objective.counts([batch]), strict=True)]
     finally:
         model.train(was_training)
-    assert sums is not None, "evaluation data holds at least one pair"
+    if sums is None:
+        raise no_eval_tokens("no pairs")
     # One all-reduce of the sums and counts (fp64 holds the counts exactly far beyond any eval set).
     count_t = torch.tensor(counts, dtype=torch.float64, device=sums.device)
     total = strategy.all_reduce_sum(torch.cat([sums, count_t])).tolist()
     n = len(counts)
     global_counts = total[-n:]
-    loss = sum(t / max(c, 1.0) for t, c in zip(total[:n], global_counts, strict=True))
+    if min(global_counts) == 0:  # the same global counts on every rank: every rank raises
+        raise no_eval_tokens(f"{len(pairs)} pairs with no response token to score")
+    loss = sum(t / c for t, c in zip(total[:n], global_counts, strict=True))
     metrics = means_of(objective.metrics, total[n:-n], int(global_counts[-1]), prefix="eval/")
     return {"eval/loss": loss, "eval/pairs": int(global_counts[-1]), **metrics}
 

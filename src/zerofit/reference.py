@@ -12,9 +12,12 @@
 The key is the tokenized pairs themselves (a hash of every pair's token ids and labels, in order: it
 changes exactly when the tokenization cache's key or the held-out split does), the model's identity (its
 name_or_path, a hash of its weight files: for tiny-llama the files its seed built) and what changes its
-numbers (precision, quantization, attention implementation). The table is safetensors (never pickle); a
-hit skips the pass, and the plan says which happened. Training never holds a reference model: the loop
-reads `reference_logps` from the batch (`zerofit.data.pairs.collate_pairs`).
+numbers (precision, quantization, attention implementation). The table is safetensors (never pickle) with
+a SHA-256 of its bytes in the metadata; a hit (a file that reads, has the pairs' shape, finite values and
+the digest it claims) skips the pass, and the plan says which happened. A file that fails a check is
+never used: a one-line note names it and the check, the pass runs and its table replaces the file.
+Training never holds a reference model: the loop reads `reference_logps` from the batch
+(`zerofit.data.pairs.collate_pairs`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +47,8 @@ from zerofit.tiny_llama import cache_dir
 __all__ = ["ReferencePass", "precompute_reference", "reference_key"]
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json")
+_TABLE = "reference_logps"  # the cache file's one tensor: [pairs, 2] fp64, (chosen, rejected) per pair
+_DIGEST_KEY = "sha256"  # its metadata's content digest (`_table_digest`), checked before the table is used
 
 
 @dataclass(frozen=True)
@@ -103,25 +109,65 @@ def reference_key(cfg: ZerofitConfig, pairs: list[PreferencePair]) -> str | None
     )
 
 
-def _read(path: Path, n: int) -> torch.Tensor | None:
-    """The cached [n, 2] table, or None when absent or of another size (a stale or foreign file)."""
-    if not path.is_file():
-        return None
-    from safetensors.torch import load_file
+def _table_digest(table: torch.Tensor) -> str:
+    """SHA-256 of the table's bytes (fp64, row-major): what a cache file's metadata claims it holds."""
+    return hashlib.sha256(table.contiguous().numpy().tobytes()).hexdigest()
 
-    table = load_file(path).get("reference_logps")
-    return table if table is not None and tuple(table.shape) == (n, 2) else None
+
+def _read(path: Path, n: int) -> tuple[torch.Tensor | None, str]:
+    """The cached [n, 2] table, or (None, what is wrong with the file: "" when there is none).
+
+    A file is used only when it is what was written for these pairs: readable safetensors holding an fp64
+    [n, 2] table of finite values whose bytes match the digest in its metadata (an edited table would
+    silently move every DPO loss off ln 2 at step 1)."""
+    if not path.is_file():
+        return None, ""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            claimed = (f.metadata() or {}).get(_DIGEST_KEY)
+            table = f.get_tensor(_TABLE) if _TABLE in list(f.keys()) else None
+    except Exception as exc:  # safetensors raises its own error types for a damaged file
+        return None, f"could not be read ({type(exc).__name__}: {exc})"
+    if table is None or table.dtype != torch.float64 or tuple(table.shape) != (n, 2):
+        what = "no table" if table is None else f"a {table.dtype} table of shape {tuple(table.shape)}"
+        return None, f"holds {what}, not the float64 ({n}, 2) table of these pairs"
+    if claimed is None:
+        return None, "has no content digest in its metadata (written by an older zerofit)"
+    if _table_digest(table) != claimed:
+        return None, "does not match the content digest in its metadata (edited or corrupted since written)"
+    if not bool(torch.isfinite(table).all()):
+        return None, "holds values that are not finite"
+    return table, ""
 
 
 def _write(path: Path, table: torch.Tensor) -> None:
-    """Written to a temporary file and renamed into place: a reader never sees half a table."""
+    """Written with its digest to a temporary file, renamed into place: a reader never sees half a table."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
-    save_file({"reference_logps": table.contiguous()}, tmp)
+    table = table.to(torch.float64).contiguous()
+    save_file({_TABLE: table}, tmp, metadata={_DIGEST_KEY: _table_digest(table)})
     os.replace(tmp, path)
+
+
+def _cached_table(path: Path | None, n: int) -> torch.Tensor | None:
+    """The sound cached table at `path` (rank 0), or None; a file that fails a check gets a one-line note
+    and is recomputed and replaced (`precompute_reference`)."""
+    if path is None:
+        return None
+    table, problem = _read(path, n)
+    if problem:
+        print(
+            f"zerofit: reference log-prob cache file {path} {problem}: computing the reference again, "
+            "replacing it",
+            file=sys.stderr,
+            flush=True,
+        )
+    return table
 
 
 def _score(
@@ -171,20 +217,17 @@ def precompute_reference(
     key = reference_key(cfg, pairs) if cfg.data.cache else None
     path = cache_dir() / "reference" / f"{key}.safetensors" if key is not None else None
     because = "data.cache is false" if not cfg.data.cache else "the model's weights are not local files"
-    cached = path is not None and strategy.rank == 0 and _read(path, len(pairs)) is not None
-    cached = bool(strategy.broadcast_object(cached))  # rank 0's answer: every rank runs the pass or none
-    if cached:
-        assert path is not None
-        local: torch.Tensor = torch.zeros(len(pairs), 2, dtype=torch.float64, device=strategy.device)
-        if strategy.rank == 0:
-            table = _read(path, len(pairs))
-            assert table is not None
-            local = table.to(strategy.device, torch.float64)
+    found = _cached_table(path, len(pairs)) if strategy.rank == 0 else None
+    cached = bool(strategy.broadcast_object(found is not None))  # rank 0's: every rank runs the pass or none
+    if found is not None:
+        local: torch.Tensor = found.to(strategy.device, torch.float64)
+    elif cached:
+        local = torch.zeros(len(pairs), 2, dtype=torch.float64, device=strategy.device)
     else:
         local = _score(strategy, model, pairs, micro_batch_size, pad_id, cfg.train.cross_entropy)
     table = strategy.all_reduce_sum(local).cpu()
-    if not cached and path is not None and strategy.rank == 0 and not path.is_file():
-        _write(path, table)  # the first run to score these pairs wins: later runs all read the same table
+    if not cached and path is not None and strategy.rank == 0 and _read(path, len(pairs))[0] is None:
+        _write(path, table)  # the first sound table for these pairs wins: later runs all read the same one
     values: list[Any] = table.tolist()
     for pair, (chosen, rejected) in zip(pairs, values, strict=True):
         pair.reference = (chosen, rejected)

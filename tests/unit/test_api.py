@@ -197,3 +197,36 @@ def test_user_errors_raise_the_paragraph(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown key 'train\.max_stpes'; did you mean 'train\.max_steps'"):
         zerofit.plan(base, train__max_stpes=3)
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_eval_data_with_0_tokens_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eval examples whose labels are all masked (as a tampered cache entry once served) stop the run when
+    the data is loaded, with the paragraph, before a model or a checkpoint exists (issue 32)."""
+    from zerofit import assembly
+    from zerofit.data import Example
+    from zerofit.errors import DataError
+
+    real = assembly.load_examples
+
+    def masked_eval(*args: Any, **kwargs: Any) -> Any:
+        data = real(*args, **kwargs)
+        if kwargs["key"] == "data.eval_path":
+            data.examples = [Example(e.input_ids, [IGNORE_INDEX] * len(e.labels)) for e in data.examples]
+        return data
+
+    monkeypatch.setattr(assembly, "load_examples", masked_eval)
+    monkeypatch.setattr(assembly, "build_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}", "response": f"a{i}"}) + "\n" for i in range(12)))
+    saved_env = dict(os.environ)
+    try:
+        with pytest.raises(DataError, match=r"the evaluation data .* holds 12 examples whose labels are all"):
+            zerofit.train(
+                BASE, output_dir=str(tmp_path / "runs"), data__path=str(path), data__eval_path=str(path)
+            )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+    assert not list((tmp_path / "runs").rglob("step-*"))

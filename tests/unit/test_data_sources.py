@@ -7,15 +7,19 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from config_helpers import DEMO_DATA
 from zerofit.config import load_config, resolve
+from zerofit.data import cache as cache_module
 from zerofit.data import hold_out, load_examples
 from zerofit.data import sft as sft_module
+from zerofit.data.preference import load_preference_pairs
 from zerofit.errors import ConfigError, DataError
 from zerofit.tiny_llama import ensure_tiny_llama
 
@@ -216,6 +220,124 @@ def test_a_broken_cache_entry_is_replaced_once_not_retokenized_on_every_run(
     again = load_examples(chats, tok, 64, cache=True)  # the replacement serves the next run
     assert again.stats.from_cache and again.examples == first.examples
     assert [e.name for e in entry.parent.iterdir()] == [entry.name]  # nothing set aside is left
+
+
+def _edit_array(entry: Path, name: str, edit: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Rewrite `entry/name.npy` as `edit` returns it (a loadable file whose digest is now stale)."""
+    np.save(entry / f"{name}.npy", edit(np.load(entry / f"{name}.npy")))
+
+
+def _set(array: np.ndarray, index: int, value: int) -> np.ndarray:
+    array = array.copy()
+    array[index] = value
+    return array
+
+
+def _swap_offsets(offsets: np.ndarray) -> np.ndarray:
+    offsets = offsets.copy()
+    offsets[1], offsets[2] = offsets[2], offsets[1]
+    return offsets
+
+
+def _masked_with_fresh_digest(entry: Path) -> None:
+    """Every label masked, and the digest recomputed to match: the values themselves must be judged."""
+    _edit_array(entry, "label_mask", np.zeros_like)
+    meta = json.loads((entry / "meta.json").read_text())
+    claimed = {k: v for k, v in meta.items() if k != "digest"}
+    meta["digest"] = cache_module._content_digest(entry, claimed)
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+def _without_digest(entry: Path) -> None:
+    meta = json.loads((entry / "meta.json").read_text())
+    del meta["digest"]
+    (entry / "meta.json").write_text(json.dumps(meta))
+
+
+TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "labels all masked, digest stale": (
+        lambda e: _edit_array(e, "label_mask", np.zeros_like),
+        "label_mask.npy leaves an example without a learned token",
+    ),
+    "labels all masked, digest fixed up": (
+        _masked_with_fresh_digest,
+        "label_mask.npy leaves an example without a learned token",
+    ),
+    "a prompt token unmasked, digest stale": (
+        lambda e: _edit_array(e, "label_mask", lambda m: _set(m, int(np.flatnonzero(m == 0)[1]), 1)),
+        "does not match the content digest in meta.json",
+    ),
+    "out-of-vocabulary id": (
+        lambda e: _edit_array(e, "input_ids", lambda a: _set(a, 3, 10**6)),
+        "input_ids.npy holds id 1000000 at token 3, outside the tokenizer's ids [0, ",
+    ),
+    "negative id": (
+        lambda e: _edit_array(e, "input_ids", lambda a: _set(a, 5, -7)),
+        "input_ids.npy holds id -7 at token 5",
+    ),
+    "offsets out of order": (
+        lambda e: _edit_array(e, "offsets", _swap_offsets),
+        "offsets.npy is not non-decreasing from 0 to the token count",
+    ),
+    "records array short": (
+        lambda e: _edit_array(e, "records", lambda r: r[:-1]),
+        "records.npy holds 5 values where 6 examples",
+    ),
+    "written before digests": (_without_digest, "has no content digest in meta.json"),
+    "a planted pickle": (
+        lambda e: np.save(e / "records.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True),
+        "could not be read (records.npy: ValueError: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("tampering", list(TAMPERINGS))
+def test_a_cache_entry_that_fails_a_check_is_tokenized_again_and_replaced(
+    tmp_path: Path,
+    tok: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tampering: str,
+) -> None:
+    """An entry is checked against what it claims (issue 32): a bad one never reaches training; the data is
+    tokenized again (equal to a fresh tokenization), the note names the entry and the failed check, and the
+    replacement serves the next run."""
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))
+    chats = _jsonl(tmp_path / "c.jsonl", CHATS)
+    first = load_examples(chats, tok, 64, cache=True)
+    assert load_examples(chats, tok, 64, cache=True).stats.from_cache  # a sound entry passes every check
+    (entry,) = (tmp_path / "cache" / "tokenized").iterdir()
+    tamper, check = TAMPERINGS[tampering]
+    tamper(entry)
+    capsys.readouterr()
+    rebuilt = load_examples(chats, tok, 64, cache=True)
+    assert not rebuilt.stats.from_cache
+    assert (rebuilt.examples, rebuilt.records) == (first.examples, first.records)
+    err = capsys.readouterr().err
+    assert f"tokenization cache entry {entry} " in err and check in err, err
+    assert err.count("\n") == 1  # one line
+    again = load_examples(chats, tok, 64, cache=True)
+    assert again.stats.from_cache and again.examples == first.examples
+    assert capsys.readouterr().err == ""
+
+
+def test_a_tampered_preference_entry_is_tokenized_again(
+    tmp_path: Path, tok: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Preference pairs go through the same checks: an out-of-vocabulary id is caught, not an IndexError."""
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))
+    records = [{"prompt": f"q{i}", "chosen": f"yes {i}", "rejected": f"no {i}"} for i in range(4)]
+    path = _jsonl(tmp_path / "p.jsonl", records)
+    first = load_preference_pairs(path, tok, 64, cache=True)
+    (entry,) = (tmp_path / "cache" / "tokenized").iterdir()
+    _edit_array(entry, "input_ids", lambda a: _set(a, 2, len(tok)))
+    rebuilt = load_preference_pairs(path, tok, 64, cache=True)
+    assert not rebuilt.stats.from_cache and rebuilt.examples == first.examples
+    assert (
+        f"holds id {len(tok)} at token 2, outside the tokenizer's ids [0, {len(tok)})"
+        in capsys.readouterr().err
+    )
+    assert load_preference_pairs(path, tok, 64, cache=True).stats.from_cache
 
 
 # ---------------------------------------------------------------- held-out evaluation split

@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from config_helpers import one_process_strategy
 from zerofit.data import Example, collate
-from zerofit.errors import ConfigError
-from zerofit.evaluate import evaluation_loss
+from zerofit.errors import ConfigError, DataError
+from zerofit.evaluate import Evaluator, check_eval_data, evaluation_loss
 from zerofit.fused_loss import (
     FUSED_LINEAR,
     forward_token_sum,
@@ -202,6 +202,24 @@ def test_tiny_llama_evaluates_the_same_loss_inside_lm_head() -> None:
     assert shapes and set(shapes) == {()}  # lm_head gave loss sums, never logits
     assert fused.tokens == reference.tokens
     assert fused.loss == pytest.approx(reference.loss, rel=1e-6)
+
+
+def test_an_evaluation_over_0_tokens_is_an_error_never_a_best_loss() -> None:
+    """Eval examples whose labels are all masked (issue 32: a tampered cache logged eval/loss 0.0 as the new
+    best, and pruning deleted the real best checkpoint): refused when the data is loaded, and should they
+    reach an evaluation, it raises the same paragraph instead of returning 0.0 over 0 tokens."""
+    masked = [Example(e.input_ids, [IGNORE_INDEX] * len(e.labels)) for e in _ragged_examples(5)]
+    for units, what in ((masked, "holds 5 examples whose labels are all masked"), ([], "holds no examples")):
+        with pytest.raises(DataError, match="the evaluation data") as refused:
+            check_eval_data(units)
+        assert what in str(refused.value) and "data.max_seq_len" in str(refused.value)
+        assert "\n" not in str(refused.value)
+    check_eval_data([*masked, _ragged_examples(2)[1]])  # one example with a response: there is a loss
+    evaluator = Evaluator(one_process_strategy(), _tiny_llama(), masked, 2, 0, every_steps=1, max_steps=3)
+    with pytest.raises(
+        DataError, match=r"holds 5 examples whose labels are all masked.*eval/loss would be 0\.0"
+    ):
+        evaluator.after_step(1)
 
 
 def test_outside_the_context_lm_head_gives_the_same_logits_and_names() -> None:

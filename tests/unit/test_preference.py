@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -348,6 +350,119 @@ def test_precomputed_reference_is_one_pass_then_the_cache() -> None:
         assert reference_key(cfg, pairs) != key
     finally:
         first.path.unlink(missing_ok=True)  # type: ignore[union-attr]
+
+
+def _edited(path: Path, table: torch.Tensor, digest: str | None) -> None:
+    """Write `table` to the cache file `path` as loadable safetensors with `digest` (None: no metadata)."""
+    from safetensors.torch import save_file
+
+    save_file({"reference_logps": table}, str(path), metadata={"sha256": digest} if digest else None)
+
+
+def _stale(path: Path) -> None:
+    """The values edited, the digest as written: step 1's DPO loss went to 5.007 this way (issue 32)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        table, digest = f.get_tensor("reference_logps"), f.metadata()["sha256"]
+    _edited(path, table - 20.0, digest)
+
+
+def _non_finite(path: Path) -> None:
+    """A NaN, with a digest that matches it."""
+    from safetensors.torch import load_file
+
+    from zerofit.reference import _table_digest
+
+    table = load_file(str(path))["reference_logps"]
+    table[1, 0] = float("nan")
+    _edited(path, table, _table_digest(table))
+
+
+REFERENCE_TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "values edited, digest stale": (_stale, "does not match the content digest in its metadata"),
+    "written without a digest": (
+        lambda p: _edited(p, torch.zeros(4, 2, dtype=torch.float64), None),
+        "has no content digest in its metadata",
+    ),
+    "a NaN under a matching digest": (_non_finite, "holds values that are not finite"),
+    "another shape": (
+        lambda p: _edited(p, torch.zeros(3, 2, dtype=torch.float64), "0" * 64),
+        "not the float64 (4, 2) table of these pairs",
+    ),
+    "not safetensors": (lambda p: p.write_bytes(b"\x08" + b"\0" * 7 + b"garbage"), "could not be read"),
+}
+
+
+@pytest.mark.parametrize("tampering", list(REFERENCE_TAMPERINGS))
+def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
+    tampering: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache file is checked against its digest, shape and finiteness before use (issue 32): a bad one is
+    never used; the pass runs again (the values a fresh pass gives, so step 1's DPO loss, the policy being
+    the reference, is ln 2), the note names the file and the check, and the new file serves the next run."""
+    from zerofit.config.schema import ZerofitConfig
+    from zerofit.evaluate import preference_evaluation
+    from zerofit.reference import precompute_reference
+
+    cfg = ZerofitConfig()
+    cfg.seed, cfg.train.precision = SEED, "fp32"
+    model = _tiny()
+    strategy = one_process_strategy()
+    strategy.prepare(
+        model,
+        lambda m: torch.optim.SGD(m.parameters(), lr=1.0),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
+    )
+    pairs = [_pair(300 + i) for i in range(4)]  # pairs of their own: a file no other test writes
+    first = precompute_reference(cfg, strategy, model, pairs, 2, 0)
+    assert first.path is not None
+    try:
+        if first.cached:  # left over by an interrupted run of this test: start from a fresh pass
+            first.path.unlink()
+            first = precompute_reference(cfg, strategy, model, pairs, 2, 0)
+        fresh = [p.reference for p in pairs]
+        tamper, check = REFERENCE_TAMPERINGS[tampering]
+        tamper(first.path)
+        capsys.readouterr()
+        again = [_pair(300 + i) for i in range(4)]
+        second = precompute_reference(cfg, strategy, model, again, 2, 0)
+        err = capsys.readouterr().err
+        assert not second.cached and f"reference log-prob cache file {first.path} " in err and check in err
+        assert err.count("\n") == 1
+        assert [p.reference for p in again] == fresh
+        dpo = PreferenceObjective(_settings("dpo"))
+        assert preference_evaluation(strategy, model, again, dpo, 2, 0)["eval/loss"] == pytest.approx(
+            math.log(2), abs=1e-6
+        )
+        third = [_pair(300 + i) for i in range(4)]
+        assert precompute_reference(cfg, strategy, model, third, 2, 0).cached  # the file was replaced
+        assert [p.reference for p in third] == fresh and capsys.readouterr().err == ""
+    finally:
+        first.path.unlink(missing_ok=True)
+
+
+def test_preference_evaluation_over_0_tokens_is_an_error_never_a_best_loss() -> None:
+    """Held-out pairs with a response whose labels are all masked are refused when loaded; ORPO's eval over
+    0 chosen tokens, or over no pairs, raises the paragraph instead of returning a 0.0 eval/loss."""
+    from zerofit.errors import DataError
+    from zerofit.evaluate import check_eval_data, preference_evaluation
+
+    def masked(example: Example) -> Example:
+        return Example(example.input_ids, [IGNORE_INDEX] * len(example.labels))
+
+    pairs = [_pair(i) for i in range(3)]
+    check_eval_data(pairs)
+    pairs[1] = PreferencePair(pairs[1].chosen, masked(pairs[1].rejected))
+    with pytest.raises(DataError, match="holds 1 of 3 pairs with a response whose labels are all masked"):
+        check_eval_data(pairs)
+    chosen_masked = [PreferencePair(masked(p.chosen), p.rejected) for p in pairs]
+    model, strategy = _tiny(), one_process_strategy()
+    orpo = PreferenceObjective(_settings("orpo"))
+    with pytest.raises(DataError, match="holds 3 pairs with no response token to score"):
+        preference_evaluation(strategy, model, chosen_masked, orpo, 2, 0)
+    with pytest.raises(DataError, match="holds no pairs"):
+        preference_evaluation(strategy, model, [], orpo, 2, 0)
 
 
 def test_the_gpu_probe_measures_a_preference_step_on_pairs() -> None:

@@ -6,6 +6,14 @@ and `PIPELINE_VERSION` (bumped whenever zerofit's tokenization changes). It live
 `$ZEROFIT_CACHE/tokenized/<key>/` as flat arrays (int32 ids, a one-byte label mask, example offsets, the
 record of each example) plus `meta.json`, written to a temporary folder and renamed into place, so a reader never sees
 half an entry and ranks or runs racing to write it are harmless. Delete the folder to reclaim the space.
+
+An entry is data from disk, so it is checked against what it claims before anything trains on it
+(`entry_problem`): `meta.json` carries a SHA-256 of the arrays and the rest of the meta (written with the
+entry), and the arrays must make examples as zerofit makes them: ids within the tokenizer's vocabulary, a
+0/1 label mask that leaves every example at least one learned token, offsets from 0 up to the token count,
+one record per example. An entry that fails (edited, cut short, from an older zerofit without the digest,
+or a planted pickle, which `np.load` refuses) is tokenized again and replaced, with a one-line note naming
+the entry and the failed check.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from zerofit.digest import file_sha256
 from zerofit.loss import IGNORE_INDEX
 from zerofit.tiny_llama import cache_dir
 
@@ -29,14 +38,24 @@ __all__ = [
     "PIPELINE_VERSION",
     "CachedData",
     "cache_key",
+    "entry_problem",
     "load_cached",
     "save_cached",
     "tokenizer_fingerprint",
+    "vocab_size",
 ]
 
 PIPELINE_VERSION = 1  # bump when zerofit tokenizes, masks, truncates or chunks differently
 _ARRAYS = ("input_ids", "label_mask", "offsets", "records")
+_DTYPES = {"input_ids": np.int32, "label_mask": np.uint8, "offsets": np.int64, "records": np.int64}
 _BLOCK_TOKENS = 1 << 20  # tokens turned into lists at a time when loading
+_DIGEST = "digest"  # meta.json's key for the entry's content hash (`_content_digest`)
+_EXAMPLES = "examples"  # meta.json's key for the number of examples the entry holds
+
+
+def vocab_size(tokenizer: Any) -> int:
+    """How many token ids `tokenizer` has (added tokens included): every cached id lies below it."""
+    return len(tokenizer)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -78,12 +97,18 @@ class CachedData:
 
 
 def save_cached(
-    key: str, ids: list[list[int]], labels: list[list[int]], records: list[int], meta: dict[str, Any]
+    key: str,
+    ids: list[list[int]],
+    labels: list[list[int]],
+    records: list[int],
+    meta: dict[str, Any],
+    vocab: int,
 ) -> Path | None:
-    """Write an entry atomically (a concurrent writer of the same key loses harmlessly).
+    """Write an entry atomically (a concurrent writer of the same key loses harmlessly), with its digest.
 
     Labels are stored as a one-byte mask over the ids: every zerofit label is either its token's id or
-    IGNORE_INDEX. Examples that break that rule are not cached (None): nothing zerofit makes does.
+    IGNORE_INDEX. Examples that break that rule are not cached (None): nothing zerofit makes does. `vocab`:
+    the tokenizer's `vocab_size`, to judge an entry already there.
     """
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -105,50 +130,138 @@ def save_cached(
         }
         for name, array in arrays.items():
             np.save(tmp / f"{name}.npy", array)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        try:
-            os.rename(tmp, target)
-        except OSError:  # an entry is there: another rank or run wrote it first (same key, same content) ...
-            problem = _unreadable(target)
-            if problem is not None:  # ... or it is broken, and would be re-tokenized on every run: replace it
-                print(
-                    f"zerofit: tokenization cache entry {target} could not be read ({problem}): replacing it",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                old = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=target.parent))
-                os.rename(target, old / key)
-                os.rename(tmp, target)
-                shutil.rmtree(old, ignore_errors=True)
+        claimed = {**meta, _EXAMPLES: len(ids)}
+        digest = _content_digest(tmp, claimed)
+        (tmp / "meta.json").write_text(json.dumps({**claimed, _DIGEST: digest}, indent=2) + "\n")
+        _place(tmp, target, vocab)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
-def _unreadable(folder: Path) -> str | None:
-    """Why the entry `folder` cannot be loaded (a file missing, truncated or not what it should be), or None."""
+def _place(tmp: Path, target: Path, vocab: int) -> None:
+    """Rename the written entry `tmp` to `target`; an entry already there is kept when it is sound (another
+    rank or run wrote it first: same key, same content) and replaced when it is not (it would be tokenized
+    again on every run). `load_cached` already said what was wrong with it."""
     try:
-        json.loads((folder / "meta.json").read_text())
+        os.rename(tmp, target)
+    except OSError:
+        if entry_problem(target, vocab) is None:
+            return
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.rename(target, old / target.name)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _content_digest(folder: Path, claimed: dict[str, Any]) -> str:
+    """SHA-256 of the entry's array files (bytes, in `_ARRAYS` order) and of its meta without the digest."""
+    digest = hashlib.sha256()
+    for name in _ARRAYS:
+        digest.update(f"{name}:{file_sha256(folder / f'{name}.npy')}\0".encode())
+    digest.update(json.dumps(claimed, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def entry_problem(folder: Path, vocab: int) -> str | None:
+    """What is wrong with the entry `folder` for a tokenizer of `vocab` ids (one clause, naming the file and
+    the failed check), or None for a sound entry.
+
+    Read without pickles (`np.load`'s default): a planted pickle is a file that cannot be read.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    file = "meta.json"
+    try:
+        meta = json.loads((folder / file).read_text())
         for name in _ARRAYS:
-            np.load(folder / f"{name}.npy", mmap_mode="r")
+            file = f"{name}.npy"
+            arrays[name] = np.load(folder / file, mmap_mode="r")
     except (OSError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return f"could not be read ({file}: {type(exc).__name__}: {exc})"
+    if not isinstance(meta, dict) or not isinstance(meta.get(_DIGEST), str):
+        return "has no content digest in meta.json (written by an older zerofit)"
+    claimed = {k: v for k, v in meta.items() if k != _DIGEST}
+    problem = _shape_problem(arrays, claimed.get(_EXAMPLES)) or _value_problem(arrays, vocab)
+    if problem is not None:
+        return problem
+    if _content_digest(folder, claimed) != meta[_DIGEST]:
+        return "does not match the content digest in meta.json (edited or corrupted since it was written)"
     return None
 
 
-def load_cached(key: str) -> CachedData | None:
-    """The entry for `key`, or None when there is none (or it cannot be read: then it is rebuilt).
+def _shape_problem(arrays: dict[str, np.ndarray], examples: Any) -> str | None:
+    """Whether the arrays have the dtypes and lengths of `examples` examples (the count meta.json claims)."""
+    for name, dtype in _DTYPES.items():
+        array = arrays[name]
+        if array.dtype != dtype or array.ndim != 1:
+            return f"{name}.npy holds {array.ndim}-D {array.dtype}, not 1-D {np.dtype(dtype)} as written"
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples < 1:
+        return f"meta.json claims {examples!r} examples, not a positive count"
+    tokens = len(arrays["input_ids"])
+    wanted = {"label_mask": tokens, "offsets": examples + 1, "records": examples}
+    for name, length in wanted.items():
+        if len(arrays[name]) != length:
+            have = len(arrays[name])
+            return f"{name}.npy holds {have} values where {examples} examples ({tokens} tokens) need {length}"
+    return None
 
-    The arrays are memory-mapped and turned into lists a block of about `_BLOCK_TOKENS` tokens at a time,
-    so loading holds little beyond the examples themselves; an example learned on every token shares one
-    list for its ids and labels.
+
+def _value_problem(arrays: dict[str, np.ndarray], vocab: int) -> str | None:
+    """Whether the values are those of zerofit examples (the shapes are right: `_shape_problem`)."""
+    ids, mask, offsets, records = (arrays[name] for name in _ARRAYS)
+    steps = np.diff(offsets)
+    if offsets[0] != 0 or offsets[-1] != len(ids) or (steps < 0).any():
+        return f"offsets.npy is not non-decreasing from 0 to the token count {len(ids)}"
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        bad = int(np.flatnonzero((ids < 0) | (ids >= vocab))[0])
+        return (
+            f"input_ids.npy holds id {int(ids[bad])} at token {bad}, outside the tokenizer's ids [0, {vocab})"
+        )
+    if len(mask) and int(mask.max()) > 1:
+        return "label_mask.npy holds values other than 0 and 1"
+    if (steps < 2).any() or not _every_example_learns(mask, offsets):
+        return "label_mask.npy leaves an example without a learned token (zerofit keeps none such)"
+    if int(records[0]) < 0 or (np.diff(records) < 0).any():
+        return "records.npy is not a non-decreasing list of record numbers from 0"
+    return None
+
+
+def _every_example_learns(mask: np.ndarray, offsets: np.ndarray) -> bool:
+    """Whether every example has a learned label after its first position (which predicts nothing)."""
+    starts = np.asarray(offsets[:-1])
+    learned = np.add.reduceat(mask, starts, dtype=np.int64) - np.asarray(mask[starts], dtype=np.int64)
+    return bool((learned > 0).all())
+
+
+def load_cached(key: str, vocab: int) -> CachedData | None:
+    """The entry for `key`, or None when there is none or it fails a check (`entry_problem`: then the
+    caller tokenizes again and `save_cached` replaces it; a one-line note says which check failed).
+
+    `vocab` is the tokenizer's `vocab_size`. The arrays are memory-mapped and turned into lists a block of
+    about `_BLOCK_TOKENS` tokens at a time, so loading holds little beyond the examples themselves; an
+    example learned on every token shares one list for its ids and labels.
     """
     folder = entry_dir(key)
-    if _unreadable(folder) is not None:
+    if not folder.exists():
+        return None
+    problem = entry_problem(folder, vocab)
+    if problem is not None:
+        print(
+            f"zerofit: tokenization cache entry {folder} {problem}: tokenizing the data again, replacing it",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     meta = json.loads((folder / "meta.json").read_text())
     arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
-    flat_ids, mask, offsets = arrays["input_ids"], arrays["label_mask"], arrays["offsets"].tolist()
+    ids, labels = _examples(arrays["input_ids"], arrays["label_mask"], arrays["offsets"].tolist())
+    return CachedData(ids, labels, arrays["records"].tolist(), meta)
+
+
+def _examples(
+    flat_ids: np.ndarray, mask: np.ndarray, offsets: list[int]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The (ids, labels) lists of the examples the flat arrays hold, a block of examples at a time."""
     n = len(offsets) - 1
     ids: list[list[int]] = []
     labels: list[list[int]] = []
@@ -167,4 +280,4 @@ def load_cached(key: str) -> CachedData | None:
             ids.append(id_list[a:b])
             labels.append(ids[-1] if block_mask[a:b].all() else label_list[a:b])
         first = last
-    return CachedData(ids, labels, arrays["records"].tolist(), meta)
+    return ids, labels

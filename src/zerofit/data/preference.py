@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.data.cache import CachedData, load_cached, save_cached
+from zerofit.data.cache import CachedData, load_cached, save_cached, vocab_size
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import Preference, detect_format, parse_record
 from zerofit.data.pairs import PreferencePair
@@ -285,12 +285,12 @@ def _tokenize_source(
     return state.result(source)
 
 
-def _save(entry: str, data: TokenizedData[PreferencePair]) -> None:
+def _save(entry: str, data: TokenizedData[PreferencePair], vocab: int) -> None:
     """Store the pairs as examples chosen, rejected, chosen, ... (each record listed once per sequence)."""
     examples = [e for p in data.examples for e in (p.chosen, p.rejected)]
     records = [r for r in data.records for _ in range(2)]
     meta = {"stats": asdict(data.stats), "unit": "pairs"}
-    save_cached(entry, [e.input_ids for e in examples], [e.labels for e in examples], records, meta)
+    save_cached(entry, [e.input_ids for e in examples], [e.labels for e in examples], records, meta, vocab)
 
 
 def _from_cache(hit: CachedData) -> TokenizedData[PreferencePair] | None:
@@ -330,12 +330,12 @@ def load_preference_pairs(
         # unit: never the entry of the same source read for SFT
         entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
                             empty_responses=empty_responses, unit="pairs")  # fmt: skip
-        hit = load_cached(entry) if entry is not None else None
+        hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
         data = _from_cache(hit) if hit is not None else None
         if data is not None:
             return data
         state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective)
         data = _tokenize_source(source, state, progress)
         if entry is not None:
-            _save(entry, data)
+            _save(entry, data, vocab_size(tokenizer))
         return data

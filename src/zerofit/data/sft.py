@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, get_args
 
 from zerofit.config.schema import EmptyResponses
-from zerofit.data.cache import CachedData, cache_key, load_cached, save_cached, tokenizer_fingerprint
+from zerofit.data.cache import (
+    CachedData,
+    cache_key,
+    load_cached,
+    save_cached,
+    tokenizer_fingerprint,
+    vocab_size,
+)
 from zerofit.data.chat import require_chat_template, tokenize_conversation
 from zerofit.data.formats import Conversation, Document, PromptResponse, detect_format, parse_record
 from zerofit.data.progress import tokenizing_progress
@@ -413,14 +420,14 @@ def _load(
     source = open_tokenizable(path, tokenizer, split, subset, key)
     entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
                         empty_responses=empty_responses)  # fmt: skip
-    hit = load_cached(entry) if entry is not None else None
+    hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
     if hit is not None:
         return _from_cache(hit)
     data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress, empty_responses)
     if entry is not None:
         ids = [e.input_ids for e in data.examples]
         labels = [e.labels for e in data.examples]
-        save_cached(entry, ids, labels, data.records, {"stats": asdict(data.stats)})
+        save_cached(entry, ids, labels, data.records, {"stats": asdict(data.stats)}, vocab_size(tokenizer))
     return data
 
 
