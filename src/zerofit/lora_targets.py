@@ -143,6 +143,8 @@ def resolve_lora_targets(
     model_type = model_type_of(model_config)
     fam = family_modules(model_type)
     _check_moe_keys(model_type, fam, moe_experts, train_router)
+    if not isinstance(target_modules, str) and not target_modules and not (fam and fam.is_moe):
+        _refuse_empty_list()
     if fam is None:
         return _unmapped_family(model_type, target_modules)
     modules = _named_modules(fam, target_modules, _has_dense_mlp(fam, model_config))
@@ -165,6 +167,16 @@ def resolve_lora_targets(
         modules_to_save=router,
         family=fam.family,
         summary=_summary(fam, target_modules, moe_experts, train_router),
+    )
+
+
+def _refuse_empty_list() -> NoReturn:
+    """`lora.target_modules=[]` on a model without routed experts to adapt instead: it names no module."""
+    _refuse(
+        "lora.target_modules = []: an empty list names no module, so LoRA would adapt nothing. The rule: one "
+        f"of {', '.join(TARGET_MEANINGS)} or a list of module names (each matches the end of a module's full "
+        "name). Fix: e.g. lora.target_modules=all-linear or lora.target_modules=[q_proj,v_proj] (or "
+        "lora.enabled=false for a full fine-tune)"
     )
 
 
