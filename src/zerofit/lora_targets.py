@@ -143,6 +143,9 @@ def resolve_lora_targets(
     model_type = model_type_of(model_config)
     fam = family_modules(model_type)
     _check_moe_keys(model_type, fam, moe_experts, train_router)
+    is_moe = fam is not None and fam.is_moe
+    if not isinstance(target_modules, str) and not target_modules and not (is_moe and moe_experts == "all"):
+        _refuse_empty_list(is_moe)
     if fam is None:
         return _unmapped_family(model_type, target_modules)
     modules = _named_modules(fam, target_modules, _has_dense_mlp(fam, model_config))
@@ -165,6 +168,18 @@ def resolve_lora_targets(
         modules_to_save=router,
         family=fam.family,
         summary=_summary(fam, target_modules, moe_experts, train_router),
+    )
+
+
+def _refuse_empty_list(is_moe: bool) -> NoReturn:
+    """`lora.target_modules=[]` without routed experts to adapt instead (`lora.moe_experts=all` on a
+    mixture-of-experts model): it names no module, so nothing would train."""
+    experts = " or lora.moe_experts=all to adapt only the routed experts" if is_moe else ""
+    _refuse(
+        "lora.target_modules = []: an empty list names no module, so LoRA would adapt nothing. The rule: one "
+        f"of {', '.join(TARGET_MEANINGS)} or a list of module names (each matches the end of a module's full "
+        "name). Fix: e.g. lora.target_modules=all-linear or lora.target_modules=[q_proj,v_proj]"
+        f"{experts} (or lora.enabled=false for a full fine-tune)"
     )
 
 

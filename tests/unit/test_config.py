@@ -4,10 +4,13 @@ with one clear `ConfigError` that names the field, the value and the fix."""
 from __future__ import annotations
 
 import math
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from zerofit.config import ZerofitConfig, load_config, parse_overrides, resolve
 from zerofit.config.loader import validate_config
@@ -423,6 +426,165 @@ def test_value_bounds_are_checked_when_the_config_is_validated_all_at_once() -> 
 )
 def test_a_broken_bound_says_what_its_edge_means(override: str, named: str) -> None:
     assert named in _problems([override])
+
+
+# ------------------------------------------------------------------------- values that wreck a run (issue 32)
+
+
+def _refusal(overrides: list[str], path: Path | None = DEMO) -> str:
+    """The one problem `load_config` reports for `overrides`."""
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    (problem,) = err.value.problems
+    return problem
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        (
+            "optimizer.lr=.inf",
+            "optimizer.lr = inf: not a finite number (inf and nan are refused); it must be",
+        ),
+        ("optimizer.lr=.nan", "optimizer.lr = nan: not a finite number"),
+        ("preference.beta=.inf", "preference.beta = inf: not a finite number"),
+        ("preference.beta=nan", "preference.beta = 'nan': not a finite number"),
+        ("distributed.timeout_minutes=-.inf", "distributed.timeout_minutes = -inf: not a finite number"),
+        (
+            "lora.alpha=0",
+            "lora.alpha = 0: must be > 0 (the adapters' scale is alpha / r, so 0 learns nothing",
+        ),
+        (
+            "train.max_steps=true",
+            "train.max_steps = True: true/false is not a number; it must be an integer > 0",
+        ),
+        ("planner.num_gpus=-1", "planner.num_gpus = -1: must be >= 1"),
+        ("planner.headroom=1.5", "planner.headroom = 1.5: must be in [0, 1) (a fraction of GPU memory"),
+        ("planner.gpu_memory_gib=0", "planner.gpu_memory_gib = 0.0: must be > 0"),
+        ("optimizer.eps=-1", "optimizer.eps = -1.0: must be > 0 (added to Adam's denominator"),
+        ("optimizer.weight_decay=-0.5", "optimizer.weight_decay = -0.5: must be >= 0 (0 = off"),
+        ("seed=-1", "seed = -1: must be in [0, 4294967295] (numpy's seeding takes 0 to 2**32 - 1)"),
+        ("seed=12345678901234567890", "seed = 12345678901234567890: must be in [0, 4294967295]"),
+        (
+            "train.tiled_mlp=4.5",
+            "train.tiled_mlp = 4.5: not an integer; it must be an integer >= 1 (the number of token shards of "
+            "each MLP, e.g. 4; or false, auto)",
+        ),
+    ],
+)
+def test_a_value_that_wrecks_a_run_is_one_paragraph_naming_it(override: str, named: str) -> None:
+    problem = _refusal([override])
+    assert problem.startswith(named), problem
+    assert "Input should be" not in problem
+
+
+def _takes_a_number_not_a_bool(annotation: Any) -> bool:
+    """An int / float field (or a union with one) that takes no true/false; said here apart from the schema's
+    own rule, so the test checks the schema rather than repeating it."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    members = [
+        typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m
+        for m in (typing.get_args(annotation) if union else (annotation,))
+    ]
+    takes_bool = any(
+        m is bool
+        or (typing.get_origin(m) is typing.Literal and any(isinstance(a, bool) for a in typing.get_args(m)))
+        for m in members
+    )
+    return not takes_bool and any(m in (int, float) for m in members)
+
+
+def _number_fields(model: type[BaseModel] = ZerofitConfig, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every int / float field of the schema that takes no true/false, as (dotted key, annotation)."""
+    found: list[tuple[str, Any]] = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found += _number_fields(annotation, f"{prefix}{name}.")
+        elif _takes_a_number_not_a_bool(annotation):
+            found.append((f"{prefix}{name}", annotation))
+    return found
+
+
+NUMBER_FIELDS = _number_fields()
+
+
+def test_the_schema_s_number_fields_are_found() -> None:
+    keys = {key for key, _ in NUMBER_FIELDS}
+    assert {
+        "seed",
+        "train.max_steps",
+        "optimizer.lr",
+        "lora.r",
+        "data.eval_split",
+        "batch.micro_batch_size",
+    } <= keys
+    assert not keys & {"train.activation_checkpointing", "train.tiled_mlp", "optimizer.betas", "lora.enabled"}
+
+
+@pytest.mark.parametrize("key", [key for key, _ in NUMBER_FIELDS])
+def test_no_number_field_takes_true_or_false(key: str) -> None:
+    """pydantic alone reads true as 1 (`train.max_steps=true` trained 1 step): every number field refuses it."""
+    for word, shown in (("true", "True"), ("false", "False")):
+        problem = _refusal([f"{key}={word}"], path=None)
+        assert problem.startswith(f"{key} = {shown}: true/false is not a number; it must be "), problem
+
+
+@pytest.mark.parametrize("key", [key for key, annotation in NUMBER_FIELDS if "float" in str(annotation)])
+def test_no_float_field_takes_inf_or_nan(key: str) -> None:
+    for word, shown in ((".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan")):
+        problem = _refusal([f"{key}={word}"], path=None)
+        assert problem.startswith(f"{key} = {shown}: not a finite number (inf and nan are refused)"), problem
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file_the_byte_and_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("seed: 42\nrun_name: café\n".encode("latin-1"))
+    problem = _refusal([], path=path)
+    assert problem.startswith(f"config file '{path}' is not UTF-8 text: byte 0xe9 at byte offset 22 (line 2)")
+    assert "save the file as UTF-8" in problem
+
+
+def test_a_long_value_is_echoed_short() -> None:
+    problem = _refusal([f"seed=[{','.join(['12345'] * 5000)}]"], path=None)
+    assert problem.startswith("seed = [12345, 12345, ") and len(problem) < 400, problem
+
+
+_BOMB = """\
+import sys, time
+from zerofit.config import load_config
+from zerofit.errors import ConfigError
+start = time.monotonic()
+try:
+    load_config(sys.argv[1], sys.argv[2:])
+except ConfigError as err:
+    print(f"{time.monotonic() - start:.1f}s {err}")
+"""
+
+
+def _alias_bomb(levels: int) -> str:
+    """A "billion laughs" YAML flow list: each level repeats the one before it 9 times (9**levels values)."""
+    parts = ["&l0 [" + ",".join(["lol"] * 9) + "]"]
+    parts += [f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "[" + ", ".join(parts) + "]"
+
+
+@pytest.mark.parametrize("where", ["file", "override"])
+def test_a_billion_laughs_config_is_refused_fast_and_briefly(tmp_path: Path, where: str) -> None:
+    """Aliases nested 9 deep expand to 9**9 values (a shared reference each, so loading is fast); on main the
+    message's repr walked the whole expansion and `zerofit plan` hung. A subprocess bounds the test's time."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "bomb.yaml"
+    config.write_text(f"train:\n  max_steps: {_alias_bomb(9)}\n" if where == "file" else "seed: 1\n")
+    args = [] if where == "file" else [f"seed={_alias_bomb(9)}"]
+    done = subprocess.run(
+        [sys.executable, "-c", _BOMB, str(config), *args], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "expands to more than 10000 values" in done.stdout and "write the values out" in done.stdout
+    assert len(done.stdout) < 500 and float(done.stdout.split("s ")[0]) < 5, done.stdout
 
 
 def test_quantization_needs_lora() -> None:

@@ -288,3 +288,18 @@ def test_a_trained_router_is_kept_out_of_quantization() -> None:
     trained = quantization_config(load_config(None, [*overrides, "lora.train_router=true"]))
     assert {"lm_head", "mlp.gate", "mlp.shared_expert_gate"} <= set(trained.llm_int8_skip_modules)
     assert quantization_config(load_config(None, overrides)).llm_int8_skip_modules is None
+
+
+@pytest.mark.parametrize(
+    ("name", "moe"), [("tiny-llama", False), ("tiny-qwen3", False), ("tiny-mixtral", True)]
+)
+def test_an_empty_target_list_says_it_names_no_module(name: str, moe: bool) -> None:
+    """`lora.target_modules=[]` adapts nothing: the refusal says so and lists the accepted values, not a
+    mixture-of-experts story on a dense model (issue 32); on an MoE model the routed experts are the way out."""
+    with pytest.raises(ConfigError) as err:
+        resolve_lora_targets(TINY_CONFIGS[name], [])
+    (problem,) = err.value.problems
+    assert problem.startswith("lora.target_modules = []: an empty list names no module")
+    assert "attention, mlp, all-linear" in problem and "lora.target_modules=[q_proj,v_proj]" in problem
+    assert ("mixture" not in problem) and (("lora.moe_experts=all" in problem) == moe)
+    assert resolve_lora_targets(TINY_CONFIGS["tiny-mixtral"], [], moe_experts="all").target_parameters

@@ -7,6 +7,7 @@ schema, bad values name the key, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
+import reprlib
 import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from zerofit.config.schema import RuleHint, ZerofitConfig
+from zerofit.config.schema import BOOL_NOT_NUMBER, RuleHint, ZerofitConfig
 from zerofit.errors import ConfigError
 
 
@@ -41,6 +42,9 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw  # e.g. an unbalanced bracket: keep the literal text, the schema will judge it
+        if _expands_beyond_limit(value):
+            problems.append(_too_big(f"override {key}=...", "value"))
+            continue
         node = nested
         parts = key.split(".")
         for part in parts[:-1]:
@@ -54,6 +58,36 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     if problems:
         raise ConfigError(problems)
     return nested
+
+
+# The most values (mapping keys and values, list items, scalars) a config may expand to. A real config holds a
+# few hundred; YAML aliases (`*name`) repeat a part of the document by reference, so nested ones ("billion
+# laughs") expand exponentially, and any walk of the expansion (validation, a message) would never end.
+MAX_CONFIG_VALUES = 10_000
+
+
+def _expands_beyond_limit(document: Any) -> bool:
+    """Whether `document`, its aliases expanded, holds more than `MAX_CONFIG_VALUES` values: a walk that
+    counts each reference as often as it is reached and stops at the limit, so it ends fast on any input."""
+    pending, seen = [document], 0
+    while pending:
+        node = pending.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            return True
+        if isinstance(node, dict):
+            pending += [*node.keys(), *node.values()]
+        elif isinstance(node, list | tuple):
+            pending += node
+    return False
+
+
+def _too_big(where: str, what: str) -> str:
+    """The refusal of a config part that expands beyond `MAX_CONFIG_VALUES` values."""
+    return (
+        f"{where}: this {what} expands to more than {MAX_CONFIG_VALUES} values (YAML aliases `*name` nested in "
+        "one another repeat a part of the document exponentially); write the values out instead of aliasing them"
+    )
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -103,7 +137,21 @@ def _field_at(loc: Sequence[str]) -> FieldInfo | None:
 
 
 def _number(value: float) -> str:
-    return f"{value:g}"
+    """A bound as written: an int in full (`4294967295`, not `4.29497e+09`), a float short (`1e-08`)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+# How long a value echoed in a message may be: a YAML alias bomb or a pasted data file is a value too.
+SHOWN_CHARS = 200
+_SHORT_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12 on
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, SHOWN_CHARS, 80
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` for a message, at most `SHOWN_CHARS` long (cut with an ellipsis), and bounded in time:
+    a nested container is shown through `reprlib` (its first items, three levels deep), never walked whole."""
+    text = repr(value) if isinstance(value, str | int | float | bool | None) else _SHORT_REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def _constraints(field: FieldInfo) -> list[Any]:
@@ -124,20 +172,27 @@ def _constraints(field: FieldInfo) -> list[Any]:
 
 def _bound_rule(constraints: list[Any]) -> str:
     """The field's whole range in words: `must be > 0`, or with two bounds `must be in [0, 1)`."""
+    return f"must be {_range(constraints)}"
+
+
+def _range(constraints: list[Any]) -> str:
+    """The field's range: `> 0`, `in [0, 1)`; empty for a field without bounds."""
     lower = next((m for m in constraints if isinstance(m, annotated_types.Gt | annotated_types.Ge)), None)
     upper = next((m for m in constraints if isinstance(m, annotated_types.Lt | annotated_types.Le)), None)
     if lower is not None and upper is not None:
         low = f"({_number(lower.gt)}" if isinstance(lower, annotated_types.Gt) else f"[{_number(lower.ge)}"
         high = f"{_number(upper.lt)})" if isinstance(upper, annotated_types.Lt) else f"{_number(upper.le)}]"
-        return f"must be in {low}, {high}"
+        return f"in {low}, {high}"
     bound = lower or upper
+    if bound is None:
+        return ""
     symbol, value = {
         annotated_types.Gt: (">", "gt"),
         annotated_types.Ge: (">=", "ge"),
         annotated_types.Lt: ("<", "lt"),
         annotated_types.Le: ("<=", "le"),
     }[type(bound)]
-    return f"must be {symbol} {_number(getattr(bound, value))}"
+    return f"{symbol} {_number(getattr(bound, value))}"
 
 
 def _bound_problem(err: dict[str, Any], loc: list[str]) -> str | None:
@@ -155,13 +210,65 @@ def _bound_problem(err: dict[str, Any], loc: list[str]) -> str | None:
         value = float(value)
     constraints = _constraints(field)
     hint = next((m.text for m in constraints if isinstance(m, RuleHint)), None)
-    return f"{'.'.join(loc)} = {value!r}: {_bound_rule(constraints)}" + (f" ({hint})" if hint else "")
+    return f"{'.'.join(loc)} = {shown(value)}: {_bound_rule(constraints)}" + (f" ({hint})" if hint else "")
+
+
+# pydantic's error types for a value that is no number of the field's kind (a bool, inf/nan, 4.5 for an int,
+# text), and why each is refused.
+_KIND_ERRORS = {
+    BOOL_NOT_NUMBER: "true/false is not a number",
+    "finite_number": "not a finite number (inf and nan are refused)",
+    "int_from_float": "not a whole number",
+    "int_type": "",
+    "int_parsing": "",
+    "float_type": "",
+    "float_parsing": "",
+}
+
+
+def _alternatives(annotation: Any) -> list[str]:
+    """The non-number values a field's type takes, as a user writes them: `auto`, `false`, `null`."""
+    words: list[str] = []
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is typing.Literal:
+            words += [str(a).lower() if isinstance(a, bool) else str(a) for a in typing.get_args(arg)]
+        elif arg is bool:
+            words += ["true", "false"]
+        elif arg is type(None):
+            words.append("null")
+    return words
+
+
+def _kind_problem(err: dict[str, Any], loc: list[str]) -> str | None:
+    """A value that is no number of the field's kind, said as the key, the value, why, and what the field takes:
+    `train.max_steps = True: true/false is not a number; it must be an integer > 0`."""
+    field = _field_at(loc)
+    if field is None:
+        return None
+    constraints = _constraints(field)
+    integer = int in {field.annotation, *typing.get_args(field.annotation)} or any(
+        typing.get_args(arg)[:1] == (int,) for arg in typing.get_args(field.annotation)
+    )
+    rule = " ".join(filter(None, ["an integer" if integer else "a number", _range(constraints)]))
+    hint = next((m.text for m in constraints if isinstance(m, RuleHint)), None)
+    others = _alternatives(field.annotation)
+    if hint:
+        rule += f" ({hint})"
+    elif others:
+        rule += f", or {' or '.join(others)}"
+    default = field.default
+    if not hint and isinstance(default, int | float) and not isinstance(default, bool):
+        rule += f"; e.g. {'.'.join(loc)}={default}"
+    why = _KIND_ERRORS[err["type"]] or f"not {'an integer' if integer else 'a number'}"
+    return f"{'.'.join(loc)} = {shown(err.get('input'))}: {why}; it must be {rule}"
 
 
 def _format_error(err: dict[str, Any]) -> str:
     loc = _error_loc(err)
     if err["type"] in _BOUND_ERRORS and (bound := _bound_problem(err, loc)) is not None:
         return bound
+    if err["type"] in _KIND_ERRORS and (kind := _kind_problem(err, loc)) is not None:
+        return kind
     dotted = ".".join(loc)
     if err["type"] == "extra_forbidden" and loc[-1] in _PRECISION_FLAGS:
         return (
@@ -178,7 +285,7 @@ def _format_error(err: dict[str, Any]) -> str:
         return f"unknown key {dotted!r}; {hint + ' ' if hint else ''}({valid})"
     # A schema validator's own message already says the rule and the fix; pydantic prefixes "Value error, ".
     message = str(err["msg"]).removeprefix("Value error, ")
-    return f"{dotted} = {err.get('input')!r}: {message}"
+    return f"{dotted} = {shown(err.get('input'))}: {message}"
 
 
 def validate_config(raw: dict[str, Any]) -> ZerofitConfig:
@@ -187,14 +294,53 @@ def validate_config(raw: dict[str, Any]) -> ZerofitConfig:
         return ZerofitConfig.model_validate(raw)
     except ValidationError as exc:
         # One union field fails once per member; report each location once, preferring the clearest line.
-        lines: dict[str, str] = {}
+        lines: dict[str, tuple[int, str]] = {}
         for err in exc.errors():
             line = _format_error(dict(err))
             where = ".".join(_error_loc(dict(err)))
-            # The member whose bound the value broke says more than the members of other types.
-            if err["type"] in _BOUND_ERRORS or where not in lines:
-                lines[where] = line
-        raise ConfigError(list(lines.values())) from None
+            # The member whose bound the value broke says more than a number member's kind, and that more
+            # than the members of other types (`train.tiled_mlp=4.5`: not `Input should be False`).
+            rank = 0 if err["type"] in _BOUND_ERRORS else 1 if err["type"] in _KIND_ERRORS else 2
+            if where not in lines or rank < lines[where][0]:
+                lines[where] = (rank, line)
+        raise ConfigError([line for _, line in lines.values()]) from None
+
+
+def _config_text(file: Path) -> str:
+    """The file's text, read as UTF-8 (what YAML files are); any other encoding is refused with the byte."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            [
+                f"config file {str(file)!r} is not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset "
+                f"{exc.start} (line {line}) is no UTF-8; save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 "
+                "OLD > NEW`, or your editor's encoding setting)"
+            ]
+        ) from None
+
+
+def _read_config_file(file: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; a file that is no UTF-8, no YAML, no mapping or that expands
+    beyond `MAX_CONFIG_VALUES` values is one `ConfigError` naming it."""
+    try:
+        loaded = yaml.safe_load(_config_text(file))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"config file {str(file)!r} is not valid YAML{where}: {problem}"]) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            [f"config file {str(file)!r} must hold a mapping of keys, got {type(loaded).__name__}"]
+        )
+    if _expands_beyond_limit(loaded):
+        raise ConfigError([_too_big(f"config file {str(file)!r}", "file")])
+    return loaded
 
 
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> ZerofitConfig:
@@ -206,20 +352,7 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Zerof
             raise ConfigError(
                 [f"config file {str(file)!r} does not exist (pass an existing YAML file to --config)"]
             )
-        try:
-            loaded = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError([f"config file {str(file)!r} is not valid YAML{where}: {problem}"]) from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                [f"config file {str(file)!r} must hold a mapping of keys, got {type(loaded).__name__}"]
-            )
-        raw = loaded
+        raw = _read_config_file(file)
     overrides = list(overrides)
     config = validate_config(deep_merge(raw, parse_overrides(overrides)))
     config.mark_overridden(frozenset(item.partition("=")[0].strip() for item in overrides))

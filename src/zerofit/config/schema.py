@@ -9,11 +9,14 @@ Defaults here are the values a user gets when a key is absent; derived values
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from zerofit.catalogue import TINY_LLAMA
 from zerofit.run_layout import run_name_problem
@@ -35,10 +38,47 @@ class RuleHint:
     text: str
 
 
-class _Section(BaseModel):
-    """Base for every config section: unknown keys are errors, assignments are re-validated."""
+# The pydantic error type of a true/false given for a number (see `_Section._no_bool_numbers`).
+BOOL_NOT_NUMBER = "bool_not_number"
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+def _number_field(annotation: Any) -> bool:
+    """Whether a field's type takes an int or a float but no true/false: a union's members are looked
+    through (`int | None`, `bool | Annotated[int, ...] | Literal["auto"]`); a container's items are not."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _number_field(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+        admits_bool = any(_admits_bool(m) for m in members)
+        return not admits_bool and any(_number_field(m) for m in members)
+    return annotation in (int, float)
+
+
+def _admits_bool(annotation: Any) -> bool:
+    """Whether `annotation` (a union member) takes true or false: `bool`, or a `Literal` of one of them."""
+    if annotation is bool:
+        return True
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(arg, bool) for arg in typing.get_args(annotation))
+    return False
+
+
+class _Section(BaseModel):
+    """Base for every config section: unknown keys are errors, assignments are re-validated, a float is
+    finite (`.inf` and `nan` wreck a run: a learning rate of inf trains to a NaN loss), and a number is
+    never true/false (pydantic alone takes `train.max_steps=true` as 1 step)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse true/false for a field that takes a number and no bool (the loader words the message)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _number_field(field.annotation):
+            raise PydanticCustomError(BOOL_NOT_NUMBER, "true/false is not a number")
+        return value
 
 
 class ModelSection(_Section):
@@ -157,7 +197,9 @@ class TrainSection(_Section):
     tiled_mlp: (
         Literal[False]
         | Annotated[
-            int, Field(ge=1, strict=True), RuleHint("the number of token shards of each MLP; or false, auto")
+            int,
+            Field(ge=1, strict=True),
+            RuleHint("the number of token shards of each MLP, e.g. 4; or false, auto"),
         ]
         | Literal["auto"]
     ) = Field(
@@ -225,9 +267,11 @@ class OptimizerSection(_Section):
 
     name: OptimizerName = "adamw"
     lr: float = Field(2e-4, gt=0)
-    weight_decay: float = 0.0
+    weight_decay: Annotated[float, RuleHint("0 = off; e.g. 0.01")] = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    eps: Annotated[float, RuleHint("added to Adam's denominator for stability, e.g. 1e-8")] = Field(
+        1e-8, gt=0
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     base_batch_size: int | None = Field(
         None, gt=0, description="The batch `lr` was tuned for (needed for scaling)."
@@ -259,7 +303,9 @@ class LoraSection(_Section):
 
     enabled: bool = True
     r: int = 16
-    alpha: int = 32
+    alpha: Annotated[
+        int, RuleHint("the adapters' scale is alpha / r, so 0 learns nothing; e.g. 2 x lora.r")
+    ] = Field(32, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
     target_modules: list[str] | Literal["all-linear", "attention", "mlp"] = Field(
         "all-linear",
@@ -419,12 +465,17 @@ class PlannerSection(_Section):
         None, description="A GPU in the planner's catalogue, e.g. rtx3090 (see zerofit plan --gpu)."
     )
     gpu_memory_gib: float | None = Field(
-        None, description="Usable GPU memory in GiB (overrides planner.gpu)."
+        None, gt=0, description="Usable GPU memory in GiB (overrides planner.gpu)."
     )
-    num_gpus: int = Field(1, description="How many GPUs (data-parallel ranks) the config is written for.")
-    headroom: float = Field(
-        0.05, description="Fraction of GPU memory kept free beyond the planner's allowance."
+    num_gpus: int = Field(
+        1, ge=1, description="How many GPUs (data-parallel ranks) the config is written for."
     )
+    headroom: Annotated[float, RuleHint("a fraction of GPU memory, e.g. 0.05")] = Field(
+        0.05, ge=0, lt=1, description="Fraction of GPU memory kept free beyond the planner's allowance."
+    )
+
+
+SEED_MAX = 2**32 - 1  # numpy.random.seed (through accelerate's set_seed) takes 0 .. 2**32 - 1
 
 
 class ZerofitConfig(_Section):
@@ -443,7 +494,7 @@ class ZerofitConfig(_Section):
             raise ValueError(problem)
         return value
 
-    seed: int = 42
+    seed: Annotated[int, RuleHint("numpy's seeding takes 0 to 2**32 - 1")] = Field(42, ge=0, le=SEED_MAX)
     model: ModelSection = Field(default_factory=ModelSection)
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
     batch: BatchSection = Field(default_factory=BatchSection)
