@@ -8,7 +8,12 @@ class ZerofitError(Exception):
 
     Entry points catch it, print `str(err)` as one paragraph and exit non-zero without a traceback.
     Anything else is a bug in zerofit and keeps its traceback.
+
+    `agreed` (class attribute): every rank raises this error from the same agreed values (an all-reduce),
+    so the launcher prints it once, on rank 0, instead of once per rank.
     """
+
+    agreed: bool = False
 
 
 class ConfigError(ZerofitError):
@@ -73,3 +78,5 @@ class TrainingDiverged(ZerofitError):
     """A step's loss or gradient norm is not finite (NaN or inf): the run stops at that step on every rank
     with one paragraph naming the step, the value and the likely causes; nothing from that step is saved, so
     the last checkpoint stays the last good one."""
+
+    agreed = True

@@ -306,6 +306,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"zerofit: {exc}", rank=env.rank)
         return 0
     except ZerofitError as exc:
-        # One paragraph, every rank, no traceback: the message names the field, the rule and the fix.
-        error(f"zerofit (rank {env.rank})", exc)
+        # One paragraph, no traceback: the message names the field, the rule and the fix. Printed by every
+        # rank, except an error every rank raised from agreed values: rank 0 alone says it.
+        if not exc.agreed or env.rank == 0:
+            error(f"zerofit (rank {env.rank})", exc)
         return EXIT_USER_ERROR

@@ -310,6 +310,13 @@ def test_an_early_stopped_run_resumed_is_finished_and_changes_nothing(
     assert _launch(monkeypatch, *args, "checkpoint.resume=true") == 2
     assert "has already finished: early stopping ended it" in capsys.readouterr().err
     assert _files(run_dir) == before
+    # Killed between its last checkpoint and its final export: still finished, and told where the weights are.
+    assert "was not written" not in out
+    shutil.rmtree(run_dir / "adapter")
+    assert _launch(monkeypatch, *args, "checkpoint.resume=auto") == 0
+    out = capsys.readouterr().out
+    assert "final export (adapter/) was not written after step-3" in out
+    assert f"zerofit export {run_dir} --out DIR" in out
 
 
 def test_a_signal_in_the_step_that_ends_the_patience_ends_the_run_as_an_early_stop(

@@ -441,3 +441,23 @@ def test_a_step_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpo
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]  # the bad step's row says what happened
     assert all(r["loss"] is not None for r in rows[:2]) and (rows[2]["loss"] is None) == (when == "before")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_divergence_every_rank_agreed_on_is_said_once_by_rank_0(
+    rank: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank raises `TrainingDiverged` from the step's all-reduced vote: one paragraph per run, not per
+    rank. (A rank's own error, such as a failed write, is still said by that rank.)"""
+    from zerofit import run
+    from zerofit.errors import TrainingDiverged
+    from zerofit.strategies.env import LaunchEnv
+
+    def diverges(*_: Any) -> Any:
+        raise TrainingDiverged("training diverged at step 3: the loss is nan")
+
+    monkeypatch.setattr(run, "launch_env", lambda: LaunchEnv(rank, 2, rank, False))
+    monkeypatch.setattr(run, "load_config", diverges)
+    assert run.main(["--config", "configs/demo.yaml"]) == run.EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("training diverged at step 3") == (1 if rank == 0 else 0)

@@ -43,7 +43,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ResumeError, RunFinished, ZerofitError
 from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
-from zerofit.run_layout import METRICS_FILE, run_dir_of
+from zerofit.run_layout import METRICS_FILE, RunLayout, run_dir_of
 from zerofit.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
@@ -257,7 +257,7 @@ def _check_step(folder: Path, step: int, max_steps: int, resolved: ResolvedConfi
             else f"raise the step count and accept the change: train.max_steps=N (N > {step}) "
             "checkpoint.allow_changes=[train.max_steps]"
         )
-        raise _finished(resolved, folder, f"it has trained all its {length}", further)
+        raise _finished(resolved, folder, step, f"it has trained all its {length}", further)
     raise ResumeError(
         f"checkpoint.resume: {folder} is at step {step} and train.max_steps is {max_steps}: the run has already "
         f"trained more than its {max_steps} steps, so resuming it would train nothing. To train further, raise "
@@ -281,6 +281,7 @@ def _check_early_stop(folder: Path, manifest: dict[str, Any], resolved: Resolved
     raise _finished(
         resolved,
         folder,
+        int(manifest["step"]),
         f"early stopping ended it after step {manifest['step']} (eval/loss did not improve by more than "
         f"{es.min_delta:g} for {es.patience} evaluation(s))",
         f"raise the patience and accept the change: train.early_stopping.patience=N (N > {es.patience}, or 0 "
@@ -288,16 +289,35 @@ def _check_early_stop(folder: Path, manifest: dict[str, Any], resolved: Resolved
     )
 
 
-def _finished(resolved: ResolvedConfig, folder: Path, why: str, further: str) -> ResumeError:
+def _finished(resolved: ResolvedConfig, folder: Path, step: int, why: str, further: str) -> ResumeError:
     """The one paragraph for a resume of a finished run: nothing trained, nothing written. Under
     `checkpoint.resume=auto` (a scheduler's requeue) a `RunFinished`, which the launcher ends with exit 0."""
     text = (
         f"checkpoint.resume: the run in {resolved.run_dir} has already finished: {why}; its newest checkpoint "
-        f"is {folder.name}. Nothing was trained and nothing in the run directory was changed. To train "
-        f"further, {further}; to train again from step 0, start a new run (checkpoint.resume=false, or "
-        "another run_name)"
+        f"is {folder.name}. Nothing was trained and nothing in the run directory was changed.{_export_note(resolved, folder, step)} "
+        f"To train further, {further}; to train again from step 0, start a new run (checkpoint.resume=false, "
+        "or another run_name)"
     )
     return RunFinished(text) if resolved.config.checkpoint.resume == "auto" else ResumeError(text)
+
+
+def _export_note(resolved: ResolvedConfig, folder: Path, step: int) -> str:
+    """For a finished run stopped after its last checkpoint but before its final export (`adapter/` or
+    `model/`, written after that checkpoint): where its weights are and how to export them. Empty when the
+    final export is there and as new as the checkpoint (summary.json's `last_step`)."""
+    layout = RunLayout(resolved.run_dir)
+    export = layout.export(adapter=resolved.config.lora.enabled)
+    try:
+        last = json.loads(layout.summary.read_text()).get("last_step")
+    except (OSError, ValueError, AttributeError):
+        last = None
+    if export.is_dir() and isinstance(last, int) and last >= step:
+        return ""
+    return (
+        f" Its final export ({export.name}/) was not written after {folder.name} (the run was stopped between "
+        f"the two): the trained weights are in {folder.name}; write the export with `zerofit export "
+        f"{resolved.run_dir} --out DIR`, which reads that checkpoint."
+    )
 
 
 def _check_pickles(folder: Path, trusted: bool) -> None:
