@@ -38,6 +38,7 @@ from zerofit.data.sft import has_labels
 from zerofit.errors import DataError
 from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.loss import batch_labels, count_label_tokens
+from zerofit.metrics.keys import EVAL_LOSS
 from zerofit.preference import Objective, means_of
 from zerofit.sequence_parallel import shard_micro_batch
 from zerofit.strategies.base import Strategy
@@ -182,7 +183,7 @@ def preference_evaluation(
         raise no_eval_tokens(f"{len(pairs)} pairs with no response token to score")
     loss = sum(t / c for t, c in zip(total[:n], global_counts, strict=True))
     metrics = means_of(objective.metrics, total[n:-n], int(global_counts[-1]), prefix="eval/")
-    return {"eval/loss": loss, "eval/pairs": int(global_counts[-1]), **metrics}
+    return {EVAL_LOSS: loss, "eval/pairs": int(global_counts[-1]), **metrics}
 
 
 @dataclass
@@ -226,7 +227,7 @@ class Evaluator:
             self.strategy, self.model, examples, self.micro_batch_size, self.pad_id, self.cross_entropy
         )
         return {
-            "eval/loss": result.loss,
+            EVAL_LOSS: result.loss,
             "eval/tokens": result.tokens,
             "eval/time_s": time.perf_counter() - started,
         }

@@ -25,7 +25,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DTYPES", "Dtype", "TensorDtypes", "dtype_bytes", "tensor_dtypes", "torch_dtype"]
+__all__ = ["DTYPES", "GIB", "Dtype", "TensorDtypes", "dtype_bytes", "tensor_dtypes", "torch_dtype"]
+
+# Bytes in a GiB (2**30): the unit of every memory figure zerofit shows, measures or predicts (the planner,
+# the memory telemetry, the GPU catalogue, the probe). An int, so `n * GIB` stays a byte count.
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)

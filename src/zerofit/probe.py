@@ -32,6 +32,7 @@ from typing import Any
 
 from zerofit.errors import LaunchError
 from zerofit.loss import IGNORE_INDEX
+from zerofit.precision import GIB
 
 RESULT_PREFIX = "ZEROFIT_PROBE_RESULT "
 PROBE_STEPS = 2  # the first step creates the optimizer state; the second is what steady state looks like
@@ -186,8 +187,8 @@ def _child(config_json: str, micro: int) -> int:
         result["error"] = str(exc).splitlines()[0][:300]
     finally:
         if torch.cuda.is_available():
-            result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+            result["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+            result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         if run is not None:
             # Teardown after an OOM may fail too; it must not hide the result already printed.

@@ -25,7 +25,7 @@ from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.errors import ConfigError, LaunchError, RunFinished, ZerofitError
 from zerofit.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.planner import choose_fastest_plan
-from zerofit.run_layout import RunLayout
+from zerofit.run_layout import RunLayout, step_dir_name
 from zerofit.run_report import best_line, format_plan, loss_summary
 from zerofit.signals import StopSignal, die_with_launcher, die_with_parent
 from zerofit.strategies.env import LaunchEnv, launch_env
@@ -241,8 +241,8 @@ class FinetuneRecipe:
             again += f" run_name={plan.run_name}"
         say(
             f"zerofit: stopped by {signal.Signals(self.stop.agreed).name} after step {steps_done} of "
-            f"{plan.config.train.max_steps}; checkpoint {self.checkpointer.root / f'step-{steps_done}'}; resume "
-            f"with the same command plus{again}",
+            f"{plan.config.train.max_steps}; checkpoint "
+            f"{self.checkpointer.root / step_dir_name(steps_done)}; resume with the same command plus{again}",
             rank=strategy.rank,
         )
         return RunOutcome(StopSignal.exit_code(self.stop.agreed), plan.run_dir)

@@ -8,6 +8,7 @@ the writer. What is inside a checkpoint's `step-N/` folder is the writing engine
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -18,11 +19,14 @@ __all__ = [
     "BEST_FILE",
     "CHECKPOINTS_DIR",
     "CONFIG_FILE",
+    "DAMAGED_SUFFIX",
     "ENGINE_FILES",
     "LOCK_FILE",
     "METRICS_FILE",
     "MODEL_DIR",
     "RUN_INFO_FILE",
+    "SAVING_SUFFIX",
+    "STEP_DIR_GLOB",
     "SUMMARY_FILE",
     "WANDB_DIR",
     "WANDB_RUN_ID_FILE",
@@ -30,6 +34,9 @@ __all__ = [
     "check_run_name",
     "run_dir_of",
     "run_name_problem",
+    "saving_dir_name",
+    "step_dir_name",
+    "step_of_dir",
 ]
 
 CONFIG_FILE = "config.yaml"  # the fully resolved config
@@ -43,6 +50,30 @@ ADAPTER_DIR = "adapter"  # the final export of a LoRA run
 MODEL_DIR = "model"  # the final export of a full fine-tuning run
 WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
 WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
+
+# Under checkpoints/: one folder per saved step, named by `step_dir_name` and read back by `step_of_dir`.
+STEP_DIR_PREFIX = "step-"  # step-N/: the complete checkpoint after optimizer step N
+SAVING_SUFFIX = ".tmp"  # step-N.tmp/: a save in progress, renamed to step-N/ once its manifest is written
+DAMAGED_SUFFIX = ".damaged"  # step-N.damaged/: set aside by a resume (it failed to verify), kept to inspect
+STEP_DIR_GLOB = f"{STEP_DIR_PREFIX}*"  # every step folder: complete, being saved or set aside
+_STEP_DIR = re.compile(rf"^{re.escape(STEP_DIR_PREFIX)}(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    """`step-N`: the name of step N's checkpoint folder (`step_of_dir` reads it back)."""
+    return f"{STEP_DIR_PREFIX}{step}"
+
+
+def saving_dir_name(step: int) -> str:
+    """`step-N.tmp`: the folder step N's checkpoint is written into before it is renamed `step-N`."""
+    return f"{step_dir_name(step)}{SAVING_SUFFIX}"
+
+
+def step_of_dir(name: str) -> int | None:
+    """N for a complete checkpoint's folder name `step-N`, else None (`step-N.tmp`, `step-N.damaged`, ...)."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
 
 # What a run name must be, said after the value in every refusal (the schema's, the resolver's, the joins').
 RUN_NAME_RULE = (
@@ -131,6 +162,10 @@ class RunLayout:
     def checkpoints(self) -> Path:
         """`checkpoints/`: the complete `step-N/` checkpoints."""
         return self.root / CHECKPOINTS_DIR
+
+    def checkpoint(self, step: int) -> Path:
+        """`checkpoints/step-N/`: the checkpoint of optimizer step `step`."""
+        return self.checkpoints / step_dir_name(step)
 
     @property
     def best(self) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerofit.config.schema import ZerofitConfig
+from zerofit.run_layout import step_dir_name
 
 if TYPE_CHECKING:
     from zerofit.assembly import PreparedRun
@@ -253,7 +254,7 @@ def loss_summary(losses: list[float]) -> str:
 def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
     """`best: eval/loss 1.2345 at step 40 (checkpoint ..., export it with zerofit export RUN --step best)`."""
     text = f"best: eval/loss {watch.best_loss:.4f} at step {watch.best_step}"
-    folder = checkpoints / f"step-{watch.best_step}"
+    folder = checkpoints / step_dir_name(watch.best_step)
     if keep_best and folder.is_dir():
         text += f" (checkpoint {folder}; zerofit export {checkpoints.parent} --step best --out DIR)"
     return text

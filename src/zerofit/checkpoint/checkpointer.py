@@ -32,6 +32,7 @@ from zerofit.checkpoint.manifest import (
 from zerofit.checkpoint.policy import EvalWatch, SaveClock, write_best
 from zerofit.checkpoint.rundir import CHECKPOINTS
 from zerofit.config.schema import CheckpointSection
+from zerofit.run_layout import saving_dir_name, step_dir_name
 from zerofit.strategies.base import Strategy
 from zerofit.writes import torch_save
 
@@ -123,8 +124,8 @@ class Checkpointer:
         `CheckpointWriteError` (see `failed_save`); the newest complete checkpoint stays as it was.
         """
         rank, world = self.strategy.rank, self.strategy.world_size
-        final = self.root / f"step-{steps_done}"
-        tmp = self.root / f"step-{steps_done}.tmp"
+        final = self.root / step_dir_name(steps_done)
+        tmp = self.root / saving_dir_name(steps_done)
         failure = attempt(lambda: self._prepare(tmp)) if rank == 0 else None
         self._raise_if_failed([self.strategy.broadcast_object(failure)], tmp, steps_done)
         failure = attempt(lambda: self._write_files(tmp, steps_done))

@@ -24,6 +24,7 @@ from zerofit.errors import (
     RunFinished,
     ZerofitError,
 )
+from zerofit.run_layout import saving_dir_name, step_dir_name
 from zerofit.writes import write_failure
 
 if TYPE_CHECKING:
@@ -72,7 +73,8 @@ def save_failed(root: Path, step: int, failure: str, run_name: str) -> Checkpoin
         size = sum(p.stat().st_size for p in kept_folder.rglob("*") if p.is_file())
         needs = f", and a checkpoint of this run takes about {_size(size)}"
         kept_text = (
-            f"Kept: step-{kept_step} ({kept_folder}), the newest complete checkpoint, where a resume starts"
+            f"Kept: {step_dir_name(kept_step)} ({kept_folder}), the newest complete checkpoint, where a "
+            "resume starts"
         )
         again = f"resume with the same command plus checkpoint.resume=true run_name={run_name}"
     else:
@@ -82,10 +84,10 @@ def save_failed(root: Path, step: int, failure: str, run_name: str) -> Checkpoin
         )
         again = "run the same command again"
     return CheckpointWriteError(
-        f"checkpoint step-{step} could not be written in {root} ({failure}); that filesystem has {free}{needs}. "
-        f"The run stopped at step {step}. {kept_text}; the partial step-{step}.tmp was removed. Fix: free "
-        f"space on that filesystem (or lower checkpoint.keep_last), then {again}; or set output_dir to a "
-        "filesystem with room and start again"
+        f"checkpoint {step_dir_name(step)} could not be written in {root} ({failure}); that filesystem has "
+        f"{free}{needs}. The run stopped at step {step}. {kept_text}; the partial {saving_dir_name(step)} "
+        "was removed. Fix: free space on that filesystem (or lower checkpoint.keep_last), then "
+        f"{again}; or set output_dir to a filesystem with room and start again"
     )
 
 
@@ -96,9 +98,9 @@ def export_failed(out: Path, failure: str) -> ExportWriteError:
     if kept:
         step, folder = kept[-1]
         weights = (
-            f"The trained weights are safe in step-{step} ({folder}), the newest complete checkpoint. Fix: free "
-            f"space on that filesystem, then write the export from that checkpoint with `zerofit export {run_dir} "
-            f"--out {out}` (add --merge for a merged model)"
+            f"The trained weights are safe in {step_dir_name(step)} ({folder}), the newest complete "
+            "checkpoint. Fix: free space on that filesystem, then write the export from that checkpoint with "
+            f"`zerofit export {run_dir} --out {out}` (add --merge for a merged model)"
         )
     else:
         weights = (
@@ -122,7 +124,8 @@ def metrics_failed(run_dir: Path, step: int, failure: str) -> MetricsWriteError:
     if kept:
         kept_step, folder = kept[-1]
         kept_text = (
-            f"Kept: step-{kept_step} ({folder}), the newest complete checkpoint, where a resume starts"
+            f"Kept: {step_dir_name(kept_step)} ({folder}), the newest complete checkpoint, where a resume "
+            "starts"
         )
         again = f"resume with the same command plus checkpoint.resume=true run_name={run_dir.name}"
     else:
@@ -176,7 +179,9 @@ def run_files_failed(run_dir: Path, failure: str) -> MetricsWriteError:
     """The error every rank raises when rank 0 could not write the run directory's files before training."""
     kept = checkpoint_folders(run_dir / CHECKPOINTS)
     kept_text = (
-        f" Kept as they were: its checkpoints (the newest step-{kept[-1][0]}, {kept[-1][1]})" if kept else ""
+        f" Kept as they were: its checkpoints (the newest {step_dir_name(kept[-1][0])}, {kept[-1][1]})"
+        if kept
+        else ""
     )
     return MetricsWriteError(
         f"the run's files in {run_dir} could not be written ({failure}); that filesystem has "

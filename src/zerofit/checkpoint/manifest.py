@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from zerofit.digest import content_sha256, file_sha256
+from zerofit.run_layout import STEP_DIR_GLOB, step_of_dir
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -107,17 +107,12 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, list[str]]:
     return manifest, problems
 
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
 def _step_mismatch(folder: Path, manifest: dict[str, Any]) -> str | None:
     """Why a `step-N` folder's manifest does not describe step N (a folder renamed or copied over another),
     or None: a resume would start at the manifest's step while believing it resumed step N."""
-    match = _STEP_DIR.match(folder.name)
+    named = step_of_dir(folder.name)
     saved = manifest.get("step")
-    if match is None or (
-        isinstance(saved, int) and not isinstance(saved, bool) and saved == int(match.group(1))
-    ):
+    if named is None or (isinstance(saved, int) and not isinstance(saved, bool) and saved == named):
         return None
     return (
         f"the folder is {folder.name} but its {MANIFEST} says step {saved!r} (renamed, or copied from another "
@@ -130,10 +125,10 @@ def step_folders(root: Path) -> list[tuple[int, Path]]:
     looks at, so that a newest folder without a manifest (emptied, its manifest deleted) is reported, not
     silently passed over."""
     found = []
-    for folder in root.glob("step-*") if root.is_dir() else []:
-        match = _STEP_DIR.match(folder.name)
-        if match and folder.is_dir():
-            found.append((int(match.group(1)), folder))
+    for folder in root.glob(STEP_DIR_GLOB) if root.is_dir() else []:
+        step = step_of_dir(folder.name)
+        if step is not None and folder.is_dir():
+            found.append((step, folder))
     return sorted(found)
 
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.errors import ConfigError
-from zerofit.run_layout import BEST_FILE, RunLayout
+from zerofit.metrics.keys import EVAL_LOSS
+from zerofit.run_layout import BEST_FILE, RunLayout, step_dir_name
 
-BEST_METRIC = "eval/loss"  # lower is better
+BEST_METRIC = EVAL_LOSS  # what "best" is judged by: lower is better
 
 
 class SaveClock:
@@ -97,9 +98,9 @@ class EvalWatch:
     def stop_line(self) -> str:
         """The one line that says why the run ended early."""
         return (
-            f"early stopping: eval/loss has not improved by more than {self.min_delta:g} for {self.patience} "
-            f"evaluation(s) (best {self.best_loss:.4f} at step {self.best_step}); stopped after step "
-            f"{self.stopped_at}"
+            f"early stopping: {BEST_METRIC} has not improved by more than {self.min_delta:g} for "
+            f"{self.patience} evaluation(s) (best {self.best_loss:.4f} at step {self.best_step}); "
+            f"stopped after step {self.stopped_at}"
         )
 
 
@@ -107,7 +108,7 @@ def write_best(checkpoints: Path, step: int, loss: float) -> Path:
     """Record the best evaluation in `checkpoints/best.json` (atomically: a crash leaves the old record)."""
     path = Path(checkpoints) / BEST_FILE
     tmp = path.with_name(path.name + ".tmp")
-    record = {"step": step, "metric": BEST_METRIC, "value": loss, "checkpoint": f"step-{step}"}
+    record = {"step": step, "metric": BEST_METRIC, "value": loss, "checkpoint": step_dir_name(step)}
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
     return path
@@ -128,7 +129,7 @@ def resolve_step(run_dir: Path, step: int | str | None) -> int | None:
         return step if isinstance(step, int) or step is None else int(step)
     layout = RunLayout(Path(run_dir))
     record = read_best(layout.checkpoints)
-    folder = layout.checkpoints / f"step-{record['step']}" if record else None
+    folder = layout.checkpoint(record["step"]) if record else None
     if record is None or folder is None or not folder.is_dir():
         why = "has no checkpoints/best.json" if record is None else f"no longer holds {folder}"
         raise ConfigError(

@@ -38,12 +38,19 @@ from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
 from zerofit.checkpoint.manifest import EARLY_STOPPED, MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
+from zerofit.config.loader import flatten
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import ResumeError, RunFinished, ZerofitError
-from zerofit.metrics.compare import flatten
 from zerofit.metrics.history import rewind_metrics
-from zerofit.run_layout import METRICS_FILE, RunLayout, run_dir_of
+from zerofit.run_layout import (
+    DAMAGED_SUFFIX,
+    METRICS_FILE,
+    SAVING_SUFFIX,
+    STEP_DIR_GLOB,
+    RunLayout,
+    run_dir_of,
+)
 from zerofit.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.strategies.base import Strategy
@@ -102,7 +109,6 @@ FIXED_BY_CHECKPOINT = (
     "model",
     "quantization",
 )
-DAMAGED_SUFFIX = ".damaged"
 
 
 def _matches(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
@@ -445,7 +451,11 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
 
 
 def _nothing_to_resume(run_dir: Path) -> ResumeError:
-    partial = sorted(p.name for p in (run_dir / CHECKPOINTS).glob("step-*.tmp")) if run_dir.is_dir() else []
+    partial = (
+        sorted(p.name for p in (run_dir / CHECKPOINTS).glob(f"{STEP_DIR_GLOB}{SAVING_SUFFIX}"))
+        if run_dir.is_dir()
+        else []
+    )
     why = (
         f"{run_dir} does not exist"
         if not run_dir.exists()
@@ -454,7 +464,9 @@ def _nothing_to_resume(run_dir: Path) -> ResumeError:
     )
     # A default run name says model, method, preset, precision and global batch: a change to one of them
     # looks for another directory. Name the runs that could be meant.
-    others = sorted(p.parents[2].name for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/step-*/{MANIFEST}"))
+    others = sorted(
+        p.parents[2].name for p in run_dir.parent.glob(f"*/{CHECKPOINTS}/{STEP_DIR_GLOB}/{MANIFEST}")
+    )
     hint = (
         f"; runs with checkpoints in {run_dir.parent}: {', '.join(dict.fromkeys(others))}" if others else ""
     )

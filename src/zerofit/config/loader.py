@@ -101,6 +101,20 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`: a nested config as the dotted keys an override names; lists stay
+    values. The inverse of the nesting `parse_overrides` does; `zerofit compare` and the resume check
+    compare configs key by key with it."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
 def _schema_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
     """The pydantic model class that owns the keys at `loc` (for did-you-mean suggestions)."""
     model: type[BaseModel] = ZerofitConfig

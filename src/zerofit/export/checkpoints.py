@@ -40,7 +40,7 @@ import torch
 
 from zerofit.checkpoint import MANIFEST, complete_checkpoints
 from zerofit.errors import ConfigError, ZerofitError
-from zerofit.run_layout import ADAPTER_DIR, MODEL_DIR, RunLayout
+from zerofit.run_layout import ADAPTER_DIR, MODEL_DIR, RunLayout, step_dir_name
 from zerofit.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
 from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
 from zerofit.strategies.fsdp import DCP_DIR, DCP_MODEL_KEY
@@ -114,7 +114,8 @@ def _find_weights(run_dir: Path, step: int | None) -> WeightsSource:
         have = ", ".join(str(s) for s, _ in checkpoints) or "none"
         raise ConfigError(
             [
-                f"--step {step}: {run_dir} has no complete checkpoint step-{step} (complete checkpoints: {have}); "
+                f"--step {step}: {run_dir} has no complete checkpoint {step_dir_name(step)} (complete "
+                f"checkpoints: {have}); "
                 "pick one of those steps, or leave --step out to use the newest weights"
             ]
         )

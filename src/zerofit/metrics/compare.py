@@ -15,6 +15,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from zerofit.config.loader import flatten
+from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, rank_field
 from zerofit.metrics.runs import LoadedRun
 
 # Keys that never explain a difference in outcome (names, where files go, W&B bookkeeping).
@@ -45,18 +47,6 @@ _RUN_STYLES = ("-", "--", "-.", ":")
 # (label, xs, ys) or (label, xs, ys, matplotlib line style kwargs)
 _Series = tuple[Any, ...]
 _EXTRA_PREFIXES = ("versions.", "git.")
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay values."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
 
 
 def comparable_config(run: LoadedRun) -> dict[str, Any]:
@@ -288,13 +278,13 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
         "loss",
         per_run("loss"),
     )
-    if any(run.series("eval/loss")[0] for run in runs):
+    if any(run.series(EVAL_LOSS)[0] for run in runs):
         figure(
             "eval_loss_vs_step.png",
             "Eval loss (token-weighted, whole eval set)",
             "optimizer step",
             "eval loss",
-            per_run("eval/loss"),
+            per_run(EVAL_LOSS),
         )
     for key in ("rewards/accuracies", "eval/rewards/accuracies"):
         if any(run.series(key)[0] for run in runs):
@@ -312,8 +302,8 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
         for rank in run.ranks():
             # One colour per run, one line style per rank: runs stay apart, ranks of a run stay together.
             style = {"color": f"C{index % 10}", "linestyle": _RANK_STYLES[rank % len(_RANK_STYLES)]}
-            memory_series.append((f"{label} rank{rank}", *run.series(f"mem/rank{rank}/peak_gib"), style))
-    sources = sorted({str(r.rows[0].get("mem/source", "?")) for r in runs if r.rows})
+            memory_series.append((f"{label} rank{rank}", *run.series(rank_field(rank, PEAK_GIB)), style))
+    sources = sorted({str(r.rows[0].get(MEM_SOURCE, "?")) for r in runs if r.rows})
     figure(
         "peak_memory_per_rank.png",
         f"Peak memory per rank since last log ({', '.join(sources)})",

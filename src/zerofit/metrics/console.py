@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from zerofit.metrics.keys import MAX_PEAK
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 
 
@@ -27,7 +28,7 @@ def _status(metrics: dict[str, Any]) -> str:
     return (
         f"loss {_fmt(metrics.get('loss'), '.4f')}  lr {_fmt(metrics.get('lr'), '.2e')}  "
         f"{_fmt(metrics.get('tokens_per_s'), ',.0f')} tok/s  "
-        f"peak {_fmt(metrics.get('mem/max_peak_gib'), '.2f')} GiB"
+        f"peak {_fmt(metrics.get(MAX_PEAK), '.2f')} GiB"
     )
 
 

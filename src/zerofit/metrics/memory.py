@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-GIB = float(1 << 30)
+from zerofit.metrics.keys import MAX_PEAK, MEM_SOURCE, PEAK_GIB, rank_field
+from zerofit.precision import GIB
 
 _PROC_STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -89,7 +90,7 @@ def _cuda_snapshot(device: torch.device) -> dict[str, float]:
     snap = {
         "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
         "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
-        "peak_gib": peak / GIB,
+        PEAK_GIB: peak / GIB,
         "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
         "active_gib": float(stats.get("active_bytes.all.current", 0)) / GIB,
         # cudaMalloc retries mean the caching allocator had to free cache and retry: fragmentation or a
@@ -123,7 +124,7 @@ def memory_snapshot(device: torch.device) -> dict[str, float]:
     return {
         "allocated_gib": host["rss_gib"],
         "reserved_gib": host["rss_gib"],
-        "peak_gib": peak,
+        PEAK_GIB: peak,
         "capacity_pct": 100.0 * peak * GIB / total if total else 0.0,
         **host,
         _CUDA_FLAG: 0.0,
@@ -144,9 +145,9 @@ def per_rank_fields(snapshots: list[dict[str, float]]) -> dict[str, Any]:
     for rank, snap in enumerate(snapshots):
         for name, value in snap.items():
             if not name.startswith("_"):
-                out[f"mem/rank{rank}/{name}"] = value
-    out["mem/source"] = "cuda" if all_cuda else "cpu_rss"
+                out[rank_field(rank, name)] = value
+    out[MEM_SOURCE] = "cuda" if all_cuda else "cpu_rss"
     # CUDA device peaks are always reset per snapshot; host (RSS) peaks only where VmHWM can be reset.
     out["mem/peak_scope"] = "since_last_log" if all_cuda or all_reset else "since_start"
-    out["mem/max_peak_gib"] = max((float(s.get("peak_gib", 0.0)) for s in snapshots), default=0.0)
+    out[MAX_PEAK] = max((float(s.get(PEAK_GIB, 0.0)) for s in snapshots), default=0.0)
     return out

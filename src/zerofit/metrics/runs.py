@@ -16,6 +16,7 @@ import yaml
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.errors import DataError
+from zerofit.metrics.keys import PEAK_GIB, rank_of_field
 from zerofit.metrics.summary import RunSummary, next_tokens_seen, predicted_peak_gib
 from zerofit.run_layout import METRICS_FILE, RunLayout
 
@@ -64,12 +65,8 @@ class LoadedRun:
 
     def ranks(self) -> list[int]:
         """Ranks with memory fields in the rows (`mem/rank{r}/peak_gib`)."""
-        found: set[int] = set()
-        for row in self.rows:
-            for key in row:
-                if key.startswith("mem/rank") and key.endswith("/peak_gib"):
-                    found.add(int(key[len("mem/rank") : -len("/peak_gib")]))
-        return sorted(found)
+        found = {rank_of_field(key, PEAK_GIB) for row in self.rows for key in row}
+        return sorted(rank for rank in found if rank is not None)
 
 
 def _is_num(value: Any) -> bool:

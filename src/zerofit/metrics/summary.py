@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 from zerofit.messages import warn
 from zerofit.metrics.base import named
+from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, rank_of_field
 from zerofit.run_layout import RunLayout
-
-_RANK_PEAK = re.compile(r"^mem/rank(\d+)/peak_gib$")
 
 
 def _number(value: Any) -> float | None:
@@ -109,7 +107,7 @@ class RunSummary:
         if loss is not None:
             self.final_loss = loss
             self.min_loss = loss if self.min_loss is None else min(self.min_loss, loss)
-        eval_loss = _number(metrics.get("eval/loss"))
+        eval_loss = _number(metrics.get(EVAL_LOSS))
         if eval_loss is not None:
             self.eval_loss = eval_loss
             self.min_eval_loss = (
@@ -122,13 +120,12 @@ class RunSummary:
         lr = _number(metrics.get("lr"))
         if lr is not None:
             self.last_lr = lr
-        if isinstance(metrics.get("mem/source"), str):
-            self.mem_source = metrics["mem/source"]
+        if isinstance(metrics.get(MEM_SOURCE), str):
+            self.mem_source = metrics[MEM_SOURCE]
         for key, value in metrics.items():
-            match = _RANK_PEAK.match(key)
+            rank = rank_of_field(key, PEAK_GIB)
             peak = _number(value)
-            if match and peak is not None:
-                rank = int(match.group(1))
+            if rank is not None and peak is not None:
                 self.rank_peaks[rank] = max(self.rank_peaks.get(rank, 0.0), peak)
 
     def replay(self, rows: list[dict[str, Any]]) -> None:

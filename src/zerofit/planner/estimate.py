@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerofit.planner.activations import activation_terms
-from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.state import Place, model_state, param_counts, quantized_weight_bytes
-from zerofit.precision import dtype_bytes
+from zerofit.precision import GIB, dtype_bytes
 
 # --- Allowance: device memory that is not a tensor (documented constants) --------------------------------
 # The CUDA context (driver state, kernels of torch, cuBLAS and cuDNN loaded on first use) is not counted by

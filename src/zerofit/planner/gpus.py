@@ -24,8 +24,7 @@ import re
 from dataclasses import dataclass
 
 from zerofit.errors import ConfigError
-
-GIB = 2**30
+from zerofit.precision import GIB
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,9 @@ from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.lora import apply_lora, lora_config
 from zerofit.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
-from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import compute_profile
 from zerofit.planner.shapes import build_meta_model, decoder_layers, model_shape
+from zerofit.precision import GIB
 from zerofit.recompute import enable_activation_checkpointing
 
 if TYPE_CHECKING:
