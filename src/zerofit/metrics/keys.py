@@ -1,4 +1,5 @@
-"""The names of `metrics.jsonl` fields that more than one module writes or reads (docs/contracts.md, contract 4).
+"""The names of `metrics.jsonl` fields that more than one module writes or reads (docs/contracts.md,
+contract 4).
 
 A field written in one module and read back in another (the evaluation writes `eval/loss`, the checkpoint
 policy, the summary and `zerofit compare` read it; the memory telemetry writes `mem/rank{r}/peak_gib`, the
@@ -30,7 +31,7 @@ _RANK_FIELD = re.compile(rf"^{re.escape(_MEM_RANK_PREFIX)}(\d+)/(.+)$")
 
 
 def rank_field(rank: int, name: str) -> str:
-    """`mem/rank{rank}/{name}`: the metrics field of one rank's memory reading `name` (`rank_of_field` reads it)."""
+    """`mem/rank{rank}/{name}`: the field of one rank's memory reading `name` (`rank_of_field` reads it)."""
     return f"{_MEM_RANK_PREFIX}{rank}/{name}"
 
 
