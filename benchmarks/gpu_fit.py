@@ -224,9 +224,9 @@ RATIOS += [(f"long-{r}-{t}", f"long-hf-{r}-{t}") for t in LONG_LENGTHS for r in 
 # Issue 19's 2-card case: the LoRA long-context recipe as shipped (its `auto` levers decided by the planner
 # for the capped card) with every sequence sharded over 2 GPUs (distributed.sequence_parallel=2, dp 1, global
 # batch 1 = micro 1), each rank under the same cap, on the Llama-3.1-8B shape. The lengths are the planner's:
-#   long-2gpu-sp         ZeRO-2 as shipped (the bf16 base on both cards): 61,440 tokens, the README's 2-card
-#                        launch; `zerofit plan --max-context --world-size 2 distributed.sequence_parallel=2`
-#                        plans 63,488 at most (1.63x the 1-card 38,912)
+#   long-2gpu-sp         ZeRO-2 as shipped (the bf16 base on both cards): 61,440 tokens, the 2-card
+#                        launch of docs/guides/long-context.md; `zerofit plan --max-context --world-size 2
+#                        distributed.sequence_parallel=2` plans 63,488 at most (1.63x the 1-card 38,912)
 #   long-2gpu-sp-zero3   ZeRO-3 shards the base over both: 73,728 tokens, 1.89x the 1-card plan (the issue's
 #                        goal is 1.8x); the planner's most is 131,072 (the model's positions)
 # Each case records its context against one card's (`context_vs_one_card`: the planner's longest for 1 card
