@@ -269,7 +269,7 @@ def build_random_model(name: str, target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from zerofit.planner.shapes import hf_config
+    from zerofit.meta_model import hf_config
     from zerofit.tiny_llama import ensure_tiny_llama
 
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")

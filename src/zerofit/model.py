@@ -38,10 +38,11 @@ from zerofit.lora import (
     lora_config,
     model_targets,
 )
+from zerofit.meta_model import decoder_layers
 from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
-from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
+from zerofit.recompute import checkpointed_layers, enable_activation_checkpointing
 from zerofit.sequence_parallel import head_count_problem
 from zerofit.tiling import enable_tiled_mlp, tiled_mlp_shards
 from zerofit.tiny_llama import ensure_tiny_model
@@ -178,7 +179,7 @@ def check_attention_before_load(path: str, attn_implementation: str) -> None:
 def check_lean_norm_before_load(path: str) -> None:
     """`train.lean_norm = true`: refuse a model whose norm class it does not know (`norms.check_lean_norm`)
     on a meta-device build (milliseconds), not after the weights load; best effort, like the LoRA check."""
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     try:
         meta = build_meta_model(path, attn_implementation="eager")
@@ -226,7 +227,7 @@ def check_lora_targets_before_load(path: str, spec: AdapterSpec) -> None:
     Best effort: an architecture that cannot be built from its config alone (custom code) is checked by
     `apply_lora` after the load instead.
     """
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     try:
         meta = build_meta_model(path, attn_implementation="eager")  # names only: any attention will do
@@ -255,7 +256,7 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
     whole model (no weights). None without LoRA; {"error": ...} for a model not buildable from its config."""
     if not cfg.lora.enabled:
         return None
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     spec = lora_spec(cfg)
     try:
