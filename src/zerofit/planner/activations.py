@@ -57,7 +57,7 @@ class _Dt:
 
 
 def _dtypes(scn: Scenario, prof: ComputeProfile) -> _Dt:
-    half_b = dtype_bytes(prof.half) if prof.half else 4
+    half_b = prof.half_bytes
     if prof.cast_params_to is not None:
         store = half_b  # DeepSpeed / FSDP2: everything computes in the half dtype
         adapter = half_b
@@ -65,7 +65,7 @@ def _dtypes(scn: Scenario, prof: ComputeProfile) -> _Dt:
         # k-bit preparation upcasts norms and embeddings to fp32 (quantization.fp32_residual); without it
         # the residual stream stays in the compute dtype.
         kbit_fp32 = scn.quantization != "none" and scn.fp32_residual
-        store = 4 if (kbit_fp32 or prof.load == "fp32") else dtype_bytes(prof.load)
+        store = dtype_bytes("fp32" if kbit_fp32 else prof.load)
         if scn.quantization != "none" and not scn.fp32_residual:
             store = half_b
         adapter = 4
@@ -293,7 +293,7 @@ def _merged_expert_bytes(scn: Scenario, lora: LoraShape | None) -> int:
     if lora is None or not lora.experts_adapted:
         return 0
     prof = compute_profile(scn)
-    return lora.merged_expert_numel * (dtype_bytes(prof.half) if prof.half else 4)
+    return lora.merged_expert_numel * prof.half_bytes
 
 
 def _attention_saves(scn: Scenario, shape: ModelShape, dt: _Dt) -> list[Term]:

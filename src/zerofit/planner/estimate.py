@@ -115,7 +115,7 @@ def _dequant_layer_gib(scn: Scenario) -> float:
     if scn.quantization == "none":
         return 0.0
     prof = compute_profile(scn)
-    half_b = dtype_bytes(prof.half) if prof.half else 4
+    half_b = prof.half_bytes
     return model_shape(scn.model).layer_linear_weight_params * half_b / GIB
 
 
@@ -127,7 +127,7 @@ def ulysses_buffer_bytes(scn: Scenario) -> int:
         return 0
     shape = model_shape(scn.model)
     width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-    compute_bytes = 4 if scn.precision == "fp32" else 2
+    compute_bytes = dtype_bytes(scn.precision)
     return 2 * scn.rows * scn.shard_seq_len * width * compute_bytes
 
 
@@ -245,7 +245,7 @@ def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:
             f"unsharded weights the engine does not hold: -{state.trace_weight_surplus / GIB:.3f} GiB"
         )
     if counts.quantized and scn.strategy != "fsdp":
-        half_b = dtype_bytes(prof.half) if prof.half else 4
+        half_b = prof.half_bytes
         quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
         added += quant_b - counts.quantized * half_b
         notes.append("quantized weights: traced as half-precision stand-ins, swapped for their 4/8-bit bytes")
