@@ -20,7 +20,8 @@ from zerofit.config.resolve import resolve
 from zerofit.errors import ConfigError
 from zerofit.loss import chunk_tokens
 from zerofit.planner import choose_fastest_plan
-from zerofit.planner.activations import TermKind, activation_terms
+from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.context import lever_combinations, max_context
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS

@@ -13,7 +13,7 @@ Peak = max over the two phases of a step:
 
 Resident state (`state.py`) = weights as the engine holds them (dtype, quantization, ZeRO / FSDP sharding,
 offload) + optimizer state + master weights (DeepSpeed, mixed precision) + the engine's gradient buffers.
-Activations: `activations.py`.
+Activations: `activations/` (`activations.peak.activation_terms`).
 
 `total` adds a stated allowance for what is not a tensor: the CUDA context, cuBLAS workspace, NCCL buffers and
 caching-allocator fragmentation (constants below, documented where they are defined).
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerofit.planner.activations import activation_terms
+from zerofit.planner.activations.peak import activation_terms
 from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape

@@ -1,7 +1,7 @@
 """The memory scenario: everything one training step's memory depends on, derived from the engine spec.
 
 A `Scenario` is a flat, hashable record (model, sequence, split, engine facts, adaptation, numerics) the
-analytic model (`state.py`, `activations.py`, `estimate.py`) and the tensor trace (`trace.py`) both read.
+analytic model (`state.py`, `activations/`, `estimate.py`) and the tensor trace (`trace.py`) both read.
 It is built from the run's rendered engine spec (`scenario_for`), so the planner sees exactly the engine
 the run will get: the ZeRO stage, offload, who builds the optimizer and every dtype come from the spec,
 never from a second reading of the preset or of a user's DeepSpeed file. A what-if (a candidate

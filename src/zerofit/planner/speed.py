@@ -66,7 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zerofit.planner.activations import residual_bytes
+from zerofit.planner.activations.dtypes import residual_bytes
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.shapes import lora_shape, model_shape
 from zerofit.precision import dtype_bytes
