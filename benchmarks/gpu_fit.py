@@ -269,7 +269,7 @@ def build_random_model(name: str, target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from zerofit.planner.shapes import hf_config
+    from zerofit.meta_model import hf_config
     from zerofit.tiny_llama import ensure_tiny_llama
 
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -320,7 +320,7 @@ def run_case(
     run's folder, one for all its ranks (a fresh temporary one when None: one process)."""
     import torch
 
-    import zerofit.planner.search as search
+    import zerofit.planner.search.budget as search_budget
     from workloads import describe, run_zerofit, workload
     from zerofit.catalogue import model_config_dict
     from zerofit.config import load_config, resolve
@@ -329,7 +329,8 @@ def run_case(
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.gpus import gpu_from_device_name
     from zerofit.planner.scenario import scenario_for
-    from zerofit.planner.search import Budget, plan_memory
+    from zerofit.planner.search.budget import Budget
+    from zerofit.planner.search.report import plan_memory
     from zerofit.planner.speed import predict_speed
     from zerofit.strategies.env import launch_env
 
@@ -352,7 +353,7 @@ def run_case(
         out["device"] = torch.cuda.get_device_name()
         gpu = gpu_from_device_name(out["device"])
         # `auto` must plan for the capped budget (the card's speed, 24 GiB of memory), not the whole card.
-        search.detected_gpu = lambda: (f"{out['device']} capped at {cap_gib} GiB", cap_gib)
+        search_budget.detected_gpu = lambda: (f"{out['device']} capped at {cap_gib} GiB", cap_gib)
 
     overrides = [
         "logging.wandb.mode=disabled",

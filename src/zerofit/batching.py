@@ -84,6 +84,28 @@ def _indivisible(gbs: int, mbs: int | None, gas: int | None, dp: int, why: str) 
     )
 
 
+def _check_given(
+    dp_size: int, global_batch_size: int | None, micro_batch_size: int | None, grad_accum_steps: int | None
+) -> None:
+    """Refuse what no split can come from, before any arithmetic: a non-positive value (all of them named
+    in one message), or fewer than two of the three batch values (the third cannot be derived)."""
+    problems: list[str] = []
+    _check_positive("dp_size", dp_size, problems)
+    _check_positive("global_batch_size", global_batch_size, problems)
+    _check_positive("micro_batch_size", micro_batch_size, problems)
+    _check_positive("grad_accum_steps", grad_accum_steps, problems)
+    if problems:
+        raise BatchConfigError("Invalid batch settings: " + "; ".join(problems) + ".")
+    given = sum(v is not None for v in (global_batch_size, micro_batch_size, grad_accum_steps))
+    if given < 2:
+        raise BatchConfigError(
+            "Batch settings are underdetermined: set at least two of global_batch_size, micro_batch_size, "
+            f"grad_accum_steps (got global_batch_size={global_batch_size}, micro_batch_size={micro_batch_size}, "
+            f"grad_accum_steps={grad_accum_steps}, dp_size={dp_size}). Usually you set global_batch_size and "
+            "micro_batch_size and zerofit derives grad_accum_steps."
+        )
+
+
 def solve_batch(
     dp_size: int,
     global_batch_size: int | None = None,
@@ -96,23 +118,7 @@ def solve_batch(
     agree. Raises `BatchConfigError` (a `ValueError`) for non-positive values, fewer than two values, or a
     split that does not divide exactly.
     """
-    problems: list[str] = []
-    _check_positive("dp_size", dp_size, problems)
-    _check_positive("global_batch_size", global_batch_size, problems)
-    _check_positive("micro_batch_size", micro_batch_size, problems)
-    _check_positive("grad_accum_steps", grad_accum_steps, problems)
-    if problems:
-        raise BatchConfigError("Invalid batch settings: " + "; ".join(problems) + ".")
-
-    given = sum(v is not None for v in (global_batch_size, micro_batch_size, grad_accum_steps))
-    if given < 2:
-        raise BatchConfigError(
-            "Batch settings are underdetermined: set at least two of global_batch_size, micro_batch_size, "
-            f"grad_accum_steps (got global_batch_size={global_batch_size}, micro_batch_size={micro_batch_size}, "
-            f"grad_accum_steps={grad_accum_steps}, dp_size={dp_size}). Usually you set global_batch_size and "
-            "micro_batch_size and zerofit derives grad_accum_steps."
-        )
-
+    _check_given(dp_size, global_batch_size, micro_batch_size, grad_accum_steps)
     if global_batch_size is None:
         assert micro_batch_size is not None and grad_accum_steps is not None  # narrowed by `given >= 2`
         return BatchPlan(

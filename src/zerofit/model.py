@@ -38,10 +38,11 @@ from zerofit.lora import (
     lora_config,
     model_targets,
 )
+from zerofit.meta_model import decoder_layers
 from zerofit.norms import check_lean_norm, enable_lean_norm
 from zerofit.offload import ActivationOffload, enable_activation_offload
 from zerofit.precision import tensor_dtypes, torch_dtype
-from zerofit.recompute import checkpointed_layers, decoder_layers, enable_activation_checkpointing
+from zerofit.recompute import checkpointed_layers, enable_activation_checkpointing
 from zerofit.sequence_parallel import head_count_problem
 from zerofit.tiling import enable_tiled_mlp, tiled_mlp_shards
 from zerofit.tiny_llama import ensure_tiny_model
@@ -178,7 +179,7 @@ def check_attention_before_load(path: str, attn_implementation: str) -> None:
 def check_lean_norm_before_load(path: str) -> None:
     """`train.lean_norm = true`: refuse a model whose norm class it does not know (`norms.check_lean_norm`)
     on a meta-device build (milliseconds), not after the weights load; best effort, like the LoRA check."""
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     try:
         meta = build_meta_model(path, attn_implementation="eager")
@@ -226,7 +227,7 @@ def check_lora_targets_before_load(path: str, spec: AdapterSpec) -> None:
     Best effort: an architecture that cannot be built from its config alone (custom code) is checked by
     `apply_lora` after the load instead.
     """
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     try:
         meta = build_meta_model(path, attn_implementation="eager")  # names only: any attention will do
@@ -255,7 +256,7 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
     whole model (no weights). None without LoRA; {"error": ...} for a model not buildable from its config."""
     if not cfg.lora.enabled:
         return None
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     spec = lora_spec(cfg)
     try:
@@ -380,23 +381,13 @@ def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationO
     return enable_activation_offload(layers[:n_ckpt]) if t.activation_offload is True else None
 
 
-def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = None) -> BuiltModel:
-    """Load and adapt the model described by `cfg`, ready for a strategy to wrap.
+def _check_before_load(cfg: ZerofitConfig, path: str) -> AdapterSpec:
+    """Refuse what the model at `path` cannot run before its weights load (attention, lean norms, kernels,
+    the heads sequence parallelism splits, LoRA targets), and return the LoRA spec.
 
-    `device_map` is passed to `from_pretrained` (e.g. `{"": local_rank}` to place quantized weights on a
-    GPU at load time); None keeps everything on CPU, which the engines then move. `tokenizer`: one already
-    loaded with `load_tokenizer` (else it is loaded here).
+    LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
+    a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
     """
-    from transformers import AutoModelForCausalLM
-
-    # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder. Lever
-    #    settings the model cannot run are refused before anything loads.
-    check_memory_levers(cfg)
-    kernel = varlen_kernel(cfg)
-    path = resolve_model_path(cfg)
-
-    # LoRA targets are checked against a meta-device build of the config (every module name, no weights), so
-    # a misspelled `lora.target_modules` entry is refused before a 7B load, not after it.
     check_attention_before_load(path, attention_choice(cfg))
     if cfg.train.lean_norm is True:
         check_lean_norm_before_load(path)
@@ -407,12 +398,43 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     if cfg.lora.enabled:
         check_lora_targets_before_load(path, spec)
         check_fused_head_targets(cfg.train.cross_entropy, cfg.lora.target_modules)
+    return spec
 
-    # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
-    dtype = load_dtype(cfg)
-    quant = quantization_config(cfg)
+
+def _install_levers(
+    hf: torch.nn.Module, cfg: ZerofitConfig, kernel: str | None
+) -> tuple[ActivationOffload | None, int]:
+    """Install the levers on the Hugging Face model `hf` (underneath peft), in the order each needs;
+    returns the activation offload (`enable_memory_levers`) and how many layers were compiled."""
+    # 4b. train.kernels=liger: Liger's RMSNorm, SwiGLU and RoPE forwards, before the tiled MLP wraps the
+    #     MLP's forward (`zerofit.kernels`).
+    apply_kernels(hf, cfg.train.kernels)
+
+    # 5. Memory levers: activation checkpointing of the first n decoder layers, offload of their saved
+    #    inputs, the tiled MLP, lean RMSNorms (`enable_memory_levers`).
+    offload = enable_memory_levers(hf, cfg)
+
+    # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's
+    #     context (`zerofit.fused_loss`), the same module and parameter names, logits everywhere else.
+    if cfg.train.cross_entropy == FUSED_LINEAR:
+        install_fused_head(hf)
+
+    # 5c. model.attn_implementation=varlen: each attention module runs the kernel chosen for this device.
+    if kernel is not None:
+        install_kernel(hf, kernel)
+    # 5d. train.compile: each decoder layer compiled in place, as every lever left it; checkpointing and the
+    #     offload hooks stay outside the compiled body (`zerofit.compiling`).
+    compiled = compile_decoder_layers(decoder_layers(hf)) if cfg.train.compile else 0
+    return offload, compiled
+
+
+def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, device_map: Any) -> Any:
+    """The transformers model at `path`, loaded in `dtype` (quantized by `quant`, placed by `device_map`),
+    with the attention path the config chose; a hub failure is one paragraph (`hub_errors`)."""
+    from transformers import AutoModelForCausalLM
+
     with hub_errors(cfg.model.name_or_path, "weights", path):
-        model = AutoModelForCausalLM.from_pretrained(
+        return AutoModelForCausalLM.from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=hf_attn_implementation(attention_path(cfg)),
@@ -420,6 +442,27 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
             trust_remote_code=cfg.model.trust_remote_code,
             device_map=device_map,
         )
+
+
+def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = None) -> BuiltModel:
+    """Load and adapt the model described by `cfg`, ready for a strategy to wrap.
+
+    `device_map` is passed to `from_pretrained` (e.g. `{"": local_rank}` to place quantized weights on a
+    GPU at load time); None keeps everything on CPU, which the engines then move. `tokenizer`: one already
+    loaded with `load_tokenizer` (else it is loaded here).
+    """
+
+    # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder. Lever
+    #    settings the model cannot run are refused before anything loads.
+    check_memory_levers(cfg)
+    kernel = varlen_kernel(cfg)
+    path = resolve_model_path(cfg)
+    spec = _check_before_load(cfg, path)
+
+    # 2. Load with the dtype rule (see `load_dtype`) and, for QLoRA / 8-bit, bitsandbytes quantization.
+    dtype = load_dtype(cfg)
+    quant = quantization_config(cfg)
+    model = _from_pretrained(cfg, path, dtype, quant, device_map)
 
     # 3. Quantized base: freeze it and, with `quantization.fp32_residual` (default), upcast the non-quantized
     #    parts (norms, embeddings, lm_head) to fp32 for stable training (`prepare_kbit_base`).
@@ -434,25 +477,8 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
         model = apply_lora(model, spec, seed=cfg.seed)
         adapters = f"{targets.summary or 'the listed modules'}: {adapted_counts(model).describe()}"
 
-    # 4b. train.kernels=liger: Liger's RMSNorm, SwiGLU and RoPE forwards on the HF model underneath peft,
-    #     before the tiled MLP wraps the MLP's forward (`zerofit.kernels`).
-    apply_kernels(_hf_model(model), cfg.train.kernels)
-
-    # 5. Memory levers on the Hugging Face model underneath peft: activation checkpointing of the first n
-    #    decoder layers, offload of their saved inputs, the tiled MLP, lean RMSNorms (`enable_memory_levers`).
-    offload = enable_memory_levers(_hf_model(model), cfg)
-
-    # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's
-    #     context (`zerofit.fused_loss`), the same module and parameter names, logits everywhere else.
-    if cfg.train.cross_entropy == FUSED_LINEAR:
-        install_fused_head(_hf_model(model))
-
-    # 5c. model.attn_implementation=varlen: each attention module runs the kernel chosen for this device.
-    if kernel is not None:
-        install_kernel(_hf_model(model), kernel)
-    # 5d. train.compile: each decoder layer compiled in place, as every lever left it; checkpointing and the
-    #     offload hooks stay outside the compiled body (`zerofit.compiling`).
-    compiled = compile_decoder_layers(decoder_layers(_hf_model(model))) if cfg.train.compile else 0
+    # 4b-5d. Kernels, memory levers, the fused head, the varlen kernel and compile (`_install_levers`).
+    offload, compiled = _install_levers(_hf_model(model), cfg, kernel)
 
     # 6. No KV cache in training (it is useless there and conflicts with checkpointing); train mode so
     #    checkpointing and dropout are active from the first step.

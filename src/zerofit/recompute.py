@@ -16,13 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from zerofit.errors import ConfigError
+from zerofit.meta_model import decoder_layers, no_split_classes
 
 __all__ = [
     "checkpointed_layers",
-    "decoder_layers",
     "describe_checkpointing",
     "enable_activation_checkpointing",
-    "no_split_classes",
 ]
 
 
@@ -46,29 +45,6 @@ def describe_checkpointing(n: int, num_layers: int) -> str:
     if n <= 0:
         return "none"
     return f"first {n} of {num_layers} layers"
-
-
-def no_split_classes(model: Any) -> list[str]:
-    """The block classes the model itself says must stay whole (`_no_split_modules` of its transformers
-    class, or of the transformers model under a peft / FSDP wrapper), in the model's order."""
-    names: list[str] = []
-    for module in model.modules():
-        for name in getattr(module, "_no_split_modules", None) or []:
-            if name not in names:
-                names.append(name)
-    return names
-
-
-def decoder_layers(hf_model: Any) -> list[Any]:
-    """The model's repeated decoder blocks, in order: transformers' `GradientCheckpointingLayer`s, or (a
-    model whose layers are not, e.g. custom code) the modules of the classes its `_no_split_modules` names."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers = [m for m in hf_model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if layers:
-        return layers
-    classes = set(no_split_classes(hf_model))
-    return [m for m in hf_model.modules() if type(m).__name__ in classes]
 
 
 def enable_activation_checkpointing(hf_model: Any, n_layers: int) -> int:

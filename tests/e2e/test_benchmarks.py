@@ -150,7 +150,7 @@ def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zerofit.planner.shapes import hf_config
+    from zerofit.meta_model import hf_config
 
     sys.path.insert(0, str(BENCH))
     import gpu_fit

@@ -37,7 +37,8 @@ from zerofit.data import Example, collate
 from zerofit.data.packing import collate_packed
 from zerofit.errors import ConfigError
 from zerofit.model import build_model, varlen_kernel
-from zerofit.planner.activations import TermKind, activation_terms
+from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.scenario import Scenario
 
 

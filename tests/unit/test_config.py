@@ -347,7 +347,7 @@ def test_switching_away_from_deepspeed_drops_the_files_deepspeed_json(tmp_path: 
 def test_micro_batch_auto_says_the_planner_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     # The memory planner resolves `auto` (tests/unit/test_planner_search.py); without a visible GPU and
     # without planner.gpu / planner.gpu_memory_gib it has no budget and says how to give one.
-    monkeypatch.setattr("zerofit.planner.search.detected_gpu", lambda: None)
+    monkeypatch.setattr("zerofit.planner.search.budget.detected_gpu", lambda: None)
     assert "needs the GPU's memory" in _problems(["batch.micro_batch_size=auto"])
     # The config layer sits below the planner: without a chooser, `auto` is refused, never guessed.
     with pytest.raises(ConfigError, match="needs the memory planner"):

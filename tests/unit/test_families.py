@@ -22,8 +22,8 @@ from zerofit.engine.render import decoder_layer_class
 from zerofit.errors import ConfigError
 from zerofit.lora import adapted_counts, apply_lora, lora_config
 from zerofit.lora_targets import resolve_lora_targets
-from zerofit.planner.shapes import build_meta_model
-from zerofit.recompute import decoder_layers, enable_activation_checkpointing
+from zerofit.meta_model import build_meta_model, decoder_layers
+from zerofit.recompute import enable_activation_checkpointing
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = tuple(TINY_CONFIGS)

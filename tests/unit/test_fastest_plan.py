@@ -17,7 +17,9 @@ from zerofit.errors import ConfigError
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import scenario_for
-from zerofit.planner.search import fastest_options, plan_memory, resolve_budget
+from zerofit.planner.search.budget import resolve_budget
+from zerofit.planner.search.options import fastest_options
+from zerofit.planner.search.report import plan_memory
 
 REPO = Path(__file__).resolve().parents[2]
 L7 = "meta-llama/Llama-2-7b-hf"
@@ -26,7 +28,7 @@ LORA_RECIPE = str(REPO / "configs" / "llama2-7b-lora-3090.yaml")
 
 @pytest.fixture(autouse=True)
 def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("zerofit.planner.search.detected_gpu", lambda: None)
+    monkeypatch.setattr("zerofit.planner.search.budget.detected_gpu", lambda: None)
 
 
 def _cfg(**sections: dict[str, Any]) -> ZerofitConfig:

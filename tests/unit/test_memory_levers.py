@@ -25,9 +25,9 @@ from config_helpers import config
 from launch_helpers import varied_length_data
 from zerofit.data import Example, collate
 from zerofit.errors import ConfigError
+from zerofit.meta_model import decoder_layers
 from zerofit.model import build_model
 from zerofit.offload import ActivationOffload
-from zerofit.recompute import decoder_layers
 from zerofit.tiling import enable_tiled_mlp
 
 ROWS = [  # ragged: 12, 7 and 4 tokens, padded to 12

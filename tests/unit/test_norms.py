@@ -129,7 +129,7 @@ def test_the_model_types_auto_may_choose_have_only_known_norms(model_type: str) 
     """`train.lean_norm = auto` is weighed by config.json's model type: each such model, built on the meta
     device, has RMSNorms the lean norm knows (and has some)."""
     from zerofit.catalogue import CATALOGUE
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     name = next(n for n, c in CATALOGUE.items() if c.get("model_type") == model_type)
     norms = check_lean_norm(build_meta_model(name, num_layers=1))

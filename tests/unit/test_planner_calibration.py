@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from zerofit.config import load_config
-from zerofit.planner.activations import TermKind, activation_terms
+from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.scenario import Scenario, what_if

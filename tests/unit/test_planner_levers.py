@@ -20,12 +20,14 @@ from zerofit.config.resolve import resolve
 from zerofit.errors import ConfigError
 from zerofit.loss import chunk_tokens
 from zerofit.planner import choose_fastest_plan
-from zerofit.planner.activations import TermKind, activation_terms
+from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.context import lever_combinations, max_context
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.scenario import Scenario
-from zerofit.planner.search import remedies, resolve_budget
+from zerofit.planner.search.budget import resolve_budget
+from zerofit.planner.search.remedies import remedies
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import flops_per_token, predict_speed
 

@@ -16,7 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from config_helpers import config
 from zerofit.config import ZerofitConfig
 from zerofit.model import build_model
-from zerofit.planner.activations import TermKind, activation_terms
+from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.estimate import estimate
 from zerofit.planner.gpus import GIB
 from zerofit.planner.scenario import Scenario, what_if

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from zerofit.planner.activations import TermKind, activation_terms
+from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import Scenario
 from zerofit.planner.shapes import model_shape

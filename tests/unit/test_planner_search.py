@@ -16,7 +16,9 @@ from zerofit.engine import render_spec
 from zerofit.errors import ConfigError
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.gpus import get_gpu, gpu_from_device_name, gpu_peak_tflops, parse_memory_gib
-from zerofit.planner.search import divisors, plan_memory, resolve_budget
+from zerofit.planner.search.budget import resolve_budget
+from zerofit.planner.search.report import plan_memory
+from zerofit.planner.search.table import divisors
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -26,7 +28,7 @@ L7 = "meta-llama/Llama-2-7b-hf"
 @pytest.fixture(autouse=True)
 def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     # Plans here must not depend on whatever GPU the test machine might have.
-    monkeypatch.setattr("zerofit.planner.search.detected_gpu", lambda: None)
+    monkeypatch.setattr("zerofit.planner.search.budget.detected_gpu", lambda: None)
 
 
 def _cfg(**sections: dict[str, Any]) -> ZerofitConfig:

@@ -159,7 +159,7 @@ def test_planner_shards_the_activations_and_adds_the_exchange() -> None:
 
 def test_max_context_grows_with_two_and_four_cards() -> None:
     from zerofit.planner.context import max_context
-    from zerofit.planner.search import resolve_budget
+    from zerofit.planner.search.budget import resolve_budget
 
     reached = {}
     for sp in (1, 2, 4):
@@ -176,7 +176,8 @@ def test_max_context_grows_with_two_and_four_cards() -> None:
 def test_a_sequence_too_long_for_one_card_gets_sequence_parallelism_as_its_remedy() -> None:
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import what_if
-    from zerofit.planner.search import remedies, resolve_budget
+    from zerofit.planner.search.budget import resolve_budget
+    from zerofit.planner.search.remedies import remedies
 
     cfg = load_config(LORA_LONG, ["data.max_seq_len=61440"])  # one card's longest is 38,912
     budget = resolve_budget(cfg, gpu="rtx3090", detect=False)

@@ -185,7 +185,7 @@ def max_context_report(
 ) -> dict[str, Any]:
     """`--max-context`: the longest context at micro-batch 1 that fits the budget, and its levers."""
     from zerofit.planner.context import max_context
-    from zerofit.planner.search import resolve_budget
+    from zerofit.planner.search.budget import resolve_budget
 
     budget = resolve_budget(config, gpu=gpu, gpu_mem=gpu_mem)
     if budget is None:

@@ -96,6 +96,31 @@ def _merge_missing(ours: dict[str, Any], theirs: dict[str, Any], ours_first: boo
     return out
 
 
+def _optimizer_keys(resolved: ResolvedConfig, offload_optimizer: bool) -> dict[str, Any]:
+    """The optimizer keys zerofit adds when the DeepSpeed config names no optimizer: DeepSpeed's CPU Adam
+    for AdamW with the optimizer offloaded, else permission for the client's own optimizer."""
+    if offload_optimizer and resolved.config.optimizer.name == "adamw":
+        # DeepSpeed's CPU Adam runs the step on the host; a torch AdamW there would be far slower.
+        return {"optimizer": optimizer_block(resolved)}
+    # The client passes its own torch / bitsandbytes optimizer to deepspeed.initialize.
+    keys: dict[str, Any] = {"zero_allow_untested_optimizer": True}
+    if offload_optimizer:
+        keys["zero_force_ds_cpu_optimizer"] = False
+    return keys
+
+
+def _monitors_off() -> dict[str, Any]:
+    """DeepSpeed's own logging, off: zerofit writes metrics.jsonl / W&B itself, and DeepSpeed's monitors
+    would log a second, differently stepped copy (DeepSpeed counts micro-steps in some places)."""
+    return {
+        "steps_per_print": _STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+        "tensorboard": {"enabled": False},
+        "wandb": {"enabled": False},
+        "csv_monitor": {"enabled": False},
+    }
+
+
 def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
     cfg, plan = resolved.config, resolved.plan
     user_file = cfg.distributed.ds_config
@@ -117,14 +142,7 @@ def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
     zero = zero if isinstance(zero, dict) else {}
     offload_optimizer = offloads(zero, "offload_optimizer")
     if "optimizer" not in body:
-        if offload_optimizer and cfg.optimizer.name == "adamw":
-            # DeepSpeed's CPU Adam runs the step on the host; a torch AdamW there would be far slower.
-            ours["optimizer"] = optimizer_block(resolved)
-        else:
-            # The client passes its own torch / bitsandbytes optimizer to deepspeed.initialize.
-            ours["zero_allow_untested_optimizer"] = True
-            if offload_optimizer:
-                ours["zero_force_ds_cpu_optimizer"] = False
+        ours.update(_optimizer_keys(resolved, offload_optimizer))
 
     stage = int(zero.get("stage", 0))
     if "zero_optimization" in body:
@@ -133,17 +151,7 @@ def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
             buckets = hidden_size_buckets(model_hidden_size(cfg.model.name_or_path), stage)
             ours["zero_optimization"] = {k: buckets[k] for k in missing}
 
-    # zerofit writes metrics.jsonl / W&B itself; DeepSpeed's monitors would log a second, differently
-    # stepped copy (DeepSpeed counts micro-steps in some places).
-    ours.update(
-        {
-            "steps_per_print": _STEPS_PER_PRINT,
-            "wall_clock_breakdown": False,
-            "tensorboard": {"enabled": False},
-            "wandb": {"enabled": False},
-            "csv_monitor": {"enabled": False},
-        }
-    )
+    ours.update(_monitors_off())
     config = _merge_missing(ours, body)
     block = config.get("optimizer")
     return DeepSpeedSpec(

@@ -165,23 +165,13 @@ def pinned_split_problems(cfg: ZerofitConfig) -> list[str]:
     return problems
 
 
-def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
-    """The foreign file with every `auto` filled, and every problem found (empty when consistent)."""
-    path = resolved.config.distributed.ds_config
-    if path is None:
-        return {}, []
-    try:
-        body = copy.deepcopy(load_user_ds_config(path))
-    except ConfigError as exc:
-        return {}, exc.problems
-    where = f"distributed.ds_config = {path!r}"
-    cfg, plan = resolved.config, resolved.plan
+def _hard_coded_problems(
+    body: dict[str, Any], slots: dict[str, _Slot], resolved: ResolvedConfig, where: str
+) -> list[str]:
+    """Every value the file hard-codes that differs from zerofit's own for that key (an `auto` or a key
+    zerofit does not own is no conflict), each with the fix: `auto` in the file, or the matching override."""
+    plan = resolved.plan
     problems: list[str] = []
-    if "bfloat16" in body and "bf16" not in body:
-        body["bf16"] = body.pop("bfloat16")  # DeepSpeed's legacy spelling; one name from here on
-
-    # Hard-coded values first (before filling, so a filled `auto` is never compared with itself).
-    slots = _slots(resolved)
     for dotted, slot in slots.items():
         present, value = _get(body, dotted)
         if not present or value == AUTO or slot.zerofit_key is None:
@@ -198,11 +188,13 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
             f'Fix: set "{dotted}": "auto" in the file (or delete it) so zerofit writes its value, or set '
             f"{_override(slot.zerofit_key, value)} so both agree{caveat}"
         )
+    return problems
 
-    # Precision as the file states it (an `auto` follows train.precision, so it is checked before filling).
-    problems.extend(_precision_problems(body, cfg.train.precision, where))
 
-    # Every `auto`: filled from zerofit's values, or refused if zerofit has none for that key.
+def _fill_autos(body: dict[str, Any], slots: dict[str, _Slot], model: str, where: str) -> list[str]:
+    """Fill every `auto` of `body` in place from zerofit's values (the slots, the hidden-size buckets of
+    `model`); the problems: an `auto` zerofit has no value for, or a model whose hidden size is unknown."""
+    problems: list[str] = []
     hidden_buckets: dict[str, int] | None = None
     for dotted, container, key in list(_leaves(body)):
         if container[key] != AUTO:
@@ -212,7 +204,7 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
         elif dotted in _HIDDEN_SIZE_KEYS:
             if hidden_buckets is None:
                 try:
-                    hidden_buckets = hidden_size_buckets(model_hidden_size(cfg.model.name_or_path), stage=3)
+                    hidden_buckets = hidden_size_buckets(model_hidden_size(model), stage=3)
                 except ConfigError as exc:
                     problems.extend(exc.problems)
                     hidden_buckets = {}
@@ -224,6 +216,33 @@ def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
                 f'{where} sets {dotted} = "auto", but zerofit has no value to fill it with (it fills: '
                 f"{fillable}); write a concrete value there"
             )
+    return problems
+
+
+def _fill(resolved: ResolvedConfig) -> tuple[dict[str, Any], list[str]]:
+    """The foreign file with every `auto` filled, and every problem found (empty when consistent)."""
+    path = resolved.config.distributed.ds_config
+    if path is None:
+        return {}, []
+    try:
+        body = copy.deepcopy(load_user_ds_config(path))
+    except ConfigError as exc:
+        return {}, exc.problems
+    where = f"distributed.ds_config = {path!r}"
+    cfg = resolved.config
+    problems: list[str] = []
+    if "bfloat16" in body and "bf16" not in body:
+        body["bf16"] = body.pop("bfloat16")  # DeepSpeed's legacy spelling; one name from here on
+
+    # Hard-coded values first (before filling, so a filled `auto` is never compared with itself).
+    slots = _slots(resolved)
+    problems.extend(_hard_coded_problems(body, slots, resolved, where))
+
+    # Precision as the file states it (an `auto` follows train.precision, so it is checked before filling).
+    problems.extend(_precision_problems(body, cfg.train.precision, where))
+
+    # Every `auto`: filled from zerofit's values, or refused if zerofit has none for that key.
+    problems.extend(_fill_autos(body, slots, cfg.model.name_or_path, where))
 
     problems.extend(_optimizer_problems(body, cfg.optimizer.name, where))
     problems.extend(_scheduler_problems(body, cfg.scheduler.name, where))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -19,6 +19,9 @@ from zerofit.catalogue import is_tiny_model
 from zerofit.config.resolve import adaptation_method
 from zerofit.export.checkpoints import WeightsSource
 from zerofit.export.trained import RunConfig
+
+if TYPE_CHECKING:
+    from zerofit.config.schema import ZerofitConfig
 from zerofit.run_layout import RunLayout
 
 __all__ = ["losses", "model_card"]
@@ -95,18 +98,21 @@ def _base_model(run: RunConfig) -> str:
     return name
 
 
-def model_card(
-    run: RunConfig, source: WeightsSource, kind: str, dtype: str | None, gguf_file: str | None = None
-) -> str:
-    """The README.md text for an export of `run` from `source`; `kind` is `adapter`, `merged`, `model` or
-    `gguf` (then `dtype` is the GGUF type and `gguf_file` the file's name)."""
-    cfg = run.config
-    b, t, o, s, lora = cfg.batch, cfg.train, cfg.optimizer, cfg.scheduler, cfg.lora
+def _method(cfg: ZerofitConfig) -> str:
+    """The adaptation method as the card names it, with the LoRA settings when adapters trained."""
     method = adaptation_method(cfg)
-    micro, accum = int(b.micro_batch_size or 1), int(b.grad_accum_steps or 1)  # resolved: ints
-    dp = int(b.global_batch_size or 0) // (micro * accum)
-    split = f"global {b.global_batch_size} = micro {micro} x accum {accum} x dp {dp}"
-    engine = cfg.distributed.strategy + (f" / {cfg.distributed.preset}" if cfg.distributed.preset else "")
+    lora = cfg.lora
+    if lora.enabled:
+        targets = (
+            lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+        )
+        method += f" (r {lora.r}, alpha {lora.alpha}, dropout {lora.dropout}, targets: {targets})"
+    return method
+
+
+def _data_description(run: RunConfig) -> str:
+    """The training data as the card names it: path, detected format, sequence length, eval source."""
+    cfg = run.config
     data = f"`{cfg.data.path}`"
     fmt = run.data_value("format")
     data += f" (format `{fmt}`)" if fmt else ""
@@ -114,11 +120,38 @@ def model_card(
     eval_source = run.data_value("eval_path") or run.data_value("eval_split")
     if eval_source:
         data += f"; eval: `{eval_source}`"
-    if cfg.lora.enabled:
-        targets = (
-            lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+    return data
+
+
+def _load_snippet(kind: str) -> str:
+    """The Python that loads the export: peft's auto class for an adapter (base, then adapter), else
+    transformers'; the tokenizer from the same folder."""
+    if kind == "adapter":
+        load = (
+            "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # the base, then the adapter\n'
         )
-        method += f" (r {lora.r}, alpha {lora.alpha}, dropout {lora.dropout}, targets: {targets})"
+    else:
+        load = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            'model = AutoModelForCausalLM.from_pretrained("<this folder>")\n'
+        )
+    return load + 'tokenizer = AutoTokenizer.from_pretrained("<this folder>")\n'
+
+
+def model_card(
+    run: RunConfig, source: WeightsSource, kind: str, dtype: str | None, gguf_file: str | None = None
+) -> str:
+    """The README.md text for an export of `run` from `source`; `kind` is `adapter`, `merged`, `model` or
+    `gguf` (then `dtype` is the GGUF type and `gguf_file` the file's name)."""
+    cfg = run.config
+    b, t, o, s = cfg.batch, cfg.train, cfg.optimizer, cfg.scheduler
+    method = _method(cfg)
+    micro, accum = int(b.micro_batch_size or 1), int(b.grad_accum_steps or 1)  # resolved: ints
+    dp = int(b.global_batch_size or 0) // (micro * accum)
+    split = f"global {b.global_batch_size} = micro {micro} x accum {accum} x dp {dp}"
+    engine = cfg.distributed.strategy + (f" / {cfg.distributed.preset}" if cfg.distributed.preset else "")
+    data = _data_description(run)
     what = {
         "adapter": "the LoRA adapter only (a peft folder; the base model is loaded separately)",
         "merged": f"the adapter merged into the base model, {dtype} safetensors",
@@ -155,17 +188,7 @@ def model_card(
     )
     if kind == "gguf":
         return _gguf_card(front, cfg.run_name, run, table, str(gguf_file))
-    if kind == "adapter":
-        load = (
-            "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
-            'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # the base, then the adapter\n'
-        )
-    else:
-        load = (
-            "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-            'model = AutoModelForCausalLM.from_pretrained("<this folder>")\n'
-        )
-    load += 'tokenizer = AutoTokenizer.from_pretrained("<this folder>")\n'
+    load = _load_snippet(kind)
     config = yaml.safe_dump(run.raw, sort_keys=False)
     return (
         f"---\n{front}---\n\n# {cfg.run_name}\n\nFine-tuned with zerofit; exported by `zerofit export` from "

@@ -124,7 +124,7 @@ def _replace(tmp: Path, out: Path) -> None:
 def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path) -> None:
     """Write a checkpoint's LoRA tensors as a peft folder, through peft, with no base weights loaded: the
     wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
-    from zerofit.planner.shapes import build_meta_model
+    from zerofit.meta_model import build_meta_model
 
     model: Any = apply_lora(
         build_meta_model(resolve_model_path(run.config)),

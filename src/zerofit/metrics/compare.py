@@ -222,6 +222,50 @@ def build_tables(runs: list[LoadedRun]) -> tuple[Group, Table]:
     return Group(config_table, held), outcome_table
 
 
+def _draw(plt: Any, path: Path, titles: tuple[str, str, str], series: list[_Series]) -> list[str]:
+    """Draw one figure (`titles`: title, x label, y label) of the series that have data, write it to
+    `path`, and return the labels it plotted (a series with no points is left out of the legend too)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    plotted = []
+    for label, xs, ys, *style in series:
+        if xs:
+            ax.plot(xs, ys, label=label, marker="." if len(xs) < 30 else None, **(style[0] if style else {}))
+            plotted.append(label)
+    title, xlabel, ylabel = titles
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if plotted:
+        ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return plotted
+
+
+def _per_run_series(runs: list[LoadedRun], labels: list[str], key: str, x: str) -> list[_Series]:
+    """One series of `key` against `x` per run. Runs often overlap exactly (same global batch, different
+    engine): earlier runs are drawn thicker and later ones dashed on top, so every curve stays visible."""
+    return [
+        (
+            label,
+            *run.series(key, x=x),
+            {"linewidth": max(1.0, 2.6 - 0.7 * i), "linestyle": _RUN_STYLES[i % 4]},
+        )
+        for i, (label, run) in enumerate(zip(labels, runs, strict=True))
+    ]
+
+
+def _memory_series(runs: list[LoadedRun], labels: list[str]) -> list[_Series]:
+    """Peak memory per rank: one colour per run, one line style per rank, so runs stay apart and the
+    ranks of a run stay together."""
+    memory_series: list[_Series] = []
+    for index, (label, run) in enumerate(zip(labels, runs, strict=True)):
+        for rank in run.ranks():
+            style = {"color": f"C{index % 10}", "linestyle": _RANK_STYLES[rank % len(_RANK_STYLES)]}
+            memory_series.append((f"{label} rank{rank}", *run.series(rank_field(rank, PEAK_GIB)), style))
+    return memory_series
+
+
 def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str]]:
     """Write the comparison PNGs into `out_dir`; returns each file with the labels of its plotted series.
 
@@ -241,42 +285,14 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
     written: dict[Path, list[str]] = {}
 
     def figure(name: str, title: str, xlabel: str, ylabel: str, series: list[_Series]) -> None:
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-        plotted = []
-        for label, xs, ys, *style in series:
-            if xs:
-                ax.plot(
-                    xs, ys, label=label, marker="." if len(xs) < 30 else None, **(style[0] if style else {})
-                )
-                plotted.append(label)
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        ax.grid(alpha=0.3)
-        if plotted:
-            ax.legend(fontsize="x-small")
-        fig.tight_layout()
         path = out / name
-        fig.savefig(path)
-        plt.close(fig)
-        written[path] = plotted
+        written[path] = _draw(plt, path, (title, xlabel, ylabel), series)
 
     def per_run(key: str, x: str = "step") -> list[_Series]:
-        # Runs often overlap exactly (same global batch, different engine): draw earlier runs thicker and
-        # later ones dashed on top, so every curve stays visible.
-        return [
-            (
-                label,
-                *run.series(key, x=x),
-                {"linewidth": max(1.0, 2.6 - 0.7 * i), "linestyle": _RUN_STYLES[i % 4]},
-            )
-            for i, (label, run) in enumerate(zip(labels, runs, strict=True))
-        ]
+        return _per_run_series(runs, labels, key, x)
 
     figure(
-        "loss_vs_step.png",
-        "Loss (token-weighted, global batch)",
-        "optimizer step",
-        "loss",
-        per_run("loss"),
+        "loss_vs_step.png", "Loss (token-weighted, global batch)", "optimizer step", "loss", per_run("loss")
     )
     if any(run.series(EVAL_LOSS)[0] for run in runs):
         figure(
@@ -297,12 +313,7 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
         "loss",
         per_run("loss", x="tokens_seen"),
     )
-    memory_series = []
-    for index, (label, run) in enumerate(zip(labels, runs, strict=True)):
-        for rank in run.ranks():
-            # One colour per run, one line style per rank: runs stay apart, ranks of a run stay together.
-            style = {"color": f"C{index % 10}", "linestyle": _RANK_STYLES[rank % len(_RANK_STYLES)]}
-            memory_series.append((f"{label} rank{rank}", *run.series(rank_field(rank, PEAK_GIB)), style))
+    memory_series = _memory_series(runs, labels)
     sources = sorted({str(r.rows[0].get(MEM_SOURCE, "?")) for r in runs if r.rows})
     figure(
         "peak_memory_per_rank.png",
@@ -311,11 +322,5 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
         "GiB",
         memory_series,
     )
-    figure(
-        "tokens_per_s.png",
-        "Throughput",
-        "optimizer step",
-        "tokens/s",
-        per_run("tokens_per_s"),
-    )
+    figure("tokens_per_s.png", "Throughput", "optimizer step", "tokens/s", per_run("tokens_per_s"))
     return written

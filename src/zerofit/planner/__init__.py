@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def choose_fastest_plan(cfg: ZerofitConfig, world_size: int) -> PlanChoice:
     """The `auto` keys' values: the fastest (micro-batch, checkpointed layers) that fits the GPU and keeps
-    the global batch (`zerofit.planner.search.choose_plan`)."""
-    from zerofit.planner.search import choose_plan
+    the global batch (`zerofit.planner.search.auto.choose_plan`)."""
+    from zerofit.planner.search.auto import choose_plan
 
     return choose_plan(cfg, world_size)

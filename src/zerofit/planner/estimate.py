@@ -13,7 +13,7 @@ Peak = max over the two phases of a step:
 
 Resident state (`state.py`) = weights as the engine holds them (dtype, quantization, ZeRO / FSDP sharding,
 offload) + optimizer state + master weights (DeepSpeed, mixed precision) + the engine's gradient buffers.
-Activations: `activations.py`.
+Activations: `activations/` (`activations.peak.activation_terms`).
 
 `total` adds a stated allowance for what is not a tensor: the CUDA context, cuBLAS workspace, NCCL buffers and
 caching-allocator fragmentation (constants below, documented where they are defined).
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerofit.planner.activations import activation_terms
+from zerofit.planner.activations.peak import activation_terms
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.state import Place, model_state, param_counts, quantized_weight_bytes
@@ -114,7 +114,7 @@ def _dequant_layer_gib(scn: Scenario) -> float:
     if scn.quantization == "none":
         return 0.0
     prof = compute_profile(scn)
-    half_b = dtype_bytes(prof.half) if prof.half else 4
+    half_b = prof.half_bytes
     return model_shape(scn.model).layer_linear_weight_params * half_b / GIB
 
 
@@ -126,7 +126,7 @@ def ulysses_buffer_bytes(scn: Scenario) -> int:
         return 0
     shape = model_shape(scn.model)
     width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
-    compute_bytes = 4 if scn.precision == "fp32" else 2
+    compute_bytes = dtype_bytes(scn.precision)
     return 2 * scn.rows * scn.shard_seq_len * width * compute_bytes
 
 
@@ -244,7 +244,7 @@ def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:
             f"unsharded weights the engine does not hold: -{state.trace_weight_surplus / GIB:.3f} GiB"
         )
     if counts.quantized and scn.strategy != "fsdp":
-        half_b = dtype_bytes(prof.half) if prof.half else 4
+        half_b = prof.half_bytes
         quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
         added += quant_b - counts.quantized * half_b
         notes.append("quantized weights: traced as half-precision stand-ins, swapped for their 4/8-bit bytes")

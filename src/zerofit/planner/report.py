@@ -30,7 +30,8 @@ def memory_report(
 ) -> dict[str, Any]:
     """Analytic estimate + verdict (+ the `--trace` result) for a resolved run and its spec, as a dict."""
     from zerofit.planner.scenario import scenario_for
-    from zerofit.planner.search import plan_memory, resolve_budget
+    from zerofit.planner.search.budget import resolve_budget
+    from zerofit.planner.search.report import plan_memory
 
     budget = resolve_budget(resolved.config, gpu=gpu, gpu_mem=gpu_mem)
     try:

@@ -1,7 +1,7 @@
 """The memory scenario: everything one training step's memory depends on, derived from the engine spec.
 
 A `Scenario` is a flat, hashable record (model, sequence, split, engine facts, adaptation, numerics) the
-analytic model (`state.py`, `activations.py`, `estimate.py`) and the tensor trace (`trace.py`) both read.
+analytic model (`state.py`, `activations/`, `estimate.py`) and the tensor trace (`trace.py`) both read.
 It is built from the run's rendered engine spec (`scenario_for`), so the planner sees exactly the engine
 the run will get: the ZeRO stage, offload, who builds the optimizer and every dtype come from the spec,
 never from a second reading of the preset or of a user's DeepSpeed file. A what-if (a candidate
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from zerofit.precision import tensor_dtypes, torch_dtype
+from zerofit.precision import dtype_bytes, tensor_dtypes, torch_dtype
 from zerofit.recompute import checkpointed_layers
 
 if TYPE_CHECKING:
@@ -157,6 +157,11 @@ class ComputeProfile:
     cast_params_to: str | None  # DeepSpeed / FSDP2 in half precision: every parameter computes in this dtype
     traced_optimizer: bool  # the optimizer is a torch AdamW the trace can run
     grads_leave_autograd: bool  # the engine moves each gradient into its own (partitioned) buffer at once
+
+    @property
+    def half_bytes(self) -> int:
+        """Bytes per element of the dtype the run computes in: `half`, or fp32 without one."""
+        return dtype_bytes(self.half or "fp32")
 
     @property
     def load_dtype(self) -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.catalogue import model_config_dict
-from zerofit.errors import ConfigError
+from zerofit.meta_model import build_meta_model, decoder_layers, decoder_layers_prefix
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
 _CACHE_VERSION = 6
@@ -210,77 +210,6 @@ def _write_cache(key: str, data: dict[str, Any]) -> None:
         pass
 
 
-def hf_config(
-    name_or_path: str,
-    num_layers: int | None = None,
-    attn_implementation: str = "sdpa",
-    *,
-    layer_types: tuple[str, ...] | None = None,
-) -> Any:
-    """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers
-    (`layer_types`: the attention type of each of them, for a family that mixes sliding and full layers)."""
-    from transformers import AutoConfig
-
-    from zerofit.attention import hf_attn_implementation
-
-    data = model_config_dict(name_or_path)
-    data.pop("architectures", None)
-    if layer_types is not None:
-        num_layers = len(layer_types)
-        data["layer_types"] = list(layer_types)
-    if num_layers is not None:
-        data["num_hidden_layers"] = num_layers
-        # Per-layer attention types (sliding/full) must match the layer count.
-        if isinstance(data.get("layer_types"), list):
-            data["layer_types"] = data["layer_types"][:num_layers]
-    model_type = data.pop("model_type")
-    config = AutoConfig.for_model(model_type, **data)
-    config._attn_implementation = hf_attn_implementation(attn_implementation)
-    return config
-
-
-def build_meta_model(
-    name_or_path: str,
-    num_layers: int | None = None,
-    attn_implementation: str = "sdpa",
-    dtype: Any = None,
-    *,
-    layer_types: tuple[str, ...] | None = None,
-) -> Any:
-    """The model class transformers would load, built on the meta device: shapes only, no memory."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    config = hf_config(name_or_path, num_layers, attn_implementation, layer_types=layer_types)
-    try:
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
-    except ValueError as exc:
-        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
-            raise
-        # Gemma 2: soft-capped attention logits have no sdpa kernel in transformers, which refuses it.
-        raise ConfigError(
-            [
-                f"model.attn_implementation = 'sdpa': {name_or_path} ({config.model_type}) has no sdpa "
-                "attention in transformers (its attention logits are soft-capped, which only eager "
-                "attention computes); set model.attn_implementation=eager (the plan then counts the "
-                "S x S probabilities of eager attention)"
-            ]
-        ) from None
-
-
-def decoder_layers(model: Any) -> Any:
-    """The list of decoder layers of a (possibly peft-wrapped) causal LM."""
-    inner = model
-    for attr in ("base_model", "model"):
-        # peft: PeftModel.base_model (LoraModel).model (the HF model); HF: Model.model (the decoder stack)
-        while hasattr(inner, attr) and not hasattr(inner, "layers"):
-            inner = getattr(inner, attr)
-    if not hasattr(inner, "layers"):
-        raise TypeError(f"cannot find decoder layers in {type(model).__name__}")
-    return inner.layers
-
-
 def _linears_of(layer: Any) -> tuple[LinearShape, ...]:
     import torch
 
@@ -336,17 +265,11 @@ def _sliding_fields(cfg: Any, num_layers: int) -> dict[str, int]:
     return {"sliding_window": window, "sliding_layers": sliding}
 
 
-def _layers_prefix(model: Any) -> str:
-    for name, module in model.named_modules():
-        if module is decoder_layers(model):
-            return name + "."
-    raise TypeError(f"cannot find decoder layers in {type(model).__name__}")
-
-
 def _compute_model_shape(name_or_path: str) -> ModelShape:
     model = build_meta_model(name_or_path, attn_implementation="eager")  # shapes only: any attention
     cfg = model.config
     layers = decoder_layers(model)
+    prefix = decoder_layers_prefix(model)  # raises when the model has no decoder layer
     layer = layers[0]
     layer_params = sum(p.numel() for p in layer.parameters())
     linears = _linears_of(layer)
@@ -380,7 +303,7 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         linears=linears,
         layer_param_numels=tuple(p.numel() for p in layer.parameters()),
         outside_param_numels=tuple(
-            p.numel() for n, p in model.named_parameters() if not n.startswith(_layers_prefix(model))
+            p.numel() for n, p in model.named_parameters() if not n.startswith(prefix)
         ),
         norms=_norms_of(layer, heads * head_dim, kv_heads * head_dim, head_dim),
         **_moe_fields(layer, cfg),
@@ -437,7 +360,7 @@ def _lora_counts(
     # adapted one does: recorded as an adapted parameter of the router module.
     adapted += [
         (n.split(".modules_to_save")[0].split(".layers.0.")[-1], "weight", p.numel())
-        for n, p in layer0.named_parameters(prefix=f"{_layers_prefix(model)}0")
+        for n, p in layer0.named_parameters(prefix=f"{decoder_layers_prefix(model)}0")
         if p.requires_grad and ".modules_to_save." in n
     ]
     return {

@@ -66,9 +66,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zerofit.planner.activations import residual_bytes
+from zerofit.planner.activations.dtypes import residual_bytes
 from zerofit.planner.gpus import GPUS
 from zerofit.planner.shapes import lora_shape, model_shape
+from zerofit.precision import dtype_bytes
 
 if TYPE_CHECKING:
     from zerofit.planner.gpus import GPU
@@ -165,7 +166,7 @@ def ulysses_transfer_s(scn: Scenario, card: GPU) -> float:
     if sp <= 1:
         return 0.0
     shape = model_shape(scn.model)
-    compute_bytes = 4 if scn.precision == "fp32" else 2
+    compute_bytes = dtype_bytes(scn.precision)
     # q and the output are num_heads wide, k and v num_kv_heads; a rank keeps 1/N of what it holds.
     width = (2 * shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
     per_layer = scn.rows * scn.shard_seq_len * width * compute_bytes * (sp - 1) / sp

@@ -176,12 +176,12 @@ def model_state(scn: Scenario) -> StateTerms:
     counts = param_counts(scn)
     dp = scn.zero_ranks
     t = StateTerms()
-    half_b = dtype_bytes(prof.half) if prof.half else 4
+    half_b = prof.half_bytes
     quant_b = sum(quantized_weight_bytes(o, i, scn) for o, i in counts.quantized_linears) * counts.layers
     # Frozen non-quantized weights: loaded in the load dtype, upcast to fp32 by k-bit preparation unless
     # quantization.fp32_residual is false.
     kbit_fp32 = scn.quantization != "none" and scn.fp32_residual
-    frozen_b = 4 if kbit_fp32 else dtype_bytes(prof.load)
+    frozen_b = dtype_bytes("fp32" if kbit_fp32 else prof.load)
     opt_state = optimizer_state_bytes(scn, counts.trainable_numels)
     # from_pretrained reads the checkpoint into host memory in the load dtype before the engine moves it.
     t.add(
@@ -256,7 +256,9 @@ def _local_state(
 
 def dtype_label(nbytes: int, half: str | None = "bf16") -> str:
     """A short dtype name for a breakdown line, from an element size (2 bytes: the run's half dtype)."""
-    return {4: "fp32", 2: half or "bf16", 1: "int8"}.get(nbytes, f"{nbytes} B")
+    half = half or "bf16"
+    names = {dtype_bytes("fp32"): "fp32", dtype_bytes(half): half, 1: "int8"}
+    return names.get(nbytes, f"{nbytes} B")
 
 
 def _deepspeed_state(

@@ -43,9 +43,10 @@ from zerofit.attention import FLASH_ATTN, TORCH_VARLEN, install_kernel
 from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.lora import apply_lora, lora_config
 from zerofit.loss import token_sum_loss
+from zerofit.meta_model import build_meta_model, decoder_layers
 from zerofit.planner.estimate import untraced_state
 from zerofit.planner.scenario import compute_profile
-from zerofit.planner.shapes import build_meta_model, decoder_layers, model_shape
+from zerofit.planner.shapes import model_shape
 from zerofit.precision import GIB
 from zerofit.recompute import enable_activation_checkpointing
 
@@ -489,7 +490,7 @@ def _traces_by_layer_type(scn: Scenario, n: int) -> tuple[tuple[LayerTrace, ...]
     for: (1 layer, 2 layers) and (N - 1,) for one attention type; for a family mixing sliding and full
     layers (`layer_types`), also the first layer's type followed by the other one, so that each type's
     layers count their own increment (a sliding layer's saved window mask, which a full layer lacks)."""
-    from zerofit.planner.shapes import hf_config
+    from zerofit.meta_model import hf_config
 
     types = tuple(getattr(hf_config(scn.model), "layer_types", None) or ())
     if len(set(types)) < 2:

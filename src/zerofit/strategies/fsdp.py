@@ -39,7 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.engine.spec import FSDPSpec
 from zerofit.errors import ConfigError
-from zerofit.recompute import no_split_classes
+from zerofit.meta_model import no_split_classes
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,
