@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
