@@ -14,7 +14,7 @@ export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo c
 # Extra dotted overrides for the demo's launch, e.g. `make demo DEMO_ARGS="train.max_steps=10"` (CI's short demo).
 DEMO_ARGS ?=
 
-.PHONY: setup test lint format demo clean
+.PHONY: setup test test-fast lint format demo clean
 
 # torch first, so nothing else pulls a multi-GB CUDA build in its place.
 $(VENV)/.installed: pyproject.toml
@@ -26,8 +26,13 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The full suite, as CI runs it: unit tests, real launches (tests/distributed, tests/e2e) and slow trainings.
 test: setup
 	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# The inner loop: the unit tier without launches or slow in-process trainings and traces (a few minutes).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not distributed" tests/unit $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

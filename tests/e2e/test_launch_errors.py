@@ -16,7 +16,7 @@ import pytest
 
 from launch_helpers import Launch, RunResult, run_launches, run_one, write_config
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 RUN = "earlier"
 

@@ -25,7 +25,7 @@ import pytest
 
 from doc_blocks import NEEDS, REPO, Block, all_blocks
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 BIN = Path(sys.executable).parent
 LINKED = ("configs", "data", "ds_configs", "launchers")

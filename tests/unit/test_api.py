@@ -100,6 +100,7 @@ def test_import_zerofit_is_light() -> None:
         _ = zerofit.trian  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["messages", "text", "alpaca", "prompt_response"])
 def test_train_runs_each_format_and_returns_its_result(runs: dict[str, Any], fmt: str) -> None:
     result = runs["results"][fmt]
@@ -111,6 +112,7 @@ def test_train_runs_each_format_and_returns_its_result(runs: dict[str, Any], fmt
     assert (result.export_dir / "chat_template.jinja").is_file()  # generation can render chat later
 
 
+@pytest.mark.slow
 def test_the_run_directory_holds_what_its_layout_names(runs: dict[str, Any]) -> None:
     """What a run writes is what `RunLayout` (docs/contracts.md's run directory) names, and nothing else."""
     result = runs["results"]["prompt_response"]
@@ -129,6 +131,7 @@ def test_the_run_directory_holds_what_its_layout_names(runs: dict[str, Any]) -> 
     assert result.export_dir == layout.export(adapter=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["messages", "text", "alpaca", "prompt_response"])
 def test_every_step_trains_on_exactly_the_masked_in_tokens(runs: dict[str, Any], fmt: str) -> None:
     """The label tokens of each step's global batch, from the data pipeline and the sampler, are the ones
@@ -150,6 +153,7 @@ def test_every_step_trains_on_exactly_the_masked_in_tokens(runs: dict[str, Any],
             assert row["tokens"] < every / 2  # the prompt side, roles and system turns are not learned
 
 
+@pytest.mark.slow
 def test_train_returns_the_evaluation(runs: dict[str, Any]) -> None:
     result = runs["results"]["messages"]
     evaluated = {row["step"]: row for row in result.metrics if "eval/loss" in row}

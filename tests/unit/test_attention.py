@@ -244,6 +244,7 @@ def test_auto_resolves_to_varlen_except_for_remote_code(model: dict[str, Any], e
     assert resolve(cfg, 1).config.model.attn_implementation == expected
 
 
+@pytest.mark.slow
 def test_varlen_follows_sdpas_loss_curve_on_packed_rows(tmp_path: Path) -> None:
     """Four optimizer steps on packed ragged rows (token budget 128 = 2 rows of 64, 2 accumulation steps),
     LoRA in fp32: varlen's per-step losses are sdpa's within 2e-5."""
@@ -328,6 +329,7 @@ TRACE_CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRACE_CASES))
 def test_varlen_terms_match_the_trace(name: str) -> None:
     from zerofit.planner.estimate import estimate

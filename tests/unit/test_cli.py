@@ -203,6 +203,7 @@ def test_conflicting_foreign_ds_config_via_console_script(tmp_path: Path) -> Non
     assert "train_batch_size = 32" in proc.stderr and "train_batch_size = 16" in proc.stderr
 
 
+@pytest.mark.slow
 def test_console_script_json_output() -> None:
     proc = _zerofit("plan", "--config", DEMO, "--json", env={"WORLD_SIZE": "2"})
     assert proc.returncode == 0, proc.stderr

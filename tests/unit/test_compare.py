@@ -80,6 +80,7 @@ def test_identical_configs_have_no_differences(tmp_path: Path) -> None:
     assert "distributed.preset=zero2" in same
 
 
+@pytest.mark.slow
 def test_compare_reads_wandb_offline_when_metrics_jsonl_is_absent(tmp_path: Path) -> None:
     from zerofit.config.resolve import resolve
     from zerofit.config.schema import ZerofitConfig

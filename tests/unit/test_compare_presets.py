@@ -62,6 +62,7 @@ def _sweep(tmp_path: Path, fake_bin: Path, *args: str) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
 def test_sweep_launches_each_combination_into_one_group_and_compares(tmp_path: Path, fake_bin: Path) -> None:
     proc = _sweep(
         tmp_path, fake_bin, "--presets", "zero2 fsdp", "--micro", "4 2", "--gpus", "2", "--name", "abl"
@@ -80,6 +81,7 @@ def test_sweep_launches_each_combination_into_one_group_and_compares(tmp_path: P
     assert (tmp_path / "runs" / "abl" / "compare" / "loss_vs_step.png").is_file()
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_reported_after_comparing_the_rest(tmp_path: Path, fake_bin: Path) -> None:
     proc = _sweep(tmp_path, fake_bin, "--presets", "zero2 zero3", "--micro", "1", "--name", "f")
     assert proc.returncode == 1

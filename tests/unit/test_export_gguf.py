@@ -100,6 +100,7 @@ def _greedy(model: Any, ids: torch.Tensor, tokenizer: Any) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant", list(TOLERANCE))
 def test_gguf_loads_back_with_the_merged_models_logits_and_greedy_tokens(
     merged: Any, gguf_dir: Path, quant: str
@@ -118,6 +119,7 @@ def test_gguf_loads_back_with_the_merged_models_logits_and_greedy_tokens(
     assert worst > 0  # the comparison sees the file's rounding, not the reference again
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant", list(TORCH_DTYPE))
 def test_half_precision_gguf_holds_exactly_the_rounded_merged_weights(
     merged: Any, gguf_dir: Path, quant: str
@@ -131,6 +133,7 @@ def test_half_precision_gguf_holds_exactly_the_rounded_merged_weights(
         assert torch.equal(got[name], rounded), name
 
 
+@pytest.mark.slow
 def test_the_tokenizer_and_chat_template_round_trip(merged: Any, gguf_dir: Path) -> None:
     _, tokenizer = merged
     _, loaded = _load(gguf_dir, "demo-f16.gguf")
@@ -149,6 +152,7 @@ def test_the_tokenizer_and_chat_template_round_trip(merged: Any, gguf_dir: Path)
     )
 
 
+@pytest.mark.slow
 def test_the_character_vocabulary_is_spelled_as_llama_cpp_reads_a_byte_level_bpe(gguf_dir: Path) -> None:
     from gguf import GGUFReader
 
@@ -238,6 +242,7 @@ def test_a_sentencepiece_style_bpe_keeps_its_byte_tokens(tmp_path: Path) -> None
     assert bool(fields["tokenizer.ggml.add_space_prefix"].parts[-1][0])  # "the" -> "▁the", as llama.cpp must
 
 
+@pytest.mark.slow
 def test_the_folder_holds_the_files_a_modelfile_and_the_card(gguf_dir: Path, run_dir: Path) -> None:
     names = {p.name for p in gguf_dir.iterdir()}
     assert names == {*(f"demo-{q}.gguf" for q in TOLERANCE), "Modelfile", "README.md", "zerofit_export.json"}
@@ -258,6 +263,7 @@ def test_the_folder_holds_the_files_a_modelfile_and_the_card(gguf_dir: Path, run
     assert cli(["generate", str(gguf_dir), "--prompt", "12 + 7 =", "--max-new-tokens", "4"]) == 0
 
 
+@pytest.mark.slow
 def test_an_export_folder_belongs_to_one_run(run_dir: Path, gguf_dir: Path, tmp_path: Path) -> None:
     # A GGUF export adds files to its folder: into another run's export (GGUF or hf) it would leave metadata
     # (zerofit_export.json, card, Modelfile) of one run beside weights of another. Refused; nothing changes.
@@ -305,6 +311,7 @@ def test_the_modelfile_maps_the_common_chat_templates(
     assert "PARAMETER num_ctx 4096" in text  # min(context length, 4096)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_and_the_final_export_of_the_same_step_give_the_same_gguf(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -376,6 +383,7 @@ def test_an_unsupported_architecture_is_one_paragraph() -> None:
     assert "convert_hf_to_gguf.py" in text and "\n" not in text
 
 
+@pytest.mark.slow
 def test_a_type_the_gguf_package_cannot_write_names_the_llama_quantize_command(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -390,6 +398,7 @@ def test_a_type_the_gguf_package_cannot_write_names_the_llama_quantize_command(
     assert "--quant q3: not a GGUF file type; zerofit writes f32, f16, bf16, q8_0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failed_write_leaves_no_partial_gguf_and_the_earlier_file_intact(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -413,6 +422,7 @@ def test_a_failed_write_leaves_no_partial_gguf_and_the_earlier_file_intact(
     assert not (folder / "demo-q8_0.gguf").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quant", ["f16", "q8_0"])
 def test_llama_cpp_itself_tokenizes_and_computes_as_the_merged_model(
     merged: Any, gguf_dir: Path, quant: str

@@ -211,6 +211,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_trains_exports_merged_and_generates(
     trained: dict[str, Path], name: str, capsys: pytest.CaptureFixture[str]
@@ -229,6 +230,7 @@ def test_every_family_trains_exports_merged_and_generates(
     assert out.strip() or "the continuation is empty" in err
 
 
+@pytest.mark.slow
 def test_gguf_export_refuses_a_family_it_does_not_map(
     trained: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -243,6 +245,7 @@ def test_gguf_export_refuses_a_family_it_does_not_map(
 HELD_OUT = ("tiny-qwen3", "tiny-gemma3", "tiny-phi3", "tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HELD_OUT)
 def test_qlora_trains_exports_merged_and_generates(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -162,6 +162,7 @@ def test_the_options_checkpoint_no_layer_when_memory_is_plentiful() -> None:
     assert all(o.checkpointed_layers == 0 for o in options if o.micro_batch_size <= 4)
 
 
+@pytest.mark.slow
 def test_zerofit_plan_prints_the_chosen_plan_runner_up_and_speed_up(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -183,6 +183,7 @@ def _train(cross_entropy: str, steps: int = 4) -> tuple[list[float], torch.Tenso
     return losses, torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
+@pytest.mark.slow
 def test_tiny_llama_trains_the_same_curve_as_the_unchunked_loss() -> None:
     ref_losses, ref_params = _train("unchunked")
     losses, params = _train(FUSED_LINEAR)

@@ -256,6 +256,7 @@ def test_lean_norm_composes_with_qlora(fp32_residual: bool) -> None:
         assert torch.allclose(out[True][1][name], grad, rtol=0, atol=2e-2 * scale + 1e-8), name
 
 
+@pytest.mark.slow
 def test_each_lever_follows_the_reference_loss_curve(tmp_path: Path) -> None:
     """Four optimizer steps (global 4 = micro 2 x 2 accumulation, varied-length data) per lever in this
     process: the per-step losses match the plain run's within 2e-5."""

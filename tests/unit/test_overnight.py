@@ -319,6 +319,7 @@ def test_an_early_stopped_run_resumed_is_finished_and_changes_nothing(
     assert f"zerofit export {run_dir} --out DIR" in out
 
 
+@pytest.mark.slow
 def test_a_signal_in_the_step_that_ends_the_patience_ends_the_run_as_an_early_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -100,6 +100,7 @@ def _loss_and_grads(model: Any, batches: list[dict[str, torch.Tensor]], mask_ins
     return total / tokens, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
+@pytest.mark.slow
 def test_packed_rows_give_the_padded_batch_loss_and_gradients() -> None:
     """tiny-llama in fp32: one global batch of 24 examples as padded micro-batches of 4, and packed under
     token budgets of 1, 2 and 4 rows: same loss and gradient within 1e-5. Packing with a plain mask (attention

@@ -93,6 +93,7 @@ def test_selective_checkpointing_trades_memory_for_recompute_layer_by_layer() ->
     assert 1.25 < speeds[0] / speeds[2] < 1.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
 def test_no_checkpointing_layer_model_against_autograds_count_of_a_real_7b_layer(dropout: float) -> None:
     from _saved_bytes import saved_bytes_per_layer

@@ -30,6 +30,7 @@ REAL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", REAL)
 def test_real_shapes_within_5_percent_of_trace(model: str) -> None:
     scn = Scenario(model=model, seq_len=2048, micro_batch_size=1, lora=True)
@@ -77,6 +78,7 @@ def _tiny(model: str) -> str:
     return name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "moe_experts", "train_router"),
     [
@@ -151,6 +153,7 @@ def test_softcapped_attention_refuses_sdpa_with_the_field() -> None:
         trace_memory(Scenario(model="google/gemma-2-9b", seq_len=128, micro_batch_size=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checkpointed", [False, True])
 @pytest.mark.parametrize("name", ["tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe"])
 def test_expert_adapter_flops_are_what_peft_computes(name: str, checkpointed: bool) -> None:
@@ -201,6 +204,7 @@ def test_expert_adapter_flops_are_what_peft_computes(name: str, checkpointed: bo
     assert extra == pytest.approx(predicted / seq)
 
 
+@pytest.mark.slow
 def test_a_mixed_attention_family_is_traced_per_layer_type() -> None:
     """Gemma-3's 5 sliding : 1 full layers (`layer_types`), here 12 tiny layers with a window of 64 under a
     256-token sequence: the trace adds a (sliding, full) pair and counts each type's layers by its own

@@ -311,6 +311,7 @@ def test_max_context_is_capped_by_the_models_positions() -> None:
     assert out["levers"] == ["batch.micro_batch_size=1", "data.max_seq_len=4096"]  # nothing else needed
 
 
+@pytest.mark.slow
 def test_plan_cli_max_context_json() -> None:
     cmd = [sys.executable, "-m", "zerofit.cli", "plan", "--config", str(RECIPE), "--json", "--max-context"]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO).stdout)
@@ -351,6 +352,7 @@ TRACE_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TRACE_CASES))
 def test_lever_terms_match_the_trace(name: str) -> None:
     from zerofit.planner.trace import trace_memory

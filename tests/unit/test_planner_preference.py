@@ -70,6 +70,7 @@ def test_the_reference_with_adapters_off_is_a_no_grad_forward_of_the_same_rows()
     assert any("computed once before training" in note for note in estimate(base).notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "strategy", "seq", "micro", "ckpt", "reference"),
     [

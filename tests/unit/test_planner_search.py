@@ -206,6 +206,7 @@ def test_plan_json_has_the_memory_verdict_and_table(capsys: pytest.CaptureFixtur
     assert [r["micro_batch_size"] for r in memory["micro_batch_table"]] == [1, 2, 4, 8, 16, 32]
 
 
+@pytest.mark.slow
 def test_plan_trace_on_the_demo_agrees_with_the_analytic_model(capsys: pytest.CaptureFixture[str]) -> None:
     memory = _plan_json(
         capsys, "--config", str(REPO / "configs" / "demo.yaml"), "--gpu-mem", "8GiB", "--trace"

@@ -30,6 +30,7 @@ MATRIX = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "strategy", "lora", "seq", "micro", "ckpt"), MATRIX)
 def test_analytic_within_5_percent_of_trace(
     model: str, strategy: str, lora: bool, seq: int, micro: int, ckpt: bool

@@ -276,6 +276,7 @@ def test_adapters_off_reference_equals_the_frozen_base_exactly() -> None:
 # -- an easy preference task: the reward accuracy rises ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_an_easy_preference() -> None:
     """Chosen responses repeat token 7, rejected ones token 9: DPO drives the reward accuracy above 0.8."""
     model = _tiny()

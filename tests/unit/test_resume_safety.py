@@ -404,6 +404,7 @@ def test_generate_during_training_rereads_the_newest_when_the_one_picked_is_prun
 # --- a step that is not finite stops the run --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("when", "what"),
     [

@@ -139,6 +139,7 @@ def test_a_final_export_on_a_full_disk_is_one_paragraph_and_names_the_checkpoint
         assert [step for step, _ in complete_checkpoints(run_dir)] == [2]
 
 
+@pytest.mark.slow
 def test_metrics_that_cannot_be_written_stop_the_run_with_one_paragraph_and_keep_the_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
