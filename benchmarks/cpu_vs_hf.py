@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from zerofit.messages import quiet_libraries
-    from zerofit.tiny_llama import ensure_tiny_llama
+    from zerofit.core.messages import quiet_libraries
+    from zerofit.models.tiny import ensure_tiny_llama
 
     quiet_libraries()
     model_dir = str(ensure_tiny_llama(args.seed))
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "zf-full": (
             "max_length",
-            resolved_case(args, cap, f"batch.micro_batch_size={auto.plan.micro_batch_size}",
+            resolved_case(args, cap, f"batch.micro_batch_size={auto.batch.micro_batch_size}",
                           "train.activation_checkpointing=true"),
         ),
         "zf-auto": ("max_length", auto),

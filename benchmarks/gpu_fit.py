@@ -7,7 +7,7 @@ too). In each child the CUDA caching allocator is capped at --cap-gib (default 2
 `torch.cuda.set_per_process_memory_fraction`, so a bigger card allocates like a 3090, and the CUDA context
 is read (`mem_get_info`) before the first tensor.
 
-zerofit cases train the recipe's exact pipeline (`zerofit.assembly.assemble` + `zerofit.train.train_loop`,
+zerofit cases train the recipe's exact pipeline (`zerofit.recipe.assembly.assemble` + `zerofit.loop.train.train_loop`,
 as the launcher builds it) on a Llama-2-7B-shaped model with random bf16 weights (no download), on one of
 two workloads of the same examples for zerofit and HF (`workloads.py`): `max_length` (every example 1024
 tokens, all labels) and `real_length` (log-normal lengths, median 30% of the max, masked prompts).
@@ -85,7 +85,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zerofit.catalogue import CATALOGUE
+from zerofit.catalogue.models import CATALOGUE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -269,8 +269,8 @@ def build_random_model(name: str, target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from zerofit.meta_model import hf_config
-    from zerofit.tiny_llama import ensure_tiny_llama
+    from zerofit.models.meta import hf_config
+    from zerofit.models.tiny import ensure_tiny_llama
 
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -322,12 +322,12 @@ def run_case(
 
     import zerofit.planner.search.budget as search_budget
     from workloads import describe, run_zerofit, workload
-    from zerofit.catalogue import model_config_dict
+    from zerofit.catalogue.gpus import gpu_from_device_name
+    from zerofit.catalogue.models import model_config_dict
     from zerofit.config import load_config, resolve
+    from zerofit.core.errors import ConfigError
     from zerofit.engine import render_spec
-    from zerofit.errors import ConfigError
     from zerofit.planner import choose_fastest_plan
-    from zerofit.planner.gpus import gpu_from_device_name
     from zerofit.planner.scenario import scenario_for
     from zerofit.planner.search.budget import Budget
     from zerofit.planner.search.report import plan_memory
@@ -377,7 +377,7 @@ def run_case(
     except ConfigError as exc:  # e.g. `auto` finds nothing that fits: the planner's answer, recorded
         out["error"] = str(exc)[:600]
         return out
-    cfg, plan = resolved.config, resolved.plan
+    cfg, plan = resolved.config, resolved.batch
     budget = Budget(cap_gib, f"cap {cap_gib} GiB", gpu)
     scn = scenario_for(resolved.config, render_spec(resolved, "cuda" if cuda else "cpu"))
     predicted = plan_memory(resolved, render_spec(resolved, "cuda" if cuda else "cpu"), budget)
@@ -518,7 +518,7 @@ def child_command(case: str, args: argparse.Namespace, model_dir: Path | None) -
                 str(args.steps),
             ]
         if args.smoke:
-            from zerofit.tiny_llama import ensure_tiny_llama
+            from zerofit.models.tiny import ensure_tiny_llama
 
             return [*cmd, "--model-dir", str(ensure_tiny_llama(0)), "--seq", "64", "--precision", "fp32"]
         return [

@@ -1,12 +1,12 @@
 """What does zerofit's training loop cost per step over the plain PyTorch loop a user would write?
 
-Both loops train the same model (zerofit's built by `zerofit.assembly.assemble`, the reference's by
-`zerofit.model.build_model` from the same seed, so the same LoRA init), on the same global batches in the
-same order, split into the same micro-batches, with the same optimizer and LR schedule (`zerofit.optim`),
+Both loops train the same model (zerofit's built by `zerofit.recipe.assembly.assemble`, the reference's by
+`zerofit.models.build.build_model` from the same seed, so the same LoRA init), on the same global batches in the
+same order, split into the same micro-batches, with the same optimizer and LR schedule (`zerofit.strategies.optim`),
 in this one process:
 
   zerofit    the run exactly as the launcher assembles it for distributed.strategy=single under plain
-             `python` (`SingleStrategy`) + `zerofit.train.train_loop`, with a discarding metrics sink and a
+             `python` (`SingleStrategy`) + `zerofit.loop.train.train_loop`, with a discarding metrics sink and a
              checkpointer that only timestamps steps. So everything the loop does per step is timed: batch assembly, the
              token count, the token-exact loss, the strategy's verbs, the metrics dict and memory snapshot.
   reference  for each micro-batch: `model(**batch).loss / grad_accum_steps`, backward; then
@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerofit.precision import torch_dtype
-from zerofit.train import CheckpointSaver
+from zerofit.core.precision import torch_dtype
+from zerofit.loop.train import CheckpointSaver
 
 if TYPE_CHECKING:
-    from zerofit.assembly import PreparedRun
     from zerofit.config import ResolvedConfig
     from zerofit.data import Example, GlobalBatchSampler
+    from zerofit.recipe.assembly import PreparedRun
     from zerofit.strategies.base import Strategy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,7 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 def resolve_config(args: argparse.Namespace) -> ResolvedConfig:
     """The config resolved for one plain-`python` process; refuses anything but strategy=single."""
     from zerofit.config import load_config, resolve
-    from zerofit.errors import ConfigError, LaunchError
+    from zerofit.core.errors import ConfigError, LaunchError
     from zerofit.strategies.env import launch_env
 
     env = launch_env()
@@ -142,7 +142,7 @@ class Workload:
         """Global batch `step` split into micro-batches exactly as zerofit splits it for one rank."""
         from zerofit.data import collate, split_global_batch
 
-        p = self.resolved.plan
+        p = self.resolved.batch
         split = split_global_batch(
             self.sampler.batch_indices(step), p.micro_batch_size, p.grad_accum_steps, 1, 0
         )
@@ -157,7 +157,7 @@ def build_reference_model(resolved: ResolvedConfig) -> torch.nn.Module:
     """The config's model as `assemble` builds it (same seed: identical weights and adapters), unwrapped."""
     from transformers import set_seed
 
-    from zerofit.model import build_model
+    from zerofit.models.build import build_model
 
     set_seed(resolved.config.seed)
     return build_model(resolved.config).model
@@ -211,7 +211,7 @@ class ZerofitLoop:
 
     def segment(self, start: int, steps: int) -> Segment:
         """Steps `start`..`start + steps - 1` through `train_loop`, timed by the step clock."""
-        from zerofit.train import train_loop
+        from zerofit.loop.train import train_loop
 
         self.run.max_steps = start + steps
         self.clock.marks = [time.perf_counter()]
@@ -227,7 +227,7 @@ class ReferenceLoop:
     """The textbook loop: HF's mean loss per micro-batch / accumulation steps, clip, step, schedule, zero."""
 
     def __init__(self, model: torch.nn.Module, work: Workload, device: torch.device) -> None:
-        from zerofit.optim import build_optimizer, build_scheduler
+        from zerofit.strategies.optim import build_optimizer, build_scheduler
 
         cfg = work.resolved.config
         self.work, self.device = work, device
@@ -351,7 +351,7 @@ def report(
     args: argparse.Namespace, work: Workload, device: torch.device, z: LoopStats, r: LoopStats
 ) -> dict[str, Any]:
     """Everything a result file records: when, where, what was run, and the numbers."""
-    cfg, plan = work.resolved.config, work.resolved.plan
+    cfg, plan = work.resolved.config, work.resolved.batch
     paired = [a / b for a, b in zip(z.per_repeat_median_s, r.per_repeat_median_s, strict=True)]
     return {
         "script": "benchmarks/overhead_vs_torch.py",
@@ -425,9 +425,9 @@ def format_summary(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from zerofit.assembly import assemble
-    from zerofit.errors import ZerofitError
-    from zerofit.messages import error, quiet_libraries
+    from zerofit.core.errors import ZerofitError
+    from zerofit.core.messages import error, quiet_libraries
+    from zerofit.recipe.assembly import assemble
 
     quiet_libraries()
     try:

@@ -2,7 +2,7 @@
 
 Every catalogued family at its real config.json shape (micro 1 x 2048, LoRA r16 all-linear, strategy single,
 no checkpointing), the mixtures of experts also with every routed expert adapted and with the router trained,
-then the same classes at tiny shapes (tests/unit/test_planner_families.py's `_tiny`). CPU only, a few
+then the same classes at tiny shapes (tests/unit/planner/test_planner_families.py's `_tiny`). CPU only, a few
 minutes; docs/platform.md ("The planner per model family") quotes the result.
 
     python benchmarks/planner_families.py benchmarks/results/planner_families-DATE.json

@@ -10,7 +10,7 @@ depend on them):
   (`batch.tokens_per_micro_batch`) does not.
 
 `run_zerofit` trains a resolved config on such examples exactly as the launcher's loop does
-(`zerofit.assembly.assemble` + `zerofit.train.train_loop`), and returns the steady-state throughput of the
+(`zerofit.recipe.assembly.assemble` + `zerofit.loop.train.train_loop`), and returns the steady-state throughput of the
 fields the loop writes to metrics.jsonl, plus the process CPU time per step (on a CPU shared with other
 work, CPU time measures the work done where wall time measures the neighbours too).
 """
@@ -99,7 +99,7 @@ def _rows_sink() -> Any:
 
 def _step_hook(callback: Callable[[int], None]) -> Any:
     """Stands in for the checkpointer: calls `callback(steps_done)` after every step, saves nothing."""
-    from zerofit.train import CheckpointSaver
+    from zerofit.loop.train import CheckpointSaver
 
     class StepHook(CheckpointSaver):
         # The loop's own protocol as the base, and every argument the loop passes after `steps_done`
@@ -149,9 +149,9 @@ def run_zerofit(
     """Train `steps` + 1 optimizer steps of `resolved` on `examples` (the first is warm-up: it creates the
     optimizer state); returns the steady-state means of the logged throughput fields and the losses.
     `after_step(steps_done)` runs after every step (the GPU benchmark resets its memory peaks there)."""
-    from zerofit.assembly import assemble
     from zerofit.data import GlobalBatchSampler
-    from zerofit.train import LoopInputs, train_loop
+    from zerofit.loop.train import LoopInputs, train_loop
+    from zerofit.recipe.assembly import assemble
 
     cfg = resolved.config
     cpu_marks: list[float] = []  # process CPU time after every step: steadier than wall time on a shared CPU
@@ -169,9 +169,9 @@ def run_zerofit(
             model=run.model,
             examples=examples,
             sampler=GlobalBatchSampler(
-                len(examples), resolved.plan.global_batch_size, cfg.seed, cfg.data.shuffle
+                len(examples), resolved.batch.global_batch_size, cfg.seed, cfg.data.shuffle
             ),
-            plan=run.plan.batch,
+            batch=run.plan.batch,
             max_steps=steps + 1,
             max_grad_norm=cfg.train.max_grad_norm,
             pad_id=int(run.built.tokenizer.pad_token_id),
@@ -206,8 +206,8 @@ def run_zerofit(
         # the real-length workload recompile there and later, inside the measured steps).
         "compile_graph_breaks": sink.rows[-1].get("compile/graph_breaks") if sink.rows else None,
         "split": {
-            "micro_batch_size": resolved.plan.micro_batch_size,
-            "grad_accum_steps": resolved.plan.grad_accum_steps,
+            "micro_batch_size": resolved.batch.micro_batch_size,
+            "grad_accum_steps": resolved.batch.grad_accum_steps,
             "tokens_per_micro_batch": cfg.batch.tokens_per_micro_batch,
             "activation_checkpointing": cfg.train.activation_checkpointing,
             "cross_entropy": cfg.train.cross_entropy,

@@ -62,8 +62,8 @@ read -r -a MICRO_LIST <<< "${MICROS:-_}"
 strategy_of() {  # the engine a preset belongs to (deepspeed | fsdp), from its _zerofit block
   "$PY" - "$1" <<'PYEOF'
 import sys
-from zerofit.errors import ZerofitError
-from zerofit.presets import get_preset
+from zerofit.core.errors import ZerofitError
+from zerofit.catalogue.presets import get_preset
 try:
     print(get_preset(sys.argv[1]).strategy)
 except ZerofitError as exc:

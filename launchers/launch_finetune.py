@@ -5,7 +5,7 @@
     torchrun --nproc_per_node N launchers/launch_finetune.py --config CFG distributed.strategy=fsdp
     python launchers/launch_finetune.py --config CFG distributed.strategy=single
 
-Everything happens in `zerofit.run.main`: parse -> resolve -> assemble -> resume -> print plan -> train.
+Everything happens in `zerofit.recipe.run.main`: parse -> resolve -> assemble -> resume -> print plan -> train.
 """
 
 import os
@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 try:
-    from zerofit.run import main
+    from zerofit.recipe.run import main
 except ModuleNotFoundError:  # a checkout without `pip install -e .`: use its src/ directly
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from zerofit.run import main
+    from zerofit.recipe.run import main
 
 if __name__ == "__main__":
     code = main()

@@ -8,7 +8,7 @@ from typing import Any
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.config.loader import validate_config
 from zerofit.engine import LocalSpec, render_spec
-from zerofit.run_plan import RunPlan, make_run_plan
+from zerofit.engine.run_plan import RunPlan, make_run_plan
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy
 

@@ -6,9 +6,9 @@
     result.final_loss, result.eval_loss, result.run_dir, result.metrics[-1]["lr"]
 
 The same config, overrides and checks as the command line (`launchers/launch_finetune.py`, `zerofit plan`):
-`train` runs in this process through `zerofit.run.run_training`, so it trains with the world size of the
+`train` runs in this process through `zerofit.recipe.run.run_training`, so it trains with the world size of the
 launch it is in (one process in a notebook; under torchrun every rank calls it). User errors raise
-`zerofit.errors.ZerofitError` subclasses (`ConfigError`, `DataError`, `LaunchError`) with the same one
+`zerofit.core.errors.ZerofitError` subclasses (`ConfigError`, `DataError`, `LaunchError`) with the same one
 paragraph the command line prints.
 
 Overrides are keyword arguments, in any of three spellings: a dotted key (`**{"train.max_steps": 30}`),
@@ -27,8 +27,8 @@ import yaml
 
 from zerofit.config import ZerofitConfig, load_config, resolve
 from zerofit.config.loader import deep_merge, parse_overrides, validate_config
-from zerofit.errors import ConfigError
-from zerofit.run_layout import RunLayout
+from zerofit.core.errors import ConfigError
+from zerofit.core.run_layout import RunLayout
 
 __all__ = ["RunResult", "plan", "train"]
 
@@ -90,8 +90,8 @@ def plan(
     card the memory verdict is for. Nothing is loaded or launched.
     """
     from zerofit.commands.plan import build_plan_report
+    from zerofit.core.messages import quiet_libraries
     from zerofit.engine import render_spec
-    from zerofit.messages import quiet_libraries
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.report import check_gpu_options
 
@@ -102,7 +102,7 @@ def plan(
     if gpu is not None:
         targets.append(f"planner.gpu={gpu}")
     if gpu_mem is not None:
-        from zerofit.planner.gpus import parse_memory_gib
+        from zerofit.catalogue.gpus import parse_memory_gib
 
         targets.append(f"planner.gpu_memory_gib={parse_memory_gib(gpu_mem)}")
     if targets:
@@ -118,7 +118,7 @@ def train(config: ConfigLike, **overrides: Any) -> RunResult:
 
     Runs in this process and returns when training (and the final export) is done.
     """
-    from zerofit.run import resolve_for_launch, run_training
+    from zerofit.recipe.run import resolve_for_launch, run_training
     from zerofit.strategies.env import launch_env
 
     cfg, config_path = _config(config, overrides)

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from zerofit.commands import compare, export, generate, plan, presets
-from zerofit.errors import ConfigError, ZerofitError
-from zerofit.messages import error
+from zerofit.core.errors import ConfigError, ZerofitError
+from zerofit.core.messages import error
 
 # Subcommands, in help order.
 COMMANDS = (plan, presets, compare, export, generate)

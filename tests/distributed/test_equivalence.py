@@ -7,7 +7,7 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     (micro 1, GAS 4, dp 2) on FSDP2, and (micro 2, GAS 2, dp 2) on plain DDP
     (micro 2, GAS 2, dp 2) on ZeRO-2 and ZeRO-3 with the loss inside lm_head (train.cross_entropy=fused_linear)
     the reference (micro 8) on transformers' dense-mask sdpa, every other split on the varlen path
-    (model.attn_implementation: auto, zerofit.attention) for its padded micro-batches and packed rows
+    (model.attn_implementation: auto, zerofit.levers.attention) for its padded micro-batches and packed rows
     token budgets (batch.tokens_per_micro_batch, examples packed into 64-token rows): 2 rows per
     micro-batch on ZeRO-2 and 1 row on FSDP2, dp 2 (a rank runs as many micro-steps as the packing needs)
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
@@ -31,9 +31,9 @@ import torch
 
 from launch_helpers import Launch, RunResult, run_launches, varied_length_data, write_config
 from zerofit.data import GlobalBatchSampler, collate, load_sft_dataset
-from zerofit.loss import count_label_tokens, token_sum_loss
-from zerofit.optim import lr_multiplier
-from zerofit.tiny_llama import ensure_tiny_llama
+from zerofit.models.tiny import ensure_tiny_llama
+from zerofit.objectives.loss import count_label_tokens, token_sum_loss
+from zerofit.strategies.optim import lr_multiplier
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -179,7 +179,7 @@ def test_the_lever_runs_ran_with_their_levers(runs: dict[str, RunResult]) -> Non
 
 def test_the_reference_ran_sdpa_and_the_packed_runs_varlen(runs: dict[str, RunResult]) -> None:
     """The launches above agree with the dense-mask sdpa reference while the packed ones (ZeRO-2 and FSDP2
-    over 2 ranks, ragged rows) ran the varlen path (zerofit.attention), as config.yaml records."""
+    over 2 ranks, ragged rows) ran the varlen path (zerofit.levers.attention), as config.yaml records."""
     import yaml
 
     def attn(name: str) -> str:

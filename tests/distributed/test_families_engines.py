@@ -21,7 +21,7 @@ family generates from both kinds of export. Export and generate run in this proc
 a second or two each). One launch per run: launches cannot be shared (DeepSpeed's CPU shared-memory comm
 cannot be initialized twice in one process, and a second FSDP2 run in one torchrun launch was seen to hang
 at its process-group set-up). Every family also trains with LoRA and with QLoRA on one process, and is
-exported and generated from, in tests/unit/test_families.py.
+exported and generated from, in tests/unit/models/test_families.py.
 """
 
 from __future__ import annotations

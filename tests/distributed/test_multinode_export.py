@@ -33,8 +33,8 @@ import torch
 
 from launch_helpers import BIN, LAUNCHER, REPO, Launch, RunResult, free_port, run_launches, write_config
 from zerofit.cli import main as zerofit
-from zerofit.optim import lr_multiplier
-from zerofit.tiny_llama import ensure_tiny_llama
+from zerofit.models.tiny import ensure_tiny_llama
+from zerofit.strategies.optim import lr_multiplier
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import Launch, RunResult, run_launches, write_config
-from zerofit.preference import METRICS
+from zerofit.objectives.preference import METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -262,7 +262,7 @@ def test_a_trajectory_changing_resume_is_refused_before_any_model_load(
 
 def test_a_resume_trains_with_the_accepted_lr_and_schedule_length(runs: dict[str, RunResult]) -> None:
     """DeepSpeed's loaded optimizer and scheduler state must not put the saved lr and schedule back."""
-    from zerofit.optim import lr_multiplier
+    from zerofit.strategies.optim import lr_multiplier
 
     run = runs["retuned"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

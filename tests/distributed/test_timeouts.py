@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 
 from launch_helpers import Launch, RunResult, run_launches, write_config
-from zerofit.assembly import FAULT_DELAY_DATA_ENV
 from zerofit.checkpoint import complete_checkpoints
+from zerofit.recipe.assembly import FAULT_DELAY_DATA_ENV
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ import time
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from zerofit.tiny_llama import ensure_tiny_llama
+from zerofit.models.tiny import ensure_tiny_llama
 
 
 def main() -> None:

@@ -150,7 +150,7 @@ def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from zerofit.meta_model import hf_config
+    from zerofit.models.meta import hf_config
 
     sys.path.insert(0, str(BENCH))
     import gpu_fit
@@ -178,7 +178,7 @@ def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:
 
 
 def test_hf_baseline_prints_its_result_line(tmp_path: Path) -> None:
-    from zerofit.tiny_llama import ensure_tiny_llama
+    from zerofit.models.tiny import ensure_tiny_llama
 
     out = tmp_path / "hf.jsonl"
     model = str(ensure_tiny_llama(0))

@@ -39,7 +39,7 @@ def _launch(cache: Path, late_rank: int | None) -> subprocess.CompletedProcess[s
 
 
 def test_three_cold_cache_launches_in_a_row(tmp_path: Path) -> None:
-    from zerofit.tiny_llama import MARKER, ensure_tiny_llama, tiny_llama_path
+    from zerofit.models.tiny import MARKER, ensure_tiny_llama, tiny_llama_path
 
     reference = load_file(ensure_tiny_llama(0) / "model.safetensors")  # this process's (warm) cache
     for attempt, late_rank in enumerate((0, 1, None)):

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from zerofit.catalogue import TINY_LLAMA_CONFIG
+from zerofit.catalogue.models import TINY_LLAMA_CONFIG
 
 
 def apply_plan(plan: dict[str, Any]) -> dict[str, Any]:

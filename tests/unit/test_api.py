@@ -18,11 +18,11 @@ import pytest
 import zerofit
 from config_helpers import DEMO_DATA
 from zerofit.api import _override_items
+from zerofit.core.errors import ConfigError
+from zerofit.core.run_layout import RunLayout
 from zerofit.data import GlobalBatchSampler, load_examples
-from zerofit.errors import ConfigError
-from zerofit.loss import IGNORE_INDEX
-from zerofit.run_layout import RunLayout
-from zerofit.tiny_llama import ensure_tiny_llama
+from zerofit.models.tiny import ensure_tiny_llama
+from zerofit.objectives.loss import IGNORE_INDEX
 
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL, STEPS, SEED, MAX_LEN = 4, 3, 5, 256  # the Alpaca prompt alone is ~190 tokens
@@ -208,9 +208,9 @@ def test_eval_data_with_0_tokens_is_refused_before_the_model_loads(
 ) -> None:
     """Eval examples whose labels are all masked (as a tampered cache entry once served) stop the run when
     the data is loaded, with the paragraph, before a model or a checkpoint exists (issue 32)."""
-    from zerofit import assembly
+    from zerofit.core.errors import DataError
     from zerofit.data import Example
-    from zerofit.errors import DataError
+    from zerofit.recipe import assembly
 
     real = assembly.load_examples
 

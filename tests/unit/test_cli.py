@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.catalogue.presets import list_presets
 from zerofit.cli import main
 from zerofit.config import load_config, resolve
 from zerofit.engine import render_spec
-from zerofit.presets import list_presets
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "configs/demo.yaml"
@@ -229,7 +229,7 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     shipped = {f"zerofit/ds_configs/{p.name}" for p in (REPO / "ds_configs").glob("*.json")}
     assert len(shipped) == len(list_presets()) >= 8
     assert shipped <= names
-    assert "zerofit/engine/render.py" in names and "zerofit/batching.py" in names
+    assert "zerofit/engine/render.py" in names and "zerofit/config/batching.py" in names
 
 
 # ----------------------------------------------------------------------------------------- export, generate

@@ -106,3 +106,19 @@ def test_no_circles() -> None:
     for path in FILES:
         if path not in state:
             visit(path)
+
+
+TOP_MODULES = {"__init__.py", "api.py", "cli.py", "version.py"}
+
+
+def test_no_module_is_loose_at_the_top() -> None:
+    """Every module lives in the package of its role; the top holds only the package root, the API, the CLI
+    and the version (docs/architecture.md, "Packages by role")."""
+    loose = {path.name for path in SRC.glob("*.py")} - TOP_MODULES
+    assert not loose, f"modules loose at the top of src/zerofit/: {sorted(loose)}: move each into its package"
+
+
+def test_the_tree_has_at_most_30_parts() -> None:
+    """Counting each package and each top-level module once, the import graph stays small enough to read."""
+    packages = {path.name for path in SRC.iterdir() if (path / "__init__.py").is_file()}
+    assert len(packages) + len(TOP_MODULES) <= 30, sorted(packages)

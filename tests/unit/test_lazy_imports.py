@@ -31,7 +31,7 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 # What a plain (no LoRA, no quantization) one-process run builds before it trains: config, engine spec, run
-# plan, strategy, tokenizer and model; the run's own modules imported as `zerofit.run` imports them.
+# plan, strategy, tokenizer and model; the run's own modules imported as `zerofit.recipe.run` imports them.
 PLAIN_RUN = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -39,8 +39,8 @@ from config_helpers import DEMO_DATA, new_run_plan
 from zerofit.config import load_config, resolve
 from zerofit.engine import render_spec
 from zerofit.strategies import build_strategy
-from zerofit.model import build_model, load_tokenizer
-import zerofit.assembly, zerofit.run, zerofit.train, zerofit.strategies.fsdp, zerofit.strategies.ddp
+from zerofit.models.build import build_model, load_tokenizer
+import zerofit.recipe.assembly, zerofit.recipe.run, zerofit.loop.train, zerofit.strategies.fsdp, zerofit.strategies.ddp
 
 overrides = ["distributed.strategy=single", "lora.enabled=false", "train.precision=fp32",
              "batch.global_batch_size=1", "batch.micro_batch_size=1", f"data.path={DEMO_DATA}"]

@@ -3,11 +3,11 @@ others import it. Each check reads the code of `src/zerofit/` (string constants,
 arithmetic, imports; never comments or docstrings, which may name the fact) and fails when an old
 spelling comes back outside the home, naming the file and line.
 
-- the checkpoint folder names `step-N`, `step-N.tmp`, `step-N.damaged`: `run_layout.py`
+- the checkpoint folder names `step-N`, `step-N.tmp`, `step-N.damaged`: `core/run_layout.py`
   (`step_dir_name` / `step_of_dir`, `saving_dir_name`, `STEP_DIR_GLOB`, `DAMAGED_SUFFIX`);
 - the metrics fields `eval/loss`, `mem/rank{r}/<name>`, `mem/source`, `mem/max_peak_gib`:
   `metrics/keys.py` (`EVAL_LOSS`, `rank_field` / `rank_of_field`, `MEM_SOURCE`, `MAX_PEAK`);
-- bytes in a GiB: `precision.py` (`GIB`);
+- bytes in a GiB: `core/precision.py` (`GIB`);
 - a nested config as dotted keys: `config/loader.py` (`flatten`), not the plotting module.
 """
 
@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.core.run_layout import DAMAGED_SUFFIX, STEP_DIR_GLOB, saving_dir_name, step_dir_name, step_of_dir
 from zerofit.metrics.keys import PEAK_GIB, rank_field, rank_of_field
-from zerofit.run_layout import DAMAGED_SUFFIX, STEP_DIR_GLOB, saving_dir_name, step_dir_name, step_of_dir
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "zerofit"
-STEP_HOME = "run_layout.py"
+STEP_HOME = "core/run_layout.py"
 KEYS_HOME = "metrics/keys.py"
-GIB_HOME = "precision.py"
+GIB_HOME = "core/precision.py"
 FLATTEN_HOME = "config/loader.py"
 
 # A folder name being built or matched: `step-` right before an interpolation or the string's end
@@ -148,7 +148,7 @@ def test_bytes_in_a_gib_are_defined_only_in_precision() -> None:
         entry for name, tree in _modules().items() if name != GIB_HOME for entry in _gib_spellings(tree, name)
     ]
     assert not found, (
-        f"bytes in a GiB spelled outside precision.py; import GIB from zerofit.precision: {found}"
+        f"bytes in a GiB spelled outside precision.py; import GIB from zerofit.core.precision: {found}"
     )
 
 

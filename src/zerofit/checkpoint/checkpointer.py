@@ -32,9 +32,9 @@ from zerofit.checkpoint.manifest import (
 from zerofit.checkpoint.policy import EvalWatch, SaveClock, write_best
 from zerofit.checkpoint.rundir import CHECKPOINTS
 from zerofit.config.schema import CheckpointSection
-from zerofit.run_layout import saving_dir_name, step_dir_name
+from zerofit.core.run_layout import saving_dir_name, step_dir_name
+from zerofit.core.writes import torch_save
 from zerofit.strategies.base import Strategy
-from zerofit.writes import torch_save
 
 
 def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

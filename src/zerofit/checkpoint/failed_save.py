@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.rundir import CHECKPOINTS
-from zerofit.errors import (
+from zerofit.core.errors import (
     CheckpointWriteError,
     ConfigError,
     ExportWriteError,
@@ -24,8 +24,8 @@ from zerofit.errors import (
     RunFinished,
     ZerofitError,
 )
-from zerofit.run_layout import saving_dir_name, step_dir_name
-from zerofit.writes import write_failure
+from zerofit.core.run_layout import saving_dir_name, step_dir_name
+from zerofit.core.writes import write_failure
 
 if TYPE_CHECKING:
     from zerofit.strategies.base import Strategy

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from zerofit.checkpoint.failed_save import attempt, export_failed
-from zerofit.run_layout import RunLayout
+from zerofit.core.run_layout import RunLayout
 from zerofit.strategies.base import Strategy
 
 # What a saved folder holds its weights in: one safetensors file, a sharded one's index, or peft's adapter.

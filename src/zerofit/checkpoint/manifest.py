@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from zerofit.digest import content_sha256, file_sha256
-from zerofit.run_layout import STEP_DIR_GLOB, step_of_dir
+from zerofit.core.digest import content_sha256, file_sha256
+from zerofit.core.run_layout import STEP_DIR_GLOB, step_of_dir
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

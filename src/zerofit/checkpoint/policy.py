@@ -2,7 +2,7 @@
 
 Both are pure bookkeeping; the decisions that must be the same on every rank (a timed save is due, this
 evaluation is the best so far, the patience has run out) are taken by rank 0 and agreed through the loop's
-one all-reduce after every step (`zerofit.train.agree_after_step`), so no rank's clock or float rounding
+one all-reduce after every step (`zerofit.loop.train.agree_after_step`), so no rank's clock or float rounding
 can make ranks disagree about a collective save or stop.
 
     SaveClock  `checkpoint.every_minutes`: due once that much wall time has passed since the last save
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
+from zerofit.core.run_layout import BEST_FILE, RunLayout, step_dir_name
 from zerofit.metrics.keys import EVAL_LOSS
-from zerofit.run_layout import BEST_FILE, RunLayout, step_dir_name
 
 BEST_METRIC = EVAL_LOSS  # what "best" is judged by: lower is better
 

@@ -11,7 +11,7 @@ the process group up and before any model is loaded, so every refusal costs seco
 
 A checkpoint is used only if its manifest verifies (every file present, of the right size and checksum);
 a damaged one (a `step-N` folder without a manifest included) is passed over for the next older one, and
-the resume says which and why. Its pickles are checked before anything loads them (`zerofit.safe_load`), and
+the resume says which and why. Its pickles are checked before anything loads them (`zerofit.checkpoint.safe_load`), and
 a checkpoint at or past `train.max_steps` is refused (nothing is left to train), and so is one written
 when early stopping ended the run (its manifest says so): a finished run says so and changes nothing, and
 under `auto` (a scheduler's requeue) the launch exits 0 (`RunFinished`). The config the
@@ -38,12 +38,12 @@ from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
 from zerofit.checkpoint.manifest import EARLY_STOPPED, MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
+from zerofit.checkpoint.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.config.loader import flatten
 from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
-from zerofit.errors import ResumeError, RunFinished, ZerofitError
-from zerofit.metrics.history import rewind_metrics
-from zerofit.run_layout import (
+from zerofit.core.errors import ResumeError, RunFinished, ZerofitError
+from zerofit.core.run_layout import (
     DAMAGED_SUFFIX,
     METRICS_FILE,
     SAVING_SUFFIX,
@@ -51,8 +51,8 @@ from zerofit.run_layout import (
     RunLayout,
     run_dir_of,
 )
-from zerofit.run_plan import ResumePoint, RunDirDecision, RunPlan
-from zerofit.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
+from zerofit.engine.run_plan import ResumePoint, RunDirDecision, RunPlan
+from zerofit.metrics.history import rewind_metrics
 from zerofit.strategies.base import Strategy
 from zerofit.version import __version__
 
@@ -327,7 +327,7 @@ def _export_note(resolved: ResolvedConfig, folder: Path, step: int) -> str:
 
 
 def _check_pickles(folder: Path, trusted: bool) -> None:
-    """Refuse a checkpoint whose pickles name code beyond the allow-list (`zerofit.safe_load`)."""
+    """Refuse a checkpoint whose pickles name code beyond the allow-list (`zerofit.checkpoint.safe_load`)."""
     # The engines' folder names, from the strategies that write them (imported here: only a resume needs
     # them, and a run of one engine need not import the others).
     from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
@@ -384,7 +384,7 @@ def _elastic_note(manifest: dict[str, Any], resolved: ResolvedConfig) -> str | N
         return None
     note = (
         f"elastic resume: saved on {saved} rank(s), resuming on {resolved.world_size}; "
-        f"{resolved.plan.describe()} (the global batch and the data position are unchanged)"
+        f"{resolved.batch.describe()} (the global batch and the data position are unchanged)"
     )
     if resolved.config.lora.enabled and resolved.config.lora.dropout > 0:
         note += "; dropout masks are drawn per rank, so they differ from an uninterrupted run's"
@@ -500,7 +500,7 @@ def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, Resu
 
 def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecision:
     """The run name this launch writes under and the checkpoint it resumes from (collective; rank 0 decides,
-    every rank gets the same answer). Nothing is written: `zerofit.run_plan.make_run_plan` records it.
+    every rank gets the same answer). Nothing is written: `zerofit.engine.run_plan.make_run_plan` records it.
 
     A refusal is raised on every rank, so every rank exits with the same message.
     """

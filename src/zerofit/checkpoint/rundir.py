@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import IO
 
-from zerofit.errors import ConfigError, ResumeError
-from zerofit.run_layout import CHECKPOINTS_DIR, LOCK_FILE, check_run_name
+from zerofit.core.errors import ConfigError, ResumeError
+from zerofit.core.run_layout import CHECKPOINTS_DIR, LOCK_FILE, check_run_name
 
 CHECKPOINTS = CHECKPOINTS_DIR  # the name the checkpoint modules import
 _held_locks: list[IO[str]] = []  # this process's lock files, open for its lifetime

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from zerofit.errors import DataError
+from zerofit.core.errors import DataError
 
 
 def register(subparsers: Any) -> None:

@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from zerofit.errors import ConfigError
-from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
+from zerofit.core.errors import ConfigError
+from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
 
 
 def step_arg(value: str) -> int | str:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _note_remote_code(out: Path) -> None:
     """Say so when the export carries the base model's own code onward (only ever with --trust-remote-code)."""
-    from zerofit.hub import remote_code
+    from zerofit.models.hub import remote_code
 
     found = [code.file for code in remote_code(str(out)) if Path(code.file).is_file()]
     if found:

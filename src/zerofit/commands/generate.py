@@ -2,7 +2,7 @@
 
 A smoke check after training: the prompt is encoded as training encoded prompts (the chat template when the
 run trained on `data.format: messages`), decoding is greedy unless `--temperature` is given, and only the new
-text is printed on stdout. See `zerofit.generate`.
+text is printed on stdout. See `zerofit.export.generate`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.commands.export import add_trust_remote_code, step_arg
-from zerofit.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
+from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
 
 
 def register(subparsers: Any) -> None:
@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load, generate, print the completion."""
-    from zerofit.errors import ConfigError
+    from zerofit.core.errors import ConfigError
 
     if args.max_new_tokens < 1:
         raise ConfigError([f"--max-new-tokens {args.max_new_tokens}: must be >= 1"])
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_deepspeed_on_cpu()
     quiet_libraries()
     from zerofit.checkpoint.policy import resolve_step
-    from zerofit.generate import load_generator
+    from zerofit.export.generate import load_generator
 
     step = resolve_step(Path(args.path), args.step) if args.step is not None else None
     generator = load_generator(

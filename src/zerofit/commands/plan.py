@@ -19,11 +19,11 @@ from rich.table import Table
 
 from zerofit.config import ResolvedConfig, load_config, resolve
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import ConfigError, LaunchError
+from zerofit.core.messages import quiet_libraries
 from zerofit.engine import EngineSpec, render_spec
-from zerofit.errors import ConfigError, LaunchError
-from zerofit.messages import quiet_libraries
 from zerofit.planner import choose_fastest_plan
-from zerofit.run_report import describe_levers
+from zerofit.recipe.report import describe_levers
 
 
 def default_world_size() -> int:
@@ -41,7 +41,7 @@ def default_world_size() -> int:
 
 def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     """The plan's four factors plus what they mean per optimizer step."""
-    plan = resolved.plan
+    plan = resolved.batch
     max_seq_len = resolved.config.data.max_seq_len
     objective = resolved.config.train.objective
     sequences = 1 if objective == "sft" else 2  # a preference pair: its chosen and rejected sequence
@@ -78,7 +78,7 @@ def build_plan_report(
     switch), `schedule` (the LR schedule that runs), `config` (the resolved config), `memory` (the planner's
     verdict for `spec`; memory_options: gpu, gpu_mem, trace; with `probe`, the probe's measurements).
     """
-    from zerofit.model import lora_targets_report
+    from zerofit.models.build import lora_targets_report
     from zerofit.planner.report import memory_report
 
     cfg = resolved.config
@@ -104,9 +104,9 @@ def build_plan_report(
 
 def probe_report(resolved: ResolvedConfig, memory: dict[str, Any]) -> dict[str, Any]:
     """`--probe`: real steps on the GPU for the micro-batches the analytic plan does not rule out."""
-    from zerofit.probe import probe_micro_batches
+    from zerofit.recipe.probe import probe_micro_batches
 
-    per_rank = resolved.plan.samples_per_rank
+    per_rank = resolved.batch.samples_per_rank
     table = memory.get("micro_batch_table") or []
     # Each candidate loads the model in a fresh process: skip sizes predicted far beyond the card.
     gpu = memory.get("gpu")
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu is not None:  # the target `batch.micro_batch_size=auto` plans for (a visible GPU wins)
         overrides.append(f"planner.gpu={args.gpu}")
     if args.gpu_mem is not None:
-        from zerofit.planner.gpus import parse_memory_gib
+        from zerofit.catalogue.gpus import parse_memory_gib
 
         overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(args.gpu_mem)}")
     config = load_config(args.config, overrides)

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from zerofit.presets import list_presets
+from zerofit.catalogue.presets import list_presets
 
 
 def presets_listing() -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from zerofit.config.schema import BOOL_NOT_NUMBER, RuleHint, ZerofitConfig
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

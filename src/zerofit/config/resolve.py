@@ -28,13 +28,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from zerofit.batching import BatchConfigError, BatchPlan, solve_batch
-from zerofit.catalogue import is_tiny_model, soft_caps_attention
+from zerofit.catalogue.models import is_tiny_model, soft_caps_attention
+from zerofit.catalogue.presets import DEFAULT_PRESET, list_presets
+from zerofit.config.batching import BatchConfigError, BatchSplit, solve_batch
 from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
-from zerofit.data_files import DATA_FILE_SUFFIXES  # a path with one of them names a local file
-from zerofit.errors import ConfigError
-from zerofit.presets import DEFAULT_PRESET, list_presets
-from zerofit.run_layout import run_dir_of
+from zerofit.core.data_files import DATA_FILE_SUFFIXES  # a path with one of them names a local file
+from zerofit.core.errors import ConfigError
+from zerofit.core.run_layout import run_dir_of
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class ResolvedConfig:
     """A config with every derived value filled, plus the batch plan and run directory it implies."""
 
     config: ZerofitConfig
-    plan: BatchPlan
+    batch: BatchSplit
     world_size: int
     run_dir: Path
     # What resolve() decided that the user did not literally write (an engine switch), for the plan to say.
@@ -85,7 +85,7 @@ class ResolvedConfig:
         opt = self.config.optimizer
         if opt.lr_scaling == "none" or opt.base_batch_size is None:
             return opt.lr
-        ratio = self.plan.global_batch_size / opt.base_batch_size
+        ratio = self.batch.global_batch_size / opt.base_batch_size
         return opt.lr * (ratio if opt.lr_scaling == "linear" else math.sqrt(ratio))
 
     @property
@@ -105,7 +105,7 @@ def _model_short_name(name_or_path: str) -> str:
     return Path(name_or_path.rstrip("/")).name or name_or_path
 
 
-def default_run_name(cfg: ZerofitConfig, plan: BatchPlan) -> str:
+def default_run_name(cfg: ZerofitConfig, plan: BatchSplit) -> str:
     """A name that says model, method, preset, precision and global batch, so runs compare at a glance.
 
     Not the split (micro x accum x dp): it depends on the world size, and a run resumed on another world
@@ -234,7 +234,7 @@ def _auto_keys(cfg: ZerofitConfig) -> list[str]:
 
 def _check_batch(
     cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, problems: list[str]
-) -> BatchPlan | None:
+) -> BatchSplit | None:
     """The exact split of a given micro-batch (None while it is `auto`: `_choose` solves it), or problems
     appended. Nothing is chosen here: the chooser runs last, on a config every other check passed."""
     b = cfg.batch
@@ -259,8 +259,8 @@ def _check_batch(
 
 
 def _choose(
-    cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, plan: BatchPlan | None
-) -> tuple[BatchPlan, PlanChoice | None]:
+    cfg: ZerofitConfig, world_size: int, chooser: PlanChooser | None, plan: BatchSplit | None
+) -> tuple[BatchSplit, PlanChoice | None]:
     """The planner's choice for the `auto` keys and the split it gives; raises its problems.
 
     Called once every check found nothing wrong: the chooser weighs candidate runs that `resolve()` itself
@@ -304,7 +304,7 @@ def _check_data_path(problems: list[str], key: str, path: str) -> None:
 def _model_path_problem(name: str) -> str | None:
     """A `model.name_or_path` that is a path (or an existing folder) but no model folder, said with the fix.
 
-    A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`hub.py`).
+    A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`models/hub.py`).
     """
     if is_tiny_model(name):
         return None
@@ -450,9 +450,9 @@ def _check_early_stopping(problems: list[str], cfg: ZerofitConfig) -> None:
 
 
 def _liger_available() -> bool:
-    """`zerofit.loss.liger_available`, imported only when asked: `zerofit.loss` imports torch, and resolving
+    """`zerofit.objectives.loss.liger_available`, imported only when asked: `zerofit.objectives.loss` imports torch, and resolving
     a config (`zerofit plan`, `import zerofit`) stays torch-free otherwise."""
-    from zerofit.loss import liger_available
+    from zerofit.objectives.loss import liger_available
 
     return liger_available()
 
@@ -531,8 +531,8 @@ def _head_count_problem(model: str, sp: int) -> str | None:
     """The head-count rule (`sequence_parallel.head_count_problem`) for a catalogued model or a local
     folder, read without network; any other model is checked from its config before its weights load
     (`model.check_heads_before_load`)."""
-    from zerofit.catalogue import CATALOGUE, model_config_dict
-    from zerofit.sequence_parallel import head_count_problem
+    from zerofit.catalogue.models import CATALOGUE, model_config_dict
+    from zerofit.levers.sequence_parallel import head_count_problem
 
     if model not in CATALOGUE and not (Path(model) / "config.json").is_file():
         return None
@@ -587,7 +587,7 @@ def _check_training(problems: list[str], cfg: ZerofitConfig) -> None:
 
 def check_levers(problems: list[str], cfg: ZerofitConfig) -> None:
     """Activation offload moves the checkpointed layers' inputs to host memory, so it needs checkpointing
-    (also applied by `zerofit.model` to a config that did not come through `resolve()`)."""
+    (also applied by `zerofit.models.build` to a config that did not come through `resolve()`)."""
     t = cfg.train
     if t.activation_offload is True and t.activation_checkpointing in (False, 0):
         problems.append(
@@ -605,7 +605,7 @@ def _check_kernels(problems: list[str], cfg: ZerofitConfig) -> None:
     t = cfg.train
     if t.kernels == "none":
         return
-    from zerofit.kernels import LIGER_INSTALL, liger_kernels_available
+    from zerofit.levers.kernels import LIGER_INSTALL, liger_kernels_available
 
     if not liger_kernels_available():
         problems.append(
@@ -678,7 +678,7 @@ def _check_model_and_loss(problems: list[str], cfg: ZerofitConfig) -> None:
 
 def _check_attention(problems: list[str], cfg: ZerofitConfig) -> None:
     """An explicit `model.varlen_kernel` needs the varlen path, an install that has it and half precision
-    (the device is checked when the model loads: `zerofit.attention.choose_kernel`)."""
+    (the device is checked when the model loads: `zerofit.levers.attention.choose_kernel`)."""
     import importlib.util
 
     m, precision = cfg.model, cfg.train.precision
@@ -705,7 +705,7 @@ def _check_attention(problems: list[str], cfg: ZerofitConfig) -> None:
 
 
 def _fill_attention(cfg: ZerofitConfig) -> None:
-    """Decide `model.attn_implementation: auto`: varlen (zerofit.attention), whose mask hook runs
+    """Decide `model.attn_implementation: auto`: varlen (zerofit.levers.attention), whose mask hook runs
     transformers' plain sdpa (is_causal, no mask) for a micro-batch without documents (one unpadded
     sequence per row) and the documents without a dense (B, 1, S, S) mask where sdpa would build one, so the
     choice does not depend on the micro-batch the planner varies. Remote code (`model.trust_remote_code`)
@@ -716,7 +716,7 @@ def _fill_attention(cfg: ZerofitConfig) -> None:
 
 def attention_choice(cfg: ZerofitConfig) -> str:
     """`model.attn_implementation` with `auto` decided (`_fill_attention`'s rule; also applied by
-    `zerofit.model` to a config that did not come through `resolve()`)."""
+    `zerofit.models.build` to a config that did not come through `resolve()`)."""
     m = cfg.model
     if m.attn_implementation != "auto":
         return m.attn_implementation
@@ -725,7 +725,7 @@ def attention_choice(cfg: ZerofitConfig) -> str:
     return "sdpa" if m.trust_remote_code and m.varlen_kernel == "auto" else "varlen"
 
 
-def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) -> None:
+def _fill_batch(cfg: ZerofitConfig, plan: BatchSplit, choice: PlanChoice | None) -> None:
     """Write the decided split, the planner's checkpointing choice and the run length into `cfg`."""
     t = cfg.train
     if choice is not None:
@@ -744,7 +744,7 @@ def _fill_batch(cfg: ZerofitConfig, plan: BatchPlan, choice: PlanChoice | None) 
     if t.max_steps is None and t.epochs is None:
         t.max_steps = DEFAULT_MAX_STEPS
     # With train.epochs, train.max_steps stays None here: epochs x steps per epoch is known only once the
-    # data is loaded (`zerofit.assembly`, which fills it in; config.yaml records both).
+    # data is loaded (`zerofit.recipe.assembly`, which fills it in; config.yaml records both).
     cfg.batch.global_batch_size = plan.global_batch_size
     cfg.batch.micro_batch_size = plan.micro_batch_size
     cfg.batch.grad_accum_steps = plan.grad_accum_steps
@@ -772,7 +772,7 @@ def _fill_reference(cfg: ZerofitConfig) -> None:
         pref.reference = "adapters_off" if cfg.lora.enabled else "precomputed"
 
 
-def _fill_run_dir(cfg: ZerofitConfig, plan: BatchPlan) -> Path:
+def _fill_run_dir(cfg: ZerofitConfig, plan: BatchSplit) -> Path:
     """Decide the run name (the default one says model, method, preset, precision, global batch) and the
     run directory it names under `output_dir`."""
     name = default_run_name(cfg, plan) if cfg.run_name is None else cfg.run_name
@@ -819,4 +819,4 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _fill_logging(cfg)
     _fill_reference(cfg)
     run_dir = _fill_run_dir(cfg, plan)
-    return ResolvedConfig(config=cfg, plan=plan, world_size=world_size, run_dir=run_dir, notes=tuple(notes))
+    return ResolvedConfig(config=cfg, batch=plan, world_size=world_size, run_dir=run_dir, notes=tuple(notes))

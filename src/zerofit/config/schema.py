@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from zerofit.catalogue import TINY_LLAMA
-from zerofit.run_layout import run_name_problem
+from zerofit.catalogue.models import TINY_LLAMA
+from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
@@ -91,7 +91,7 @@ class ModelSection(_Section):
         "auto",
         description="auto: varlen where sdpa would need a dense (B, 1, S, S) mask (packed rows, padded "
         "micro-batches of several sequences), sdpa otherwise; sdpa / eager: transformers' own; varlen: "
-        "zerofit.attention (documents as cu_seqlens, no dense mask).",
+        "zerofit.levers.attention (documents as cu_seqlens, no dense mask).",
     )
     varlen_kernel: Literal["auto", "flash_attn", "torch_varlen", "sdpa_per_document"] = Field(
         "auto",
@@ -191,7 +191,7 @@ class TrainSection(_Section):
     activation_offload: bool | Literal["auto"] = Field(
         False,
         description="Keep the checkpointed layers' saved inputs in pinned host memory (copied on a side CUDA "
-        "stream, prefetched back in backward); needs activation checkpointing (zerofit.offload). auto: the "
+        "stream, prefetched back in backward); needs activation checkpointing (zerofit.levers.offload). auto: the "
         "planner's choice (only where it is needed to fit or is faster).",
     )
     tiled_mlp: (
@@ -205,34 +205,34 @@ class TrainSection(_Section):
     ) = Field(
         False,
         description="Run each decoder layer's MLP over this many token shards, forward and backward, so its "
-        "intermediates exist for one shard at a time (zerofit.tiling); false = off. auto: the planner's choice "
+        "intermediates exist for one shard at a time (zerofit.levers.tiling); false = off. auto: the planner's choice "
         "(only where it is needed to fit or is faster).",
     )
     lean_norm: bool | Literal["auto"] = Field(
         False,
         description="The model's RMSNorms save their input in its own dtype and the fp32 rstd instead of the "
-        "fp32 upcast input, recomputing the normalized value in backward (zerofit.norms): the same output, "
+        "fp32 upcast input, recomputing the normalized value in backward (zerofit.levers.norms): the same output, "
         "gradients equal up to rounding. auto: the planner's choice (only where it is needed to fit or is faster).",
     )
     cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear", "auto"] = Field(
         "chunked",
         description=(
-            "How the loss runs over the vocabulary (zerofit.loss); the same token sums. fused_linear: the "
+            "How the loss runs over the vocabulary (zerofit.objectives.loss); the same token sums. fused_linear: the "
             "lm_head matmul and the loss together, chunk by chunk of tokens, so the logits never exist "
-            "(zerofit.fused_loss). auto: the planner's choice between chunked and fused_linear (fused only "
+            "(zerofit.objectives.fused_loss). auto: the planner's choice between chunked and fused_linear (fused only "
             "where it is needed to fit or is faster, and only where the fused loss applies)."
         ),
     )
     kernels: Literal["none", "liger"] = Field(
         "none",
-        description="Fused kernels applied to the loaded model (zerofit.kernels): liger = Liger-Kernel's RMSNorm, "
+        description="Fused kernels applied to the loaded model (zerofit.levers.kernels): liger = Liger-Kernel's RMSNorm, "
         "SwiGLU and RoPE (and its fused linear cross-entropy through train.cross_entropy=fused_linear, the "
         "loss when train.cross_entropy is left unset); CUDA only, pip install 'zerofit[liger]'. The same token "
         "sums; opt-in, the planner never turns it on.",
     )
     compile: bool = Field(
         False,
-        description="torch.compile each decoder layer (zerofit.compiling), inside its activation checkpoint; "
+        description="torch.compile each decoder layer (zerofit.levers.compiling), inside its activation checkpoint; "
         "graph breaks are counted and reported (metrics.jsonl compile/graph_breaks). Opt-in, the planner never "
         "turns it on.",
     )

@@ -16,9 +16,9 @@ from typing import Literal
 
 import torch
 
+from zerofit.core.errors import DataError
 from zerofit.data.sft import Example
-from zerofit.errors import DataError
-from zerofit.loss import IGNORE_INDEX
+from zerofit.objectives.loss import IGNORE_INDEX
 
 
 class GlobalBatchSampler:

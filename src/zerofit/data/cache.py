@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from zerofit.digest import file_sha256
-from zerofit.loss import IGNORE_INDEX
-from zerofit.tiny_llama import cache_dir
+from zerofit.core.digest import file_sha256
+from zerofit.models.tiny import cache_dir
+from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = [
     "PIPELINE_VERSION",

@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from zerofit.core.errors import DataError
 from zerofit.data.tokenize import text_within
-from zerofit.errors import DataError
 
 __all__ = [
     "has_generation_marks",

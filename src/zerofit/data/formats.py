@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerofit.errors import DataError
+from zerofit.core.errors import DataError
 
 __all__ = [
     "ALPACA_PROMPT",

@@ -12,8 +12,8 @@ import dataclasses
 import random
 from typing import TypeVar
 
+from zerofit.core.errors import DataError
 from zerofit.data.sft import TokenizedData
-from zerofit.errors import DataError
 
 __all__ = ["hold_out"]
 

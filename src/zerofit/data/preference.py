@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from zerofit.core.errors import DataError
 from zerofit.data.cache import CachedData, load_cached, save_cached, vocab_size
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import Preference, detect_format, parse_record
@@ -44,8 +45,7 @@ from zerofit.data.sft import (
     open_tokenizable,
 )
 from zerofit.data.tokenize import encode_head, encode_tail, text_tail_within, text_within
-from zerofit.errors import DataError
-from zerofit.loss import IGNORE_INDEX
+from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["ResponseTokens", "fit_pair", "load_preference_pairs", "tokenize_pair"]
 

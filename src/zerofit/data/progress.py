@@ -18,7 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from zerofit.messages import say
+from zerofit.core.messages import say
 
 __all__ = ["LARGE_SOURCE_BYTES", "tokenizing_progress"]
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config.resolve import looks_like_hub_id
-from zerofit.data_files import DATA_FILE_KINDS, DATA_FILE_SUFFIXES, DataFileKind
-from zerofit.digest import content_sha256, files_sha256
-from zerofit.errors import DataError
+from zerofit.core.data_files import DATA_FILE_KINDS, DATA_FILE_SUFFIXES, DataFileKind
+from zerofit.core.digest import content_sha256, files_sha256
+from zerofit.core.errors import DataError
 
 __all__ = ["RecordSource", "open_source"]
 
@@ -331,7 +331,7 @@ def _first_line(exc: BaseException) -> str:
 
 # ---------------------------------------------------------------- dispatch
 
-# One reader per kind of data file (`zerofit.data_files` says which suffix is which kind).
+# One reader per kind of data file (`zerofit.core.data_files` says which suffix is which kind).
 _READERS: dict[DataFileKind, type[RecordSource]] = {
     "jsonl": JsonlSource,
     "json": JsonSource,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, get_args
 
 from zerofit.config.schema import EmptyResponses
+from zerofit.core.errors import DataError
 from zerofit.data.cache import (
     CachedData,
     cache_key,
@@ -41,8 +42,7 @@ from zerofit.data.formats import Conversation, Document, PromptResponse, detect_
 from zerofit.data.progress import tokenizing_progress
 from zerofit.data.records import RecordSource, open_source
 from zerofit.data.tokenize import encode_document, encode_head
-from zerofit.errors import DataError
-from zerofit.loss import IGNORE_INDEX
+from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
 

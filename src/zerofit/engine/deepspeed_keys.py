@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zerofit.catalogue import model_config_dict
-from zerofit.errors import ConfigError
+from zerofit.catalogue.models import model_config_dict
+from zerofit.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig

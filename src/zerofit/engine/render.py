@@ -23,7 +23,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from zerofit.catalogue import model_config_dict
+from zerofit.catalogue.models import model_config_dict
+from zerofit.catalogue.presets import get_preset
+from zerofit.core.errors import ConfigError
+from zerofit.core.precision import tensor_dtypes
 from zerofit.engine.deepspeed_keys import (
     bucket_keys,
     hidden_size_buckets,
@@ -34,9 +37,6 @@ from zerofit.engine.deepspeed_keys import (
 )
 from zerofit.engine.spec import DeepSpeedSpec, EngineSpec, FSDPSpec, GradSync, LocalSpec
 from zerofit.engine.user_ds_config import filled_user_ds_config
-from zerofit.errors import ConfigError
-from zerofit.precision import tensor_dtypes
-from zerofit.presets import get_preset
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig
@@ -68,7 +68,7 @@ def _common(resolved: ResolvedConfig) -> dict[str, Any]:
     return {
         "strategy": cfg.distributed.strategy,
         "preset": cfg.distributed.preset,
-        "plan": resolved.plan,
+        "batch": resolved.batch,
         "dtypes": tensor_dtypes(cfg.train.precision, cfg.distributed.strategy, lora=cfg.lora.enabled),
         "max_grad_norm": cfg.train.max_grad_norm,
         "timeout_minutes": cfg.distributed.timeout_minutes,
@@ -122,7 +122,7 @@ def _monitors_off() -> dict[str, Any]:
 
 
 def _deepspeed(resolved: ResolvedConfig) -> DeepSpeedSpec:
-    cfg, plan = resolved.config, resolved.plan
+    cfg, plan = resolved.config, resolved.batch
     user_file = cfg.distributed.ds_config
     if user_file is not None:
         # Every `auto` filled, every hard-coded value checked against the plan (raises on conflicts).
@@ -306,7 +306,7 @@ def _local(resolved: ResolvedConfig) -> LocalSpec:
             "DDP averages gradients over ranks; the loop divides each micro-batch's summed token loss by the "
             "global valid-token count and multiplies by dp to undo that average."
         )
-        divide = float(resolved.plan.dp_size)
+        divide = float(resolved.batch.dp_size)
     else:
         sync = GradSync("none", "One process: there is no gradient communication to skip.")
         notes = (

@@ -18,9 +18,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from zerofit.batching import BatchPlan
-from zerofit.precision import TensorDtypes, torch_dtype
-from zerofit.run_layout import ENGINE_FILES
+from zerofit.config.batching import BatchSplit
+from zerofit.core.precision import TensorDtypes, torch_dtype
+from zerofit.core.run_layout import ENGINE_FILES
 
 __all__ = ["DeepSpeedSpec", "EngineSpec", "FSDPSpec", "GradSync", "LocalSpec", "engine_config_filename"]
 
@@ -54,7 +54,7 @@ class EngineSpec:
 
     strategy: str  # deepspeed | fsdp | single | ddp
     preset: str | None
-    plan: BatchPlan
+    batch: BatchSplit
     dtypes: TensorDtypes
     max_grad_norm: float | None
     sync: GradSync
@@ -86,7 +86,7 @@ class EngineSpec:
 
     def describe_grad_sync(self) -> str:
         """One line for the plan: when gradients are communicated inside a window."""
-        if self.plan.dp_size == 1:
+        if self.batch.dp_size == 1:
             return "none (one data-parallel rank)"
         if self.sync.every_micro_step:
             return "every micro-step"
@@ -105,7 +105,7 @@ class EngineSpec:
         raise NotImplementedError
 
 
-def _train_batch(plan: BatchPlan) -> dict[str, int]:
+def _train_batch(plan: BatchSplit) -> dict[str, int]:
     return {
         "global_batch_size": plan.global_batch_size,
         "micro_batch_size": plan.micro_batch_size,
@@ -114,7 +114,7 @@ def _train_batch(plan: BatchPlan) -> dict[str, int]:
     }
 
 
-def _accumulation(plan: BatchPlan, sync: GradSync) -> dict[str, Any]:
+def _accumulation(plan: BatchSplit, sync: GradSync) -> dict[str, Any]:
     return {"grad_accum_steps": plan.grad_accum_steps, "sync": sync.policy, "reason": sync.reason}
 
 
@@ -143,7 +143,7 @@ class DeepSpeedSpec(EngineSpec):
 
     def describe_grad_sync(self) -> str:
         # Sequence-parallel ranks reduce too: each shard holds part of every parameter's gradient.
-        if self.plan.dp_size * self.sequence_parallel == 1:
+        if self.batch.dp_size * self.sequence_parallel == 1:
             return super().describe_grad_sync()
         if self.zero_stage >= 2:
             return (
@@ -197,22 +197,26 @@ class FSDPSpec(EngineSpec):
         return {"param_dtype": param, "reduce_dtype": self.dtypes.reduce, "output_dtype": param}
 
     def to_json(self) -> dict[str, Any]:
-        from zerofit.precision import DTYPES
+        from zerofit.core.precision import DTYPES
 
         return {
             "strategy": self.strategy,
             "preset": self.preset,
-            "mesh": {"device_type": self.mesh_device_type, "shape": [self.plan.dp_size], "dim_names": ["dp"]},
+            "mesh": {
+                "device_type": self.mesh_device_type,
+                "shape": [self.batch.dp_size],
+                "dim_names": ["dp"],
+            },
             "reshard_after_forward": self.reshard_after_forward,
             "cpu_offload": self.cpu_offload,
             "cpu_offload_pin_memory": self.pin_memory,
             "mixed_precision": {k: DTYPES[v].torch_name for k, v in self._mixed_precision().items()},
             "grad_scaler": self.dtypes.loss_scaling,
             "wrap": {"layer_class": self.layer_class, "root": True},
-            "gradient_accumulation": _accumulation(self.plan, self.sync),
+            "gradient_accumulation": _accumulation(self.batch, self.sync),
             "gradient_divide_factor": self.grad_divide_factor,
             "notes": self.notes,
-            "train_batch": _train_batch(self.plan),
+            "train_batch": _train_batch(self.batch),
             "max_grad_norm": self.max_grad_norm,
         }
 
@@ -224,7 +228,7 @@ class LocalSpec(EngineSpec):
     notes: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        from zerofit.precision import DTYPES
+        from zerofit.core.precision import DTYPES
 
         autocast = self.dtypes.autocast
         return {
@@ -232,8 +236,8 @@ class LocalSpec(EngineSpec):
             "precision": self.dtypes.precision,
             "autocast_dtype": DTYPES[autocast].torch_name if autocast else None,
             "grad_scaler": self.dtypes.loss_scaling,
-            "train_batch": _train_batch(self.plan),
-            "gradient_accumulation": _accumulation(self.plan, self.sync),
+            "train_batch": _train_batch(self.batch),
+            "gradient_accumulation": _accumulation(self.batch, self.sync),
             "notes": self.notes,
             "max_grad_norm": self.max_grad_norm,
         }

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zerofit.core.errors import ConfigError
 from zerofit.engine.deepspeed_keys import DEEPSPEED_SCHEDULERS, hidden_size_buckets, model_hidden_size
-from zerofit.errors import ConfigError
 
 if TYPE_CHECKING:
     from zerofit.config.resolve import ResolvedConfig
@@ -74,7 +74,7 @@ def load_user_ds_config(path: str | Path) -> dict[str, Any]:
 
 def _slots(resolved: ResolvedConfig) -> dict[str, _Slot]:
     """Every non-model-derived key the HF Trainer allows as `"auto"`, with zerofit's value for it."""
-    cfg, plan = resolved.config, resolved.plan
+    cfg, plan = resolved.config, resolved.batch
     opt, lr = cfg.optimizer, resolved.effective_lr
     return {
         "train_batch_size": _Slot(plan.global_batch_size, "batch.global_batch_size"),
@@ -170,7 +170,7 @@ def _hard_coded_problems(
 ) -> list[str]:
     """Every value the file hard-codes that differs from zerofit's own for that key (an `auto` or a key
     zerofit does not own is no conflict), each with the fix: `auto` in the file, or the matching override."""
-    plan = resolved.plan
+    plan = resolved.batch
     problems: list[str] = []
     for dotted, slot in slots.items():
         present, value = _get(body, dotted)

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from zerofit.catalogue import is_tiny_model
+from zerofit.catalogue.models import is_tiny_model
 from zerofit.config.resolve import adaptation_method
 from zerofit.export.checkpoints import WeightsSource
 from zerofit.export.trained import RunConfig
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
-from zerofit.run_layout import RunLayout
+from zerofit.core.run_layout import RunLayout
 
 __all__ = ["losses", "model_card"]
 

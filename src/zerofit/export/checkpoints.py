@@ -12,7 +12,7 @@ A run leaves its weights in two kinds of places (docs/contracts.md, "Run directo
       state.pt           single / DDP: {"model": the trainable tensors, ...}
 
 This module is the one reader of those layouts; their names belong to their writers (the run directory's
-to `zerofit.run_layout`, each engine's to the strategy module that saves it: `TAG`, `DCP_DIR`, `STATE_FILE`)
+to `zerofit.core.run_layout`, each engine's to the strategy module that saves it: `TAG`, `DCP_DIR`, `STATE_FILE`)
 and are imported from there. Checkpoints hold only what trains (frozen LoRA base weights are left out), so
 `read_checkpoint` returns the trainable tensors, named as the unwrapped peft or Hugging Face model names
 them, in fp32 wherever the engine kept fp32 master weights. Reading needs no process group and no
@@ -39,9 +39,9 @@ from typing import Literal
 import torch
 
 from zerofit.checkpoint import MANIFEST, complete_checkpoints
-from zerofit.errors import ConfigError, ZerofitError
-from zerofit.run_layout import ADAPTER_DIR, MODEL_DIR, RunLayout, step_dir_name
-from zerofit.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
+from zerofit.checkpoint.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
+from zerofit.core.errors import ConfigError, ZerofitError
+from zerofit.core.run_layout import ADAPTER_DIR, MODEL_DIR, RunLayout, step_dir_name
 from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
 from zerofit.strategies.fsdp import DCP_DIR, DCP_MODEL_KEY
 from zerofit.strategies.single import STATE_FILE, STATE_MODEL_KEY
@@ -143,7 +143,7 @@ def read_checkpoint(folder: Path, trust_pickles: bool = False) -> dict[str, torc
     """The trainable tensors saved in checkpoint `folder` (any engine's layout), on the CPU, detached.
 
     The folder is read through a snapshot (`snapshot`), so a running training that prunes it meanwhile
-    cannot delete it under the reader; every pickle in the snapshot is checked first (`zerofit.safe_load`),
+    cannot delete it under the reader; every pickle in the snapshot is checked first (`zerofit.checkpoint.safe_load`),
     and one naming code beyond the allow-list is refused unless `trust_pickles`.
     """
     with snapshot(Path(folder)) as copy:
@@ -281,7 +281,7 @@ def _read_deepspeed(folder: Path) -> dict[str, torch.Tensor]:
     the model-states file (there are no partitions to merge)."""
     engine_dir = folder / DEEPSPEED_TAG
     if not any(engine_dir.glob("*_optim_states.pt")):
-        # DeepSpeed's own file: weights only, its allow-listed classes included (zerofit.safe_load).
+        # DeepSpeed's own file: weights only, its allow-listed classes included (zerofit.checkpoint.safe_load).
         states = load_deepspeed_file(engine_dir / "mp_rank_00_model_states.pt")
         return dict(states["module"])
     # DeepSpeed announces its accelerator on import, zero_to_fp32 narrates every tensor on stdout and draws

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.checkpoint.final_export import save_pretrained_here
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
+from zerofit.core.precision import DTYPES, torch_dtype
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
 from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for
-from zerofit.lora import apply_lora
-from zerofit.model import lora_spec, resolve_model_path
-from zerofit.precision import DTYPES, torch_dtype
+from zerofit.models.build import lora_spec, resolve_model_path
+from zerofit.models.lora import apply_lora
 
 __all__ = [
     "EXPORT_INFO",
@@ -124,7 +124,7 @@ def _replace(tmp: Path, out: Path) -> None:
 def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path) -> None:
     """Write a checkpoint's LoRA tensors as a peft folder, through peft, with no base weights loaded: the
     wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
-    from zerofit.meta_model import build_meta_model
+    from zerofit.models.meta import build_meta_model
 
     model: Any = apply_lora(
         build_meta_model(resolve_model_path(run.config)),

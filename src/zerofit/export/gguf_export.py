@@ -19,15 +19,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights
 from zerofit.export.folder import EXPORT_INFO, check_out, merged_model, unwritable_out
 from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architecture, check_quant, write_gguf
 from zerofit.export.modelfile import modelfile
 from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
-from zerofit.hub import hub_errors
-from zerofit.model import resolve_model_path
+from zerofit.models.build import resolve_model_path
+from zerofit.models.hub import hub_errors
 
 __all__ = ["MODELFILE", "GGUFExportResult", "export_gguf"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
 
 __all__ = ["GGUFVocab", "gguf_vocab", "write_vocab"]
 

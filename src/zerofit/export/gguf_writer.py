@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
 from zerofit.export.gguf_tokenizer import gguf_vocab, write_vocab
 
 __all__ = [

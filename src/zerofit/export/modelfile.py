@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerofit.tiny_llama import CHAT_TEMPLATE as TINY_CHAT_TEMPLATE
+from zerofit.models.tiny import CHAT_TEMPLATE as TINY_CHAT_TEMPLATE
 
 __all__ = ["modelfile", "ollama_template"]
 

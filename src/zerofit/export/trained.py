@@ -20,13 +20,19 @@ import yaml
 
 from zerofit.config.loader import validate_config
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import ConfigError
+from zerofit.core.run_layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 from zerofit.data.chat import template_file
-from zerofit.errors import ConfigError
 from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
-from zerofit.hub import allowed_remote_code, hub_errors
-from zerofit.lora import apply_lora
-from zerofit.model import load_dtype, load_tokenizer, lora_spec, quantization_config, resolve_model_path
-from zerofit.run_layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
+from zerofit.models.build import (
+    load_dtype,
+    load_tokenizer,
+    lora_spec,
+    quantization_config,
+    resolve_model_path,
+)
+from zerofit.models.hub import allowed_remote_code, hub_errors
+from zerofit.models.lora import apply_lora
 
 __all__ = [
     "RunConfig",

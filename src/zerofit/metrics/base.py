@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from zerofit.messages import warn
+from zerofit.core.messages import warn
 
 
 @runtime_checkable

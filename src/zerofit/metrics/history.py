@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zerofit.messages import warn
+from zerofit.core.messages import warn
 
 __all__ = ["rewind_metrics"]
 

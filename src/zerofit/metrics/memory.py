@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from zerofit.core.precision import GIB
 from zerofit.metrics.keys import MAX_PEAK, MEM_SOURCE, PEAK_GIB, rank_field
-from zerofit.precision import GIB
 
 _PROC_STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")

@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 
 from zerofit.config.schema import ZerofitConfig
-from zerofit.errors import DataError
+from zerofit.core.errors import DataError
+from zerofit.core.run_layout import METRICS_FILE, RunLayout
 from zerofit.metrics.keys import PEAK_GIB, rank_of_field
 from zerofit.metrics.summary import RunSummary, next_tokens_seen, predicted_peak_gib
-from zerofit.run_layout import METRICS_FILE, RunLayout
 
 # The optimizer-step column of W&B history rows (see wandb_sink.STEP_METRIC).
 _W_AND_B_STEP = "train/step"

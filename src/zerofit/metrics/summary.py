@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zerofit.messages import warn
+from zerofit.core.messages import warn
+from zerofit.core.run_layout import RunLayout
 from zerofit.metrics.base import named
 from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, rank_of_field
-from zerofit.run_layout import RunLayout
 
 
 def _number(value: Any) -> float | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from zerofit.planner.gpus import gpu_peak_tflops
+from zerofit.catalogue.gpus import gpu_peak_tflops
 
 
 def train_flops_per_token(

@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config.resolve import wandb_key_configured
-from zerofit.messages import say
+from zerofit.core.messages import say
+from zerofit.core.run_layout import RunLayout
+from zerofit.engine.run_plan import RunPlan
 from zerofit.metrics.summary import (
     RunSummary,
     next_tokens_seen,
     predicted_peak_gib,
     tokens_seen_through,
 )
-from zerofit.run_layout import RunLayout
-from zerofit.run_plan import RunPlan
 
 STEP_METRIC = "train/step"
 TOKENS_METRIC = "train/tokens_seen"

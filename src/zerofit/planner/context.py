@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any, Protocol
 
-from zerofit.catalogue import model_config_dict
-from zerofit.errors import ConfigError
-from zerofit.fused_loss import logit_postprocessing
-from zerofit.norms import LEAN_NORM_MODEL_TYPES
+from zerofit.catalogue.models import model_config_dict
+from zerofit.core.errors import ConfigError
+from zerofit.levers.norms import LEAN_NORM_MODEL_TYPES
+from zerofit.objectives.fused_loss import logit_postprocessing
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import TILED_MLP_SHARDS, Scenario, what_if
 from zerofit.planner.speed import predict_speed
 
 if TYPE_CHECKING:
+    from zerofit.catalogue.gpus import GPU
     from zerofit.config.schema import ZerofitConfig
-    from zerofit.planner.gpus import GPU
 
 
 class Budget(Protocol):
@@ -110,7 +110,7 @@ def _head_adapted(cfg: ZerofitConfig) -> bool:
 
 def fused_loss_refusal(cfg: ZerofitConfig) -> str | None:
     """Why `train.cross_entropy: auto` may not choose the fused loss for this config (None: it may): the
-    cases where `fused_linear` is refused or would fail at the first forward (`zerofit.fused_loss`)."""
+    cases where `fused_linear` is refused or would fail at the first forward (`zerofit.objectives.fused_loss`)."""
     if _head_adapted(cfg):
         return "LoRA adapts lm_head (lora.target_modules), and the fused loss needs a plain Linear head"
     if cfg.model.trust_remote_code:
@@ -121,7 +121,7 @@ def fused_loss_refusal(cfg: ZerofitConfig) -> str | None:
 
 
 def lean_norm_applies(model: str) -> bool:
-    """The model's RMSNorms are ones the lean norm knows (by config.json's model type, `zerofit.norms`)."""
+    """The model's RMSNorms are ones the lean norm knows (by config.json's model type, `zerofit.levers.norms`)."""
     return model_config_dict(model).get("model_type") in LEAN_NORM_MODEL_TYPES
 
 

@@ -1,7 +1,7 @@
 """The analytic memory model: per-rank peak GPU memory of one training step, with a breakdown to check by hand.
 
 Everything is counted in bytes from the model's exact shapes (`shapes.py`) and what zerofit's engines do
-(`model.py`, `strategies/`, `train.py`), then reported in GiB. The model mirrors, term by term, what a
+(`models/build.py`, `strategies/`, `loop/train.py`), then reported in GiB. The model mirrors, term by term, what a
 tensor-level trace of the step sees (`trace.py`), and the tests hold the two within 5% across a matrix.
 
 Peak = max over the two phases of a step:
@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zerofit.core.precision import GIB, dtype_bytes
 from zerofit.planner.activations.peak import activation_terms
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.state import Place, model_state, param_counts, quantized_weight_bytes
-from zerofit.precision import GIB, dtype_bytes
 
 # --- Allowance: device memory that is not a tensor (documented constants) --------------------------------
 # The CUDA context (driver state, kernels of torch, cuBLAS and cuDNN loaded on first use) is not counted by

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -56,7 +56,7 @@ def memory_report(
 
 def attention_plan(scn: Any) -> dict[str, Any]:
     """The attention path and kernel the plan counts (`memory.attention` of `zerofit plan --json`)."""
-    from zerofit.attention import describe_attention
+    from zerofit.levers.attention import describe_attention
 
     return {
         "implementation": scn.attn_implementation,

@@ -7,7 +7,7 @@ the run will get: the ZeRO stage, offload, who builds the optimizer and every dt
 never from a second reading of the preset or of a user's DeepSpeed file. A what-if (a candidate
 micro-batch, a remedy, more GPUs) is the same: `what_if` applies its overrides through the config loader's
 parser and asks `resolve()` itself, so the planner keeps no second derivation of a run. `ComputeProfile` is
-the dtype view of a scenario, from the one precision table (`zerofit.precision`).
+the dtype view of a scenario, from the one precision table (`zerofit.core.precision`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from zerofit.precision import dtype_bytes, tensor_dtypes, torch_dtype
-from zerofit.recompute import checkpointed_layers
+from zerofit.core.precision import dtype_bytes, tensor_dtypes, torch_dtype
+from zerofit.levers.recompute import checkpointed_layers
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -53,7 +53,7 @@ class Scenario:
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] | str = "all-linear"
     use_dora: bool = False
-    # Mixture of experts (lora.moe_experts, lora.train_router; zerofit.lora_targets): which experts adapt
+    # Mixture of experts (lora.moe_experts, lora.train_router; zerofit.models.lora_targets): which experts adapt
     # (`all`: every routed expert through peft's target_parameters) and whether the router trains in full.
     lora_moe_experts: str = "shared"
     lora_train_router: bool = False
@@ -63,13 +63,15 @@ class Scenario:
     # true (every decoder layer), false, or how many of the first layers are recomputed in backward.
     activation_checkpointing: bool | int = False
     attn_implementation: str = "sdpa"  # sdpa | eager | varlen (resolved: never auto)
-    # The varlen path's kernel on the planned GPU (`zerofit.attention.KERNELS`; None unless varlen).
+    # The varlen path's kernel on the planned GPU (`zerofit.levers.attention.KERNELS`; None unless varlen).
     varlen_kernel: str | None = None
-    cross_entropy: str = "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.loss, fused_loss)
-    # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.tiling), the checkpointed
-    # inputs kept in pinned host memory (zerofit.offload), and under k-bit quantization whether the
+    cross_entropy: str = (
+        "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.objectives.loss, fused_loss)
+    )
+    # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.levers.tiling), the checkpointed
+    # inputs kept in pinned host memory (zerofit.levers.offload), and under k-bit quantization whether the
     # residual stream (norms, embeddings, lm_head) is upcast to fp32 (quantization.fp32_residual); the
-    # RMSNorms saving their input as it is instead of its fp32 upcast (train.lean_norm, zerofit.norms).
+    # RMSNorms saving their input as it is instead of its fp32 upcast (train.lean_norm, zerofit.levers.norms).
     tiled_mlp: int = 1
     activation_offload: bool = False
     fp32_residual: bool = True
@@ -149,7 +151,7 @@ class Scenario:
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """Dtypes the engine computes and stores in: the scenario's view of `zerofit.precision`'s rule."""
+    """Dtypes the engine computes and stores in: the scenario's view of `zerofit.core.precision`'s rule."""
 
     load: str  # dtype from_pretrained loads in
     half: str | None  # bf16/fp16 when training in half precision
@@ -231,7 +233,7 @@ def scenario_for(
     cfg = config
     t = cfg.train
     _require_resolved(cfg)
-    plan = spec.plan
+    plan = spec.batch
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
     return Scenario(
         model=cfg.model.name_or_path,
@@ -286,10 +288,10 @@ def _lora_fields(cfg: ZerofitConfig) -> dict[str, Any]:
 def planned_kernel(cfg: ZerofitConfig, precision: str) -> str | None:
     """The varlen kernel a resolved run gets on the planned GPU (CUDA, compute capability 8.0+: the cards
     the planner knows run FlashAttention-2 kernels) at the engine's `precision`, by the load's own rule
-    (`zerofit.attention.choose_kernel`, with what this install has); None for sdpa / eager."""
+    (`zerofit.levers.attention.choose_kernel`, with what this install has); None for sdpa / eager."""
     if cfg.model.attn_implementation != "varlen":
         return None
-    from zerofit.attention import choose_kernel, installed_kernels
+    from zerofit.levers.attention import choose_kernel, installed_kernels
 
     return choose_kernel(cfg.model.varlen_kernel, "cuda", torch_dtype(precision), (8, 0), installed_kernels())
 

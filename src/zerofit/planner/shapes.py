@@ -24,8 +24,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from zerofit.catalogue import model_config_dict
-from zerofit.meta_model import build_meta_model, decoder_layers, decoder_layers_prefix
+from zerofit.catalogue.models import model_config_dict
+from zerofit.levers.layers import decoder_layers, decoder_layers_prefix
+from zerofit.models.meta import build_meta_model
 
 # Bump when the cached fields change, so stale cache files are ignored rather than misread.
 _CACHE_VERSION = 6
@@ -334,7 +335,7 @@ def model_shape(name_or_path: str) -> ModelShape:
 def _lora_counts(
     name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool, moe: tuple[str, bool]
 ) -> dict[str, Any]:
-    from zerofit.lora import apply_lora, lora_config
+    from zerofit.models.lora import apply_lora, lora_config
 
     model = apply_lora(
         build_meta_model(name_or_path, num_layers, attn_implementation="eager"),
@@ -440,6 +441,6 @@ def lora_shape(
     train_router: bool = False,
 ) -> LoraShape:
     """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build, with
-    `target_modules` mapped for its family and the MoE choices (`zerofit.lora_targets`)."""
+    `target_modules` mapped for its family and the MoE choices (`zerofit.models.lora_targets`)."""
     targets = target_modules if isinstance(target_modules, str) else tuple(target_modules)
     return _lora_shape_cached(name_or_path, r, targets, use_dora, (moe_experts, train_router))

@@ -66,13 +66,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from zerofit.catalogue.gpus import GPUS
+from zerofit.core.precision import dtype_bytes
 from zerofit.planner.activations.dtypes import residual_bytes
-from zerofit.planner.gpus import GPUS
 from zerofit.planner.shapes import lora_shape, model_shape
-from zerofit.precision import dtype_bytes
 
 if TYPE_CHECKING:
-    from zerofit.planner.gpus import GPU
+    from zerofit.catalogue.gpus import GPU
     from zerofit.planner.scenario import Scenario
 
 SUSTAINED_FRACTION = 0.385
@@ -133,7 +133,7 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
 def expert_adapter_flops(scn: Scenario, merged_numel: int, checkpointed: int) -> float:
     """Per trained token, what peft 0.21's `ParamWrapper` computes for LoRA on a mixture of experts' 3-D
     expert weights (`lora.moe_experts: all`), beyond the base model's FLOPs (counted with torch's
-    FlopCounterMode: tests/unit/test_planner_families.py).
+    FlopCounterMode: tests/unit/planner/test_planner_families.py).
 
     The adapted weight is parametrized as W' = W + s lhs @ rhs for every expert of the layer, one
     `baddbmm` of 2 r P FLOPs for the layer's P adapted expert elements, and it runs twice per forward:

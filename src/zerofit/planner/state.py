@@ -1,7 +1,7 @@
 """Resident model state per rank: weights, gradients, optimizer state, master copies and engine buffers.
 
 Counted in bytes from the model's exact shapes (`shapes.py`) and what each engine keeps: the dtype rule
-(`zerofit.precision`), bitsandbytes quantization, ZeRO partitions and CPU offload, FSDP2 shards, and the
+(`zerofit.core.precision`), bitsandbytes quantization, ZeRO partitions and CPU offload, FSDP2 shards, and the
 optimizer's state and step temporaries. Each line is typed (`StateLine`: a `StateKind`, the `Place` it
 is held at, bytes and a display label), so code selects lines by kind and place, never by label; the labels
 make a breakdown that adds up by hand.
@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from zerofit.core.precision import dtype_bytes
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
 from zerofit.planner.shapes import ModelShape, lora_shape, model_shape
-from zerofit.precision import dtype_bytes
 
 # torch AdamW keeps `step` as a host tensor (foreach/for-loop default): no device bytes.
 # bitsandbytes' 8-bit optimizers keep 8-bit state only for tensors of at least this many elements.

@@ -39,16 +39,17 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from zerofit.attention import FLASH_ATTN, TORCH_VARLEN, install_kernel
-from zerofit.fused_loss import FUSED_LINEAR, forward_token_sum
-from zerofit.lora import apply_lora, lora_config
-from zerofit.loss import token_sum_loss
-from zerofit.meta_model import build_meta_model, decoder_layers
+from zerofit.core.precision import GIB
+from zerofit.levers.attention import FLASH_ATTN, TORCH_VARLEN, install_kernel
+from zerofit.levers.layers import decoder_layers
+from zerofit.levers.recompute import enable_activation_checkpointing
+from zerofit.models.lora import apply_lora, lora_config
+from zerofit.models.meta import build_meta_model
+from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_sum
+from zerofit.objectives.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
 from zerofit.planner.scenario import compute_profile
 from zerofit.planner.shapes import model_shape
-from zerofit.precision import GIB
-from zerofit.recompute import enable_activation_checkpointing
 
 if TYPE_CHECKING:
     from zerofit.planner.scenario import Scenario
@@ -235,7 +236,7 @@ def _masks_as_on_device(documents_found: bool = False) -> Any:
     # The varlen path (model.attn_implementation=varlen) gets one document per row where the run finds
     # documents (`documents_found`: packed rows, padded micro-batches of several sequences), and the planned
     # kernel as on the GPU (torch's varlen op has a fake implementation saving what the CUDA kernel saves).
-    import zerofit.attention as attention
+    import zerofit.levers.attention as attention
 
     def documents(batch_size: int, seq_len: int, *args: Any) -> Any:
         return attention.uniform_documents(batch_size, seq_len) if documents_found else None
@@ -302,7 +303,7 @@ def _meta_offload_class() -> type:
     must leave the device's count, as it leaves the GPU's in a run."""
     import torch
 
-    from zerofit.offload import ActivationOffload, _Offloaded
+    from zerofit.levers.offload import ActivationOffload, _Offloaded
 
     class MetaOffload(ActivationOffload):
         def pack(self, tensor: torch.Tensor) -> Any:
@@ -321,10 +322,10 @@ def _meta_offload_class() -> type:
 def _enable_levers(hf: Any, scn: Scenario, n_ckpt: int) -> None:
     """The long-context levers as `model.enable_memory_levers` turns them on: the tiled MLP, the lean
     RMSNorms, activation offload of the checkpointed layers' inputs, the fused loss's head."""
-    from zerofit.fused_loss import install_fused_head
-    from zerofit.norms import enable_lean_norm
-    from zerofit.offload import enable_activation_offload
-    from zerofit.tiling import enable_tiled_mlp
+    from zerofit.levers.norms import enable_lean_norm
+    from zerofit.levers.offload import enable_activation_offload
+    from zerofit.levers.tiling import enable_tiled_mlp
+    from zerofit.objectives.fused_loss import install_fused_head
 
     layers = decoder_layers(hf)
     enable_tiled_mlp(layers, scn.tiled_mlp if scn.tiled_mlp > 1 else 0)
@@ -490,7 +491,7 @@ def _traces_by_layer_type(scn: Scenario, n: int) -> tuple[tuple[LayerTrace, ...]
     for: (1 layer, 2 layers) and (N - 1,) for one attention type; for a family mixing sliding and full
     layers (`layer_types`), also the first layer's type followed by the other one, so that each type's
     layers count their own increment (a sliding layer's saved window mask, which a full layer lacks)."""
-    from zerofit.meta_model import hf_config
+    from zerofit.models.meta import hf_config
 
     types = tuple(getattr(hf_config(scn.model), "layer_types", None) or ())
     if len(set(types)) < 2:

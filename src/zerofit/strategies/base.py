@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import LaunchError
+from zerofit.core.precision import torch_dtype
 from zerofit.engine.spec import EngineSpec
-from zerofit.errors import LaunchError
-from zerofit.precision import torch_dtype
 from zerofit.strategies.env import LaunchEnv
 
 # How often a rank waiting for rank 0 (`Strategy.wait_for_rank0`) looks at the store: first after POLL_MIN_S,
@@ -176,9 +176,9 @@ class Strategy(ABC):
     def apply_config(self, cfg: ZerofitConfig, lr: float, max_steps: int) -> None:
         """After `load`: write `cfg`'s optimizer hyperparameters (peak `lr`, betas, eps, weight decay) into
         the loaded optimizer and continue on `cfg`'s schedule (over `max_steps`) at the loaded step, so that
-        changes a resume accepted are trained with (`zerofit.optim.resume_schedule`). This default serves
+        changes a resume accepted are trained with (`zerofit.strategies.optim.resume_schedule`). This default serves
         engines whose client schedule is `self.scheduler` (single, DDP, FSDP2)."""
-        from zerofit.optim import resume_schedule
+        from zerofit.strategies.optim import resume_schedule
 
         scheduler = getattr(self, "scheduler", None)
         if scheduler is None:

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import LaunchError, ResumeError
+from zerofit.core.writes import WriteGuard
 from zerofit.engine.spec import DeepSpeedSpec
-from zerofit.errors import LaunchError, ResumeError
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,
@@ -37,7 +38,6 @@ from zerofit.strategies.base import (
     check_precision,
 )
 from zerofit.strategies.env import LaunchEnv
-from zerofit.writes import WriteGuard
 
 TAG = "engine"  # DeepSpeed's checkpoint tag inside our own (atomic) step directory
 
@@ -139,7 +139,7 @@ class DeepSpeedStrategy(Strategy):
     ) -> torch.nn.Module:
         import deepspeed
 
-        from zerofit.optim import param_groups
+        from zerofit.strategies.optim import param_groups
 
         config = self.spec.to_json()  # a copy: DeepSpeed fills defaults into the dict it is given
         self._frozen = any(not p.requires_grad for p in model.parameters())
@@ -179,7 +179,7 @@ class DeepSpeedStrategy(Strategy):
             model_name_or_path=model,
             core_attn_implementation=key,
             sequence_parallel_size=self.sp_size,
-            micro_batch_size=self.spec.plan.micro_batch_size,
+            micro_batch_size=self.spec.batch.micro_batch_size,
             seq_length_is_variable=True,  # every micro-batch is padded to its own longest example
         )
 
@@ -300,7 +300,7 @@ class DeepSpeedStrategy(Strategy):
         # an optimizer DeepSpeed built from the user's file keeps that file's hyperparameters.
         if self.spec.engine_scheduler is not None:
             return
-        from zerofit.optim import resume_schedule
+        from zerofit.strategies.optim import resume_schedule
 
         from_user_file = self.spec.builds_optimizer and self.spec.user_file is not None
         self.engine.lr_scheduler = resume_schedule(

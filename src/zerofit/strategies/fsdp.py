@@ -37,9 +37,10 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from zerofit.core.errors import ConfigError
+from zerofit.core.writes import torch_save
 from zerofit.engine.spec import FSDPSpec
-from zerofit.errors import ConfigError
-from zerofit.meta_model import no_split_classes
+from zerofit.levers.layers import no_split_classes
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,
@@ -48,7 +49,6 @@ from zerofit.strategies.base import (
     check_precision,
 )
 from zerofit.strategies.env import LaunchEnv
-from zerofit.writes import torch_save
 
 # A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
 DCP_DIR = "dcp"  # the torch.distributed.checkpoint folder holding {DCP_MODEL_KEY: ..., DCP_OPTIM_KEY: ...}

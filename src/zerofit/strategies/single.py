@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from zerofit.core.precision import torch_dtype
+from zerofit.core.writes import torch_save
 from zerofit.engine.spec import LocalSpec
-from zerofit.precision import torch_dtype
 from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy, check_precision
 from zerofit.strategies.env import LaunchEnv
-from zerofit.writes import torch_save
 
 # A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
 STATE_FILE = "state.pt"  # torch.save of {STATE_MODEL_KEY: the trainable tensors, "optimizer": ..., ...}

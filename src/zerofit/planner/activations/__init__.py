@@ -5,7 +5,7 @@ it models, its bytes and its display label; see
 `layer.layer_split`). Code selects terms by kind, never by label. The rules
 come from which tensors autograd saves for backward:
   - RMSNorm saves its fp32 upcast input and the per-token rstd (and its normalized output when its weight
-    trains); the lean RMSNorm (train.lean_norm, zerofit.norms) its input as it is and the rstd;
+    trains); the lean RMSNorm (train.lean_norm, zerofit.levers.norms) its input as it is and the rstd;
   - a linear saves its input only when its weight trains; a frozen base linear saves nothing, its LoRA
     adapter saves its own input: the same storage as the base's input when the dtypes agree, else its own
     cast copy (fp32 adapters under a bf16 base, or a bf16 copy under autocast), plus the rank-r output of A;
@@ -23,7 +23,7 @@ MLP (`layer.moe_saves`) and, when peft adapts the fused 3-D expert weights, each
 W + BA (a per-layer constant, not per token).
 
 Selective checkpointing (the first n of L layers recomputed) keeps n layer inputs and L - n layers of saved
-tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.loss`): unchunked holds fp32
+tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.objectives.loss`): unchunked holds fp32
 log-probabilities and two fp32 (tokens x vocab) gradients, chunked a gradient in the logits' dtype and one
 fp32 chunk.
 

@@ -1,4 +1,4 @@
-"""Per-element byte sizes of a decoder layer's tensors under a compute profile (from `zerofit.precision`):
+"""Per-element byte sizes of a decoder layer's tensors under a compute profile (from `zerofit.core.precision`):
 the residual stream, a base linear's output, attention's saves, the logits, the adapters.
 """
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zerofit.core.precision import dtype_bytes
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
-from zerofit.precision import dtype_bytes
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def layer_split(
 ) -> tuple[list[Term], int]:
     """Bytes saved for backward per token by one decoder layer, as typed terms, plus how many of those
     bytes belong after attention (o_proj, norm 2, the MLP). `tiled` (train.tiled_mlp): the MLP saves only
-    its input (zerofit.tiling), its intermediates exist per shard in backward (`MLP_SHARD`)."""
+    its input (zerofit.levers.tiling), its intermediates exist per shard in backward (`MLP_SHARD`)."""
     h, inter = shape.hidden_size, shape.intermediate_size
     # Each RMSNorm: fp32 upcast input + rstd; normalized output too when the norm weight trains (lean: the
     # input as it is + rstd).

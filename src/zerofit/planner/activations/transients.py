@@ -104,7 +104,7 @@ def tiled_layer(
     """One layer's saved terms, their post-attention part, the layer's transients and (tiled MLP) the
     terms of its MLP's backward. With s = train.tiled_mlp shards a layer saves only its MLP's input; the
     intermediates, the forward's passing set and the backward's partial gradients exist for tokens / s at
-    a time; the gradient buffer of the MLP input is full size (zerofit.tiling)."""
+    a time; the gradient buffer of the MLP input is full size (zerofit.levers.tiling)."""
     terms, post = layer_split(scn, shape, lora, dt)
     tr = layer_transients(scn, shape, lora, dt)
     s = scn.tiled_mlp

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zerofit.config.resolve import PlanChoice, micro_batch_setting
+from zerofit.core.errors import ConfigError
 from zerofit.engine.user_ds_config import pinned_split_problems
-from zerofit.errors import ConfigError
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import Scenario, what_if
 from zerofit.planner.search.budget import Budget, resolve_budget

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from zerofit.planner.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
+from zerofit.catalogue.gpus import GPU, detected_gpu, get_gpu, gpu_from_device_name, parse_memory_gib
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig

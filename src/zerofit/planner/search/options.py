@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from zerofit.levers.recompute import describe_checkpointing
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import TILED_MLP_SHARDS, Scenario
 from zerofit.planner.search.budget import Budget, verdict
 from zerofit.planner.search.table import divisors
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import SpeedEstimate, predict_speed
-from zerofit.recompute import describe_checkpointing
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zerofit.errors import ConfigError
+from zerofit.core.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import Scenario, what_if
 from zerofit.planner.search.budget import Budget, verdict

@@ -97,7 +97,7 @@ class SpeedPlan:
 def plan_memory(resolved: ResolvedConfig, spec: EngineSpec, budget: Budget | None) -> MemoryPlan:
     """Estimate, verdict, micro-batch table, the fastest plans and (when it does not fit) remedies."""
     cfg, world = resolved.config, resolved.world_size
-    per_rank = spec.plan.samples_per_rank
+    per_rank = spec.batch.samples_per_rank
     configured = scenario_for(cfg, spec)
     table = micro_table(scenario_for(cfg, spec, 1, per_rank), per_rank, budget)
     auto = largest_fitting(table) if budget is not None else None

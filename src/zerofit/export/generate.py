@@ -1,0 +1,190 @@
+"""`zerofit generate`: sample from a trained run or an export, a smoke check after training.
+
+The prompt is encoded the way training encoded prompts: with the tokenizer's chat template (as one user turn,
+plus the generation prompt) when the run trained on chat messages (`data.format: messages`), otherwise as
+bos + the prompt's tokens, exactly the prefix a `{"prompt", "response"}` example puts before its response.
+Decoding is greedy unless a temperature is given; transformers' `generate` does the rest.
+
+    a run directory   the trained model rebuilt from config.yaml + its newest weights (or `--step N`)
+    an export         a merged or full model folder, or an adapter folder (its base from the export's
+                      zerofit_export.json, else from adapter_config.json via peft), or a GGUF export (the
+                      file its zerofit_export.json names, read back by transformers' GGUF reader)
+
+A saved config is data: the `model.trust_remote_code` a run's config.yaml or an export's zerofit_export.json
+records holds only with the user's own --trust-remote-code (`export.trained.settle_remote_code`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.config.loader import validate_config
+from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import ConfigError, DataError
+from zerofit.core.run_layout import CONFIG_FILE
+from zerofit.export import EXPORT_INFO, load_trained
+from zerofit.export.trained import load_base, settle_remote_code
+from zerofit.models.hub import hub_errors
+
+__all__ = ["Generator", "load_generator"]
+
+
+@dataclass
+class Generator:
+    """A model ready to sample from, its tokenizer, and whether prompts are chat turns."""
+
+    model: Any
+    tokenizer: Any
+    chat: bool
+    device: torch.device
+
+    def prompt_ids(self, prompt: str) -> torch.Tensor:
+        """The prompt as training encoded it (see the module docstring), a (1, n) tensor on the device."""
+        tok = self.tokenizer
+        if self.chat:
+            if not getattr(tok, "chat_template", None):
+                raise DataError(
+                    "the run trained on chat messages (data.format: messages) but this tokenizer has no chat "
+                    "template to format the prompt with; export the run again with zerofit (the export saves "
+                    "the run's data.chat_template with the tokenizer)"
+                )
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        else:
+            bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+            ids = bos + tok.encode(prompt, add_special_tokens=False)
+        return torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+
+    def __call__(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0) -> str:
+        """The model's continuation of `prompt` (new tokens only, special tokens dropped)."""
+        ids = self.prompt_ids(prompt)
+        sampling: dict[str, Any] = {"do_sample": False}
+        if temperature > 0:
+            torch.manual_seed(seed)
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+                use_cache=True,
+                **sampling,
+            )
+        return str(self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+
+
+def _device() -> tuple[torch.device, torch.dtype]:
+    """The first GPU in bf16 (fp16 where bf16 is missing), else the CPU in fp32."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0), torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.device("cpu"), torch.float32
+
+
+def _is_chat(config: dict[str, Any] | None) -> bool:
+    data = (config or {}).get("data")
+    return isinstance(data, dict) and data.get("format") == "messages"
+
+
+def _from_export(
+    folder: Path, device: torch.device, dtype: torch.dtype, trust_remote_code: bool
+) -> Generator:
+    """A Generator for an export folder: its `zerofit_export.json` config rebuilds an adapter's base as the run
+    loaded it; that config's `model.trust_remote_code` holds only with `trust_remote_code` (the user's flag),
+    and a folder from elsewhere (no such config) runs its own code only with the flag."""
+    info_file = folder / EXPORT_INFO
+    info = json.loads(info_file.read_text()) if info_file.is_file() else {}
+    config = info.get("config") if isinstance(info.get("config"), dict) else None
+    if info.get("kind") == "gguf" and isinstance(info.get("file"), str):
+        return _from_gguf(folder, info["file"], _is_chat(config), device, dtype)
+    settled = (
+        settle_remote_code(validate_config(config), trust_remote_code, str(info_file), folder)
+        if config is not None
+        else None
+    )
+    trust = settled.model.trust_remote_code if settled is not None else trust_remote_code
+    with hub_errors(str(folder), "weights"):
+        model, tokenizer = _load_export(folder, settled, trust, device, dtype)
+    return Generator(model.to(device=device, dtype=dtype).eval(), tokenizer, _is_chat(config), device)
+
+
+def _load_export(
+    folder: Path, config: ZerofitConfig | None, trust: bool, device: torch.device, dtype: torch.dtype
+) -> tuple[Any, Any]:
+    """The model and tokenizer of an export folder (a merged / full model, or an adapter on its base)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if (folder / "adapter_config.json").is_file():
+        from peft import AutoPeftModelForCausalLM, PeftModel
+
+        if config is not None:
+            # the base exactly as the run loaded it (tiny-llama rebuilt, QLoRA dequantized)
+            base = load_base(config, dtype, device)
+            return PeftModel.from_pretrained(base, str(folder), is_trainable=False), tokenizer
+        # a peft folder from elsewhere: its adapter_config.json names the base
+        return AutoPeftModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, trust_remote_code=trust
+        ), tokenizer
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust), tokenizer
+
+
+def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype: torch.dtype) -> Generator:
+    """A GGUF export, dequantized by transformers' GGUF reader (a check of the file, not a fast runtime)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (folder / name).is_file():
+        raise ConfigError([f"{folder / name} is missing (its {EXPORT_INFO} names it); export again"])
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    return Generator(model.to(device=device).eval(), tokenizer, chat, device)
+
+
+def load_generator(
+    path: Path, step: int | None = None, trust_pickles: bool = False, trust_remote_code: bool = False
+) -> Generator:
+    """A `Generator` for run directory or export `path` (see the module docstring); `trust_pickles` and
+    `trust_remote_code` as for `zerofit.export.load_trained` (a saved config's `model.trust_remote_code` holds
+    only with `trust_remote_code`, the user's --trust-remote-code)."""
+    path = Path(path)
+    device, dtype = _device()
+    if (path / CONFIG_FILE).is_file():
+        trained = load_trained(
+            path,
+            step=step,
+            dtype=dtype,
+            device=device,
+            trust_pickles=trust_pickles,
+            trust_remote_code=trust_remote_code,
+        )
+        return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device)
+    if any((path / name).is_file() for name in (EXPORT_INFO, "config.json", "adapter_config.json")):
+        if step is not None:
+            raise ConfigError(
+                [
+                    f"--step {step}: {path} is an export (one set of weights); --step picks a checkpoint of a run directory"
+                ]
+            )
+        return _from_export(path, device, dtype, trust_remote_code)
+    raise ConfigError(
+        [
+            f"{path} is neither a run directory (it has no {CONFIG_FILE}) nor an export (no {EXPORT_INFO}, "
+            "config.json or adapter_config.json); pass runs/<run_name> or a folder written by `zerofit export`"
+        ]
+    )

@@ -1,0 +1,76 @@
+"""The model class transformers would load, without its weights: its config and a meta-device build.
+
+The planner measures shapes on a meta build, the model pipeline reads parameter names and counts from one
+before loading (`zerofit.models.build`), and export rebuilds the base's layout from one
+(`zerofit.export.folder`). The decoder layers of such a model are found by the one rule in
+`zerofit.levers.layers`. This module imports nothing from the planner, the model pipeline, data, the
+strategies or export.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerofit.catalogue.models import model_config_dict
+from zerofit.core.errors import ConfigError
+
+__all__ = ["build_meta_model", "hf_config"]
+
+
+def hf_config(
+    name_or_path: str,
+    num_layers: int | None = None,
+    attn_implementation: str = "sdpa",
+    *,
+    layer_types: tuple[str, ...] | None = None,
+) -> Any:
+    """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers
+    (`layer_types`: the attention type of each of them, for a family that mixes sliding and full layers)."""
+    from transformers import AutoConfig
+
+    from zerofit.levers.attention import hf_attn_implementation
+
+    data = model_config_dict(name_or_path)
+    data.pop("architectures", None)
+    if layer_types is not None:
+        num_layers = len(layer_types)
+        data["layer_types"] = list(layer_types)
+    if num_layers is not None:
+        data["num_hidden_layers"] = num_layers
+        # Per-layer attention types (sliding/full) must match the layer count.
+        if isinstance(data.get("layer_types"), list):
+            data["layer_types"] = data["layer_types"][:num_layers]
+    model_type = data.pop("model_type")
+    config = AutoConfig.for_model(model_type, **data)
+    config._attn_implementation = hf_attn_implementation(attn_implementation)
+    return config
+
+
+def build_meta_model(
+    name_or_path: str,
+    num_layers: int | None = None,
+    attn_implementation: str = "sdpa",
+    dtype: Any = None,
+    *,
+    layer_types: tuple[str, ...] | None = None,
+) -> Any:
+    """The model class transformers would load, built on the meta device: shapes only, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(name_or_path, num_layers, attn_implementation, layer_types=layer_types)
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    except ValueError as exc:
+        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise
+        # Gemma 2: soft-capped attention logits have no sdpa kernel in transformers, which refuses it.
+        raise ConfigError(
+            [
+                f"model.attn_implementation = 'sdpa': {name_or_path} ({config.model_type}) has no sdpa "
+                "attention in transformers (its attention logits are soft-capped, which only eager "
+                "attention computes); set model.attn_implementation=eager (the plan then counts the "
+                "S x S probabilities of eager attention)"
+            ]
+        ) from None

@@ -1,0 +1,313 @@
+"""The body of `launchers/launch_finetune.py`: parse -> resolve -> `FinetuneRecipe` (setup: assemble the run
+plan, engine, data and model, restore, print the plan; train; cleanup).
+
+Order matters for the user: the config is resolved against the launcher's world size before anything heavy
+is imported, so a batch that does not divide fails in a fraction of a second; the run is assembled
+(`zerofit.recipe.assembly`: spec, engine, data, model) and any checkpoint restored before the run directory is
+written, so a user error never writes into any run directory. Every `ZerofitError` becomes one paragraph
+on stderr and exit code 2 on every rank, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
+from zerofit.core.errors import ConfigError, LaunchError, RunFinished, ZerofitError
+from zerofit.core.messages import error, line_buffered_output, quiet_libraries, say
+from zerofit.core.run_layout import RunLayout, step_dir_name
+from zerofit.loop.signals import StopSignal, die_with_launcher, die_with_parent
+from zerofit.planner import choose_fastest_plan
+from zerofit.recipe.report import best_line, format_plan, loss_summary
+from zerofit.strategies.env import LaunchEnv, launch_env
+
+if TYPE_CHECKING:
+    from zerofit.checkpoint.policy import EvalWatch
+    from zerofit.metrics.base import MetricsSink
+    from zerofit.recipe.assembly import PreparedRun
+
+EXIT_USER_ERROR = 2
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """`--config FILE [dotted.key=value ...]`; the deepspeed launcher's `--local_rank` is accepted and ignored."""
+    parser = argparse.ArgumentParser(
+        prog="launch_finetune.py",
+        description="Fine-tune with one exact global batch on DeepSpeed, FSDP2, DDP or one process.",
+    )
+    parser.add_argument("--config", required=True, help="run config YAML (see configs/)")
+    # Ranks always come from the environment (RANK / LOCAL_RANK), whichever launcher started us.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. batch.global_batch_size=64")
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after --config
+
+
+def _python_launch_hint(cfg: ZerofitConfig) -> str | None:
+    """For a plain `python` start: the launch command a batch split that needs several ranks asks for."""
+    b = cfg.batch
+    if not (isinstance(b.micro_batch_size, int) and b.global_batch_size and b.grad_accum_steps):
+        return None
+    per_rank = b.micro_batch_size * b.grad_accum_steps
+    if b.global_batch_size % per_rank or b.global_batch_size // per_rank < 2:
+        return None
+    n = b.global_batch_size // per_rank
+    return (
+        f"batch.global_batch_size = {b.global_batch_size} with batch.micro_batch_size = {b.micro_batch_size} "
+        f"and batch.grad_accum_steps = {b.grad_accum_steps} needs {n} data-parallel ranks, but plain `python` "
+        f"starts one process; launch {n} ranks with `deepspeed --num_gpus {n} launchers/launch_finetune.py "
+        f"...` or `torchrun --nproc_per_node {n} launchers/launch_finetune.py ...`, or leave "
+        "batch.grad_accum_steps unset so it is derived for one process"
+    )
+
+
+def resolve_for_launch(cfg: ZerofitConfig, env: LaunchEnv) -> ResolvedConfig:
+    """`resolve()` with the launcher's world size; a multi-rank request under plain `python` says how to launch."""
+    try:
+        return resolve(cfg, env.world_size, choose_fastest_plan)
+    except ConfigError:
+        hint = None if env.launched else _python_launch_hint(cfg)
+        if hint is None:
+            raise
+        raise LaunchError(hint) from None
+
+
+def write_run_files(run: PreparedRun) -> Path:
+    """`config.yaml` (the run plan's config) and the engine config exactly as the engine receives it (rank 0)."""
+    plan = run.plan
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    layout = RunLayout(plan.run_dir)
+    layout.config.write_text(yaml.safe_dump(plan.config.model_dump(mode="json"), sort_keys=False))
+    engine_file = layout.engine_file(plan.spec.strategy)
+    engine_file.write_text(json.dumps(plan.spec.to_json(), indent=2) + "\n")
+    return engine_file
+
+
+def announce(run: PreparedRun) -> None:
+    """Rank 0 writes config.yaml + the engine config and prints the plan; every rank waits for it (a full
+    disk: one paragraph on every rank, `rank0_writes`)."""
+    from zerofit.checkpoint.failed_save import rank0_writes
+
+    engine_file = rank0_writes(run.strategy, run.plan.run_dir, lambda: write_run_files(run))
+    if engine_file is not None:
+        say(format_plan(run, engine_file))
+    run.strategy.barrier()
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: its exit code, run directory (after any `-2` suffix) and final export."""
+
+    exit_code: int
+    run_dir: Path
+    export_dir: Path | None = None
+
+
+class FinetuneRecipe:
+    """One training run in a torchtune recipe's shape: `setup` builds it (the run plan, engine, data and
+    model through `assemble`, the checkpoint restored, the plan printed, the sinks opened), `train` trains
+    and exports, `cleanup` releases the sinks and the process group. `run_training` calls the three."""
+
+    def __init__(self, resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None) -> None:
+        self.resolved = resolved
+        self.config_path = config_path
+        self.stop = stop or StopSignal()
+        self.run: PreparedRun | None = None
+        self.sink: MetricsSink | None = None
+
+    def setup(self) -> None:
+        """Assemble the run, restore its checkpoint, print its plan and open its metrics sinks."""
+        quiet_libraries()
+        from zerofit.checkpoint import Checkpointer, checkpoint_record
+        from zerofit.checkpoint.policy import EvalWatch
+        from zerofit.checkpoint.resume import restore, resume_message
+        from zerofit.metrics.setup import open_sinks
+        from zerofit.recipe.assembly import assemble
+
+        self.run = run = assemble(self.resolved)
+        plan, strategy = run.plan, run.strategy
+        cfg, rank, point = plan.config, strategy.rank, plan.resume
+        assert cfg.train.max_steps is not None, "a run plan knows its step count"
+        record = checkpoint_record(plan, strategy.checkpoint_format) if rank == 0 else None
+        elapsed = point.elapsed_s if point else 0.0
+        es = cfg.train.early_stopping
+        has_eval = run.data is not None and run.data.eval_examples is not None
+        self.watch = EvalWatch(es.patience, es.min_delta) if has_eval else None
+        self.checkpointer = Checkpointer(
+            strategy, plan.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=self.watch
+        )
+        self.start_step, self.history = restore(self.checkpointer, point, plan.run_dir)
+        if self.watch is not None:  # a resumed run's best and patience, from the evaluations it kept
+            self.watch.replay(self.history or [])
+        if point is not None:  # changes the resume accepted, trained with (not the loaded values)
+            strategy.apply_config(cfg, plan.effective_lr, cfg.train.max_steps)
+        self.stop.arm(str(plan.run_dir))  # from here on a signal stops after a step, with a checkpoint
+        announce(run)
+        message = resume_message(point, cfg.checkpoint.resume, plan.run_dir, cfg.train.max_steps)
+        if message:
+            say(message, rank=rank)
+        from zerofit.checkpoint.failed_save import rank0_writes
+        from zerofit.metrics.base import NullSink
+
+        def opened() -> MetricsSink:
+            return open_sinks(
+                plan,
+                rank,
+                run.record(),
+                config_path=self.config_path,
+                history=self.history,
+                prior_wall_s=elapsed,
+            )
+
+        # run_info.json (and W&B's run id) on rank 0; the other ranks get a NullSink.
+        sinks = rank0_writes(strategy, plan.run_dir, opened)
+        self.sink = sinks if sinks is not None else NullSink()
+
+    def train(self) -> RunOutcome:
+        """Train to `train.max_steps` (or a stop / early stop), export, and say how the run ended. The exit
+        code is 128 + the signal when a SIGTERM/SIGINT stopped the run (after a checkpoint)."""
+        from zerofit.checkpoint import export_final
+        from zerofit.loop.train import train_loop
+        from zerofit.metrics.summary import record_outcome
+
+        assert self.run is not None and self.sink is not None, "setup() first"
+        run, plan, stop, watch = self.run, self.run.plan, self.stop, self.watch
+        cfg, strategy = plan.config, run.strategy
+        assert cfg.train.max_steps is not None
+        loop = run.loop_inputs(self.sink, self.checkpointer, stop, clock=self.checkpointer.clock, watch=watch)
+        results = train_loop(loop, self.start_step, self._tokens_before())
+        steps_done = self.start_step + len(results)
+        # A signal during the step that ran out early stopping's patience: the run is finished, so it ends
+        # (exported) as an early stop, not as a stop to resume (which would train on past the stop).
+        early = watch is not None and watch.stopped_at is not None
+        stopped = stop.agreed is not None and steps_done < cfg.train.max_steps and not early
+        if stop.agreed is not None:
+            stop.stopped()  # the stop checkpoint is written: later signals change nothing
+        exported = None
+        if cfg.checkpoint.save_final and not stopped:
+            exported = export_final(strategy, run.built.tokenizer, plan.run_dir)
+        self._close_sink()  # summary.json is complete before the outcome is added to it
+        if strategy.rank == 0:
+            record_outcome(plan.run_dir, _outcome_fields(stopped, early, watch, stop))
+        if stopped:
+            return self._stopped(steps_done)
+        losses = [row["loss"] for row in self.history or [] if row.get("loss") is not None]
+        self._say_end(steps_done, losses + [r.loss for r in results], early, exported)
+        # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
+        # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
+        strategy.barrier()
+        return RunOutcome(0, plan.run_dir, exported)
+
+    def _tokens_before(self) -> int:
+        """The valid label tokens of the steps a resume does not train again: its checkpoint's count, or,
+        for a checkpoint older than that record, the kept metrics rows' (rank 0's; short of the unlogged
+        steps under `logging.log_every` > 1, as such a run's own rows were)."""
+        from zerofit.metrics.summary import tokens_seen_through
+
+        assert self.run is not None
+        point = self.run.plan.resume
+        if point is None or self.start_step == 0:
+            return 0
+        if point.tokens_seen is not None:
+            return point.tokens_seen
+        return int(tokens_seen_through(self.history or []))
+
+    def cleanup(self) -> None:
+        """Close the sinks (if `train` did not get to) and tear the engine's process group down."""
+        self._close_sink()
+        if self.run is not None:
+            self.run.close()
+
+    def _close_sink(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+    def _stopped(self, steps_done: int) -> RunOutcome:
+        """A run stopped by a signal: every rank's files on disk, then how to resume it."""
+        assert self.run is not None and self.stop.agreed is not None
+        plan, strategy = self.run.plan, self.run.strategy
+        strategy.barrier()  # every rank's files (and rank 0's summary) are on disk before anyone exits
+        again = " checkpoint.resume=true"
+        if plan.run_name != self.resolved.config.run_name:  # a new run that took `-2`: resume that one
+            again += f" run_name={plan.run_name}"
+        say(
+            f"zerofit: stopped by {signal.Signals(self.stop.agreed).name} after step {steps_done} of "
+            f"{plan.config.train.max_steps}; checkpoint "
+            f"{self.checkpointer.root / step_dir_name(steps_done)}; resume with the same command plus{again}",
+            rank=strategy.rank,
+        )
+        return RunOutcome(StopSignal.exit_code(self.stop.agreed), plan.run_dir)
+
+    def _say_end(self, steps_done: int, losses: list[float], early: bool, exported: Path | None) -> None:
+        """The end of a finished run: early stop, losses, the best evaluation, where the results are."""
+        assert self.run is not None
+        plan, rank, watch = self.run.plan, self.run.strategy.rank, self.watch
+        if early:
+            assert watch is not None
+            say(f"zerofit: {watch.stop_line()}", rank=rank)
+        if losses:
+            say(f"done: {steps_done} steps, {loss_summary(losses)}", rank=rank)
+        if watch is not None and watch.best_step is not None:
+            say(best_line(watch, self.checkpointer.root, plan.config.checkpoint.keep_best), rank=rank)
+        say(f"results: {plan.run_dir}" + (f" (export: {exported})" if exported else ""), rank=rank)
+
+
+def run_training(
+    resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None = None
+) -> RunOutcome:
+    """Build everything for a resolved config and train it: setup, train, cleanup (`zerofit.api.train`
+    calls it in-process, the launcher through `main`)."""
+    recipe = FinetuneRecipe(resolved, config_path, stop)
+    try:
+        recipe.setup()
+        return recipe.train()
+    finally:
+        recipe.cleanup()
+
+
+def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: StopSignal) -> dict[str, Any]:
+    """How the run ended, for summary.json: `stop_reason` (max_steps, early_stopping or the signal) and
+    the best evaluation."""
+    if stopped and stop.agreed is not None:
+        reason = signal.Signals(stop.agreed).name
+    else:
+        reason = "early_stopping" if early else "max_steps"
+    fields: dict[str, Any] = {"stop_reason": reason, "early_stopped": early}
+    if watch is not None:
+        fields |= {"best_step": watch.best_step, "best_eval_loss": watch.best_loss}
+    return fields
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `launchers/launch_finetune.py`; returns the process exit code."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    line_buffered_output()  # step lines reach a log file (nohup, SLURM, `> log`) as they are printed
+    env = launch_env()
+    # SIGTERM/SIGINT stop the run cleanly from here on (no KeyboardInterrupt traceback); a launched worker
+    # also exits when its launcher dies (the deepspeed runner included, not only its launch.py).
+    stop = StopSignal(env.rank).install()
+    if env.launched:
+        die_with_parent()
+        die_with_launcher(stop, rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner
+    try:
+        resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
+        return run_training(resolved, args.config, stop).exit_code
+    except RunFinished as exc:
+        # A finished run resumed under checkpoint.resume=auto (a requeue): nothing to do, not a failure.
+        say(f"zerofit: {exc}", rank=env.rank)
+        return 0
+    except ZerofitError as exc:
+        # One paragraph, no traceback: the message names the field, the rule and the fix. Printed by every
+        # rank, except an error every rank raised from agreed values: rank 0 alone says it.
+        if not exc.agreed or env.rank == 0:
+            error(f"zerofit (rank {env.rank})", exc)
+        return EXIT_USER_ERROR

@@ -1,0 +1,133 @@
+"""Loading a model fails as one paragraph: a hub id that cannot be fetched (unreachable, gated, misspelled),
+and `lora.target_modules` entries that name no module — refused before any weight is loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config_helpers import config
+from zerofit.core.errors import ConfigError, LaunchError
+from zerofit.models.build import build_model, load_tokenizer
+from zerofit.models.hub import hub_problem
+
+REPO = Path(__file__).resolve().parents[3]
+NAME = "meta-llama/Llama-2-7b-hf"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "needles"),
+    [
+        (
+            "You are trying to access a gated repo.\nMake sure to have access to it at https://huggingface.co/x.",
+            LaunchError,
+            (
+                "gated model",
+                "accept its licence at https://huggingface.co/meta-llama/Llama-2-7b-hf",
+                "HF_TOKEN",
+            ),
+        ),
+        (
+            f"{NAME} is not a local folder and is not a valid model identifier listed on 'https://huggingface.co/models'",
+            ConfigError,
+            ("neither a local folder nor a model on the Hugging Face hub", "check the spelling"),
+        ),
+        (
+            "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached files.",
+            LaunchError,
+            ("cannot be reached", "not in the local cache", f"hf download {NAME}"),
+        ),
+    ],
+)
+def test_hub_failures_become_one_paragraph(text: str, kind: type, needles: tuple[str, ...]) -> None:
+    problem = hub_problem(NAME, "weights", OSError(text))
+    assert isinstance(problem, kind)
+    message = str(problem)
+    assert "\n" not in message.removeprefix("Invalid configuration: ")
+    assert f"model.name_or_path = {NAME!r}" in message
+    for needle in needles:
+        assert needle in message, needle
+
+
+def test_other_errors_and_local_folders_keep_their_traceback(tmp_path: Path) -> None:
+    assert hub_problem(NAME, "weights", RuntimeError("a bug")) is None
+    assert hub_problem(NAME, "weights", OSError("disk on fire")) is None
+    assert (
+        hub_problem(str(tmp_path), "weights", OSError("We couldn't connect to 'https://huggingface.co'"))
+        is None
+    )
+
+
+def test_an_unreachable_hub_id_is_refused_when_its_tokenizer_loads() -> None:
+    # The test environment is offline (HF_HUB_OFFLINE=1, see conftest.py) and this id is not cached.
+    with pytest.raises(LaunchError, match="cannot be reached from here") as err:
+        load_tokenizer(config({"model": {"name_or_path": "zerofit-tests/no-such-model"}}))
+    assert "zerofit-tests/no-such-model" in str(err.value)
+
+
+def test_an_unreachable_hub_id_at_launch_is_one_paragraph(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launchers" / "launch_finetune.py"),
+            "--config",
+            str(REPO / "configs" / "demo.yaml"),
+            "distributed.strategy=single",
+            f"output_dir={tmp_path}",
+            f"model.name_or_path={NAME}",
+            f"data.path={REPO / 'data' / 'demo.jsonl'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("zerofit (rank 0): error: model.name_or_path = "), lines
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def _no_weight_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("weights were loaded before the LoRA targets were checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def test_lora_targets_that_name_no_module_are_refused_before_the_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _no_weight_load(monkeypatch)
+    cfg = config({"seed": 0, "lora": {"target_modules": ["q_proj", "v_porj", "attn"]}})
+    with pytest.raises(ConfigError) as err:
+        build_model(cfg)
+    message = str(err.value)
+    assert "'v_porj', 'attn' name no module of LlamaForCausalLM" in message
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"):
+        assert name in message.split("the module names that exist are:")[1]
+    assert "lora.target_modules=all-linear" in message
+
+
+def test_lora_targets_that_exist_pass_the_check() -> None:
+    built = build_model(config({"seed": 0, "lora": {"target_modules": ["self_attn.q_proj", "lm_head"]}}))
+    trainable = {n for n, p in built.model.named_parameters() if p.requires_grad}
+    assert len(trainable) == 2 * 2 + 2 and any("lm_head" in n for n in trainable)
+
+
+def test_zerofit_plan_refuses_a_bad_target_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from zerofit.cli import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["plan", "--config", "configs/demo.yaml", "lora.target_modules=[q_proj,qkv_proj]"]) == 2
+    assert "'qkv_proj' names no module of" in capsys.readouterr().err

@@ -1,0 +1,267 @@
+"""train_step in one process: token-sum loss, one normalizer per window, one clip and step per window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from config_helpers import one_process_strategy
+from zerofit.data import IGNORE_INDEX, Example, collate
+from zerofit.loop.train import LoopInputs, StepResult, train_loop, train_step
+from zerofit.objectives.loss import count_label_tokens, token_sum_loss
+from zerofit.strategies.single import SingleStrategy
+
+VOCAB = 11
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding + linear head: enough for a next-token loss whose gradient depends on every token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool = False) -> Any:
+        del attention_mask, use_cache
+
+        class Out:
+            logits = self.head(self.embed(input_ids))
+
+        return Out()
+
+
+def _examples() -> list[Example]:
+    # Lengths 2..16 with prompt masks of different sizes: token counts differ a lot per micro-batch.
+    out = []
+    for i in range(8):
+        n = 2 + (i * 5) % 15
+        ids = [(i + j) % (VOCAB - 1) + 1 for j in range(n)]
+        labels = [IGNORE_INDEX] * (1 + i % 3) + ids[1 + i % 3 :]
+        out.append(Example(ids, labels[:n]))
+    return out
+
+
+def _strategy(model: torch.nn.Module, lr: float = 0.1) -> SingleStrategy:
+    strategy = one_process_strategy()
+    strategy.prepare(
+        model,
+        lambda m: torch.optim.SGD(m.parameters(), lr=lr),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+    )
+    return strategy
+
+
+def _split(examples: list[Example], micro: int) -> list[dict[str, torch.Tensor]]:
+    return [collate(examples[k : k + micro], pad_id=0) for k in range(0, len(examples), micro)]
+
+
+def test_token_sum_loss_is_sum_of_valid_next_token_losses() -> None:
+    logits = torch.randn(2, 5, VOCAB)
+    labels = torch.tensor(
+        [[IGNORE_INDEX, 3, 4, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX, IGNORE_INDEX, 1, 2, 5]]
+    )
+    loss_sum = token_sum_loss(logits, labels)
+    assert count_label_tokens(labels) == 5
+    mean = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX
+    )
+    assert float(loss_sum) == pytest.approx(float(mean) * 5, rel=1e-6)
+
+
+def test_an_all_masked_batch_gives_zero_with_a_graph() -> None:
+    logits = torch.randn(1, 3, VOCAB, requires_grad=True)
+    labels = torch.full((1, 3), IGNORE_INDEX)
+    loss_sum = token_sum_loss(logits, labels)
+    assert count_label_tokens(labels) == 0 and float(loss_sum.detach()) == 0.0
+    loss_sum.backward()  # the dummy row of an empty micro-batch still runs backward
+    assert logits.grad is not None and float(logits.grad.abs().sum()) == 0.0
+
+
+def test_the_split_does_not_change_loss_or_update() -> None:
+    examples = _examples()
+    results, params = [], []
+    for micro in (8, 2, 1):
+        model = TinyLM()
+        result = train_step(_strategy(model), model, _split(examples, micro), max_grad_norm=None)
+        results.append(result)
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    for result, p in zip(results[1:], params[1:], strict=True):
+        assert result.tokens == results[0].tokens
+        assert result.loss == pytest.approx(results[0].loss, abs=1e-6)
+        assert result.grad_norm == pytest.approx(results[0].grad_norm, rel=1e-5)
+        assert float((p - params[0]).abs().max()) < 1e-6
+
+
+def test_clip_and_step_run_once_per_window_after_the_last_micro_step() -> None:
+    model = TinyLM()
+    strategy = _strategy(model)
+    calls: list[tuple[str, Any]] = []
+    backward, clip_and_step = strategy.backward, strategy.clip_and_step
+    strategy.backward = lambda loss: (calls.append(("backward", None)), backward(loss))[1]  # type: ignore[method-assign]
+    strategy.clip_and_step = lambda m: (calls.append(("step", m)), clip_and_step(m))[1]  # type: ignore[method-assign]
+    result = train_step(strategy, model, _split(_examples(), 2), max_grad_norm=1e-3)
+    assert [c[0] for c in calls] == ["backward"] * 4 + ["step"]
+    assert result.grad_norm > 1e-3  # the reported norm is the one before clipping
+
+
+def test_empty_micro_batches_add_no_tokens() -> None:
+    examples = _examples()[:3]
+    full = train_step(_strategy(m := TinyLM()), m, [collate(examples, 0)], None)
+    short = [collate(examples[:2], 0), collate(examples[2:], 0), collate([], 0), collate([], 0)]
+    partial = train_step(_strategy(m2 := TinyLM()), m2, short, None)
+    assert partial.tokens == full.tokens
+    assert partial.loss == pytest.approx(full.loss, abs=1e-6)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, Any]]] = []
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.rows.append((step, metrics))
+
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Checkpoints:
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.stopping: list[int] = []
+        self.tokens_seen: list[int | None] = []
+
+    def after_step(self, steps_done: int, stopping: bool = False, tokens_seen: int | None = None) -> None:
+        self.steps.append(steps_done)
+        self.tokens_seen.append(tokens_seen)
+        if stopping:
+            self.stopping.append(steps_done)
+
+
+def _loop_run(sink: _Sink, checkpoints: _Checkpoints, max_steps: int, **options: Any) -> LoopInputs:
+    """A one-process LoopInputs over the test examples: global 4 = micro 2 x accum 2."""
+    from zerofit.config.batching import solve_batch
+    from zerofit.data import GlobalBatchSampler
+
+    examples = _examples()
+    model = TinyLM()
+    return LoopInputs(
+        strategy=_strategy(model),
+        model=model,
+        examples=examples,
+        sampler=GlobalBatchSampler(len(examples), 4, seed=0),
+        batch=solve_batch(1, 4, 2),
+        max_steps=max_steps,
+        pad_id=0,
+        sink=sink,
+        checkpointer=checkpoints,
+        **options,
+    )
+
+
+def test_train_loop_logs_each_optimizer_step_from_a_start_step() -> None:
+    sink, checkpoints = _Sink(), _Checkpoints()
+    results = train_loop(_loop_run(sink, checkpoints, max_steps=4, max_grad_norm=1.0), start_step=1)
+    assert len(results) == 3 and all(isinstance(r, StepResult) for r in results)
+    assert [step for step, _ in sink.rows] == [2, 3, 4] == checkpoints.steps
+    row = sink.rows[0][1]
+    assert (row["micro_batch_size"], row["grad_accum_steps"], row["dp_size"], row["epoch"]) == (2, 2, 1, 0)
+    assert row["mem/source"] in ("cpu_rss", "cuda") and "mem/rank0/peak_gib" in row
+
+
+def test_a_stop_request_ends_the_loop_after_the_step_in_progress_with_a_checkpoint() -> None:
+    import signal
+
+    from zerofit.loop.signals import StopSignal
+
+    stop = StopSignal()
+    stop.arm("test")
+
+    class _SignalAtStep2(_Sink):
+        def log(self, step: int, metrics: dict[str, Any]) -> None:
+            super().log(step, metrics)
+            if step == 2:  # as if SIGTERM arrived while step 2 was running
+                stop.signum = signal.SIGTERM
+
+    sink, checkpoints = _SignalAtStep2(), _Checkpoints()
+    results = train_loop(_loop_run(sink, checkpoints, max_steps=5, max_grad_norm=1.0, stop=stop))
+    assert len(results) == 2 and checkpoints.steps == [1, 2] and checkpoints.stopping == [2]
+    assert stop.agreed == signal.SIGTERM and StopSignal.exit_code(stop.agreed) == 143
+
+
+def test_a_stop_between_logging_steps_logs_the_last_step_too() -> None:
+    """logging.log_every=3, a signal during step 2: the rows end at the step the run stopped after (the
+    end-of-run summary's step count, the stop checkpoint's step), not at the last logging step."""
+    import signal
+
+    from zerofit.loop.signals import StopSignal
+
+    stop = StopSignal()
+    stop.arm("test")
+
+    class _SignalAtStep2(_Checkpoints):
+        def after_step(self, steps_done: int, stopping: bool = False, tokens_seen: int | None = None) -> None:
+            super().after_step(steps_done, stopping, tokens_seen)
+            if steps_done == 1:  # as if SIGTERM arrived while step 2 was running
+                stop.signum = signal.SIGTERM
+
+    sink, checkpoints = _Sink(), _SignalAtStep2()
+    run = _loop_run(sink, checkpoints, max_steps=9, max_grad_norm=1.0, stop=stop, log_every=3)
+    assert len(train_loop(run)) == 2 and checkpoints.stopping == [2]
+    assert [step for step, _ in sink.rows] == [2] and "mem/rank0/peak_gib" in sink.rows[0][1]
+
+
+def test_mfu_is_logged_from_input_tokens_where_the_device_peak_is_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zerofit.metrics import throughput
+
+    # A CPU has no catalogued peak; pretend this one does 1 TFLOP/s so the wiring can be checked.
+    monkeypatch.setattr(throughput, "device_peak_tflops", lambda device, precision="bf16": 1.0)
+    sink = _Sink()
+    run = _loop_run(sink, _Checkpoints(), max_steps=1, max_grad_norm=None, flops_per_token=1e6)
+    (result,) = train_loop(run)
+    row = sink.rows[0][1]
+    # Input tokens include the prompt (masked from the loss), so MFU counts more tokens than the loss does.
+    assert result.input_tokens > result.tokens > 0
+    assert row["mfu"] == pytest.approx(result.input_tokens / row["step_time_s"] * 1e6 / 1e12)
+
+
+def test_every_logged_field_is_a_documented_contract() -> None:
+    """docs/contracts.md lists every field the loop writes to metrics.jsonl (rank fields as `rank{r}`)."""
+    import re
+    from pathlib import Path
+
+    contracts = (Path(__file__).resolve().parents[3] / "docs" / "contracts.md").read_text()
+    sink = _Sink()
+    train_loop(_loop_run(sink, _Checkpoints(), max_steps=1, max_grad_norm=1.0))
+    fields = {"step", *sink.rows[0][1]}
+    rank_field = re.compile(r"rank\d+")
+    undocumented = {f for f in fields if "`" + rank_field.sub("rank{r}", f) + "`" not in contracts}
+    # Memory fields beyond the per-rank contract fields are telemetry (zerofit.metrics.memory), not contract.
+    contract_memory = re.compile(r"^mem/rank\d+/(allocated|reserved|peak)_gib$")
+    undocumented = {f for f in undocumented if not f.startswith("mem/") or contract_memory.match(f)}
+    assert not undocumented, f"metrics.jsonl fields missing from docs/contracts.md: {sorted(undocumented)}"
+
+
+def test_every_row_counts_the_tokens_of_every_step_under_log_every_and_on_from_a_resume() -> None:
+    """logging.log_every=3 logs steps 3, 6 and 7 only; each row's `tokens_seen` is the label tokens of all
+    steps so far (the unlogged ones too), the checkpointer gets the same count after every step, and a loop
+    resumed at step 4 with the count its checkpoint recorded logs the uninterrupted run's values."""
+    sink, checkpoints = _Sink(), _Checkpoints()
+    results = train_loop(_loop_run(sink, checkpoints, max_steps=7, max_grad_norm=1.0, log_every=3))
+    running = [sum(r.tokens for r in results[:n]) for n in range(1, 8)]
+    assert len(set(r.tokens for r in results)) > 1  # steps differ, so a sum over logged rows would not do
+    assert [(step, row["tokens_seen"]) for step, row in sink.rows] == [(s, running[s - 1]) for s in (3, 6, 7)]
+    assert checkpoints.tokens_seen == running
+    resumed_sink = _Sink()
+    train_loop(
+        _loop_run(resumed_sink, _Checkpoints(), max_steps=7, max_grad_norm=1.0, log_every=3),
+        start_step=4,
+        tokens_before=running[3],
+    )
+    assert [(s, row["tokens_seen"]) for s, row in resumed_sink.rows] == [(6, running[5]), (7, running[6])]

@@ -1,0 +1,113 @@
+"""The launcher's thin front: arguments, launch environment, multi-rank requests, run directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from zerofit.config import load_config, resolve
+from zerofit.core.errors import LaunchError
+from zerofit.recipe.run import parse_args, resolve_for_launch
+from zerofit.strategies.env import LaunchEnv, launch_env
+
+DATA = str(Path(__file__).resolve().parents[3] / "data" / "demo.jsonl")
+
+
+def test_local_rank_is_accepted_and_overrides_may_surround_config() -> None:
+    args = parse_args(["a.b=1", "--local_rank=1", "--config", "c.yaml", "x.y=2"])
+    assert args.config == "c.yaml" and args.overrides == ["a.b=1", "x.y=2"]
+    assert parse_args(["--local-rank", "0", "--config", "c.yaml"]).overrides == []
+
+
+def test_plain_python_gets_one_process_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "x")  # registers the original state, so what launch_env sets is undone
+        monkeypatch.delenv(key)
+    env = launch_env()
+    assert env == LaunchEnv(rank=0, world_size=1, local_rank=0, launched=False)
+    assert os.environ["MASTER_ADDR"] == "127.0.0.1" and int(os.environ["MASTER_PORT"]) > 0
+
+
+def test_launcher_environment_is_read_not_overwritten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert launch_env() == LaunchEnv(rank=3, world_size=4, local_rank=1, launched=True)
+
+
+def _config(**batch: int) -> object:
+    return load_config(None, [f"data.path={DATA}", *(f"batch.{k}={v}" for k, v in batch.items())])
+
+
+def test_python_launch_of_a_multi_rank_split_says_how_to_launch() -> None:
+    cfg = _config(global_batch_size=16, micro_batch_size=2, grad_accum_steps=2)
+    with pytest.raises(LaunchError, match=r"needs 4 data-parallel ranks.*deepspeed --num_gpus 4"):
+        resolve_for_launch(cfg, LaunchEnv(0, 1, 0, launched=False))
+    # Under a launcher the plain batch error stands (it names every factor).
+    with pytest.raises(Exception, match="dp_size=1") as info:
+        resolve_for_launch(cfg, LaunchEnv(0, 1, 0, launched=True))
+    assert not isinstance(info.value, LaunchError)
+
+
+def test_deepspeed_precision_the_accelerator_lacks_is_refused() -> None:
+    from zerofit.strategies.deepspeed import _check_accelerator_precision
+
+    accelerator = SimpleNamespace(
+        is_fp16_supported=lambda: False, is_bf16_supported=lambda: True, device_name=lambda: "cpu"
+    )
+    with pytest.raises(LaunchError, match=r"train.precision = 'fp16'.*train.precision=bf16"):
+        _check_accelerator_precision("fp16", accelerator)
+    _check_accelerator_precision("bf16", accelerator)
+    _check_accelerator_precision("fp32", accelerator)
+
+
+def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerofit.core.errors import DataError
+    from zerofit.recipe import assembly
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": \n')
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr(assembly, "build_model", no_model)
+    overrides = [
+        f"data.path={bad}",
+        "batch.global_batch_size=1",
+        "batch.micro_batch_size=1",
+        "distributed.strategy=single",
+        f"output_dir={tmp_path / 'runs'}",
+    ]
+    with pytest.raises(DataError, match=r"bad\.jsonl:2"):
+        assembly.assemble(resolve(load_config(None, overrides), 1))
+    assert not (tmp_path / "runs").exists()  # nothing written for a run that never started
+
+
+def test_a_launched_process_writes_its_lines_to_a_log_file_as_they_are_printed(tmp_path: Path) -> None:
+    """Under nohup, SLURM or `> log` stdout is a file, which Python block-buffers: a line printed without a
+    flush (a library's, a rank's) would show only at exit. After `run.main` starts, every line is out at once."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time; from zerofit.recipe.run import main; main(['--config', 'missing.yaml']); "
+        "print('a line printed after the launcher started'); time.sleep(120)"
+    )
+    log = tmp_path / "log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user's shell has it
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60  # a bound on the wait (imports), not a speed requirement
+        while "a line printed" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "a line printed after the launcher started" in log.read_text()
+        assert proc.poll() is None  # still running: the line did not wait for the process to exit
+    finally:
+        proc.kill()
+        proc.wait()
