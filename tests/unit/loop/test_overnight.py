@@ -52,19 +52,27 @@ def test_epochs_become_exact_steps_under_the_last_window_rule(
     assert sampler.epoch_of(steps - 1) == epochs - 1 and sampler.epoch_of(steps) == epochs
 
 
-def test_an_epochs_run_resumes_on_its_epochs_and_data_not_on_the_derived_step_count(tmp_path: Path) -> None:
+def _two_epoch_run_saved_at(step: int, where: tuple[str, ...]) -> tuple[Any, Any]:
+    """A `train.epochs=2` run over the demo data (2 x 187 steps) with a checkpoint at `step`: its resolved
+    launch and the one-process strategy that saved it."""
     from zerofit.checkpoint import checkpoint_record
-    from zerofit.checkpoint.resume import find_resume_point
-    from zerofit.core.errors import ResumeError
 
-    where = (f"output_dir={tmp_path}", "run_name=r")
     launch = _resolve("train.epochs=2", *where)
     per_epoch = GlobalBatchSampler(3000, 16, seed=42).steps_per_epoch
     saved = make_run_plan(launch, render_spec(launch), data=DataFacts("prompt_response", per_epoch))
     strategy = prepared_one_process_strategy()
     record = checkpoint_record(saved, strategy.checkpoint_format)
     assert record["config"]["train"]["max_steps"] == 2 * 187
-    Checkpointer(strategy, launch.run_dir, CheckpointSection(), max_steps=374, record=record).save(5)
+    Checkpointer(strategy, launch.run_dir, CheckpointSection(), max_steps=374, record=record).save(step)
+    return launch, strategy
+
+
+def test_an_epochs_run_resumes_on_its_epochs_and_data_not_on_the_derived_step_count(tmp_path: Path) -> None:
+    from zerofit.checkpoint.resume import find_resume_point
+    from zerofit.core.errors import ResumeError
+
+    where = (f"output_dir={tmp_path}", "run_name=r")
+    launch, strategy = _two_epoch_run_saved_at(5, where)
     # The relaunch's max_steps is still unknown (the data loads later): the same epochs resume.
     assert find_resume_point(launch, strategy.checkpoint_format) is not None
     with pytest.raises(ResumeError, match=r"train.epochs: 2 -> 3"):
@@ -351,17 +359,11 @@ def test_a_signal_in_the_step_that_ends_the_patience_ends_the_run_as_an_early_st
 
 
 def test_a_finished_epochs_run_names_train_epochs_as_the_way_to_train_further(tmp_path: Path) -> None:
-    from zerofit.checkpoint import checkpoint_record
     from zerofit.checkpoint.resume import find_resume_point
     from zerofit.core.errors import ResumeError, RunFinished
 
     where = (f"output_dir={tmp_path}", "run_name=r")
-    launch = _resolve("train.epochs=2", *where)
-    per_epoch = GlobalBatchSampler(3000, 16, seed=42).steps_per_epoch
-    saved = make_run_plan(launch, render_spec(launch), data=DataFacts("prompt_response", per_epoch))
-    strategy = prepared_one_process_strategy()
-    record = checkpoint_record(saved, strategy.checkpoint_format)
-    Checkpointer(strategy, launch.run_dir, CheckpointSection(), max_steps=374, record=record).save(374)
+    _, strategy = _two_epoch_run_saved_at(374, where)
     fmt = strategy.checkpoint_format
     with pytest.raises(ResumeError) as err:
         find_resume_point(_resolve("train.epochs=2", "checkpoint.resume=true", *where), fmt)

@@ -10,6 +10,7 @@ import copy
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -173,18 +174,33 @@ def test_objective_losses_match_the_formulas(objective: str, kw: dict[str, float
 # -- one global batch, any split: the same loss and gradients -------------------------------------------
 
 
-def _step(
-    model: torch.nn.Module, pairs: list[PreferencePair], micro: int, s: PreferenceSettings
-) -> tuple[float, dict[str, float], torch.Tensor]:
-    """One train_step (SGD lr 1: the update is minus the gradient) on `pairs` in micro-batches of `micro`."""
-    model = copy.deepcopy(model)
-    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+def _sgd_strategy(model: torch.nn.Module) -> Any:
+    """A one-process strategy holding `model` with SGD at lr 1 (an update is minus the gradient)."""
     strategy = one_process_strategy()
     strategy.prepare(
         model,
         lambda m: torch.optim.SGD(m.parameters(), lr=1.0),
         lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
     )
+    return strategy
+
+
+def _fp32_config() -> Any:
+    """The default config at the tests' seed in fp32: what the reference cache's key is made of."""
+    from zerofit.config.schema import ZerofitConfig
+
+    cfg = ZerofitConfig()
+    cfg.seed, cfg.train.precision = SEED, "fp32"
+    return cfg
+
+
+def _step(
+    model: torch.nn.Module, pairs: list[PreferencePair], micro: int, s: PreferenceSettings
+) -> tuple[float, dict[str, float], torch.Tensor]:
+    """One train_step (SGD lr 1: the update is minus the gradient) on `pairs` in micro-batches of `micro`."""
+    model = copy.deepcopy(model)
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    strategy = _sgd_strategy(model)
     batches = [collate_pairs(pairs[k : k + micro], pad_id=0) for k in range(0, len(pairs), micro)]
     result = train_step(strategy, model, batches, None, "chunked", PreferenceObjective(s))
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -316,18 +332,11 @@ def test_tiny_model_learns_an_easy_preference() -> None:
 def test_precomputed_reference_is_one_pass_then_the_cache() -> None:
     """The pass scores every pair as the model does one pair at a time; a second run (a resume) reads the
     same table back from a safetensors file without a pass; the key follows the model and the precision."""
-    from zerofit.config.schema import ZerofitConfig
     from zerofit.loop.reference import precompute_reference, reference_key
 
-    cfg = ZerofitConfig()
-    cfg.seed, cfg.train.precision = SEED, "fp32"
+    cfg = _fp32_config()
     model = _tiny()
-    strategy = one_process_strategy()
-    strategy.prepare(
-        model,
-        lambda m: torch.optim.SGD(m.parameters(), lr=1.0),
-        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
-    )
+    strategy = _sgd_strategy(model)
     pairs = [_pair(200 + i) for i in range(5)]  # 5 pairs in micro-batches of 2: the last one is short
     key = reference_key(cfg, pairs)
     assert key is not None
@@ -402,19 +411,12 @@ def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
     """A cache file is checked against its digest, shape and finiteness before use (issue 32): a bad one is
     never used; the pass runs again (the values a fresh pass gives, so step 1's DPO loss, the policy being
     the reference, is ln 2), the note names the file and the check, and the new file serves the next run."""
-    from zerofit.config.schema import ZerofitConfig
     from zerofit.loop.evaluate import preference_evaluation
     from zerofit.loop.reference import precompute_reference
 
-    cfg = ZerofitConfig()
-    cfg.seed, cfg.train.precision = SEED, "fp32"
+    cfg = _fp32_config()
     model = _tiny()
-    strategy = one_process_strategy()
-    strategy.prepare(
-        model,
-        lambda m: torch.optim.SGD(m.parameters(), lr=1.0),
-        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
-    )
+    strategy = _sgd_strategy(model)
     pairs = [_pair(300 + i) for i in range(4)]  # pairs of their own: a file no other test writes
     first = precompute_reference(cfg, strategy, model, pairs, 2, 0)
     assert first.path is not None
