@@ -23,7 +23,7 @@ from zerofit.planner.scenario import Scenario
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.trace import trace_memory
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "planner"))
 from test_planner_families import _tiny  # the tiny shapes the tests hold
 
 REAL = [
