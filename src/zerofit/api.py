@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from zerofit.config import ZerofitConfig, load_config, resolve
-from zerofit.config.loader import deep_merge, parse_overrides, validate_config
+from zerofit.config.loader import deep_merge, parse_overrides, read_config_file, validate_config
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import RunLayout
 
@@ -145,5 +143,5 @@ def read_result(run_dir: str | Path, export_dir: Path | None = None) -> RunResul
         metrics=loaded.rows,
         summary=summary,
         export_dir=export_dir,
-        config=yaml.safe_load(config_file.read_text()) if config_file.is_file() else {},
+        config=read_config_file(config_file) if config_file.is_file() else {},
     )

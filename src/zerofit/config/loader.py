@@ -336,7 +336,7 @@ def _config_text(file: Path) -> str:
         ) from None
 
 
-def _read_config_file(file: Path) -> dict[str, Any]:
+def read_config_file(file: Path) -> dict[str, Any]:
     """The mapping a YAML config file holds; a file that is no UTF-8, no YAML, no mapping or that expands
     beyond `MAX_CONFIG_VALUES` values is one `ConfigError` naming it."""
     try:
@@ -366,7 +366,7 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Zerof
             raise ConfigError(
                 [f"config file {str(file)!r} does not exist (pass an existing YAML file to --config)"]
             )
-        raw = _read_config_file(file)
+        raw = read_config_file(file)
     overrides = list(overrides)
     config = validate_config(deep_merge(raw, parse_overrides(overrides)))
     config.mark_overridden(frozenset(item.partition("=")[0].strip() for item in overrides))

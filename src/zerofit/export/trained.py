@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from zerofit.config.loader import validate_config
+from zerofit.config.loader import read_config_file, validate_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
@@ -90,9 +89,7 @@ def read_run_config(run_dir: Path, trust_remote_code: bool = False) -> RunConfig
                 "folder a run printed as `results:`"
             ]
         )
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError([f"{path} must hold a mapping of config keys, got {type(raw).__name__}"])
+    raw = read_config_file(path)  # UTF-8, a mapping, no alias bomb: a run folder may be a stranger's
     try:
         config = validate_config(raw)
     except ConfigError as exc:

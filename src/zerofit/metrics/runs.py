@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from zerofit.config.loader import read_config_file
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import DataError
 from zerofit.core.run_layout import METRICS_FILE, RunLayout
@@ -131,8 +130,7 @@ def load_run(path: str | Path) -> LoadedRun:
     layout = RunLayout(run_dir)
     config: dict[str, Any] = {}
     if layout.config.is_file():
-        loaded = yaml.safe_load(layout.config.read_text(encoding="utf-8"))
-        config = loaded if isinstance(loaded, dict) else {}
+        config = read_config_file(layout.config)  # a folder from elsewhere: UTF-8, a mapping, bounded
     extra = _read_json(layout.run_info)
     if not config and extra:
         config = _config_part(extra)

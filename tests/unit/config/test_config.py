@@ -587,6 +587,40 @@ def test_a_billion_laughs_config_is_refused_fast_and_briefly(tmp_path: Path, whe
     assert len(done.stdout) < 500 and float(done.stdout.split("s ")[0]) < 5, done.stdout
 
 
+_FOLDER_BOMB = """\
+import sys, time
+from pathlib import Path
+from zerofit.core.errors import ZerofitError
+from zerofit.export.trained import read_run_config
+from zerofit.metrics.runs import load_run
+start = time.monotonic()
+for read in (read_run_config, load_run):  # zerofit export / generate, and zerofit compare
+    try:
+        read(Path(sys.argv[1]))
+    except ZerofitError as err:
+        print(f"{time.monotonic() - start:.1f}s {err}")
+"""
+
+
+def test_a_run_folders_billion_laughs_config_is_refused_fast_and_briefly(tmp_path: Path) -> None:
+    """A run folder may be a stranger's: its config.yaml is read by the same bounded reader as a config file,
+    by export / generate and by compare, not walked whole (on main, `zerofit compare` hung on it)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"train:\n  max_steps: {_alias_bomb(9)}\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    done = subprocess.run(
+        [sys.executable, "-c", _FOLDER_BOMB, str(run)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all("expands to more than 10000 values" in line for line in lines), lines
+    assert all(len(line) < 500 and float(line.split("s ")[0]) < 5 for line in lines), lines
+
+
 def test_quantization_needs_lora() -> None:
     assert "needs LoRA" in _problems(["quantization.load_in=4bit", "lora.enabled=false"])
 
