@@ -100,3 +100,14 @@ def _fix_architectures(model: torch.nn.Module, folder: Path) -> None:
     config = json.loads(config_file.read_text())
     config["architectures"] = [name.removeprefix("FSDP")]
     config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def final_export_step(run_dir: Path) -> int | None:
+    """The step the final export (`adapter/` or `model/`) was written at: the last logged step of the run's
+    summary.json, written after it; None without one (a run stopped before its export, or an older run)."""
+    try:
+        summary = json.loads(RunLayout(run_dir).summary.read_text())
+    except (OSError, ValueError):
+        return None
+    step = summary.get("last_step") if isinstance(summary, dict) else None
+    return step if isinstance(step, int) else None

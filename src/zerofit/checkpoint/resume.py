@@ -36,6 +36,7 @@ from typing import Any
 
 from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
+from zerofit.checkpoint.final_export import final_export_step
 from zerofit.checkpoint.manifest import EARLY_STOPPED, MANIFEST, data_fingerprint, step_folders, verify
 from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
@@ -311,13 +312,9 @@ def _export_note(resolved: ResolvedConfig, folder: Path, step: int) -> str:
     """For a finished run stopped after its last checkpoint but before its final export (`adapter/` or
     `model/`, written after that checkpoint): where its weights are and how to export them. Empty when the
     final export is there and as new as the checkpoint (summary.json's `last_step`)."""
-    layout = RunLayout(resolved.run_dir)
-    export = layout.export(adapter=resolved.config.lora.enabled)
-    try:
-        last = json.loads(layout.summary.read_text()).get("last_step")
-    except (OSError, ValueError, AttributeError):
-        last = None
-    if export.is_dir() and isinstance(last, int) and last >= step:
+    export = RunLayout(resolved.run_dir).export(adapter=resolved.config.lora.enabled)
+    last = final_export_step(resolved.run_dir)
+    if export.is_dir() and last is not None and last >= step:
         return ""
     return (
         f" Its final export ({export.name}/) was not written after {folder.name} (the run was stopped between "

@@ -39,9 +39,10 @@ from typing import Literal
 import torch
 
 from zerofit.checkpoint import MANIFEST, complete_checkpoints
+from zerofit.checkpoint.final_export import final_export_step
 from zerofit.checkpoint.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
 from zerofit.core.errors import ConfigError, ZerofitError
-from zerofit.core.run_layout import ADAPTER_DIR, MODEL_DIR, RunLayout, step_dir_name
+from zerofit.core.run_layout import ADAPTER_DIR, MODEL_DIR, step_dir_name
 from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
 from zerofit.strategies.fsdp import DCP_DIR, DCP_MODEL_KEY
 from zerofit.strategies.single import STATE_FILE, STATE_MODEL_KEY
@@ -84,16 +85,6 @@ class WeightsSource:
         return "unknown"
 
 
-def _final_export_step(run_dir: Path) -> int | None:
-    """The step the final export was written at: the last logged step of the run's summary, if any."""
-    try:
-        summary = json.loads(RunLayout(run_dir).summary.read_text())
-    except (OSError, ValueError):
-        return None
-    step = summary.get("last_step") if isinstance(summary, dict) else None
-    return step if isinstance(step, int) else None
-
-
 def find_weights(run_dir: Path, step: int | None = None, trust_pickles: bool = False) -> WeightsSource:
     """The weights to export from `run_dir`: checkpoint `step` if given, else the newest of the final export
     and the complete checkpoints (the final export on a tie: it is what the run itself wrote at its end).
@@ -123,7 +114,7 @@ def _find_weights(run_dir: Path, step: int | None) -> WeightsSource:
     for kind in (ADAPTER_DIR, MODEL_DIR):
         folder = run_dir / kind
         if folder.is_dir() and any(folder.glob("*.safetensors")):
-            final = WeightsSource(kind, folder, _final_export_step(run_dir))  # type: ignore[arg-type]
+            final = WeightsSource(kind, folder, final_export_step(run_dir))  # type: ignore[arg-type]
             break
     newest = WeightsSource("checkpoint", checkpoints[-1][1], checkpoints[-1][0]) if checkpoints else None
     if final is not None and (newest is None or final.step is None or final.step >= (newest.step or 0)):
