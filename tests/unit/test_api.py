@@ -100,6 +100,20 @@ def test_import_zerofit_is_light() -> None:
         _ = zerofit.trian  # type: ignore[attr-defined]
 
 
+def test_the_documented_batch_api_imports_from_its_old_path_too() -> None:
+    """docs/contracts.md's batch API from before the packages by role: the same module and class, no torch."""
+    code = (
+        "import sys\n"
+        "from zerofit.batching import BatchConfigError, BatchPlan, solve_batch\n"
+        "import zerofit.config.batching as moved\n"
+        "split = solve_batch(2, global_batch_size=16, micro_batch_size=4)\n"
+        "print(sys.modules['zerofit.batching'] is moved, BatchPlan is moved.BatchSplit,"
+        " solve_batch is moved.solve_batch, split.grad_accum_steps, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "True", "2", "False"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["messages", "text", "alpaca", "prompt_response"])
 def test_train_runs_each_format_and_returns_its_result(runs: dict[str, Any], fmt: str) -> None:

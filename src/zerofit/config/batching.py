@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BatchConfigError", "BatchSplit", "solve_batch", "valid_micro_batch_sizes"]
+__all__ = ["BatchConfigError", "BatchPlan", "BatchSplit", "solve_batch", "valid_micro_batch_sizes"]
 
 
 class BatchConfigError(ValueError):
@@ -104,6 +104,10 @@ def _check_given(
             f"grad_accum_steps={grad_accum_steps}, dp_size={dp_size}). Usually you set global_batch_size and "
             "micro_batch_size and zerofit derives grad_accum_steps."
         )
+
+
+# The name docs/contracts.md's batch API gave it before "plan" came to mean the run plan alone.
+BatchPlan = BatchSplit
 
 
 def solve_batch(
