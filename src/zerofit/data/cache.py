@@ -45,7 +45,9 @@ __all__ = [
     "vocab_size",
 ]
 
-PIPELINE_VERSION = 1  # bump when zerofit tokenizes, masks, truncates or chunks differently
+# Bump when zerofit tokenizes, masks, truncates or chunks differently. 2: a response or text that already
+# ends in the eos token gets no second one (`zerofit.data.tokenize.ending_in_eos`).
+PIPELINE_VERSION = 2
 _ARRAYS = ("input_ids", "label_mask", "offsets", "records")
 _DTYPES = {"input_ids": np.int32, "label_mask": np.uint8, "offsets": np.int64, "records": np.int64}
 _BLOCK_TOKENS = 1 << 20  # tokens turned into lists at a time when loading

@@ -1,8 +1,8 @@
 """Preference data (`train.objective` dpo / simpo / orpo): TRL's `{prompt, chosen, rejected}` records in,
 `PreferencePair`s out, from every source `data.path` takes and through the tokenization cache.
 
-    strings          [bos] + prompt, then response + [eos] (as `prompt_response`); labels on the response
-                     and eos
+    strings          [bos] + prompt, then response + [eos] (as `prompt_response`: no second eos after a
+                     response ending in it); labels on the response and eos
     conversational   the tokenizer's chat template: the prompt rendered with its generation prompt, then
                      each response (its assistant messages) after it; labels on the response's assistant
                      tokens only (never on assistant turns inside the prompt)
@@ -44,7 +44,7 @@ from zerofit.data.sft import (
     has_labels,
     open_tokenizable,
 )
-from zerofit.data.tokenize import encode_head, encode_tail, text_tail_within, text_within
+from zerofit.data.tokenize import encode_head, encode_tail, ending_in_eos, text_tail_within, text_within
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["ResponseTokens", "fit_pair", "load_preference_pairs", "tokenize_pair"]
@@ -72,7 +72,7 @@ def _string_pair(
     prompt = bos + encode_tail(tokenizer, record.prompt, limit)[0]
     sides = []
     for text in (record.chosen, record.rejected):
-        ids = [*encode_head(tokenizer, text, limit)[0], tokenizer.eos_token_id]
+        ids = ending_in_eos(encode_head(tokenizer, text, limit)[0], tokenizer.eos_token_id)
         sides.append(ResponseTokens(ids, [True] * len(ids)))
     return prompt, len(bos), sides[0], sides[1]
 

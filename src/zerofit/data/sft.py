@@ -5,6 +5,7 @@
       messages                  the tokenizer's chat template (chat.py); labels on every assistant turn
       text                      [bos] + text + [eos] cut into max_seq_len chunks (overlapping by one token,
                                 so every token after the first is learned once); labels on every token
+      (a response or text that already ends in the eos token gets no second one: `ending_in_eos`, TRL's rule)
     -> `Example`s, `DataStats` (what loading did), and the record each example came from (for held-out
        evaluation splits, `holdout.py`)
 
@@ -41,7 +42,7 @@ from zerofit.data.chat import require_chat_template, tokenize_conversation
 from zerofit.data.formats import Conversation, Document, PromptResponse, detect_format, parse_record
 from zerofit.data.progress import tokenizing_progress
 from zerofit.data.records import RecordSource, open_source
-from zerofit.data.tokenize import encode_document, encode_head
+from zerofit.data.tokenize import encode_document, encode_head, ending_in_eos
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
@@ -118,7 +119,7 @@ def _prompt_response(
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     prompt_head, prompt_cut = encode_head(tokenizer, prompt, max_seq_len)
     prompt_ids = bos + prompt_head
-    response_ids = [*encode_head(tokenizer, response, max_seq_len)[0], tokenizer.eos_token_id]
+    response_ids = ending_in_eos(encode_head(tokenizer, response, max_seq_len)[0], tokenizer.eos_token_id)
     input_ids = prompt_ids + response_ids
     labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids
     truncated = len(input_ids) > max_seq_len
@@ -128,7 +129,8 @@ def _prompt_response(
 def tokenize_example(
     prompt: str, response: str, tokenizer: Any, max_seq_len: int
 ) -> tuple[Example, bool, int]:
-    """Tokenize one pair as [bos] + prompt + response + [eos], truncated to `max_seq_len`.
+    """Tokenize one pair as [bos] + prompt + response + [eos], truncated to `max_seq_len` (a response that
+    already ends in the eos token keeps that one: `ending_in_eos`).
 
     Returns (example, was_truncated, prompt_length_with_bos). Labels are IGNORE_INDEX on bos and prompt, the
     token ids on response and eos; a tokenizer without a bos token simply gets none. A prompt or response
@@ -140,7 +142,8 @@ def tokenize_example(
 
 
 def document_chunks(tokenizer: Any, text: str, max_seq_len: int) -> list[list[int]]:
-    """[bos] + text + [eos] cut into sequences of at most `max_seq_len` tokens.
+    """[bos] + text + [eos] (no second eos after a text ending in it) cut into sequences of at most
+    `max_seq_len` tokens.
 
     Each chunk starts with the last token of the one before: position 0 predicts nothing, so with this
     one-token overlap every token after the first is predicted exactly once, eos included.
@@ -162,7 +165,7 @@ def document_chunks(tokenizer: Any, text: str, max_seq_len: int) -> list[list[in
     pending = list(bos)
     for piece in encode_document(tokenizer, text):
         pending = cut(pending + piece, final=False)
-    cut([*pending, tokenizer.eos_token_id], final=True)
+    cut(ending_in_eos(pending, tokenizer.eos_token_id), final=True)
     return chunks
 
 

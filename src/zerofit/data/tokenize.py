@@ -10,7 +10,9 @@ until the call returns: tokenizing one 2 MB response whole to keep 64 of its tok
 - `encode_tail` / `text_tail_within` do the same for a trailing part (a preference pair's prompt, whose
   end, next to the response, is what a cut keeps: the margin then lies at the part's start);
 - `encode_document` yields every token of a long text (continued pre-training), tokenizing windows of
-  `WINDOW_CHARS` characters cut before whitespace.
+  `WINDOW_CHARS` characters cut before whitespace;
+- `ending_in_eos` ends a response's (or a document's) tokens in one eos: appended unless the text already
+  ends in it (TRL's rule: a response written with its eos gets no second one).
 
 A cut can change the tokens at its very end (the last word, split differently); those lie in the margin
 beyond what is kept, and a window cut before whitespace is where tokenizers split words anyway.
@@ -27,6 +29,7 @@ __all__ = [
     "encode_document",
     "encode_head",
     "encode_tail",
+    "ending_in_eos",
     "text_tail_within",
     "text_within",
 ]
@@ -102,3 +105,13 @@ def encode_document(tokenizer: Any, text: str) -> Iterator[list[int]]:
                 end = cut
         yield _encode(tokenizer, text[pos:end])
         pos = end
+
+
+def ending_in_eos(ids: list[int], eos_id: int) -> list[int]:
+    """`ids` ending in exactly the one eos it needs: `eos_id` appended unless the last id already is it.
+
+    A text that ends in the eos token's string (`"...</s>"`) tokenizes to ids ending in eos, and appending
+    another would teach the model to say eos twice; TRL checks the same (`text.endswith(eos_token)`) before
+    adding its eos, for SFT and preference data alike.
+    """
+    return ids if ids and ids[-1] == eos_id else [*ids, eos_id]

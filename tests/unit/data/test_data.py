@@ -53,6 +53,17 @@ def test_prompt_and_bos_are_masked_response_and_eos_are_labels(tmp_path: Path, t
     assert stats.n_lines == 3 and stats.n_examples == 2 and stats.n_truncated == stats.n_dropped == 0
 
 
+def test_a_response_ending_in_eos_gets_no_second_one(tmp_path: Path, tok: Any) -> None:
+    """TRL's rule: eos is appended unless the response already ends in it (`[..., 2]`, never `[..., 2, 2]`)."""
+    path = _write(tmp_path, [_pair("ab", "cd</s>"), _pair("ab", "cd"), _pair("ab", "cd</s> ")])
+    examples, _ = load_sft_dataset(path, tok, 64)
+    a, b, c, d = (tok.convert_tokens_to_ids(ch) for ch in "abcd")
+    assert examples[0] == examples[1] == Example([1, a, b, c, d, 2], [IGNORE_INDEX] * 3 + [c, d, 2])
+    # eos inside the text, not at its end: the text is learned as written, and one eos ends it
+    ids = examples[2].input_ids
+    assert ids == [1, a, b, *tok.encode("cd</s> ", add_special_tokens=False), 2] and ids[-3] == ids[-1] == 2
+
+
 def test_truncation_is_counted_and_fully_truncated_responses_dropped(tmp_path: Path, tok: Any) -> None:
     lines = [
         _pair("p", "rrrr"),  # 1 + 1 + 4 + 1 = 7 tokens: kept whole

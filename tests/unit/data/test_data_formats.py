@@ -173,6 +173,10 @@ def test_eos_never_ends_up_alone(tok: Any) -> None:
     assert [len(c) for c in chunks] == [32, 2] and chunks[-1] == [chunks[0][-1], tok.eos_token_id]
 
 
+def test_a_text_ending_in_eos_gets_no_second_one(tok: Any) -> None:
+    assert document_chunks(tok, "ab</s>", 32) == document_chunks(tok, "ab", 32) == [[1, 71, 72, 2]]
+
+
 def test_a_document_tokenized_in_windows_equals_it_tokenized_whole(
     bpe: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

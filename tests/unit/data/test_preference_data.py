@@ -93,6 +93,15 @@ def test_strings_are_bos_prompt_then_response_and_eos_with_labels_on_the_respons
         assert _learned(example) == response
 
 
+def test_a_response_ending_in_eos_gets_no_second_one(tok: Any) -> None:
+    """TRL's DPO rule, for each response: eos is appended unless the response already ends in it."""
+    written = {**STRINGS, "chosen": "abc</s>", "rejected": "#$%"}
+    pair, _, _ = tokenize_pair(tok, parse_record("preference", written, "x"), 64)
+    plain, _, _ = tokenize_pair(tok, parse_record("preference", STRINGS, "x"), 64)
+    assert pair == plain
+    assert pair.chosen.input_ids[-2:] == [tok.convert_tokens_to_ids("c"), tok.eos_token_id]
+
+
 def test_conversational_pairs_learn_only_the_response_through_the_chat_template(tok: Any) -> None:
     pair, _, _ = tokenize_pair(tok, parse_record("preference", CONVERSATIONAL, "x"), 64)
     prompt = tok.apply_chat_template(CONVERSATIONAL["prompt"], add_generation_prompt=True, tokenize=False)
