@@ -25,6 +25,9 @@ Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
 Objective = Literal["sft", "dpo", "simpo", "orpo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
+# SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
+# meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
+SIMPO_GAMMA_BETA_RATIO = 0.5
 
 
 @dataclass(frozen=True)
@@ -373,16 +376,51 @@ class PreferenceSection(_Section):
     label_smoothing: float = Field(
         0.0, ge=0, lt=0.5, description="Conservative DPO: the assumed rate of flipped preference labels."
     )
-    simpo_gamma: float = Field(
-        0.5, ge=0, description="SimPO's target reward margin gamma, as a ratio of beta (gamma / beta)."
+    simpo_gamma: float | None = Field(
+        None,
+        ge=0,
+        description="SimPO's target reward margin gamma itself, as TRL's simpo_gamma (earlier zerofit "
+        "read this key as gamma / beta: that is simpo_gamma_beta_ratio now). Unset: "
+        "simpo_gamma_beta_ratio x beta.",
+    )
+    simpo_gamma_beta_ratio: float | None = Field(
+        None,
+        ge=0,
+        description="SimPO's margin as a ratio of beta, gamma / beta (the SimPO authors' gamma_beta_ratio). "
+        f"Unset, and simpo_gamma unset: {SIMPO_GAMMA_BETA_RATIO}. Set at most one of the two.",
     )
     orpo_lambda: float = Field(0.1, gt=0, description="ORPO's weight of the odds-ratio term.")
+    orpo_prompt_loss: bool = Field(
+        True,
+        description="ORPO's NLL over the chosen sequence's prompt and response tokens (TRL's and the ORPO "
+        "authors' default); false: over the chosen response tokens only, as SFT learns.",
+    )
     reference: Literal["auto", "adapters_off", "precomputed", "none"] = Field(
         "auto",
         description="DPO's reference model: the base with the LoRA adapters switched off (no second copy), "
         "or log-probabilities precomputed once before training and cached with the data. auto: adapters_off "
         "with LoRA, else precomputed. SimPO and ORPO have no reference (none).",
     )
+
+    @field_validator("simpo_gamma_beta_ratio")
+    @classmethod
+    def _one_simpo_margin(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """At most one of simpo_gamma (gamma) and simpo_gamma_beta_ratio (gamma / beta): two would disagree."""
+        if value is not None and info.data.get("simpo_gamma") is not None:
+            raise ValueError(
+                f"preference.simpo_gamma = {info.data['simpo_gamma']} is set too; set one of the two: "
+                "preference.simpo_gamma is the margin gamma itself (TRL's simpo_gamma), "
+                "preference.simpo_gamma_beta_ratio is gamma / beta (the SimPO authors' gamma_beta_ratio, and what "
+                "simpo_gamma meant in earlier zerofit)"
+            )
+        return value
+
+    def simpo_margin(self) -> float:
+        """SimPO's target reward margin gamma itself (TRL's `simpo_gamma`), from whichever key is set."""
+        if self.simpo_gamma is not None:
+            return self.simpo_gamma
+        ratio = SIMPO_GAMMA_BETA_RATIO if self.simpo_gamma_beta_ratio is None else self.simpo_gamma_beta_ratio
+        return ratio * self.beta
 
 
 class EvalSection(_Section):

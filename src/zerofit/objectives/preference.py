@@ -15,12 +15,16 @@ micro-batch's own units, every normalizer is the whole global batch's (docs/desi
            log-probs (pi policy, ref reference): sigmoid -logsig(b m)(1 - ls) - logsig(-b m) ls,
            hinge relu(1 - b m), ipo (m - 1/(2b))^2 on per-token *mean* log-probs (as TRL's IPO);
            normalized by the global batch's pairs. Rewards b (pi - ref).
-    simpo  per pair -logsig(b (pbar_c - pbar_r) - gamma), gamma = simpo_gamma x b, pbar the mean response
-           log-prob (label smoothing as DPO's); no reference. Rewards b pbar.
-    orpo   NLL of the chosen responses, summed, normalized by the global batch's chosen response tokens
-           (TRL's token mean over the batch, made global), plus lambda x per pair -logsig(log-odds),
-           log-odds = (pbar_c - pbar_r) - (log(1 - e^pbar_c) - log(1 - e^pbar_r)), normalized by the
-           global batch's pairs. Rewards lambda pbar (TRL's beta is ORPO's lambda).
+    simpo  per pair -logsig(b (pbar_c - pbar_r) - gamma), gamma the target margin itself (TRL's
+           `simpo_gamma`), pbar the mean response log-prob (label smoothing as DPO's); no reference.
+           Rewards b pbar.
+    orpo   NLL of the chosen sequences, summed, normalized by the global batch's tokens it is over (TRL's
+           token mean over the batch, made global): with `prompt_loss` (TRL's and the ORPO authors'
+           default) every token of the chosen sequence, prompt included (position 0 predicts nothing),
+           else the chosen response tokens only; plus lambda x per pair -logsig(log-odds), log-odds =
+           (pbar_c - pbar_r) - (log(1 - e^pbar_c) - log(1 - e^pbar_r)) on the responses' mean
+           log-probs, normalized by the global batch's pairs. Rewards lambda pbar (TRL's beta is ORPO's
+           lambda).
 
 A preference micro-batch is `zerofit.data.pairs.collate_pairs`' 2m rows (chosen, then rejected) and one
 forward; per-row log-probs are sums of `forward_token_losses` (the chunked loss, or inside lm_head for
@@ -42,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from zerofit.objectives.fused_loss import forward_token_losses, forward_token_sum
-from zerofit.objectives.loss import IGNORE_INDEX, batch_labels, count_label_tokens
+from zerofit.objectives.loss import IGNORE_INDEX, batch_labels, count_label_tokens, shifted_targets
 
 __all__ = [
     "METRICS",
@@ -54,6 +58,7 @@ __all__ = [
     "dpo_losses",
     "means_of",
     "orpo_losses",
+    "orpo_nll_labels",
     "row_logps",
     "simpo_losses",
 ]
@@ -109,8 +114,9 @@ class PreferenceSettings:
     beta: float = 0.1
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
-    simpo_gamma: float = 0.5
+    simpo_gamma: float = 0.05  # SimPO's target margin gamma itself (TRL's simpo_gamma), not gamma / beta
     orpo_lambda: float = 0.1
+    orpo_prompt_loss: bool = True  # ORPO's NLL over the chosen prompt too (TRL's, the ORPO authors' default)
     reference: str = "none"  # adapters_off | precomputed | none (resolved, never auto here)
 
 
@@ -150,11 +156,12 @@ def dpo_losses(
 def simpo_losses(
     mean_logps: tuple[torch.Tensor, torch.Tensor],
     beta: float,
-    gamma_ratio: float,
+    gamma: float,
     label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """Per pair SimPO loss from mean response log-probs: -logsig(beta (c - r) - gamma_ratio beta)."""
-    return _logsig_smoothed(beta * (mean_logps[0] - mean_logps[1] - gamma_ratio), label_smoothing)
+    """Per pair SimPO loss from mean response log-probs: -logsig(beta (c - r) - gamma), `gamma` the target
+    reward margin itself (TRL's `simpo_gamma`; the SimPO authors' gamma_beta_ratio is gamma / beta)."""
+    return _logsig_smoothed(beta * (mean_logps[0] - mean_logps[1]) - gamma, label_smoothing)
 
 
 def orpo_losses(mean_logps: tuple[torch.Tensor, torch.Tensor], lam: float) -> torch.Tensor:
@@ -165,6 +172,17 @@ def orpo_losses(mean_logps: tuple[torch.Tensor, torch.Tensor], lam: float) -> to
     chosen, rejected = mean_logps
     log_odds = (chosen - rejected) - (torch.log1p(-torch.exp(chosen)) - torch.log1p(-torch.exp(rejected)))
     return -lam * F.logsigmoid(log_odds)
+
+
+def orpo_nll_labels(batch: Batch, prompt_loss: bool) -> torch.Tensor:
+    """The labels ORPO's NLL is over, for the chosen rows (the first `pairs`): their response labels, or
+    with `prompt_loss` every real token of the chosen sequence (prompt included, padding never), as TRL's
+    ORPO and the ORPO authors' default."""
+    m = int(batch["pairs"])
+    if not prompt_loss:
+        return batch["labels"][:m]
+    real = batch["attention_mask"][:m] == 1
+    return torch.where(real, batch["input_ids"][:m], torch.full_like(batch["input_ids"][:m], IGNORE_INDEX))
 
 
 @contextmanager
@@ -189,11 +207,11 @@ class PreferenceObjective:
         self.s = settings
 
     def counts(self, micro_batches: list[Batch]) -> list[int]:
-        """Pairs of this rank's micro-batches (ORPO: and their chosen response tokens)."""
+        """Pairs of this rank's micro-batches (ORPO: and the chosen tokens its NLL is over)."""
         pairs = sum(int(b["pairs"]) for b in micro_batches)
         if self.s.objective != "orpo":
             return [pairs]
-        chosen = sum(count_label_tokens(b["labels"][: int(b["pairs"])]) for b in micro_batches)
+        chosen = sum(count_label_tokens(orpo_nll_labels(b, self.s.orpo_prompt_loss)) for b in micro_batches)
         return [chosen, pairs]
 
     def terms(
@@ -203,15 +221,29 @@ class PreferenceObjective:
         sums (one per count) and the detached per-pair metric sums (`METRICS`, fp64)."""
         labels, m = batch["labels"], int(batch["pairs"])
         reference = self._reference(model, inputs, batch, impl)
-        logps, lengths = row_logps(forward_token_losses(model, inputs, labels, impl), labels)
+        prompt_nll = self.s.objective == "orpo" and self.s.orpo_prompt_loss and m > 0
+        if prompt_nll:  # one forward scores the chosen rows' prompts too; the responses are picked out
+            token_nll = forward_token_losses(model, inputs, self._orpo_forward_labels(batch), impl)
+            chosen_nll = token_nll[:m].sum()
+            response = shifted_targets(labels).reshape(labels.shape) != IGNORE_INDEX
+            token_nll = token_nll.where(response.to(token_nll.device), 0.0)
+        else:
+            token_nll = forward_token_losses(model, inputs, labels, impl)
+        logps, lengths = row_logps(token_nll, labels)
         if m == 0:  # an empty micro-batch's dummy row: zero loss that still carries the graph
             zero = logps.sum() * 0.0
             return [zero] * len(self.counts([batch])), zero.new_zeros(len(METRICS), dtype=torch.float64)
         losses, rewards, shown = self._pair_losses(logps, lengths, reference, m)
         terms = [losses.sum()]
-        if self.s.objective == "orpo":
-            terms = [-logps[:m].sum(), terms[0]]  # the chosen NLL (over chosen tokens), the odds-ratio term
+        if self.s.objective == "orpo":  # the chosen NLL (over `counts`' chosen tokens), the odds-ratio term
+            terms = [chosen_nll if prompt_nll else -logps[:m].sum(), terms[0]]
         return terms, self._metric_sums(rewards, shown)
+
+    def _orpo_forward_labels(self, batch: Batch) -> torch.Tensor:
+        """The labels of ORPO's one forward with the prompt loss: the chosen rows' `orpo_nll_labels`, the
+        rejected rows' own."""
+        m = int(batch["pairs"])
+        return torch.cat([orpo_nll_labels(batch, prompt_loss=True), batch["labels"][m:]])
 
     def _reference(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], batch: Batch, impl: str

@@ -122,8 +122,9 @@ class PreparedRun:
                 beta=p.beta,
                 loss_type=p.loss_type,
                 label_smoothing=p.label_smoothing,
-                simpo_gamma=p.simpo_gamma,
+                simpo_gamma=p.simpo_margin(),
                 orpo_lambda=p.orpo_lambda,
+                orpo_prompt_loss=p.orpo_prompt_loss,
                 reference=p.reference,
             )
         )

@@ -133,8 +133,10 @@ def describe_objective(run: PreparedRun) -> str:
     p, objective = cfg.preference, cfg.train.objective
     knobs = {
         "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
-        "simpo": f"beta {p.beta:g}, gamma {p.simpo_gamma:g} x beta, mean log-probs",
-        "orpo": f"lambda {p.orpo_lambda:g}, NLL over the global batch's chosen tokens",
+        "simpo": f"beta {p.beta:g}, margin gamma {p.simpo_margin():g} (= {p.simpo_margin() / p.beta:g} x beta), "
+        "mean log-probs",
+        "orpo": f"lambda {p.orpo_lambda:g}, NLL over the global batch's chosen "
+        + ("prompt and response tokens" if p.orpo_prompt_loss else "response tokens"),
     }[objective]
     reference = {
         "adapters_off": "the base with the LoRA adapters off (no second copy), before each policy forward",

@@ -157,6 +157,26 @@ def test_bf16_and_fp16_both_requested() -> None:
     assert "train.precision=bf16" in msg and "cannot both be on" in msg
 
 
+def test_simpo_gamma_is_trls_margin_and_gamma_over_beta_has_its_own_key() -> None:
+    """preference.simpo_gamma is TRL's simpo_gamma, the margin itself; gamma / beta (what the key meant
+    before) is preference.simpo_gamma_beta_ratio; with neither, the margin stays 0.5 x beta; both at once
+    are refused in one line naming both."""
+
+    def preference(*overrides: str) -> Any:
+        return load_config(None, ["train.objective=simpo", "preference.beta=2", *overrides]).preference
+
+    assert preference().simpo_margin() == 1.0
+    assert preference("preference.simpo_gamma=0.5").simpo_margin() == 0.5
+    assert preference("preference.simpo_gamma_beta_ratio=0.25").simpo_margin() == 0.5
+    with pytest.raises(ConfigError) as err:
+        preference("preference.simpo_gamma=0.5", "preference.simpo_gamma_beta_ratio=0.25")
+    assert len(err.value.problems) == 1
+    assert err.value.problems[0].startswith(
+        "preference.simpo_gamma_beta_ratio = 0.25: preference.simpo_gamma"
+    )
+    assert "TRL's simpo_gamma" in err.value.problems[0]
+
+
 def test_bad_literal_value_names_allowed_values() -> None:
     with pytest.raises(ConfigError) as err:
         load_config(DEMO, ["train.precision=bf16+fp16"])

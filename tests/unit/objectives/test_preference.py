@@ -121,10 +121,12 @@ def test_chunked_per_token_losses_walk_chunks() -> None:
         ("dpo", {"loss_type": "ipo"}),
         ("dpo", {"label_smoothing": 0.2}),
         ("simpo", {"simpo_gamma": 0.4}),
+        ("simpo", {"simpo_gamma": 0.0, "label_smoothing": 0.1}),
         ("orpo", {"orpo_lambda": 0.3}),
+        ("orpo", {"orpo_lambda": 0.3, "orpo_prompt_loss": False}),
     ],
 )
-def test_objective_losses_match_the_formulas(objective: str, kw: dict[str, float]) -> None:
+def test_objective_losses_match_the_formulas(objective: str, kw: dict[str, Any]) -> None:
     model = _tiny()
     pairs = [_pair(i) for i in range(3)]
     for k, p in enumerate(pairs):  # a reference that differs from the policy, so margins are not zero
@@ -152,16 +154,23 @@ def test_objective_losses_match_the_formulas(objective: str, kw: dict[str, float
                     ls = s.label_smoothing
                     expected.append(sig(s.beta * m) * (1 - ls) + sig(-s.beta * m) * ls)
                 rewards.append((s.beta * (c - rc), s.beta * (r - rr)))
-            elif objective == "simpo":
-                expected.append(sig(s.beta * (c / nc - r / nr) - s.simpo_gamma * s.beta))
+            elif objective == "simpo":  # gamma is the margin itself (TRL's simpo_gamma), not gamma / beta
+                ls, z = s.label_smoothing, s.beta * (c / nc - r / nr) - s.simpo_gamma
+                expected.append(sig(z) * (1 - ls) + sig(-z) * ls)
                 rewards.append((s.beta * c / nc, s.beta * r / nr))
             else:
                 pc, pr = c / nc, r / nr
                 odds = (pc - pr) - (math.log(1 - math.exp(pc)) - math.log(1 - math.exp(pr)))
                 expected.append(s.orpo_lambda * sig(odds))
-                chosen_nll, chosen_tokens = chosen_nll - c, chosen_tokens + nc
+                # the NLL: over every chosen token after the first (prompt included), or the response only
+                whole = Example(p.chosen.input_ids, p.chosen.input_ids)
+                c_nll, n_nll = _direct_logps(model, whole) if s.orpo_prompt_loss else (c, nc)
+                chosen_nll, chosen_tokens = chosen_nll - float(c_nll), chosen_tokens + n_nll
                 rewards.append((s.orpo_lambda * pc, s.orpo_lambda * pr))
     if objective == "orpo":
+        whole = sum(len(p.chosen.input_ids) - 1 for p in pairs)  # position 0 predicts nothing
+        response = sum(sum(t != IGNORE_INDEX for t in p.chosen.labels) for p in pairs)
+        assert whole > response and chosen_tokens == (whole if s.orpo_prompt_loss else response)
         assert PreferenceObjective(s).counts([batch]) == [chosen_tokens, 3]
         assert float(terms[0].detach()) == pytest.approx(chosen_nll, rel=1e-5)
     assert float(terms[-1].detach()) == pytest.approx(sum(expected), rel=1e-5, abs=1e-6)
@@ -169,6 +178,61 @@ def test_objective_losses_match_the_formulas(objective: str, kw: dict[str, float
     assert got["rewards/chosen"] == pytest.approx(sum(a for a, _ in rewards), rel=1e-5)
     assert got["rewards/rejected"] == pytest.approx(sum(b for _, b in rewards), rel=1e-5)
     assert got["rewards/accuracies"] == sum(a > b for a, b in rewards)
+
+
+def _trl_stub(**settings: Any) -> Any:
+    """What TRL's loss methods read of their trainer: its settings, and the device."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(accelerator=SimpleNamespace(device=torch.device("cpu")), **settings)
+
+
+def _global_loss(s: PreferenceSettings, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
+    """zerofit's loss of one micro-batch that is the whole global batch: sum_k term_k / count_k."""
+    obj = PreferenceObjective(s)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        terms, _ = obj.terms(model, inputs, batch, "chunked")
+    return sum(float(t) / c for t, c in zip(terms, obj.counts([batch]), strict=True))
+
+
+@pytest.mark.slow  # importing TRL takes seconds
+def test_simpo_and_orpo_equal_trls_losses() -> None:
+    """TRL 1.16's own code on the same batch: CPOTrainer.cpo_loss (loss_type simpo, its simpo_gamma the
+    margin itself) and ORPOTrainer's NLL (over the chosen prompt and response) plus odds-ratio term equal
+    zerofit's loss with the same numbers; ORPO with orpo_prompt_loss=false does not."""
+    pytest.importorskip("trl")
+    from trl.experimental.cpo import CPOTrainer
+    from trl.experimental.orpo import ORPOTrainer
+
+    model, pairs = _tiny(), [_pair(i) for i in range(4)]
+    batch, m = collate_pairs(pairs, pad_id=0), len(pairs)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        means = CPOTrainer.get_batch_logps(logits, batch["labels"], average_log_prob=True)
+        simpo = _trl_stub(alpha=0.0, loss_type="simpo", beta=2.0, simpo_gamma=0.7, label_smoothing=0.1)
+        trl_simpo = float(CPOTrainer.cpo_loss(simpo, means[:m], means[m:])[0].mean())
+        halves = {
+            f"{side}_{key}": batch[key][rows]
+            for side, rows in (("chosen", slice(0, m)), ("rejected", slice(m, 2 * m)))
+            for key in ("input_ids", "attention_mask", "labels")
+        }
+        orpo = _trl_stub(
+            beta=0.3,
+            is_encoder_decoder=False,
+            padding_value=0,
+            aux_loss_enabled=False,
+            concatenated_inputs=ORPOTrainer.concatenated_inputs,
+            get_batch_logps=ORPOTrainer.get_batch_logps,
+        )
+        chosen, rejected, _, _, nll = ORPOTrainer.concatenated_forward(orpo, model, halves)
+        trl_orpo = float(nll - ORPOTrainer.odds_ratio_loss(orpo, chosen, rejected)[0].mean())
+    simpo_s = PreferenceSettings("simpo", beta=2.0, simpo_gamma=0.7, label_smoothing=0.1)
+    assert _global_loss(simpo_s, model, batch) == pytest.approx(trl_simpo, abs=1e-6)
+    orpo_s = PreferenceSettings("orpo", orpo_lambda=0.3)
+    assert _global_loss(orpo_s, model, batch) == pytest.approx(trl_orpo, abs=1e-6)
+    response_only = PreferenceSettings("orpo", orpo_lambda=0.3, orpo_prompt_loss=False)
+    assert abs(_global_loss(response_only, model, batch) - trl_orpo) > 1e-2
 
 
 # -- one global batch, any split: the same loss and gradients -------------------------------------------
@@ -461,7 +525,9 @@ def test_preference_evaluation_over_0_tokens_is_an_error_never_a_best_loss() -> 
         check_eval_data(pairs)
     chosen_masked = [PreferencePair(masked(p.chosen), p.rejected) for p in pairs]
     model, strategy = _tiny(), one_process_strategy()
-    orpo = PreferenceObjective(_settings("orpo"))
+    # (with its NLL on the responses only: with the prompt's tokens too it has tokens to count, and
+    # `check_eval_data` above is what refuses such pairs, when they are loaded)
+    orpo = PreferenceObjective(_settings("orpo", orpo_prompt_loss=False))
     with pytest.raises(DataError, match="holds 3 pairs with no response token to score"):
         preference_evaluation(strategy, model, chosen_masked, orpo, 2, 0)
     with pytest.raises(DataError, match="holds no pairs"):

@@ -111,3 +111,25 @@ def test_a_launched_process_writes_its_lines_to_a_log_file_as_they_are_printed(t
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shown"),
+    [
+        (["train.objective=simpo", "preference.beta=2"], "simpo (beta 2, margin gamma 1 (= 0.5 x beta),"),
+        (["train.objective=simpo", "preference.beta=2", "preference.simpo_gamma=0.5"], "gamma 0.5 (= 0.25 x"),
+        (["train.objective=orpo"], "NLL over the global batch's chosen prompt and response tokens"),
+        (
+            ["train.objective=orpo", "preference.orpo_prompt_loss=false"],
+            "over the global batch's chosen response",
+        ),
+    ],
+)
+def test_the_plan_names_simpos_margin_and_what_orpos_nll_is_over(overrides: list[str], shown: str) -> None:
+    """The objective line says the margin SimPO trains with (and its ratio to beta, the key's old meaning)
+    and ORPO's NLL tokens, so a config written for other meanings shows it."""
+    from zerofit.recipe.report import describe_objective
+
+    cfg = load_config(None, overrides)
+    cfg.preference.reference = "none"
+    assert shown in describe_objective(SimpleNamespace(plan=SimpleNamespace(config=cfg), reference=None))  # type: ignore[arg-type]
