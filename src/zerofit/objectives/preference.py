@@ -114,7 +114,9 @@ class PreferenceSettings:
     beta: float = 0.1
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
-    simpo_gamma: float = 0.05  # SimPO's target margin gamma itself (TRL's simpo_gamma), not gamma / beta
+    # SimPO's target margin gamma itself (TRL's simpo_gamma), not gamma / beta; the run passes the config's
+    # `PreferenceSection.simpo_margin()` (home of its default), so this one is only "no margin".
+    simpo_gamma: float = 0.0
     orpo_lambda: float = 0.1
     orpo_prompt_loss: bool = True  # ORPO's NLL over the chosen prompt too (TRL's, the ORPO authors' default)
     reference: str = "none"  # adapters_off | precomputed | none (resolved, never auto here)
