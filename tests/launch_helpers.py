@@ -53,6 +53,9 @@ class Launch:
     # whole process group, as a terminal's Ctrl-C or a scheduler does) once metrics.jsonl has `rows` more
     # rows than when the launch started.
     interrupt: tuple[int, str, int] | None = None
+    # This launch's own config file (default: the one `run_launches` is given), so that launches of different
+    # jobs can run side by side: one whose ranks sit idle (a fault's delay) beside others that use the cores.
+    config: Path | None = None
 
     @property
     def id(self) -> str:
@@ -138,7 +141,7 @@ def run_launches(
             launch = pending.pop(0)
             out, err = logs / f"{launch.id}.out", logs / f"{launch.id}.err"
             proc = subprocess.Popen(
-                launch.command(config, output_dir),
+                launch.command(launch.config or config, output_dir),
                 cwd=REPO,
                 env={**base_env, **_cpu_share(launch, side_by_side, base_env), **launch.env},
                 stdout=out.open("w"),

@@ -1,7 +1,8 @@
 """Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
-Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed), LoRA with dropout, a small
-data set seen repeatedly so the loss must fall:
+Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed; ZeRO-2 under the `deepspeed`
+runner, ZeRO-3 offload under `torchrun`), LoRA with dropout, a small data set seen repeatedly so the loss
+must fall:
 
 - bf16 on single, DeepSpeed ZeRO-2, FSDP2 and DDP completes and the loss falls;
 - fp16 with loss scaling completes on single; on DeepSpeed it completes where DeepSpeed's accelerator
@@ -54,7 +55,7 @@ HALF = [
     Launch("bf16-ddp", "torchrun", ("distributed.strategy=ddp", "train.precision=bf16")),
     # The offload presets: DeepSpeed's own CPU Adam steps offloaded state (ZeRO-3 also offloads params);
     # FSDP2's CPUOffloadPolicy keeps sharded params, grads and the optimizer step on the host.
-    Launch("bf16-zero3-offload", "deepspeed", ("distributed.preset=zero3_offload", "train.precision=bf16")),
+    Launch("bf16-zero3-offload", "torchrun", ("distributed.preset=zero3_offload", "train.precision=bf16")),
     Launch(
         "bf16-fsdp-offload",
         "torchrun",

@@ -4,7 +4,7 @@ Multi-turn chat data (assistant-only labels) with 20% of its conversations held 
 evaluated every 2 steps and after the last of 3, in fp32, as
 
     single   python,     micro 4 x accum 2 x dp 1,  data from a Parquet file
-    zero3    deepspeed,  micro 2 x accum 2 x dp 2,  data from a `save_to_disk` folder, W&B offline
+    zero3    torchrun,   micro 2 x accum 2 x dp 2,  data from a `save_to_disk` folder, W&B offline
     fsdp     torchrun,   micro 1 x accum 4 x dp 2,  data from the JSONL file
 
 The 9 eval conversations do not fill the last window of any split, so ranks without an example run a
@@ -37,7 +37,7 @@ LAUNCHES = [
     ),
     Launch(
         "zero3",
-        "deepspeed",
+        "torchrun",  # DeepSpeed ZeRO-3 (the config's strategy) under torchrun
         (
             "distributed.preset=zero3",
             "batch.micro_batch_size=2",

@@ -3,7 +3,18 @@
 - a full disk mid-checkpoint (a real tmpfs; ZeRO-2 under `deepspeed`, FSDP2 under `torchrun`, W&B offline):
   one paragraph on every rank (folder, free space, what was kept, the fix), no traceback (W&B's logging
   included), the partial folder removed, and no rank left waiting in a barrier;
-- the `deepspeed` runner killed alone: its `launch.py` and both ranks stop instead of training on unwatched.
+- the `deepspeed` runner killed alone: its `launch.py` and both ranks stop instead of training on unwatched;
+- long rank-0-only work outlasts the process-group timeout without killing the run; timed saves agree.
+
+The last is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
+data loading is delayed 20 s (the fault-injection variable `ZEROFIT_FAULT_DELAY_RANK0_DATA_S`, as a long
+tokenization would be). Rank 1 waits for it through the c10d store (`Strategy.wait_for_rank0`); waiting
+inside the broadcast that follows, as before, gloo aborts after 12 s ("Timed out waiting ... for recv").
+(The delay exceeds the timeout by 8 s, more than the two ranks' start-up can differ by; both are short
+because the delay is idle time: it runs beside the full-disk launches, which use the two cores meanwhile.)
+The same launch saves on a wall-clock interval (`checkpoint.every_minutes` of a fraction of a second):
+only rank 0's clock decides, through the loop's after-step all-reduce, so both ranks enter the same
+collective saves and the run finishes with several timed checkpoints.
 """
 
 from __future__ import annotations
@@ -20,8 +31,12 @@ import pytest
 
 from full_disk import small_filesystem
 from launch_helpers import REPO, Launch, RunResult, run_launches, write_config
+from zerofit.checkpoint import complete_checkpoints
+from zerofit.recipe.assembly import FAULT_DELAY_DATA_ENV
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TIMEOUT_MINUTES, DELAY_S, STEPS = 0.2, 20, 6
 
 
 @pytest.fixture(scope="module")
@@ -53,30 +68,73 @@ ENGINES = {
 
 
 @pytest.fixture(scope="module")
-def full_disk_runs(config: Path) -> dict[str, tuple[RunResult, Path, list[str]]]:
-    """Both engines' launches side by side, each with its output_dir on its own 400 KiB filesystem: it holds
-    the run's small files but not a checkpoint (~650 KiB on ZeRO-2 here)."""
+def slow_rank0(config: Path) -> Launch:
+    """The slow-rank-0 DDP launch with its own job: a 12 s timeout, rank 0's data 20 s late, timed saves."""
+    job = write_config(
+        config.parent / "timeouts.yaml",
+        {
+            "batch": {"global_batch_size": 8, "micro_batch_size": 2},
+            "distributed": {"strategy": "ddp", "timeout_minutes": TIMEOUT_MINUTES},
+            "train": {"max_steps": STEPS, "precision": "fp32"},
+            "data": {"path": "data/demo.jsonl", "max_seq_len": 64},
+            "checkpoint": {"every_minutes": 0.001, "keep_last": STEPS},  # due after 0.06 s: most steps
+            "logging": {"wandb": {"mode": "disabled"}},
+        },
+    )
+    return Launch("slow-rank0", "torchrun", env={FAULT_DELAY_DATA_ENV: str(DELAY_S)}, config=job)
+
+
+FullDisk = dict[str, tuple[RunResult, Path, list[str]]]
+
+
+@pytest.fixture(scope="module")
+def side_by_side(config: Path, slow_rank0: Launch) -> tuple[FullDisk | str, RunResult]:
+    """The slow-rank-0 launch first (its ranks idle through the delay) and both engines' full-disk launches,
+    each with its output_dir on its own 400 KiB filesystem: it holds the run's small files but not a
+    checkpoint (~650 KiB on ZeRO-2 here). Where no filesystem can be mounted, the reason instead."""
     with contextlib.ExitStack() as mounts:
-        disks = {name: mounts.enter_context(small_filesystem(config.parent / name, 400)) for name in ENGINES}
-        launches = [
+        try:
+            disks = {
+                name: mounts.enter_context(small_filesystem(config.parent / name, 400)) for name in ENGINES
+            }
+        except pytest.skip.Exception as skipped:
+            disks, reason = {}, str(skipped)
+        launches = [slow_rank0] + [
             Launch(name, launcher, (*overrides, f"output_dir={disks[name]}"))
             for name, (launcher, overrides) in ENGINES.items()
+            if disks
         ]
         results = run_launches(launches, config, config.parent / "runs", timeout=300)
+        if not disks:
+            return reason, results[slow_rank0.id]
         # (result, run dir, what its checkpoints/ holds), read before the small disks are unmounted
-        return {
+        full = {
             name: (
-                result,
+                results[name],
                 disks[name] / name,
                 sorted(p.name for p in (disks[name] / name / "checkpoints").iterdir()),
             )
-            for name, result in results.items()
+            for name in ENGINES
         }
+        return full, results[slow_rank0.id]
+
+
+@pytest.fixture(scope="module")
+def full_disk_runs(side_by_side: tuple[FullDisk | str, RunResult]) -> FullDisk:
+    full = side_by_side[0]
+    if isinstance(full, str):
+        pytest.skip(full)
+    return full
+
+
+@pytest.fixture(scope="module")
+def run(side_by_side: tuple[FullDisk | str, RunResult]) -> RunResult:
+    return side_by_side[1]
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_a_full_disk_mid_checkpoint_is_one_paragraph_on_every_rank(
-    full_disk_runs: dict[str, tuple[RunResult, Path, list[str]]], engine: str
+    full_disk_runs: FullDisk, engine: str
 ) -> None:
     result, run_dir, leftovers = full_disk_runs[engine]
     out = result.stdout + result.stderr
@@ -130,3 +188,20 @@ def test_killing_the_deepspeed_runner_alone_ends_launch_py_and_every_rank(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(runner.pid, signal.SIGKILL)  # whatever a failed check left of the launch
+
+
+def test_a_rank_0_job_longer_than_the_timeout_does_not_kill_the_run(run: RunResult) -> None:
+    run.check()
+    assert f"collectives wait {TIMEOUT_MINUTES:g} min for a peer (distributed.timeout_minutes)" in run.stdout
+    assert run.seconds > DELAY_S and len(run.metrics) == STEPS
+
+
+def test_timed_saves_are_taken_by_every_rank_at_the_same_steps(run: RunResult) -> None:
+    run.check()
+    steps = [step for step, _ in complete_checkpoints(run.run_dir)]
+    assert steps[-1] == STEPS and len(steps) >= 3, steps  # timed saves besides the final one
+    for step in steps:  # both ranks wrote their part of every one (a disagreement would hang the save)
+        assert {p.name for p in (run.run_dir / "checkpoints" / f"step-{step}").glob("rng-rank*.pt")} == {
+            "rng-rank0.pt",
+            "rng-rank1.pt",
+        }

@@ -5,7 +5,7 @@ seen every step, so the loss must fall:
 
 - single: QLoRA (4-bit base) + paged_adamw_8bit + activation checkpointing;
 - single: LoRA on an 8-bit base + lion_8bit;
-- DeepSpeed ZeRO-2: LoRA + adamw_8bit as the client optimizer + activation checkpointing;
+- DeepSpeed ZeRO-2 (under torchrun): LoRA + adamw_8bit as the client optimizer + activation checkpointing;
 - FSDP2: LoRA + adamw_8bit (bitsandbytes steps each rank's DTensor shard, see zerofit/optim_dtensor.py),
   and a resume from the step-3 checkpoint that continues exactly (the 8-bit state of both ranks is restored).
 
@@ -41,7 +41,7 @@ QUANT_STATE = "__bnb_optimizer_quant_state__"  # where bitsandbytes' state_dict(
 RUNS = [  # the slowest (DeepSpeed start-up) first
     Launch(
         "lora-adamw8-zero2",
-        "deepspeed",
+        "torchrun",  # DeepSpeed under torchrun
         ("distributed.preset=zero2", "optimizer.name=adamw_8bit", "train.activation_checkpointing=true"),
     ),
     Launch("lora-adamw8-fsdp", "torchrun", ("distributed.strategy=fsdp", "optimizer.name=adamw_8bit")),

@@ -1,7 +1,8 @@
 """DPO with one global batch, any split, any engine (issue 17): one loss curve, on training and held-out pairs.
 
 A tiny Llama in fp32, preference pairs whose prompt and response lengths vary a lot, global batch 8 pairs,
-held-out pairs evaluated every 2 steps, through the real launchers (python, deepspeed, torchrun; gloo):
+held-out pairs evaluated every 2 steps, through the real launchers (python, deepspeed, torchrun; gloo; the
+ZeRO-2 launches under the `deepspeed` runner, the ZeRO-3 ones under `torchrun`):
 
     launch        engine                      split (micro x accum x dp)   reference
     single        one process                 8 x 1 x 1                   precomputed (full fine-tuning)
@@ -45,12 +46,12 @@ FULL = [
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
-    Launch("zero3", "deepspeed", (*Z3, "batch.micro_batch_size=2")),
+    Launch("zero3", "torchrun", (*Z3, "batch.micro_batch_size=2")),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
 ]
 ADAPTERS = [
     Launch("single-lora", "python", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
-    Launch("zero3-lora", "deepspeed", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
+    Launch("zero3-lora", "torchrun", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
 ]
 RESUMED = Launch(
     "zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"

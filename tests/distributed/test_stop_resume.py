@@ -7,13 +7,14 @@ another world size, plus an uninterrupted reference run. Launches of one round r
     chain     launcher   segments: ranks and how each one ends
     single    python     1 SIGTERM -> 1 Ctrl-C -> 1 end                  W&B offline: one run id throughout
     zero2     deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> 2 end     elastic 2 -> 1 and 1 -> 2
-    zero3     deepspeed  1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
+    zero3     torchrun   1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
     fsdp      torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end; then its newest checkpoint is damaged and a 1-rank
                          resume falls back to the one before (and reshards 2 -> 1)
 
 SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
-nor forwards it: there it goes to the process group, as schedulers send it. Ctrl-C is SIGINT to the process
-group, as a terminal sends it. A last launch resumes the single chain with a changed learning rate and must
+nor forwards it, and on the zero3 chain: there it goes to the process group, as schedulers send it
+(torchrun starts its workers in their own sessions: it reaches them through torchrun). Ctrl-C is SIGINT to
+the process group, as a terminal sends it. A last launch resumes the single chain with a changed learning rate and must
 be refused before any model is loaded. Every chain's per-step losses equal the reference's within 1e-5.
 """
 
@@ -69,10 +70,10 @@ CHAINS: dict[str, list[tuple[str, int, tuple[str, ...], tuple[int, str] | None]]
         ("deepspeed", 1, Z2, (TERM, "group")),
         ("deepspeed", 2, Z2, None),
     ],
-    "zero3": [
-        ("deepspeed", 1, Z3, (TERM, "group")),
-        ("deepspeed", 2, Z3, (INT, "group")),
-        ("deepspeed", 1, Z3, None),
+    "zero3": [  # DeepSpeed under torchrun (the zero2 chain is the deepspeed runner's)
+        ("torchrun", 1, Z3, (TERM, "group")),
+        ("torchrun", 2, Z3, (INT, "group")),
+        ("torchrun", 1, Z3, None),
     ],
     "fsdp": [
         ("torchrun", 2, FSDP, (TERM, "launcher")),
@@ -155,7 +156,7 @@ def _last_round(out: Path) -> list[Launch]:
         "checkpoint.allow_changes=[optimizer.lr,train.max_steps]",
     )
     return [
-        Launch("zero3-retuned", "deepspeed", (*Z3, RESUME, *accepted), 2, "retuned"),
+        Launch("zero3-retuned", "torchrun", (*Z3, RESUME, *accepted), 2, "retuned"),
         Launch("fsdp", "torchrun", (*FSDP, RESUME), 1, "fsdp-fallback"),
         Launch("single", "python", (*SINGLE, RESUME, "optimizer.lr=0.02"), 1, "refused", cache),
     ]

@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,22 +25,96 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    # One thread per process: the suite shares a small CPU, and these measure nothing here.
+def _command(*args: str) -> dict[str, Any]:
+    """A benchmark command: this interpreter, `args`, and one thread per process (the suite shares a small
+    CPU, and these measure nothing here), with no rendezvous of an outer launch."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    result = subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+    return {"args": [sys.executable, *args], "env": env}
+
+
+def _finished(args: list[str], result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
     assert result.returncode == 0, f"{args}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
 
-def test_cpu_vs_hf_prints_and_writes_its_ratios(tmp_path: Path) -> None:
-    out = tmp_path / "cpu_vs_hf.json"
-    small = ("--steps", "1", "--repeats", "1", "--seq", "32", "--global-batch", "4", "--hf-micro", "2")
-    result = _run(str(BENCH / "cpu_vs_hf.py"), *small, "--json", str(out))
+# The module's benchmark commands, by test: each runs one thread (one core), so they are started together,
+# as many at a time as there are cores (longest first), instead of one after another beside an idle core.
+def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
+    gpu_fit = (str(BENCH / "gpu_fit.py"), "--smoke", "--steps", "1", "--results")
+    small_hf = ("--micro", "1", "--gas", "2", "--seq", "32", "--steps", "1", "--precision", "fp32")
+    small_cpu = ("--steps", "1", "--repeats", "1", "--seq", "32", "--global-batch", "4", "--hf-micro", "2")
+    small_oh = ("--steps", "1", "--warmup", "0", "--repeats", "1", "--micro", "2", "--global-batch", "4")
+    return {
+        # gpu_fit: a zerofit case; the speed levers (issue 19) and HF's best at the recipe's split; one length
+        # of the long-context set with the 2-rank Ulysses case and the 2-GPU FSDP case (skipped on CPU).
+        "gpu_fit_long": (*gpu_fit, str(tmp / "long"), "--cases", "long-16k,long-2gpu-sp,lora-2gpu-fsdp"),
+        "gpu_fit_speed": (*gpu_fit, str(tmp / "speed"), "--cases", "lora-kernels-compile,hf-best"),
+        "gpu_fit_zerofit": (*gpu_fit, str(tmp / "zerofit"), "--cases", "lora-auto"),
+        "cpu_vs_hf": (str(BENCH / "cpu_vs_hf.py"), *small_cpu, "--json", str(tmp / "cpu_vs_hf.json")),
+        "overhead": (
+            str(BENCH / "overhead_vs_torch.py"),
+            *small_oh,
+            "data.max_seq_len=32",
+            "--json",
+            str(tmp / "overhead.json"),
+        ),
+        "hf_baseline": (
+            str(BENCH / "hf_baseline.py"),
+            "--model-dir",
+            str(tiny_llama),
+            *small_hf,
+            "--out",
+            str(tmp / "hf.jsonl"),
+        ),
+        "loss_memory": (str(BENCH / "loss_memory.py"), "--smoke", "--json", str(tmp / "loss_memory.json")),
+        "planner_families": (
+            str(BENCH / "planner_families.py"),
+            "--smoke",
+            str(tmp / "planner_families.json"),
+        ),
+    }
+
+
+@dataclass
+class Ran:
+    """One benchmark command's outcome and the folder its results went to."""
+
+    args: list[str]
+    result: subprocess.CompletedProcess[str]
+    tmp: Path
+
+    def ok(self) -> subprocess.CompletedProcess[str]:
+        return _finished(self.args, self.result)
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zerofit.models.tiny import ensure_tiny_llama
+
+    tmp = tmp_path_factory.mktemp("benchmarks")
+    for sub in ("long", "speed", "zerofit"):
+        (tmp / sub).mkdir()
+    commands = _commands(tmp, ensure_tiny_llama(0))
+
+    def run(args: tuple[str, ...]) -> Ran:
+        cmd = _command(*args)
+        result = subprocess.run(
+            cmd["args"], cwd=REPO, env=cmd["env"], capture_output=True, text=True, timeout=900
+        )
+        return Ran(cmd["args"], result, tmp)
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
+        futures = {name: pool.submit(run, args) for name, args in commands.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_cpu_vs_hf_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:
+    result, out = ran["cpu_vs_hf"].ok(), ran["cpu_vs_hf"].tmp / "cpu_vs_hf.json"
     assert (
         "zf-auto / hf (max-length): " in result.stdout and "x (useful tokens per CPU second)" in result.stdout
     )
@@ -55,30 +131,20 @@ def test_cpu_vs_hf_prints_and_writes_its_ratios(tmp_path: Path) -> None:
     assert all(value > 0 for value in report["ratios_useful_tokens_per_cpu_s"].values())
 
 
-def test_gpu_fit_smoke_runs_a_zerofit_case_and_writes_its_results(tmp_path: Path) -> None:
-    result = _run(
-        str(BENCH / "gpu_fit.py"),
-        "--smoke",
-        "--cases",
-        "lora-auto",
-        "--steps",
-        "1",
-        "--results",
-        str(tmp_path),
-    )
-    (path,) = tmp_path.glob("gpu_fit-smoke-*.json")
+def test_gpu_fit_smoke_runs_a_zerofit_case_and_writes_its_results(ran: dict[str, Ran]) -> None:
+    result = ran["gpu_fit_zerofit"].ok()
+    (path,) = (ran["gpu_fit_zerofit"].tmp / "zerofit").glob("gpu_fit-smoke-*.json")
     assert f"wrote {path}" in result.stdout
     (case,) = json.loads(path.read_text())["results"]
     assert case["case"] == "lora-auto" and case["ok"] is True, case
     assert case["useful_tokens_per_s"] > 0 and case["predicted"]["verdict"]
 
 
-def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(tmp_path: Path) -> None:
+def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(ran: dict[str, Ran]) -> None:
     # kernels + compile (issue 19) and HF's best at the recipe's split; on CPU the kernels case runs with
     # train.kernels=none (Liger needs CUDA), so the smoke checks the case's setup, compile, and the ratio.
-    _run(str(BENCH / "gpu_fit.py"), "--smoke", "--cases", "lora-kernels-compile,hf-best", "--steps", "1",
-         "--results", str(tmp_path))  # fmt: skip
-    (path,) = tmp_path.glob("gpu_fit-smoke-*.json")
+    ran["gpu_fit_speed"].ok()
+    (path,) = (ran["gpu_fit_speed"].tmp / "speed").glob("gpu_fit-smoke-*.json")
     report = json.loads(path.read_text())
     by = {r["case"]: r for r in report["results"]}
     assert all(r["ok"] is True and r["useful_tokens_per_s"] > 0 for r in by.values()), by
@@ -92,22 +158,13 @@ def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(tmp_path: Path) -> None:
     assert "lora-kernels-compile / hf-best" in report["ratios_useful_tokens_per_s"]
 
 
-def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(tmp_path: Path) -> None:
+def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(ran: dict[str, Ran]) -> None:
     # One length of the long-context set (the group `long-16k`): zerofit QLoRA and LoRA with the levers, and
     # HF's padding-free baseline for each; on CPU every length is the same tiny run, so one stands for all.
     # With them the 2-rank Ulysses case (issue 19), which --smoke runs on 2 gloo CPU ranks, and the 2-GPU
     # FSDP case, which it cannot run: recorded as skipped with the reason, and the script still exits 0.
-    result = _run(
-        str(BENCH / "gpu_fit.py"),
-        "--smoke",
-        "--cases",
-        "long-16k,long-2gpu-sp,lora-2gpu-fsdp",
-        "--steps",
-        "1",
-        "--results",
-        str(tmp_path),
-    )
-    (path,) = tmp_path.glob("gpu_fit-smoke-*.json")
+    result = ran["gpu_fit_long"].ok()
+    (path,) = (ran["gpu_fit_long"].tmp / "long").glob("gpu_fit-smoke-*.json")
     report = json.loads(path.read_text())
     by = {r["case"]: r for r in report["results"]}
     assert by.pop("lora-2gpu-fsdp") == {
@@ -177,31 +234,23 @@ def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:
     ]
 
 
-def test_hf_baseline_prints_its_result_line(tmp_path: Path) -> None:
-    from zerofit.models.tiny import ensure_tiny_llama
-
-    out = tmp_path / "hf.jsonl"
-    model = str(ensure_tiny_llama(0))
-    small = ("--micro", "1", "--gas", "2", "--seq", "32", "--steps", "1", "--precision", "fp32")
-    result = _run(str(BENCH / "hf_baseline.py"), "--model-dir", model, *small, "--out", str(out))
+def test_hf_baseline_prints_its_result_line(ran: dict[str, Ran]) -> None:
+    result, out = ran["hf_baseline"].ok(), ran["hf_baseline"].tmp / "hf.jsonl"
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("HF_BASELINE ")]
     printed = json.loads(line.removeprefix("HF_BASELINE "))
     assert printed["ok"] is True and printed["useful_tokens_per_s"] > 0
     assert json.loads(out.read_text()) == printed
 
 
-def test_overhead_vs_torch_prints_its_ratio_and_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "overhead.json"
-    small = ("--steps", "1", "--warmup", "0", "--repeats", "1", "--micro", "2", "--global-batch", "4")
-    result = _run(str(BENCH / "overhead_vs_torch.py"), *small, "data.max_seq_len=32", "--json", str(out))
+def test_overhead_vs_torch_prints_its_ratio_and_writes_json(ran: dict[str, Ran]) -> None:
+    result, out = ran["overhead"].ok(), ran["overhead"].tmp / "overhead.json"
     assert "ratio zerofit / reference (median step time): " in result.stdout
     report = json.loads(out.read_text())
     assert report["ratio_median_step"] > 0
 
 
-def test_loss_memory_prints_every_loss_and_writes_its_json(tmp_path: Path) -> None:
-    out = tmp_path / "loss_memory.json"
-    result = _run(str(BENCH / "loss_memory.py"), "--smoke", "--json", str(out))
+def test_loss_memory_prints_every_loss_and_writes_its_json(ran: dict[str, Ran]) -> None:
+    result, out = ran["loss_memory"].ok(), ran["loss_memory"].tmp / "loss_memory.json"
     assert "fused_linear / chunked: peak " in result.stdout
     report = json.loads(out.read_text())
     assert [r["impl"] for r in report["results"]] == ["unchunked", "chunked", "fused_linear"]
@@ -210,9 +259,9 @@ def test_loss_memory_prints_every_loss_and_writes_its_json(tmp_path: Path) -> No
     assert all(r["peak_mib"] > 0 for r in report["results"])
 
 
-def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(tmp_path: Path) -> None:
-    out = tmp_path / "planner_families.json"
-    _run(str(BENCH / "planner_families.py"), "--smoke", str(out))
+def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str, Ran]) -> None:
+    ran["planner_families"].ok()
+    out = ran["planner_families"].tmp / "planner_families.json"
     (row,) = json.loads(out.read_text())["points"]
     assert row["model"] == "tiny Qwen/Qwen3-30B-A3B" and row["trace_gib"] > 0
     assert abs(row["diff_pct"]) < 5  # the analytic estimate within 5% of the trace

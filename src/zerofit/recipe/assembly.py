@@ -222,7 +222,7 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# Fault injection for tests (tests/distributed/test_timeouts.py): rank 0 sleeps this many seconds before
+# Fault injection for tests (tests/distributed/test_failures.py): rank 0 sleeps this many seconds before
 # loading the data, as a long tokenization would. Read here and nowhere else.
 FAULT_DELAY_DATA_ENV = "ZEROFIT_FAULT_DELAY_RANK0_DATA_S"
 
