@@ -169,7 +169,30 @@ def test_console_off_terminal_prints_compact_lines_and_a_table() -> None:
     assert [line.split()[1] for line in lines] == ["1/10", "5/10", "10/10"]
     assert "loss 0.2000" in lines[-1] and "tok/s" in lines[-1] and "peak 11.00 GiB" in lines[-1]
     assert "\x1b[" not in text  # no control codes off-terminal
-    assert "final loss" in text and "rank 1 peak" in text
+    assert "last step's loss (one batch)" in text and "rank 1 peak" in text
+
+
+def test_the_summary_leads_with_a_smoothed_loss_and_the_held_out_loss() -> None:
+    # A noisy last batch beside the run's lowest one reads as a regression: the summary leads with the mean
+    # of the last steps (which it names) and the held-out loss, the raw values after them, labelled as such.
+    buffer = io.StringIO()
+    sink = ConsoleSink(10, console=Console(file=buffer, force_terminal=False, width=120))
+    for step in range(1, 11):  # 2.0/step: the last 5 steps average (2/6 + ... + 2/10) / 5
+        sink.log(step, {**_step_metrics(step), **({"eval/loss": 0.25} if step == 10 else {})})
+    sink.close()
+    rows = [
+        " ".join(line.strip("│ ").split())
+        for line in buffer.getvalue().splitlines()
+        if "loss" in line and "│" in line
+    ]
+    smoothed = sum(2.0 / s for s in range(6, 11)) / 5
+    assert rows == [
+        f"loss, mean of the last 5 step(s) │ {smoothed:.4f}",
+        "held-out loss (eval/loss, last evaluation) │ 0.2500",
+        "last step's loss (one batch) │ 0.2000",
+        "lowest step's loss (one batch) │ 0.2000",
+    ]
+    assert sink.summary.result()["smoothed_loss_steps"] == 5
 
 
 def test_console_on_terminal_shows_a_progress_bar() -> None:
@@ -179,7 +202,7 @@ def test_console_on_terminal_shows_a_progress_bar() -> None:
         sink.log(step, _step_metrics(step))
     sink.close()
     text = buffer.getvalue()
-    assert "4/4" in text and "loss 0.5000" in text and "final loss" in text
+    assert "4/4" in text and "loss 0.5000" in text and "mean of the last 2 step(s)" in text
 
 
 def test_default_group_and_name_make_sweeps_comparable(tmp_path: Path) -> None:
