@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -210,6 +211,32 @@ def test_default_group_and_name_make_sweeps_comparable(tmp_path: Path) -> None:
     assert default_name(resolved) == "zero2-g8-m2x2x2"
     assert default_group(resolved) == "tiny-llama-lora-zero2-bf16"  # run name minus the split
     assert default_group(resolved, "configs/demo.yaml") == "demo"
+
+
+@pytest.mark.slow
+def test_wandb_outlives_a_launcher_that_terminates_the_ranks_process_tree(
+    tmp_path: Path, no_wandb_key: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On Ctrl-C, DeepSpeed's launch.py terminates every descendant of each rank (terminate_process_tree),
+    # W&B's service included, while the rank finishes its step and saves: the W&B run must still end whole.
+    import psutil
+
+    from zerofit.metrics.runs import load_run
+
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    resolved = _resolved(tmp_path, mode="offline")
+    notices: list[str] = []
+    sink = WandbSink(resolved, notice=notices.append, outlive_launcher=True)
+    sink.log(1, _step_metrics(1))
+    tree = psutil.Process().children(recursive=True)
+    for process in tree:
+        process.terminate()
+    psutil.wait_procs(tree, timeout=10)
+    sink.log(2, _step_metrics(2))
+    sink.close()
+    assert not [n for n in notices if "W&B" in n and "offline (no API key" not in n], notices
+    assert [row["step"] for row in load_run(resolved.run_dir).rows] == [1, 2]  # read from the W&B file
+    assert "WANDB_SERVICE" not in os.environ
 
 
 def test_mode_unset_without_key_falls_back_to_offline_with_notice(tmp_path: Path, no_wandb_key: None) -> None:
