@@ -166,14 +166,15 @@ def _normal(line: str) -> str:
 
 
 def missing_shown(shown: tuple[str, ...], output: str) -> str | None:
-    """None when every shown line (`...` stands for any lines) is a line of `output`, in the shown order;
-    else the first shown line that is not, as it was compared."""
+    """None when every shown line (`...` stands for any lines) starts a line of `output` (a shown line may
+    stop early: a long plan line cut where the point is made), in the shown order; else the first shown
+    line that does not, as it was compared."""
     actual = iter(_normal(line) for line in output.splitlines())
     for line in shown:
         want = _normal(line)
         if not want or want == ELISION:
             continue
-        if not any(got == want for got in actual):
+        if not any(got.startswith(want) for got in actual):
             return want
     return None
 

@@ -21,8 +21,8 @@ README's activation block itself runs without that first line, from a PATH witho
 Shown outputs are checked, not only exit codes (tests/doc_blocks.py reads them): a ```text block right
 below a ```bash block (nothing but blank lines between) is that block's output, and a ```text (or plain)
 block whose first line is `$ command` is that command's, run in the same scratch folder after every block
-(unless it says `# needs:`). Each shown line must be a line of the real output (stdout and stderr), in the
-shown order; `...` stands for any lines. Compared with blanks collapsed and table rules shortened to one
+(unless it says `# needs:`). Each shown line must start a line of the real output (stdout and stderr), in
+the shown order; `...` stands for any lines. Compared with blanks collapsed and table rules shortened to one
 character, and with timings, speeds and measured memory masked (tok/s, tokens/s, a number of seconds, eta,
 a step line's peak; every number of a table row about wall time, tokens/s, peak memory or cpu_rss): those
 differ from run to run (tests/doc_blocks.py, `VOLATILE`). A plan's GiB, a loss and a count are compared as
