@@ -34,6 +34,8 @@ VOLATILE_NUMBER = re.compile(
     r"\d[\d,]*(?:\.\d+)?(?= ?(?:tok/s|tokens/s|s\b))|(?<=\beta )\S+|(?<=\bpeak )\d+(?:\.\d+)?(?= GiB)"
 )
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+# The plan's data line says when the tokenization cache was warm: whether an earlier run filled it.
+WARM_CACHE = "; from the tokenization cache"
 # Rules of a table border, as long as the widest cell: their length follows the numbers in it.
 RULE = re.compile(r"([─━═┄]){2,}")
 
@@ -157,9 +159,10 @@ def shown_commands(text: str, doc: str) -> list[Shown]:
 
 
 def _normal(line: str) -> str:
-    """A line as compared: runs of blanks as one space, table rules one character long, and timings,
-    speeds and measured memory masked as `#` (`VOLATILE`, `VOLATILE_NUMBER`)."""
-    line = RULE.sub(r"\1", " ".join(line.split()))
+    """A line as compared: runs of blanks as one space, table rules one character long, the warm-cache
+    remark left out (`WARM_CACHE`), and timings, speeds and measured memory masked as `#` (`VOLATILE`,
+    `VOLATILE_NUMBER`)."""
+    line = RULE.sub(r"\1", " ".join(line.split())).replace(WARM_CACHE, "")
     if "│" in line and VOLATILE.search(line):
         return NUMBER.sub("#", line)
     return VOLATILE_NUMBER.sub("#", line)

@@ -25,7 +25,8 @@ block whose first line is `$ command` is that command's, run in the same scratch
 the shown order; `...` stands for any lines. Compared with blanks collapsed and table rules shortened to one
 character, and with timings, speeds and measured memory masked (tok/s, tokens/s, a number of seconds, eta,
 a step line's peak; every number of a table row about wall time, tokens/s, peak memory or cpu_rss): those
-differ from run to run (tests/doc_blocks.py, `VOLATILE`). A plan's GiB, a loss and a count are compared as
+differ from run to run (tests/doc_blocks.py, `VOLATILE`), and without the plan's `; from the tokenization
+cache` (it says whether an earlier run filled the cache). A plan's GiB, a loss and a count are compared as
 shown. The commands run with COLUMNS=200, so a plan's lines are not wrapped.
 """
 

@@ -52,3 +52,10 @@ def test_shown_lines_must_appear_in_order_with_numbers_compared() -> None:
 def test_table_padding_and_rules_do_not_count() -> None:
     shown = ("┌────┬────┐", "│ final loss │ 3.0889 │")
     assert missing_shown(shown, "┌──────────┬──┐\n│ final loss      │    3.0889 │\n") is None
+
+
+def test_a_warm_tokenization_cache_is_no_difference() -> None:
+    shown = ("  data         data/demo.jsonl [prompt_response, detected]: 3,000 examples",)
+    warm = "  data         data/demo.jsonl [prompt_response, detected; from the tokenization cache]: 3,000 examples\n"
+    assert missing_shown(shown, warm) is None
+    assert missing_shown(shown, warm.replace("3,000", "2,000")) is not None
