@@ -5,9 +5,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
-# DeepSpeed JIT-compiles its CPU ops on first use; one stable cache means every run pays that once.
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
-export ZEROFIT_CACHE ?= $(CURDIR)/.cache/zerofit
+# Caches: none set here. The built-in model and DeepSpeed's JIT-compiled CPU ops go where a hand-typed launch
+# puts them too, $ZEROFIT_CACHE (default ~/.cache/zerofit; zerofit.core.cache_dirs), so the first hand-run
+# launch after `make demo` reuses them. `make demo ZEROFIT_CACHE=DIR` moves both; the tests pick their own.
 # The venv's tools first (as if activated): one `ninja` for DeepSpeed's JIT builds, whoever starts them.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
@@ -52,8 +52,9 @@ demo: setup
 	  && run=$$(ls -td runs/*/ | head -1) \
 	  && echo "" && echo "Results in $$run: metrics.jsonl (per-step loss, lr, grad norm, memory), config.yaml," \
 	  && echo "  ds_config.json (what DeepSpeed ran with), adapter/ (the trained LoRA), wandb/ (offline run)." \
-	  && echo "  Plot or compare runs: $(VENV)/bin/zerofit compare $$run" \
-	  && echo "  Export (adapter, or merged into the base): $(VENV)/bin/zerofit export $$run --merge --out exports/demo" \
+	  && echo "" && echo "The zerofit command is in $(VENV): in each new shell, run  source $(VENV)/bin/activate  first." \
+	  && echo "  Plot or compare runs: zerofit compare $$run" \
+	  && echo "  Export (adapter, or merged into the base): zerofit export $$run --merge --out exports/demo" \
 	  && echo "" && echo "A sample from the trained adapter: zerofit generate $$run --prompt \$$'add: 12+34\\n'" \
 	  && $(VENV)/bin/zerofit generate $$run --prompt $$'add: 12+34\n' --max-new-tokens 16
 

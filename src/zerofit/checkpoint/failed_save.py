@@ -167,12 +167,16 @@ def error_parts(exc: ZerofitError) -> tuple[str, str, list[str]]:
 
 
 def rebuild_error(kind: str, message: str, problems: list[str]) -> ZerofitError:
-    """The error `error_parts` described, raised on every rank with the same paragraph."""
+    """The error `error_parts` described, raised on every rank with the same paragraph: `agreed`, so the
+    launcher prints it once, on rank 0."""
     if kind == "ConfigError":
-        return ConfigError(problems)
-    if kind == "RunFinished":
-        return RunFinished(message)
-    return ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
+        exc: ZerofitError = ConfigError(problems)
+    elif kind == "RunFinished":
+        exc = RunFinished(message)
+    else:
+        exc = ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
+    exc.agreed = True
+    return exc
 
 
 def run_files_failed(run_dir: Path, failure: str) -> MetricsWriteError:

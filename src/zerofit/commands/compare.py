@@ -26,10 +26,20 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (output_dir/run_name)")
     parser.add_argument(
-        "--out", default=None, help="folder for the plots and compare.json (default: ./compare-<timestamp>)"
+        "--out",
+        default=None,
+        help="folder for the plots and compare.json (default: RUN_DIR/compare-<timestamp> of the first run, "
+        "beside what it compares and out of the working tree)",
     )
     parser.add_argument("--no-plots", action="store_true", help="print the tables only")
     parser.set_defaults(func=run)
+
+
+def default_out(first_run: Path) -> Path:
+    """Where a comparison goes without `--out`: a `compare-<timestamp>` folder inside the first run's folder
+    (not the working directory, where each comparison left a folder; not beside the runs, where a later
+    `zerofit compare runs/*` would take it for a run)."""
+    return Path(first_run) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(table)
     if args.no_plots:
         return 0
-    out = Path(args.out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(args.out) if args.out else default_out(runs[0].path)
     written = plot_runs(runs, out)
     diffs, same = config_differences(runs)
     report = {

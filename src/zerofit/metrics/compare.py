@@ -44,6 +44,10 @@ IDENTITY_KEYS = (
 _MISSING = "-"
 _RANK_STYLES = ("-", "--", ":", "-.")
 _RUN_STYLES = ("-", "--", "-.", ":")
+# The x label of the plots against optimizer steps (whole-number ticks).
+STEP_AXIS = "optimizer step"
+# Legend text in points: matplotlib's axis-label size (its "x-small" was unreadable in a 640 px PNG).
+LEGEND_FONT_SIZE = 10
 # (label, xs, ys) or (label, xs, ys, matplotlib line style kwargs)
 _Series = tuple[Any, ...]
 _EXTRA_PREFIXES = ("versions.", "git.")
@@ -224,7 +228,8 @@ def build_tables(runs: list[LoadedRun]) -> tuple[Group, Table]:
 
 def _draw(plt: Any, path: Path, titles: tuple[str, str, str], series: list[_Series]) -> list[str]:
     """Draw one figure (`titles`: title, x label, y label) of the series that have data, write it to
-    `path`, and return the labels it plotted (a series with no points is left out of the legend too)."""
+    `path`, and return the labels it plotted (a series with no points is left out of the legend too; a
+    label starting with `_`, a raw series drawn faint under its smoothed one, is matplotlib's no-legend)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     plotted = []
     for label, xs, ys, *style in series:
@@ -233,13 +238,54 @@ def _draw(plt: Any, path: Path, titles: tuple[str, str, str], series: list[_Seri
             plotted.append(label)
     title, xlabel, ylabel = titles
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    if plotted:
-        ax.legend(fontsize="x-small")
+    style_axes(ax, integer_x=xlabel == STEP_AXIS)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-    return plotted
+    return [label for label in plotted if not str(label).startswith("_")]
+
+
+def style_axes(ax: Any, integer_x: bool) -> None:
+    """A grid, a legend at the axis labels' size (LEGEND_FONT_SIZE: readable in a 640 px PNG, unlike
+    matplotlib's x-small), and whole-number ticks on a step axis (a 10-step run otherwise shows 2.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.grid(alpha=0.3)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if any(not str(line.get_label()).startswith("_") for line in ax.get_lines()):
+        ax.legend(fontsize=LEGEND_FONT_SIZE)
+
+
+def smoothing_window(points: int) -> int:
+    """How many steps the throughput curve averages: a tenth of the run, 1 to 20 (a 10-step run is raw)."""
+    return max(1, min(20, points // 10))
+
+
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """Each value replaced by the mean of it and up to `window - 1` values before it."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _throughput_series(runs: list[LoadedRun], labels: list[str]) -> tuple[list[_Series], int]:
+    """tokens/s per run: the raw per-step values faint (no legend entry), their trailing mean over
+    `smoothing_window` steps on top (one step's tokens/s jumps with its batch's lengths and the host's load);
+    returns the series and the longest window used."""
+    series: list[_Series] = []
+    widest = 1
+    for i, (label, run) in enumerate(zip(labels, runs, strict=True)):
+        xs, ys = run.series("tokens_per_s")
+        window = smoothing_window(len(xs))
+        widest = max(widest, window)
+        color = {"color": f"C{i % 10}"}
+        if window > 1:
+            series.append((f"_{label} per step", xs, ys, {**color, "alpha": 0.25, "linewidth": 0.8}))
+        series.append((label, xs, trailing_mean([float(y) for y in ys], window), {**color, "linewidth": 1.8}))
+    return series, widest
 
 
 def _per_run_series(runs: list[LoadedRun], labels: list[str], key: str, x: str) -> list[_Series]:
@@ -291,21 +337,19 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
     def per_run(key: str, x: str = "step") -> list[_Series]:
         return _per_run_series(runs, labels, key, x)
 
-    figure(
-        "loss_vs_step.png", "Loss (token-weighted, global batch)", "optimizer step", "loss", per_run("loss")
-    )
+    figure("loss_vs_step.png", "Loss (token-weighted, global batch)", STEP_AXIS, "loss", per_run("loss"))
     if any(run.series(EVAL_LOSS)[0] for run in runs):
         figure(
             "eval_loss_vs_step.png",
             "Eval loss (token-weighted, whole eval set)",
-            "optimizer step",
+            STEP_AXIS,
             "eval loss",
             per_run(EVAL_LOSS),
         )
     for key in ("rewards/accuracies", "eval/rewards/accuracies"):
         if any(run.series(key)[0] for run in runs):
             name = key.replace("/", "_") + "_vs_step.png"
-            figure(name, f"{key} (global batch mean over pairs)", "optimizer step", key, per_run(key))
+            figure(name, f"{key} (global batch mean over pairs)", STEP_AXIS, key, per_run(key))
     figure(
         "loss_vs_tokens.png",
         "Loss vs tokens seen",
@@ -318,9 +362,11 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
     figure(
         "peak_memory_per_rank.png",
         f"Peak memory per rank since last log ({', '.join(sources)})",
-        "optimizer step",
+        STEP_AXIS,
         "GiB",
         memory_series,
     )
-    figure("tokens_per_s.png", "Throughput", "optimizer step", "tokens/s", per_run("tokens_per_s"))
+    throughput, window = _throughput_series(runs, labels)
+    smoothed = f" (mean of the last {window} steps; per step faint)" if window > 1 else ""
+    figure("tokens_per_s.png", f"Throughput{smoothed}", STEP_AXIS, "tokens/s", throughput)
     return written

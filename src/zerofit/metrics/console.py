@@ -111,6 +111,20 @@ class ConsoleSink:
         self.console.print(summary_table(self.summary.result(time.monotonic() - self._start), self.title))
 
 
+def loss_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where the loss ended: smoothed first (one batch's loss is noisy, so its last and lowest values beside
+    each other read like a regression), the held-out loss when the run evaluates, then the raw values."""
+    k = result.get("smoothed_loss_steps") or 1
+    rows = [(f"loss, mean of the last {k} step(s)", _fmt(result.get("smoothed_loss"), ".4f"))]
+    if result.get("eval_loss") is not None:
+        rows.append(("held-out loss (eval/loss, last evaluation)", _fmt(result["eval_loss"], ".4f")))
+    return [
+        *rows,
+        ("last step's loss (one batch)", _fmt(result.get("final_loss"), ".4f")),
+        ("lowest step's loss (one batch)", _fmt(result.get("min_loss"), ".4f")),
+    ]
+
+
 def summary_table(result: dict[str, Any], title: str = "run") -> Table:
     """One table of a run's outcome (see `RunSummary.result`)."""
     table = Table(title=f"zerofit: {title} summary", show_header=False)
@@ -119,13 +133,7 @@ def summary_table(result: dict[str, Any], title: str = "run") -> Table:
     source = result.get("mem_source") or "?"
     rows: list[tuple[str, str]] = [
         ("optimizer steps", str(result.get("steps", 0))),
-        ("final loss", _fmt(result.get("final_loss"), ".4f")),
-        ("min loss", _fmt(result.get("min_loss"), ".4f")),
-        *(
-            [("eval loss (last)", _fmt(result["eval_loss"], ".4f"))]
-            if result.get("eval_loss") is not None
-            else []
-        ),
+        *loss_rows(result),
         ("tokens seen", _fmt(result.get("tokens_seen"), ",.0f")),
         ("mean tokens/s", _fmt(result.get("mean_tokens_per_s"), ",.1f")),
         (f"peak memory, max over ranks ({source})", _fmt(result.get("peak_gib"), ".3f") + " GiB"),

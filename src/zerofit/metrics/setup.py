@@ -59,13 +59,15 @@ def open_sinks(
     config_path: str | Path | None = None,
     history: list[dict[str, Any]] | None = None,
     prior_wall_s: float = 0.0,
+    under_deepspeed_launcher: bool = False,
 ) -> MetricsSink:
     """The sinks for this rank, with the run config already logged (`log_config`) on rank 0.
 
     `config_path` (the YAML the user passed) names the W&B group when `logging.wandb.group` is unset;
     without it the group is the run name minus its split suffix. A resumed run passes `history` (the
     kept rows of metrics.jsonl) and `prior_wall_s`: the summaries then cover the whole run, and W&B
-    continues the run's id.
+    continues the run's id. `under_deepspeed_launcher`: W&B's service is started outside the rank's
+    process tree, which DeepSpeed's launcher terminates on Ctrl-C (`WandbSink`'s `outlive_launcher`).
     """
     if rank != 0:
         return NullSink()
@@ -78,7 +80,14 @@ def open_sinks(
     if cfg.logging.wandb.mode != "disabled":
         from zerofit.metrics.wandb_sink import WandbSink
 
-        summaries.append(WandbSink(plan, config_path=config_path, resume=history is not None))
+        summaries.append(
+            WandbSink(
+                plan,
+                config_path=config_path,
+                resume=history is not None,
+                outlive_launcher=under_deepspeed_launcher,
+            )
+        )
     if cfg.logging.console:
         from zerofit.metrics.console import ConsoleSink
 

@@ -61,11 +61,21 @@ def tokens_seen_through(rows: list[dict[str, Any]]) -> float:
     return seen
 
 
+def loss_window(logged: int) -> int:
+    """How many of the last logged steps a smoothed loss averages: half the run, at most 10, at least 1.
+
+    One global batch's loss is noisy (a step's few hundred tokens): its last value, or its lowest, says
+    little about where the run ended; the mean of the last few steps does.
+    """
+    return max(1, min(10, logged // 2))
+
+
 class RunSummary:
     """Accumulates per-step metrics into the run's outcome.
 
     - `final_loss` / `min_loss`: last and lowest logged `loss`; `eval_loss` / `min_eval_loss`: the same of
-      `eval/loss` (None for a run without evaluation data).
+      `eval/loss` (None for a run without evaluation data). `smoothed_loss`: the mean `loss` of the last
+      `smoothed_loss_steps` logged steps (`loss_window`), where the run ended without one batch's noise.
     - `peak_gib_rank{r}` and `peak_gib`: the largest `mem/rank{r}/peak_gib` of each rank and over all ranks.
     - `mean_tokens_per_s`: mean of `tokens_per_s` over logged steps, leaving out the first one when there
       are several (it includes warm-up: kernel compilation, allocator growth, JIT of DeepSpeed ops).
@@ -85,6 +95,7 @@ class RunSummary:
         self.last_step: int | None = None
         self.final_loss: float | None = None
         self.min_loss: float | None = None
+        self.losses: list[float] = []
         self.eval_loss: float | None = None
         self.min_eval_loss: float | None = None
         self.tokens_seen = 0.0
@@ -106,6 +117,7 @@ class RunSummary:
         loss = _number(metrics.get("loss"))
         if loss is not None:
             self.final_loss = loss
+            self.losses.append(loss)
             self.min_loss = loss if self.min_loss is None else min(self.min_loss, loss)
         eval_loss = _number(metrics.get(EVAL_LOSS))
         if eval_loss is not None:
@@ -143,6 +155,12 @@ class RunSummary:
         values = self.throughputs[1:] if len(self.throughputs) > 1 else self.throughputs
         return sum(values) / len(values) if values else None
 
+    @property
+    def smoothed_loss(self) -> tuple[float | None, int]:
+        """The mean loss of the last `loss_window` logged steps, and how many that is."""
+        k = loss_window(len(self.losses))
+        return (sum(self.losses[-k:]) / k if self.losses else None), min(k, len(self.losses))
+
     def result(self, wall_s: float | None = None) -> dict[str, Any]:
         """The summary as a flat dict (None where unknown)."""
         if wall_s is None and self._first_time is not None and self._last_time is not None:
@@ -152,6 +170,8 @@ class RunSummary:
             "last_step": self.last_step,
             "final_loss": self.final_loss,
             "min_loss": self.min_loss,
+            "smoothed_loss": self.smoothed_loss[0],
+            "smoothed_loss_steps": self.smoothed_loss[1],
             "eval_loss": self.eval_loss,
             "min_eval_loss": self.min_eval_loss,
             "tokens_seen": self.tokens_seen,

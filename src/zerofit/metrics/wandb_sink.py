@@ -9,6 +9,11 @@
 - Files go under the run directory (`run_dir/wandb/`). A resumed run continues the same W&B run id.
 - The optimizer step (`train/step`) is the x-axis of every metric; `train/tokens_seen` is a second x-axis.
 - Logged names equal the `metrics.jsonl` keys, so the two can be compared one to one.
+- Under the `deepspeed` launcher (`outlive_launcher`), W&B's service is started outside the rank's process
+  tree (`detached_service_token`): on Ctrl-C or SIGTERM, DeepSpeed's `launch.py` terminates every
+  descendant of each rank at once, which killed W&B's service mid-run (`W&B stopped logging:
+  ConnectionResetError`) while the rank went on to save its stop checkpoint. Started apart, the service
+  keeps logging until the rank finishes the run's W&B file and disconnects; it then exits when idle.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 import re
 import secrets
 import string
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +48,11 @@ TOKENS_METRIC = "train/tokens_seen"
 # Seconds wandb may take to start (and to upload at the end, online) before we give up on it.
 INIT_TIMEOUT_S = 30.0
 FINISH_TIMEOUT_S = 120.0
+
+# wandb's variable naming a running service to connect to instead of starting one.
+SERVICE_ENV = "WANDB_SERVICE"
+# How long a service started apart from the run waits, idle after the run disconnected, before it exits.
+DETACHED_IDLE = "60s"
 
 # The batch suffix of a default run name (see `default_run_name`): "-g16" (earlier names: "-g16-m2x4x2").
 _SPLIT_SUFFIX = re.compile(r"-g\d+(-m\d+x\d+x\d+)?$")
@@ -97,9 +109,11 @@ class WandbSink:
         init_timeout: float = INIT_TIMEOUT_S,
         key_configured: bool | None = None,
         resume: bool = False,
+        outlive_launcher: bool = False,
     ) -> None:
         wb = plan.config.logging.wandb
         self._notice = notice
+        self._own_service_env = False
         self._summary = RunSummary()
         self._start = time.monotonic()
         self._tokens_seen = 0.0
@@ -128,6 +142,10 @@ class WandbSink:
                 "zerofit: W&B logging offline (no API key in WANDB_API_KEY or ~/.netrc); files in "
                 f"{self.layout.wandb}, upload later with `wandb sync {self.layout.wandb}/offline-run-*`"
             )
+        if outlive_launcher and SERVICE_ENV not in os.environ:
+            token = detached_service_token(init_timeout)
+            if token is not None:  # else wandb starts its own, as a child of this rank
+                os.environ[SERVICE_ENV], self._own_service_env = token, True
         self.run = self._init(self.mode, init_timeout)
         if self.run is None and self.mode == "online":
             notice("zerofit: W&B online init failed (network or key); falling back to offline logging")
@@ -230,6 +248,24 @@ class WandbSink:
             wandb.teardown()
         except Exception as exc:  # a failed upload at the end must not turn a finished run into a failure
             self._notice(f"zerofit: W&B finish failed: {type(exc).__name__}: {_first_line(exc)}")
+        finally:
+            if self._own_service_env:  # the service exits by itself once idle (DETACHED_IDLE)
+                os.environ.pop(SERVICE_ENV, None)
+
+
+def detached_service_token(timeout: float) -> str | None:
+    """Start a W&B service that is no descendant of this process (wandb's `wandb beta core start`: the
+    service outlives the short-lived command, so its parent becomes init) and return its connection token,
+    or None when it cannot be started (an old wandb without the command, a timeout)."""
+    command = [sys.executable, "-m", "wandb", "beta", "core", "start", "--idle-timeout", DETACHED_IDLE]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[-1].strip() if lines and "-" in lines[-1] else None
 
 
 def _quiet_log_write_errors(report: Callable[[BaseException | None], None]) -> None:

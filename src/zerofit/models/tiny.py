@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from zerofit.catalogue.models import TINY_CONFIGS, TINY_LLAMA
+from zerofit.core.cache_dirs import cache_root
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # A chat template for `messages` data: one letter per role, assistant turns end with eos. The
@@ -141,8 +142,8 @@ MARKER = "zerofit-complete.json"
 
 
 def cache_dir() -> Path:
-    """Where zerofit keeps generated artefacts: `$ZEROFIT_CACHE`, default `~/.cache/zerofit`."""
-    return Path(os.environ.get("ZEROFIT_CACHE", Path.home() / ".cache" / "zerofit")).expanduser()
+    """Where zerofit keeps generated artefacts (`zerofit.core.cache_dirs.cache_root`)."""
+    return cache_root()
 
 
 def tiny_model_path(name: str = TINY_LLAMA, seed: int = 0) -> Path:
@@ -289,6 +290,11 @@ def _replace(new: Path, target: Path) -> None:
         os.rename(new, target)
 
 
+def build_note(name: str, target: Path) -> str:
+    """The one line the process that builds built-in model `name` prints (once per machine, not per run)."""
+    return f"zerofit: building {name} once into {target} (the built-in model; later runs reuse it)"
+
+
 def ensure_tiny_llama(seed: int = 0) -> Path:
     """Return the folder of the built-in tiny Llama for `seed` (`ensure_tiny_model`)."""
     return ensure_tiny_model(TINY_LLAMA, seed)
@@ -312,6 +318,8 @@ def ensure_tiny_model(name: str = TINY_LLAMA, seed: int = 0) -> Path:
             return target
         if target.exists():
             print(f"zerofit: {target} was incomplete ({reason}): rebuilding it", file=sys.stderr, flush=True)
+        else:
+            print(build_note(name, target), flush=True)
         # Temporary folders of builds that were killed (nobody else builds while this lock is held).
         for stale in target.parent.glob(f".{target.name}.*-*"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.catalogue.models import model_config_dict
+from zerofit.core.cache_dirs import cache_root
 from zerofit.levers.layers import decoder_layers, decoder_layers_prefix
 from zerofit.models.meta import build_meta_model
 
@@ -165,8 +166,7 @@ class LoraShape:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("ZEROFIT_CACHE") or str(Path.home() / ".cache" / "zerofit")
-    return Path(root) / "planner"
+    return cache_root() / "planner"
 
 
 def _library_versions() -> dict[str, str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.run_layout import step_dir_name
+from zerofit.metrics.summary import loss_window
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
@@ -248,7 +249,7 @@ def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
 
 def loss_summary(losses: list[float]) -> str:
     """Start and end loss, each a mean over a few steps (one global batch's loss is noisy)."""
-    k = max(1, min(10, len(losses) // 2))
+    k = loss_window(len(losses))
     first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
     return f"loss {first:.4f} -> {last:.4f} (mean of the first / last {k} steps)"
 

@@ -25,7 +25,7 @@ from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.core.errors import ConfigError, LaunchError, RunFinished, ZerofitError
 from zerofit.core.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.core.run_layout import RunLayout, step_dir_name
-from zerofit.loop.signals import StopSignal, die_with_launcher, die_with_parent
+from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.report import best_line, format_plan, loss_summary
 from zerofit.strategies.env import LaunchEnv, launch_env
@@ -165,6 +165,7 @@ class FinetuneRecipe:
                 config_path=self.config_path,
                 history=self.history,
                 prior_wall_s=elapsed,
+                under_deepspeed_launcher=deepspeed_runner() is not None,
             )
 
         # run_info.json (and W&B's run id) on rank 0; the other ranks get a NullSink.
@@ -298,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if env.launched:
         die_with_parent()
         die_with_launcher(stop, rank=env.rank)  # under `deepspeed`, the parent is launch.py: watch the runner
+    resolved = None
     try:
         resolved = resolve_for_launch(load_config(args.config, args.overrides), env)
         return run_training(resolved, args.config, stop).exit_code
@@ -306,8 +308,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"zerofit: {exc}", rank=env.rank)
         return 0
     except ZerofitError as exc:
-        # One paragraph, no traceback: the message names the field, the rule and the fix. Printed by every
-        # rank, except an error every rank raised from agreed values: rank 0 alone says it.
-        if not exc.agreed or env.rank == 0:
+        # One paragraph, no traceback: the message names the field, the rule and the fix; once per run.
+        if prints_error(exc, env, from_config=resolved is None):
             error(f"zerofit (rank {env.rank})", exc)
         return EXIT_USER_ERROR
+
+
+def prints_error(exc: ZerofitError, env: LaunchEnv, *, from_config: bool) -> bool:
+    """Whether this rank prints `exc`, so that a user error is said once per run, not once per rank.
+
+    An error every rank raised from agreed values (`exc.agreed`: a refusal rank 0 decided and broadcast,
+    such as a resume refused for a changed config) is said by rank 0. One raised reading and resolving the
+    config (`from_config`: the file, the overrides and the world size, before any rank talks to another) is
+    the same on every rank that reads the same files: local rank 0 says it, once per node (a node without
+    the file still says why). Anything else may be one rank's own, and every rank that raises it says it.
+    """
+    if exc.agreed:
+        return env.rank == 0
+    if from_config:
+        return env.local_rank == 0
+    return True

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.cache_dirs import use_cache_defaults
 from zerofit.core.errors import LaunchError, ResumeError
+from zerofit.core.messages import say
 from zerofit.core.writes import WriteGuard
 from zerofit.engine.spec import DeepSpeedSpec
 from zerofit.strategies.base import (
@@ -84,6 +86,35 @@ def _check_accelerator_precision(precision: str, accelerator: Any) -> None:
         )
 
 
+# DeepSpeed's JIT-compiled ops a launch can need, by op name, and what each is in the user's words.
+JIT_OPS = {"deepspeed_shm_comm": "CPU shared-memory allreduce", "cpu_adam": "CPU Adam"}
+
+
+def jit_ops(device_name: str, cpu_adam: bool) -> list[str]:
+    """The JIT ops this launch will load: the CPU allreduce on a CPU accelerator (DeepSpeed's process
+    group loads it), CPU Adam when DeepSpeed runs the optimizer step on the CPU (`cpu_adam`: offload)."""
+    return ["deepspeed_shm_comm"] * (device_name == "cpu") + ["cpu_adam"] * cpu_adam
+
+
+def ops_to_compile(ops: list[str], extensions: Path) -> list[str]:
+    """Those of `ops` neither installed prebuilt with DeepSpeed nor compiled into `extensions` yet (torch
+    JIT-builds op NAME into `<extensions>/NAME/NAME.so`)."""
+    try:
+        from deepspeed.git_version_info import installed_ops
+    except ImportError:  # pragma: no cover - every supported DeepSpeed has it
+        installed_ops = {}
+    return [op for op in ops if not installed_ops.get(op) and not (extensions / op / f"{op}.so").is_file()]
+
+
+def compile_note(ops: list[str], extensions: Path) -> str:
+    """The one line rank 0 prints before DeepSpeed compiles `ops`: what, where, and that it happens once."""
+    what = " and ".join(JIT_OPS.get(op, op) for op in ops)
+    return (
+        f"zerofit: DeepSpeed compiles its {what} once into {extensions} (a minute or two; later launches "
+        "reuse it; TORCH_EXTENSIONS_DIR moves it)"
+    )
+
+
 class DeepSpeedStrategy(Strategy):
     """A `DeepSpeedEngine` behind the loop's verbs."""
 
@@ -94,11 +125,18 @@ class DeepSpeedStrategy(Strategy):
         self.spec: DeepSpeedSpec = spec
         self.precision = spec.dtypes.precision
         check_precision(self.precision, self.device)
+        extensions = use_cache_defaults()  # before DeepSpeed compiles anything: one cache whoever launches
         import deepspeed
         from deepspeed.accelerator import get_accelerator
         from deepspeed.utils import logger as ds_logger
 
         _check_accelerator_precision(self.precision, get_accelerator())
+        ops = ops_to_compile(
+            jit_ops(get_accelerator().device_name(), spec.offload_optimizer and spec.builds_optimizer),
+            extensions,
+        )
+        if ops:
+            say(compile_note(ops, extensions), rank=self.rank)
 
         ds_logger.setLevel(logging.WARNING)  # DeepSpeed's INFO chatter would bury the plan and progress
         deepspeed.init_distributed(

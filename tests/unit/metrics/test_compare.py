@@ -12,7 +12,13 @@ from metrics_fixtures import make_run
 
 from config_helpers import new_run_plan
 from zerofit.cli import main
-from zerofit.metrics.compare import config_differences, plot_runs
+from zerofit.metrics.compare import (
+    config_differences,
+    plot_runs,
+    smoothing_window,
+    style_axes,
+    trailing_mean,
+)
 from zerofit.metrics.runs import load_run
 from zerofit.metrics.wandb_sink import WandbSink
 
@@ -135,3 +141,40 @@ def test_compare_shows_a_preference_runs_rewards(
     assert "0.7500" in accuracy and "-" in accuracy.split("0.7500")[1]  # the SFT run has none
     assert "final logps/chosen" in text and "-12.0000" in text
     assert _png_size(out / "rewards_accuracies_vs_step.png") == (640, 400)
+
+
+def test_short_runs_get_whole_step_ticks_and_a_readable_legend() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    ax.plot([1, 2, 3, 4, 5], [3.0, 2.5, 2.2, 2.1, 2.0], label="zero2")
+    style_axes(ax, integer_x=True)
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 5]
+    assert ticks and all(float(t).is_integer() for t in ticks)  # not 1.5, 2.5, ... on a 5-step run
+    legend = ax.get_legend()
+    assert legend is not None and min(t.get_fontsize() for t in legend.get_texts()) >= 9
+    plt.close(fig)
+
+
+def test_throughput_is_smoothed_with_the_raw_values_kept_faint(tmp_path: Path) -> None:
+    assert smoothing_window(10) == 1 and smoothing_window(300) == 20
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    run = load_run(make_run(tmp_path, "long", steps=60, tokens_per_s=1000.0))
+    written = plot_runs([run], tmp_path / "out")
+    assert written[tmp_path / "out" / "tokens_per_s.png"] == ["long"]  # the faint raw series: no legend entry
+
+
+def test_compare_without_out_writes_into_the_first_run_not_the_working_tree(
+    two_runs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["compare", str(two_runs[0]), str(two_runs[1])]) == 0
+    assert not list(work.iterdir())  # nothing left in the working directory
+    (out,) = two_runs[0].glob("compare-*")
+    assert (out / "compare.json").is_file() and (out / "tokens_per_s.png").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 
@@ -169,7 +170,30 @@ def test_console_off_terminal_prints_compact_lines_and_a_table() -> None:
     assert [line.split()[1] for line in lines] == ["1/10", "5/10", "10/10"]
     assert "loss 0.2000" in lines[-1] and "tok/s" in lines[-1] and "peak 11.00 GiB" in lines[-1]
     assert "\x1b[" not in text  # no control codes off-terminal
-    assert "final loss" in text and "rank 1 peak" in text
+    assert "last step's loss (one batch)" in text and "rank 1 peak" in text
+
+
+def test_the_summary_leads_with_a_smoothed_loss_and_the_held_out_loss() -> None:
+    # A noisy last batch beside the run's lowest one reads as a regression: the summary leads with the mean
+    # of the last steps (which it names) and the held-out loss, the raw values after them, labelled as such.
+    buffer = io.StringIO()
+    sink = ConsoleSink(10, console=Console(file=buffer, force_terminal=False, width=120))
+    for step in range(1, 11):  # 2.0/step: the last 5 steps average (2/6 + ... + 2/10) / 5
+        sink.log(step, {**_step_metrics(step), **({"eval/loss": 0.25} if step == 10 else {})})
+    sink.close()
+    rows = [
+        " ".join(line.strip("│ ").split())
+        for line in buffer.getvalue().splitlines()
+        if "loss" in line and "│" in line
+    ]
+    smoothed = sum(2.0 / s for s in range(6, 11)) / 5
+    assert rows == [
+        f"loss, mean of the last 5 step(s) │ {smoothed:.4f}",
+        "held-out loss (eval/loss, last evaluation) │ 0.2500",
+        "last step's loss (one batch) │ 0.2000",
+        "lowest step's loss (one batch) │ 0.2000",
+    ]
+    assert sink.summary.result()["smoothed_loss_steps"] == 5
 
 
 def test_console_on_terminal_shows_a_progress_bar() -> None:
@@ -179,7 +203,7 @@ def test_console_on_terminal_shows_a_progress_bar() -> None:
         sink.log(step, _step_metrics(step))
     sink.close()
     text = buffer.getvalue()
-    assert "4/4" in text and "loss 0.5000" in text and "final loss" in text
+    assert "4/4" in text and "loss 0.5000" in text and "mean of the last 2 step(s)" in text
 
 
 def test_default_group_and_name_make_sweeps_comparable(tmp_path: Path) -> None:
@@ -187,6 +211,32 @@ def test_default_group_and_name_make_sweeps_comparable(tmp_path: Path) -> None:
     assert default_name(resolved) == "zero2-g8-m2x2x2"
     assert default_group(resolved) == "tiny-llama-lora-zero2-bf16"  # run name minus the split
     assert default_group(resolved, "configs/demo.yaml") == "demo"
+
+
+@pytest.mark.slow
+def test_wandb_outlives_a_launcher_that_terminates_the_ranks_process_tree(
+    tmp_path: Path, no_wandb_key: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On Ctrl-C, DeepSpeed's launch.py terminates every descendant of each rank (terminate_process_tree),
+    # W&B's service included, while the rank finishes its step and saves: the W&B run must still end whole.
+    import psutil
+
+    from zerofit.metrics.runs import load_run
+
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    resolved = _resolved(tmp_path, mode="offline")
+    notices: list[str] = []
+    sink = WandbSink(resolved, notice=notices.append, outlive_launcher=True)
+    sink.log(1, _step_metrics(1))
+    tree = psutil.Process().children(recursive=True)
+    for process in tree:
+        process.terminate()
+    psutil.wait_procs(tree, timeout=10)
+    sink.log(2, _step_metrics(2))
+    sink.close()
+    assert not [n for n in notices if "W&B" in n and "offline (no API key" not in n], notices
+    assert [row["step"] for row in load_run(resolved.run_dir).rows] == [1, 2]  # read from the W&B file
+    assert "WANDB_SERVICE" not in os.environ
 
 
 def test_mode_unset_without_key_falls_back_to_offline_with_notice(tmp_path: Path, no_wandb_key: None) -> None:

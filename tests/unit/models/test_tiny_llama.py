@@ -52,10 +52,16 @@ def test_tokenizer_round_trips_ascii_without_adding_specials(folder: Path) -> No
 
 
 def test_same_seed_same_weights_other_seed_differs(
-    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
     again, other = ensure_tiny_llama(0), ensure_tiny_llama(1)
+    # A one-time build says so in one line, with where it goes (a newcomer otherwise sees a silent pause).
+    notes = [line for line in capsys.readouterr().out.splitlines() if "once into" in line]
+    assert notes == [
+        f"zerofit: building tiny-llama once into {p} (the built-in model; later runs reuse it)"
+        for p in (again, other)
+    ]
     assert again != folder and again.parent == tmp_path
     a, b, c = _weights(folder), _weights(again), _weights(other)
     assert a.keys() == b.keys() == c.keys()

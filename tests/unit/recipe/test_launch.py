@@ -133,3 +133,20 @@ def test_the_plan_names_simpos_margin_and_what_orpos_nll_is_over(overrides: list
     cfg = load_config(None, overrides)
     cfg.preference.reference = "none"
     assert shown in describe_objective(SimpleNamespace(plan=SimpleNamespace(config=cfg), reference=None))  # type: ignore[arg-type]
+
+
+def test_a_user_error_is_said_once_per_run_not_once_per_rank() -> None:
+    from zerofit.checkpoint.failed_save import error_parts, rebuild_error
+    from zerofit.core.errors import ResumeError
+    from zerofit.recipe.run import prints_error
+
+    ranks = [LaunchEnv(rank=r, world_size=4, local_rank=r % 2, launched=True) for r in range(4)]
+    # A resume refusal: rank 0 decides it and every rank raises the broadcast copy; rank 0 alone says it.
+    refusal = rebuild_error(*error_parts(ResumeError("checkpoint.resume: ... saved with a different config")))
+    assert isinstance(refusal, ResumeError) and refusal.agreed
+    assert [prints_error(refusal, env, from_config=False) for env in ranks] == [True, False, False, False]
+    # A config error: every rank reads the same file; once per node (local rank 0), since a node may lack it.
+    typo = LaunchError("train.max_stpes: no such key")
+    assert [prints_error(typo, env, from_config=True) for env in ranks] == [True, False, True, False]
+    # Anything else may be one rank's own: whoever raises it says it.
+    assert all(prints_error(typo, env, from_config=False) for env in ranks)
