@@ -193,7 +193,7 @@ class FinetuneRecipe:
             stop.stopped()  # the stop checkpoint is written: later signals change nothing
         exported = None
         if cfg.checkpoint.save_final and not stopped:
-            exported = export_final(strategy, run.built.tokenizer, plan.run_dir)
+            exported = export_final(strategy, run.built.tokenizer, plan.run_dir, cfg)
         self._close_sink()  # summary.json is complete before the outcome is added to it
         if strategy.rank == 0:
             record_outcome(plan.run_dir, _outcome_fields(stopped, early, watch, stop))
