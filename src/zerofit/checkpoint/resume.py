@@ -38,7 +38,14 @@ from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
 from zerofit.checkpoint.final_export import final_export_step
 from zerofit.checkpoint.manifest import EARLY_STOPPED, MANIFEST, data_fingerprint, step_folders, verify
-from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
+from zerofit.checkpoint.rundir import (
+    check_output_location,
+    free_name,
+    held_by,
+    lock_run_dir,
+    locked_by,
+    taken_note,
+)
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.config.loader import flatten
 from zerofit.config.resolve import ResolvedConfig
@@ -66,7 +73,10 @@ from zerofit.version import __version__
 # and evaluation (a no-grad forward in eval mode: it draws no random numbers and changes no weight; the
 # held-out fraction `data.eval_split` does change the training set, and is compared). `distributed.*` is judged by the
 # checkpoint format instead (a ZeRO-2 checkpoint loads only into ZeRO-2), and `data.path` by the data
-# file's content. Every other key, including keys added later, counts as trajectory-changing.
+# file's content: a new path to the same content is a move, a new path to other content is another run
+# (`_check_same_data`: refused, never offered to `checkpoint.allow_changes`), and new content at the same
+# path an edit of the run's data (compared like a trajectory key). Every other key, including keys added
+# later, counts as trajectory-changing.
 NEUTRAL_KEYS = (
     "run_name",
     "output_dir",
@@ -205,6 +215,35 @@ def _data_change(manifest: dict[str, Any], saved_path: Any, path: str) -> tuple[
             f"then, {now[:12] if now else 'none'}... now)"
         )
     return None
+
+
+def _check_same_data(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+    """Refuse a checkpoint trained on other data: a `data.path` that names another source whose content is
+    not the saved one (or cannot be compared) makes the run directory another run's, found because both
+    resolve to the same run name. Continuing it would train that run further on this data, so no
+    `checkpoint.allow_changes` is offered: the fix is a new run, or the right data / run directory."""
+    saved_path = _saved_config(manifest).get("data.path")
+    path = resolved.config.data.path
+    then = manifest.get("data", {}).get("sha256")
+    now = data_fingerprint(path)["sha256"] if then else None
+    if saved_path is None or saved_path == path or (then and now == then):
+        return  # the same source, or the same content moved or copied (a neutral change, said on resume)
+    content = (
+        f"other content: SHA-256 {then[:12]}... then, {now[:12] + '...' if now else 'none'} now"
+        if then
+        else "a source whose content cannot be compared with the saved one"
+    )
+    cfg = resolved.config
+    fresh = Path(cfg.output_dir) / free_name(Path(cfg.output_dir), str(cfg.run_name))
+    raise ResumeError(
+        f"checkpoint.resume: {resolved.run_dir} is another run: its checkpoint {folder.name} was trained on "
+        f"data.path = {saved_path}, and this launch trains on {path} ({content}). A resume continues a run "
+        "on its own data, and a different data.path is not a change to accept: it makes this folder another "
+        "run's (both configs give the same run_name), so nothing was loaded. To start a new run on "
+        f"{path}, drop checkpoint.resume (a new run never writes into {resolved.run_dir}: it would write "
+        f"{fresh}) or give it its own run_name=NAME; to continue the run in {resolved.run_dir}, launch it "
+        f"with data.path={saved_path}; to continue your own earlier run, set run_name to its folder's name"
+    )
 
 
 def _fixed_by_checkpoint(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
@@ -409,6 +448,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
                 "size may change, the engine may not): launch with the distributed.strategy / "
                 "distributed.preset the run was saved with, or start a new run (checkpoint.resume=false)"
             )
+        _check_same_data(folder, manifest, resolved)
         refused, notes = _changes(manifest, resolved)
         if refused:
             raise _refusal(folder, refused)
@@ -514,7 +554,8 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecisi
     if outcome[0] == "error":
         raise rebuild_error(*outcome[1:])
     _, name, point = outcome
-    return RunDirDecision(run_name=name, resume=point)
+    note = taken_note(resolved.config.output_dir, str(resolved.config.run_name), name)
+    return RunDirDecision(run_name=name, resume=point, note=note)
 
 
 def finish_resume(point: ResumePoint) -> None:

@@ -298,8 +298,11 @@ def test_resume_modes_and_the_run_directory(tmp_path: Path) -> None:
     _saved_run(run_dir, (2,))
     fresh = _settle(_resolved(run_dir))
     assert fresh.run_dir == tmp_path / "r-2" and fresh.config.run_name == "r-2" and fresh.resume is None
+    # ... and the run's plan says so, never a silent -2.
+    assert f"{run_dir} already holds a run, so this new run writes {tmp_path / 'r-2'}" in fresh.notes[-1]
     resumed = _settle(_resolved(run_dir, "checkpoint.resume=true"))
     assert resumed.run_dir == run_dir and resumed.resume is not None
+    assert not any("already holds" in note for note in resumed.notes)
     assert (resumed.resume.step, resumed.resume.world_size) == (2, 1)
 
 
