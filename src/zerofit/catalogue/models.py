@@ -443,6 +443,9 @@ def model_config_dict(name_or_path: str) -> dict[str, Any]:
     local = Path(name_or_path) / "config.json"
     if local.is_file():
         return json.loads(local.read_text())
+    from zerofit.catalogue.hub_ids import check_hub_id
+
+    check_hub_id(name_or_path)  # offline, unreachable or unknown: said at once, not after the hub's retries
     try:
         from transformers import AutoConfig
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerofit.catalogue.hub_ids import check_hub_id
 from zerofit.core.errors import ConfigError, LaunchError
 
 __all__ = [
@@ -187,7 +188,9 @@ def _needs_remote_code(exc: BaseException) -> bool:
 def hub_errors(name: str, what: str, path: str | None = None) -> Iterator[None]:
     """Translate hub access failures inside the block into one clear `ZerofitError` (see `hub_problem`), and
     transformers' refusal of a folder that needs its own code (`remote_code_problem`); `path`: the folder
-    `name` resolved to (a built-in model's cache folder), when it differs."""
+    `name` resolved to (a built-in model's cache folder), when it differs. A hub id that is not cached is
+    first checked with one quick request (`check_hub_id`): offline or unknown is said at once."""
+    check_hub_id(name)
     try:
         yield
     except (OSError, ValueError) as exc:
