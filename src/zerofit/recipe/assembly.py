@@ -40,6 +40,7 @@ from zerofit.data import (
     load_preference_pairs,
     set_chat_template,
 )
+from zerofit.data.truncation import check_truncation
 from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
@@ -254,6 +255,8 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     objective = cfg.train.objective
 
     def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData[Any]]:
+        """The load of one source on rank 0 (then the others); the training data's cut examples are held to
+        `data.truncation` there, so a refusal is one message before any model loads."""
         options: dict[str, Any] = {
             "format": d.format,
             "split": split,
@@ -268,7 +271,10 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
             path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
         )
 
-    train = _rank0_first(strategy, reader(d.path, d.split, "data.path"))
+    read_train = reader(d.path, d.split, "data.path")
+    train = _rank0_first(
+        strategy, lambda show: check_truncation(read_train(show), d.max_seq_len, d.truncation)
+    )
     held: TokenizedData[Any] | None = None
     if d.eval_path is not None:
         split = d.eval_split if isinstance(d.eval_split, str) else "train"
