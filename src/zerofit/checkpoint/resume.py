@@ -130,14 +130,18 @@ def _show(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def checkpoint_record(plan: RunPlan, checkpoint_format: str) -> dict[str, Any]:
-    """What every manifest of this run states besides its files and step (rank 0 computes it once)."""
+def checkpoint_record(
+    plan: RunPlan, checkpoint_format: str, config_file: str | None = None
+) -> dict[str, Any]:
+    """What every manifest of this run states besides its files and step (rank 0 computes it once);
+    `config_file`: the file the launch read, whose name a resume compares (`_check_same_config_file`)."""
     return {
         "zerofit_version": __version__,
         "checkpoint_format": checkpoint_format,
         "config": plan.config.model_dump(mode="json"),
         "batch_plan": dataclasses.asdict(plan.batch),
         "data": data_fingerprint(plan.config.data.path),
+        "config_file": Path(config_file).name if config_file else None,
     }
 
 
@@ -217,6 +221,30 @@ def _data_change(manifest: dict[str, Any], saved_path: Any, path: str) -> tuple[
     return None
 
 
+def _check_same_config_file(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+    """Refuse a checkpoint saved by a launch of another config file (by file name: the same file may be
+    reached by another path): two configs that resolve to one run_name share a folder, and the run in it is
+    the other config's. Not a change to accept; a checkpoint or a launch without a file name passes."""
+    then = manifest.get("config_file")
+    now = Path(resolved.config_file).name if resolved.config_file else None
+    if not then or not now or then == now:
+        return
+    raise ResumeError(
+        f"checkpoint.resume: {resolved.run_dir} is another run: its checkpoint {folder.name} was saved by a "
+        f"launch of {then}, and this launch reads {now}. Both configs give run_name = "
+        f"{resolved.config.run_name!r}, so the folder holds the other config's run, and nothing was loaded (a "
+        f"different config file is not a change to accept). To start a run of {now}, drop checkpoint.resume "
+        f"(it would write {_fresh_dir(resolved)}) or give {now} its own run_name; to continue the run in "
+        f"{resolved.run_dir}, launch {then} with checkpoint.resume=true"
+    )
+
+
+def _fresh_dir(resolved: ResolvedConfig) -> Path:
+    """The folder a new run of this config would write now (`free_name`)."""
+    cfg = resolved.config
+    return Path(cfg.output_dir) / free_name(Path(cfg.output_dir), str(cfg.run_name))
+
+
 def _check_same_data(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
     """Refuse a checkpoint trained on other data: a `data.path` that names another source whose content is
     not the saved one (or cannot be compared) makes the run directory another run's, found because both
@@ -233,8 +261,7 @@ def _check_same_data(folder: Path, manifest: dict[str, Any], resolved: ResolvedC
         if then
         else "a source whose content cannot be compared with the saved one"
     )
-    cfg = resolved.config
-    fresh = Path(cfg.output_dir) / free_name(Path(cfg.output_dir), str(cfg.run_name))
+    fresh = _fresh_dir(resolved)
     raise ResumeError(
         f"checkpoint.resume: {resolved.run_dir} is another run: its checkpoint {folder.name} was trained on "
         f"data.path = {saved_path}, and this launch trains on {path} ({content}). A resume continues a run "
@@ -448,6 +475,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
                 "size may change, the engine may not): launch with the distributed.strategy / "
                 "distributed.preset the run was saved with, or start a new run (checkpoint.resume=false)"
             )
+        _check_same_config_file(folder, manifest, resolved)
         _check_same_data(folder, manifest, resolved)
         refused, notes = _changes(manifest, resolved)
         if refused:

@@ -460,6 +460,8 @@ def test_every_exported_file_follows_the_umask_and_an_adapter_names_its_base_por
 
     from peft import PeftConfig
 
+    manifest = json.loads((run_dir / "checkpoints" / f"step-{STEPS}" / "manifest.json").read_text())
+    assert manifest["config_file"] == "demo.yaml"  # what a resume compares: the run's config file
     probe = tmp_path / "probe"
     probe.write_text("")  # a file as open() makes it: the mode the umask gives
     wanted = probe.stat().st_mode & 0o777
