@@ -12,13 +12,10 @@ that length; `error` refuses the data with the same numbers (`check_truncation`,
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Protocol, TypeVar, get_args
 
 from zerofit.config.schema import Truncation
 from zerofit.core.errors import DataError
-
-if TYPE_CHECKING:
-    from zerofit.data.sft import DataStats, TokenizedData
 
 __all__ = [
     "LENGTH_PROBE",
@@ -36,6 +33,26 @@ WHOLE_SHARE = 0.95  # the length suggested keeps this share of the examples whol
 LENGTH_PROBE = 16  # a cut example's length is measured up to this many times data.max_seq_len
 
 
+class CutCounts(Protocol):
+    """What the rule reads of `zerofit.data.DataStats` (this module sits below the loaders that make it)."""
+
+    n_examples: int
+    n_truncated: int
+    whole_len: int
+    format: str
+    source: str
+
+
+class _Loaded(Protocol):
+    """A loader's result (`zerofit.data.TokenizedData`): what it read and its counts."""
+
+    @property
+    def stats(self) -> CutCounts: ...
+
+
+Loaded = TypeVar("Loaded", bound=_Loaded)
+
+
 def length_keeping_whole(lengths: list[int], share: float = WHOLE_SHARE) -> int:
     """The smallest length at least `share` of `lengths` fit in (0 for no lengths)."""
     if not lengths:
@@ -44,7 +61,7 @@ def length_keeping_whole(lengths: list[int], share: float = WHOLE_SHARE) -> int:
     return ordered[max(math.ceil(share * len(ordered)) - 1, 0)]
 
 
-def truncation_note(stats: DataStats, max_seq_len: int) -> str | None:
+def truncation_note(stats: CutCounts, max_seq_len: int) -> str | None:
     """`100 of 300 examples (33%) are cut to data.max_seq_len = 64 tokens; data.max_seq_len=190 keeps 95%
     of them whole`, or None when at most `TRUNCATION_SHARE` are cut."""
     if stats.n_examples == 0 or stats.n_truncated <= TRUNCATION_SHARE * stats.n_examples:
@@ -63,7 +80,7 @@ def truncation_note(stats: DataStats, max_seq_len: int) -> str | None:
     return f"{text}; a longer data.max_seq_len keeps more of them whole"
 
 
-def check_truncation(data: TokenizedData[Any], max_seq_len: int, rule: str) -> TokenizedData[Any]:
+def check_truncation(data: Loaded, max_seq_len: int, rule: str) -> Loaded:
     """`data` as it is, unless `data.truncation = 'error'` and more than `TRUNCATION_SHARE` of it is cut:
     then one `DataError` with the numbers and the fixes."""
     if rule not in TRUNCATION_RULES:
