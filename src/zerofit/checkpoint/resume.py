@@ -195,24 +195,15 @@ def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[s
 def _data_change(manifest: dict[str, Any], saved_path: Any, path: str) -> tuple[bool, str] | None:
     """How the training data differs from the checkpoint's: (changes the trajectory?, line), or None.
 
-    A new path is reported as a path change, saying whether the content differs too; the same path with
-    new content as a content change. The content decides whether it alters the trajectory."""
+    A new path reaches here only with the same content (a moved or copied file: other content is another
+    run's, refused by `_check_same_data` first) and is reported as a path change; the same path with new
+    content as a content change, which alters the trajectory."""
     then = manifest.get("data", {}).get("sha256")
     now = data_fingerprint(path)["sha256"] if then else None
-    moved = saved_path is not None and saved_path != path
     differs = bool(then) and then != now
-    if moved:
-        if not then:
-            content = "the saved source has no local content to compare"
-        elif now is None:
-            content = (
-                f"the content differs: the new source has no local content (SHA-256 {then[:12]}... then)"
-            )
-        elif differs:
-            content = f"the content differs (SHA-256 {then[:12]}... then, {now[:12]}... now)"
-        else:
-            content = f"the same content (SHA-256 {then[:12]}...)"
-        return differs, f"data.path: {_show(saved_path)} -> {path} ({content})"
+    if saved_path is not None and saved_path != path:
+        assert then == now and then, "another source's content is refused before (_check_same_data)"
+        return False, f"data.path: {_show(saved_path)} -> {path} (the same content (SHA-256 {then[:12]}...))"
     if differs:
         return True, (
             f"data.path: the content of {path} changed since the checkpoint was saved (SHA-256 {then[:12]}... "
