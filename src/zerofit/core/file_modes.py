@@ -13,20 +13,28 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from pathlib import Path
 
 __all__ = ["follow_umask", "umask_file_mode"]
 
-_UMASK_LOCK = threading.Lock()
+
+def _umask() -> int:
+    """This process's umask: read from /proc on Linux (nothing changes); elsewhere set and put back at once
+    (the only portable way to read it: a file another thread creates in between gets 0o022's mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def umask_file_mode() -> int:
     """The mode a new file gets from `open()` under this process's umask: 0o666 without the umask's bits."""
-    with _UMASK_LOCK:  # reading the umask means setting it: no other thread may create a file meanwhile
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return 0o666 & ~mask
+    return 0o666 & ~_umask()
 
 
 def follow_umask(path: str | Path) -> None:
