@@ -6,7 +6,9 @@ private), the model is gated and this machine has no accepted licence / token fo
 reached (offline, `HF_HUB_OFFLINE=1`) and the files are not in the local cache. transformers reports all of
 them as an `OSError` whose first lines say which; `hub_errors` turns that into a `ConfigError` (the id is
 wrong) or a `LaunchError` (the machine lacks access), naming `model.name_or_path`, the cause and the fix.
-Local folders and other errors pass through unchanged.
+Local folders and other errors pass through unchanged. Before any of that, an id not in the local cache is
+checked with one quick request (`zerofit.catalogue.hub_ids.check_hub_id`): offline, unreachable or unknown
+is said at once with the known ids, not after the hub client's retries.
 
 A model or tokenizer folder whose config.json / tokenizer_config.json has an `auto_map` names Python files
 transformers imports when `trust_remote_code` is on (`remote_code` lists them, reading the JSON only). Loaded
