@@ -212,12 +212,23 @@ def _data_change(manifest: dict[str, Any], saved_path: Any, path: str) -> tuple[
     return None
 
 
-def _check_same_config_file(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+def _check_same_run(
+    folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig, config_file: str | None
+) -> None:
+    """Refuse a folder that holds another run: launched from another config file (`config_file`: the one
+    this launch read) or trained on other data. Such a change is never offered to allow_changes."""
+    _check_same_config_file(folder, manifest, resolved, config_file)
+    _check_same_data(folder, manifest, resolved)
+
+
+def _check_same_config_file(
+    folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig, config_file: str | None
+) -> None:
     """Refuse a checkpoint saved by a launch of another config file (by file name: the same file may be
     reached by another path): two configs that resolve to one run_name share a folder, and the run in it is
     the other config's. Not a change to accept; a checkpoint or a launch without a file name passes."""
     then = manifest.get("config_file")
-    now = Path(resolved.config_file).name if resolved.config_file else None
+    now = Path(config_file).name if config_file else None
     if not then or not now or then == now:
         return
     raise ResumeError(
@@ -445,12 +456,14 @@ def _elastic_note(manifest: dict[str, Any], resolved: ResolvedConfig) -> str | N
     return note
 
 
-def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> ResumePoint | None:
+def find_resume_point(
+    resolved: ResolvedConfig, checkpoint_format: str, config_file: str | None = None
+) -> ResumePoint | None:
     """The newest checkpoint of the run directory that verifies and may be resumed, or None if there is none.
 
     Raises `ResumeError` when checkpoints exist but none verifies, when the engine cannot load the newest
-    good one, or when the config changed in a way that alters the trajectory.
-    """
+    good one, when the folder is another run's (`_check_same_run`), or when the config changed in a way
+    that alters the trajectory."""
     run_dir = resolved.run_dir
     damaged: list[tuple[Path, list[str]]] = []
     for _step, folder in reversed(step_folders(run_dir / CHECKPOINTS)):
@@ -466,8 +479,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
                 "size may change, the engine may not): launch with the distributed.strategy / "
                 "distributed.preset the run was saved with, or start a new run (checkpoint.resume=false)"
             )
-        _check_same_config_file(folder, manifest, resolved)
-        _check_same_data(folder, manifest, resolved)
+        _check_same_run(folder, manifest, resolved, config_file)
         refused, notes = _changes(manifest, resolved)
         if refused:
             raise _refusal(folder, refused)
@@ -534,7 +546,9 @@ def _nothing_to_resume(run_dir: Path) -> ResumeError:
     )
 
 
-def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, ResumePoint | None]:
+def _decide(
+    resolved: ResolvedConfig, checkpoint_format: str, config_file: str | None
+) -> tuple[str, ResumePoint | None]:
     mode = resolved.config.checkpoint.resume
     if mode is False:
         name = free_name(Path(resolved.config.output_dir), str(resolved.config.run_name))
@@ -548,13 +562,15 @@ def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, Resu
             "checkpoint, or another launch uses this run_name; wait for it to exit, then resume (or give "
             "this run another run_name)"
         )
-    point = find_resume_point(resolved, checkpoint_format)
+    point = find_resume_point(resolved, checkpoint_format, config_file)
     if point is None and mode is True:
         raise _nothing_to_resume(resolved.run_dir)
     return str(resolved.config.run_name), point
 
 
-def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecision:
+def settle_run_dir(
+    resolved: ResolvedConfig, strategy: Strategy, config_file: str | None = None
+) -> RunDirDecision:
     """The run name this launch writes under and the checkpoint it resumes from (collective; rank 0 decides,
     every rank gets the same answer). Nothing is written: `zerofit.engine.run_plan.make_run_plan` records it.
 
@@ -563,7 +579,7 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecisi
     outcome: tuple[Any, ...]
     if strategy.rank == 0:
         try:
-            outcome = ("ok", *_decide(resolved, strategy.checkpoint_format))
+            outcome = ("ok", *_decide(resolved, strategy.checkpoint_format, config_file))
         except ZerofitError as exc:
             outcome = ("error", *error_parts(exc))
     else:

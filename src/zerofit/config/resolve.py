@@ -78,9 +78,6 @@ class ResolvedConfig:
     run_dir: Path
     # What resolve() decided that the user did not literally write (an engine switch), for the plan to say.
     notes: tuple[str, ...] = ()
-    # The config file the launch read (None: a config built in code): a checkpoint records its name, and a
-    # resume launched from another file is another run's (`checkpoint.resume`).
-    config_file: str | None = None
 
     @property
     def effective_lr(self) -> float:

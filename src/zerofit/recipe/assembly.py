@@ -355,11 +355,14 @@ def _reference_pass(
     return precompute_reference(cfg, strategy, model, pairs, plan.batch.micro_batch_size, pad_id)
 
 
-def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun:
+def assemble(
+    resolved: ResolvedConfig, *, with_data: bool = True, config_file: str | None = None
+) -> PreparedRun:
     """Build the run `resolved` describes, ready for `train_loop` (collective: every rank calls it).
 
     `with_data=False` skips the data (the probe and the GPU benchmark feed synthetic batches). On any
-    failure the engine's process group is torn down before the error propagates.
+    failure the engine's process group is torn down before the error propagates. `config_file`: the file
+    the launch read (None: a config built in code), which a resume compares with its checkpoint's.
     """
     cfg = resolved.config
     if not with_data and cfg.train.max_steps is None:
@@ -372,7 +375,7 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
     try:
         # The run directory and any checkpoint to resume are settled (and refused) before the data and
         # the model: a bad resume costs seconds.
-        decision = settle_run_dir(resolved, strategy)
+        decision = settle_run_dir(resolved, strategy, config_file)
         _check_device(resolved, strategy)
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)

@@ -15,7 +15,7 @@ import json
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +117,7 @@ class FinetuneRecipe:
     and exports, `cleanup` releases the sinks and the process group. `run_training` calls the three."""
 
     def __init__(self, resolved: ResolvedConfig, config_path: str | None, stop: StopSignal | None) -> None:
-        self.resolved = replace(resolved, config_file=config_path)
+        self.resolved = resolved
         self.config_path = config_path
         self.stop = stop or StopSignal()
         self.run: PreparedRun | None = None
@@ -132,12 +132,12 @@ class FinetuneRecipe:
         from zerofit.metrics.setup import open_sinks
         from zerofit.recipe.assembly import assemble
 
-        self.run = run = assemble(self.resolved)
+        self.run = run = assemble(self.resolved, config_file=self.config_path)
         plan, strategy = run.plan, run.strategy
         cfg, rank, point = plan.config, strategy.rank, plan.resume
         assert cfg.train.max_steps is not None, "a run plan knows its step count"
         fmt = strategy.checkpoint_format
-        record = checkpoint_record(plan, fmt, self.resolved.config_file) if rank == 0 else None
+        record = checkpoint_record(plan, fmt, self.config_path) if rank == 0 else None
         elapsed = point.elapsed_s if point else 0.0
         es = cfg.train.early_stopping
         has_eval = run.data is not None and run.data.eval_examples is not None
