@@ -61,22 +61,44 @@ def test_presets_table(capsys: pytest.CaptureFixture[str]) -> None:
 # ----------------------------------------------------------------------------------------- plan
 
 
-def test_plan_json_is_the_exact_engine_config(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_json_is_the_exact_engine_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_dir = f"output_dir={tmp_path}"  # no earlier run there: the plan's run_dir is the resolved one
     report = _json_out(
-        capsys, "plan", "--config", DEMO, "--world-size", "2", "--json", "batch.micro_batch_size=2"
+        capsys, "plan", "--config", DEMO, "--world-size", "2", "--json", "batch.micro_batch_size=2", out_dir
     )
     assert report["batch"]["global_batch_size"] == 16
     assert (report["batch"]["micro_batch_size"], report["batch"]["grad_accum_steps"]) == (2, 4)
     assert report["batch"]["dp_size"] == 2
     assert report["batch"]["max_tokens_per_optimizer_step"] == 16 * 64
     assert "upper bound" in report["batch"]["tokens_note"]
-    resolved = resolve(load_config(DEMO, ["batch.micro_batch_size=2"]), 2)
+    resolved = resolve(load_config(DEMO, ["batch.micro_batch_size=2", out_dir]), 2)
     assert report["engine_config"] == render_spec(resolved).to_json()
     assert report["engine_config"]["gradient_accumulation_steps"] == 4
     assert report["run_dir"] == str(resolved.run_dir)
     assert report["engine_config_file"] == str(resolved.run_dir / "ds_config.json")
     assert report["config"]["batch"]["grad_accum_steps"] == 4  # the resolved config, nothing left to derive
     assert report["config"] == resolved.config.model_dump(mode="json")
+
+
+def test_plan_names_the_run_directory_a_new_run_will_take(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A new run beside a taken name writes `NAME-2`: the plan says that folder (and why), not NAME."""
+    taken = tmp_path / "runs" / "r"
+    taken.mkdir(parents=True)
+    (taken / "config.yaml").write_text("run_name: r\n")
+    args = ["plan", "--config", DEMO, f"output_dir={tmp_path / 'runs'}", "run_name=r"]
+    report = _json_out(capsys, *args, "--json")
+    assert report["run_dir"] == str(tmp_path / "runs" / "r-2")
+    assert report["engine_config_file"] == str(tmp_path / "runs" / "r-2" / "ds_config.json")
+    assert main(args) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"run directory: {tmp_path / 'runs' / 'r-2'}" in text
+    assert f"{taken} already holds a run, so this new run writes {tmp_path / 'runs' / 'r-2'}" in text
+    assert "checkpoint.resume=true" in text
+    # A resume continues the named folder.
+    resumed = _json_out(capsys, *args, "checkpoint.resume=true", "--json")
+    assert resumed["run_dir"] == str(taken) and not any("already holds" in n for n in resumed["notes"])
 
 
 def test_plan_fsdp_writes_fsdp_json(capsys: pytest.CaptureFixture[str]) -> None:

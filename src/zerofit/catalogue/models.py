@@ -432,6 +432,11 @@ CATALOGUE: dict[str, dict[str, Any]] = {
 }
 
 
+def known_model_ids() -> list[str]:
+    """The ids zerofit knows without network: the built-in models, then the catalogue's hub ids."""
+    return [*TINY_CONFIGS, *(name for name in CATALOGUE if name not in TINY_CONFIGS)]
+
+
 def model_config_dict(name_or_path: str) -> dict[str, Any]:
     """The config.json contents for a catalogued model id, a local HF folder, or any other hub id.
 
@@ -443,6 +448,11 @@ def model_config_dict(name_or_path: str) -> dict[str, Any]:
     local = Path(name_or_path) / "config.json"
     if local.is_file():
         return json.loads(local.read_text())
+    from zerofit.catalogue.hub_ids import check_hub_id
+
+    check_hub_id(
+        name_or_path, known_model_ids()
+    )  # offline, unreachable or unknown: said at once, not after the hub's retries
     try:
         from transformers import AutoConfig
 

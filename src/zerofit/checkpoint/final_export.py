@@ -16,8 +16,11 @@ from typing import Any
 
 import torch
 
+from zerofit.catalogue.models import is_tiny_model
 from zerofit.checkpoint.failed_save import attempt, export_failed
-from zerofit.core.run_layout import RunLayout
+from zerofit.config.schema import ZerofitConfig
+from zerofit.core.file_modes import follow_umask
+from zerofit.core.run_layout import BASE_MODEL_FILE, RunLayout
 from zerofit.strategies.base import Strategy
 
 # What a saved folder holds its weights in: one safetensors file, a sharded one's index, or peft's adapter.
@@ -29,8 +32,11 @@ def is_peft_model(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config")
 
 
-def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
+def export_final(
+    strategy: Strategy, tokenizer: Any, run_dir: Path, config: ZerofitConfig | None = None
+) -> Path:
     """Write `adapter/` (LoRA) or `model/` (full) + tokenizer into `run_dir`; collective, rank 0 writes.
+    `config` (the run's): an adapter also records its base model as named there (`record_base_model`).
 
     A write that fails (a full disk) leaves no partial folder and ends on every rank with the same
     `ExportWriteError` paragraph: the final checkpoint, saved just before, holds the trained weights.
@@ -42,7 +48,7 @@ def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
     failure = None
     if strategy.rank == 0:
         assert state is not None
-        failure = attempt(lambda: _write_export(model, tokenizer, state, tmp, out))
+        failure = attempt(lambda: _write_export(model, tokenizer, state, tmp, out, config))
         if failure is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     strategy.wait_for_rank0("rank 0 to write the final export")  # a 7B write may outlast the pg timeout
@@ -53,7 +59,12 @@ def export_final(strategy: Strategy, tokenizer: Any, run_dir: Path) -> Path:
 
 
 def _write_export(
-    model: torch.nn.Module, tokenizer: Any, state: dict[str, torch.Tensor], tmp: Path, out: Path
+    model: torch.nn.Module,
+    tokenizer: Any,
+    state: dict[str, torch.Tensor],
+    tmp: Path,
+    out: Path,
+    config: ZerofitConfig | None = None,
 ) -> None:
     """Rank 0: the model folder under a temporary name, then renamed into place."""
     shutil.rmtree(tmp, ignore_errors=True)
@@ -62,6 +73,9 @@ def _write_export(
     save_pretrained_here(model, tmp, state_dict=state, safe_serialization=True, **kwargs)
     _fix_architectures(model, tmp)
     tokenizer.save_pretrained(tmp)
+    if config is not None and is_peft_model(model):
+        record_base_model(tmp, config)
+    follow_umask(tmp)  # safetensors writes its files 0600; the folder's other files follow the umask
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 
@@ -88,6 +102,26 @@ def save_pretrained_here(model: Any, folder: Path, **kwargs: Any) -> None:
         raise RuntimeError(
             f"save_pretrained wrote no weights into {folder} (none of {', '.join(WEIGHT_FILES)})"
         )
+
+
+def record_base_model(folder: Path, config: ZerofitConfig) -> None:
+    """`zerofit_base_model.json` beside the adapter in `folder`: the base model as the config names it (a
+    hub id, a built-in name with the seed it is built from, or the user's folder), which resolves on another
+    machine, and the path adapter_config.json names, which is where this machine loaded it from (a built-in
+    model's cache folder). adapter_config.json itself keeps peft's fields only: peft warns on any other key."""
+    saved = json.loads((folder / "adapter_config.json").read_text())
+    name = config.model.name_or_path
+    record: dict[str, Any] = {
+        "base_model": name,
+        "local_path": saved.get("base_model_name_or_path"),
+    }
+    if is_tiny_model(name):
+        record["seed"] = config.seed
+        record["note"] = (
+            f"{name} is a zerofit built-in model, built from its name and seed: model.name_or_path={name} "
+            f"seed={config.seed} gives the same weights on any machine (zerofit export / generate do this)"
+        )
+    (folder / BASE_MODEL_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _fix_architectures(model: torch.nn.Module, folder: Path) -> None:

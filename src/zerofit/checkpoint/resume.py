@@ -38,7 +38,14 @@ from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer
 from zerofit.checkpoint.failed_save import error_parts, rank0_writes, rebuild_error
 from zerofit.checkpoint.final_export import final_export_step
 from zerofit.checkpoint.manifest import EARLY_STOPPED, MANIFEST, data_fingerprint, step_folders, verify
-from zerofit.checkpoint.rundir import check_output_location, free_name, held_by, lock_run_dir, locked_by
+from zerofit.checkpoint.rundir import (
+    check_output_location,
+    free_name,
+    held_by,
+    lock_run_dir,
+    locked_by,
+    taken_note,
+)
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.config.loader import flatten
 from zerofit.config.resolve import ResolvedConfig
@@ -66,7 +73,10 @@ from zerofit.version import __version__
 # and evaluation (a no-grad forward in eval mode: it draws no random numbers and changes no weight; the
 # held-out fraction `data.eval_split` does change the training set, and is compared). `distributed.*` is judged by the
 # checkpoint format instead (a ZeRO-2 checkpoint loads only into ZeRO-2), and `data.path` by the data
-# file's content. Every other key, including keys added later, counts as trajectory-changing.
+# file's content: a new path to the same content is a move, a new path to other content is another run
+# (`_check_same_data`: refused, never offered to `checkpoint.allow_changes`), and new content at the same
+# path an edit of the run's data (compared like a trajectory key). Every other key, including keys added
+# later, counts as trajectory-changing.
 NEUTRAL_KEYS = (
     "run_name",
     "output_dir",
@@ -120,14 +130,18 @@ def _show(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def checkpoint_record(plan: RunPlan, checkpoint_format: str) -> dict[str, Any]:
-    """What every manifest of this run states besides its files and step (rank 0 computes it once)."""
+def checkpoint_record(
+    plan: RunPlan, checkpoint_format: str, config_file: str | None = None
+) -> dict[str, Any]:
+    """What every manifest of this run states besides its files and step (rank 0 computes it once);
+    `config_file`: the file the launch read, whose name a resume compares (`_check_same_config_file`)."""
     return {
         "zerofit_version": __version__,
         "checkpoint_format": checkpoint_format,
         "config": plan.config.model_dump(mode="json"),
         "batch_plan": dataclasses.asdict(plan.batch),
         "data": data_fingerprint(plan.config.data.path),
+        "config_file": Path(config_file).name if config_file else None,
     }
 
 
@@ -181,30 +195,84 @@ def _changes(manifest: dict[str, Any], resolved: ResolvedConfig) -> tuple[dict[s
 def _data_change(manifest: dict[str, Any], saved_path: Any, path: str) -> tuple[bool, str] | None:
     """How the training data differs from the checkpoint's: (changes the trajectory?, line), or None.
 
-    A new path is reported as a path change, saying whether the content differs too; the same path with
-    new content as a content change. The content decides whether it alters the trajectory."""
+    A new path reaches here only with the same content (a moved or copied file: other content is another
+    run's, refused by `_check_same_data` first) and is reported as a path change; the same path with new
+    content as a content change, which alters the trajectory."""
     then = manifest.get("data", {}).get("sha256")
     now = data_fingerprint(path)["sha256"] if then else None
-    moved = saved_path is not None and saved_path != path
     differs = bool(then) and then != now
-    if moved:
-        if not then:
-            content = "the saved source has no local content to compare"
-        elif now is None:
-            content = (
-                f"the content differs: the new source has no local content (SHA-256 {then[:12]}... then)"
-            )
-        elif differs:
-            content = f"the content differs (SHA-256 {then[:12]}... then, {now[:12]}... now)"
-        else:
-            content = f"the same content (SHA-256 {then[:12]}...)"
-        return differs, f"data.path: {_show(saved_path)} -> {path} ({content})"
+    if saved_path is not None and saved_path != path:
+        assert then == now and then, "another source's content is refused before (_check_same_data)"
+        return False, f"data.path: {_show(saved_path)} -> {path} (the same content (SHA-256 {then[:12]}...))"
     if differs:
         return True, (
             f"data.path: the content of {path} changed since the checkpoint was saved (SHA-256 {then[:12]}... "
             f"then, {now[:12] if now else 'none'}... now)"
         )
     return None
+
+
+def _check_same_run(
+    folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig, config_file: str | None
+) -> None:
+    """Refuse a folder that holds another run: launched from another config file (`config_file`: the one
+    this launch read) or trained on other data. Such a change is never offered to allow_changes."""
+    _check_same_config_file(folder, manifest, resolved, config_file)
+    _check_same_data(folder, manifest, resolved)
+
+
+def _check_same_config_file(
+    folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig, config_file: str | None
+) -> None:
+    """Refuse a checkpoint saved by a launch of another config file (by file name: the same file may be
+    reached by another path): two configs that resolve to one run_name share a folder, and the run in it is
+    the other config's. Not a change to accept; a checkpoint or a launch without a file name passes."""
+    then = manifest.get("config_file")
+    now = Path(config_file).name if config_file else None
+    if not then or not now or then == now:
+        return
+    raise ResumeError(
+        f"checkpoint.resume: {resolved.run_dir} is another run: its checkpoint {folder.name} was saved by a "
+        f"launch of {then}, and this launch reads {now}. Both configs give run_name = "
+        f"{resolved.config.run_name!r}, so the folder holds the other config's run, and nothing was loaded (a "
+        f"different config file is not a change to accept). To start a run of {now}, drop checkpoint.resume "
+        f"(it would write {_fresh_dir(resolved)}) or give {now} its own run_name; to continue the run in "
+        f"{resolved.run_dir}, launch {then} with checkpoint.resume=true"
+    )
+
+
+def _fresh_dir(resolved: ResolvedConfig) -> Path:
+    """The folder a new run of this config would write now (`free_name`)."""
+    cfg = resolved.config
+    return Path(cfg.output_dir) / free_name(Path(cfg.output_dir), str(cfg.run_name))
+
+
+def _check_same_data(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
+    """Refuse a checkpoint trained on other data: a `data.path` that names another source whose content is
+    not the saved one (or cannot be compared) makes the run directory another run's, found because both
+    resolve to the same run name. Continuing it would train that run further on this data, so no
+    `checkpoint.allow_changes` is offered: the fix is a new run, or the right data / run directory."""
+    saved_path = _saved_config(manifest).get("data.path")
+    path = resolved.config.data.path
+    then = manifest.get("data", {}).get("sha256")
+    now = data_fingerprint(path)["sha256"] if then else None
+    if saved_path is None or saved_path == path or (then and now == then):
+        return  # the same source, or the same content moved or copied (a neutral change, said on resume)
+    content = (
+        f"other content: SHA-256 {then[:12]}... then, {now[:12] + '...' if now else 'none'} now"
+        if then
+        else "a source whose content cannot be compared with the saved one"
+    )
+    fresh = _fresh_dir(resolved)
+    raise ResumeError(
+        f"checkpoint.resume: {resolved.run_dir} is another run: its checkpoint {folder.name} was trained on "
+        f"data.path = {saved_path}, and this launch trains on {path} ({content}). A resume continues a run "
+        "on its own data, and a different data.path is not a change to accept: it makes this folder another "
+        "run's (both configs give the same run_name), so nothing was loaded. To start a new run on "
+        f"{path}, drop checkpoint.resume (a new run never writes into {resolved.run_dir}: it would write "
+        f"{fresh}) or give it its own run_name=NAME; to continue the run in {resolved.run_dir}, launch it "
+        f"with data.path={saved_path}; to continue your own earlier run, set run_name to its folder's name"
+    )
 
 
 def _fixed_by_checkpoint(folder: Path, manifest: dict[str, Any], resolved: ResolvedConfig) -> None:
@@ -388,12 +456,14 @@ def _elastic_note(manifest: dict[str, Any], resolved: ResolvedConfig) -> str | N
     return note
 
 
-def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> ResumePoint | None:
+def find_resume_point(
+    resolved: ResolvedConfig, checkpoint_format: str, config_file: str | None = None
+) -> ResumePoint | None:
     """The newest checkpoint of the run directory that verifies and may be resumed, or None if there is none.
 
     Raises `ResumeError` when checkpoints exist but none verifies, when the engine cannot load the newest
-    good one, or when the config changed in a way that alters the trajectory.
-    """
+    good one, when the folder is another run's (`_check_same_run`), or when the config changed in a way
+    that alters the trajectory."""
     run_dir = resolved.run_dir
     damaged: list[tuple[Path, list[str]]] = []
     for _step, folder in reversed(step_folders(run_dir / CHECKPOINTS)):
@@ -409,6 +479,7 @@ def find_resume_point(resolved: ResolvedConfig, checkpoint_format: str) -> Resum
                 "size may change, the engine may not): launch with the distributed.strategy / "
                 "distributed.preset the run was saved with, or start a new run (checkpoint.resume=false)"
             )
+        _check_same_run(folder, manifest, resolved, config_file)
         refused, notes = _changes(manifest, resolved)
         if refused:
             raise _refusal(folder, refused)
@@ -475,7 +546,9 @@ def _nothing_to_resume(run_dir: Path) -> ResumeError:
     )
 
 
-def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, ResumePoint | None]:
+def _decide(
+    resolved: ResolvedConfig, checkpoint_format: str, config_file: str | None
+) -> tuple[str, ResumePoint | None]:
     mode = resolved.config.checkpoint.resume
     if mode is False:
         name = free_name(Path(resolved.config.output_dir), str(resolved.config.run_name))
@@ -489,13 +562,15 @@ def _decide(resolved: ResolvedConfig, checkpoint_format: str) -> tuple[str, Resu
             "checkpoint, or another launch uses this run_name; wait for it to exit, then resume (or give "
             "this run another run_name)"
         )
-    point = find_resume_point(resolved, checkpoint_format)
+    point = find_resume_point(resolved, checkpoint_format, config_file)
     if point is None and mode is True:
         raise _nothing_to_resume(resolved.run_dir)
     return str(resolved.config.run_name), point
 
 
-def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecision:
+def settle_run_dir(
+    resolved: ResolvedConfig, strategy: Strategy, config_file: str | None = None
+) -> RunDirDecision:
     """The run name this launch writes under and the checkpoint it resumes from (collective; rank 0 decides,
     every rank gets the same answer). Nothing is written: `zerofit.engine.run_plan.make_run_plan` records it.
 
@@ -504,7 +579,7 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecisi
     outcome: tuple[Any, ...]
     if strategy.rank == 0:
         try:
-            outcome = ("ok", *_decide(resolved, strategy.checkpoint_format))
+            outcome = ("ok", *_decide(resolved, strategy.checkpoint_format, config_file))
         except ZerofitError as exc:
             outcome = ("error", *error_parts(exc))
     else:
@@ -514,7 +589,8 @@ def settle_run_dir(resolved: ResolvedConfig, strategy: Strategy) -> RunDirDecisi
     if outcome[0] == "error":
         raise rebuild_error(*outcome[1:])
     _, name, point = outcome
-    return RunDirDecision(run_name=name, resume=point)
+    note = taken_note(resolved.config.output_dir, str(resolved.config.run_name), name)
+    return RunDirDecision(run_name=name, resume=point, note=note)
 
 
 def finish_resume(point: ResumePoint) -> None:

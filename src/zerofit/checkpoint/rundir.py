@@ -2,7 +2,8 @@
 
 - `check_output_location`: a file where a folder must be, or a folder this user cannot write, is refused
   before any model is loaded (and without creating anything).
-- `free_name`: a new run never writes into a directory that already holds a run: it takes `-2`, `-3`, ...
+- `free_name`: a new run never writes into a directory that already holds a run: it takes `-2`, `-3`, ...;
+  `planned_run_dir` is that decision made ahead (`zerofit plan`), and `taken_note` the line both print.
 - `lock_run_dir` / `locked_by`: rank 0 of the run writing a directory holds an exclusive `flock` on
   `.zerofit.lock` until it exits (the kernel drops it even on SIGKILL, so it never goes stale). A resume
   that finds the lock held is refused: the other run may still be saving the checkpoint it would resume
@@ -52,6 +53,24 @@ def free_name(output_dir: Path, run_name: str) -> str:
         suffix += 1
         name = f"{run_name}-{suffix}"
     return name
+
+
+def taken_note(output_dir: str | Path, run_name: str, name: str) -> str | None:
+    """The plan's line when a new run writes `output_dir/name` because `output_dir/run_name` holds a run
+    (None when `name` is the asked one): said before the run, never a silent `-2`."""
+    if name == run_name:
+        return None
+    return (
+        f"{Path(output_dir) / run_name} already holds a run, so this new run writes {Path(output_dir) / name}; "
+        f"to continue that run instead, add checkpoint.resume=true; to choose the name, set run_name=NAME"
+    )
+
+
+def planned_run_dir(output_dir: str | Path, run_name: str, resume: bool | str) -> tuple[Path, str | None]:
+    """The run directory a launch of this config would write now, and `taken_note`'s line: a new run
+    (`checkpoint.resume=false`) takes the first free `-N` (`free_name`); a resume continues `run_name`."""
+    name = free_name(Path(output_dir), run_name) if resume is False else check_run_name(run_name)
+    return Path(output_dir) / name, taken_note(output_dir, run_name, name)
 
 
 def locked_by(run_dir: Path) -> int | None:

@@ -78,10 +78,13 @@ def build_plan_report(
     switch), `schedule` (the LR schedule that runs), `config` (the resolved config), `memory` (the planner's
     verdict for `spec`; memory_options: gpu, gpu_mem, trace; with `probe`, the probe's measurements).
     """
+    from zerofit.checkpoint.rundir import planned_run_dir
     from zerofit.models.build import lora_targets_report
     from zerofit.planner.report import memory_report
 
     cfg = resolved.config
+    # The folder a launch now would write: a new run beside a taken name gets `-2` (said in the notes).
+    run_dir, taken = planned_run_dir(cfg.output_dir, str(cfg.run_name), cfg.checkpoint.resume)
     report: dict[str, Any] = {
         "batch": batch_report(resolved),
         "strategy": spec.strategy,
@@ -89,9 +92,9 @@ def build_plan_report(
         "ds_config": cfg.distributed.ds_config,
         "world_size": resolved.world_size,
         "engine_config": spec.to_json(),
-        "engine_config_file": str(resolved.run_dir / spec.filename),
-        "run_dir": str(resolved.run_dir),
-        "notes": list(resolved.notes),
+        "engine_config_file": str(run_dir / spec.filename),
+        "run_dir": str(run_dir),
+        "notes": [*resolved.notes, *([taken] if taken else [])],
         "schedule": spec.describe_schedule(cfg.scheduler.name, cfg.scheduler.warmup_steps),
         "config": cfg.model_dump(mode="json"),
         "memory": memory_report(resolved, spec, **memory_options),

@@ -329,6 +329,7 @@ class LoraSection(_Section):
 
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
+Truncation = Literal["warn", "error", "allow"]  # data.truncation (see zerofit.data.truncation)
 DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference"]
 
 
@@ -351,6 +352,11 @@ class DataSection(_Section):
         "drop",
         description="Records whose response (or an assistant turn) is empty: drop and count them (refused when "
         "more than half are), keep them (they learn eos only), or refuse the first.",
+    )
+    truncation: Truncation = Field(
+        "warn",
+        description="More than 5% of the examples cut to max_seq_len: warn once in the run's plan with the "
+        "length that keeps 95% whole, refuse the data (error), or leave it to the plan's count (allow).",
     )
     shuffle: bool = True
     cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")

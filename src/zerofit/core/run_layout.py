@@ -16,6 +16,7 @@ from zerofit.core.errors import ConfigError
 
 __all__ = [
     "ADAPTER_DIR",
+    "BASE_MODEL_FILE",
     "BEST_FILE",
     "CHECKPOINTS_DIR",
     "CONFIG_FILE",
@@ -48,6 +49,9 @@ BEST_FILE = "best.json"  # checkpoints/best.json: the best evaluation's step and
 LOCK_FILE = ".zerofit.lock"  # held (flock) by rank 0 of the run writing the directory
 ADAPTER_DIR = "adapter"  # the final export of a LoRA run
 MODEL_DIR = "model"  # the final export of a full fine-tuning run
+# Beside a LoRA adapter (adapter/ and `zerofit export`'s): the base model as a user names it on another
+# machine (adapter_config.json's base_model_name_or_path is the path this machine loaded it from).
+BASE_MODEL_FILE = "zerofit_base_model.json"
 WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
 WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
 

@@ -43,6 +43,7 @@ from zerofit.data.formats import Conversation, Document, PromptResponse, detect_
 from zerofit.data.progress import tokenizing_progress
 from zerofit.data.records import RecordSource, open_source
 from zerofit.data.tokenize import encode_document, encode_head, ending_in_eos
+from zerofit.data.truncation import LENGTH_PROBE, length_keeping_whole
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
@@ -76,7 +77,9 @@ class DataStats:
     or kept as `empty_responses` (the `data.empty_responses` rule) says. Preference pairs
     (`preference.py`) also count `n_identical`: pairs whose chosen and rejected sequence are the same
     tokens once truncated, dropped (among `n_dropped`); and `n_prompt_cut`: pairs whose prompt lost its
-    start to fit (among `n_truncated`, which counts pairs with either sequence cut).
+    start to fit (among `n_truncated`, which counts pairs with either sequence cut). `whole_len`: the
+    data.max_seq_len that keeps 95% of the examples whole (`zerofit.data.truncation`; more than
+    `LENGTH_PROBE` x max_seq_len reads as one past that; 0: not measured, pairs and older caches).
     """
 
     n_lines: int
@@ -92,6 +95,7 @@ class DataStats:
     empty_responses: str = "drop"
     n_identical: int = 0
     n_prompt_cut: int = 0
+    whole_len: int = 0
 
 
 Unit = TypeVar("Unit")  # what one source record becomes: an `Example` (SFT) or a `PreferencePair`
@@ -182,6 +186,7 @@ class _Tokenizer:
         self.examples: list[Example] = []
         self.records: list[int] = []
         self.n_truncated = self.n_dropped = self.n_split = 0
+        self.lengths: list[int] = []  # each kept example's length before the cut (`_full_length`)
         self.longest_prompt = 0
         self.prompt_cut = False  # some prompt was too long to tokenize whole: longest_prompt is a floor
 
@@ -203,13 +208,14 @@ class _Tokenizer:
             )
             self.longest_prompt = max(self.longest_prompt, prompt_len)
             self.prompt_cut |= prompt_cut
-            self._keep(index, [example], truncated)
+            self._keep(index, [example], truncated, self._full_length(parsed, where) if truncated else None)
         elif isinstance(parsed, Conversation):
             ids, mask, truncated = tokenize_conversation(
                 self.tokenizer, parsed.messages, self.max_seq_len, where
             )
             labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]
-            self._keep(index, [Example(ids, labels)], truncated)
+            full = self._full_length(parsed, where) if truncated else None
+            self._keep(index, [Example(ids, labels)], truncated, full)
         elif isinstance(parsed, Document):
             chunks = document_chunks(self.tokenizer, parsed.text, self.max_seq_len) if parsed.text else []
             self.n_split += len(chunks) > 1
@@ -242,11 +248,27 @@ class _Tokenizer:
             "data.empty_responses=keep to train on them as they are (they teach the model to answer with only eos)."
         )
 
-    def _keep(self, index: int, examples: list[Example], truncated: bool) -> None:
+    def _full_length(self, parsed: PromptResponse | Conversation, where: str) -> int:
+        """A cut example's length before the cut, measured up to `LENGTH_PROBE` x max_seq_len tokens
+        (one past that when longer): only cut examples pay for this second, longer tokenization."""
+        cap = LENGTH_PROBE * self.max_seq_len
+        if isinstance(parsed, Conversation):
+            ids, _, cut = tokenize_conversation(self.tokenizer, parsed.messages, cap, where)
+            return cap + 1 if cut else len(ids)
+        prompt, prompt_cut = encode_head(self.tokenizer, parsed.prompt, cap)
+        response, response_cut = encode_head(self.tokenizer, parsed.response, cap)
+        bos = int(self.tokenizer.bos_token_id is not None)
+        total = bos + len(prompt) + len(response) + 1  # + eos
+        return cap + 1 if prompt_cut or response_cut or total > cap else total
+
+    def _keep(
+        self, index: int, examples: list[Example], truncated: bool, full_length: int | None = None
+    ) -> None:
         kept = [e for e in examples if has_labels(e.labels)]
         if not kept:
             self.n_dropped += 1
             return
+        self.lengths += [full_length or len(e.input_ids) for e in kept]
         self.n_truncated += truncated
         self.examples.extend(kept)
         self.records.extend([index] * len(kept))
@@ -296,6 +318,7 @@ class _Tokenizer:
             detected=self.detected,
             n_empty=self.n_empty,
             empty_responses=self.empty_responses,
+            whole_len=length_keeping_whole(self.lengths),
         )
         return TokenizedData(self.examples, stats, self.records)
 

@@ -52,6 +52,7 @@ class RunDirDecision:
 
     run_name: str
     resume: ResumePoint | None = None
+    note: str | None = None  # why the name is not the asked one (`rundir.taken_note`), for the plan
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,6 @@ def make_run_plan(
         resume=decision.resume if decision is not None else None,
         effective_lr=resolved.effective_lr,
         method=resolved.method,
-        notes=resolved.notes,
+        notes=resolved.notes + ((decision.note,) if decision is not None and decision.note else ()),
         maker=_MADE_HERE,
     )

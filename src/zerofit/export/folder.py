@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerofit.checkpoint.final_export import save_pretrained_here
+from zerofit.checkpoint.final_export import record_base_model, save_pretrained_here
 from zerofit.core.errors import ConfigError
+from zerofit.core.file_modes import follow_umask
 from zerofit.core.precision import DTYPES, torch_dtype
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
@@ -144,6 +145,7 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
     # The folder names the base it adapts, as a run's own export does.
     model.peft_config["default"].base_model_name_or_path = resolve_model_path(run.config)
     save_pretrained_here(model, folder, safe_serialization=True, save_embedding_layers=False)
+    record_base_model(folder, run.config)
 
 
 def merged_model(run: RunConfig, source: WeightsSource) -> Any:
@@ -162,6 +164,7 @@ def _write_weights(run: RunConfig, source: WeightsSource, folder: Path, merge: b
         if source.kind == "adapter":
             for name in _ADAPTER_FILES:
                 shutil.copy2(source.path / name, folder / name)
+            record_base_model(folder, run.config)  # also for a run's adapter/ from before the record
         else:
             _adapter_from_checkpoint(run, source, folder)
         return "adapter"
@@ -210,6 +213,7 @@ def export_run(
             "config": run.raw,
         }
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        follow_umask(tmp)  # safetensors writes its files 0600 (and copy2 keeps an older export's mode)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

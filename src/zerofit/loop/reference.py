@@ -36,6 +36,7 @@ import torch
 from zerofit.catalogue.models import TINY_LLAMA
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.digest import files_sha256
+from zerofit.core.file_modes import follow_umask
 from zerofit.data.cache import cache_key
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.models.build import resolve_model_path
@@ -151,6 +152,7 @@ def _write(path: Path, table: torch.Tensor) -> None:
     os.close(fd)
     table = table.to(torch.float64).contiguous()
     save_file({_TABLE: table}, tmp, metadata={_DIGEST_KEY: _table_digest(table)})
+    follow_umask(tmp)  # mkstemp's (and safetensors') 0600: the run's other files follow the umask
     os.replace(tmp, path)
 
 

@@ -6,7 +6,9 @@ private), the model is gated and this machine has no accepted licence / token fo
 reached (offline, `HF_HUB_OFFLINE=1`) and the files are not in the local cache. transformers reports all of
 them as an `OSError` whose first lines say which; `hub_errors` turns that into a `ConfigError` (the id is
 wrong) or a `LaunchError` (the machine lacks access), naming `model.name_or_path`, the cause and the fix.
-Local folders and other errors pass through unchanged.
+Local folders and other errors pass through unchanged. Before any of that, an id not in the local cache is
+checked with one quick request (`zerofit.catalogue.hub_ids.check_hub_id`): offline, unreachable or unknown
+is said at once with the known ids, not after the hub client's retries.
 
 A model or tokenizer folder whose config.json / tokenizer_config.json has an `auto_map` names Python files
 transformers imports when `trust_remote_code` is on (`remote_code` lists them, reading the JSON only). Loaded
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerofit.catalogue.hub_ids import check_hub_id
+from zerofit.catalogue.models import is_tiny_model, known_model_ids
 from zerofit.core.errors import ConfigError, LaunchError
 
 __all__ = [
@@ -187,7 +191,10 @@ def _needs_remote_code(exc: BaseException) -> bool:
 def hub_errors(name: str, what: str, path: str | None = None) -> Iterator[None]:
     """Translate hub access failures inside the block into one clear `ZerofitError` (see `hub_problem`), and
     transformers' refusal of a folder that needs its own code (`remote_code_problem`); `path`: the folder
-    `name` resolved to (a built-in model's cache folder), when it differs."""
+    `name` resolved to (a built-in model's cache folder), when it differs. A hub id that is not cached is
+    first checked with one quick request (`check_hub_id`): offline or unknown is said at once."""
+    if not is_tiny_model(name):  # a built-in model is built here, never fetched
+        check_hub_id(name, known_model_ids())
     try:
         yield
     except (OSError, ValueError) as exc:

@@ -23,6 +23,7 @@ import torch
 
 from zerofit.catalogue.models import TINY_CONFIGS, TINY_LLAMA
 from zerofit.core.cache_dirs import cache_root
+from zerofit.core.file_modes import follow_umask
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # A chat template for `messages` data: one letter per role, assistant turns end with eos. The
@@ -217,6 +218,7 @@ def _build_into(folder: Path, seed: int, name: str = TINY_LLAMA) -> None:
     model.generation_config.save_pretrained(folder)
     save_file(_unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
     tokenizer.save_pretrained(folder)
+    follow_umask(folder)  # a shared cache: safetensors' 0600 would keep other users from the weights
     _write_marker(folder)
 
 

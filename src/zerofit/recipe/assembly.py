@@ -40,6 +40,7 @@ from zerofit.data import (
     load_preference_pairs,
     set_chat_template,
 )
+from zerofit.data.truncation import check_truncation
 from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
@@ -255,6 +256,8 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     objective = cfg.train.objective
 
     def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData[Any]]:
+        """The load of one source on rank 0 (then the others); the training data's cut examples are held to
+        `data.truncation` there, so a refusal is one message before any model loads."""
         options: dict[str, Any] = {
             "format": d.format,
             "split": split,
@@ -269,7 +272,10 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
             path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
         )
 
-    train = _rank0_first(strategy, reader(d.path, d.split, "data.path"))
+    read_train = reader(d.path, d.split, "data.path")
+    train = _rank0_first(
+        strategy, lambda show: check_truncation(read_train(show), d.max_seq_len, d.truncation)
+    )
     held: TokenizedData[Any] | None = None
     if d.eval_path is not None:
         split = d.eval_split if isinstance(d.eval_split, str) else "train"
@@ -350,11 +356,14 @@ def _reference_pass(
     return precompute_reference(cfg, strategy, model, pairs, plan.batch.micro_batch_size, pad_id)
 
 
-def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun:
+def assemble(
+    resolved: ResolvedConfig, *, with_data: bool = True, config_file: str | None = None
+) -> PreparedRun:
     """Build the run `resolved` describes, ready for `train_loop` (collective: every rank calls it).
 
     `with_data=False` skips the data (the probe and the GPU benchmark feed synthetic batches). On any
-    failure the engine's process group is torn down before the error propagates.
+    failure the engine's process group is torn down before the error propagates. `config_file`: the file
+    the launch read (None: a config built in code), which a resume compares with its checkpoint's.
     """
     cfg = resolved.config
     if not with_data and cfg.train.max_steps is None:
@@ -367,7 +376,7 @@ def assemble(resolved: ResolvedConfig, *, with_data: bool = True) -> PreparedRun
     try:
         # The run directory and any checkpoint to resume are settled (and refused) before the data and
         # the model: a bad resume costs seconds.
-        decision = settle_run_dir(resolved, strategy)
+        decision = settle_run_dir(resolved, strategy, config_file)
         _check_device(resolved, strategy)
         # Data first (it needs only the tokenizer): a bad line fails in seconds, not after a 7B load.
         tokenizer = load_tokenizer(cfg)

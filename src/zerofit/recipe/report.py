@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from zerofit.data import DataStats
     from zerofit.recipe.assembly import PreparedRun
 
-__all__ = ["best_line", "describe_levers", "format_plan", "loss_summary"]
+__all__ = ["best_line", "describe_levers", "format_plan", "loss_summary", "truncation_warning"]
 
 
 def format_plan(run: PreparedRun, engine_file: Path) -> str:
@@ -44,6 +44,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"  engine       {spec.describe_engine()}, precision {t.precision}, clip {t.max_grad_norm or 'off'}",
         f"  engine file  {engine_file}",
         f"  data         {describe_data(cfg.data.path, stats, cfg.data.max_seq_len)}, {sampler.steps_per_epoch} steps/epoch",
+        *truncation_warning(cfg, stats),
         *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
@@ -66,6 +67,17 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
             "of every epoch's order are not trained on (set train.partial_window=normalize to use them)"
         )
     return "\n".join(lines)
+
+
+def truncation_warning(cfg: ZerofitConfig, stats: DataStats) -> list[str]:
+    """The plan's one warning line when more of the training data is cut than `data.truncation: warn`
+    lets pass unsaid (`zerofit.data.truncation`), else nothing."""
+    from zerofit.data.truncation import truncation_note
+
+    note = truncation_note(stats, cfg.data.max_seq_len) if cfg.data.truncation == "warn" else None
+    if note is None:
+        return []
+    return [f"  WARNING      {note} (data.truncation=error refuses such data; =allow says only the count)"]
 
 
 def describe_tokens(global_batch: int, max_seq_len: int, fmt: str, mean_label_tokens: float) -> str:

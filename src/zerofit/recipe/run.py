@@ -132,11 +132,12 @@ class FinetuneRecipe:
         from zerofit.metrics.setup import open_sinks
         from zerofit.recipe.assembly import assemble
 
-        self.run = run = assemble(self.resolved)
+        self.run = run = assemble(self.resolved, config_file=self.config_path)
         plan, strategy = run.plan, run.strategy
         cfg, rank, point = plan.config, strategy.rank, plan.resume
         assert cfg.train.max_steps is not None, "a run plan knows its step count"
-        record = checkpoint_record(plan, strategy.checkpoint_format) if rank == 0 else None
+        fmt = strategy.checkpoint_format
+        record = checkpoint_record(plan, fmt, self.config_path) if rank == 0 else None
         elapsed = point.elapsed_s if point else 0.0
         es = cfg.train.early_stopping
         has_eval = run.data is not None and run.data.eval_examples is not None
@@ -194,7 +195,7 @@ class FinetuneRecipe:
             stop.stopped()  # the stop checkpoint is written: later signals change nothing
         exported = None
         if cfg.checkpoint.save_final and not stopped:
-            exported = export_final(strategy, run.built.tokenizer, plan.run_dir)
+            exported = export_final(strategy, run.built.tokenizer, plan.run_dir, cfg)
         self._close_sink()  # summary.json is complete before the outcome is added to it
         if strategy.rank == 0:
             record_outcome(plan.run_dir, _outcome_fields(stopped, early, watch, stop))

@@ -224,6 +224,29 @@ def test_a_trajectory_changing_config_change_is_refused_with_the_diff_and_the_ov
     assert "changed: logging.log_every: 1 -> 2" in point.notes
 
 
+def test_a_checkpoint_of_another_config_file_is_another_run_never_a_change_to_accept(tmp_path: Path) -> None:
+    """demo-chat.yaml resumed into the demo's folder (both resolved to one run_name) was offered
+    checkpoint.allow_changes=[...]: a run launched from another config file is refused as another run's."""
+    run_dir = tmp_path / "r"
+    strategy = _strategy()
+    plan = new_run_plan(_resolved(run_dir))
+    record = checkpoint_record(plan, strategy.checkpoint_format, "configs/demo.yaml")
+    assert record["config_file"] == "demo.yaml"
+    ckpt = Checkpointer(strategy, run_dir, CheckpointSection(), max_steps=10, record=record)
+    _train_one_step(strategy)
+    ckpt.save(1)
+    same = "/elsewhere/demo.yaml"  # the file, by another path
+    assert find_resume_point(_resolved(run_dir), "torch-state", same) is not None
+    assert find_resume_point(_resolved(run_dir), "torch-state") is not None  # a config built in code
+    allowed = _resolved(run_dir, "checkpoint.allow_changes=[data.path,train.max_steps]")
+    with pytest.raises(ResumeError) as err:
+        find_resume_point(allowed, "torch-state", "configs/demo-chat.yaml")
+    text = str(err.value)
+    assert f"{run_dir} is another run: its checkpoint step-1 was saved by a launch of demo.yaml" in text
+    assert "this launch reads demo-chat.yaml" in text and "not a change to accept" in text
+    assert "allow_changes=[" not in text and f"it would write {tmp_path / 'r-2'}" in text
+
+
 def test_the_data_is_compared_by_content_not_by_path(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text(Path(DEMO_DATA).read_text())
@@ -298,8 +321,11 @@ def test_resume_modes_and_the_run_directory(tmp_path: Path) -> None:
     _saved_run(run_dir, (2,))
     fresh = _settle(_resolved(run_dir))
     assert fresh.run_dir == tmp_path / "r-2" and fresh.config.run_name == "r-2" and fresh.resume is None
+    # ... and the run's plan says so, never a silent -2.
+    assert f"{run_dir} already holds a run, so this new run writes {tmp_path / 'r-2'}" in fresh.notes[-1]
     resumed = _settle(_resolved(run_dir, "checkpoint.resume=true"))
     assert resumed.run_dir == run_dir and resumed.resume is not None
+    assert not any("already holds" in note for note in resumed.notes)
     assert (resumed.resume.step, resumed.resume.world_size) == (2, 1)
 
 

@@ -170,7 +170,9 @@ def test_a_newest_folder_without_a_manifest_is_reported_not_skipped(
     )
 
 
-def test_a_new_data_path_is_reported_as_a_path_change(run: Path, tmp_path: Path) -> None:
+def test_a_new_data_path_is_a_move_or_another_run_never_a_change_to_accept(run: Path, tmp_path: Path) -> None:
+    """The same content under a new path is a move (said, resumed); other content under a new path makes the
+    folder another run's (two configs resolving to one run_name): refused, and no allow_changes offered."""
     run_dir = _copy(run, tmp_path)
     same = tmp_path / "same.jsonl"
     shutil.copy(DEMO_DATA, same)
@@ -180,8 +182,13 @@ def test_a_new_data_path_is_reported_as_a_path_change(run: Path, tmp_path: Path)
     assert any(f"data.path: {DEMO_DATA} -> {same} (the same content" in n for n in point.notes), point.notes
     other = tmp_path / "other.jsonl"
     other.write_text(Path(DEMO_DATA).read_text().splitlines()[0] + "\n")
-    with pytest.raises(ResumeError, match=rf"data.path: {DEMO_DATA} -> {other} \(the content differs"):
-        find_resume_point(_resolved(run_dir, f"data.path={other}", *longer), "torch-state")
+    for allowed in ((), ("checkpoint.allow_changes=[train.max_steps,data.path]",)):
+        with pytest.raises(ResumeError, match=rf"{run_dir} is another run") as err:
+            find_resume_point(_resolved(run_dir, f"data.path={other}", *longer, *allowed), "torch-state")
+        text = str(err.value)
+        assert f"trained on data.path = {DEMO_DATA}, and this launch trains on {other} (other content" in text
+        assert "allow_changes=[" not in text and "not a change to accept" in text
+        assert f"it would write {run_dir}-2" in text and f"launch it with data.path={DEMO_DATA}" in text
 
 
 def test_resuming_at_or_past_max_steps_is_an_error_with_the_fix(run: Path, tmp_path: Path) -> None:

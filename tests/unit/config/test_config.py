@@ -195,6 +195,40 @@ def test_a_bad_resume_mode_names_every_accepted_value(value: str) -> None:
 # ----------------------------------------------------------------------------------------- resolve
 
 
+def _run_name_of(config: str | Path, overrides: list[str] | None = None) -> str:
+    """The run name a launch of `config` resolves to (the config's own, else the derived default)."""
+    cfg = load_config(config, overrides or [])
+    return cfg.run_name or str(resolve(cfg, 1).config.run_name)
+
+
+def _api_example_run_name() -> tuple[str, str]:
+    """(config file, run name) of the `train(...)` call in docs/guides/python-api.md's example."""
+    import ast
+    import re
+
+    text = (REPO / "docs" / "guides" / "python-api.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block, "python-api.md has no python block"
+    for node in ast.walk(ast.parse(block.group(1))):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "train":
+            config = ast.literal_eval(node.args[0])
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+            overrides = [f"run_name={kwargs['run_name']}"] if "run_name" in kwargs else []
+            return config, _run_name_of(REPO / config, overrides)
+    raise AssertionError("python-api.md's example calls no train(...)")
+
+
+def test_the_shipped_configs_and_the_api_example_write_distinct_run_directories() -> None:
+    """configs/demo.yaml, demo-chat.yaml and the Python API example once all wrote
+    runs/tiny-llama-lora-zero2-bf16-g16: a second one silently became `-2`, and a resume found another
+    config's run. Every shipped config, and the guide's example, names a folder of its own."""
+    names = {path.name: _run_name_of(path) for path in sorted((REPO / "configs").glob("*.yaml"))}
+    config, api_name = _api_example_run_name()
+    assert config == "configs/demo-chat.yaml"
+    taken = [*names.values(), api_name]
+    assert len(set(taken)) == len(taken), names | {"python-api.md": api_name}
+
+
 def test_resolve_fills_every_derived_value() -> None:
     resolved = resolve(load_config(DEMO), 2)
     cfg = resolved.config

@@ -64,9 +64,68 @@ def test_other_errors_and_local_folders_keep_their_traceback(tmp_path: Path) -> 
 
 def test_an_unreachable_hub_id_is_refused_when_its_tokenizer_loads() -> None:
     # The test environment is offline (HF_HUB_OFFLINE=1, see conftest.py) and this id is not cached.
-    with pytest.raises(LaunchError, match="cannot be reached from here") as err:
+    with pytest.raises(LaunchError, match="offline mode is on") as err:
         load_tokenizer(config({"model": {"name_or_path": "zerofit-tests/no-such-model"}}))
-    assert "zerofit-tests/no-such-model" in str(err.value)
+    assert "zerofit-tests/no-such-model" in str(err.value) and "known without network: tiny-llama" in str(
+        err.value
+    )
+
+
+def _no_retrying_fetch(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """transformers' fetches (which retry an unreachable hub with backoff for ~25 s) record their calls."""
+    import transformers
+
+    calls: list[str] = []
+
+    def fetch(name: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", fetch)
+    return calls
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_an_unknown_or_unreachable_hub_id_is_said_at_once_with_the_known_ids(
+    monkeypatch: pytest.MonkeyPatch, offline: bool
+) -> None:
+    """`meta-llama/Llama-3-8B` (no such id) without network: one paragraph before any retrying fetch, naming
+    the close catalogued id and the ids that work without network; with network, the hub's 404 says it."""
+    import httpx
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from zerofit.catalogue.models import model_config_dict
+
+    asked: list[str] = []
+
+    def model_info(self: Any, name: str, **kwargs: Any) -> Any:
+        asked.append(name)
+        assert kwargs["timeout"] <= 5
+        if offline:
+            raise httpx.ConnectError("[Errno -2] Name or service not known")
+        request = httpx.Request("GET", f"https://huggingface.co/api/models/{name}")
+        raise RepositoryNotFoundError("404 Client Error", response=httpx.Response(404, request=request))
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    monkeypatch.setattr(huggingface_hub, "is_offline_mode", lambda: False)
+    calls = _no_retrying_fetch(monkeypatch)
+    name = "meta-llama/Llama-3-8B"
+    kind = LaunchError if offline else ConfigError
+    for load in (
+        lambda: model_config_dict(name),
+        lambda: load_tokenizer(config({"model": {"name_or_path": name}})),
+    ):
+        with pytest.raises(kind) as err:
+            load()
+        text = str(err.value)
+        assert (
+            "cannot be reached from here (ConnectError" if offline else "nor a model on the Hugging Face hub"
+        ) in text
+        assert "did you mean meta-llama/Llama-3.1-8B or meta-llama/Meta-Llama-3-8B?" in text
+        assert "known without network: tiny-llama" in text
+    assert calls == [] and asked == [name, name]
 
 
 def test_an_unreachable_hub_id_at_launch_is_one_paragraph(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from zerofit.data import (
     Example,
     GlobalBatchSampler,
     collate,
+    load_examples,
     load_sft_dataset,
     split_global_batch,
 )
@@ -75,6 +76,48 @@ def test_truncation_is_counted_and_fully_truncated_responses_dropped(tmp_path: P
     assert [len(e.input_ids) for e in examples] == [7, 8]
     assert examples[1].labels[:3] == [IGNORE_INDEX] * 3 and IGNORE_INDEX not in examples[1].labels[3:]
     assert tok.eos_token_id not in examples[1].input_ids
+
+
+def test_many_cut_examples_are_said_with_the_length_that_keeps_95_percent_whole(
+    tmp_path: Path, tok: Any
+) -> None:
+    """A third of a CSV cut to 64 tokens was once only a count in the plan. Above 5% cut, the plan warns
+    once with the data.max_seq_len that keeps 95% whole; data.truncation=error refuses instead."""
+    from zerofit.config import load_config
+    from zerofit.data.truncation import check_truncation
+    from zerofit.recipe.report import truncation_warning
+
+    # The tiny tokenizer spells one character per token: an example is bos + prompt + response + eos.
+    lines = [_pair("p", "r" * n) for n in range(1, 13)] + [_pair("pp", "r" * (20 + n)) for n in range(8)]
+    lengths = sorted([3 + n for n in range(1, 13)] + [4 + 20 + n for n in range(8)])
+    data_file = _write(tmp_path, lines)
+    _, stats = load_sft_dataset(data_file, tok, 16)
+    assert (stats.n_examples, stats.n_truncated) == (20, 8)
+    assert stats.whole_len == lengths[18] == 30  # 19 of the 20 examples (95%) fit in 30 tokens
+    cfg = load_config(None, [f"data.path={data_file}", "data.max_seq_len=16"])
+    (line,) = truncation_warning(cfg, stats)
+    assert "8 of 20 examples (40%) are cut to data.max_seq_len = 16 tokens" in line
+    assert "data.max_seq_len=30 keeps 95% of them whole" in line and "data.truncation=error refuses" in line
+    allowed = load_config(None, [f"data.path={data_file}", "data.max_seq_len=16", "data.truncation=allow"])
+    assert truncation_warning(allowed, stats) == []
+    data = load_examples(data_file, tok, 16)
+    assert check_truncation(data, 16, "warn") is data and check_truncation(data, 16, "allow") is data
+    with pytest.raises(DataError) as err:
+        check_truncation(data, 16, "error")
+    assert "data.truncation = 'error' refuses such data" in str(err.value) and "data.max_seq_len=30" in str(
+        err.value
+    )
+    # At most 5% cut (1 of 20) is the count in the data line only; a conversation's length is measured too.
+    few = _write(tmp_path, [_pair("p", "r")] * 19 + lines[-1:], "few.jsonl")
+    _, few_stats = load_sft_dataset(few, tok, 16)
+    assert few_stats.n_truncated == 1 and truncation_warning(cfg, few_stats) == []
+    check_truncation(load_examples(few, tok, 16), 16, "error")  # passes: within the 5%
+    chat = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "y" * 40}]
+    chat.write_text(json.dumps({"messages": turns}) + "\n")
+    _, chat_stats = load_sft_dataset(chat, tok, 16)
+    _, whole_stats = load_sft_dataset(chat, tok, 128)
+    assert chat_stats.n_truncated == 1 and chat_stats.whole_len == whole_stats.whole_len > 40
 
 
 def test_every_example_dropped_names_max_seq_len_and_longest_prompt(tmp_path: Path, tok: Any) -> None:

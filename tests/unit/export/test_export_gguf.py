@@ -448,3 +448,34 @@ def test_llama_cpp_itself_tokenizes_and_computes_as_the_merged_model(
             assert int(got[-1].argmax()) == _greedy(reference, ids, tokenizer)[0]
     finally:
         llm.close()
+
+
+def test_every_exported_file_follows_the_umask_and_an_adapter_names_its_base_portably(
+    run_dir: Path, merged: Any, tmp_path: Path
+) -> None:
+    """safetensors writes its file 0600 while the files beside it follow the umask: teammates on a shared
+    filesystem could read an export's config but not its weights. And adapter_config.json names this
+    machine's cache folder of the built-in base: the export also records the name that resolves elsewhere."""
+    import warnings
+
+    from peft import PeftConfig
+
+    manifest = json.loads((run_dir / "checkpoints" / f"step-{STEPS}" / "manifest.json").read_text())
+    assert manifest["config_file"] == "demo.yaml"  # what a resume compares: the run's config file
+    probe = tmp_path / "probe"
+    probe.write_text("")  # a file as open() makes it: the mode the umask gives
+    wanted = probe.stat().st_mode & 0o777
+    exported = export_run(run_dir, tmp_path / "adapter-export").out
+    for folder in (run_dir / "adapter", run_dir.parent / "merged", exported):
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir() if p.is_file()}
+        assert set(modes.values()) == {oct(wanted)}, (folder, modes)
+    for folder in (run_dir / "adapter", exported):
+        record = json.loads((folder / "zerofit_base_model.json").read_text())
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "error"
+            )  # peft warns on keys it does not know: adapter_config.json has none
+            local = PeftConfig.from_pretrained(str(folder)).base_model_name_or_path
+        assert record["base_model"] == "tiny-llama" and record["seed"] == 42
+        assert record["local_path"] == local and Path(local).is_dir()
+        assert "model.name_or_path=tiny-llama seed=42" in record["note"]

@@ -185,6 +185,52 @@ def test_zerofit_plan_prints_the_chosen_plan_runner_up_and_speed_up(
     )
 
 
+def _option(micro: int, accum: int, layers: int, rate: float) -> dict[str, Any]:
+    """One row of `memory.speed` (what `zerofit plan --json` prints), 32 decoder layers."""
+    return {
+        "micro_batch_size": micro,
+        "grad_accum_steps": accum,
+        "checkpointed_layers": layers,
+        "num_layers": 32,
+        "tokens_per_s": rate,
+        "total_gib": 22.0,
+        "recompute_fraction": layers / 64,
+    }
+
+
+@pytest.mark.parametrize("configured_micro", [1, 2])
+def test_the_chosen_plan_line_says_whether_the_run_uses_it(configured_micro: int) -> None:
+    """`Chosen plan: micro 1 x accum 32` once read as what runs while the run used its configured micro 2:
+    the line says which runs (the fastest plan only when the config leaves both keys to auto)."""
+    from rich.console import Console
+
+    from zerofit.planner.report import print_speed
+
+    fastest = _option(1, 32, 11, 574.0)
+    configured = fastest if configured_micro == 1 else _option(2, 16, 32, 461.0)
+    speed = {
+        "rates_of": "rtx3090",
+        "reference_rates": False,
+        "options": [fastest],
+        "chosen": fastest,
+        "runner_up": None,
+        "baseline": None,
+        "configured": configured,
+    }
+    console = Console(record=True, width=300)
+    print_speed(speed, console)
+    text = console.export_text()
+    if configured_micro == 1:
+        assert "Chosen plan: micro 1 x accum 32, checkpointing first 11 of 32 layers" in text
+        assert "; this run uses it" in text and "Configured:" not in text
+    else:
+        assert "Chosen plan" not in text
+        assert "Fastest plan: micro 1 x accum 32" in text
+        assert "; a suggestion: this run uses the configured plan" in text
+        assert "Configured:  micro 2 x accum 16, checkpointing all layers" in text
+        assert "this run uses it (the fastest plan is 1.25x faster: set batch.micro_batch_size=auto" in text
+
+
 def test_the_chooser_runs_only_on_a_config_with_no_other_problem() -> None:
     """`auto` that could not fit, beside a missing data file: the user is told about the file (the real
     problem), not "nothing fits" (the planner's candidates are resolved and would fail on the file)."""

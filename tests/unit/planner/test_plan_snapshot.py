@@ -28,8 +28,15 @@ LABELLED = ("breakdown", "allowance", "host_breakdown", "activation_bytes_per_to
 
 
 def _planned(name: str) -> dict[str, Any]:
-    """What `zerofit plan --config configs/NAME --gpu rtx3090 --json` prints, as JSON values."""
-    return json.loads(json.dumps(plan(str(REPO / "configs" / name), gpu="rtx3090"), default=str))
+    """What `zerofit plan --config configs/NAME --gpu rtx3090 --json` prints, as JSON values; the run
+    directory as the config names it: the plan's is the `-N` a new run would take next to the runs already
+    in output_dir (the checkout's state, not the config's), which the plan's notes then explain."""
+    report = json.loads(json.dumps(plan(str(REPO / "configs" / name), gpu="rtx3090"), default=str))
+    named = str(Path(report["config"]["output_dir"]) / report["config"]["run_name"])
+    report["engine_config_file"] = report["engine_config_file"].replace(report["run_dir"], named, 1)
+    report["run_dir"] = named
+    report["notes"] = [n for n in report["notes"] if "already holds a run" not in n]
+    return report
 
 
 def _comparable(value: Any, key: str = "") -> Any:

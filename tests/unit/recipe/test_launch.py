@@ -64,12 +64,27 @@ def test_deepspeed_precision_the_accelerator_lacks_is_refused() -> None:
     _check_accelerator_precision("fp32", accelerator)
 
 
-def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+_BROKEN = '{"prompt": "a", "response": "b"}\n{"prompt": \n'
+# A third of the responses longer than data.max_seq_len=16: refused under data.truncation=error.
+_CUT = "".join(f'{{"prompt": "p", "response": "{"r" * (40 if i % 3 == 0 else 5)}"}}\n' for i in range(30))
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "expected"),
+    [
+        (_BROKEN, [], r"bad\.jsonl:2"),
+        (_CUT, ["data.max_seq_len=16", "data.truncation=error"], r"10 of 30 examples \(33%\) are cut"),
+    ],
+    ids=["broken-record", "truncation-error"],
+)
+def test_bad_data_fails_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, extra: list[str], expected: str
+) -> None:
     from zerofit.core.errors import DataError
     from zerofit.recipe import assembly
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": \n')
+    bad.write_text(text)
 
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded before the data was checked")
@@ -81,8 +96,9 @@ def test_bad_data_fails_before_the_model_loads(tmp_path: Path, monkeypatch: pyte
         "batch.micro_batch_size=1",
         "distributed.strategy=single",
         f"output_dir={tmp_path / 'runs'}",
+        *extra,
     ]
-    with pytest.raises(DataError, match=r"bad\.jsonl:2"):
+    with pytest.raises(DataError, match=expected):
         assembly.assemble(resolve(load_config(None, overrides), 1))
     assert not (tmp_path / "runs").exists()  # nothing written for a run that never started
 
