@@ -135,13 +135,16 @@ def _train_hf(
     """`train_hf`'s measurement (see there)."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
     cuda = torch.cuda.is_available()
     if cuda and cap_gib is not None:
         _, total = torch.cuda.mem_get_info()
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    # peft draws the LoRA A matrices from torch's RNG before the Trainer seeds it: seed first, as a user's
+    # script would (transformers.set_seed), so the run repeats from its seed.
+    set_seed(seed)
     model = _load_base(model_dir, dtype, attn, load_in_4bit, cuda, checkpointing)
     lora = lora or LoraSettings()
     model = get_peft_model(

@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def hf_scores(model: Any) -> dict[str, Any]:
         trained = scores(model, tokenizer, held_out)
+        # Whether HF's Trainer ran in a process group (a one-rank DDP costs it time a user's run does not pay).
+        trained["process_group"] = torch.distributed.is_initialized()
         with model.disable_adapter():
             trained["base"] = scores(model, tokenizer, held_out)
         return trained
