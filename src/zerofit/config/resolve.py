@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from zerofit.catalogue.models import is_tiny_model, soft_caps_attention
+from zerofit.catalogue.models import is_builtin_model, soft_caps_attention
 from zerofit.catalogue.presets import DEFAULT_PRESET, list_presets
 from zerofit.config.batching import BatchConfigError, BatchSplit, solve_batch
 from zerofit.config.schema import DEFAULT_MAX_STEPS, ZerofitConfig
@@ -306,7 +306,7 @@ def _model_path_problem(name: str) -> str | None:
 
     A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`models/hub.py`).
     """
-    if is_tiny_model(name):
+    if is_builtin_model(name):
         return None
     folder = Path(name).expanduser()
     model_folder = "a model folder (config.json, the tokenizer files and the weights, as save_pretrained or `hf download` writes it)"

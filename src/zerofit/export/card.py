@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from zerofit.catalogue.models import is_tiny_model
+from zerofit.catalogue.models import PRETRAINED_HUB_IDS, is_tiny_model
 from zerofit.config.resolve import adaptation_method
 from zerofit.export.checkpoints import WeightsSource
 from zerofit.export.trained import RunConfig
@@ -95,7 +95,14 @@ def _base_model(run: RunConfig) -> str:
     name = run.config.model.name_or_path
     if is_tiny_model(name):
         return f"{name} (zerofit's built-in random-init model, seed {run.config.seed})"
+    if name in PRETRAINED_HUB_IDS:
+        return f"{PRETRAINED_HUB_IDS[name]} (zerofit's built-in {name})"
     return name
+
+
+def _base_model_entry(name: str) -> dict[str, str]:
+    """The front matter's base_model: the hub id the weights came from (none for a random-init tiny model)."""
+    return {} if is_tiny_model(name) else {"base_model": PRETRAINED_HUB_IDS.get(name, name)}
 
 
 def _method(cfg: ZerofitConfig) -> str:
@@ -180,7 +187,7 @@ def model_card(
     table = "\n".join(f"| {key} | {value} |" for key, value in rows)
     front = yaml.safe_dump(
         {
-            **({"base_model": cfg.model.name_or_path} if not is_tiny_model(cfg.model.name_or_path) else {}),
+            **_base_model_entry(cfg.model.name_or_path),
             "library_name": {"adapter": "peft", "gguf": "gguf"}.get(kind, "transformers"),
             "tags": ["zerofit", method.split(" ")[0], *(["gguf"] if kind == "gguf" else [])],
         },

