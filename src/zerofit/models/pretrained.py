@@ -144,4 +144,4 @@ def ensure_pretrained(name: str = SMOLLM2) -> Path:
         )
         _convert_into(folder, gguf)
 
-    return build_once(pretrained_path(name), build)
+    return build_once(name, pretrained_path(name), build)

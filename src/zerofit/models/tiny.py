@@ -307,11 +307,11 @@ def ensure_tiny_llama(seed: int = 0) -> Path:
 def ensure_tiny_model(name: str = TINY_LLAMA, seed: int = 0) -> Path:
     """Return the folder of built-in model `name` for `seed`, building it once per machine if needed
     (`build_once`)."""
-    return build_once(tiny_model_path(name, seed), lambda folder: _build_into(folder, seed, name))
+    return build_once(name, tiny_model_path(name, seed), lambda folder: _build_into(folder, seed, name))
 
 
-def build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Return `target`, a built-in model's folder, first running `build(empty folder)` once per machine if
+def build_once(name: str, target: Path, build: Callable[[Path], None]) -> Path:
+    """Return `target`, built-in model `name`'s folder, first running `build(empty folder)` once per machine if
     `target` is not complete (`incomplete_reason`); `build` must end with `write_marker`.
 
     Safe when several processes (the ranks of a launch, or several launches) call it at once: one builds,
