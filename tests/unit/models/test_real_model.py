@@ -2,7 +2,7 @@
 byte-level BPE, tied embeddings, the ChatML template it was trained with) fine-tuned by zerofit in this
 process, and what comes out of it checked against what went in.
 
-One short LoRA SFT run (a strict answer format, `{"answer": "<city>"}`, on 16 capital questions; 8 steps,
+One short LoRA SFT run (a strict answer format, `{"answer": "<city>"}`, on 16 capital questions; 6 steps,
 lr 2e-3) and one short DPO run (the same format preferred over a plain sentence) are shared by every test,
 with the SFT run's adapter, fp32 merge and GGUF (f16, q8_0) exports (zerofit's own `export_run` and
 `export_gguf`, what `zerofit export` calls):
@@ -54,7 +54,7 @@ CAPITALS = {
 }  # fmt: skip
 HELD_OUT = ("Austria", "Sweden", "Cuba", "Chile", "Finland", "Hungary")  # never trained on
 TRAIN = tuple(c for c in CAPITALS if c not in HELD_OUT)
-STEPS = 8
+STEPS = 6
 NEW_TOKENS = 12
 BETA = 0.1
 # Largest |logit difference| allowed against the fp32 merge, relative to the largest |logit|. q8_0: 16 x 2^-8,
