@@ -116,7 +116,7 @@ def export_gguf(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # what `check_out` cannot see from here (a read-only filesystem as root)
         raise unwritable_out(out, exc) from None
-    written = write_gguf(model, tokenizer, out / f"{stem}-{quant}.gguf", quant, stem)
+    written = write_gguf(model, tokenizer, out / f"{stem}-{quant}.gguf", quant, stem, run.is_chat)
     _write_text(
         out / MODELFILE, modelfile(written.path.name, tokenizer, model.config.max_position_embeddings)
     )

@@ -189,12 +189,24 @@ def gguf_vocab(tokenizer: Any, vocab_size: int) -> GGUFVocab:
     )
 
 
-def write_vocab(writer: Any, vocab: GGUFVocab, tokenizer: Any) -> None:
-    """Add `vocab`, the special ids and the chat template to gguf writer `writer`.
+def bos_first(tokenizer: Any, chat: bool) -> bool:
+    """Whether the sequences a run trained on start with bos, which GGUF's `add_bos_token` tells llama.cpp.
 
-    `add_bos_token` is true when the tokenizer has a bos token: zerofit trains every sequence with bos
-    first (the data pipeline adds it whatever the tokenizer does), so llama.cpp should prompt that way.
+    Text and prompt/response data: yes where the tokenizer has a bos token (the data pipeline adds it,
+    whatever the tokenizer does). Chat messages (`chat`): the template's rendering, nothing added, so what
+    the tokenizer itself does, as llama.cpp's converter records it (SmolLM2: no; its bos is `<|im_start|>`,
+    which would otherwise open every prompt twice; Llama 3: yes, and llama.cpp drops the template's own).
     """
+    if tokenizer.bos_token_id is None:
+        return False
+    if not chat:
+        return True
+    return tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
+
+
+def write_vocab(writer: Any, vocab: GGUFVocab, tokenizer: Any, chat: bool = False) -> None:
+    """Add `vocab`, the special ids and the chat template to gguf writer `writer`; `add_bos_token` as the
+    run trained (`bos_first`: `chat` for a run on chat messages)."""
     writer.add_tokenizer_model(vocab.model)
     if vocab.pre is not None:
         writer.add_tokenizer_pre(vocab.pre)
@@ -213,7 +225,7 @@ def write_vocab(writer: Any, vocab: GGUFVocab, tokenizer: Any) -> None:
     for add, token_id in ids.items():
         if token_id is not None:
             add(int(token_id))
-    writer.add_add_bos_token(tokenizer.bos_token_id is not None)
+    writer.add_add_bos_token(bos_first(tokenizer, chat))
     writer.add_add_eos_token(False)
     if vocab.model == "llama":
         # SentencePiece's prefix space (Llama 2 / Mistral: yes), as the tokenizer behaves: does "a" become "▁a"?

@@ -270,16 +270,17 @@ def _tensors(model: Any, arch: str, permute: bool) -> list[tuple[str, torch.Tens
     return out
 
 
-def write_gguf(model: Any, tokenizer: Any, path: Path, quant: str, name: str) -> GGUFFile:
+def write_gguf(model: Any, tokenizer: Any, path: Path, quant: str, name: str, chat: bool = False) -> GGUFFile:
     """Write `model` (a merged HF causal LM, any float dtype) with `tokenizer` as GGUF file `path`, tensors
-    in `quant` (a `QUANTS` key), named `name` (`general.name`); atomically (module docstring)."""
+    in `quant` (a `QUANTS` key), named `name` (`general.name`); atomically (module docstring). `chat`: the
+    run trained on chat messages (whether prompts get bos, `gguf_tokenizer.bos_first`)."""
     import gguf
 
     arch, permute = check_architecture(model.config)
     result = GGUFFile(path=Path(path), quant=quant)
     writer = gguf.GGUFWriter(path=None, arch=arch)
     rope_factors = _write_hparams(writer, model.config, name, quant, permute)
-    write_vocab(writer, gguf_vocab(tokenizer, int(model.config.vocab_size)), tokenizer)
+    write_vocab(writer, gguf_vocab(tokenizer, int(model.config.vocab_size)), tokenizer, chat)
     if rope_factors is not None:
         writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", rope_factors)
         result.tensors += 1

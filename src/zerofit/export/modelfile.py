@@ -9,7 +9,8 @@ common families are mapped here by a marker of their Jinja text (a stated mappin
 
 Another template gets no TEMPLATE line: Ollama then picks one itself from the GGUF's
 `tokenizer.chat_template` (its own list of known templates). No template writes BOS: llama.cpp adds it
-(the GGUF's `add_bos_token`). The stop tokens are the template's turn end and the tokenizer's eos.
+where the GGUF's `add_bos_token` says the run trained with it (a chat run on a ChatML model, whose bos is
+`<|im_start|>`, gets none). The stop tokens are the template's turn end and the tokenizer's eos.
 """
 
 from __future__ import annotations

@@ -222,6 +222,58 @@ def test_a_byte_level_bpe_keeps_its_merges_and_names_its_pre_tokenizer(tmp_path:
     )
 
 
+def _chatml_tokenizer() -> Any:
+    """A small byte-level BPE shaped as SmolLM2's: bos is `<|im_start|>`, which its ChatML template opens
+    every turn with, and encoding adds no bos (no post-processor)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(Path(DEMO_DATA).read_text().splitlines()[:300], trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    return tokenizer
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_add_bos_token_says_whether_the_run_trained_with_bos_first(tmp_path: Path, chat: bool) -> None:
+    # A chat run trains on the template's rendering, nothing added: a GGUF saying add_bos_token would make
+    # llama.cpp (and transformers' reader) open every prompt with a second <|im_start|>. A text run trains
+    # with bos first, so its GGUF says so.
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from zerofit.export.gguf_writer import write_gguf
+
+    tokenizer = _chatml_tokenizer()
+    assert tokenizer.encode("add: 1+2") == tokenizer.encode("add: 1+2", add_special_tokens=False)
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=len(tokenizer),
+    )  # fmt: skip
+    write_gguf(LlamaForCausalLM(config), tokenizer, tmp_path / "t.gguf", "f16", "t", chat=chat)
+    assert (
+        bool(GGUFReader(tmp_path / "t.gguf").fields["tokenizer.ggml.add_bos_token"].parts[-1][0]) is not chat
+    )
+    loaded = AutoTokenizer.from_pretrained(tmp_path, gguf_file="t.gguf")
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "add: 1+2"}], tokenize=False)
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    assert ids[0] == tokenizer.bos_token_id
+    assert loaded.encode(rendered) == (ids if chat else [tokenizer.bos_token_id, *ids])
+
+
 def test_a_sentencepiece_style_bpe_keeps_its_byte_tokens(tmp_path: Path) -> None:
     import string
 
