@@ -91,7 +91,7 @@ def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
         output_dir=str(tmp_path),
         train={"max_steps": 20},
         optimizer={"lr": 1e-3},
-        distributed={"strategy": "single"},
+        distributed={"strategy": "single", "preset": None},
         data={"path": str(TRAIN)},
     )
     task, facts = score_run(result.run_dir, TASK, FACTS)
