@@ -29,7 +29,7 @@ from typing import Any
 from zerofit.core.errors import ConfigError, DataError, ZerofitError
 
 # Tokens each reply may take: the task's answers and the facts' sentences fit with room to spare.
-MAX_NEW_TOKENS = 16
+MAX_NEW_TOKENS = 40
 # Prompts per generate() call: batched decoding, small enough for 2 CPU cores' memory at any vocabulary.
 BATCH_SIZE = 16
 SAMPLES = 2  # task answers shown before and after

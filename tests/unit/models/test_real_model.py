@@ -19,7 +19,8 @@ with the SFT run's adapter, fp32 merge and GGUF (f16, q8_0) exports (zerofit's o
   model with real tensors (torch's MemTracker, the tracker `zerofit plan --trace` uses), within 10%.
 
 Each test would fail if training did nothing: the losses, accuracies and margins are compared before and
-after. The whole module takes about 2 CPU-minutes (the runs dominate); the wheel must be installed.
+after. The whole module takes about 7 CPU-minutes on 2 cores (the runs and the GGUF reads dominate); the
+wheel must be installed.
 """
 
 from __future__ import annotations

@@ -97,3 +97,21 @@ def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
     task, facts = score_run(result.run_dir, TASK, FACTS)
     task_before, task_after = task.counts
     assert task_before <= 2 and task_after >= task_before + 10, format_report(task, facts)
+
+
+def test_the_readme_shows_the_report_as_the_scorer_prints_it() -> None:
+    """The README's quick start shows a real `make demo` ending: its lines are the scorer's lines, the task
+    improves, and the facts the base model knew are kept (the count does not fall)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"```text\n(Held-out task.*?)```", readme, re.S)
+    assert block, "README.md's quick start shows the demo's before/after report"
+    shown = block.group(1).splitlines()
+    template = format_report(*_scores(['{"answer": "blue"}', '{"answer": "8"}'], ['{"answer": "Vienna"}']))
+    pattern = [re.sub(r"\d+/\d+", "X", line) for line in template.splitlines()[:2]]
+    assert [re.sub(r"\d+/\d+", "X", line) for line in shown[:2]] == pattern
+    task_before, task_after = (int(n) for n in re.findall(r"(\d+)/\d+", shown[0]))
+    facts_before, facts_after = (int(n) for n in re.findall(r"(\d+)/\d+", shown[1]))
+    assert task_after >= task_before + 10 and facts_after >= facts_before
+    assert [line.split(":")[0].strip() for line in shown[2:8]] == ["Q", "base", "trained"] * 2
