@@ -23,7 +23,7 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo"]  # train.objective
+Objective = Literal["sft", "dpo", "simpo", "orpo", "grpo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -519,6 +519,84 @@ class PlannerSection(_Section):
     )
 
 
+RLLossType = Literal["grpo", "dapo", "dr_grpo"]  # rl.loss_type (see zerofit.objectives.grpo)
+RewardScaling = Literal["group", "batch", "none"]  # rl.scale_rewards
+
+
+class RewardSpec(_Section):
+    """One reward function of an online-RL run (`rl.rewards`): a built-in by name, or the user's own
+    `module:function`, imported only because the user's own config or command line names it."""
+
+    function: str = Field(
+        description="A built-in reward (exact_match, format_regex, length, reward_model) or `module:function` "
+        "(called with prompts, completions and the data's other columns; returns one float per completion)."
+    )
+    weight: float = Field(1.0, description="Its weight in the summed reward.")
+    column: str = Field("answer", description="exact_match: the data column holding the reference answer.")
+    pattern: str | None = Field(
+        None, description="format_regex: the regular expression a completion must match."
+    )
+    target_length: int | None = Field(
+        None, gt=0, description="length: the completion length (tokens) that earns the full reward."
+    )
+    path: str | None = Field(
+        None,
+        description="reward_model: a sequence-classification model folder (`zerofit export` of a reward run).",
+    )
+
+
+class RLSection(_Section):
+    """Online RL (`train.objective: grpo`): rollouts generated inside the run, scored by reward functions, and
+    the clipped policy-gradient loss of GRPO and its published variants (TRL GRPOConfig's names)."""
+
+    num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (G): one group.")
+    prompts_per_step: int = Field(
+        4, ge=1, description="Prompts per optimizer step (the global batch, in groups)."
+    )
+    max_prompt_length: int = Field(
+        256, gt=0, description="Longer prompts are refused or truncated (data.truncation)."
+    )
+    max_completion_length: int = Field(
+        128, gt=0, description="Generation stops here; such a completion is truncated."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: 1.0 is off.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling: 0 is off.")
+    loss_type: RLLossType = Field(
+        "dapo",
+        description="grpo: each completion's token mean, then the mean over completions; dapo: the token mean "
+        "over the global batch's completion tokens; dr_grpo: the token sum over max_completion_length x "
+        "completions.",
+    )
+    beta: float = Field(
+        0.0, ge=0, description="KL to the reference (k3 estimator); 0 skips the reference pass."
+    )
+    epsilon: float = Field(0.2, gt=0, description="The ratio's lower clipping bound, 1 - epsilon.")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="The upper bound, 1 + epsilon_high (DAPO: 0.28)."
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="Updates per generation batch (old-policy log-probs kept)."
+    )
+    scale_rewards: RewardScaling = Field(
+        "group", description="Advantages divided by the std of the group, of the batch, or not at all."
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Truncated completions count in no loss term."
+    )
+    rewards: list[RewardSpec] = Field(
+        default_factory=list, description="The reward functions, summed by weight."
+    )
+    generation_backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="transformers: the policy's own generate; vllm: colocated vLLM (CUDA)."
+    )
+    log_completions_every: int = Field(
+        10,
+        ge=0,
+        description="Every N steps a few sampled completions go to W&B and completions.jsonl; 0 never.",
+    )
+
+
 SEED_MAX = 2**32 - 1  # numpy.random.seed (through accelerate's set_seed) takes 0 .. 2**32 - 1
 
 
@@ -549,6 +627,7 @@ class ZerofitConfig(_Section):
     lora: LoraSection = Field(default_factory=LoraSection)
     data: DataSection = Field(default_factory=DataSection)
     preference: PreferenceSection = Field(default_factory=PreferenceSection)
+    rl: RLSection = Field(default_factory=RLSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
