@@ -100,9 +100,46 @@ def build_plan_report(
         "memory": memory_report(resolved, spec, **memory_options),
         "lora": lora_targets_report(cfg),
     }
+    if cfg.train.objective == "grpo":
+        report["rl"] = rl_report(resolved)
     if probe:
         report["memory"]["probe"] = probe_report(resolved, report["memory"])
     return report
+
+
+def rl_report(resolved: ResolvedConfig) -> dict[str, Any]:
+    """A GRPO run's global batch in prompts, completions and tokens, and every reward function it would call
+    (a `module:function` named, never imported: a launch with this config imports it)."""
+    from zerofit.planner.rl import rl_batch
+    from zerofit.recipe.rewards import describe_reward, reward_spec_problems
+
+    rewards = resolved.config.rl.rewards
+    return {
+        **rl_batch(resolved.config, resolved.batch.dp_size),
+        "rewards": [describe_reward(spec) for spec in rewards],
+        "imports": [spec.function.split(":")[0] for spec in rewards if ":" in spec.function],
+        "reward_problems": reward_spec_problems(rewards),
+    }
+
+
+def print_rl(rl: dict[str, Any], console: Console) -> None:
+    """The `rl` block in words: the step in prompts, completions and tokens, then the rewards."""
+    console.print(
+        f"GRPO step: {rl['prompts_per_step']} prompts x {rl['num_generations']} generations = "
+        f"{rl['completions_per_step']} completions ({rl['completions_per_rank']} per rank), at most "
+        f"{rl['max_tokens_per_step']:,} tokens ({rl['max_prompt_length']} prompt + {rl['max_completion_length']} "
+        f"completion each; {rl['max_completion_tokens_per_step']:,} completion tokens); loss {rl['loss_type']}, "
+        f"beta {rl['beta']:g}, {rl['num_iterations']} update(s) per generation batch",
+        highlight=False,
+    )
+    for line in rl["rewards"] or ["none (a launch refuses a GRPO run without rl.rewards)"]:
+        console.print(f"Reward: {line}", highlight=False)
+    if rl["imports"]:
+        console.print(
+            f"A launch imports: {', '.join(rl['imports'])} (your code; nothing imported now)", highlight=False
+        )
+    for problem in rl["reward_problems"]:
+        console.print(f"Reward problem: {problem}", highlight=False)
 
 
 def probe_report(resolved: ResolvedConfig, memory: dict[str, Any]) -> dict[str, Any]:
@@ -161,6 +198,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     )
     table.add_row("tokens / step (max)", str(b["max_tokens_per_optimizer_step"]), b["tokens_note"])
     console.print(table)
+    if "rl" in report:
+        print_rl(report["rl"], console)
     if "memory" in report:
         from zerofit.planner.report import print_memory
 
