@@ -84,7 +84,7 @@ def _build_one(i: int, spec: RewardSpec, tokenizer: Any) -> RewardFn:
     if spec.function == "reward_model":
         from zerofit.models.reward_model import reward_model  # loads torch weights: only when asked
 
-        return reward_model(str(spec.path), tokenizer)
+        return reward_model(str(spec.path))
     return _import_function(i, spec.function)
 
 
