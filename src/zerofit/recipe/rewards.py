@@ -33,7 +33,7 @@ def describe_reward(spec: RewardSpec) -> str:
     `my_rewards:correct (imported at launch from module my_rewards) x 0.5`; nothing is imported."""
     detail = {
         "exact_match": f"column {spec.column}",
-        "format_regex": f"pattern {spec.pattern!r}",
+        "format_regex": f"pattern {spec.pattern}",
         "length": f"target {spec.target_length} tokens",
         "reward_model": f"model folder {spec.path}",
     }.get(spec.function)
