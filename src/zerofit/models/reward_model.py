@@ -18,6 +18,7 @@ model sits on the current CUDA device when there is one (in its saved dtype), el
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +91,9 @@ class RewardModel:
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.tokenizer.padding_side = "right"
-        self.max_length = min(
-            int(self.tokenizer.model_max_length),
-            int(getattr(self.model.config, "max_position_embeddings", None) or 1 << 30),
-        )
+        # The longest input it reads: its positions (a tokenizer may say "no limit" with a huge number).
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_length = min(int(self.tokenizer.model_max_length), int(positions or sys.maxsize))
 
     def render(self, prompt: str, completion: str) -> str:
         """The text the reward model reads: a user and an assistant turn through its chat template, or the
