@@ -270,7 +270,10 @@ def scenario_for(
         compile=t.compile,
         packed=cfg.batch.tokens_per_micro_batch is not None,
         objective=t.objective,
-        reference=cfg.preference.reference,
+        # GRPO's reference (rl.beta > 0) is the same no-grad forward with the adapters off as DPO's.
+        reference=("adapters_off" if rl.reference else "none")
+        if rl is not None
+        else cfg.preference.reference,
         rl=rl,
     )
 
