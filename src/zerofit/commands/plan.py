@@ -177,6 +177,21 @@ def probe_report(resolved: ResolvedConfig, memory: dict[str, Any]) -> dict[str, 
     }
 
 
+def _batch_units(b: dict[str, Any]) -> tuple[str, str]:
+    """What the global batch and a micro-batch count, in words: examples, preference pairs or completions."""
+    if b.get("samples") == "pairs":
+        return (
+            f"preference pairs per optimizer step (train.objective {b['objective']}: 2 sequences each)",
+            f"pairs per forward/backward, per rank ({2 * b['micro_batch_size']} sequences)",
+        )
+    if b.get("samples") == "completions":
+        return (
+            "completions trained on per optimizer step (rl.prompts_per_step x rl.num_generations)",
+            "completions per forward/backward, per rank",
+        )
+    return "samples per optimizer step", "samples per forward/backward, per rank"
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     """Human-readable form of `build_plan_report`'s dict."""
     b = report["batch"]
@@ -184,12 +199,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     table.add_column("factor")
     table.add_column("value", justify="right")
     table.add_column("meaning")
-    if b.get("samples") == "pairs":
-        unit = f"preference pairs per optimizer step (train.objective {b['objective']}: 2 sequences each)"
-    elif b.get("samples") == "completions":
-        unit = "completions trained on per optimizer step (rl.prompts_per_step x rl.num_generations)"
-    else:
-        unit = "samples per optimizer step"
+    unit, per_forward = _batch_units(b)
     table.add_row("global_batch_size", str(b["global_batch_size"]), unit)
     if b.get("tokens_per_micro_batch"):
         table.add_row(
@@ -204,11 +214,6 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             "grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step, at most"
         )
     else:
-        per_forward = "samples per forward/backward, per rank"
-        if b.get("samples") == "pairs":
-            per_forward = f"pairs per forward/backward, per rank ({2 * b['micro_batch_size']} sequences)"
-        elif b.get("samples") == "completions":
-            per_forward = "completions per forward/backward, per rank"
         table.add_row("micro_batch_size", str(b["micro_batch_size"]), per_forward)
         table.add_row("grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step")
     table.add_row("dp_size", str(b["dp_size"]), "data-parallel ranks (the launcher's world size)")
