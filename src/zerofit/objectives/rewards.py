@@ -128,7 +128,7 @@ def _marked(text: str) -> str | None:
     for marker in (_HASHES, _ANSWER):
         found = list(marker.finditer(text))
         if found:
-            return found[-1].group(1).strip().splitlines()[0] if found[-1].group(1).strip() else ""
+            return found[-1].group(1).strip()  # `.` stops at the line's end
     return None
 
 
