@@ -211,7 +211,7 @@ class _Tokenizer:
             self._keep(index, [example], truncated, self._full_length(parsed, where) if truncated else None)
         elif isinstance(parsed, Conversation):
             ids, mask, truncated = tokenize_conversation(
-                self.tokenizer, parsed.messages, self.max_seq_len, where
+                self.tokenizer, parsed.messages, self.max_seq_len, where, parsed.tools
             )
             labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]
             full = self._full_length(parsed, where) if truncated else None
@@ -253,7 +253,7 @@ class _Tokenizer:
         (one past that when longer): only cut examples pay for this second, longer tokenization."""
         cap = LENGTH_PROBE * self.max_seq_len
         if isinstance(parsed, Conversation):
-            ids, _, cut = tokenize_conversation(self.tokenizer, parsed.messages, cap, where)
+            ids, _, cut = tokenize_conversation(self.tokenizer, parsed.messages, cap, where, parsed.tools)
             return cap + 1 if cut else len(ids)
         prompt, prompt_cut = encode_head(self.tokenizer, parsed.prompt, cap)
         response, response_cut = encode_head(self.tokenizer, parsed.response, cap)
@@ -339,7 +339,10 @@ def _empty_response(parsed: PromptResponse | Conversation | Document) -> bool:
     if isinstance(parsed, PromptResponse):
         return not parsed.response.strip()
     if isinstance(parsed, Conversation):
-        return any(m["role"] == "assistant" and not str(m["content"]).strip() for m in parsed.messages)
+        return any(
+            m["role"] == "assistant" and not str(m["content"]).strip() and not m.get("tool_calls")
+            for m in parsed.messages
+        )  # a tool call is a response, its content often empty
     return False  # a text document: an empty one has no tokens and is dropped as such
 
 
