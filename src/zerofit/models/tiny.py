@@ -98,12 +98,18 @@ class TinyFamily:
     """A built-in model's chat format: its template, its chat tokens (added after the characters) and the
     token that ends an assistant turn (the tokenizer's eos, as in the family's instruct models)."""
 
-    def __init__(self, template: str, tokens: tuple[str, ...] = (), eos: str = EOS) -> None:
+    def __init__(
+        self, template: str, tokens: tuple[str, ...] = (), eos: str = EOS, byte_level: bool = False
+    ) -> None:
         self.template, self.tokens, self.eos = template, tokens, eos
+        # Qwen2: transformers' AutoTokenizer loads any `qwen2` folder as its own Qwen2Tokenizer (a byte-level
+        # BPE, whatever tokenizer_config.json says), which drops a character-level vocab's spaces and
+        # newlines: such a family's characters are byte-level symbols ("Ġ" for a space), as in the real one.
+        self.byte_level = byte_level
 
 
 _CHATML = TinyFamily(_CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>")
-_QWEN25 = TinyFamily(_QWEN25_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>")
+_QWEN25 = TinyFamily(_QWEN25_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>", byte_level=True)
 _LLAMA31 = TinyFamily(
     _LLAMA31_TEMPLATE,
     (
@@ -180,6 +186,8 @@ def build_tokenizer(
     from transformers import PreTrainedTokenizerFast
 
     family = FAMILIES[name]
+    if family.byte_level:
+        return _byte_level_tokenizer(name)
     vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS, *family.tokens))}
     assert len(vocab) <= TINY_CONFIGS[name]["vocab_size"]
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
@@ -198,6 +206,31 @@ def build_tokenizer(
         model_max_length=TINY_CONFIGS[name]["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
+
+
+def _byte_level_tokenizer(name: str):  # -> transformers.Qwen2Tokenizer (imported lazily: slow)
+    """`build_tokenizer(name)` for a byte-level family (`TinyFamily.byte_level`): the family's own tokenizer
+    class over the same ids, each character's byte-level symbol one token (no merges), so the folder loads
+    back through AutoTokenizer as the same tokenizer."""
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    family, symbol = FAMILIES[name], bytes_to_unicode()
+    tokens = (*SPECIAL_TOKENS, *("".join(symbol[b] for b in c.encode()) for c in CHARACTERS), *family.tokens)
+    tokenizer = Qwen2Tokenizer(
+        vocab={tok: i for i, tok in enumerate(tokens)},
+        merges=[],
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=family.eos,
+        pad_token=PAD,
+        chat_template=family.template,
+        model_max_length=TINY_CONFIGS[name]["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in family.tokens], special_tokens=True)
+    return tokenizer
 
 
 def _build_into(folder: Path, seed: int, name: str = TINY_LLAMA) -> None:
