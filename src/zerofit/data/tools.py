@@ -21,6 +21,7 @@ whose text lacks any of them.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from zerofit.core.errors import DataError
@@ -29,6 +30,7 @@ __all__ = [
     "has_tool_turns",
     "parse_tool_calls",
     "parse_tools",
+    "read_tools_file",
     "require_tool_template",
     "sharegpt_function_call",
 ]
@@ -105,6 +107,23 @@ def parse_tools(value: Any, where: str) -> list[dict[str, Any]] | None:
                 'as {"type": "function", "function": {"name": ..., "parameters": ...}} or bare {"name": ...}.'
             )
         tools.append({"type": "function", "function": function})
+    return tools
+
+
+def read_tools_file(path: str) -> list[dict[str, Any]]:
+    """`data.tools_file`: the tools (a JSON list of function schemas) of every conversation without its own;
+    DataError naming the key when the file cannot be read or holds no tools."""
+    where = f"data.tools_file = {path!r}"
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(
+            f"{where}: cannot read it ({type(exc).__name__}: {exc}); point data.tools_file at a JSON file "
+            "holding a list of tool schemas, or leave it unset and give each record its own 'tools'."
+        ) from None
+    tools = parse_tools(text, where)
+    if tools is None:
+        raise DataError(f"{where}: the file holds no tools (an empty list); list the tool schemas in it.")
     return tools
 
 

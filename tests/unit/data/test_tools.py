@@ -196,6 +196,29 @@ def test_bad_tool_data_is_one_paragraph_naming_the_message() -> None:
         parse_record("messages", {**OPENAI, "tools": [{"description": "no name"}]}, "test:1")
 
 
+def test_data_tools_file_gives_the_tools_of_records_without_their_own(tmp_path: Path) -> None:
+    """`data.tools_file`: one set of tools for a data set; a record's own `tools` still win; an unreadable or
+    empty file is one paragraph naming the key."""
+    from zerofit.config import load_config
+    from zerofit.data.tools import read_tools_file
+
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(OPENAI["tools"]))
+    (tmp_path / "bare.jsonl").write_text(json.dumps({"messages": OPENAI["messages"]}) + "\n")
+    (tmp_path / "own.jsonl").write_text(json.dumps(OPENAI) + "\n")
+    tokenizer = _tokenizer("tiny-qwen2")
+    shared = load_examples(tmp_path / "bare.jsonl", tokenizer, 2048, tools=read_tools_file(str(tools_file)))
+    own = load_examples(tmp_path / "own.jsonl", tokenizer, 2048, tools=[{"name": "other"}])
+    assert shared.examples == own.examples
+    cfg = load_config(REPO / "configs" / "demo-tools.yaml", [f"data.tools_file={tools_file}"])
+    assert cfg.data.tools_file == str(tools_file)
+    with pytest.raises(DataError, match=r"data.tools_file = '.*nothing.json': cannot read it"):
+        read_tools_file(str(tmp_path / "nothing.json"))
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(DataError, match=r"data.tools_file = .*: the file holds no tools"):
+        read_tools_file(str(tmp_path / "empty.json"))
+
+
 def test_the_demo_data_trains_whole_and_keeps_every_tool_call_turn() -> None:
     """data/demo_tools.jsonl (both layouts) through the SFT loader with tiny-qwen2 at the demo config's
     max_seq_len: every conversation kept (a tool-call turn with empty content is no empty response), none cut."""
