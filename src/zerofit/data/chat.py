@@ -12,8 +12,9 @@ Which tokens are the assistant's is read from the template itself, in one of two
    not (some rewrite earlier turns) is refused with the fix (a template with `{% generation %}`).
 
 Every assistant turn is learned, not only the last, its tool calls included; `tool` results, like the tools
-preamble the template writes from `tools=`, are not (`data/tools.py`). A long message is cut to the text that can still fit in
-`max_seq_len` before rendering (see `tokenize.py`), so a huge turn never reaches the tokenizer whole.
+preamble the template writes from `tools=`, are not (`data/tools.py`). A long message is cut to the text that
+can still fit in `max_seq_len` before rendering (see `tokenize.py`), so a huge turn never reaches the
+tokenizer whole.
 """
 
 from __future__ import annotations

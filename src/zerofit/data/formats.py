@@ -196,10 +196,9 @@ def _message(raw: Any, where: str, index: int) -> dict[str, Any]:
     if "role" in raw and ("content" in raw or raw.get("tool_calls")):
         role, content = raw["role"], raw.get("content")
         extra = {k: v for k, v in raw.items() if k not in ("role", "content") and v is not None}
-        if "tool_calls" in extra:  # OpenAI's tool calls: content may be null, arguments a JSON string
-            extra.pop("tool_calls")
-            calls = parse_tool_calls(raw["tool_calls"], where, index)
-            extra, content = ({**extra, "tool_calls": calls}, content or "") if calls else (extra, content)
+        calls = parse_tool_calls(extra.pop("tool_calls", None), where, index)
+        if calls:  # OpenAI's tool calls: content may be null, arguments a JSON string (data/tools.py)
+            extra, content = {**extra, "tool_calls": calls}, content or ""
     elif raw.get("from") == "function_call" and "value" in raw:
         return sharegpt_function_call(raw["value"], where, index)
     elif "from" in raw and "value" in raw:
