@@ -60,7 +60,8 @@ _TINY_BASE: dict[str, Any] = {
 _TINY_MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 TINY_CONFIGS: dict[str, dict[str, Any]] = {
     TINY_LLAMA: TINY_LLAMA_CONFIG,
-    "tiny-llama3": {**TINY_LLAMA_CONFIG, "rope_theta": 500000.0},
+    # The real Llama 3.1 / Qwen2.5 templates write long tool preambles (one token a character): 2048 positions.
+    "tiny-llama3": {**TINY_LLAMA_CONFIG, "rope_theta": 500000.0, "max_position_embeddings": 2048},
     "tiny-mistral": {
         **_TINY_BASE,
         "architectures": ["MistralForCausalLM"],
@@ -73,6 +74,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
         "tie_word_embeddings": True,
+        "max_position_embeddings": 2048,
     },
     "tiny-qwen3": {
         **_TINY_BASE,

@@ -347,6 +347,11 @@ class DataSection(_Section):
         None,
         description="Jinja chat template (text or a file) for `messages` data, overriding the tokenizer's.",
     )
+    tools_file: str | None = Field(
+        None,
+        description="A JSON file holding a list of tool schemas: the `tools` of every `messages` record without "
+        "its own (a data set whose conversations share one set of tools).",
+    )
     max_seq_len: int = Field(512, gt=0)
     empty_responses: EmptyResponses = Field(
         "drop",

@@ -46,8 +46,9 @@ __all__ = [
 ]
 
 # Bump when zerofit tokenizes, masks, truncates or chunks differently. 2: a response or text that already
-# ends in the eos token gets no second one (`zerofit.data.tokenize.ending_in_eos`).
-PIPELINE_VERSION = 2
+# ends in the eos token gets no second one (`zerofit.data.tokenize.ending_in_eos`). 3: conversations render
+# with their `tools`, tool calls normalized (`zerofit.data.tools`).
+PIPELINE_VERSION = 3
 _ARRAYS = ("input_ids", "label_mask", "offsets", "records")
 _DTYPES = {"input_ids": np.int32, "label_mask": np.uint8, "offsets": np.int64, "records": np.int64}
 _BLOCK_TOKENS = 1 << 20  # tokens turned into lists at a time when loading

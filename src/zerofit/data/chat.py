@@ -11,8 +11,10 @@ Which tokens are the assistant's is read from the template itself, in one of two
    needs a template that renders a conversation's beginning the same way whatever follows; one that does
    not (some rewrite earlier turns) is refused with the fix (a template with `{% generation %}`).
 
-Every assistant turn is learned, not only the last. A long message is cut to the text that can still fit in
-`max_seq_len` before rendering (see `tokenize.py`), so a huge turn never reaches the tokenizer whole.
+Every assistant turn is learned, not only the last, its tool calls included; `tool` results, like the tools
+preamble the template writes from `tools=`, are not (`data/tools.py`). A long message is cut to the text that
+can still fit in `max_seq_len` before rendering (see `tokenize.py`), so a huge turn never reaches the
+tokenizer whole.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from zerofit.core.errors import DataError
 from zerofit.data.tokenize import text_within
+from zerofit.data.tools import has_tool_turns, require_tool_template
 
 __all__ = [
     "has_generation_marks",
@@ -88,18 +91,21 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], where: str, **kwargs
 
 
 def _assistant_spans(
-    tokenizer: Any, messages: list[dict[str, Any]], where: str
+    tokenizer: Any, messages: list[dict[str, Any]], where: str, tools: list[dict[str, Any]] | None = None
 ) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the character span of every assistant turn in it (see module doc)."""
-    full = _render(tokenizer, messages, where, tokenize=False)
+    """The rendered conversation and the character span of every assistant turn in it (see module doc); a
+    tool call is the assistant's turn, a tool result is not (each is its own message)."""
+    full = _render(tokenizer, messages, where, tokenize=False, tools=tools)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         before = (
-            _render(tokenizer, messages[:i], where, tokenize=False, add_generation_prompt=True) if i else ""
+            _render(tokenizer, messages[:i], where, tokenize=False, add_generation_prompt=True, tools=tools)
+            if i
+            else ""
         )
-        upto = _render(tokenizer, messages[: i + 1], where, tokenize=False)
+        upto = _render(tokenizer, messages[: i + 1], where, tokenize=False, tools=tools)
         if not (full.startswith(upto) and upto.startswith(before)):
             raise DataError(
                 f"{where}: the chat template renders the start of this conversation differently once later "
@@ -125,16 +131,29 @@ def _mask_from_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]
 
 
 def tokenize_conversation(
-    tokenizer: Any, messages: list[dict[str, Any]], max_seq_len: int, where: str
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    max_seq_len: int,
+    where: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[bool], bool]:
-    """(token ids, assistant mask, truncated) of one conversation, at most `max_seq_len` tokens long."""
+    """(token ids, assistant mask, truncated) of one conversation, at most `max_seq_len` tokens long; `tools`
+    (the record's tool schemas) go to the template, which must render them (`require_tool_template`)."""
     if not messages:
         return [], [], False
     messages = [{**m, "content": text_within(tokenizer, m["content"], max_seq_len)} for m in messages]
     template = require_chat_template(tokenizer, where)
+    if tools or has_tool_turns(messages):
+        require_tool_template(tokenizer, template, where)
     if has_generation_marks(template):
         out = _render(
-            tokenizer, messages, where, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            tokenizer,
+            messages,
+            where,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            tools=tools,
         )
         ids, mask = list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
     else:
@@ -144,7 +163,7 @@ def tokenize_conversation(
                 f"{type(tokenizer).__name__} is not one; use the model's fast tokenizer (tokenizer.json), or a "
                 "data.chat_template with {% generation %} marks."
             )
-        text, spans = _assistant_spans(tokenizer, messages, where)
+        text, spans = _assistant_spans(tokenizer, messages, where, tools)
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, mask = list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
     truncated = len(ids) > max_seq_len

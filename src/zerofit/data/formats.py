@@ -5,6 +5,7 @@
     messages          {"messages": [{"role", "content"}, ...]} (OpenAI) or
                       {"conversations": [{"from", "value"}, ...]} (ShareGPT)   chat template; loss on
                                                                            every assistant turn
+                      with `tools`, `tool_calls` and `tool` turns in either layout (data/tools.py)
     preference        {"prompt", "chosen", "rejected"} (TRL's layout): strings, or conversational (`prompt` a
                       list of messages, `chosen` / `rejected` lists of assistant messages; `prompt` may be
                       left out when both are whole conversations or texts sharing it: the implicit
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerofit.core.errors import DataError
+from zerofit.data.tools import parse_tool_calls, parse_tools, sharegpt_function_call
 
 __all__ = [
     "ALPACA_PROMPT",
@@ -60,6 +62,7 @@ SHAREGPT_ROLES = {
     "tool": "tool",
     "function": "tool",
     "observation": "tool",
+    "function_call": "assistant",  # LLaMA-Factory's tool-call turn: its value is the call (data/tools.py)
 }
 
 # What `auto` looks for, in order: (format, keys that must all be there, how to say it).
@@ -87,9 +90,11 @@ class PromptResponse:
 
 @dataclass(frozen=True)
 class Conversation:
-    """Chat messages with `role` and `content` (ShareGPT names already mapped); assistant turns are learned."""
+    """Chat messages with `role` and `content` (ShareGPT names already mapped); assistant turns are learned.
+    `tools`: the record's tool schemas, passed to the chat template (`data/tools.py`); None without."""
 
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,9 +193,14 @@ def _message(raw: Any, where: str, index: int) -> dict[str, Any]:
         raise DataError(
             f"{where}: message {index} is a {type(raw).__name__}, not an object with role/content."
         )
-    if "role" in raw and "content" in raw:
-        role, content = raw["role"], raw["content"]
+    if "role" in raw and ("content" in raw or raw.get("tool_calls")):
+        role, content = raw["role"], raw.get("content")
         extra = {k: v for k, v in raw.items() if k not in ("role", "content") and v is not None}
+        calls = parse_tool_calls(extra.pop("tool_calls", None), where, index)
+        if calls:  # OpenAI's tool calls: content may be null, arguments a JSON string (data/tools.py)
+            extra, content = {**extra, "tool_calls": calls}, content or ""
+    elif raw.get("from") == "function_call" and "value" in raw:
+        return sharegpt_function_call(raw["value"], where, index)
     elif "from" in raw and "value" in raw:
         speaker = raw["from"]
         role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
@@ -234,7 +244,8 @@ def parse_record(fmt: str, record: dict[str, Any], where: str) -> Parsed:
             )
         if not isinstance(raw, list):
             raise DataError(f"{where}: {key!r} must be a list of messages, got {type(raw).__name__}.")
-        return Conversation([_message(m, where, i) for i, m in enumerate(raw)])
+        tools = parse_tools(record.get("tools"), where)
+        return Conversation([_message(m, where, i) for i, m in enumerate(raw)], tools)
     raise ValueError(f"unknown data format {fmt!r}")
 
 

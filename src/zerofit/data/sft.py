@@ -176,8 +176,17 @@ def document_chunks(tokenizer: Any, text: str, max_seq_len: int) -> list[list[in
 class _Tokenizer:
     """Turns a source's records into examples, counting what happens (one instance per load)."""
 
-    def __init__(self, tokenizer: Any, max_seq_len: int, fmt: str, key: str, empty_responses: str) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_seq_len: int,
+        fmt: str,
+        key: str,
+        empty_responses: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.tokenizer, self.max_seq_len, self.key = tokenizer, max_seq_len, key
+        self.tools = tools  # `data.tools_file`: the tools of a conversation without its own
         self.empty_responses = empty_responses
         self.n_empty, self.n_records = 0, 0
         self.first_empty = ""  # where the first record with an empty response is
@@ -211,7 +220,7 @@ class _Tokenizer:
             self._keep(index, [example], truncated, self._full_length(parsed, where) if truncated else None)
         elif isinstance(parsed, Conversation):
             ids, mask, truncated = tokenize_conversation(
-                self.tokenizer, parsed.messages, self.max_seq_len, where
+                self.tokenizer, parsed.messages, self.max_seq_len, where, parsed.tools or self.tools
             )
             labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]
             full = self._full_length(parsed, where) if truncated else None
@@ -253,7 +262,8 @@ class _Tokenizer:
         (one past that when longer): only cut examples pay for this second, longer tokenization."""
         cap = LENGTH_PROBE * self.max_seq_len
         if isinstance(parsed, Conversation):
-            ids, _, cut = tokenize_conversation(self.tokenizer, parsed.messages, cap, where)
+            tools = parsed.tools or self.tools
+            ids, _, cut = tokenize_conversation(self.tokenizer, parsed.messages, cap, where, tools)
             return cap + 1 if cut else len(ids)
         prompt, prompt_cut = encode_head(self.tokenizer, parsed.prompt, cap)
         response, response_cut = encode_head(self.tokenizer, parsed.response, cap)
@@ -339,7 +349,10 @@ def _empty_response(parsed: PromptResponse | Conversation | Document) -> bool:
     if isinstance(parsed, PromptResponse):
         return not parsed.response.strip()
     if isinstance(parsed, Conversation):
-        return any(m["role"] == "assistant" and not str(m["content"]).strip() for m in parsed.messages)
+        return any(
+            m["role"] == "assistant" and not str(m["content"]).strip() and not m.get("tool_calls")
+            for m in parsed.messages
+        )  # a tool call is a response, its content often empty
     return False  # a text document: an empty one has no tokens and is dropped as such
 
 
@@ -351,8 +364,9 @@ def _tokenize_source(
     key: str,
     progress: bool,
     empty_responses: str = "drop",
+    tools: list[dict[str, Any]] | None = None,
 ) -> TokenizedData[Example]:
-    state = _Tokenizer(tokenizer, max_seq_len, fmt, key, empty_responses)
+    state = _Tokenizer(tokenizer, max_seq_len, fmt, key, empty_responses, tools)
     with tokenizing_progress(source, progress) as update:
         for index, (where, record) in enumerate(source):
             if index % _PROGRESS_EVERY == 0:
@@ -379,6 +393,7 @@ def load_examples(
     progress: bool = False,
     key: str = "data.path",
     empty_responses: str = "drop",
+    tools: list[dict[str, Any]] | None = None,
 ) -> TokenizedData[Example]:
     """Read and tokenize the data `path` names (a file, a save_to_disk folder or a hub dataset id).
 
@@ -386,12 +401,13 @@ def load_examples(
     datasets and saved DatasetDicts. `cache`: reuse / store the result in the tokenization cache.
     `progress`: show progress (rank 0). `key`: the config key that named `path`, for messages.
     `empty_responses`: the `data.empty_responses` rule for records with an empty response.
+    `tools`: the tools of every conversation without its own (`data.tools_file`).
     """
     if empty_responses not in EMPTY_RESPONSE_RULES:
         raise ValueError(f"empty_responses must be one of {EMPTY_RESPONSE_RULES}, not {empty_responses!r}")
     with gc_paused():
         return _load(
-            path, tokenizer, max_seq_len, format, split, subset, cache, progress, key, empty_responses
+            path, tokenizer, max_seq_len, format, split, subset, cache, progress, key, empty_responses, tools
         )
 
 
@@ -442,14 +458,15 @@ def _load(
     progress: bool,
     key: str,
     empty_responses: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> TokenizedData[Example]:
     source = open_tokenizable(path, tokenizer, split, subset, key)
     entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
-                        empty_responses=empty_responses)  # fmt: skip
+                        empty_responses=empty_responses, **({"tools": tools} if tools else {}))  # fmt: skip
     hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
     if hit is not None:
         return _from_cache(hit)
-    data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress, empty_responses)
+    data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress, empty_responses, tools)
     if entry is not None:
         ids = [e.input_ids for e in data.examples]
         labels = [e.labels for e in data.examples]

@@ -42,18 +42,9 @@ CHAT_TEMPLATE = (
 
 # Each family's chat format, written as its real template renders it (the tokens, headers and turn ends of
 # the family's instruct models), so chat data goes through the data pipeline as it would for the real model.
-# Llama-3, ChatML (Qwen) and Gemma mark assistant text with `{% generation %}`; Mistral's [INST] and Phi-3's
-# `<|user|>` templates are left unmarked, as shipped, so the turn-by-turn mask path (`data/chat.py`) runs too.
-_LLAMA3_TEMPLATE = (
-    "{{- '<|begin_of_text|>' -}}"
-    "{%- for message in messages -%}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' -}}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{%- generation -%}{{- message['content'] + '<|eot_id|>' -}}{%- endgeneration -%}"
-    "{%- else -%}{{- message['content'] + '<|eot_id|>' -}}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}"
-)
+# ChatML (Qwen3, the Qwen MoEs) and Gemma mark assistant text with `{% generation %}`; Mistral's [INST] and
+# Phi-3's `<|user|>` templates are left unmarked, as shipped, so the turn-by-turn mask path (`data/chat.py`)
+# runs too. tiny-qwen2 and tiny-llama3 carry their family's real template (tools included), below.
 _CHATML_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\n' -}}"
@@ -86,6 +77,15 @@ _MISTRAL_TEMPLATE = (
     "{%- else -%}{{- '[INST] ' + message['content'] + ' [/INST]' -}}{%- endif -%}"
     "{%- endfor -%}"
 )
+# The real templates of the families whose instruct models call tools, kept as the files the models ship
+# (models/templates/, copied byte for byte from trl 1.16's trl/chat_templates/, which stores the Hub's own
+# for identity comparison): qwen2_5.jinja is Qwen/Qwen2.5-*-Instruct's (tools in the system turn, calls in
+# <tool_call> tags, results as <tool_response> in a user turn), llama3_1.jinja meta-llama/Llama-3.1-8B-Instruct's
+# (tools in the first user turn, one call per turn as JSON with "parameters", results in an `ipython` turn).
+# Neither marks `{% generation %}`: the turn-by-turn mask path (`data/chat.py`) finds the assistant's text.
+_TEMPLATES = Path(__file__).with_name("templates")
+_QWEN25_TEMPLATE = (_TEMPLATES / "qwen2_5.jinja").read_text(encoding="utf-8")
+_LLAMA31_TEMPLATE = (_TEMPLATES / "llama3_1.jinja").read_text(encoding="utf-8")
 _PHI3_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' -}}"
@@ -98,25 +98,39 @@ class TinyFamily:
     """A built-in model's chat format: its template, its chat tokens (added after the characters) and the
     token that ends an assistant turn (the tokenizer's eos, as in the family's instruct models)."""
 
-    def __init__(self, template: str, tokens: tuple[str, ...] = (), eos: str = EOS) -> None:
+    def __init__(
+        self, template: str, tokens: tuple[str, ...] = (), eos: str = EOS, byte_level: bool = False
+    ) -> None:
         self.template, self.tokens, self.eos = template, tokens, eos
+        # Qwen2: transformers' AutoTokenizer loads any `qwen2` folder as its own Qwen2Tokenizer (a byte-level
+        # BPE, whatever tokenizer_config.json says), which drops a character-level vocab's spaces and
+        # newlines: such a family's characters are byte-level symbols ("Ġ" for a space), as in the real one.
+        self.byte_level = byte_level
 
 
-_LLAMA3 = TinyFamily(
-    _LLAMA3_TEMPLATE,
-    ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+_CHATML = TinyFamily(_CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>")
+_QWEN25 = TinyFamily(_QWEN25_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>", byte_level=True)
+_LLAMA31 = TinyFamily(
+    _LLAMA31_TEMPLATE,
+    (
+        "<|begin_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|python_tag|>",
+    ),
     "<|eot_id|>",
 )
-_CHATML = TinyFamily(_CHATML_TEMPLATE, ("<|im_start|>", "<|im_end|>"), "<|im_end|>")
 _GEMMA = TinyFamily(_GEMMA_TEMPLATE, ("<start_of_turn>", "<end_of_turn>"), "<end_of_turn>")
 _MISTRAL = TinyFamily(_MISTRAL_TEMPLATE, ("[INST]", "[/INST]"))
 _PHI3 = TinyFamily(_PHI3_TEMPLATE, ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<|end|>")
 FAMILIES: dict[str, TinyFamily] = {
     TINY_LLAMA: TinyFamily(CHAT_TEMPLATE),
-    "tiny-llama3": _LLAMA3,
+    "tiny-llama3": _LLAMA31,
     "tiny-mistral": _MISTRAL,
     "tiny-mixtral": _MISTRAL,
-    "tiny-qwen2": _CHATML,
+    "tiny-qwen2": _QWEN25,
     "tiny-qwen3": _CHATML,
     "tiny-qwen3-moe": _CHATML,
     "tiny-qwen2-moe": _CHATML,
@@ -126,11 +140,12 @@ FAMILIES: dict[str, TinyFamily] = {
 }
 assert set(FAMILIES) == set(TINY_CONFIGS), "every built-in model has a chat format"
 
-# Bump when the files written by `_build_into` change (the chat template came with 2): the cache folder
+# Bump when the files written by `_build_into` change (the chat template came with 2, tiny-qwen2's and
+# tiny-llama3's real templates with 3): the cache folder
 # name carries it, so checkouts with an older or newer tiny-llama never share a folder. (The completion
 # marker came later without a bump: the model files are byte-identical, and a v2 folder without the
 # marker is rebuilt once, in place, with a note.)
-FILES_VERSION = 2
+FILES_VERSION = 3
 # Specials first so their ids match TINY_LLAMA_CONFIG (pad 0, bos 1, eos 2); then tab, newline and the 95
 # printable ASCII characters: 101 tokens, within the model's vocab_size of 128.
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -171,6 +186,8 @@ def build_tokenizer(
     from transformers import PreTrainedTokenizerFast
 
     family = FAMILIES[name]
+    if family.byte_level:
+        return _byte_level_tokenizer(name)
     vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS, *family.tokens))}
     assert len(vocab) <= TINY_CONFIGS[name]["vocab_size"]
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
@@ -189,6 +206,31 @@ def build_tokenizer(
         model_max_length=TINY_CONFIGS[name]["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
+
+
+def _byte_level_tokenizer(name: str):  # -> transformers.Qwen2Tokenizer (imported lazily: slow)
+    """`build_tokenizer(name)` for a byte-level family (`TinyFamily.byte_level`): the family's own tokenizer
+    class over the same ids, each character's byte-level symbol one token (no merges), so the folder loads
+    back through AutoTokenizer as the same tokenizer."""
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    family, symbol = FAMILIES[name], bytes_to_unicode()
+    tokens = (*SPECIAL_TOKENS, *("".join(symbol[b] for b in c.encode()) for c in CHARACTERS), *family.tokens)
+    tokenizer = Qwen2Tokenizer(
+        vocab={tok: i for i, tok in enumerate(tokens)},
+        merges=[],
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=family.eos,
+        pad_token=PAD,
+        chat_template=family.template,
+        model_max_length=TINY_CONFIGS[name]["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens([AddedToken(t, special=True) for t in family.tokens], special_tokens=True)
+    return tokenizer
 
 
 def _build_into(folder: Path, seed: int, name: str = TINY_LLAMA) -> None:

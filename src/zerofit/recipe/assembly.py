@@ -40,6 +40,7 @@ from zerofit.data import (
     load_preference_pairs,
     set_chat_template,
 )
+from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
@@ -248,6 +249,11 @@ def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData[Any]])
     return data if data is not None else load(False)
 
 
+def _tools(tools_file: str | None) -> list[dict[str, Any]] | None:
+    """`data.tools_file`'s tools, or None when unset."""
+    return read_tools_file(tools_file) if tools_file else None
+
+
 def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> TrainData:
     """Training and evaluation data (`data.format: auto` detected per source; `TrainData.facts` says what
     the training data decided): examples for `train.objective: sft`, preference pairs for the others."""
@@ -266,8 +272,10 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
             "key": key,
             "empty_responses": d.empty_responses,
         }
-        if objective == "sft":
-            return lambda show: load_examples(path, tokenizer, d.max_seq_len, progress=show, **options)
+        if objective == "sft":  # data.tools_file read where the data is: rank 0 first, one message
+            return lambda show: load_examples(
+                path, tokenizer, d.max_seq_len, progress=show, tools=_tools(d.tools_file), **options
+            )
         return lambda show: load_preference_pairs(
             path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
         )

@@ -205,7 +205,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             batch={"global_batch_size": 4, "micro_batch_size": 2},
             train={"max_steps": 2, "precision": "fp32"},
             lora={"target_modules": "all-linear", **moe},
-            data={"path": str(REPO / "data" / "demo_chat.jsonl")},
+            # 160: the real Qwen2.5 / Llama 3.1 templates (tiny-qwen2, tiny-llama3) open with ~80 tokens of system turn
+            data={"path": str(REPO / "data" / "demo_chat.jsonl"), "max_seq_len": 160},
             logging={"console": False, "wandb": {"mode": "disabled"}},
         )
         runs[name] = out / name
