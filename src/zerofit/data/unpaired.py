@@ -49,7 +49,14 @@ from zerofit.data.sft import (
 from zerofit.data.tokenize import encode_head, encode_tail, ending_in_eos, text_tail_within, text_within
 from zerofit.objectives.loss import IGNORE_INDEX
 
-__all__ = ["UnpairedExample", "collate_unpaired", "kto_micro_batches", "load_unpaired", "mismatched"]
+__all__ = [
+    "UnpairedExample",
+    "collate_unpaired",
+    "kto_micro_batches",
+    "load_unpaired",
+    "mismatched",
+    "require_both_labels",
+]
 
 _PROGRESS_EVERY = 256
 LAYOUT = (
@@ -242,11 +249,13 @@ def _result(source: RecordSource, counts: _Counts, max_seq_len: int) -> Tokenize
     return TokenizedData(counts.kept, stats, counts.records)
 
 
-def require_both_labels(data: TokenizedData[UnpairedExample], key: str) -> None:
-    """Refuse training data whose examples all carry the same label: KTO would then learn only one side of
-    its loss, which is SFT-like at best and usually a label column read wrong."""
+def require_both_labels(
+    data: TokenizedData[UnpairedExample], key: str, check: bool = True
+) -> TokenizedData[UnpairedExample]:
+    """`data`, unless `check` (training data) and its examples all carry the same label: KTO would then learn
+    only one side of its loss, which is SFT-like at best and usually a label column read wrong."""
     desirable = sum(u.desirable for u in data.examples)
-    if desirable in (0, len(data.examples)):
+    if check and desirable in (0, len(data.examples)):
         which = "true (desirable)" if desirable else "false (undesirable)"
         raise DataError(
             f"{key}: all {len(data.examples)} examples have label {which}, and KTO learns from both kinds: it "
@@ -254,6 +263,7 @@ def require_both_labels(data: TokenizedData[UnpairedExample], key: str) -> None:
             "ones' below it. Check the 'label' field (true / false per record), add examples of the other "
             "label, or use train.objective=sft to learn from good completions alone."
         )
+    return data
 
 
 def _save(entry: str, data: TokenizedData[UnpairedExample], vocab: int) -> None:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from zerofit.objectives.fused_loss import forward_token_losses
 from zerofit.objectives.preference import Batch, adapters_disabled, row_logps
 
-__all__ = ["KTOObjective", "KTOSettings", "KTO_METRICS", "kto_losses"]
+__all__ = ["KTO_METRICS", "KTOObjective", "KTOSettings", "kto_losses"]
 
 # The per-example sums `terms` returns (fp64): turned into TRL's metrics by `KTOObjective.metric_means`.
 _SUMS = ("rewards/chosen", "logps/chosen", "chosen", "rewards/rejected", "logps/rejected", "rejected")
