@@ -23,17 +23,16 @@ SEED, VOCAB = 3, 128
 SETTINGS = KTOSettings(beta=0.5, desirable_weight=1.0, undesirable_weight=1.5)
 
 
-def lora_tiny() -> torch.nn.Module:
-    """The tiny Llama in fp32 with LoRA adapters that change its output (lora_B drawn, not zero)."""
+def lora_tiny(seed: int = 0) -> torch.nn.Module:
+    """The tiny Llama in fp32 with LoRA adapters that change its output (lora_B drawn from `seed`, not zero)."""
     from transformers import AutoModelForCausalLM
 
     from zerofit.models.lora import apply_lora, lora_config
 
     base = AutoModelForCausalLM.from_pretrained(ensure_tiny_llama(SEED), dtype=torch.float32)
-    model = apply_lora(
-        base, lora_config(r=4, alpha=8, dropout=0.0, target_modules="all-linear", use_dora=False)
-    )
-    g = torch.Generator().manual_seed(0)
+    spec = lora_config(r=4, alpha=8, dropout=0.0, target_modules="all-linear", use_dora=False)
+    model = apply_lora(base, spec, seed=seed)  # lora_A drawn reproducibly too
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -139,15 +138,17 @@ def _curve(
 
 @pytest.fixture(scope="module")
 def model_and_units() -> tuple[torch.nn.Module, list[UnpairedExample]]:
-    return lora_tiny(), [unit(i, LABELS[i]) for i in range(8)]
+    return lora_tiny(seed=2), [unit(i, LABELS[i]) for i in range(8)]  # adapters with z0 > 0 on these
 
 
+@pytest.mark.slow  # three steps twice: ~6 s alone on 2 cores
 def test_8x1_and_2x4_give_the_same_fp32_loss_curve(
     model_and_units: tuple[torch.nn.Module, list[UnpairedExample]],
 ) -> None:
     model, units = model_and_units
     one, split = _curve(model, units, 8), _curve(model, units, 2)
     assert one[0]["loss"] != pytest.approx(one[-1]["loss"], abs=1e-4)  # the steps did something
+    assert max(row["kl"] for row in one) > 1e-3  # and z0 was not clamped to 0 throughout
     for a, b in zip(one, split, strict=True):
         assert set(a) == set(KTO_METRICS) | {"loss"}
         assert b == pytest.approx(a, abs=2e-5)
@@ -170,3 +171,79 @@ def test_a_per_micro_batch_reference_point_and_mean_disagree(
             (loss_sum,), _ = objective.terms(model, inputs, batch, "chunked")
         naive += float(loss_sum) / 2 / 4
     assert abs(naive - ours) > 1e-3, (naive, ours)
+
+
+# -- TRL's KTOTrainer, accumulation 1 -------------------------------------------------------------------
+
+RECORDS = [
+    ("add: 2+3\n", "5", True),
+    ("copy: abc\n", "&*", False),
+    ("reverse: xyz\n", "zyx", True),
+    ("upper: qq\n", "QQ", True),
+    ("add: 10+7\n", "!!#", False),
+    ("copy: hello\n", "hello", True),
+    ("reverse: ab\n", "@", False),
+    ("upper: kto\n", "?^~$", False),
+]
+
+
+@pytest.mark.slow  # importing TRL and building its trainer take seconds
+def test_the_loss_equals_trls_kto_trainer_at_accumulation_1(tmp_path: Any) -> None:
+    """TRL's KTOTrainer (its own tokenization and collator; the reference model given as the base, since TRL
+    handed a PeftModel without one keeps a copy of its adapter as the reference, which is the base only for a
+    fresh adapter) on one batch of 8 = the whole data at accumulation 1, one device: its `compute_loss` equals ours on the
+    same token ids as one global batch. Definitional differences, none of which this setting exercises: TRL
+    pairs mismatched completions within each `per_device_train_batch_size` chunk of the dataset (ours: within
+    the global batch, in the sampler's order) and estimates z0 and the mean per device micro-batch (ours:
+    over the global batch, whatever the split); so the two agree when one micro-batch is the global batch."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import KTOConfig, KTOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_llama(SEED))
+    rows = {
+        "prompt": [r[0] for r in RECORDS],
+        "completion": [r[1] for r in RECORDS],
+        "label": [r[2] for r in RECORDS],
+    }
+    args = KTOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        beta=0.5,
+        desirable_weight=1.0,
+        undesirable_weight=1.5,
+        max_length=64,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,  # fp32 throughout (accelerate would wrap the reference's forward in bf16 autocast)
+        seed=SEED,
+    )
+    ours_model = lora_tiny(seed=7)  # adapters whose mismatched KL on this data is above 0 (z0 not clamped)
+    trainer = KTOTrainer(
+        model=copy.deepcopy(ours_model),
+        ref_model=AutoModelForCausalLM.from_pretrained(
+            ensure_tiny_llama(SEED), dtype=torch.float32
+        ),  # the base
+        args=args,
+        train_dataset=Dataset.from_dict(rows),
+        processing_class=tokenizer,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        trl_loss = float(trainer.compute_loss(trainer.model, batch))
+    data = trainer.train_dataset
+    units = [
+        UnpairedExample(Example(p + c, [IGNORE_INDEX] * len(p) + c), len(p), bool(label), 64)
+        for p, c, label in zip(data["prompt_ids"], data["completion_ids"], data["label"], strict=True)
+    ]
+    objective = KTOObjective(SETTINGS)
+    ours = kto_micro_batches(units, list(range(8)), 8, 1, 1, 0, int(tokenizer.pad_token_id))[0]
+    objective.estimate_reference_point(one_process_strategy(), ours_model, [ours], "chunked")
+    inputs = {"input_ids": ours["input_ids"], "attention_mask": ours["attention_mask"]}
+    with torch.no_grad():
+        (loss_sum,), _ = objective.terms(ours_model, inputs, ours, "chunked")
+    assert objective.z0 > 1e-3
+    assert trainer._metrics["train"]["kl"][-1] == pytest.approx(objective.z0, abs=1e-6)
+    assert float(loss_sum) / 8 == pytest.approx(trl_loss, abs=1e-6)
