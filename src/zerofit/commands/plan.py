@@ -44,10 +44,14 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     plan = resolved.batch
     max_seq_len = resolved.config.data.max_seq_len
     objective = resolved.config.train.objective
-    sequences = 1 if objective == "sft" else 2  # a preference pair: its chosen and rejected sequence
+    paired = objective not in (
+        "sft",
+        "kto",
+    )  # KTO's unit is one example (its KL pass is no-grad, unplanned here)
+    sequences = 2 if paired else 1  # a preference pair: its chosen and rejected sequence
     return {
         "objective": objective,
-        "samples": "examples" if objective == "sft" else "pairs",
+        "samples": "pairs" if paired else "examples",
         "sequences_per_sample": sequences,
         "global_batch_size": plan.global_batch_size,
         "micro_batch_size": plan.micro_batch_size,

@@ -88,6 +88,9 @@ class Scenario:
     # one forward of twice as many sequences (`rows`). `reference` (preference.reference, resolved):
     # `adapters_off` adds a no-grad forward of those rows per micro-step with the LoRA adapters off;
     # `precomputed` costs nothing in training (a one-time pass before it), `none` has no reference.
+    # KTO (train.objective kto): a micro-batch of `micro_batch_size` examples is one forward of as many rows,
+    # plus three no-grad forwards of them per micro-step (`no_grad_forwards`): the reference (adapters off),
+    # and the policy and the reference on the mismatched (KL) sequences before the window.
     objective: str = "sft"
     reference: str = "none"
     # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
@@ -124,17 +127,23 @@ class Scenario:
     @property
     def rows(self) -> int:
         """Sequences one micro-step's forward runs on: the micro-batch, or both sequences of its pairs."""
-        return self.micro_batch_size * (1 if self.objective == "sft" else 2)
+        return self.micro_batch_size * (1 if self.objective in ("sft", "kto") else 2)
 
     @property
     def preference(self) -> bool:
         """A preference objective: the micro-batch counts pairs (`rows` = 2 x pairs)."""
-        return self.objective != "sft"
+        return self.objective not in ("sft", "kto")
 
     @property
     def reference_forward(self) -> bool:
         """Each micro-step also runs the reference: the same rows through the base, adapters off, no grad."""
         return self.reference == "adapters_off"
+
+    @property
+    def no_grad_forwards(self) -> int:
+        """No-grad forwards of the micro-batch's rows per micro-step besides the policy's: DPO's reference
+        (adapters_off), KTO's reference and its KL pass through the policy and the reference."""
+        return 3 if self.objective == "kto" else int(self.reference_forward)
 
     @property
     def masked_attention(self) -> bool:
@@ -265,7 +274,7 @@ def scenario_for(
         compile=t.compile,
         packed=cfg.batch.tokens_per_micro_batch is not None,
         objective=t.objective,
-        reference=cfg.preference.reference,
+        reference="adapters_off" if t.objective == "kto" else cfg.preference.reference,  # KTO: always
     )
 
 
