@@ -247,3 +247,32 @@ def test_the_loss_equals_trls_kto_trainer_at_accumulation_1(tmp_path: Any) -> No
     assert objective.z0 > 1e-3
     assert trainer._metrics["train"]["kl"][-1] == pytest.approx(objective.z0, abs=1e-6)
     assert float(loss_sum) / 8 == pytest.approx(trl_loss, abs=1e-6)
+
+
+def test_the_evaluation_is_the_same_for_any_micro_batch(
+    model_and_units: tuple[torch.nn.Module, list[UnpairedExample]],
+) -> None:
+    """`eval/*` over 7 held-out examples (a short last window): micro 1 and micro 4 agree, and eval/loss is
+    the objective's loss of them all as one global batch."""
+    from zerofit.loop.kto import kto_evaluation
+
+    model, units = model_and_units
+    held = units[:7]
+    strategy = one_process_strategy()
+    strategy.prepare(
+        copy.deepcopy(model),
+        lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.0),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
+    )
+    one, four = (kto_evaluation(strategy, model, held, KTOObjective(SETTINGS), micro, 0) for micro in (1, 4))
+    assert four == pytest.approx(one, abs=1e-5)  # logps: sums of ~20 nats, padded differently
+    assert one["eval/examples"] == 7 and {f"eval/{k}" for k in KTO_METRICS} <= set(one)
+    objective = KTOObjective(SETTINGS)
+    batch = kto_micro_batches(held, list(range(7)), 7, 1, 1, 0, 0)[0]
+    assert objective.estimate_reference_point(strategy, model, [batch], "chunked") == pytest.approx(
+        one["eval/kl"]
+    )
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with torch.no_grad():
+        (loss_sum,), _ = objective.terms(model, inputs, batch, "chunked")
+    assert one["eval/loss"] == pytest.approx(float(loss_sum) / 7, abs=1e-6)
