@@ -269,10 +269,9 @@ def test_the_evaluation_is_the_same_for_any_micro_batch(
     assert one["eval/examples"] == 7 and {f"eval/{k}" for k in KTO_METRICS} <= set(one)
     objective = KTOObjective(SETTINGS)
     batch = kto_micro_batches(held, list(range(7)), 7, 1, 1, 0, 0)[0]
-    assert objective.estimate_reference_point(strategy, model, [batch], "chunked") == pytest.approx(
-        one["eval/kl"]
-    )
+    z0 = objective.estimate_reference_point(strategy, model, [batch], "chunked")
+    assert z0 == pytest.approx(one["eval/kl"], abs=1e-5)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         (loss_sum,), _ = objective.terms(model, inputs, batch, "chunked")
-    assert one["eval/loss"] == pytest.approx(float(loss_sum) / 7, abs=1e-6)
+    assert one["eval/loss"] == pytest.approx(float(loss_sum) / 7, abs=1e-5)
