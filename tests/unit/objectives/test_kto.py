@@ -275,3 +275,21 @@ def test_the_evaluation_is_the_same_for_any_micro_batch(
     with torch.no_grad():
         (loss_sum,), _ = objective.terms(model, inputs, batch, "chunked")
     assert one["eval/loss"] == pytest.approx(float(loss_sum) / 7, abs=1e-5)
+
+
+def test_the_gpu_probe_measures_a_kto_step() -> None:
+    """`zerofit plan --probe` feeds a KTO micro-batch of m rows with their KL rows: one train_step runs on it
+    (the KL pass, the reference and the policy forward)."""
+    from zerofit.recipe.probe import synthetic_batch
+
+    batch = synthetic_batch(3, 16, VOCAB, 0, "kto", "adapters_off")
+    assert batch["input_ids"].shape == batch["kl_input_ids"].shape == (3, 16) and int(batch["examples"]) == 3
+    model = lora_tiny()
+    strategy = one_process_strategy()
+    strategy.prepare(
+        model,
+        lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1),
+        lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
+    )
+    result = train_step(strategy, model, [batch], None, "chunked", KTOObjective(SETTINGS))
+    assert math.isfinite(result.loss) and {"rewards/chosen", "rewards/rejected", "kl"} <= set(result.metrics)
