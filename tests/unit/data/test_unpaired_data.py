@@ -127,3 +127,10 @@ def test_resolve_refuses_kto_configs_it_cannot_run(overrides: list[str], message
     resolve(load_config(None, base), 1)  # the config itself is fine
     with pytest.raises(ConfigError, match=r"data\.format = 'unpaired' is KTO's"):
         resolve(load_config(None, [*base[:1], "data.format=unpaired", *base[3:]]), 1)
+
+
+def test_unpaired_data_read_for_sft_names_kto(tok: Any) -> None:
+    from zerofit.data import load_examples
+
+    with pytest.raises(DataError, match=r"KTO's unpaired feedback: set train\.objective=kto"):
+        load_examples(REPO / "data" / "demo_kto.jsonl", tok, 64)
