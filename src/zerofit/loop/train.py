@@ -91,9 +91,7 @@ def train_step(
     (`zerofit.objectives.preference`; None: SFT's token sums).
     """
     objective = objective if objective is not None else SFTObjective()
-    if isinstance(
-        objective, KTOObjective
-    ):  # KTO's reference point z0: the whole global batch's, before any backward
+    if isinstance(objective, KTOObjective):  # KTO's z0: the whole global batch's, before any backward
         objective.estimate_reference_point(strategy, model, micro_batches, cross_entropy)
     # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
     #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
