@@ -5,6 +5,8 @@
                 all-reduce once (before any backward) -> per micro-step: forward, the objective's *sums*
                 / their global counts (x the engine's gradient divide factor), backward (sync only on
                 the last) -> clip once, step once -> loss (and a preference objective's rewards/*).
+                KTO (`zerofit.objectives.kto`): first a no-grad pass for its KL reference point z0 over
+                the whole global batch (one all-reduce), then examples as the count.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
                 due (`zerofit.loop.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
