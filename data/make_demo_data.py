@@ -8,12 +8,15 @@ tasks (data/demo_preference.jsonl, TRL's `{prompt, chosen, rejected}` layout, fo
 the correct response chosen, rejected a clearly wrong one of about its length (punctuation garbage), so a
 tiny random-init model learns to prefer the right one within a few dozen steps; with `--chat` too, the
 same pairs conversational (data/demo_preference_chat.jsonl: prompt a user message, chosen / rejected one
-assistant message each).
+assistant message each). `--kto` writes unpaired feedback of the same tasks (data/demo_kto.jsonl, TRL's
+`{prompt, completion, label}` layout, for `train.objective: kto`): about 60% the correct response with label
+true, the rest garbage with label false (an unbalanced mix, as real thumbs-up / thumbs-down data is).
 
     python data/make_demo_data.py [--n 3000] [--seed 0] [--out data/demo.jsonl]
     python data/make_demo_data.py --chat --n 1000 --out data/demo_chat.jsonl
     python data/make_demo_data.py --preference --n 600 --out data/demo_preference.jsonl
     python data/make_demo_data.py --preference --chat --n 300 --out data/demo_preference_chat.jsonl
+    python data/make_demo_data.py --kto --n 600 --out data/demo_kto.jsonl
 """
 
 from __future__ import annotations
@@ -113,6 +116,20 @@ def make_preferences(n: int, seed: int, chat: bool = False) -> list[dict[str, An
     return records
 
 
+def make_unpaired(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` unpaired examples of the tasks: the correct response labelled true (desirable) with probability
+    0.6, else garbage of its length labelled false (undesirable)."""
+    rng = random.Random(seed)
+    records: list[dict[str, Any]] = []
+    for _ in range(n):
+        prompt, response = rng.choice(TASKS)(rng)
+        good = rng.random() < 0.6
+        records.append(
+            {"prompt": prompt, "completion": response if good else _garbage(rng, response), "label": good}
+        )
+    return records
+
+
 def _default_out(chat: bool, preference: bool) -> Path:
     name = "demo" + ("_preference" if preference else "") + ("_chat" if chat else "") + ".jsonl"
     return Path(__file__).resolve().parent / name
@@ -129,9 +146,13 @@ def main() -> None:
     parser.add_argument(
         "--preference", action="store_true", help="preference pairs (prompt, chosen, rejected)"
     )
+    parser.add_argument("--kto", action="store_true", help="unpaired feedback (prompt, completion, label)")
     args = parser.parse_args()
     records: list[Any]
-    if args.preference:
+    if args.kto:
+        records, what = make_unpaired(args.n, args.seed), "unpaired examples"
+        args.out = args.out or Path(__file__).resolve().parent / "demo_kto.jsonl"
+    elif args.preference:
         records, what = make_preferences(args.n, args.seed, args.chat), "preference pairs"
     elif args.chat:
         records, what = make_conversations(args.n, args.seed), "conversations"

@@ -45,10 +45,10 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     cfg = resolved.config
     max_seq_len = cfg.data.max_seq_len
     objective = cfg.train.objective
-    sequences = (
-        1 if objective in ("sft", "grpo") else 2
-    )  # a preference pair: its chosen and rejected sequence
-    samples = {"sft": "examples", "grpo": "completions"}.get(objective, "pairs")
+    # One sequence per sample, or a preference pair's chosen and rejected (KTO: one example; its KL pass is
+    # no-grad, unplanned here; GRPO: one completion).
+    sequences = 1 if objective in ("sft", "kto", "grpo") else 2
+    samples = {"sft": "examples", "kto": "examples", "grpo": "completions"}.get(objective, "pairs")
     if objective == "grpo":  # a completion's training sequence: its prompt and itself
         max_seq_len = cfg.rl.max_prompt_length + cfg.rl.max_completion_length
     length = "rl.max_prompt_length + rl.max_completion_length" if objective == "grpo" else "data.max_seq_len"

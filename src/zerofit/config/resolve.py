@@ -362,6 +362,14 @@ def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
     """The objective and the data agree: preference pairs for dpo / simpo / orpo, not for sft (with
     `data.format: auto` the data says it when read), and preference pairs are not packed."""
     objective, fmt, tokens = cfg.train.objective, cfg.data.format, cfg.batch.tokens_per_micro_batch
+    if objective == "kto":
+        _check_kto(problems, cfg)
+        return
+    if fmt == "unpaired":
+        problems.append(
+            f"data.format = 'unpaired' is KTO's {{prompt, completion, label}} feedback, and train.objective = "
+            f"{objective!r} does not learn from it; set train.objective=kto, or data.format to the data's format"
+        )
     if objective == "sft" and fmt == "preference":
         problems.append(
             "data.format = 'preference' is preference pairs (prompt, chosen, rejected), and train.objective = "
@@ -380,6 +388,31 @@ def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
             f"{objective!r} trains on preference pairs, which zerofit does not pack (yet); unset "
             "batch.tokens_per_micro_batch and set batch.micro_batch_size (pairs per micro-batch: each is a "
             "forward of twice as many sequences), or auto"
+        )
+
+
+def _check_kto(problems: list[str], cfg: ZerofitConfig) -> None:
+    """KTO reads unpaired {prompt, completion, label} records (data.format auto), unpacked, and its
+    reference is the base with the LoRA adapters off, so it needs LoRA."""
+    fmt, tokens = cfg.data.format, cfg.batch.tokens_per_micro_batch
+    if fmt not in ("auto", "unpaired"):
+        problems.append(
+            f"train.objective = 'kto' learns from unpaired {{prompt, completion, label}} records (TRL's "
+            f"layout), and data.format = {fmt!r} names another format; set data.format=auto (or unpaired) with data.path at "
+            "such records"
+        )
+    if tokens is not None:
+        problems.append(
+            f"batch.tokens_per_micro_batch = {tokens!r} packs examples into rows, and train.objective = 'kto' "
+            "does not pack (yet); unset it and set batch.micro_batch_size (examples per micro-batch)"
+        )
+    if not cfg.lora.enabled:
+        problems.append(
+            "train.objective = 'kto' compares the policy with a reference model, which zerofit takes as the "
+            "base with the LoRA adapters switched off (no second copy), and lora.enabled = false leaves no "
+            "adapters: KTO's mismatched-completion reference point changes with every global batch, so it "
+            "cannot be precomputed as DPO's reference is. Set lora.enabled=true (or train.objective=dpo on "
+            "preference pairs for full fine-tuning with a precomputed reference)"
         )
 
 

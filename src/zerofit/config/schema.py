@@ -23,7 +23,7 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo", "grpo"]  # train.objective
+Objective = Literal["sft", "dpo", "simpo", "orpo", "kto", "grpo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -246,7 +246,8 @@ class TrainSection(_Section):
     objective: Objective = Field(
         "sft",
         description="What is learned: sft (next-token loss on the responses) or a preference objective on "
-        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo; the `preference` section).",
+        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo; the `preference` section), or kto on unpaired "
+        "{prompt, completion, label} feedback (the `kto` section).",
     )
 
     @field_validator("tiled_mlp", mode="before")
@@ -330,7 +331,7 @@ class LoraSection(_Section):
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
 Truncation = Literal["warn", "error", "allow"]  # data.truncation (see zerofit.data.truncation)
-DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference"]
+DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference", "unpaired"]
 
 
 class DataSection(_Section):
@@ -432,6 +433,18 @@ class PreferenceSection(_Section):
             return self.simpo_gamma
         ratio = SIMPO_GAMMA_BETA_RATIO if self.simpo_gamma_beta_ratio is None else self.simpo_gamma_beta_ratio
         return ratio * self.beta
+
+
+class KTOSection(_Section):
+    """KTO (`train.objective: kto`) on unpaired feedback: TRL's KTOConfig names and defaults."""
+
+    beta: float = Field(0.1, gt=0, description="KTO's beta: how far the policy may move from the reference.")
+    desirable_weight: float = Field(
+        1.0, gt=0, description="Weight of the desirable (label true) examples' losses."
+    )
+    undesirable_weight: float = Field(
+        1.0, gt=0, description="Weight of the undesirable (label false) examples' losses."
+    )
 
 
 class EvalSection(_Section):
@@ -633,6 +646,7 @@ class ZerofitConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     preference: PreferenceSection = Field(default_factory=PreferenceSection)
     rl: RLSection = Field(default_factory=RLSection)
+    kto: KTOSection = Field(default_factory=KTOSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

@@ -151,6 +151,8 @@ def detect_format(record: dict[str, Any], where: str, key: str = "data.path") ->
         if missing not in record
     ]
     hint = f" ({'; '.join(near)})" if near else ""
+    if all(k in record for k in ("prompt", "completion", "label")):  # TRL's unpaired layout
+        hint += "; 'prompt', 'completion' and 'label' are KTO's unpaired feedback: set train.objective=kto"
     raise DataError(
         f"{where}: cannot tell the data format of {key} from this record's keys: {_keys_list(record)}{hint}. "
         f"data.format=auto recognizes: {needs}. Rename the fields, or set data.format to the format the "

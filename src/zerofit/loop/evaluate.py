@@ -37,8 +37,10 @@ from zerofit.data import Example, collate, model_inputs, split_global_batch
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.sft import has_labels
 from zerofit.levers.sequence_parallel import shard_micro_batch
+from zerofit.loop.kto import kto_evaluation
 from zerofit.metrics.keys import EVAL_LOSS
 from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_sum
+from zerofit.objectives.kto import KTOObjective
 from zerofit.objectives.loss import batch_labels, count_label_tokens
 from zerofit.objectives.preference import Objective, means_of
 from zerofit.strategies.base import Strategy
@@ -210,6 +212,11 @@ class Evaluator:
         if not self.due(steps_done):
             return {}
         started = time.perf_counter()
+        if isinstance(self.objective, KTOObjective):  # held-out unpaired examples (`zerofit.loop.kto`)
+            units: Any = self.examples
+            args = (self.micro_batch_size, self.pad_id, self.cross_entropy)
+            fields = kto_evaluation(self.strategy, self.model, units, self.objective, *args)
+            return {**fields, "eval/time_s": time.perf_counter() - started}
         if self.objective is not None:
             pairs: list[Any] = self.examples
             fields = preference_evaluation(

@@ -5,6 +5,8 @@
                 all-reduce once (before any backward) -> per micro-step: forward, the objective's *sums*
                 / their global counts (x the engine's gradient divide factor), backward (sync only on
                 the last) -> clip once, step once -> loss (and a preference objective's rewards/*).
+                KTO (`zerofit.objectives.kto`): first a no-grad pass for its KL reference point z0 over
+                the whole global batch (one all-reduce), then examples as the count.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
                 due (`zerofit.loop.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
@@ -48,12 +50,14 @@ from zerofit.data import (
     split_global_batch,
 )
 from zerofit.data.pairs import PreferencePair, collate_pairs
+from zerofit.data.unpaired import UnpairedExample, kto_micro_batches
 from zerofit.levers.compiling import graph_breaks
 from zerofit.levers.sequence_parallel import shard_micro_batch
 from zerofit.loop.signals import StopSignal
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
+from zerofit.objectives.kto import KTOObjective
 from zerofit.objectives.loss import batch_labels, count_label_tokens
 from zerofit.objectives.preference import Objective, SFTObjective, means_of
 from zerofit.strategies.base import Strategy
@@ -89,6 +93,8 @@ def train_step(
     (`zerofit.objectives.preference`; None: SFT's token sums).
     """
     objective = objective if objective is not None else SFTObjective()
+    if isinstance(objective, KTOObjective):  # KTO's z0: the whole global batch's, before any backward
+        objective.estimate_reference_point(strategy, model, micro_batches, cross_entropy)
     # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
     #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
     #    all-reduce, for throughput accounting).
@@ -122,6 +128,8 @@ def train_step(
     loss = sum(total / max(count, 1) for total, count in zip(sums[: len(counts)], counts, strict=True))
     # A preference objective's metrics are means over pairs, its last count.
     metrics = means_of(objective.metrics, sums[len(counts) :], counts[-1])
+    if isinstance(objective, KTOObjective):  # means per label, and z0 (`zerofit.objectives.kto`)
+        metrics = objective.metric_means(sums[len(counts) :])
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
 
 
@@ -154,7 +162,7 @@ class LoopInputs:
 
     strategy: Strategy
     model: torch.nn.Module
-    examples: list[Example] | list[PreferencePair]
+    examples: list[Example] | list[PreferencePair] | list[UnpairedExample]
     sampler: GlobalBatchSampler
     batch: BatchSplit
     max_steps: int
@@ -215,6 +223,10 @@ def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch
     indices = run.sampler.batch_indices(step)
     # The data-parallel rank: every rank of a sequence-parallel group gets its group's examples.
     p, rank = run.batch, run.strategy.dp_rank
+    if run.examples and isinstance(run.examples[0], UnpairedExample):  # KTO: each with its mismatched partner
+        units: Any = run.examples
+        args = (p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank, run.pad_id)
+        return kto_micro_batches(units, indices, *args), len(indices)
     if run.examples and isinstance(run.examples[0], PreferencePair):
         # Pairs: micro_batch_size pairs (2 x that many rows) per micro-batch; a pair is never split.
         if run.packed_row_tokens is not None:

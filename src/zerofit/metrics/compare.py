@@ -160,7 +160,7 @@ def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-# A preference run's (`train.objective` dpo / simpo / orpo) per-step metrics, TRL's names: the last value
+# A preference run's (`train.objective` dpo / simpo / orpo / kto) per-step metrics, TRL's names: the last value
 # of each is shown (and rewards/accuracies plotted) when any run logged it.
 PREFERENCE_KEYS = (
     "rewards/accuracies",
@@ -171,6 +171,8 @@ PREFERENCE_KEYS = (
     "logps/rejected",
     "eval/rewards/accuracies",
     "eval/rewards/margins",
+    "kl",  # KTO's reference point z0 (`zerofit.objectives.kto`)
+    "eval/kl",
 )
 
 

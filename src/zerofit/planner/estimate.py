@@ -225,7 +225,13 @@ def estimate(scn: Scenario) -> MemoryEstimate:
 
 
 def preference_notes(scn: Scenario) -> list[str]:
-    """What the estimate counts for a preference objective (none for SFT)."""
+    """What the estimate counts for a preference objective or KTO (none for SFT)."""
+    if scn.objective == "kto":
+        return [
+            f"train.objective kto: a micro-batch of {scn.micro_batch_size} examples is one forward of as many "
+            "sequences, after three no-grad forwards of them (the reference with the adapters off, and the KL "
+            "reference point's mismatched sequences through the policy and the reference), all in the step time"
+        ]
     if not scn.preference:
         return []
     m = scn.micro_batch_size

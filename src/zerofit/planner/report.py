@@ -111,6 +111,13 @@ def _print_objective(memory: dict[str, Any], console: Console) -> None:
         )
         return
     rows = memory["sequences_per_micro_batch"]
+    if objective == "kto":
+        console.print(
+            f"Planned for train.objective kto: {rows} examples per micro-batch, each micro-step three no-grad "
+            "forwards of them (reference, KL policy, KL reference) before its training forward",
+            highlight=False,
+        )
+        return
     reference = _REFERENCE_PLANNED.get(memory["reference"], memory["reference"]).format(rows=rows)
     console.print(
         f"Planned for train.objective {objective}: {memory['micro_batch_size']} pairs per micro-batch = {rows} "

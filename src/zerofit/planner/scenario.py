@@ -89,6 +89,9 @@ class Scenario:
     # one forward of twice as many sequences (`rows`). `reference` (preference.reference, resolved):
     # `adapters_off` adds a no-grad forward of those rows per micro-step with the LoRA adapters off;
     # `precomputed` costs nothing in training (a one-time pass before it), `none` has no reference.
+    # KTO (train.objective kto): a micro-batch of `micro_batch_size` examples is one forward of as many rows,
+    # plus three no-grad forwards of them per micro-step (`no_grad_forwards`): the reference (adapters off),
+    # and the policy and the reference on the mismatched (KL) sequences before the window.
     objective: str = "sft"
     reference: str = "none"
     # Online RL (train.objective grpo; zerofit.planner.rl): the rank's rollout, generated before training on
@@ -133,12 +136,18 @@ class Scenario:
     @property
     def preference(self) -> bool:
         """A preference objective: the micro-batch counts pairs (`rows` = 2 x pairs)."""
-        return self.objective not in ("sft", "grpo")
+        return self.objective not in ("sft", "grpo", "kto")
 
     @property
     def reference_forward(self) -> bool:
         """Each micro-step also runs the reference: the same rows through the base, adapters off, no grad."""
         return self.reference == "adapters_off"
+
+    @property
+    def no_grad_forwards(self) -> int:
+        """No-grad forwards of the micro-batch's rows per micro-step besides the policy's: DPO's reference
+        (adapters_off), KTO's reference and its KL pass through the policy and the reference."""
+        return 3 if self.objective == "kto" else int(self.reference_forward)
 
     @property
     def masked_attention(self) -> bool:
@@ -270,9 +279,11 @@ def scenario_for(
         compile=t.compile,
         packed=cfg.batch.tokens_per_micro_batch is not None,
         objective=t.objective,
-        # GRPO's reference (rl.beta > 0) is the same no-grad forward with the adapters off as DPO's.
+        # GRPO's reference (rl.beta > 0) is the same no-grad forward with the adapters off as DPO's; KTO's always.
         reference=("adapters_off" if rl.reference else "none")
         if rl is not None
+        else "adapters_off"
+        if t.objective == "kto"
         else cfg.preference.reference,
         rl=rl,
     )

@@ -126,7 +126,7 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
         levers += 2.0 * h * shape.vocab_size
     if scn.lean_norm:
         levers += LEAN_NORM_FLOPS_PER_ELEMENT * (2 * n_layers + 1) * h
-    reference = forward if scn.reference_forward else 0.0  # the base's no-grad forward, adapters off
+    reference = forward * scn.no_grad_forwards  # DPO's reference, KTO's reference and KL pass: no grad
     return forward + backward + recompute + levers + reference, recompute
 
 

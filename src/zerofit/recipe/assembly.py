@@ -42,6 +42,7 @@ from zerofit.data import (
 )
 from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
+from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
 from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
@@ -49,6 +50,7 @@ from zerofit.loop.reference import ReferencePass, precompute_reference
 from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
+from zerofit.objectives.kto import KTOObjective, KTOSettings
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
 from zerofit.strategies import build_strategy
@@ -63,7 +65,9 @@ if TYPE_CHECKING:
 __all__ = ["PreparedRun", "TrainData", "assemble", "device_type"]
 
 
-Units = list[Example] | list[PreferencePair]  # what the global batch counts: examples, or pairs
+Units = (
+    list[Example] | list[PreferencePair] | list[UnpairedExample]
+)  # what the global batch counts: examples, or pairs
 
 
 @dataclass
@@ -117,6 +121,9 @@ class PreparedRun:
         cfg = self.plan.config
         if cfg.train.objective == "sft":
             return None
+        if cfg.train.objective == "kto":
+            k = cfg.kto
+            return KTOObjective(KTOSettings(k.beta, k.desirable_weight, k.undesirable_weight))
         p = cfg.preference
         return PreferenceObjective(
             PreferenceSettings(
@@ -272,6 +279,12 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
             "key": key,
             "empty_responses": d.empty_responses,
         }
+        if objective == "kto":  # unpaired feedback; the training data must hold both labels
+            both = key == "data.path" and split == d.split
+            kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}
+            return lambda show: require_both_labels(
+                load_unpaired(path, tokenizer, d.max_seq_len, progress=show, **kto), key, both
+            )
         if objective == "sft":  # data.tools_file read where the data is: rank 0 first, one message
             return lambda show: load_examples(
                 path, tokenizer, d.max_seq_len, progress=show, tools=_tools(d.tools_file), **options

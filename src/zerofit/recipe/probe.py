@@ -123,10 +123,10 @@ def synthetic_batch(
 ) -> dict[str, Any]:
     """A max-length micro-batch of `micro` examples, or for a preference objective of `micro` pairs: 2 x
     micro rows laid out as `zerofit.data.pairs.collate_pairs` does (with zero reference log-probs when
-    they are precomputed: the loop reads them from the batch)."""
+    they are precomputed: the loop reads them from the batch); for KTO, `micro` examples with their KL rows."""
     import torch
 
-    rows = micro if objective == "sft" else 2 * micro
+    rows = micro if objective in ("sft", "kto") else 2 * micro
     ids = torch.randint(3, max(vocab, 4), (rows, seq), dtype=torch.long)
     mask = torch.ones(rows, seq, dtype=torch.long)
     if rows > 1:
@@ -135,6 +135,11 @@ def synthetic_batch(
     labels = ids.clone()
     labels[mask == 0] = IGNORE_INDEX
     batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if (
+        objective == "kto"
+    ):  # `zerofit.data.unpaired.collate_unpaired`'s layout: the KL rows as long as the rows
+        kl = {f"kl_{k}": v.clone() for k, v in batch.items()}
+        return {**batch, **kl, "desirable": torch.arange(rows) % 2 == 0, "examples": torch.tensor(micro)}
     if objective != "sft":
         batch["pairs"] = torch.tensor(micro)
         if reference == "precomputed":

@@ -144,6 +144,13 @@ def describe_objective(run: PreparedRun) -> str:
     """`dpo (sigmoid, beta 0.1): per pair, normalized by the global batch's pairs; reference: ...`."""
     cfg = run.plan.config
     p, objective = cfg.preference, cfg.train.objective
+    if objective == "kto":  # `zerofit.objectives.kto`
+        k = cfg.kto
+        return (
+            f"kto (beta {k.beta:g}, desirable weight {k.desirable_weight:g}, undesirable weight "
+            f"{k.undesirable_weight:g}), loss per example over the global batch's examples, KL reference point "
+            "over the global batch's mismatched completions; reference: the base with the LoRA adapters off"
+        )
     knobs = {
         "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
         "simpo": f"beta {p.beta:g}, margin gamma {p.simpo_margin():g} (= {p.simpo_margin() / p.beta:g} x beta), "

@@ -178,3 +178,20 @@ def test_compare_without_out_writes_into_the_first_run_not_the_working_tree(
     assert not list(work.iterdir())  # nothing left in the working directory
     (out,) = two_runs[0].glob("compare-*")
     assert (out / "compare.json").is_file() and (out / "tokens_per_s.png").is_file()
+
+
+def test_compare_shows_a_kto_runs_reference_point(
+    two_runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KTO run's `kl` and `eval/kl` (z0, `zerofit.objectives.kto`) reach the outcome table."""
+    monkeypatch.setenv("COLUMNS", "160")
+    kto = two_runs[0] / "metrics.jsonl"
+    rows = [json.loads(line) for line in kto.read_text().splitlines()]
+    for row in rows:
+        row.update({"kl": 0.25 * row["step"], "eval/kl": 0.0625, "rewards/chosen": 0.5})
+    kto.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["compare", str(two_runs[0])]) == 0
+    text = capsys.readouterr().out
+    (kl,) = [line for line in text.splitlines() if "final kl " in line]
+    assert f"{0.25 * rows[-1]['step']:.4f}" in kl
+    assert "final eval/kl" in text and "0.0625" in text
