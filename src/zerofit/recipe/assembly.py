@@ -50,6 +50,7 @@ from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
+from zerofit.objectives.reward import RewardObjective
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
 from zerofit.strategies.optim import build_optimizer, build_scheduler
@@ -116,6 +117,8 @@ class PreparedRun:
         cfg = self.plan.config
         if cfg.train.objective == "sft":
             return None
+        if cfg.train.objective == "reward":  # a reward model (`zerofit.objectives.reward`)
+            return RewardObjective(cfg.reward.center_rewards_coefficient)
         p = cfg.preference
         return PreferenceObjective(
             PreferenceSettings(

@@ -1,0 +1,73 @@
+"""Which transformers head a run trains: the causal LM, or (`train.objective: reward`) a reward model.
+
+A reward model is the family's own `...ForSequenceClassification` with one output (`num_labels=1`): the
+decoder of the causal LM plus a linear `score` head that reads the hidden state of each row's last non-pad
+token (transformers finds it from `config.pad_token_id`, which `set_pad_token` sets to the tokenizer's, so a
+right-padded row is scored at its last real token). Loaded from a causal-LM checkpoint, the score head is
+new: it is initialized from the run's seed, so every rank and every split starts from the same head.
+Under LoRA the head trains in full (peft's `SEQ_CLS` task puts it in `modules_to_save`); under QLoRA it stays
+out of 4-bit (`quantization_skip`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from zerofit.config.schema import ZerofitConfig
+
+__all__ = [
+    "REWARD_OBJECTIVE",
+    "SCORE_HEAD",
+    "auto_model_class",
+    "head_kwargs",
+    "is_reward_model",
+    "seeded_head",
+    "set_pad_token",
+]
+
+REWARD_OBJECTIVE = "reward"  # train.objective of a reward model
+SCORE_HEAD = "score"  # transformers' name of a decoder's sequence-classification head
+
+
+def is_reward_model(cfg: ZerofitConfig) -> bool:
+    """Whether the run trains a reward model (a one-output score head) rather than the causal LM."""
+    return cfg.train.objective == REWARD_OBJECTIVE
+
+
+def auto_model_class(cfg: ZerofitConfig) -> Any:
+    """transformers' auto class of the model the run trains (and `zerofit export` rebuilds)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification if is_reward_model(cfg) else AutoModelForCausalLM
+
+
+def head_kwargs(cfg: ZerofitConfig) -> dict[str, Any]:
+    """`from_pretrained`'s extra arguments for the head: one output for a reward model (TRL's num_labels=1)."""
+    return {"num_labels": 1} if is_reward_model(cfg) else {}
+
+
+@contextmanager
+def seeded_head(cfg: ZerofitConfig) -> Iterator[None]:
+    """A reward model's new score head initialized from the run's seed (the caller's RNG untouched): the same
+    head on every rank and every split. Nothing for a causal LM."""
+    if not is_reward_model(cfg):
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        yield
+
+
+def set_pad_token(cfg: ZerofitConfig, model: torch.nn.Module, tokenizer: Any) -> None:
+    """A reward model's pad id, which transformers' sequence classifier pools by (the last token that is not
+    it): the tokenizer's, which pads the batches. A causal LM's config is left as loaded."""
+    config = getattr(model, "config", None)
+    if config is None or not is_reward_model(cfg) or tokenizer.pad_token_id is None:
+        return
+    config.pad_token_id = tokenizer.pad_token_id
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text.pad_token_id = tokenizer.pad_token_id
