@@ -54,6 +54,7 @@ class ExportResult:
     kind: str
     source: WeightsSource
     dtype: str | None  # torch name of the weights' dtype (None: the adapter as trained)
+    reward: bool = False  # a reward model's (train.objective: reward): a sequence classifier with a score head
 
     @property
     def size_bytes(self) -> int:
@@ -218,4 +219,5 @@ def export_run(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportResult(out=out, kind=kind, source=source, dtype=weights_dtype)
+    reward = run.config.train.objective == "reward"
+    return ExportResult(out=out, kind=kind, source=source, dtype=weights_dtype, reward=reward)

@@ -506,7 +506,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     model.train()
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
-    set_pad_token(cfg, _hf_model(model), tokenizer)  # a reward model scores each row's last non-pad token
+    set_pad_token(cfg, model, tokenizer)  # a reward model scores each row's last non-pad token
 
     total, trainable = count_parameters(model)
     return BuiltModel(

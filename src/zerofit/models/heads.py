@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import ConfigError
 
 __all__ = [
     "REWARD_OBJECTIVE",
@@ -25,6 +26,7 @@ __all__ = [
     "auto_model_class",
     "head_kwargs",
     "is_reward_model",
+    "refuse_reward_model",
     "seeded_head",
     "set_pad_token",
 ]
@@ -64,10 +66,25 @@ def seeded_head(cfg: ZerofitConfig) -> Iterator[None]:
 
 def set_pad_token(cfg: ZerofitConfig, model: torch.nn.Module, tokenizer: Any) -> None:
     """A reward model's pad id, which transformers' sequence classifier pools by (the last token that is not
-    it): the tokenizer's, which pads the batches. A causal LM's config is left as loaded."""
-    config = getattr(model, "config", None)
+    it): the tokenizer's, which pads the batches. A causal LM's config is left as loaded. `model` may be peft's
+    wrapper (its base model's config is set)."""
+    get_base = getattr(model, "get_base_model", None)
+    config = getattr(get_base() if callable(get_base) else model, "config", None)
     if config is None or not is_reward_model(cfg) or tokenizer.pad_token_id is None:
         return
     config.pad_token_id = tokenizer.pad_token_id
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     text.pad_token_id = tokenizer.pad_token_id
+
+
+def refuse_reward_model(cfg: ZerofitConfig, where: object, what: str) -> None:
+    """Refuse `what` (a GGUF export, generation) for a reward model's run `where`: it scores, it does not write."""
+    if is_reward_model(cfg):
+        raise ConfigError(
+            [
+                f"{where} is a reward model (train.objective: reward): a sequence classifier whose score head gives "
+                f"one number per text, with no language-model head for {what}. Score with it instead: zerofit "
+                f'score {where} --prompt "..." --response "...", or export it as a Hugging Face folder '
+                "(zerofit export RUN --merge --out DIR)"
+            ]
+        )
