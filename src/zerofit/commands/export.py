@@ -132,7 +132,11 @@ def run(args: argparse.Namespace) -> int:
         f"exported {what} from {result.source.describe()} of {args.run_dir}\n"
         f"  -> {result.out} ({result.size_bytes / 2**20:.2f} MiB of weights, tokenizer, README.md model card)\n"
         f"  load it with {load}('{result.out}'), or try it: zerofit "
-        + (f'score {result.out} --prompt "..." --response "..."' if result.reward else f'generate {result.out} --prompt "..."')
+        + (
+            f'score {result.out} --prompt "..." --response "..."'
+            if result.reward
+            else f'generate {result.out} --prompt "..."'
+        )
     )
     return 0
 

@@ -26,7 +26,9 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "path", metavar="RUN_DIR|EXPORT_DIR", help="a reward run's directory or its `zerofit export --merge` folder"
+        "path",
+        metavar="RUN_DIR|EXPORT_DIR",
+        help="a reward run's directory or its `zerofit export --merge` folder",
     )
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--response", required=True, help="the response text to score")

@@ -70,7 +70,7 @@ def _not_reward(path: Path, objective: Any) -> ConfigError:
         [
             f"{path} was trained with train.objective = {objective!r}, not 'reward': it has no score head to give "
             "a reward. Score with a reward model's run or export (train.objective: reward), or try this one "
-            f"with zerofit generate {path} --prompt \"...\""
+            f'with zerofit generate {path} --prompt "..."'
         ]
     )
 
