@@ -26,8 +26,8 @@ from zerofit.export.folder import EXPORT_INFO, check_out, merged_model, unwritab
 from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architecture, check_quant, write_gguf
 from zerofit.export.modelfile import modelfile
 from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
-from zerofit.models.heads import refuse_reward_model
 from zerofit.models.build import resolve_model_path
+from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 
 __all__ = ["MODELFILE", "GGUFExportResult", "export_gguf"]

@@ -42,7 +42,7 @@ def _pair(i: int) -> PreferencePair:
     prompt = [1, *torch.randint(3, VOCAB, (2 + i % 5,), generator=g).tolist()]
 
     def seq(n: int) -> Example:
-        response = torch.randint(3, VOCAB, (n,), generator=g).tolist() + [2]
+        response = [*torch.randint(3, VOCAB, (n,), generator=g).tolist(), 2]
         return Example(prompt + response, [IGNORE_INDEX] * len(prompt) + response)
 
     margin = 0.25 * (i % 3) if i % 2 else None
