@@ -23,6 +23,7 @@ from zerofit.core.errors import ConfigError
 from zerofit.export import export_run
 from zerofit.export.generate import load_generator
 from zerofit.export.score import Scorer, load_scorer
+from zerofit.objectives.reward import pair_rewards
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +53,15 @@ def _held_out() -> list[dict[str, str]]:
 
 
 def _accuracy(scorer: Scorer) -> float:
+    """Held-out pairs whose chosen response out-scores the rejected one: one padded forward of them all."""
     pairs = _held_out()
-    wins = sum(scorer(p["prompt"], p["chosen"]) > scorer(p["prompt"], p["rejected"]) for p in pairs)
-    return wins / len(pairs)
+    rows = [scorer.input_ids(p["prompt"], p[side]) for side in ("chosen", "rejected") for p in pairs]
+    pad, width = scorer.tokenizer.pad_token_id, max(map(len, rows))
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    with torch.no_grad():
+        scores = pair_rewards(scorer.model, {"input_ids": ids, "attention_mask": mask})
+    return float((scores[: len(pairs)] > scores[len(pairs) :]).double().mean())
 
 
 def test_the_trained_model_ranks_held_out_pairs(run_dir: Path) -> None:
@@ -80,7 +87,7 @@ def test_merged_export_is_a_sequence_classifier_with_the_same_scores(run_dir: Pa
     result = export_run(run_dir, tmp_path / "rm", merge=True)
     assert result.kind == "merged" and result.reward
     config = json.loads((result.out / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_labels"] == 1
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
     model = AutoModelForSequenceClassification.from_pretrained(result.out).eval()
     tokenizer = AutoTokenizer.from_pretrained(result.out)
     assert model.config.pad_token_id == tokenizer.pad_token_id
@@ -88,7 +95,9 @@ def test_merged_export_is_a_sequence_classifier_with_the_same_scores(run_dir: Pa
     exported = Scorer(model, tokenizer, 64)
     for pair in _held_out()[:5]:
         for response in (pair["chosen"], pair["rejected"]):
-            assert exported(pair["prompt"], response) == pytest.approx(trained(pair["prompt"], response), abs=1e-5)
+            assert exported(pair["prompt"], response) == pytest.approx(
+                trained(pair["prompt"], response), abs=1e-5
+            )
     # A batch padded on the right scores each row at its last real token, as transformers pools it.
     ids = [trained.input_ids(p["prompt"], p["chosen"]) for p in _held_out()[:3]]
     width = max(map(len, ids))
