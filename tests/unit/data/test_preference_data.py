@@ -320,3 +320,28 @@ def test_resolve_refuses_objectives_and_data_that_disagree(overrides: list[str],
         resolve(load_config(None, base + overrides), 1)
     assert len(err.value.problems) == 1  # one paragraph, nothing else wrong
     resolve(load_config(None, [*base, "train.objective=orpo", "data.format=preference"]), 1)  # agreeing
+
+
+def test_the_margin_column_rides_with_its_pair_through_the_cache(
+    tok: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's reward-model `margin` column: kept per pair (none on a record without one), collated as 0 for
+    those, and read back from the tokenization cache; a value that is not a finite number is refused."""
+    from zerofit.data.pairs import collate_pairs
+
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))
+    records = [
+        {"prompt": "a", "chosen": "good", "rejected": "bad", "margin": 1.5},
+        {"prompt": "b", "chosen": "fine", "rejected": "worse"},
+        {"prompt": "c", "chosen": "yes", "rejected": "no", "margin": 0},
+    ]
+    path = _jsonl(tmp_path / "m.jsonl", records)
+    for _ in range(2):  # tokenized, then from the cache
+        data = load_preference_pairs(path, tok, 32, cache=True)
+        assert [p.margin for p in data.examples] == [1.5, None, 0.0]
+    assert data.stats.from_cache
+    assert collate_pairs(data.examples, 0)["margin"].tolist() == [1.5, 0.0, 0.0]
+    assert "margin" not in collate_pairs(data.examples[1:2], 0)
+    _jsonl(path, [{**records[0], "margin": "high"}])
+    with pytest.raises(DataError, match="'margin' = 'high'"):
+        load_preference_pairs(path, tok, 32)
