@@ -72,7 +72,7 @@ def test_qlora_keeps_the_score_head_out_of_4bit() -> None:
 def test_a_vocabulary_loss_is_refused_for_a_reward_model() -> None:
     batch = {"global_batch_size": 4, "micro_batch_size": 2}
     with pytest.raises(
-        ConfigError, match="train.cross_entropy = 'fused_linear' with train.objective = 'reward'"
+        ConfigError, match=r"train\.cross_entropy = 'fused_linear' with train\.objective = 'reward'"
     ):
         resolve(_cfg(train={"cross_entropy": "fused_linear"}, batch=batch), world_size=1)
     assert resolve(_cfg(batch=batch), world_size=1).config.train.cross_entropy == "chunked"
