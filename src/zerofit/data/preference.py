@@ -157,6 +157,20 @@ def record_margin(record: dict[str, Any], where: str) -> float | None:
     return float(value)
 
 
+def _whole_texts(record: dict[str, Any], objective: str) -> dict[str, Any]:
+    """A reward model scores texts, no prompt needed: a string record with no 'prompt' whose two texts share
+    no beginning (which TRL's implicit prompt cannot split) is scored whole, its prompt empty (TRL's
+    RewardTrainer tokenizes each text alone). Any other record, and any other objective, as it is."""
+    chosen, rejected = record.get("chosen"), record.get("rejected")
+    whole = (
+        objective == "reward"
+        and "prompt" not in record
+        and isinstance(chosen, str)
+        and isinstance(rejected, str)
+    )
+    return {**record, "prompt": ""} if whole and chosen[:1] != rejected[:1] else record
+
+
 def _empty(record: Preference) -> bool:
     """Whether either response is empty or blank (conversational: has no message, or a blank one)."""
     for response in (record.chosen, record.rejected):
@@ -189,7 +203,7 @@ class _PairTokenizer:
             self.format = detect_format(record, where, self.key)
         if self.format != "preference":
             raise self.wrong_format(source)
-        parsed = parse_record("preference", record, where)
+        parsed = parse_record("preference", _whole_texts(record, self.objective), where)
         assert isinstance(parsed, Preference)
         if parsed.conversational and not self.n_records:  # before tokenizing: the fix is in the config
             require_chat_template(self.tokenizer, f"{self.key} = {source.name!r}")
@@ -351,9 +365,11 @@ def load_preference_pairs(
     with gc_paused():
         source = open_tokenizable(path, tokenizer, split, subset, key)
         # unit: never the entry of the same source read for SFT; pair_fields: never an entry from before the
-        # `margin` column rode with the pairs
+        # `margin` column rode with the pairs; a reward model's own entry (it reads whole texts, `_whole_texts`)
+        whole = {"whole_texts": True} if objective == "reward" else {}
         entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
-                            empty_responses=empty_responses, unit="pairs", pair_fields="margin")  # fmt: skip
+                            empty_responses=empty_responses, unit="pairs", pair_fields="margin",
+                            **whole)  # fmt: skip
         hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
         data = _from_cache(hit) if hit is not None else None
         if data is not None:

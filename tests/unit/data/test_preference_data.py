@@ -345,3 +345,18 @@ def test_the_margin_column_rides_with_its_pair_through_the_cache(
     _jsonl(path, [{**records[0], "margin": "high"}])
     with pytest.raises(DataError, match="'margin' = 'high'"):
         load_preference_pairs(path, tok, 32)
+
+
+def test_a_reward_model_scores_whole_texts_without_a_shared_beginning(tok: Any, tmp_path: Path) -> None:
+    """`{"chosen", "rejected"}` strings that share no beginning: refused for DPO (no implicit prompt), scored
+    whole for a reward model (bos, then each text and eos, as TRL's RewardTrainer tokenizes each text)."""
+    path = _jsonl(tmp_path / "w.jsonl", [{"chosen": "good answer", "rejected": "bad one"}])
+    with pytest.raises(DataError, match="share no beginning"):
+        load_preference_pairs(path, tok, 32)
+    (pair,) = load_preference_pairs(path, tok, 32, objective="reward").examples
+    assert pair.chosen.input_ids == [
+        tok.bos_token_id,
+        *tok.encode("good answer", add_special_tokens=False),
+        tok.eos_token_id,
+    ]
+    assert pair.rejected.input_ids[0] == tok.bos_token_id and pair.rejected.labels[0] == IGNORE_INDEX
