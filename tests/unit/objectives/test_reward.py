@@ -110,6 +110,7 @@ def ragged_pairs() -> list[PreferencePair]:
     return [_pair(i) for i in range(24)]
 
 
+@pytest.mark.slow  # 16 micro-steps of a real model (~10 s on 2 busy cores); the [3, 1] split below is fast
 def test_the_split_gives_the_same_loss_curve(ragged_pairs: list[PreferencePair]) -> None:
     """Global batch 8: 8 micro-batches of 1 pair vs 2 of 4, three AdamW steps, fp32: the same curve."""
     one_by_one = _curve(ragged_pairs, 8, 1, 3)
