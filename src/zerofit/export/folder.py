@@ -128,10 +128,10 @@ def _replace(tmp: Path, out: Path) -> None:
 def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path) -> None:
     """Write a checkpoint's LoRA tensors as a peft folder, through peft, with no base weights loaded: the
     wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
-    from zerofit.models.meta import build_meta_model
+    from zerofit.models.heads import meta_head_model
 
     model: Any = apply_lora(
-        build_meta_model(resolve_model_path(run.config)),
+        meta_head_model(run.config, resolve_model_path(run.config)),  # a reward model's: its score head too
         lora_spec(run.config),
     )
     state = read_checkpoint(source.path, source.trust_pickles)

@@ -26,6 +26,7 @@ __all__ = [
     "auto_model_class",
     "head_kwargs",
     "is_reward_model",
+    "meta_head_model",
     "refuse_reward_model",
     "seeded_head",
     "set_pad_token",
@@ -88,3 +89,16 @@ def refuse_reward_model(cfg: ZerofitConfig, where: object, what: str) -> None:
                 "(zerofit export RUN --merge --out DIR)"
             ]
         )
+
+
+def meta_head_model(cfg: ZerofitConfig, path: str) -> Any:
+    """The model the run trains, on the meta device (shapes and names, no memory): the causal LM, or a
+    reward model's one-output sequence classifier (whose checkpoints hold the score head's tensors)."""
+    from zerofit.models.meta import build_meta_model, hf_config
+
+    if not is_reward_model(cfg):
+        return build_meta_model(path)
+    config = hf_config(path)
+    config.num_labels = 1
+    with torch.device("meta"):
+        return auto_model_class(cfg).from_config(config, dtype=torch.float32)

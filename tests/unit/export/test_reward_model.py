@@ -118,3 +118,18 @@ def test_score_prints_the_reward(run_dir: Path, capsys: pytest.CaptureFixture[st
 def test_generate_refuses_a_reward_model(run_dir: Path) -> None:
     with pytest.raises(ConfigError, match="reward model"):
         load_generator(run_dir)
+
+
+def test_a_checkpoints_adapter_export_loads_with_peft(run_dir: Path, tmp_path: Path) -> None:
+    """The LoRA adapter written from a checkpoint's tensors is peft's SEQ_CLS folder, score head included."""
+    from peft import AutoPeftModelForSequenceClassification
+    from transformers import AutoTokenizer
+
+    result = export_run(run_dir, tmp_path / "adapter", step=24)
+    assert result.kind == "adapter" and result.source.kind == "checkpoint"
+    model = AutoPeftModelForSequenceClassification.from_pretrained(result.out, num_labels=1).eval()
+    tokenizer = AutoTokenizer.from_pretrained(result.out)
+    model.get_base_model().config.pad_token_id = tokenizer.pad_token_id
+    pair = _held_out()[1]
+    expected = load_scorer(run_dir)(pair["prompt"], pair["chosen"])
+    assert Scorer(model, tokenizer, 64)(pair["prompt"], pair["chosen"]) == pytest.approx(expected, abs=1e-5)
