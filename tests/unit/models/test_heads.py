@@ -27,9 +27,9 @@ def _cfg(**sections: dict[str, Any]) -> ZerofitConfig:
     return config({"seed": 0, "lora": {"dropout": 0.0}}, train=train, **sections)
 
 
-def _backward(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """One reward-loss backward on a pair; the gradients of the trainable parameters."""
-    batch = collate_pairs([PAIR], pad_id=0)
+def _backward(model: torch.nn.Module, pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """One reward-loss backward on a pair (padded with `pad_id`); the gradients of the trainable parameters."""
+    batch = collate_pairs([PAIR], pad_id=pad_id)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     (loss,), _ = RewardObjective(0.01).terms(model, inputs, batch, "chunked")
     loss.backward()
@@ -76,3 +76,17 @@ def test_a_vocabulary_loss_is_refused_for_a_reward_model() -> None:
     ):
         resolve(_cfg(train={"cross_entropy": "fused_linear"}, batch=batch), world_size=1)
     assert resolve(_cfg(batch=batch), world_size=1).config.train.cross_entropy == "chunked"
+
+
+@pytest.mark.slow  # eleven builds
+def test_every_built_in_family_builds_a_reward_model() -> None:
+    """Each built-in tiny family as its own sequence classifier, LoRA, the score head getting a gradient."""
+    from zerofit.catalogue.models import TINY_CONFIGS
+
+    for name in sorted(TINY_CONFIGS):
+        built = build_model(_cfg(model={"name_or_path": name}))
+        hf = built.model.get_base_model()
+        assert type(hf).__name__.endswith("ForSequenceClassification"), name
+        assert hf.config.pad_token_id == built.tokenizer.pad_token_id, name
+        grads = _backward(built.model, built.tokenizer.pad_token_id)
+        assert any(g.abs().sum() > 0 for n, g in grads.items() if ".score." in n), name
