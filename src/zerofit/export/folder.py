@@ -54,9 +54,8 @@ class ExportResult:
     kind: str
     source: WeightsSource
     dtype: str | None  # torch name of the weights' dtype (None: the adapter as trained)
-    reward: bool = (
-        False  # a reward model's (train.objective: reward): a sequence classifier with a score head
-    )
+    # A reward model's (train.objective: reward): a sequence classifier with a score head.
+    reward: bool = False
 
     @property
     def size_bytes(self) -> int:
