@@ -124,11 +124,20 @@ def run(args: argparse.Namespace) -> int:
         if result.kind == "adapter"
         else "transformers.AutoModelForCausalLM.from_pretrained"
     )
+    if result.reward:  # a reward model (train.objective: reward): a sequence classifier, scored not sampled
+        load = "peft.AutoPeft" if result.kind == "adapter" else "transformers.Auto"
+        load += "ModelForSequenceClassification.from_pretrained"
     _note_remote_code(result.out)
+    extra = ", num_labels=1" if result.reward and result.kind == "adapter" else ""  # the base's config has 2
     say(
         f"exported {what} from {result.source.describe()} of {args.run_dir}\n"
         f"  -> {result.out} ({result.size_bytes / 2**20:.2f} MiB of weights, tokenizer, README.md model card)\n"
-        f"  load it with {load}('{result.out}'), or try it: zerofit generate {result.out} --prompt \"...\""
+        f"  load it with {load}('{result.out}'{extra}), or try it: zerofit "
+        + (
+            f'score {args.run_dir if result.kind == "adapter" else result.out} --prompt "..." --response "..."'
+            if result.reward
+            else f'generate {result.out} --prompt "..."'
+        )
     )
     return 0
 

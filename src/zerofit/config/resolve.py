@@ -416,6 +416,23 @@ def _check_kto(problems: list[str], cfg: ZerofitConfig) -> None:
         )
 
 
+def _settle_reward_loss(problems: list[str], cfg: ZerofitConfig) -> None:
+    """`train.objective: reward` scores sequences with a one-output head: no loss over a vocabulary, so
+    `train.cross_entropy` is refused unless chunked / auto, and set to chunked (the planner has no choice
+    to make, and `train.kernels=liger` does not make it fused_linear)."""
+    t = cfg.train
+    if t.objective != "reward":
+        return
+    if t.cross_entropy not in ("chunked", "auto"):
+        problems.append(
+            f"train.cross_entropy = {t.cross_entropy!r} with train.objective = 'reward': a reward model's loss is "
+            "on its one-output score head, not over the vocabulary, so there is no cross-entropy to choose; "
+            "unset train.cross_entropy (or set chunked)"
+        )
+    else:
+        t.cross_entropy = "chunked"
+
+
 def _check_reference(problems: list[str], cfg: ZerofitConfig) -> None:
     """`preference.reference` fits the objective: DPO needs one (adapters off only with LoRA adapters to
     switch off), SimPO, ORPO and SFT have none."""
@@ -835,6 +852,7 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     _check_data(problems, cfg)
     _check_objective_data(problems, cfg)
     _check_reference(problems, cfg)
+    _settle_reward_loss(problems, cfg)
     _check_model_and_loss(problems, cfg)
     _check_attention(problems, cfg)
     _check_kernels(problems, cfg)

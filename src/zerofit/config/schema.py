@@ -23,7 +23,7 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo", "kto", "grpo"]  # train.objective
+Objective = Literal["sft", "dpo", "simpo", "orpo", "kto", "reward", "grpo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -246,8 +246,9 @@ class TrainSection(_Section):
     objective: Objective = Field(
         "sft",
         description="What is learned: sft (next-token loss on the responses) or a preference objective on "
-        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo; the `preference` section), or kto on unpaired "
-        "{prompt, completion, label} feedback (the `kto` section).",
+        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo; the `preference` section), kto on unpaired "
+        "{prompt, completion, label} feedback (the `kto` section), or reward: a reward model (a one-output "
+        "score head) trained on the pairs with the Bradley-Terry loss (the `reward` section).",
     )
 
     @field_validator("tiled_mlp", mode="before")
@@ -373,6 +374,17 @@ class DataSection(_Section):
         | None
     ) = Field(
         None, description="A fraction of `path` held out for evaluation, or the name of its eval split."
+    )
+
+
+class RewardSection(_Section):
+    """A reward model (`train.objective: reward`): the Bradley-Terry loss's knobs (TRL's RewardConfig names)."""
+
+    center_rewards_coefficient: float | None = Field(
+        None,
+        ge=0,
+        description="TRL's centering term: adds coefficient x mean over the pairs of (r_chosen + r_rejected)^2, "
+        "pulling rewards towards mean zero (Eisenstein et al. 2023; TRL recommends 0.01). null: off.",
     )
 
 
@@ -647,6 +659,7 @@ class ZerofitConfig(_Section):
     preference: PreferenceSection = Field(default_factory=PreferenceSection)
     rl: RLSection = Field(default_factory=RLSection)
     kto: KTOSection = Field(default_factory=KTOSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)

@@ -26,12 +26,15 @@ class PreferencePair:
     """One preference pair: the chosen and the rejected sequence of one prompt (see the module docstring).
 
     `reference` is the reference model's summed response log-probabilities (chosen, rejected) when they were
-    precomputed before training (`preference.reference: precomputed`), else None.
+    precomputed before training (`preference.reference: precomputed`), else None. `margin` is the record's
+    optional `margin` column (TRL's reward-model layout: how much the chosen should out-score the rejected),
+    else None.
     """
 
     chosen: Example
     rejected: Example
     reference: tuple[float, float] | None = None
+    margin: float | None = None
 
     @property
     def input_ids(self) -> list[int]:
@@ -44,7 +47,8 @@ def collate_pairs(pairs: list[PreferencePair], pad_id: int) -> dict[str, torch.T
 
     `reference_logps` (2m, fp64: chosen then rejected, like the rows) is included when every pair carries
     precomputed reference log-probabilities. An empty list gives `collate([])`'s single dummy row and
-    `pairs` = 0: a rank with nothing left in a partial window still runs forward and backward.
+    `pairs` = 0: a rank with nothing left in a partial window still runs forward and backward. `margin` (m,
+    fp32) is included when any pair has one (a pair without: 0, no margin).
     """
     if not pairs:
         return {**collate([], pad_id), "pairs": torch.tensor(0)}
@@ -54,4 +58,6 @@ def collate_pairs(pairs: list[PreferencePair], pad_id: int) -> dict[str, torch.T
         chosen = [p.reference[0] for p in pairs if p.reference is not None]
         rejected = [p.reference[1] for p in pairs if p.reference is not None]
         batch["reference_logps"] = torch.tensor(chosen + rejected, dtype=torch.float64)
+    if any(p.margin is not None for p in pairs):
+        batch["margin"] = torch.tensor([p.margin or 0.0 for p in pairs], dtype=torch.float32)
     return batch

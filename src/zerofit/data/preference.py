@@ -18,10 +18,14 @@ there is nothing to prefer), or when a sequence has no label token left; a sourc
 identical is refused (a wrong field, not data). An empty response (or an empty assistant message in one)
 follows `data.empty_responses` as in SFT: `drop` (counted; refused when more than half are), `keep` (an
 empty response is eos alone), `error` (refuses the first; then an identical pair is refused too).
+
+A record's optional `margin` (TRL's reward-model column: a finite number) rides with its pair
+(`PreferencePair.margin`); `train.objective: reward` subtracts it inside the Bradley-Terry loss.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -139,6 +143,34 @@ def tokenize_pair(
     return PreferencePair(_example(prompt, chosen), _example(prompt, rejected)), prompt_cut, truncated
 
 
+def record_margin(record: dict[str, Any], where: str) -> float | None:
+    """A record's `margin` column (TRL's reward-model layout) as a float; None when it has none (or null)."""
+    value = record.get("margin")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise DataError(
+            f"{where}: 'margin' = {value!r}, and a pair's margin (how far the chosen response should out-score "
+            "the rejected one in the reward model's Bradley-Terry loss, TRL's column) must be a finite number; "
+            "fix the value, or remove the field (no margin)"
+        )
+    return float(value)
+
+
+def _whole_texts(record: dict[str, Any], objective: str) -> dict[str, Any]:
+    """A reward model scores texts, no prompt needed: a string record with no 'prompt' whose two texts share
+    no beginning (which TRL's implicit prompt cannot split) is scored whole, its prompt empty (TRL's
+    RewardTrainer tokenizes each text alone). Any other record, and any other objective, as it is."""
+    chosen, rejected = record.get("chosen"), record.get("rejected")
+    whole = (
+        objective == "reward"
+        and "prompt" not in record
+        and isinstance(chosen, str)
+        and isinstance(rejected, str)
+    )
+    return {**record, "prompt": ""} if whole and chosen[:1] != rejected[:1] else record
+
+
 def _empty(record: Preference) -> bool:
     """Whether either response is empty or blank (conversational: has no message, or a blank one)."""
     for response in (record.chosen, record.rejected):
@@ -171,7 +203,7 @@ class _PairTokenizer:
             self.format = detect_format(record, where, self.key)
         if self.format != "preference":
             raise self.wrong_format(source)
-        parsed = parse_record("preference", record, where)
+        parsed = parse_record("preference", _whole_texts(record, self.objective), where)
         assert isinstance(parsed, Preference)
         if parsed.conversational and not self.n_records:  # before tokenizing: the fix is in the config
             require_chat_template(self.tokenizer, f"{self.key} = {source.name!r}")
@@ -187,6 +219,7 @@ class _PairTokenizer:
         else:
             self.n_truncated += truncated
             self.n_prompt_cut += prompt_cut
+            pair.margin = record_margin(record, where)
             self.pairs.append(pair)
             self.records.append(index)
 
@@ -289,7 +322,9 @@ def _save(entry: str, data: TokenizedData[PreferencePair], vocab: int) -> None:
     """Store the pairs as examples chosen, rejected, chosen, ... (each record listed once per sequence)."""
     examples = [e for p in data.examples for e in (p.chosen, p.rejected)]
     records = [r for r in data.records for _ in range(2)]
-    meta = {"stats": asdict(data.stats), "unit": "pairs"}
+    meta: dict[str, Any] = {"stats": asdict(data.stats), "unit": "pairs"}
+    if any(p.margin is not None for p in data.examples):
+        meta["margins"] = [p.margin for p in data.examples]
     save_cached(entry, [e.input_ids for e in examples], [e.labels for e in examples], records, meta, vocab)
 
 
@@ -299,6 +334,8 @@ def _from_cache(hit: CachedData) -> TokenizedData[PreferencePair] | None:
         return None
     examples = [Example(ids, labels) for ids, labels in zip(hit.ids, hit.labels, strict=True)]
     pairs = [PreferencePair(examples[i], examples[i + 1]) for i in range(0, len(examples), 2)]
+    for pair, margin in zip(pairs, hit.meta.get("margins") or [], strict=False):
+        pair.margin = margin
     stats = DataStats(**{**hit.meta["stats"], "from_cache": True})
     return TokenizedData(pairs, stats, hit.records[::2])
 
@@ -327,9 +364,12 @@ def load_preference_pairs(
         raise ValueError(f"empty_responses must be one of {EMPTY_RESPONSE_RULES}, not {empty_responses!r}")
     with gc_paused():
         source = open_tokenizable(path, tokenizer, split, subset, key)
-        # unit: never the entry of the same source read for SFT
+        # unit: never the entry of the same source read for SFT; pair_fields: never an entry from before the
+        # `margin` column rode with the pairs; a reward model's own entry (it reads whole texts, `_whole_texts`)
+        whole = {"whole_texts": True} if objective == "reward" else {}
         entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
-                            empty_responses=empty_responses, unit="pairs")  # fmt: skip
+                            empty_responses=empty_responses, unit="pairs", pair_fields="margin",
+                            **whole)  # fmt: skip
         hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
         data = _from_cache(hit) if hit is not None else None
         if data is not None:

@@ -54,6 +54,8 @@ class ExportResult:
     kind: str
     source: WeightsSource
     dtype: str | None  # torch name of the weights' dtype (None: the adapter as trained)
+    # A reward model's (train.objective: reward): a sequence classifier with a score head.
+    reward: bool = False
 
     @property
     def size_bytes(self) -> int:
@@ -125,10 +127,10 @@ def _replace(tmp: Path, out: Path) -> None:
 def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path) -> None:
     """Write a checkpoint's LoRA tensors as a peft folder, through peft, with no base weights loaded: the
     wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
-    from zerofit.models.meta import build_meta_model
+    from zerofit.models.heads import meta_head_model
 
     model: Any = apply_lora(
-        build_meta_model(resolve_model_path(run.config)),
+        meta_head_model(run.config, resolve_model_path(run.config)),  # a reward model's: its score head too
         lora_spec(run.config),
     )
     state = read_checkpoint(source.path, source.trust_pickles)
@@ -218,4 +220,5 @@ def export_run(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportResult(out=out, kind=kind, source=source, dtype=weights_dtype)
+    reward = run.config.train.objective == "reward"
+    return ExportResult(out=out, kind=kind, source=source, dtype=weights_dtype, reward=reward)

@@ -29,6 +29,7 @@ from zerofit.core.errors import ConfigError, DataError
 from zerofit.core.run_layout import CONFIG_FILE
 from zerofit.export import EXPORT_INFO, load_trained
 from zerofit.export.trained import load_base, settle_remote_code
+from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 
 __all__ = ["Generator", "load_generator"]
@@ -173,6 +174,7 @@ def load_generator(
             trust_pickles=trust_pickles,
             trust_remote_code=trust_remote_code,
         )
+        refuse_reward_model(trained.run.config, path, "generation")
         return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device)
     if any((path / name).is_file() for name in (EXPORT_INFO, "config.json", "adapter_config.json")):
         if step is not None:

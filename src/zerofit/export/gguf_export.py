@@ -27,6 +27,7 @@ from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architectu
 from zerofit.export.modelfile import modelfile
 from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
 from zerofit.models.build import resolve_model_path
+from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 
 __all__ = ["MODELFILE", "GGUFExportResult", "export_gguf"]
@@ -103,6 +104,7 @@ def export_gguf(
     """Export the trained model of `run_dir` as GGUF into folder `out` (module docstring); `trust_remote_code`:
     honour the run's `model.trust_remote_code` (`trained.settle_remote_code`)."""
     run = read_run_config(Path(run_dir), trust_remote_code)
+    refuse_reward_model(run.config, run_dir, "llama.cpp / Ollama to generate with")
     out = Path(out)
     check_out(out, run.run_dir)
     _check_shared_folder(out, run)

@@ -30,6 +30,7 @@ from zerofit.models.build import (
     quantization_config,
     resolve_model_path,
 )
+from zerofit.models.heads import auto_model_class, head_kwargs, set_pad_token
 from zerofit.models.hub import allowed_remote_code, hub_errors
 from zerofit.models.lora import apply_lora
 
@@ -176,13 +177,12 @@ def _template_text(run: RunConfig, value: str, tokenizer_has_it: bool) -> str | 
 
 
 def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device) -> torch.nn.Module:
-    """The base model as the run loaded it, dequantized when it was quantized, in `dtype` on `device`."""
-    from transformers import AutoModelForCausalLM
-
+    """The base model as the run loaded it, dequantized when it was quantized, in `dtype` on `device` (a
+    reward model's: its sequence classifier, `zerofit.models.heads`, the trained score head loaded over it)."""
     quant = quantization_config(cfg)
     path = resolve_model_path(cfg)
     with hub_errors(cfg.model.name_or_path, "weights", path):
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_model_class(cfg).from_pretrained(
             path,
             dtype=load_dtype(cfg),
             # The merge never runs attention; the exported config names transformers' own sdpa, not
@@ -191,6 +191,7 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map={"": str(device)} if quant is not None else None,
+            **head_kwargs(cfg),
         )
     if quant is not None:
         # QLoRA / 8-bit: the adapters were trained against these quantized weights; bitsandbytes'
@@ -258,9 +259,7 @@ def build_trained(
     if cfg.lora.enabled:
         model = _apply_adapters(load_base(cfg, dtype, device), run, source, dtype)
     elif source.kind == "model":
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(source.path), dtype=dtype).to(device)
+        model = auto_model_class(cfg).from_pretrained(str(source.path), dtype=dtype).to(device)
     elif source.kind == "adapter":
         raise ConfigError(
             [f"{source.path} is a LoRA adapter, but {run.run_dir}/{CONFIG_FILE} says lora.enabled=false"]
@@ -270,7 +269,9 @@ def build_trained(
         _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
         model = model.to(dtype)
     model.eval()
-    return TrainedModel(model=model, tokenizer=tokenizer_for(run, source), run=run, source=source)
+    tokenizer = tokenizer_for(run, source)
+    set_pad_token(cfg, model, tokenizer)  # a reward model pools at the last non-pad token
+    return TrainedModel(model=model, tokenizer=tokenizer, run=run, source=source)
 
 
 def load_trained(

@@ -35,6 +35,14 @@ from zerofit.levers.offload import ActivationOffload, enable_activation_offload
 from zerofit.levers.recompute import checkpointed_layers, enable_activation_checkpointing
 from zerofit.levers.sequence_parallel import head_count_problem
 from zerofit.levers.tiling import enable_tiled_mlp, tiled_mlp_shards
+from zerofit.models.heads import (
+    SCORE_HEAD,
+    auto_model_class,
+    head_kwargs,
+    is_reward_model,
+    seeded_head,
+    set_pad_token,
+)
 from zerofit.models.hub import hub_errors
 from zerofit.models.lora import (
     AdapterSpec,
@@ -106,6 +114,8 @@ def quantization_config(cfg: ZerofitConfig) -> Any | None:
     # A router trained in full (`lora.train_router`) stays a float nn.Linear: a quantized one has no float
     # weight to train. The skip list replaces transformers' default one, so lm_head is named again.
     skip = ["lm_head", *_trained_routers(cfg)] if cfg.lora.enabled and cfg.lora.train_router else None
+    if is_reward_model(cfg):  # the score head trains in full: a float nn.Linear (`zerofit.models.heads`)
+        skip = [SCORE_HEAD, *_trained_routers(cfg)]
     if load_in == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     # 4-bit matmuls dequantize to the compute dtype: the run's precision (fp32 for precision fp32).
@@ -426,7 +436,7 @@ def _install_levers(
 
     # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's
     #     context (`zerofit.objectives.fused_loss`), the same module and parameter names, logits everywhere else.
-    if cfg.train.cross_entropy == FUSED_LINEAR:
+    if cfg.train.cross_entropy == FUSED_LINEAR and not is_reward_model(cfg):
         install_fused_head(hf)
 
     # 5c. model.attn_implementation=varlen: each attention module runs the kernel chosen for this device.
@@ -440,17 +450,17 @@ def _install_levers(
 
 def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, device_map: Any) -> Any:
     """The transformers model at `path`, loaded in `dtype` (quantized by `quant`, placed by `device_map`),
-    with the attention path the config chose; a hub failure is one paragraph (`hub_errors`)."""
-    from transformers import AutoModelForCausalLM
-
-    with hub_errors(cfg.model.name_or_path, "weights", path):
-        return AutoModelForCausalLM.from_pretrained(
+    with the attention path the config chose; a hub failure is one paragraph (`hub_errors`). A reward model
+    is the family's sequence classifier with a seeded score head (`zerofit.models.heads`)."""
+    with hub_errors(cfg.model.name_or_path, "weights", path), seeded_head(cfg):
+        return auto_model_class(cfg).from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=hf_attn_implementation(attention_path(cfg)),
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map=device_map,
+            **head_kwargs(cfg),
         )
 
 
@@ -496,6 +506,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     model.train()
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+    set_pad_token(cfg, model, tokenizer)  # a reward model scores each row's last non-pad token
 
     total, trainable = count_parameters(model)
     return BuiltModel(

@@ -67,13 +67,14 @@ def model_targets(model: torch.nn.Module, spec: AdapterSpec) -> LoraTargets:
     return resolve_lora_targets(config_dict, spec.target_modules, spec.moe_experts, spec.train_router)
 
 
-def peft_lora_config(spec: AdapterSpec, targets: LoraTargets) -> Any:
-    """peft's `LoraConfig`: causal LM, no bias training; names, routed-expert parameters, a trained router."""
+def peft_lora_config(spec: AdapterSpec, targets: LoraTargets, task_type: str = "CAUSAL_LM") -> Any:
+    """peft's `LoraConfig`: causal LM (or `SEQ_CLS`, a reward model: peft then trains its score head in full,
+    `modules_to_save`), no bias training; names, routed-expert parameters, a trained router."""
     from peft import LoraConfig
 
     names = targets.target_modules
     return LoraConfig(
-        task_type="CAUSAL_LM",
+        task_type=task_type,
         r=spec.r,
         lora_alpha=spec.alpha,
         lora_dropout=spec.dropout,
@@ -165,7 +166,9 @@ def apply_lora(model: torch.nn.Module, spec: AdapterSpec, seed: int | None = Non
     """
     from peft import get_peft_model
 
-    config = peft_lora_config(spec, check_model_targets(model, spec))
+    # A sequence classifier (a reward model, `zerofit.models.heads`) is peft's SEQ_CLS task: its head trains in full.
+    task = "SEQ_CLS" if type(model).__name__.endswith("ForSequenceClassification") else "CAUSAL_LM"
+    config = peft_lora_config(spec, check_model_targets(model, spec), task)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

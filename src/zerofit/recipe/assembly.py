@@ -53,6 +53,7 @@ from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.kto import KTOObjective, KTOSettings
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
+from zerofit.objectives.reward import RewardObjective
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
 from zerofit.strategies.optim import build_optimizer, build_scheduler
@@ -124,6 +125,8 @@ class PreparedRun:
         if cfg.train.objective == "kto":
             k = cfg.kto
             return KTOObjective(KTOSettings(k.beta, k.desirable_weight, k.undesirable_weight))
+        if cfg.train.objective == "reward":  # a reward model (`zerofit.objectives.reward`)
+            return RewardObjective(cfg.reward.center_rewards_coefficient)
         p = cfg.preference
         return PreferenceObjective(
             PreferenceSettings(

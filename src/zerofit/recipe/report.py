@@ -151,6 +151,13 @@ def describe_objective(run: PreparedRun) -> str:
             f"{k.undesirable_weight:g}), loss per example over the global batch's examples, KL reference point "
             "over the global batch's mismatched completions; reference: the base with the LoRA adapters off"
         )
+    if objective == "reward":  # a reward model (`zerofit.objectives.reward`)
+        center = cfg.reward.center_rewards_coefficient
+        return (
+            "reward (Bradley-Terry -logsig(r_chosen - r_rejected - margin)"
+            + (f" + {center:g} x (r_chosen + r_rejected)^2" if center else "")
+            + "; one-output score head), loss per pair over the global batch's pairs"
+        )
     knobs = {
         "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
         "simpo": f"beta {p.beta:g}, margin gamma {p.simpo_margin():g} (= {p.simpo_margin() / p.beta:g} x beta), "

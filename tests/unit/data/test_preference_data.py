@@ -320,3 +320,43 @@ def test_resolve_refuses_objectives_and_data_that_disagree(overrides: list[str],
         resolve(load_config(None, base + overrides), 1)
     assert len(err.value.problems) == 1  # one paragraph, nothing else wrong
     resolve(load_config(None, [*base, "train.objective=orpo", "data.format=preference"]), 1)  # agreeing
+
+
+def test_the_margin_column_rides_with_its_pair_through_the_cache(
+    tok: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's reward-model `margin` column: kept per pair (none on a record without one), collated as 0 for
+    those, and read back from the tokenization cache; a value that is not a finite number is refused."""
+    from zerofit.data.pairs import collate_pairs
+
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))
+    records = [
+        {"prompt": "a", "chosen": "good", "rejected": "bad", "margin": 1.5},
+        {"prompt": "b", "chosen": "fine", "rejected": "worse"},
+        {"prompt": "c", "chosen": "yes", "rejected": "no", "margin": 0},
+    ]
+    path = _jsonl(tmp_path / "m.jsonl", records)
+    for _ in range(2):  # tokenized, then from the cache
+        data = load_preference_pairs(path, tok, 32, cache=True)
+        assert [p.margin for p in data.examples] == [1.5, None, 0.0]
+    assert data.stats.from_cache
+    assert collate_pairs(data.examples, 0)["margin"].tolist() == [1.5, 0.0, 0.0]
+    assert "margin" not in collate_pairs(data.examples[1:2], 0)
+    _jsonl(path, [{**records[0], "margin": "high"}])
+    with pytest.raises(DataError, match="'margin' = 'high'"):
+        load_preference_pairs(path, tok, 32)
+
+
+def test_a_reward_model_scores_whole_texts_without_a_shared_beginning(tok: Any, tmp_path: Path) -> None:
+    """`{"chosen", "rejected"}` strings that share no beginning: refused for DPO (no implicit prompt), scored
+    whole for a reward model (bos, then each text and eos, as TRL's RewardTrainer tokenizes each text)."""
+    path = _jsonl(tmp_path / "w.jsonl", [{"chosen": "good answer", "rejected": "bad one"}])
+    with pytest.raises(DataError, match="share no beginning"):
+        load_preference_pairs(path, tok, 32)
+    (pair,) = load_preference_pairs(path, tok, 32, objective="reward").examples
+    assert pair.chosen.input_ids == [
+        tok.bos_token_id,
+        *tok.encode("good answer", add_special_tokens=False),
+        tok.eos_token_id,
+    ]
+    assert pair.rejected.input_ids[0] == tok.bos_token_id and pair.rejected.labels[0] == IGNORE_INDEX

@@ -1,0 +1,127 @@
+"""A reward model (`train.objective: reward`) with one global batch, any split, any engine: one loss curve.
+
+The built-in tiny Llama as a one-output sequence classifier, LoRA with the score head trained in full, fp32,
+pairs whose prompt and response lengths vary a lot (a margin column on some), global batch 8 pairs,
+held-out pairs evaluated every 2 steps, through the real launchers (gloo):
+
+    launch   engine                 split (micro x accum x dp)
+    single   one process            8 x 1 x 1
+    zero2    DeepSpeed ZeRO-2       2 x 2 x 2
+    fsdp     FSDP2                  1 x 4 x 2
+
+Per-step loss, rewards/* and eval/* agree within 2e-5; the metrics are in metrics.jsonl and the offline W&B
+run. (The split-exactness in one process, 8 x 1 vs 2 x 4, and the per-micro-batch mean that disagrees are
+tests/unit/objectives/test_reward.py's.)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import Launch, RunResult, run_launches, write_config
+from zerofit.objectives.reward import REWARD_METRICS
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+N_PAIRS, N_EVAL, GLOBAL, STEPS, SEED, LR, MAX_LEN, TOL = 24, 6, 8, 4, 5, 5e-3, 64, 2e-5
+LAUNCHES = [
+    Launch(
+        "single",
+        "python",
+        ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
+    ),
+    Launch("zero2", "deepspeed", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
+    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+]
+# rewards/accuracies counts pairs whose chosen reward is above the rejected one: a count, equal run to run
+# unless a pair's two rewards are within rounding of each other; the means below carry the same facts.
+CURVES = ("loss", *(m for m in REWARD_METRICS if m != "rewards/accuracies"))
+EVAL_CURVES = ("eval/loss", *(f"eval/{m}" for m in REWARD_METRICS if m != "rewards/accuracies"))
+
+
+def _pairs(path: Path, n: int, seed: int) -> Path:
+    """Prompts of 1..40 and responses of 1..50 characters; a margin on every third pair."""
+    rng = random.Random(seed)
+
+    def text(alphabet: str) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 25, 50])))
+
+    with path.open("w") as f:
+        for i in range(n):
+            record = {
+                "prompt": text("abcdefgh")[:40],
+                "chosen": text("0123456789"),
+                "rejected": text("xyz!?"),
+            }
+            f.write(json.dumps({**record, **({"margin": 0.5} if i % 3 == 0 else {})}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    root = tmp_path_factory.mktemp("reward")
+    config = write_config(
+        root / "reward.yaml",
+        {
+            "seed": SEED,
+            "model": {"name_or_path": "tiny-llama"},
+            "batch": {"global_batch_size": GLOBAL},
+            "distributed": {"strategy": "deepspeed"},
+            "train": {"objective": "reward", "max_steps": STEPS, "precision": "fp32", "max_grad_norm": 1.0},
+            "optimizer": {"lr": LR},
+            "scheduler": {"name": "cosine", "warmup_steps": 1},
+            "lora": {"enabled": True, "dropout": 0.0, "target_modules": "all-linear"},
+            "reward": {"center_rewards_coefficient": 0.01},
+            "data": {
+                "path": str(_pairs(root / "train.jsonl", N_PAIRS, 0)),
+                "eval_path": str(_pairs(root / "eval.jsonl", N_EVAL, 1)),
+                "max_seq_len": MAX_LEN,
+            },
+            "eval": {"every_steps": 2},
+            "checkpoint": {"every_minutes": 0},
+            "logging": {"console": False, "wandb": {"mode": "disabled"}},
+        },
+    )
+    results = run_launches(LAUNCHES, config, root / "runs")
+    for result in results.values():
+        result.check()
+    return results
+
+
+def _rows(result: RunResult, keys: tuple[str, ...]) -> list[list[float]]:
+    return [[row[k] for k in keys] for row in result.metrics if keys[0] in row]
+
+
+def _close(a: list[list[float]], b: list[list[float]]) -> float:
+    assert len(a) == len(b) and a, (a, b)
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+
+
+@pytest.mark.parametrize("name", ["zero2", "fsdp"])
+def test_one_reward_curve_for_every_engine_and_split(runs: dict[str, RunResult], name: str) -> None:
+    run, base = runs[name], runs["single"]
+    assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
+    assert (run.metrics[-1]["micro_batch_size"], run.metrics[-1]["dp_size"]) == (
+        (2, 2) if name == "zero2" else (1, 2)
+    )
+    assert _close(_rows(run, CURVES), _rows(base, CURVES)) < TOL
+    assert _close(_rows(run, EVAL_CURVES), _rows(base, EVAL_CURVES)) < TOL
+    assert [row["eval/pairs"] for row in run.metrics if "eval/pairs" in row] == [N_EVAL, N_EVAL]
+    assert base.metrics[0]["loss"] - base.metrics[-1]["loss"] > 1e-3  # it trained: the curves are not flat
+
+
+def test_metrics_in_metrics_jsonl_and_wandb(runs: dict[str, RunResult]) -> None:
+    from zerofit.metrics.wandb_reader import read_wandb_run
+
+    single = runs["single"]
+    for row in single.metrics:
+        assert set(REWARD_METRICS) <= set(row) and 0 <= row["rewards/accuracies"] <= 1
+    (run_file,) = (single.run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    history = read_wandb_run(run_file).history
+    last = history[max(history)]
+    for name in (*REWARD_METRICS, "loss", "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins"):
+        assert last[name] == pytest.approx(single.metrics[-1][name], rel=1e-6), name
