@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from zerofit.catalogue.models import is_pretrained_builtin, is_tiny_model, model_config_dict
+from zerofit.catalogue.vision_models import is_tiny_vlm
 from zerofit.config.resolve import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
@@ -46,6 +47,8 @@ from zerofit.models.lora import (
 )
 from zerofit.models.pretrained import ensure_pretrained
 from zerofit.models.tiny import ensure_tiny_model
+from zerofit.models.tiny_vision import ensure_tiny_vlm
+from zerofit.models.vision import apply_vision_lora, folder_config, is_vision_config
 from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
 
 
@@ -70,6 +73,8 @@ class BuiltModel:
 def resolve_model_path(cfg: ZerofitConfig) -> str:
     """A built-in model (`tiny-llama`, `tiny-qwen3`, ... built once per seed; `smollm2-135m-instruct`
     converted once) becomes its cache folder; anything else as given."""
+    if is_tiny_vlm(cfg.model.name_or_path):  # a built-in vision-language model (`models.tiny_vision`)
+        return str(ensure_tiny_vlm(cfg.model.name_or_path, cfg.seed))
     if is_tiny_model(cfg.model.name_or_path):
         return str(ensure_tiny_model(cfg.model.name_or_path, cfg.seed))
     if is_pretrained_builtin(cfg.model.name_or_path):
@@ -383,7 +388,7 @@ def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationO
     t = cfg.train
     layers = decoder_layers(hf)
     n_ckpt = enable_activation_checkpointing(
-        hf, checkpointed_layers(t.activation_checkpointing, hf.config.num_hidden_layers)
+        hf, checkpointed_layers(t.activation_checkpointing, hf.config.get_text_config().num_hidden_layers)
     )
     enable_tiled_mlp(layers, tiled_mlp_shards(t.tiled_mlp))
     if t.lean_norm is True:
@@ -441,10 +446,13 @@ def _install_levers(
 def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, device_map: Any) -> Any:
     """The transformers model at `path`, loaded in `dtype` (quantized by `quant`, placed by `device_map`),
     with the attention path the config chose; a hub failure is one paragraph (`hub_errors`)."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    # A vision-language model loads whole (vision tower, projector, language model) as image-text-to-text.
+    vision = is_vision_config(folder_config(path))
+    auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     with hub_errors(cfg.model.name_or_path, "weights", path):
-        return AutoModelForCausalLM.from_pretrained(
+        return auto.from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=hf_attn_implementation(attention_path(cfg)),
@@ -482,7 +490,9 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
     adapters = None
-    if cfg.lora.enabled:
+    if cfg.lora.enabled and is_vision_config(model.config.to_dict()):  # language model only by default
+        model, adapters = apply_vision_lora(model, spec, cfg.lora.projector, cfg.lora.vision_tower, cfg.seed)
+    elif cfg.lora.enabled:
         targets = model_targets(model, spec)
         model = apply_lora(model, spec, seed=cfg.seed)
         adapters = f"{targets.summary or 'the listed modules'}: {adapted_counts(model).describe()}"
