@@ -152,4 +152,8 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[s
     if "position_ids" in batch:
         return {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
     images = {k: v.to(device) for k, v in batch.items() if k in IMAGE_INPUTS}  # vision models' images
-    return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device), **images}
+    return {
+        "input_ids": batch["input_ids"].to(device),
+        "attention_mask": batch["attention_mask"].to(device),
+        **images,
+    }

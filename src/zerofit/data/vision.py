@@ -22,8 +22,13 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import DataError
-from zerofit.data.chat import _assistant_spans, _mask_from_spans, _render, has_generation_marks
-from zerofit.data.chat import require_chat_template
+from zerofit.data.chat import (
+    _assistant_spans,
+    _mask_from_spans,
+    _render,
+    has_generation_marks,
+    require_chat_template,
+)
 from zerofit.data.records import open_source
 from zerofit.data.sft import DataStats, Example, TokenizedData, has_labels
 from zerofit.objectives.loss import IGNORE_INDEX

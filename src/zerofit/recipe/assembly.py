@@ -50,8 +50,8 @@ from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.loss import IGNORE_INDEX
-from zerofit.recipe.vision import vision_processor_for
 from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
+from zerofit.recipe.vision import vision_processor_for
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
 from zerofit.strategies.optim import build_optimizer, build_scheduler

@@ -164,7 +164,7 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     from zerofit.levers.attention import describe_attention, module_kernel
     from zerofit.levers.recompute import checkpointed_layers, describe_checkpointing
 
-    layers = int(model.config.get_text_config().num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
+    layers = int(model.config.get_text_config().num_hidden_layers)  # peft forwards `.config`
     n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
     loss = cfg.train.cross_entropy
     if loss == "fused_linear":
