@@ -330,3 +330,32 @@ def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tenso
         if tensor is not None:
             types[row, : len(tensor)] = tensor
     return {**{name: torch.cat(tensors) for name, tensors in keys.items()}, TOKEN_TYPES: types}
+
+
+def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.Tensor]:
+    """One user turn of `image` then `prompt`, with the generation prompt, as the model's inputs (a batch of
+    one): the image's placeholder expanded as in training (`tokenize_vision`); `zerofit generate --image`."""
+    where = f"--image {image}"
+    try:
+        opened = open_image(image, Path.cwd())
+    except MissingImage as exc:
+        raise DataError(
+            f"{where}: the image cannot be read ({exc}); pass the path of a PNG or JPEG file."
+        ) from None
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    out = _render(
+        processor.tokenizer, messages, where, tokenize=True, return_dict=True, add_generation_prompt=True
+    )
+    ids = list(out["input_ids"])
+    pixels = processor.preprocess([opened])
+    ids, _ = expand_images(
+        ids, [False] * len(ids), processor.image_token_id, processor.tokens_per_image(pixels), where
+    )
+    input_ids = torch.tensor([ids])
+    types = (input_ids == processor.image_token_id).long()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        **pixels,
+        TOKEN_TYPES: types,
+    }

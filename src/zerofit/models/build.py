@@ -48,7 +48,7 @@ from zerofit.models.lora import (
 from zerofit.models.pretrained import ensure_pretrained
 from zerofit.models.tiny import ensure_tiny_model
 from zerofit.models.tiny_vision import ensure_tiny_vlm
-from zerofit.models.vision import apply_vision_lora, folder_config, is_vision_config
+from zerofit.models.vision import apply_vision_lora, auto_model_class, is_vision_config
 from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
 
 
@@ -446,13 +446,9 @@ def _install_levers(
 def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, device_map: Any) -> Any:
     """The transformers model at `path`, loaded in `dtype` (quantized by `quant`, placed by `device_map`),
     with the attention path the config chose; a hub failure is one paragraph (`hub_errors`)."""
-    import transformers
-
-    # A vision-language model loads whole (vision tower, projector, language model) as image-text-to-text.
-    vision = is_vision_config(folder_config(path))
-    auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
+    # A vision-language model loads whole (vision tower, projector, language model): `auto_model_class`.
     with hub_errors(cfg.model.name_or_path, "weights", path):
-        return auto.from_pretrained(
+        return auto_model_class(path).from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=hf_attn_implementation(attention_path(cfg)),

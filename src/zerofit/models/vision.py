@@ -200,3 +200,27 @@ def apply_vision_lora(
             torch.manual_seed(seed)
         adapted = get_peft_model(model, peft_lora_config(spec, targets))
     return adapted, f"{targets.summary}: {adapted_counts(adapted).describe()}"
+
+
+def auto_model_class(path: str | Path) -> Any:
+    """transformers' Auto class that loads the model at `path` whole: image-text-to-text for a
+    vision-language model (vision tower, projector, language model), causal LM otherwise."""
+    import transformers
+
+    vision = is_vision_config(folder_config(str(path)))
+    return transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
+
+
+def save_image_processor(model_path: str, folder: Path) -> None:
+    """Write the image processor of the vision-language model at `model_path` into export `folder`
+    (preprocessor_config.json), so the export loads whole with its processor; nothing for a language model."""
+    if not is_vision_config(folder_config(model_path)):
+        return
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        transformers.AutoImageProcessor.from_pretrained(model_path).save_pretrained(folder)
+    finally:
+        transformers.logging.set_verbosity(verbosity)

@@ -91,3 +91,33 @@ def test_per_micro_batch_means_would_disagree_with_the_global_token_mean() -> No
     global_mean = sum(sums) / sum(counts)
     per_micro = sum(s / c for s, c in zip(sums, counts, strict=True)) / len(sums)
     assert len(set(counts)) > 1 and abs(per_micro - global_mean) > 1e-4
+
+
+@pytest.mark.slow
+def test_the_demo_trains_exports_merged_with_its_processor_and_generates_from_an_image(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import zerofit
+    from zerofit.cli import main as cli
+
+    result = zerofit.train(
+        str(REPO / "configs" / "demo-vlm.yaml"),
+        output_dir=str(tmp_path),
+        run_name="vlm",
+        train={"max_steps": 2},
+        logging={"console": False, "wandb": {"mode": "disabled"}},
+    )
+    assert result.steps == 2 and result.final_loss == result.final_loss
+    merged = tmp_path / "merged"
+    assert cli(["export", str(tmp_path / "vlm"), "--merge", "--out", str(merged)]) == 0
+    assert (merged / "preprocessor_config.json").is_file() and (merged / "model.safetensors").is_file()
+    assert "AutoModelForImageTextToText" in capsys.readouterr().out
+    image = str(REPO / "data" / "demo-vlm" / "red.png")
+    for source in (merged, tmp_path / "vlm"):
+        args = ["generate", str(source), "--image", image, "--prompt", "Colour?", "--max-new-tokens", "3"]
+        assert cli(args) == 0
+        out, err = capsys.readouterr()
+        assert (out.strip() or "the continuation is empty" in err) and "Traceback" not in err
+    assert cli(["generate", str(merged), "--image", str(tmp_path / "gone.png"), "--prompt", "Colour?"]) == 2
+    err = capsys.readouterr().err
+    assert "--image" in err and "gone.png" in err and "Traceback" not in err
