@@ -48,7 +48,7 @@ from zerofit.models.lora import (
 from zerofit.models.pretrained import ensure_pretrained
 from zerofit.models.tiny import ensure_tiny_model
 from zerofit.models.tiny_vision import ensure_tiny_vlm
-from zerofit.models.vision import apply_vision_lora, auto_model_class, is_vision_config
+from zerofit.models.vision import apply_vision_lora, auto_model_class, is_vision_config, run_vision_every_step
 from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
 
 
@@ -486,6 +486,8 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
     adapters = None
+    if is_vision_config(model.config.to_dict()):  # the vision tower runs in every forward (sharded engines)
+        run_vision_every_step(model)
     if cfg.lora.enabled and is_vision_config(model.config.to_dict()):  # language model only by default
         model, adapters = apply_vision_lora(model, spec, cfg.lora.projector, cfg.lora.vision_tower, cfg.seed)
     elif cfg.lora.enabled:

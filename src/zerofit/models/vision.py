@@ -224,3 +224,41 @@ def save_image_processor(model_path: str, folder: Path) -> None:
         transformers.AutoImageProcessor.from_pretrained(model_path).save_pretrained(folder)
     finally:
         transformers.logging.set_verbosity(verbosity)
+
+
+def _idle_image(inner: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The smallest image the vision tower takes (one merged token of zeros): its pixel rows and grid."""
+    cfg = inner.config.vision_config
+    merge = int(cfg.spatial_merge_size)
+    width = int(cfg.in_channels) * int(cfg.temporal_patch_size) * int(cfg.patch_size) ** 2
+    device = next(inner.visual.parameters()).device
+    grid = torch.tensor([[1, merge, merge]], device=device)
+    return {"pixel_values": torch.zeros(merge * merge, width, device=device), "image_grid_thw": grid}
+
+
+def run_vision_every_step(hf: torch.nn.Module) -> None:
+    """Make every forward run the vision tower and projector, a micro-batch without images too (on the
+    smallest zero image, its features added times 0.0 to the token embeddings: the output and every gradient
+    are unchanged).
+
+    Sharded engines gather a vision block's weights when it runs (FSDP2 per block, ZeRO-3), in forward and,
+    once its output needs a gradient, again in backward; a rank whose micro-batch has no image would skip
+    those collectives while the others wait in them. The features join where real ones do (the embeddings),
+    so backward reaches the tower in the same order on every rank."""
+    inner = getattr(hf, "model", None)
+    if inner is None or not hasattr(inner, "get_image_features"):
+        return
+    embeddings = inner.get_input_embeddings()
+
+    def before(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("pixel_values") is None:
+            idle = _idle_image(module)
+            pooled = module.get_image_features(idle["pixel_values"], idle["image_grid_thw"]).pooler_output
+            embeddings.__dict__["_zerofit_idle"] = sum(p.sum() for p in pooled)
+
+    def embedded(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        idle = module.__dict__.pop("_zerofit_idle", None)
+        return output if idle is None else output + 0.0 * idle.to(output.dtype)
+
+    inner.register_forward_pre_hook(before, with_kwargs=True)
+    embeddings.register_forward_hook(embedded)

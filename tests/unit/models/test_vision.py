@@ -121,3 +121,25 @@ def test_the_demo_trains_exports_merged_with_its_processor_and_generates_from_an
     assert cli(["generate", str(merged), "--image", str(tmp_path / "gone.png"), "--prompt", "Colour?"]) == 2
     err = capsys.readouterr().err
     assert "--image" in err and "gone.png" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_text_only_forward_runs_the_vision_tower_and_changes_nothing() -> None:
+    """Sharded engines need every rank to run the vision blocks (`run_vision_every_step`): a micro-batch
+    without images runs them on a zero image whose features are added times 0.0, so the logits are those of
+    the model without the hook and the projector's gradient is zero."""
+    cfg = _cfg(projector="full")
+    model = build_model(cfg).model  # the hook is installed
+    plain = build_model(cfg).model
+    plain.base_model.model.model._forward_pre_hooks.clear()  # the same model without the hook
+    text_only = collate([_examples(cfg)[1]], pad_id=0)  # a row without images
+    assert "pixel_values" not in text_only
+    inputs = {k: v for k, v in text_only.items() if k != "labels"}
+    calls: list[int] = []
+    block = model.base_model.model.model.visual.blocks[0]
+    block.register_forward_hook(lambda *a: calls.append(1))
+    logits = model(**inputs, use_cache=False).logits
+    assert calls == [1] and torch.equal(logits, plain(**inputs, use_cache=False).logits)
+    logits.sum().backward()
+    merger = [p.grad for n, p in model.named_parameters() if "merger" in n and p.requires_grad]
+    assert merger and all(g is not None and float(g.abs().max()) == 0.0 for g in merger)
