@@ -48,7 +48,13 @@ from zerofit.models.lora import (
 from zerofit.models.pretrained import ensure_pretrained
 from zerofit.models.tiny import ensure_tiny_model
 from zerofit.models.tiny_vision import ensure_tiny_vlm
-from zerofit.models.vision import apply_vision_lora, auto_model_class, is_vision_config, run_vision_every_step
+from zerofit.models.vision import (
+    apply_vision_lora,
+    auto_model_class,
+    is_vision_config,
+    run_vision_every_step,
+    unquantized_modules,
+)
 from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
 
 
@@ -111,6 +117,8 @@ def quantization_config(cfg: ZerofitConfig) -> Any | None:
     # A router trained in full (`lora.train_router`) stays a float nn.Linear: a quantized one has no float
     # weight to train. The skip list replaces transformers' default one, so lm_head is named again.
     skip = ["lm_head", *_trained_routers(cfg)] if cfg.lora.enabled and cfg.lora.train_router else None
+    keep = unquantized_modules(cfg.model.name_or_path)  # a vision-language model's tower and projector
+    skip = [*(skip or ["lm_head"]), *keep] if keep else skip
     if load_in == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     # 4-bit matmuls dequantize to the compute dtype: the run's precision (fp32 for precision fp32).
@@ -387,9 +395,9 @@ def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationO
     """
     t = cfg.train
     layers = decoder_layers(hf)
-    n_ckpt = enable_activation_checkpointing(
-        hf, checkpointed_layers(t.activation_checkpointing, hf.config.get_text_config().num_hidden_layers)
-    )
+    # A vision-language model's blocks: its vision blocks, then its decoder layers (`decoder_layers`).
+    total = len(layers) if is_vision_config(hf.config.to_dict()) else hf.config.num_hidden_layers
+    n_ckpt = enable_activation_checkpointing(hf, checkpointed_layers(t.activation_checkpointing, total))
     enable_tiled_mlp(layers, tiled_mlp_shards(t.tiled_mlp))
     if t.lean_norm is True:
         enable_lean_norm(hf)

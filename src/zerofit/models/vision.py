@@ -36,6 +36,9 @@ class VisionFamily:
     vision_tower: str
     projector: str
     image_token: str
+    # Module names kept out of 4-bit / 8-bit quantization (the vision tower and projector: QLoRA quantizes
+    # only the language model, as the QLoRA recipes of the family do); transformers matches a name from its start.
+    unquantized: tuple[str, ...] = ("model.visual",)
 
 
 FAMILIES: dict[str, VisionFamily] = {
@@ -262,3 +265,15 @@ def run_vision_every_step(hf: torch.nn.Module) -> None:
 
     inner.register_forward_pre_hook(before, with_kwargs=True)
     embeddings.register_forward_hook(embedded)
+
+
+def unquantized_modules(name_or_path: str) -> tuple[str, ...]:
+    """The modules `quantization.load_in` leaves in float for model `name_or_path` (a vision-language model's
+    vision tower and projector), () for a language model or a config that cannot be read here."""
+    from zerofit.catalogue.models import model_config_dict
+
+    try:
+        family = vision_family(model_config_dict(name_or_path))
+    except ConfigError:
+        return ()
+    return family.unquantized if family is not None else ()

@@ -143,3 +143,27 @@ def test_a_text_only_forward_runs_the_vision_tower_and_changes_nothing() -> None
     logits.sum().backward()
     merger = [p.grad for n, p in model.named_parameters() if "merger" in n and p.requires_grad]
     assert merger and all(g is not None and float(g.abs().max()) == 0.0 for g in merger)
+
+
+@pytest.mark.slow
+def test_qlora_quantizes_the_language_model_and_keeps_the_vision_tower_float() -> None:
+    """QLoRA on a vision-language model: the language model's linears in 4-bit, the vision tower and the
+    projector left in float (bitsandbytes on CPU), with activation checkpointing of vision and language
+    blocks; one step trains."""
+    cfg = config(
+        {"model": {"name_or_path": "tiny-qwen2-vl"}, "distributed": {"strategy": "single"}},
+        train={"precision": "bf16", "activation_checkpointing": True},
+        quantization={"load_in": "4bit"},
+        lora={"r": 4, "alpha": 8, "dropout": 0.0},
+    )
+    model = build_model(cfg).model
+    kinds = {name: type(m).__name__ for name, m in model.named_modules()}
+    assert any("language_model" in n and k == "Linear4bit" for n, k in kinds.items())
+    assert not any("visual" in n and k == "Linear4bit" for n, k in kinds.items())
+    checkpointed = {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)}
+    assert {"Qwen2VLVisionBlock", "Qwen2VLDecoderLayer"} <= checkpointed
+    batch = collate(_examples(cfg)[:2], pad_id=0)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    labels, _ = batch_labels(batch)
+    token_sum_loss(model(**inputs, use_cache=False).logits, labels).backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
