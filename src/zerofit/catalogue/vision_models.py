@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 TINY_QWEN2_VL = "tiny-qwen2-vl"
+TINY_LLAVA = "tiny-llava"
 
 # Qwen2-VL: a ViT over 14 x 14 patches (2 frames per patch: temporal_patch_size), 2 x 2 patches merged into
 # one language-model token by the projector (`visual.merger`); M-RoPE splits each head's rotary pairs over
@@ -45,7 +46,36 @@ _QWEN2_VL: dict[str, Any] = {
     },
 }
 
-TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {TINY_QWEN2_VL: _QWEN2_VL}
+# LLaVA (1.5): a CLIP ViT (28 x 28 pixels, 14-pixel patches: 4 patch tokens after the CLS is dropped,
+# `vision_feature_select_strategy: default`) and a 2-layer MLP projector in front of a Llama.
+_LLAVA: dict[str, Any] = {
+    "architectures": ["LlavaForConditionalGeneration"],
+    "model_type": "llava",
+    "vision_feature_select_strategy": "default",
+    "vision_feature_layer": -2,
+    "text_config": {
+        "model_type": "llama",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+    },
+    "vision_config": {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+        "projection_dim": 32,
+    },
+}
+
+TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {TINY_QWEN2_VL: _QWEN2_VL, TINY_LLAVA: _LLAVA}
 
 
 def is_tiny_vlm(name: str) -> bool:

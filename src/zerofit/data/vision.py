@@ -211,7 +211,7 @@ def tokenize_vision(
             "data.max_seq_len, or lower data.max_image_tokens so each image becomes fewer tokens."
         )
     ids, labels = ids[:max_seq_len], labels[:max_seq_len]
-    if images:  # which tokens are an image's (M-RoPE's position grid), as the processor returns it
+    if images and processor.token_types:  # which tokens are an image's (M-RoPE's grid)
         pixels[TOKEN_TYPES] = torch.tensor([int(t == processor.image_token_id) for t in ids])
     return VisionExample(ids, labels, pixels), truncated
 
@@ -324,6 +324,8 @@ def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tenso
                 keys.setdefault(name, []).append(tensor)
     if not keys:
         return {}
+    if not any(TOKEN_TYPES in getattr(e, "images", {}) for e in examples):
+        return {name: torch.cat(tensors) for name, tensors in keys.items()}
     types = torch.zeros(len(examples), width, dtype=torch.long)
     for row, example in enumerate(examples):
         tensor = getattr(example, "images", {}).get(TOKEN_TYPES)
@@ -352,10 +354,10 @@ def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.T
         ids, [False] * len(ids), processor.image_token_id, processor.tokens_per_image(pixels), where
     )
     input_ids = torch.tensor([ids])
-    types = (input_ids == processor.image_token_id).long()
+    if processor.token_types:
+        pixels[TOKEN_TYPES] = (input_ids == processor.image_token_id).long()
     return {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
         **pixels,
-        TOKEN_TYPES: types,
     }

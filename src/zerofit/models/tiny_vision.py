@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from zerofit.catalogue.vision_models import TINY_QWEN2_VL, TINY_VLM_CONFIGS
+from zerofit.catalogue.vision_models import TINY_LLAVA, TINY_QWEN2_VL, TINY_VLM_CONFIGS
 from zerofit.models.tiny import (
     TinyFamily,
     build_once,
@@ -94,7 +94,36 @@ def _write_model(folder: Path, model_class: Any, config: Any, seed: int) -> None
     save_file(unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
 
 
-_BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files}
+# LLaVA's ChatML here renders an image part as its one `<image>` token, which the processor's rule expands to
+# the image's patch tokens.
+_LLAVA_PARTS = _PARTS.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+_LLAVA_TEMPLATE = _QWEN2_VL_TEMPLATE.replace(_PARTS, _LLAVA_PARTS)
+_LLAVA_FAMILY = TinyFamily(_LLAVA_TEMPLATE, ("<|im_start|>", "<|im_end|>", "<image>"), "<|im_end|>")
+
+
+def _llava_files(folder: Path, seed: int) -> None:
+    """Write tiny LLaVA's config, weights, tokenizer and image processor (CLIP's, PIL backend) into `folder`."""
+    import transformers
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    data = copy.deepcopy(TINY_VLM_CONFIGS[TINY_LLAVA])
+    text = data["text_config"]
+    tokenizer = char_tokenizer(_LLAVA_FAMILY, text["vocab_size"], text["max_position_embeddings"])
+    data["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")
+    text["bos_token_id"] = tokenizer.bos_token_id
+    text["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    text["pad_token_id"] = tokenizer.pad_token_id
+    config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
+    _write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
+    side = data["vision_config"]["image_size"]
+    CLIPImageProcessorPil(
+        size={"shortest_edge": side}, crop_size={"height": side, "width": side}
+    ).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_marker(folder)
+
+
+_BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files}
 assert set(_BUILDERS) == set(TINY_VLM_CONFIGS), "every built-in vision-language model has a builder"
 
 

@@ -39,6 +39,9 @@ class VisionFamily:
     # Module names kept out of 4-bit / 8-bit quantization (the vision tower and projector: QLoRA quantizes
     # only the language model, as the QLoRA recipes of the family do); transformers matches a name from its start.
     unquantized: tuple[str, ...] = ("model.visual",)
+    # How an image becomes tokens: "grid" (Qwen-VL: a patch grid per image, merged 2 x 2, with per-token
+    # types for M-RoPE) or "fixed" (LLaVA: every image resized to the tower's size, one token per patch).
+    kind: str = "grid"
 
 
 FAMILIES: dict[str, VisionFamily] = {
@@ -51,6 +54,10 @@ FAMILIES: dict[str, VisionFamily] = {
         VisionFamily(
             "qwen2_5_vl", "qwen2", r"model\.language_model", r"model\.visual\.blocks", r"model\.visual\.merger",
             "<|image_pad|>",
+        ),
+        VisionFamily(
+            "llava", "llama", r"model\.language_model", r"model\.vision_tower", r"model\.multi_modal_projector",
+            "<image>", ("model.vision_tower", "model.multi_modal_projector"), "fixed",
         ),
     )
 }  # fmt: skip
@@ -95,6 +102,12 @@ class VisionProcessor:
     tokenizer: Any
     image_processor: Any
     family: VisionFamily
+    model_config: dict[str, Any]
+
+    @property
+    def token_types(self) -> bool:
+        """Whether the model takes per-token types (Qwen-VL's `mm_token_type_ids`: 1 on image tokens)."""
+        return self.family.kind == "grid"
 
     @property
     def image_token_id(self) -> int:
@@ -106,16 +119,24 @@ class VisionProcessor:
         return dict(self.image_processor(images=images, return_tensors="pt"))
 
     def tokens_per_image(self, pixels: dict[str, torch.Tensor]) -> list[int]:
-        """How many tokens each image becomes: Qwen2-VL's patch grid (t x h x w) over the merged patches."""
-        merge = int(self.image_processor.merge_size)
-        return [int(n) for n in pixels["image_grid_thw"].prod(dim=-1) // merge**2]
+        """How many tokens each image becomes, by the family's processor rule: Qwen2-VL's patch grid
+        (t x h x w) over the merged patches; LLaVA's patches of the resized image (its CLS token dropped
+        under `vision_feature_select_strategy: default`)."""
+        if self.family.kind == "grid":
+            merge = int(self.image_processor.merge_size)
+            return [int(n) for n in pixels["image_grid_thw"].prod(dim=-1) // merge**2]
+        values = pixels["pixel_values"]
+        patch = int(self.model_config["vision_config"]["patch_size"])
+        cls = 0 if self.model_config.get("vision_feature_select_strategy", "default") == "default" else 1
+        per_image = (values.shape[-2] // patch) * (values.shape[-1] // patch) + cls
+        return [per_image] * int(values.shape[0])
 
 
 def limit_image_tokens(image_processor: Any, max_image_tokens: int | None, name: str) -> None:
     """`data.max_image_tokens`: lower the image processor's largest image (pixels) to that many tokens; an
     image is resized (aspect kept) to fit, as the processor's own `max_pixels` does."""
-    if max_image_tokens is None:
-        return
+    if max_image_tokens is None or not hasattr(image_processor, "merge_size"):
+        return  # a fixed-size family (LLaVA) has no per-image limit to lower
     unit = (int(image_processor.patch_size) * int(image_processor.merge_size)) ** 2
     least = int(image_processor.size["shortest_edge"])
     if max_image_tokens * unit < least:
@@ -134,7 +155,8 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
     torchvision needed) with `tokenizer`, limited to `max_image_tokens` per image (`data.max_image_tokens`)."""
     import transformers
 
-    family = require_family(folder_config(path), path)
+    config = folder_config(path)
+    family = require_family(config, path)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # the note that torchvision is absent: nothing to act on
     try:
@@ -142,7 +164,7 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
     finally:
         transformers.logging.set_verbosity(verbosity)
     limit_image_tokens(image_processor, max_image_tokens, path)
-    return VisionProcessor(tokenizer, image_processor, family)
+    return VisionProcessor(tokenizer, image_processor, family, config)
 
 
 def lora_target_regex(
@@ -232,6 +254,13 @@ def save_image_processor(model_path: str, folder: Path) -> None:
 def _idle_image(inner: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The smallest image the vision tower takes (one merged token of zeros): its pixel rows and grid."""
     cfg = inner.config.vision_config
+    if not hasattr(cfg, "spatial_merge_size"):  # a fixed-size tower (LLaVA's CLIP): one zero image
+        device = next(inner.vision_tower.parameters()).device
+        return {
+            "pixel_values": torch.zeros(
+                1, int(cfg.num_channels), cfg.image_size, cfg.image_size, device=device
+            )
+        }
     merge = int(cfg.spatial_merge_size)
     width = int(cfg.in_channels) * int(cfg.temporal_patch_size) * int(cfg.patch_size) ** 2
     device = next(inner.visual.parameters()).device
@@ -256,7 +285,7 @@ def run_vision_every_step(hf: torch.nn.Module) -> None:
     def before(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if kwargs.get("pixel_values") is None:
             idle = _idle_image(module)
-            pooled = module.get_image_features(idle["pixel_values"], idle["image_grid_thw"]).pooler_output
+            pooled = module.get_image_features(**idle).pooler_output
             embeddings.__dict__["_zerofit_idle"] = sum(p.sum() for p in pooled)
 
     def embedded(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:

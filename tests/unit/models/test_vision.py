@@ -167,3 +167,24 @@ def test_qlora_quantizes_the_language_model_and_keeps_the_vision_tower_float() -
     labels, _ = batch_labels(batch)
     token_sum_loss(model(**inputs, use_cache=False).logits, labels).backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava"])
+def test_each_tiny_family_trains_lora_on_ragged_image_text_data(name: str) -> None:
+    """Every built-in vision-language family: its processor's image tokens (never labelled), LoRA on its
+    language model only, and two steps on one process that lower the loss."""
+    cfg = config(
+        {"model": {"name_or_path": name}, "distributed": {"strategy": "single"}},
+        train={"precision": "fp32"},
+        lora={"r": 4, "alpha": 8, "dropout": 0.0},
+    )
+    processor = load_vision_processor(resolve_model_path(cfg), load_tokenizer(cfg))
+    examples = load_vision_examples(DEMO, processor, 256).examples
+    image_tokens = [sum(t == processor.image_token_id for t in e.input_ids) for e in examples]
+    assert image_tokens.count(0) == 4 and all(n > 0 for n in image_tokens[:6])
+    assert all(lab != processor.image_token_id for e in examples for lab in e.labels)
+    built = build_model(cfg)
+    assert all("language_model" in n for n in _trainable(built.model))
+    curve = _curve(cfg, examples[:8], 4)
+    assert curve[1] < curve[0]
