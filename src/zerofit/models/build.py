@@ -286,6 +286,9 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
         meta = build_meta_model(_config_source(cfg), attn_implementation="eager")  # names and counts only
     except (ConfigError, ValueError, KeyError, ImportError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+    if is_vision_config(meta.config.to_dict()):  # what `apply_vision_lora` adapts, in words with its counts
+        lora = cfg.lora
+        return {"described": apply_vision_lora(meta, spec, lora.projector, lora.vision_tower, cfg.seed)[1]}
     targets = model_targets(meta, spec)
     counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
     return {

@@ -296,6 +296,16 @@ def run_vision_every_step(hf: torch.nn.Module) -> None:
     embeddings.register_forward_hook(embedded)
 
 
+def is_vision_model(name_or_path: str) -> bool:
+    """Whether model `name_or_path` (a catalogued id or a local folder) is a vision-language model."""
+    from zerofit.catalogue.models import model_config_dict
+
+    try:
+        return is_vision_config(model_config_dict(name_or_path))
+    except ConfigError:
+        return False
+
+
 def unquantized_modules(name_or_path: str) -> tuple[str, ...]:
     """The modules `quantization.load_in` leaves in float for model `name_or_path` (a vision-language model's
     vision tower and projector), () for a language model or a config that cannot be read here."""

@@ -188,3 +188,17 @@ def test_each_tiny_family_trains_lora_on_ragged_image_text_data(name: str) -> No
     assert all("language_model" in n for n in _trainable(built.model))
     curve = _curve(cfg, examples[:8], 4)
     assert curve[1] < curve[0]
+
+
+@pytest.mark.slow
+def test_the_plan_says_what_lora_adapts_and_that_memory_is_not_modelled(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from zerofit.cli import main as cli
+
+    assert cli(["plan", "--config", str(REPO / "configs" / "demo-vlm.yaml"), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["lora"]["described"].startswith("LoRA on the language model's Qwen2: all-linear")
+    assert "does not model vision-language models yet" in plan["memory"]["error"]
