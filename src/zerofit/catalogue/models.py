@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zerofit.catalogue.vision_models import TINY_VLM_CONFIGS
 from zerofit.core.errors import ConfigError
 
 # The name that selects the built-in random-init model (`model.name_or_path: tiny-llama`).
@@ -139,7 +140,7 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 
 def is_tiny_model(name: str) -> bool:
     """Whether `model.name_or_path` names one of the built-in random-init models (`tiny-llama`, `tiny-qwen3`, ...)."""
-    return name in TINY_CONFIGS
+    return name in TINY_CONFIGS or name in TINY_VLM_CONFIGS  # vision-language ones: `vision_models`
 
 
 # The built-in pretrained model: SmolLM2-135M-Instruct, converted once per machine from the GGUF file that the
@@ -388,6 +389,7 @@ FAMILY_CATALOGUE: dict[str, dict[str, Any]] = {
 
 CATALOGUE: dict[str, dict[str, Any]] = {
     **TINY_CONFIGS,
+    **TINY_VLM_CONFIGS,  # the built-in vision-language models (`catalogue.vision_models`)
     **PRETRAINED_BUILTINS,
     "meta-llama/Llama-2-7b-hf": _LLAMA2_7B,
     "meta-llama/Meta-Llama-3-8B": {

@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     from zerofit.checkpoint.policy import resolve_step
     from zerofit.export import export_run
+    from zerofit.models.vision import folder_model_class
 
     step = resolve_step(Path(args.run_dir), args.step)
     if args.format == "gguf":
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     load = (
         "peft.AutoPeftModelForCausalLM.from_pretrained"
         if result.kind == "adapter"
-        else "transformers.AutoModelForCausalLM.from_pretrained"
+        else f"transformers.{folder_model_class(result.out).__name__}.from_pretrained"  # image-text-to-text: a VLM
     )
     if result.reward:  # a reward model (train.objective: reward): a sequence classifier, scored not sampled
         load = "peft.AutoPeft" if result.kind == "adapter" else "transformers.Auto"

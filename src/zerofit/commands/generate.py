@@ -31,6 +31,13 @@ def register(subparsers: Any) -> None:
         "--prompt", required=True, help="the prompt text (use $'...\\n' in bash for a newline)"
     )
     parser.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="an image shown before the prompt, as one user turn (a vision-language model)",
+    )
+    parser.add_argument(
         "--max-new-tokens", type=int, default=64, metavar="N", help="at most N new tokens (default 64)"
     )
     parser.add_argument(
@@ -78,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         trust_pickles=args.trust_pickles,
         trust_remote_code=args.trust_remote_code,
     )
-    text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed)
+    text = generator(args.prompt, args.max_new_tokens, args.temperature, args.seed, args.image)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
     if not text.strip():

@@ -328,6 +328,14 @@ class LoraSection(_Section):
         False,
         description="Mixture-of-experts models: train the router's weights in full (false: routing frozen).",
     )
+    projector: Literal["frozen", "full"] = Field(
+        "frozen",
+        description="Vision-language models: the projector from the vision tower to the language model: frozen, "
+        "or trained in full.",
+    )
+    vision_tower: bool = Field(
+        False, description="Vision-language models: LoRA on the vision tower's linears too (false: frozen)."
+    )
 
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
@@ -364,6 +372,17 @@ class DataSection(_Section):
         "warn",
         description="More than 5% of the examples cut to max_seq_len: warn once in the run's plan with the "
         "length that keeps 95% whole, refuse the data (error), or leave it to the plan's count (allow).",
+    )
+    max_image_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Vision-language models: the most tokens one image becomes (larger images are resized, "
+        "aspect kept, as the image processor's max_pixels does); null: the processor's own limit.",
+    )
+    missing_images: Literal["drop", "error"] = Field(
+        "drop",
+        description="Vision-language models: records naming an image that cannot be read: drop and count them "
+        "(refused when more than half are), or refuse the first.",
     )
     shuffle: bool = True
     cache: bool = Field(True, description="Reuse tokenized data from $ZEROFIT_CACHE/tokenized.")

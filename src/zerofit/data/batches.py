@@ -18,6 +18,7 @@ import torch
 
 from zerofit.core.errors import DataError
 from zerofit.data.sft import Example
+from zerofit.data.vision import IMAGE_INPUTS, collate_images
 from zerofit.objectives.loss import IGNORE_INDEX
 
 
@@ -136,7 +137,8 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         input_ids[i, :n] = torch.tensor(e.input_ids, dtype=torch.long)
         attention_mask[i, :n] = 1
         labels[i, :n] = torch.tensor(e.labels, dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return {**batch, **collate_images(examples, width)}  # a vision example's image tensors (`data.vision`)
 
 
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -149,4 +151,9 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[s
     """
     if "position_ids" in batch:
         return {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
-    return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+    images = {k: v.to(device) for k, v in batch.items() if k in IMAGE_INPUTS}  # vision models' images
+    return {
+        "input_ids": batch["input_ids"].to(device),
+        "attention_mask": batch["attention_mask"].to(device),
+        **images,
+    }

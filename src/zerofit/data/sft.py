@@ -96,6 +96,7 @@ class DataStats:
     n_identical: int = 0
     n_prompt_cut: int = 0
     whole_len: int = 0
+    n_missing_images: int = 0  # vision data: records dropped for an unreadable image (`data.vision`)
 
 
 Unit = TypeVar("Unit")  # what one source record becomes: an `Example` (SFT) or a `PreferencePair`

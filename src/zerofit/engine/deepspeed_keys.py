@@ -87,7 +87,9 @@ def hidden_size_buckets(hidden_size: int, stage: int) -> dict[str, int]:
 
 def model_hidden_size(name_or_path: str) -> int:
     """The model's `hidden_size`, from the built-in catalogue or a local config.json (no weights read)."""
-    hidden = model_config_dict(name_or_path).get("hidden_size")
+    config = model_config_dict(name_or_path)
+    # A vision-language model's buckets carry its language model's gradients (the larger part).
+    hidden = config.get("hidden_size") or (config.get("text_config") or {}).get("hidden_size")
     if not isinstance(hidden, int) or hidden <= 0:
         raise ConfigError(
             [

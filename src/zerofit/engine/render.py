@@ -214,6 +214,12 @@ def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
     itself says stays whole (`_no_split_modules` of `architectures`' transformers class, no weights), else
     transformers' naming convention (`<Arch>ForCausalLM` -> `<Arch>DecoderLayer`, for custom code; the
     strategy checks the loaded model has that class and refuses naming it when not)."""
+    if (
+        "vision_config" in model_cfg
+    ):  # a vision-language model: its vision blocks and decoder layers, comma-joined
+        declared = [n for a in model_cfg.get("architectures") or [] for n in _no_split_modules(str(a))]
+        if declared:
+            return ",".join(declared)
     archs = [
         a for a in model_cfg.get("architectures") or [] if isinstance(a, str) and a.endswith("ForCausalLM")
     ]

@@ -31,6 +31,7 @@ from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpo
 from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for
 from zerofit.models.build import lora_spec, resolve_model_path
 from zerofit.models.lora import apply_lora
+from zerofit.models.vision import save_image_processor
 
 __all__ = [
     "EXPORT_INFO",
@@ -204,6 +205,7 @@ def export_run(
     try:
         kind = _write_weights(run, source, tmp, merge, out_dtype)
         tokenizer_for(run, source).save_pretrained(tmp)
+        save_image_processor(resolve_model_path(run.config), tmp)  # a vision-language model's processor
         weights_dtype = None if kind == "adapter" else out_dtype
         (tmp / "README.md").write_text(model_card(run, source, kind, weights_dtype))
         info = {

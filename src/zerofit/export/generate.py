@@ -29,8 +29,10 @@ from zerofit.core.errors import ConfigError, DataError
 from zerofit.core.run_layout import CONFIG_FILE
 from zerofit.export import EXPORT_INFO, load_trained
 from zerofit.export.trained import load_base, settle_remote_code
+from zerofit.models.build import resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
+from zerofit.models.vision import folder_config, folder_model_class, is_vision_config
 
 __all__ = ["Generator", "load_generator"]
 
@@ -43,6 +45,7 @@ class Generator:
     tokenizer: Any
     chat: bool
     device: torch.device
+    model_path: str | None = None  # the model folder, for a vision-language model's image processor
 
     def prompt_ids(self, prompt: str) -> torch.Tensor:
         """The prompt as training encoded it (see the module docstring), a (1, n) tensor on the device."""
@@ -65,17 +68,40 @@ class Generator:
             ids = bos + tok.encode(prompt, add_special_tokens=False)
         return torch.tensor([list(ids)], dtype=torch.long, device=self.device)
 
-    def __call__(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0) -> str:
-        """The model's continuation of `prompt` (new tokens only, special tokens dropped)."""
-        ids = self.prompt_ids(prompt)
+    def inputs(self, prompt: str, image: Path | None) -> dict[str, torch.Tensor]:
+        """The model's inputs: the prompt alone, or with `image` as one user turn (a vision-language model)."""
+        if image is None:
+            ids = self.prompt_ids(prompt)
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        from zerofit.data.vision import vision_prompt
+        from zerofit.models.vision import load_vision_processor
+
+        if self.model_path is None or not is_vision_config(folder_config(self.model_path)):
+            raise ConfigError(
+                ["--image: this model is a language model, which reads no images; drop --image"]
+            )
+        processor = load_vision_processor(self.model_path, self.tokenizer)
+        return {k: v.to(self.device) for k, v in vision_prompt(processor, prompt, image).items()}
+
+    def __call__(
+        self,
+        prompt: str,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int = 0,
+        image: Path | None = None,
+    ) -> str:
+        """The model's continuation of `prompt` (after `image`, for a vision-language model; new tokens only,
+        special tokens dropped)."""
+        inputs = self.inputs(prompt, image)
+        ids = inputs["input_ids"]
         sampling: dict[str, Any] = {"do_sample": False}
         if temperature > 0:
             torch.manual_seed(seed)
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         with torch.no_grad():
             out = self.model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
+                **inputs,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.tokenizer.eos_token_id,
@@ -116,7 +142,8 @@ def _from_export(
     trust = settled.model.trust_remote_code if settled is not None else trust_remote_code
     with hub_errors(str(folder), "weights"):
         model, tokenizer = _load_export(folder, settled, trust, device, dtype)
-    return Generator(model.to(device=device, dtype=dtype).eval(), tokenizer, _is_chat(config), device)
+    model = model.to(device=device, dtype=dtype).eval()
+    return Generator(model, tokenizer, _is_chat(config), device, str(folder))
 
 
 def _load_export(
@@ -139,9 +166,8 @@ def _load_export(
         return AutoPeftModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype, trust_remote_code=trust
         ), tokenizer
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust), tokenizer
+    auto = folder_model_class(folder)  # image-text-to-text for a vision-language model
+    return auto.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust), tokenizer
 
 
 def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype: torch.dtype) -> Generator:
@@ -175,7 +201,8 @@ def load_generator(
             trust_remote_code=trust_remote_code,
         )
         refuse_reward_model(trained.run.config, path, "generation")
-        return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device)
+        model_path = resolve_model_path(trained.run.config)
+        return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device, model_path)
     if any((path / name).is_file() for name in (EXPORT_INFO, "config.json", "adapter_config.json")):
         if step is not None:
             raise ConfigError(

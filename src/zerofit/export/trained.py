@@ -33,6 +33,7 @@ from zerofit.models.build import (
 from zerofit.models.heads import auto_model_class, head_kwargs, set_pad_token
 from zerofit.models.hub import allowed_remote_code, hub_errors
 from zerofit.models.lora import apply_lora
+from zerofit.models.vision import apply_vision_lora, is_vision_config
 
 __all__ = [
     "RunConfig",
@@ -182,7 +183,7 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
     quant = quantization_config(cfg)
     path = resolve_model_path(cfg)
     with hub_errors(cfg.model.name_or_path, "weights", path):
-        model = auto_model_class(cfg).from_pretrained(
+        model = auto_model_class(cfg, path).from_pretrained(
             path,
             dtype=load_dtype(cfg),
             # The merge never runs attention; the exported config names transformers' own sdpa, not
@@ -213,10 +214,11 @@ def _apply_adapters(
         raise ConfigError(
             [f"{source.path} is a full model export, but {run.run_dir}/config.yaml says lora.enabled=true"]
         )
-    model = apply_lora(
-        base,
-        lora_spec(run.config),
-    )
+    lora = run.config.lora
+    if is_vision_config(base.config.to_dict()):  # the adapters where training put them (`models.vision`)
+        model, _ = apply_vision_lora(base, lora_spec(run.config), lora.projector, lora.vision_tower, None)
+    else:
+        model = apply_lora(base, lora_spec(run.config))
     _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
     return model.to(dtype)
 
@@ -259,7 +261,7 @@ def build_trained(
     if cfg.lora.enabled:
         model = _apply_adapters(load_base(cfg, dtype, device), run, source, dtype)
     elif source.kind == "model":
-        model = auto_model_class(cfg).from_pretrained(str(source.path), dtype=dtype).to(device)
+        model = auto_model_class(cfg, source.path).from_pretrained(str(source.path), dtype=dtype).to(device)
     elif source.kind == "adapter":
         raise ConfigError(
             [f"{source.path} is a LoRA adapter, but {run.run_dir}/{CONFIG_FILE} says lora.enabled=false"]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from zerofit.catalogue.models import is_pretrained_builtin, is_tiny_model, model_config_dict
+from zerofit.catalogue.vision_models import is_tiny_vlm
 from zerofit.config.resolve import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
@@ -54,6 +55,13 @@ from zerofit.models.lora import (
 )
 from zerofit.models.pretrained import ensure_pretrained
 from zerofit.models.tiny import ensure_tiny_model
+from zerofit.models.tiny_vision import ensure_tiny_vlm
+from zerofit.models.vision import (
+    apply_vision_lora,
+    is_vision_config,
+    run_vision_every_step,
+    unquantized_modules,
+)
 from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
 
 
@@ -78,6 +86,8 @@ class BuiltModel:
 def resolve_model_path(cfg: ZerofitConfig) -> str:
     """A built-in model (`tiny-llama`, `tiny-qwen3`, ... built once per seed; `smollm2-135m-instruct`
     converted once) becomes its cache folder; anything else as given."""
+    if is_tiny_vlm(cfg.model.name_or_path):  # a built-in vision-language model (`models.tiny_vision`)
+        return str(ensure_tiny_vlm(cfg.model.name_or_path, cfg.seed))
     if is_tiny_model(cfg.model.name_or_path):
         return str(ensure_tiny_model(cfg.model.name_or_path, cfg.seed))
     if is_pretrained_builtin(cfg.model.name_or_path):
@@ -116,6 +126,8 @@ def quantization_config(cfg: ZerofitConfig) -> Any | None:
     skip = ["lm_head", *_trained_routers(cfg)] if cfg.lora.enabled and cfg.lora.train_router else None
     if is_reward_model(cfg):  # the score head trains in full: a float nn.Linear (`zerofit.models.heads`)
         skip = [SCORE_HEAD, *_trained_routers(cfg)]
+    keep = unquantized_modules(cfg.model.name_or_path)  # a vision-language model's tower and projector
+    skip = [*(skip or ["lm_head"]), *keep] if keep else skip
     if load_in == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     # 4-bit matmuls dequantize to the compute dtype: the run's precision (fp32 for precision fp32).
@@ -283,6 +295,9 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
         meta = build_meta_model(_config_source(cfg), attn_implementation="eager")  # names and counts only
     except (ConfigError, ValueError, KeyError, ImportError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+    if is_vision_config(meta.config.to_dict()):  # what `apply_vision_lora` adapts, in words with its counts
+        lora = cfg.lora
+        return {"described": apply_vision_lora(meta, spec, lora.projector, lora.vision_tower, cfg.seed)[1]}
     targets = model_targets(meta, spec)
     counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
     return {
@@ -392,9 +407,9 @@ def enable_memory_levers(hf: torch.nn.Module, cfg: ZerofitConfig) -> ActivationO
     """
     t = cfg.train
     layers = decoder_layers(hf)
-    n_ckpt = enable_activation_checkpointing(
-        hf, checkpointed_layers(t.activation_checkpointing, hf.config.num_hidden_layers)
-    )
+    # A vision-language model's blocks: its vision blocks, then its decoder layers (`decoder_layers`).
+    total = len(layers) if is_vision_config(hf.config.to_dict()) else hf.config.num_hidden_layers
+    n_ckpt = enable_activation_checkpointing(hf, checkpointed_layers(t.activation_checkpointing, total))
     enable_tiled_mlp(layers, tiled_mlp_shards(t.tiled_mlp))
     if t.lean_norm is True:
         enable_lean_norm(hf)
@@ -451,9 +466,10 @@ def _install_levers(
 def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, device_map: Any) -> Any:
     """The transformers model at `path`, loaded in `dtype` (quantized by `quant`, placed by `device_map`),
     with the attention path the config chose; a hub failure is one paragraph (`hub_errors`). A reward model
-    is the family's sequence classifier with a seeded score head (`zerofit.models.heads`)."""
+    is the family's sequence classifier with a seeded score head (`zerofit.models.heads`); a vision-language
+    model loads whole (vision tower, projector, language model)."""
     with hub_errors(cfg.model.name_or_path, "weights", path), seeded_head(cfg):
-        return auto_model_class(cfg).from_pretrained(
+        return auto_model_class(cfg, path).from_pretrained(
             path,
             dtype=dtype,
             attn_implementation=hf_attn_implementation(attention_path(cfg)),
@@ -492,7 +508,11 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     # 4. LoRA adapters (peft): the base is frozen, only adapter weights train; they stay fp32 when the
     #    base is half precision (peft's `autocast_adapter_dtype=True` default).
     adapters = None
-    if cfg.lora.enabled:
+    if is_vision_config(model.config.to_dict()):  # the vision tower runs in every forward (sharded engines)
+        run_vision_every_step(model)
+    if cfg.lora.enabled and is_vision_config(model.config.to_dict()):  # language model only by default
+        model, adapters = apply_vision_lora(model, spec, cfg.lora.projector, cfg.lora.vision_tower, cfg.seed)
+    elif cfg.lora.enabled:
         targets = model_targets(model, spec)
         model = apply_lora(model, spec, seed=cfg.seed)
         adapters = f"{targets.summary or 'the listed modules'}: {adapted_counts(model).describe()}"

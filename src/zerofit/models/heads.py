@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
+from zerofit.models.vision import folder_model_class
 
 __all__ = [
     "REWARD_OBJECTIVE",
@@ -41,11 +43,15 @@ def is_reward_model(cfg: ZerofitConfig) -> bool:
     return cfg.train.objective == REWARD_OBJECTIVE
 
 
-def auto_model_class(cfg: ZerofitConfig) -> Any:
-    """transformers' auto class of the model the run trains (and `zerofit export` rebuilds)."""
+def auto_model_class(cfg: ZerofitConfig, path: str | Path | None = None) -> Any:
+    """transformers' auto class of the model the run trains (and `zerofit export` rebuilds): a reward model's
+    sequence classifier; else the class that loads the folder at `path` whole (image-text-to-text for a
+    vision-language model, `zerofit.models.vision`); else the causal LM."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification if is_reward_model(cfg) else AutoModelForCausalLM
+    if is_reward_model(cfg):
+        return AutoModelForSequenceClassification
+    return AutoModelForCausalLM if path is None else folder_model_class(path)
 
 
 def head_kwargs(cfg: ZerofitConfig) -> dict[str, Any]:

@@ -56,12 +56,14 @@ def build_meta_model(
 ) -> Any:
     """The model class transformers would load, built on the meta device: shapes only, no memory."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = hf_config(name_or_path, num_layers, attn_implementation, layer_types=layer_types)
+    # A vision-language model is built whole (vision tower, projector, language model).
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+            return auto.from_config(config, dtype=dtype or torch.float32)
     except ValueError as exc:
         if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
             raise

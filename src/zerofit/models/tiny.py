@@ -182,14 +182,23 @@ def build_tokenizer(
     It carries the chat template of built-in model `name`'s family, with that family's chat tokens (after
     the characters, as added special tokens, so `<|im_start|>` is one token) and its turn-end token as eos.
     """
+    if FAMILIES[
+        name
+    ].byte_level:  # a family whose real template needs byte-level text (`_byte_level_tokenizer`)
+        return _byte_level_tokenizer(name)
+    config = TINY_CONFIGS[name]
+    return char_tokenizer(FAMILIES[name], config["vocab_size"], config["max_position_embeddings"])
+
+
+def char_tokenizer(family: TinyFamily, vocab_size: int, max_length: int):  # -> PreTrainedTokenizerFast
+    """`build_tokenizer`'s character-level tokenizer for chat format `family` (its template, its chat tokens
+    after the characters, its turn-end token as eos), within `vocab_size` ids; the built-in vision-language
+    models (`zerofit.models.tiny_vision`) use it with their image tokens among the family's tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    family = FAMILIES[name]
-    if family.byte_level:
-        return _byte_level_tokenizer(name)
     vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARACTERS, *family.tokens))}
-    assert len(vocab) <= TINY_CONFIGS[name]["vocab_size"]
+    assert len(vocab) <= vocab_size
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # Split into single characters, keeping each one (including spaces and newlines) as its own token.
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
@@ -203,7 +212,7 @@ def build_tokenizer(
         unk_token=UNK,
         pad_token=PAD,
         chat_template=family.template,
-        model_max_length=TINY_CONFIGS[name]["max_position_embeddings"],
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
 

@@ -43,6 +43,7 @@ from zerofit.data import (
 from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
+from zerofit.data.vision import load_vision_examples
 from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
@@ -54,6 +55,7 @@ from zerofit.objectives.kto import KTOObjective, KTOSettings
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
 from zerofit.objectives.reward import RewardObjective
+from zerofit.recipe.vision import vision_processor_for
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
 from zerofit.strategies.optim import build_optimizer, build_scheduler
@@ -144,7 +146,7 @@ class PreparedRun:
     @property
     def flops_per_token(self) -> float:
         """Model FLOPs to train one token of this model at max_seq_len (for MFU; see metrics.throughput)."""
-        hf_config = self.built.model.config  # peft forwards `.config` to the wrapped HF model
+        hf_config = self.built.model.config.get_text_config()  # peft forwards `.config` to the HF model
         return train_flops_per_token(
             self.built.total_params,
             self.built.trainable_params,
@@ -270,6 +272,7 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     cfg = resolved.config
     d = cfg.data
     objective = cfg.train.objective
+    processor = vision_processor_for(cfg, tokenizer)
 
     def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData[Any]]:
         """The load of one source on rank 0 (then the others); the training data's cut examples are held to
@@ -282,6 +285,9 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
             "key": key,
             "empty_responses": d.empty_responses,
         }
+        if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
+            return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
+                key=key, empty_responses=d.empty_responses, missing_images=d.missing_images)  # fmt: skip
         if objective == "kto":  # unpaired feedback; the training data must hold both labels
             both = key == "data.path" and split == d.split
             kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}

@@ -178,14 +178,16 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     from zerofit.levers.attention import describe_attention, module_kernel
     from zerofit.levers.recompute import checkpointed_layers, describe_checkpointing
 
-    layers = int(model.config.num_hidden_layers)  # peft forwards `.config` to the wrapped HF model
+    # peft forwards `.config`; a vision-language model's layer count and vocabulary are its language model's
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = int(config.num_hidden_layers)
     n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
     loss = cfg.train.cross_entropy
     if loss == "fused_linear":
         from zerofit.objectives.fused_loss import describe_fused
 
         device = next(model.parameters()).device.type
-        loss += f" ({describe_fused(int(model.config.vocab_size), device)})"
+        loss += f" ({describe_fused(int(config.vocab_size), device)})"
     text = f"activation checkpointing: {describe_checkpointing(n, layers)}, {loss} cross-entropy"
     masked = cfg.batch.tokens_per_micro_batch is not None or cfg.batch.micro_batch_size > 1
     text += ", attention: " + describe_attention(cfg.model.attn_implementation, module_kernel(model), masked)

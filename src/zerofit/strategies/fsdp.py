@@ -95,7 +95,8 @@ class FSDPStrategy(Strategy):
         if make_optimizer is None:
             raise ValueError("FSDP needs a client optimizer")
         layer_class = self.spec.layer_class
-        layers = [m for m in model.modules() if type(m).__name__ == layer_class]
+        classes = set(layer_class.split(","))  # a vision-language model: its vision blocks too
+        layers = [m for m in model.modules() if type(m).__name__ in classes]
         if not layers:
             found = sorted({type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__})
             raise ConfigError(

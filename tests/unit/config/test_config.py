@@ -456,7 +456,7 @@ def test_value_bounds_are_checked_when_the_config_is_validated_all_at_once() -> 
         "scheduler.min_lr_ratio = 1.5: must be in [0, 1]",
         "train.max_steps = 0: must be > 0",
         "unknown key 'lora.dropuot'; did you mean 'lora.dropout'? (valid keys under lora: alpha, dropout, "
-        "enabled, moe_experts, r, target_modules, train_router, use_dora)",
+        "enabled, moe_experts, projector, r, target_modules, train_router, use_dora, vision_tower)",
     ]
 
 

@@ -1,0 +1,83 @@
+"""The built-in tiny vision-language models: one per family, random-init, small enough to train on CPU.
+
+Each entry is the config.json the builder (`zerofit.models.tiny_vision`) writes, less the token ids of the
+image tokens, which the builder reads off the tokenizer it builds. The language model has the tiny
+language models' shape; the vision tower is one or two blocks wide enough to run its real code path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TINY_QWEN2_VL = "tiny-qwen2-vl"
+TINY_LLAVA = "tiny-llava"
+
+# Qwen2-VL: a ViT over 14 x 14 patches (2 frames per patch: temporal_patch_size), 2 x 2 patches merged into
+# one language-model token by the projector (`visual.merger`); M-RoPE splits each head's rotary pairs over
+# (time, height, width): mrope_section sums to head_dim / 2.
+_QWEN2_VL: dict[str, Any] = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "model_type": "qwen2_vl",
+    "tie_word_embeddings": True,
+    "text_config": {
+        "model_type": "qwen2_vl_text",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    },
+    "vision_config": {
+        "model_type": "qwen2_vl_vision",
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": 64,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    },
+}
+
+# LLaVA (1.5): a CLIP ViT (28 x 28 pixels, 14-pixel patches: 4 patch tokens after the CLS is dropped,
+# `vision_feature_select_strategy: default`) and a 2-layer MLP projector in front of a Llama.
+_LLAVA: dict[str, Any] = {
+    "architectures": ["LlavaForConditionalGeneration"],
+    "model_type": "llava",
+    "vision_feature_select_strategy": "default",
+    "vision_feature_layer": -2,
+    "text_config": {
+        "model_type": "llama",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+    },
+    "vision_config": {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+        "projection_dim": 32,
+    },
+}
+
+TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {TINY_QWEN2_VL: _QWEN2_VL, TINY_LLAVA: _LLAVA}
+
+
+def is_tiny_vlm(name: str) -> bool:
+    """Whether `model.name_or_path` names a built-in tiny vision-language model (`tiny-qwen2-vl`, ...)."""
+    return name in TINY_VLM_CONFIGS

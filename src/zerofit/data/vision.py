@@ -1,0 +1,363 @@
+"""Image + text conversations -> token ids, an assistant-only loss mask and the images' pixel tensors.
+
+    record (OpenAI content parts, or ShareGPT with an `images` list and `<image>` markers)
+    -> messages with `{"type": "image"}` parts, and the images (paths relative to the data file)
+    -> the tokenizer's chat template (assistant turns marked as for text chat, `zerofit.data.chat`)
+    -> each image's one placeholder token expanded to the image's tokens (the processor's rule, after its
+       resizing: `data.max_image_tokens`), labelled IGNORE_INDEX: the loss never counts an image token
+    -> `VisionExample`: the `Example` ids and labels, with the image processor's tensors.
+
+An image that is missing or cannot be read makes its record a `data.missing_images` case: `drop` (default)
+drops and counts it, and refuses a source where more than half the records are such (a wrong folder, not
+data); `error` refuses the first one. Either way the message is one paragraph, before any model loads. An
+example whose image tokens do not fit in `data.max_seq_len` is refused (a cut image cannot be trained on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.core.errors import DataError
+from zerofit.data.chat import (
+    _assistant_spans,
+    _mask_from_spans,
+    _render,
+    has_generation_marks,
+    require_chat_template,
+)
+from zerofit.data.records import open_source
+from zerofit.data.sft import DataStats, Example, TokenizedData, has_labels
+from zerofit.objectives.loss import IGNORE_INDEX
+
+__all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_images", "load_vision_examples"]
+
+MISSING_IMAGE_RULES = ("drop", "error")  # data.missing_images
+# The image processor outputs a vision-language model takes as inputs (`batches.model_inputs`).
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+TOKEN_TYPES = "mm_token_type_ids"  # per token: 1 an image's, 0 text (right-padded with 0 by `collate_images`)
+IMAGE_MARKER = "<image>"  # ShareGPT / LLaMA-Factory: where each of the record's `images` goes
+
+
+@dataclass
+class VisionExample(Example):
+    """An `Example` with its images' tensors (the image processor's, e.g. `pixel_values` and Qwen's
+    `image_grid_thw`); empty for a row without images."""
+
+    images: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class MissingImage(Exception):
+    """An image of a record cannot be read (the record is a `data.missing_images` case)."""
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"{where}: a text part holds {type(value).__name__}, not a string.")
+    return value
+
+
+def _image_ref(part: dict[str, Any], where: str) -> Any:
+    """The image a content part names: `image` (a path or an already-loaded image), or `image_url.url`."""
+    ref = part.get("image", part.get("path"))
+    if ref is None and isinstance(part.get("image_url"), dict):
+        ref = part["image_url"].get("url")
+    if ref is None:
+        raise DataError(
+            f"{where}: an image part has keys {sorted(part)}; name the image with 'image' (a path relative "
+            "to the data file) or 'image_url': {'url': ...}."
+        )
+    return ref
+
+
+def _parts(content: Any, where: str, images: list[Any], listed: list[Any]) -> list[dict[str, Any]]:
+    """Message content as template parts; image references go to `images` in order. In a string, each
+    `<image>` marker takes the next of the record's `listed` images."""
+    if isinstance(content, str):
+        pieces = content.split(IMAGE_MARKER)
+        out: list[dict[str, Any]] = []
+        for i, piece in enumerate(pieces):
+            if i:
+                if not listed:
+                    raise DataError(f"{where}: more '<image>' markers than entries in the record's 'images'.")
+                images.append(listed.pop(0))
+                out.append({"type": "image"})
+            if piece:
+                out.append({"type": "text", "text": piece})
+        return out
+    if not isinstance(content, list):
+        raise DataError(
+            f"{where}: message content is {type(content).__name__}, not a string or a list of parts."
+        )
+    out = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            out.append({"type": "text", "text": _text(part.get("text"), where)})
+        elif kind in ("image", "image_url"):
+            images.append(_image_ref(part, where))
+            out.append({"type": "image"})
+        else:
+            raise DataError(f"{where}: a content part {part!r:.60} is neither text nor an image.")
+    return out
+
+
+def vision_messages(record: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], list[Any]]:
+    """(messages with template parts, the image references in order) of one record."""
+    raw = record.get("messages", record.get("conversations"))
+    if not isinstance(raw, list):
+        raise DataError(
+            f"{where}: no 'messages' (or 'conversations') list; a vision-language model trains on chat "
+            "messages whose content holds images."
+        )
+    listed = list(record.get("images") or [])
+    images: list[Any] = []
+    messages = []
+    for message in raw:
+        if not isinstance(message, dict):
+            raise DataError(f"{where}: a message is a {type(message).__name__}, not an object.")
+        role = message.get("role", {"human": "user", "gpt": "assistant"}.get(message.get("from", "")))
+        content = message.get("content", message.get("value"))
+        parts = _parts(content, where, images, listed)
+        if role == "assistant" and any(p["type"] == "image" for p in parts):
+            raise DataError(f"{where}: an assistant message holds an image; only prompts can.")
+        messages.append({"role": role, "content": parts})
+    if listed:  # images with no marker: before the first user message's text, as LLaVA data does
+        first = next((m for m in messages if m["role"] == "user"), None)
+        if first is None:
+            raise DataError(f"{where}: the record lists images but has no user message to show them in.")
+        first["content"] = [{"type": "image"} for _ in listed] + first["content"]
+        images[:0] = listed
+    return messages, images
+
+
+def open_image(ref: Any, base: Path) -> Any:
+    """The image `ref` names as RGB (a path relative to `base`, an absolute path, a PIL image, or a
+    `datasets` Image dict with bytes); MissingImage when it cannot be read."""
+    import io
+
+    from PIL import Image
+
+    try:
+        if isinstance(ref, Image.Image):
+            image = ref
+        elif isinstance(ref, dict) and ref.get("bytes") is not None:
+            image = Image.open(io.BytesIO(ref["bytes"]))
+        else:
+            path = Path(str(ref.get("path") if isinstance(ref, dict) else ref)).expanduser()
+            image = Image.open(path if path.is_absolute() else base / path)
+        return image.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise MissingImage(
+            f"{ref if not isinstance(ref, dict) else ref.get('path')!s:.120} ({exc})"
+        ) from None
+
+
+def _ids_and_mask(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> tuple[list[int], list[bool]]:
+    """The rendered conversation's token ids and assistant mask (`zerofit.data.chat`'s two ways)."""
+    template = require_chat_template(tokenizer, where)
+    if has_generation_marks(template):
+        out = _render(
+            tokenizer, messages, where, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
+    text, spans = _assistant_spans(tokenizer, messages, where)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
+
+
+def expand_images(
+    ids: list[int], mask: list[bool], image_token: int, counts: list[int], where: str
+) -> tuple[list[int], list[int]]:
+    """(input ids, labels): each placeholder `image_token` repeated as many times as its image's tokens
+    (`counts`, in order), labels only on assistant tokens (never an image token)."""
+    found = sum(1 for t in ids if t == image_token)
+    if found != len(counts):
+        raise DataError(
+            f"{where}: the chat template rendered {found} image placeholders for {len(counts)} images; the "
+            "template must render each image part once (check data.chat_template)."
+        )
+    out_ids: list[int] = []
+    labels: list[int] = []
+    pending = iter(counts)
+    for token, learn in zip(ids, mask, strict=True):
+        if token == image_token:
+            n = next(pending)
+            out_ids += [token] * n
+            labels += [IGNORE_INDEX] * n
+        else:
+            out_ids.append(token)
+            labels.append(token if learn and token != image_token else IGNORE_INDEX)
+    return out_ids, labels
+
+
+def tokenize_vision(
+    processor: Any, messages: list[dict[str, Any]], images: list[Any], max_seq_len: int, where: str
+) -> tuple[VisionExample, bool]:
+    """One conversation with its opened `images` as a `VisionExample` and whether it was cut to
+    `max_seq_len` (only text after the last image token may be cut)."""
+    ids, mask = _ids_and_mask(processor.tokenizer, messages, where)
+    pixels = processor.preprocess(images) if images else {}
+    counts = processor.tokens_per_image(pixels) if images else []
+    ids, labels = expand_images(ids, mask, processor.image_token_id, counts, where)
+    truncated = len(ids) > max_seq_len
+    if truncated and processor.image_token_id in ids[max_seq_len:]:
+        raise DataError(
+            f"{where}: its {len(ids)} tokens ({sum(counts)} of them image tokens) exceed data.max_seq_len = "
+            f"{max_seq_len} and the cut would fall inside an image, which cannot be trained on in part; raise "
+            "data.max_seq_len, or lower data.max_image_tokens so each image becomes fewer tokens."
+        )
+    ids, labels = ids[:max_seq_len], labels[:max_seq_len]
+    if images and processor.token_types:  # which tokens are an image's (M-RoPE's grid)
+        pixels[TOKEN_TYPES] = torch.tensor([int(t == processor.image_token_id) for t in ids])
+    return VisionExample(ids, labels, pixels), truncated
+
+
+def _empty(messages: list[dict[str, Any]]) -> bool:
+    """Whether an assistant turn has no text."""
+    return any(
+        m["role"] == "assistant" and not "".join(p.get("text", "") for p in m["content"]).strip()
+        for m in messages
+    )
+
+
+class _VisionLoad:
+    """Turns a source's records into `VisionExample`s, counting what happens (one instance per load)."""
+
+    def __init__(self, processor: Any, max_seq_len: int, base: Path, rules: dict[str, str]) -> None:
+        self.processor, self.max_seq_len, self.base, self.rules = processor, max_seq_len, base, rules
+        self.examples: list[Example] = []
+        self.records: list[int] = []
+        self.n_records = self.n_truncated = self.n_dropped = self.n_empty = self.n_missing = 0
+        self.first_missing = ""
+
+    def add(self, index: int, where: str, record: dict[str, Any]) -> None:
+        self.n_records += 1
+        messages, refs = vision_messages(record, where)
+        if _empty(messages):
+            self.n_empty += 1
+            if self.rules["empty_responses"] == "error":
+                raise DataError(f"{where}: an assistant message is empty (data.empty_responses = 'error').")
+            if self.rules["empty_responses"] == "drop":
+                self.n_dropped += 1
+                return
+        try:
+            images = [open_image(ref, self.base) for ref in refs]
+        except MissingImage as exc:
+            self._missing(where, str(exc))
+            return
+        example, cut = tokenize_vision(self.processor, messages, images, self.max_seq_len, where)
+        self.n_truncated += int(cut)
+        if not has_labels(example.labels):
+            self.n_dropped += 1
+            return
+        self.examples.append(example)
+        self.records.append(index)
+
+    def _missing(self, where: str, what: str) -> None:
+        self.n_missing += 1
+        self.n_dropped += 1
+        self.first_missing = self.first_missing or f"{where}: {what}"
+        if self.rules["missing_images"] == "error":
+            raise DataError(
+                f"{where}: image {what} cannot be read (data.missing_images = 'error'); fix the path (relative "
+                "to the data file's folder), or set data.missing_images=drop to skip such records."
+            )
+
+    def result(self, describe: str) -> TokenizedData[Example]:
+        if self.n_missing * 2 > self.n_records:
+            raise DataError(
+                f"{describe}: {self.n_missing} of {self.n_records} records name an image that cannot be read "
+                f"(the first: {self.first_missing}); more than half means a wrong image folder, not bad data. "
+                "Image paths are relative to the data file's folder; fix them or the files."
+            )
+        stats = DataStats(
+            n_lines=self.n_records,
+            n_examples=len(self.examples),
+            n_truncated=self.n_truncated,
+            n_dropped=self.n_dropped,
+            format="messages",
+            source=describe,
+            n_empty=self.n_empty,
+            empty_responses=self.rules["empty_responses"],
+            n_missing_images=self.n_missing,
+        )
+        return TokenizedData(self.examples, stats, self.records)
+
+
+def load_vision_examples(
+    path: str | Path,
+    processor: Any,
+    max_seq_len: int,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    key: str = "data.path",
+    empty_responses: str = "drop",
+    missing_images: str = "drop",
+) -> TokenizedData[Example]:
+    """Read the conversations `path` names and make `VisionExample`s with `processor`
+    (`zerofit.models.vision.VisionProcessor`); image paths are relative to the data file's folder."""
+    if missing_images not in MISSING_IMAGE_RULES:
+        raise ValueError(f"missing_images must be one of {MISSING_IMAGE_RULES}, not {missing_images!r}")
+    source = open_source(path, split=split, subset=subset, key=key)
+    local = Path(path).expanduser()
+    base = local.parent if local.is_file() else local
+    state = _VisionLoad(processor, max_seq_len, base, {"empty_responses": empty_responses,
+                                                      "missing_images": missing_images})  # fmt: skip
+    for index, (where, record) in enumerate(source):
+        state.add(index, where, record)
+    return state.result(source.describe())
+
+
+def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tensor]:
+    """The images' tensors of a micro-batch padded to `width` tokens: the image processor's rows concatenated
+    in example order (Qwen-VL's output is per patch and per image, so a batch is the concatenation), the
+    per-token types one row per example (0 for text-only rows and padding); {} without images."""
+    keys: dict[str, list[torch.Tensor]] = {}
+    for example in examples:
+        for name, tensor in getattr(example, "images", {}).items():
+            if name != TOKEN_TYPES:
+                keys.setdefault(name, []).append(tensor)
+    if not keys:
+        return {}
+    if not any(TOKEN_TYPES in getattr(e, "images", {}) for e in examples):
+        return {name: torch.cat(tensors) for name, tensors in keys.items()}
+    types = torch.zeros(len(examples), width, dtype=torch.long)
+    for row, example in enumerate(examples):
+        tensor = getattr(example, "images", {}).get(TOKEN_TYPES)
+        if tensor is not None:
+            types[row, : len(tensor)] = tensor
+    return {**{name: torch.cat(tensors) for name, tensors in keys.items()}, TOKEN_TYPES: types}
+
+
+def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.Tensor]:
+    """One user turn of `image` then `prompt`, with the generation prompt, as the model's inputs (a batch of
+    one): the image's placeholder expanded as in training (`tokenize_vision`); `zerofit generate --image`."""
+    where = f"--image {image}"
+    try:
+        opened = open_image(image, Path.cwd())
+    except MissingImage as exc:
+        raise DataError(
+            f"{where}: the image cannot be read ({exc}); pass the path of a PNG or JPEG file."
+        ) from None
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    out = _render(
+        processor.tokenizer, messages, where, tokenize=True, return_dict=True, add_generation_prompt=True
+    )
+    ids = list(out["input_ids"])
+    pixels = processor.preprocess([opened])
+    ids, _ = expand_images(
+        ids, [False] * len(ids), processor.image_token_id, processor.tokens_per_image(pixels), where
+    )
+    input_ids = torch.tensor([ids])
+    if processor.token_types:
+        pixels[TOKEN_TYPES] = (input_ids == processor.image_token_id).long()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        **pixels,
+    }

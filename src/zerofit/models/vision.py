@@ -1,0 +1,318 @@
+"""Vision-language models: which families zerofit trains, their processors, and what LoRA adapts of them.
+
+A vision-language model is a language model fed, at its image placeholders, the features of a vision tower
+(a ViT) passed through a projector. zerofit trains LoRA on the language model by default, the vision tower
+and the projector frozen; `lora.projector` (frozen / full) and `lora.vision_tower` (LoRA on its linears)
+widen that. The data pipeline (`zerofit.data.vision`) uses the model's own image processor (its resizing
+limits, its patching) and tokenizer with its chat template; the number of tokens each image becomes is the
+family's processor rule (`VisionProcessor.tokens_per_image`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerofit.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    """One family's module layout and image placeholder.
+
+    `text_model_type`: the `model_type` whose LoRA meaning words (`zerofit.models.lora_targets`) name the
+    language model's linears; `language_model`, `vision_tower`, `projector`: regular expressions matching
+    the start of those parts' module names; `image_token`: the one token the chat template renders per image,
+    which the processor's rule expands to the image's tokens.
+    """
+
+    model_type: str
+    text_model_type: str
+    language_model: str
+    vision_tower: str
+    projector: str
+    image_token: str
+    # Module names kept out of 4-bit / 8-bit quantization (the vision tower and projector: QLoRA quantizes
+    # only the language model, as the QLoRA recipes of the family do); transformers matches a name from its start.
+    unquantized: tuple[str, ...] = ("model.visual",)
+    # How an image becomes tokens: "grid" (Qwen-VL: a patch grid per image, merged 2 x 2, with per-token
+    # types for M-RoPE) or "fixed" (LLaVA: every image resized to the tower's size, one token per patch).
+    kind: str = "grid"
+
+
+FAMILIES: dict[str, VisionFamily] = {
+    family.model_type: family
+    for family in (
+        VisionFamily(
+            "qwen2_vl", "qwen2", r"model\.language_model", r"model\.visual\.blocks", r"model\.visual\.merger",
+            "<|image_pad|>",
+        ),
+        VisionFamily(
+            "qwen2_5_vl", "qwen2", r"model\.language_model", r"model\.visual\.blocks", r"model\.visual\.merger",
+            "<|image_pad|>",
+        ),
+        VisionFamily(
+            "llava", "llama", r"model\.language_model", r"model\.vision_tower", r"model\.multi_modal_projector",
+            "<image>", ("model.vision_tower", "model.multi_modal_projector"), "fixed",
+        ),
+    )
+}  # fmt: skip
+
+
+def vision_family(model_config: dict[str, Any]) -> VisionFamily | None:
+    """The vision-language family of a config.json dict, None for a language-only model."""
+    return FAMILIES.get(str(model_config.get("model_type") or ""))
+
+
+def is_vision_config(model_config: dict[str, Any]) -> bool:
+    """Whether a config.json dict describes a vision-language model (it has a vision tower config)."""
+    return "vision_config" in model_config
+
+
+def folder_config(path: str) -> dict[str, Any]:
+    """config.json of the model folder `path` ({} when it is not a local folder)."""
+    import json
+
+    local = Path(path) / "config.json"
+    return json.loads(local.read_text()) if local.is_file() else {}
+
+
+def require_family(model_config: dict[str, Any], name: str) -> VisionFamily:
+    """The model's vision family; ConfigError naming the families zerofit trains otherwise."""
+    family = vision_family(model_config)
+    if family is None:
+        raise ConfigError(
+            [
+                f"model.name_or_path = {name!r} is a vision-language model of type "
+                f"{model_config.get('model_type')!r}, which zerofit does not train yet; the vision families it "
+                f"trains: {', '.join(FAMILIES)} (e.g. the built-in tiny-qwen2-vl)"
+            ]
+        )
+    return family
+
+
+@dataclass
+class VisionProcessor:
+    """The model's image processor and tokenizer (with its chat template), and its family's image rule."""
+
+    tokenizer: Any
+    image_processor: Any
+    family: VisionFamily
+    model_config: dict[str, Any]
+
+    @property
+    def token_types(self) -> bool:
+        """Whether the model takes per-token types (Qwen-VL's `mm_token_type_ids`: 1 on image tokens)."""
+        return self.family.kind == "grid"
+
+    @property
+    def image_token_id(self) -> int:
+        """The id of the placeholder the chat template renders once per image."""
+        return int(self.tokenizer.convert_tokens_to_ids(self.family.image_token))
+
+    def preprocess(self, images: list[Any]) -> dict[str, torch.Tensor]:
+        """The image processor's tensors for `images` (pixel values, Qwen's patch grid per image)."""
+        return dict(self.image_processor(images=images, return_tensors="pt"))
+
+    def tokens_per_image(self, pixels: dict[str, torch.Tensor]) -> list[int]:
+        """How many tokens each image becomes, by the family's processor rule: Qwen2-VL's patch grid
+        (t x h x w) over the merged patches; LLaVA's patches of the resized image (its CLS token dropped
+        under `vision_feature_select_strategy: default`)."""
+        if self.family.kind == "grid":
+            merge = int(self.image_processor.merge_size)
+            return [int(n) for n in pixels["image_grid_thw"].prod(dim=-1) // merge**2]
+        values = pixels["pixel_values"]
+        patch = int(self.model_config["vision_config"]["patch_size"])
+        cls = 0 if self.model_config.get("vision_feature_select_strategy", "default") == "default" else 1
+        per_image = (values.shape[-2] // patch) * (values.shape[-1] // patch) + cls
+        return [per_image] * int(values.shape[0])
+
+
+def limit_image_tokens(image_processor: Any, max_image_tokens: int | None, name: str) -> None:
+    """`data.max_image_tokens`: lower the image processor's largest image (pixels) to that many tokens; an
+    image is resized (aspect kept) to fit, as the processor's own `max_pixels` does."""
+    if max_image_tokens is None or not hasattr(image_processor, "merge_size"):
+        return  # a fixed-size family (LLaVA) has no per-image limit to lower
+    unit = (int(image_processor.patch_size) * int(image_processor.merge_size)) ** 2
+    least = int(image_processor.size["shortest_edge"])
+    if max_image_tokens * unit < least:
+        raise ConfigError(
+            [
+                f"data.max_image_tokens = {max_image_tokens}: the image processor of {name} makes every image at "
+                f"least {least} pixels, {least // unit} tokens of {unit} pixels each; set "
+                f"data.max_image_tokens={least // unit} or more"
+            ]
+        )
+    image_processor.size = {"shortest_edge": least, "longest_edge": max_image_tokens * unit}
+
+
+def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | None = None) -> VisionProcessor:
+    """The processor of the vision-language model at `path`: its image processor (PIL backend: no
+    torchvision needed) with `tokenizer`, limited to `max_image_tokens` per image (`data.max_image_tokens`)."""
+    import transformers
+
+    config = folder_config(path)
+    family = require_family(config, path)
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the note that torchvision is absent: nothing to act on
+    try:
+        image_processor = transformers.AutoImageProcessor.from_pretrained(path)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    limit_image_tokens(image_processor, max_image_tokens, path)
+    return VisionProcessor(tokenizer, image_processor, family, config)
+
+
+def lora_target_regex(
+    family: VisionFamily, names: tuple[str, ...], vision_names: tuple[str, ...] = ()
+) -> str:
+    """peft's target_modules as one regular expression (peft full-matches it against each module name): the
+    language model's `names`, and with `vision_names` the vision tower's too; the projector never (it is
+    trained in full or frozen)."""
+    parts = [rf"{family.language_model}\..*\.({'|'.join(map(re.escape, names))})"]
+    if vision_names:
+        parts.append(rf"{family.vision_tower}\..*\.({'|'.join(map(re.escape, vision_names))})")
+    return "|".join(f"(?:{p})" for p in parts)
+
+
+def vision_linear_names(model: torch.nn.Module, family: VisionFamily) -> tuple[str, ...]:
+    """The last name part of every linear layer of the vision tower (`lora.vision_tower`)."""
+    tower = re.compile(rf"(?:.*\.)?{family.vision_tower}\.")
+    found = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and tower.match(name)
+    }
+    return tuple(sorted(found))
+
+
+def vision_lora_targets(
+    model: torch.nn.Module, spec: Any, projector: str, vision_tower: bool
+) -> Any:  # -> zerofit.models.lora_targets.LoraTargets
+    """What LoRA adapts of a vision-language model: `lora.target_modules` mapped by the language model's
+    family, as one expression limited to the language model (the vision tower's linears too with
+    `lora.vision_tower`); the projector trained in full with `lora.projector = full`, else frozen."""
+    from zerofit.models.lora_targets import LoraTargets, resolve_lora_targets
+
+    family = require_family(model.config.to_dict(), str(getattr(model, "name_or_path", "")))
+    text = resolve_lora_targets({"model_type": family.text_model_type}, spec.target_modules)
+    names = (text.target_modules,) if isinstance(text.target_modules, str) else text.target_modules
+    vision = vision_linear_names(model, family) if vision_tower else ()
+    regex = lora_target_regex(family, tuple(n.rsplit(".", 1)[-1] for n in names), vision)
+    saved = (family.projector.replace("\\", ""),) if projector == "full" else ()
+    parts = ["the language model's " + (text.summary or ", ".join(names))]
+    parts += ["the vision tower's linears"] if vision else []
+    parts += ["the projector in full"] if saved else []
+    return LoraTargets(regex, (), saved, family.model_type, "LoRA on " + "; ".join(parts))
+
+
+def apply_vision_lora(
+    model: torch.nn.Module, spec: Any, projector: str, vision_tower: bool, seed: int | None
+) -> tuple[torch.nn.Module, str]:
+    """peft adapters on a vision-language model (`vision_lora_targets`), seeded as `apply_lora`; returns the
+    adapted model and what was adapted, in words."""
+    from peft import get_peft_model
+
+    from zerofit.models.lora import adapted_counts, peft_lora_config
+
+    targets = vision_lora_targets(model, spec, projector, vision_tower)
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        adapted = get_peft_model(model, peft_lora_config(spec, targets))
+    return adapted, f"{targets.summary}: {adapted_counts(adapted).describe()}"
+
+
+def folder_model_class(path: str | Path) -> Any:
+    """transformers' Auto class that loads the model at `path` whole: image-text-to-text for a
+    vision-language model (vision tower, projector, language model), causal LM otherwise."""
+    import transformers
+
+    vision = is_vision_config(folder_config(str(path)))
+    return transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
+
+
+def save_image_processor(model_path: str, folder: Path) -> None:
+    """Write the image processor of the vision-language model at `model_path` into export `folder`
+    (preprocessor_config.json), so the export loads whole with its processor; nothing for a language model."""
+    if not is_vision_config(folder_config(model_path)):
+        return
+    import transformers
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        transformers.AutoImageProcessor.from_pretrained(model_path).save_pretrained(folder)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def _idle_image(inner: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The smallest image the vision tower takes (one merged token of zeros): its pixel rows and grid."""
+    cfg = inner.config.vision_config
+    if not hasattr(cfg, "spatial_merge_size"):  # a fixed-size tower (LLaVA's CLIP): one zero image
+        device = next(inner.vision_tower.parameters()).device
+        return {
+            "pixel_values": torch.zeros(
+                1, int(cfg.num_channels), cfg.image_size, cfg.image_size, device=device
+            )
+        }
+    merge = int(cfg.spatial_merge_size)
+    width = int(cfg.in_channels) * int(cfg.temporal_patch_size) * int(cfg.patch_size) ** 2
+    device = next(inner.visual.parameters()).device
+    grid = torch.tensor([[1, merge, merge]], device=device)
+    return {"pixel_values": torch.zeros(merge * merge, width, device=device), "image_grid_thw": grid}
+
+
+def run_vision_every_step(hf: torch.nn.Module) -> None:
+    """Make every forward run the vision tower and projector, a micro-batch without images too (on the
+    smallest zero image, its features added times 0.0 to the token embeddings: the output and every gradient
+    are unchanged).
+
+    Sharded engines gather a vision block's weights when it runs (FSDP2 per block, ZeRO-3), in forward and,
+    once its output needs a gradient, again in backward; a rank whose micro-batch has no image would skip
+    those collectives while the others wait in them. The features join where real ones do (the embeddings),
+    so backward reaches the tower in the same order on every rank."""
+    inner = getattr(hf, "model", None)
+    if inner is None or not hasattr(inner, "get_image_features"):
+        return
+    embeddings = inner.get_input_embeddings()
+
+    def before(module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("pixel_values") is None:
+            idle = _idle_image(module)
+            pooled = module.get_image_features(**idle).pooler_output
+            embeddings.__dict__["_zerofit_idle"] = sum(p.sum() for p in pooled)
+
+    def embedded(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        idle = module.__dict__.pop("_zerofit_idle", None)
+        return output if idle is None else output + 0.0 * idle.to(output.dtype)
+
+    inner.register_forward_pre_hook(before, with_kwargs=True)
+    embeddings.register_forward_hook(embedded)
+
+
+def is_vision_model(name_or_path: str) -> bool:
+    """Whether model `name_or_path` (a catalogued id or a local folder) is a vision-language model."""
+    from zerofit.catalogue.models import model_config_dict
+
+    try:
+        return is_vision_config(model_config_dict(name_or_path))
+    except ConfigError:
+        return False
+
+
+def unquantized_modules(name_or_path: str) -> tuple[str, ...]:
+    """The modules `quantization.load_in` leaves in float for model `name_or_path` (a vision-language model's
+    vision tower and projector), () for a language model or a config that cannot be read here."""
+    from zerofit.catalogue.models import model_config_dict
+
+    try:
+        family = vision_family(model_config_dict(name_or_path))
+    except ConfigError:
+        return ()
+    return family.unquantized if family is not None else ()
