@@ -35,7 +35,7 @@ import torch
 
 from zerofit.config.batching import BatchSplit
 from zerofit.data import GlobalBatchSampler, split_global_batch
-from zerofit.objectives.grpo import grpo_inputs, group_advantages, policy_logps
+from zerofit.objectives.grpo import group_advantages, grpo_inputs, policy_logps
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.strategies.base import Strategy
 

@@ -165,7 +165,10 @@ def test_beta_adds_k3_to_the_reference() -> None:
     policy = [[lp for lp in row] for row in _hand_token_logps(model)]
     with model.disable_adapter():
         ref = _hand_token_logps(model)
-    k3 = [[math.exp(r - p) - (r - p) - 1 for r, p in zip(rr, pp, strict=True)] for rr, pp in zip(ref, policy)]
+    k3 = [
+        [math.exp(r - p) - (r - p) - 1 for r, p in zip(rr, pp, strict=True)]
+        for rr, pp in zip(ref, policy, strict=True)
+    ]
     advantages = group_advantages(REWARDS, G, "group")
     beta = 0.3
     objective = GRPOObjective(GRPOSettings(loss_type="dapo", beta=beta))
@@ -237,4 +240,4 @@ def test_masked_truncated_completions_still_count_as_completions() -> None:
     )
     expected = sum(-float(advantages[i]) for i in range(len(COMPLETIONS)) if trained[i]) / len(COMPLETIONS)
     assert result.loss == pytest.approx(expected, abs=1e-6)
-    assert result.tokens == sum(len(c) for c, t in zip(COMPLETIONS, trained) if t)
+    assert result.tokens == sum(len(c) for c, t in zip(COMPLETIONS, trained, strict=True) if t)
