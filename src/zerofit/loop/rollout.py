@@ -26,21 +26,26 @@ per token would gather every layer per token).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from zerofit.config.batching import BatchSplit
+from zerofit.core.errors import ZerofitError
 from zerofit.data import GlobalBatchSampler, split_global_batch
 from zerofit.objectives.grpo import group_advantages, grpo_inputs, policy_logps
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.strategies.base import Strategy
 
 __all__ = [
+    "COMPLETIONS_FILE",
     "PromptRow",
+    "RewardFailed",
     "Rollouts",
     "SamplingSettings",
     "Scorer",
@@ -48,6 +53,8 @@ __all__ = [
     "micro_batch",
     "sample_completions",
 ]
+
+COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
 
 # (prompts, completions, columns, step, global completion indices) -> (weighted total [n], per function [n])
 Scorer = Callable[
@@ -61,6 +68,12 @@ class PromptRow(Protocol):
     text: str
     input_ids: list[int]
     columns: dict[str, Any]
+
+
+class RewardFailed(ZerofitError):
+    """A reward function failed on some rank: its paragraph, raised by every rank (said once)."""
+
+    agreed = True
 
 
 @dataclass(frozen=True)
@@ -160,7 +173,7 @@ def _sample(
             past_key_values=past,
             use_cache=True,
         )
-        past = result.past_key_values
+        past = result.cache
         logits = result.logits[:, -1].float() / s.temperature
         logp = torch.log_softmax(logits, dim=-1)
         entropy += (-(logp.exp() * logp).sum(dim=-1)).double().cpu().where(~done, 0.0)
@@ -226,6 +239,8 @@ class Rollouts:
     temperature: float = 1.0
     cross_entropy: str = "chunked"
     reward_names: tuple[str, ...] = ()
+    log_completions_every: int = 0  # rl.log_completions_every (0: never)
+    shown_per_step: int = 4  # completions written to completions.jsonl at such a step
     shown: list[dict[str, Any]] = field(default_factory=list)  # this step's sampled completions (rank 0)
 
     def step_batches(
@@ -272,7 +287,7 @@ class Rollouts:
         for p in prompt_of:
             for key, value in p.columns.items():
                 columns.setdefault(key, []).append(value)
-        weighted, each = self.score([p.text for p in prompt_of], texts, columns, step, flat)
+        weighted, each = self._agreed_score([p.text for p in prompt_of], texts, columns, step, flat, strategy)
         local = torch.zeros(4 + len(self.reward_names), total, dtype=torch.float64)
         index = torch.tensor(flat, dtype=torch.long)
         local[0, index] = weighted.double().cpu()
@@ -287,6 +302,29 @@ class Rollouts:
                 for p, t, w in zip(prompt_of, texts, weighted.tolist(), strict=True)
             ]
         return strategy.all_reduce_sum(local.to(strategy.device)).cpu()
+
+    def _agreed_score(
+        self,
+        prompts: list[str],
+        texts: list[str],
+        columns: dict[str, list[Any]],
+        step: int,
+        flat: list[int],
+        strategy: Strategy,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This rank's rewards; a reward that failed on any rank (its one paragraph, `RewardError`) stops
+        every rank with that paragraph, said once (rank 0), before the step trains or saves anything, so
+        the last checkpoint stays the last good one."""
+        failure: str | None = None
+        try:
+            scored = self.score(prompts, texts, columns, step, flat)
+        except ZerofitError as exc:
+            failure, scored = str(exc), (torch.zeros(0), {})
+        failed = strategy.all_reduce_sum(torch.tensor([int(failure is not None)], device=strategy.device))
+        if int(failed.item()):
+            said = [text for text in strategy.all_gather_object(failure) if text]
+            raise RewardFailed(said[0])
+        return scored
 
     def _micro(
         self,
@@ -312,6 +350,16 @@ class Rollouts:
                     model, inputs, batch["labels"], self.cross_entropy, self.temperature
                 ).cpu()
         return batch
+
+    def log_completions(self, run_dir: Path, steps_done: int) -> None:
+        """Rank 0: append a few of this step's completions (rank 0's own) to the run's completions.jsonl when
+        `rl.log_completions_every` says so: prompt, completion and reward, one JSON object a line."""
+        every = self.log_completions_every
+        if every <= 0 or steps_done % every != 0 or not self.shown:
+            return
+        with (run_dir / COMPLETIONS_FILE).open("a", encoding="utf-8") as f:
+            for row in self.shown[: self.shown_per_step]:
+                f.write(json.dumps({"step": steps_done, **row}) + "\n")
 
     def _metrics(self, table: torch.Tensor, generation_s: float, scoring_s: float) -> dict[str, float]:
         """The step's rollout fields of metrics.jsonl (means over the global batch's completions)."""
