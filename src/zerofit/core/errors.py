@@ -80,3 +80,9 @@ class TrainingDiverged(ZerofitError):
     the last checkpoint stays the last good one."""
 
     agreed = True
+
+
+class RewardError(ZerofitError):
+    """A reward function failed on a step's completions (it raised, returned the wrong count of scores, or a
+    NaN / infinite / non-numeric score): one paragraph naming the function, the step and the data row, so the
+    run stops there and its last good checkpoint stays the last one written."""

@@ -1,0 +1,145 @@
+"""`rl.rewards` -> the run's reward functions (`zerofit.objectives.rewards.NamedReward`), built at launch.
+
+A built-in is named by itself (`objectives.rewards.BUILTIN_REWARDS`); the user's own function as
+`module:function`, imported with importlib. Only a launch does this, from the config the user launched
+with: a run folder's saved config.yaml is data, so `zerofit export`, `zerofit generate`, `zerofit plan` and
+`zerofit compare` of any run folder never call `build_rewards` and import nothing it names
+(`describe_reward` says what a launch would import, without importing it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+from zerofit.config.schema import RewardSpec
+from zerofit.core.errors import ConfigError
+from zerofit.objectives.rewards import (
+    BUILTIN_REWARDS,
+    NamedReward,
+    RewardFn,
+    exact_match,
+    format_regex,
+    length,
+)
+
+__all__ = ["build_rewards", "describe_reward", "reward_spec_problems"]
+
+_IMPORT_FORM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _known() -> str:
+    return (
+        f"the built-ins {', '.join(BUILTIN_REWARDS)}, or your own function as `module:function` (a module "
+        "importable at launch, e.g. my_rewards:correct for my_rewards.py on PYTHONPATH, called with (prompts, "
+        "completions, columns) and returning one float per completion)"
+    )
+
+
+def _spec_problem(i: int, spec: RewardSpec) -> str | None:
+    """What is wrong with `rl.rewards[i]` that the config alone shows (nothing is imported or loaded)."""
+    where = f"rl.rewards[{i}]"
+    name = spec.function
+    if name not in BUILTIN_REWARDS and not _IMPORT_FORM.match(name):
+        return f"{where}.function = {name!r} is not a reward zerofit knows; use {_known()}"
+    needs = {"format_regex": "pattern", "length": "target_length", "reward_model": "path"}.get(name)
+    if needs is not None and getattr(spec, needs) is None:
+        return f"{where}: the {name} reward needs {where}.{needs}; set it"
+    if name == "format_regex":
+        try:
+            re.compile(str(spec.pattern))
+        except re.error as exc:
+            return f"{where}.pattern = {spec.pattern!r} is not a regular expression ({exc}); fix it"
+    return None
+
+
+def reward_spec_problems(specs: list[RewardSpec]) -> list[str]:
+    """Every problem of `rl.rewards` the config alone shows, one line each (empty when none)."""
+    return [p for i, spec in enumerate(specs) if (p := _spec_problem(i, spec)) is not None]
+
+
+def describe_reward(spec: RewardSpec) -> str:
+    """How `zerofit plan` names a reward: `exact_match (column answer) x 1.0`, or for the user's own function
+    `my_rewards:correct (imported at launch from module my_rewards) x 0.5`; nothing is imported."""
+    detail = {
+        "exact_match": f"column {spec.column}",
+        "format_regex": f"pattern {spec.pattern!r}",
+        "length": f"target {spec.target_length} tokens",
+        "reward_model": f"model folder {spec.path}",
+    }.get(spec.function)
+    if detail is None:
+        detail = f"imported at launch from module {spec.function.split(':')[0]}"
+    return f"{spec.function} ({detail}) x {spec.weight:g}"
+
+
+def _import_function(i: int, name: str) -> RewardFn:
+    """The user's `module:function`, imported now (a launch, from the user's own config)."""
+    module_name, attr = name.split(":")
+    where = f"rl.rewards[{i}].function = {name!r}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            [
+                f"{where}: no module {exc.name!r} can be imported; put {module_name.replace('.', '/')}.py on "
+                "PYTHONPATH (for a file in the current directory, launch with PYTHONPATH=.)"
+            ]
+        ) from None
+    except Exception as exc:
+        raise ConfigError(
+            [f"{where}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; fix the module"]
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(
+            [f"{where}: module {module_name!r} has no function {attr!r}; name a function it defines"]
+        )
+    return fn
+
+
+def _token_counter(tokenizer: Any) -> Callable[[str], int]:
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+def _build_one(i: int, spec: RewardSpec, tokenizer: Any) -> RewardFn:
+    if spec.function == "exact_match":
+        return exact_match(spec.column)
+    if spec.function == "format_regex":
+        return format_regex(str(spec.pattern))
+    if spec.function == "length":
+        return length(int(spec.target_length or 0), _token_counter(tokenizer))
+    if spec.function == "reward_model":
+        from zerofit.models.reward_model import reward_model  # loads torch weights: only when asked
+
+        return reward_model(str(spec.path), tokenizer)
+    return _import_function(i, spec.function)
+
+
+def _unique_names(specs: list[RewardSpec]) -> list[str]:
+    """Each reward's name in metrics and errors: its function, `_2`, `_3` ... on a repeat."""
+    seen: dict[str, int] = {}
+    names = []
+    for spec in specs:
+        seen[spec.function] = seen.get(spec.function, 0) + 1
+        names.append(spec.function if seen[spec.function] == 1 else f"{spec.function}_{seen[spec.function]}")
+    return names
+
+
+def build_rewards(specs: list[RewardSpec], tokenizer: Any) -> list[NamedReward]:
+    """The run's reward functions, in `rl.rewards` order. ConfigError (one paragraph, every problem) for an
+    unknown name, a missing setting, or a `module:function` that does not import; only a launch calls this."""
+    problems = reward_spec_problems(specs)
+    if not specs:
+        problems.append(f"train.objective grpo needs at least one reward in rl.rewards: {_known()}")
+    if problems:
+        raise ConfigError(problems)
+    names = _unique_names(specs)
+    return [
+        NamedReward(name=name, weight=spec.weight, fn=_build_one(i, spec, tokenizer))
+        for i, (name, spec) in enumerate(zip(names, specs, strict=True))
+    ]
