@@ -330,7 +330,7 @@ class LoraSection(_Section):
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
 Truncation = Literal["warn", "error", "allow"]  # data.truncation (see zerofit.data.truncation)
-DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference"]
+DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference", "prompt"]
 
 
 class DataSection(_Section):

@@ -56,7 +56,7 @@ __all__ = [
 
 COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
 
-# (prompts, completions, columns, step, global completion indices) -> (weighted total [n], per function [n])
+# (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])
 Scorer = Callable[
     [list[str], list[str], dict[str, list[Any]], int, list[int]], tuple[torch.Tensor, dict[str, torch.Tensor]]
 ]
@@ -68,6 +68,7 @@ class PromptRow(Protocol):
     text: str
     input_ids: list[int]
     columns: dict[str, Any]
+    record: int  # its record in the data (0-based)
 
 
 class RewardFailed(ZerofitError):
@@ -287,7 +288,10 @@ class Rollouts:
         for p in prompt_of:
             for key, value in p.columns.items():
                 columns.setdefault(key, []).append(value)
-        weighted, each = self._agreed_score([p.text for p in prompt_of], texts, columns, step, flat, strategy)
+        records = [p.record for p in prompt_of]  # a RewardError names the data row, and the 1-based step
+        weighted, each = self._agreed_score(
+            [p.text for p in prompt_of], texts, columns, step + 1, records, strategy
+        )
         local = torch.zeros(4 + len(self.reward_names), total, dtype=torch.float64)
         index = torch.tensor(flat, dtype=torch.long)
         local[0, index] = weighted.double().cpu()

@@ -17,7 +17,9 @@ from zerofit.metrics.summary import loss_window
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
     from zerofit.data import DataStats
-    from zerofit.recipe.assembly import PreparedRun
+    from zerofit.recipe.rl import describe_grpo
+from zerofit.recipe.assembly import PreparedRun
+from zerofit.recipe.rl import describe_grpo
 
 __all__ = ["best_line", "describe_levers", "format_plan", "loss_summary", "truncation_warning"]
 
@@ -144,6 +146,8 @@ def describe_objective(run: PreparedRun) -> str:
     """`dpo (sigmoid, beta 0.1): per pair, normalized by the global batch's pairs; reference: ...`."""
     cfg = run.plan.config
     p, objective = cfg.preference, cfg.train.objective
+    if objective == "grpo":
+        return describe_grpo(cfg)
     knobs = {
         "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
         "simpo": f"beta {p.beta:g}, margin gamma {p.simpo_margin():g} (= {p.simpo_margin() / p.beta:g} x beta), "

@@ -36,6 +36,7 @@ class Prompt:
     text: str
     input_ids: list[int]
     columns: dict[str, Any] = field(default_factory=dict)
+    record: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,8 @@ def _model() -> torch.nn.Module:
 def _prompts(tokenizer: Any, n: int = 4) -> list[Prompt]:
     texts = ["count: ", "say a number", "n=", "digits please: "][:n]
     return [
-        Prompt(t, tokenizer(t, add_special_tokens=False)["input_ids"], {"k": i}) for i, t in enumerate(texts)
+        Prompt(t, tokenizer(t, add_special_tokens=False)["input_ids"], {"k": i}, i)
+        for i, t in enumerate(texts)
     ]
 
 
