@@ -386,19 +386,20 @@ def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
 
 
 def _rl_engine_problem(cfg: ZerofitConfig) -> str | None:
-    """Why the rollouts cannot run on this engine, or None: sampling runs one forward per token, and on
-    parameters sharded over ranks (FSDP2, ZeRO-3) each would gather every layer again, per token."""
+    """Why the rollouts cannot run on this engine, or None: sampling runs one forward per token, and under
+    ZeRO-3 each would gather every layer again (FSDP2's layers are gathered once per rollout instead,
+    `zerofit.loop.rollout.generating`)."""
     d = cfg.distributed
     stage = None
     if d.strategy == "deepspeed" and d.preset is not None and d.preset in list_presets():
         stage = list_presets()[d.preset].body.get("zero_optimization", {}).get("stage")
-    if d.strategy == "fsdp" or stage == 3:
-        what = "fsdp" if d.strategy == "fsdp" else f"deepspeed preset {d.preset!r} (ZeRO-3)"
+    if stage == 3:
         return (
-            f"train.objective = 'grpo' generates its completions inside the run, and distributed.strategy = "
-            f"{what} shards the parameters over the ranks, so each generated token would gather every layer "
-            "again (zerofit does not gather them once per rollout yet); use distributed.strategy=ddp, "
-            "deepspeed with preset zero2, or single"
+            "train.objective = 'grpo' generates its completions inside the run, and distributed.preset = "
+            f"{d.preset!r} is ZeRO-3, which shards the parameters over the ranks, so each generated token would "
+            "gather every layer again (zerofit does not gather them once per rollout there yet); use "
+            "distributed.strategy=ddp, "
+            "deepspeed with preset zero2, fsdp (its layers are gathered once per rollout), or single"
         )
     return None
 

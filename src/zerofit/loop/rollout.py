@@ -19,8 +19,9 @@ One rollout per loop step `step` (`Rollouts.step_batches`):
 Sampling is a short loop over the model's forward with `past_key_values` rather than `generate`: generate draws
 a whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Positions are
 counted over real tokens (`position_ids` from the mask), as in the training forward, so left padding changes
-nothing. Generation on sharded parameters (ZeRO-3, FSDP2) is refused by `zerofit.config.resolve` (a forward
-per token would gather every layer per token).
+nothing. The policy samples through the engine's bare module (`generating`): under FSDP2 every layer is
+gathered once per rollout, not once per token; ZeRO-3 is refused by `zerofit.config.resolve` (its hooks would
+gather every layer again for each token).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -193,6 +195,42 @@ def _sample(
     return [Sampled(out[i], not bool(done[i]), float(entropy[i])) for i in range(rows)]
 
 
+@contextmanager
+def generating(strategy: Strategy) -> Iterator[torch.nn.Module]:
+    """The module to sample with: the engine's bare module (a DDP or DeepSpeed wrapper's forward may sync
+    buffers or run hooks, and ranks sample different numbers of tokens), and under FSDP2 with every layer's
+    parameters gathered once for the whole rollout: resharding after forward is switched off, so the first
+    forward all-gathers each layer and the following ones (one per token) gather nothing; on exit every
+    layer is resharded and its setting restored (torch's documented pattern for evaluation)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    bare = strategy.unwrap()
+    sharded = [m for m in bare.modules() if isinstance(m, FSDPModule)]
+    saved = [_reshard_setting(m) for m in sharded]
+    for m in sharded:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield bare
+    finally:
+        for m, setting in zip(sharded, saved, strict=True):
+            m.reshard()
+            _restore_reshard_setting(m, setting)
+
+
+def _reshard_setting(module: Any) -> tuple[Any, list[Any]]:
+    """An FSDP2 module's reshard-after-forward state (torch keeps it per parameter group; no public getter)."""
+    state = module._get_fsdp_state()
+    return state._auto_reshard_after_forward, [g.post_forward_mesh_info for g in state._fsdp_param_groups]
+
+
+def _restore_reshard_setting(module: Any, setting: tuple[Any, list[Any]]) -> None:
+    """Put back what `_reshard_setting` read."""
+    state = module._get_fsdp_state()
+    state._auto_reshard_after_forward = setting[0]
+    for group, info in zip(state._fsdp_param_groups, setting[1], strict=True):
+        group.post_forward_mesh_info = info
+
+
 def micro_batch(
     prompts: list[list[int]],
     completions: list[list[int]],
@@ -261,9 +299,10 @@ class Rollouts:
         flat = [c for micro in mine for c in micro]
         prompt_of = [self.prompts[rows[c // self.group_size]] for c in flat]
         seeds = [completion_seed(self.seed, step, c) for c in flat]
-        sampled = sample_completions(
-            model, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device
-        )
+        with generating(strategy) as policy:
+            sampled = sample_completions(
+                policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device
+            )
         generation_s = time.perf_counter() - started
         table = self._scored(strategy, step, flat, prompt_of, sampled, total)
         advantages = group_advantages(table[0], self.group_size, self.scale_rewards)

@@ -128,7 +128,8 @@ def test_the_rl_rules_refuse_with_the_keys() -> None:
     assert "rl.rewards is empty" in text
     text = _problems(
         "rl.generation_backend=vllm",
-        "distributed.strategy=fsdp",
+        "distributed.strategy=deepspeed",
+        "distributed.preset=zero3",
         "rl.rewards=[{function: length, target_length: 3}]",
     )
-    assert "rl.generation_backend = 'vllm'" in text and "shards the parameters" in text
+    assert "rl.generation_backend = 'vllm'" in text and "'zero3' is ZeRO-3" in text
