@@ -283,6 +283,14 @@ def _choose(
 def _batch_problem(cfg: ZerofitConfig, exc: BatchConfigError) -> str:
     """A batch split error, said in the token budget's terms when that is what the user set."""
     tokens, seq = cfg.batch.tokens_per_micro_batch, cfg.data.max_seq_len
+    if cfg.train.objective == "grpo":  # the global batch is completions, set by the rl keys
+        rl = cfg.rl
+        return (
+            f"batch: train.objective = 'grpo' trains on rl.num_generations x rl.prompts_per_step = "
+            f"{rl.num_generations} x {rl.prompts_per_step} completions per step (the global batch), split into "
+            f"micro-batches of batch.micro_batch_size completions over the ranks: {exc} (or change "
+            "rl.num_generations / rl.prompts_per_step)"
+        )
     if tokens is None:
         return f"batch: {exc}"
     return (
@@ -404,14 +412,10 @@ def _rl_engine_problem(cfg: ZerofitConfig) -> str | None:
     return None
 
 
-def _check_rl(problems: list[str], cfg: ZerofitConfig) -> None:
-    """`train.objective: grpo` with the `rl` section: the global batch is rl.num_generations x
-    rl.prompts_per_step completions (batch.global_batch_size is that or unset, and is set to it), at least
-    one reward, a generation backend that runs here, an engine that can generate, no packing, no
-    evaluation data, no sequence parallelism, and beta > 0 only with LoRA adapters to switch off."""
+def _fill_rl_batch(problems: list[str], cfg: ZerofitConfig) -> None:
+    """GRPO's batch rule: the global batch is rl.num_generations x rl.prompts_per_step completions, split
+    micro x accumulation x dp as any global batch (`_check_batch` refuses a split that does not divide)."""
     rl, b = cfg.rl, cfg.batch
-    if cfg.train.objective != "grpo":
-        return
     completions = rl.num_generations * rl.prompts_per_step
     if b.global_batch_size is not None and b.global_batch_size != completions:
         problems.append(
@@ -420,6 +424,17 @@ def _check_rl(problems: list[str], cfg: ZerofitConfig) -> None:
             f"{completions} completions; unset batch.global_batch_size (it is set to that) or change the rl keys"
         )
     b.global_batch_size = completions
+
+
+def _check_rl(problems: list[str], cfg: ZerofitConfig) -> None:
+    """`train.objective: grpo` with the `rl` section: the global batch is rl.num_generations x
+    rl.prompts_per_step completions (batch.global_batch_size is that or unset, and is set to it), at least
+    one reward, a generation backend that runs here, an engine that can generate, no packing, no
+    evaluation data, no sequence parallelism, and beta > 0 only with LoRA adapters to switch off."""
+    rl, b = cfg.rl, cfg.batch
+    if cfg.train.objective != "grpo":
+        return
+    _fill_rl_batch(problems, cfg)
     rules = [
         (
             not rl.rewards,

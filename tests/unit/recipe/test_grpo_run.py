@@ -133,3 +133,11 @@ def test_the_rl_rules_refuse_with_the_keys() -> None:
         "rl.rewards=[{function: length, target_length: 3}]",
     )
     assert "rl.generation_backend = 'vllm'" in text and "'zero3' is ZeRO-3" in text
+    text = _problems(
+        "rl.num_generations=4",
+        "rl.prompts_per_step=2",
+        "batch.global_batch_size=null",
+        "batch.micro_batch_size=3",
+        "rl.rewards=[{function: length, target_length: 3}]",
+    )
+    assert "rl.num_generations x rl.prompts_per_step = 4 x 2 completions" in text and "1, 2, 4, 8" in text
