@@ -17,9 +17,9 @@ from zerofit.metrics.summary import loss_window
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
     from zerofit.data import DataStats
-    from zerofit.recipe.rl import describe_grpo
+    from zerofit.recipe.rl import describe_grpo, describe_rl_tokens
 from zerofit.recipe.assembly import PreparedRun
-from zerofit.recipe.rl import describe_grpo
+from zerofit.recipe.rl import describe_grpo, describe_rl_tokens
 
 __all__ = ["best_line", "describe_levers", "format_plan", "loss_summary", "truncation_warning"]
 
@@ -39,7 +39,9 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     lines = [
         "zerofit plan",
         f"  batch        {plan.describe()}{describe_sequence_parallel(spec.sequence_parallel)}",
-        f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}",
+        f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}"
+        if t.objective != "grpo"
+        else f"  tokens/step  {describe_rl_tokens(cfg)}",
         f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
         f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
         *([f"  lora         {built.adapters}"] if built.adapters else []),

@@ -62,6 +62,18 @@ def describe_grpo(cfg: ZerofitConfig) -> str:
     )
 
 
+def describe_rl_tokens(cfg: ZerofitConfig) -> str:
+    """The plan's tokens-per-step line for GRPO: `16 completions x (<= 256 prompt + <= 6 completion tokens)
+    = <= 4,192 tokens, <= 96 of them trained`."""
+    rl = cfg.rl
+    n = rl.num_generations * rl.prompts_per_step
+    whole = n * (rl.max_prompt_length + rl.max_completion_length)
+    return (
+        f"{n} completions x (<= {rl.max_prompt_length} prompt + <= {rl.max_completion_length} completion tokens) "
+        f"= <= {whole:,} tokens, <= {n * rl.max_completion_length:,} of them trained"
+    )
+
+
 def optimizer_steps(cfg: ZerofitConfig) -> int:
     """The optimizer steps the schedule spans: train.max_steps, times rl.num_iterations for GRPO (each loop
     step takes that many optimizer steps on its rollout)."""
