@@ -173,7 +173,7 @@ def _sample(
             input_ids=step_ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=past,
+            cache=past,
             use_cache=True,
         )
         past = result.cache
