@@ -141,3 +141,33 @@ def test_the_rl_rules_refuse_with_the_keys() -> None:
         "rl.rewards=[{function: length, target_length: 3}]",
     )
     assert "rl.num_generations x rl.prompts_per_step = 4 x 2 completions" in text and "1, 2, 4, 8" in text
+
+
+BAD = "zerofit_planted_bad_reward"
+
+
+def test_a_reward_failing_mid_run_is_one_paragraph_and_keeps_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's reward returns a NaN at step 3: the run stops with the paragraph naming the function, the
+    step and the row, exit code 2, and the step-2 checkpoint is the last one (nothing of step 3 saved)."""
+    _write_task(tmp_path)
+    (tmp_path / f"{BAD}.py").write_text(
+        "CALLS = []\n"
+        "def flaky(prompts, completions, columns):\n"
+        "    CALLS.append(1)\n"
+        "    return [float('nan') if len(CALLS) == 3 and i == 1 else 0.5 for i in range(len(completions))]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, BAD, raising=False)
+    args = [*_args(tmp_path, "bad"), f"rl.rewards=[{{function: '{BAD}:flaky'}}]", "checkpoint.every_steps=1"]
+    capsys.readouterr()
+    assert _launch(monkeypatch, args) == 2
+    err = capsys.readouterr().err
+    assert f"The reward function '{BAD}:flaky' failed at step 3 on data row" in err and "NaN" in err
+    assert err.count("failed at step 3") == 1 and "Traceback" not in err
+    run_dir = tmp_path / "bad" / "grpo"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")) == [
+        "step-1",
+        "step-2",
+    ]
