@@ -57,6 +57,17 @@ Two GPUs, Ulysses sequence parallelism (`--cases long-2gpu`, issue 19; 2 ranks u
     (`context_vs_one_card`); skipped, with the reason in the results, where fewer than 2 GPUs are found;
     `--smoke` runs them on 2 gloo CPU ranks.
 
+Online RL (`--cases rl`, issue 28), the shipped GRPO recipe (configs/qwen25-7b-grpo-qlora-3090.yaml: Qwen2.5-7B
+shape, random weights, QLoRA, G = 8 completions of 1,024 tokens for 2 prompts a step) under the same cap:
+
+    grpo          zerofit's GRPO run of the recipe (`zerofit.train` in the child: rollouts generated inside the
+                  run, then trained on), on GRPO_PROMPTS (arithmetic prompts with an `answer` column); its step
+                  time (generation and training together, and apart where metrics.jsonl has them) and peak
+                  against the planner's phases
+    trl-grpo      TRL's GRPOTrainer at the same settings (`trl_grpo_baseline.py`: the same model, LoRA, G,
+                  completions per step and length, DAPO loss, beta 0, the same exact_match reward)
+    A random model rarely stops early, so every completion runs to its full length: the worst case, for both.
+
 The report prints zerofit / HF in useful tokens/s per length; an OOM in a long case is a measured answer
 (recorded with its peak), not a failure of the script.
 
@@ -70,6 +81,7 @@ file is written under benchmarks/results/ (gpu_fit-<gpu>-<utc time>.json).
     python benchmarks/gpu_fit.py --smoke                           # CPU + tiny-llama: checks the script
     python benchmarks/gpu_fit.py --cases long --steps 1            # the long-context set (12 cases)
     python benchmarks/gpu_fit.py --cases long-2gpu --steps 1       # 2 GPUs, Ulysses (2 cases)
+    python benchmarks/gpu_fit.py --cases rl --steps 2              # GRPO: zerofit and TRL (2 cases)
 """
 
 from __future__ import annotations
@@ -206,6 +218,18 @@ def _long_cases() -> dict[str, dict[str, Any]]:
 
 
 CASES.update(_long_cases())
+
+# ------------------------------------------------------------------------------------------ online RL (GRPO)
+
+GRPO = "configs/qwen25-7b-grpo-qlora-3090.yaml"
+GRPO_PROMPTS = 64  # arithmetic prompts written for the run (more than the steps use)
+# --smoke: tiny-llama, 2 prompts x 4 completions of 8 tokens, fp32, no 4-bit (bitsandbytes needs CUDA).
+GRPO_SMOKE = ["model.name_or_path=tiny-llama", "quantization.load_in=none", "train.precision=fp32"]
+GRPO_SMOKE += ["rl.num_generations=4", "rl.max_completion_length=8", "rl.max_prompt_length=16"]
+GRPO_SMOKE += ["batch.global_batch_size=8", "batch.micro_batch_size=4", "data.max_seq_len=24"]
+GRPO_SMOKE += ["optimizer.name=adamw"]
+CASES["grpo"] = {"config": GRPO, "overrides": [], "workload": "prompts", "grpo": True}
+CASES["trl-grpo"] = {"trl_grpo": True, "config": GRPO, "workload": "prompts"}
 LONG_CASES = [c for c in CASES if CASES[c].get("long")]
 # `--cases` also takes these names (and mixes them with case names).
 CASE_GROUPS: dict[str, list[str]] = {
@@ -214,6 +238,7 @@ CASE_GROUPS: dict[str, list[str]] = {
     "speed": SPEED_CASES,
     "long-zerofit": [c for c in LONG_CASES if not CASES[c].get("hf")],
     "long-hf": [c for c in LONG_CASES if CASES[c].get("hf")],
+    "rl": ["grpo", "trl-grpo"],
     **{f"long-{r}": [f"long-{r}-{t}" for t in LONG_LENGTHS] + [f"long-hf-{r}-{t}" for t in LONG_LENGTHS] for r in LONG_RECIPES},
     **{f"long-{t}": [c for c in LONG_CASES if CASES[c]["long"] == t] for t in LONG_LENGTHS},
 }  # fmt: skip
@@ -335,6 +360,8 @@ def run_case(
     from zerofit.strategies.env import launch_env
 
     spec = CASES[case]
+    if spec.get("grpo"):
+        return run_grpo_case(case, model_dir, cap_gib, steps, smoke, output_dir)
     env = launch_env()
     cuda = torch.cuda.is_available() and not smoke
     out: dict[str, Any] = {
@@ -454,6 +481,102 @@ def run_case(
     return out
 
 
+def write_grpo_prompts(path: Path, n: int = GRPO_PROMPTS) -> Path:
+    """`n` seeded two-number sums as GRPO prompts (`{prompt, answer}`, TRL's layout), for both GRPO cases."""
+    import random
+
+    rng = random.Random(0)
+    pairs = [(rng.randint(10, 999), rng.randint(10, 999)) for _ in range(n)]
+    rows = [{"prompt": f"add: {a}+{b}\n", "answer": str(a + b)} for a, b in pairs]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _grpo_steady(run_dir: Path) -> dict[str, Any]:
+    """The steady steps (after the warm-up) of a GRPO run's metrics.jsonl: mean step time, every timing
+    field the run logs (generation and training apart), and the largest memory peak."""
+    from zerofit.metrics.keys import MAX_PEAK
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "step_time_s" in r]
+    steady = rows[1:] or rows
+    timing = sorted({k for r in steady for k in r if k.endswith("_s") or "time" in k})
+    out: dict[str, Any] = {k: round(sum(r.get(k, 0.0) for r in steady) / len(steady), 3) for k in timing}
+    peaks = [r[MAX_PEAK] for r in steady if isinstance(r.get(MAX_PEAK), int | float)]
+    if peaks:
+        out["peak_gib"] = round(max(peaks), 3)
+    out["steps"] = len(steady)
+    return out
+
+
+def run_grpo_case(
+    case: str, model_dir: str | None, cap_gib: float, steps: int, smoke: bool, output_dir: str | None
+) -> dict[str, Any]:
+    """The `grpo` case: the recipe's GRPO run through `zerofit.train` (as a user launches it), its steady step
+    time and peak from metrics.jsonl, against the planner's phases for the same budget."""
+    import torch
+
+    import zerofit
+    from zerofit.config import load_config, resolve
+    from zerofit.engine import render_spec
+    from zerofit.planner import choose_fastest_plan
+    from zerofit.planner.estimate import estimate
+    from zerofit.planner.scenario import scenario_for
+
+    cuda = torch.cuda.is_available() and not smoke
+    out: dict[str, Any] = {
+        "case": case,
+        "config": GRPO,
+        "workload": "prompts",
+        "cap_gib": cap_gib,
+        "ok": False,
+    }
+    folder = Path(output_dir or tempfile.mkdtemp(prefix="gpu-fit-grpo-"))
+    overrides = [
+        "logging.wandb.mode=disabled",
+        "logging.console=false",
+        f"output_dir={folder}",
+        "run_name=grpo",
+    ]
+    overrides += [f"data.path={write_grpo_prompts(folder / 'prompts.jsonl')}", f"train.max_steps={steps + 1}"]
+    overrides += GRPO_SMOKE if smoke else [f"model.name_or_path={model_dir}"]
+    if cuda:
+        free, total = torch.cuda.mem_get_info()
+        out.update(device=torch.cuda.get_device_name(), cuda_context_gib=round((total - free) / GIB, 3))
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+    resolved = resolve(load_config(str(REPO / GRPO), overrides), 1, choose_fastest_plan)
+    est = estimate(scenario_for(resolved.config, render_spec(resolved, "cuda" if cuda else "cpu")))
+    out["predicted"] = {
+        "tensors_gib": round(est.tensors_gib, 3),
+        "total_gib": round(est.total_gib, 3),
+        "peak_phase": est.peak_phase,
+        "phases_gib": {k: round(v, 3) for k, v in est.phases_gib.items()},
+    }
+    try:
+        zerofit.train(str(REPO / GRPO), **_sections(overrides))
+    except torch.cuda.OutOfMemoryError as exc:
+        out.update(oom=True, error=str(exc).splitlines()[0][:300])
+        return out
+    out["measured"] = _grpo_steady(folder / "grpo")
+    out["ok"] = True
+    return out
+
+
+def _sections(overrides: list[str]) -> dict[str, Any]:
+    """Dotted `key=value` overrides as `zerofit.train`'s keyword sections (values parsed as YAML)."""
+    import yaml
+
+    sections: dict[str, Any] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *path, last = key.split(".")
+        node = sections
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = yaml.safe_load(value)
+    return sections
+
+
 def planned_context(spec: dict[str, Any], overrides: list[str], budget: Any) -> dict[str, Any]:
     """A sequence-parallel case's context against one card's, by the planner (`zerofit plan --max-context`
     for the same budget): the longest it plans for the recipe on 1 card and for the case on its ranks."""
@@ -485,6 +608,7 @@ def _run_child(case: str, cmd: list[str], smoke: bool = False) -> dict[str, Any]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=REPO)
     prefix = "HF_BASELINE " if CASES[case].get("hf") else RESULT_PREFIX
+    prefix = "TRL_GRPO_BASELINE " if CASES[case].get("trl_grpo") else prefix
     found = [json.loads(line[len(prefix) :]) for line in proc.stdout.splitlines() if line.startswith(prefix)]
     if found:
         result = {"case": case, **found[0]}
@@ -498,8 +622,29 @@ def _run_child(case: str, cmd: list[str], smoke: bool = False) -> dict[str, Any]
     return result
 
 
+def trl_grpo_command(args: argparse.Namespace, model_dir: Path | None) -> list[str]:
+    """`trl-grpo`: trl_grpo_baseline.py at the recipe's settings (or the smoke's) on the same prompts."""
+    from zerofit.config import load_config
+
+    overrides = GRPO_SMOKE if args.smoke else []
+    cfg = load_config(str(REPO / GRPO), overrides)
+    prompts = write_grpo_prompts(Path(tempfile.mkdtemp(prefix="gpu-fit-trl-grpo-")) / "prompts.jsonl")
+    micro = cfg.batch.micro_batch_size
+    cmd = [sys.executable, str(REPO / "benchmarks" / "trl_grpo_baseline.py"), "--prompts", str(prompts)]
+    cmd += ["--num-generations", str(cfg.rl.num_generations), "--micro", str(micro)]
+    cmd += ["--gas", str(cfg.batch.global_batch_size // micro), "--steps", str(args.steps)]
+    cmd += ["--max-completion-length", str(cfg.rl.max_completion_length)]
+    if args.smoke:
+        from zerofit.models.tiny import ensure_tiny_llama
+
+        return [*cmd, "--model-dir", str(ensure_tiny_llama(0)), "--precision", "fp32"]
+    return [*cmd, "--model-dir", str(model_dir), "--load-in-4bit", "--cap-gib", str(args.cap_gib)]
+
+
 def child_command(case: str, args: argparse.Namespace, model_dir: Path | None) -> list[str]:
     spec = CASES[case]
+    if spec.get("trl_grpo"):
+        return trl_grpo_command(args, model_dir)
     if spec.get("hf"):
         cmd = [sys.executable, str(REPO / "benchmarks" / "hf_baseline.py"), "--workload", spec["workload"]]
         if spec.get("long"):  # HF's best at long context: micro 1, padding-free, fastest kernels installed
@@ -692,7 +837,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  zerofit / HF, useful tokens/s, {pair}: {value:.2f}x")
     print_long_table(results)
     print_sp_lines(results)
+    print_rl_lines(results)
     return 0 if all(r.get("ok") or r.get("skipped") or _oom_is_an_answer(r) for r in results) else 1
+
+
+def print_rl_lines(results: list[dict[str, Any]]) -> None:
+    """The GRPO cases: step time and peak, zerofit's against the plan's phases and TRL's."""
+    by_case = {r["case"]: r for r in results}
+    zf, trl = by_case.get("grpo"), by_case.get("trl-grpo")
+    if zf and zf.get("ok"):
+        measured, predicted = zf["measured"], zf["predicted"]
+        print(f"  grpo: {measured.get('step_time_s', '-')} s/step, peak {measured.get('peak_gib', '-')} GiB; planned "
+              f"{predicted['tensors_gib']} GiB tensors ({predicted['peak_phase']}), phases {predicted['phases_gib']}")  # fmt: skip
+    if trl and trl.get("ok"):
+        print(
+            f"  trl-grpo: {trl['step_time_s']} s/step, peak {trl.get('peak_allocated_gib', '-')} GiB allocated"
+        )
+    if zf and trl and zf.get("ok") and trl.get("ok") and zf["measured"].get("step_time_s"):
+        print(f"  TRL / zerofit step time: {trl['step_time_s'] / zf['measured']['step_time_s']:.2f}x")
 
 
 def expand_cases(text: str) -> list[str]:

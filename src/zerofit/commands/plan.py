@@ -42,12 +42,19 @@ def default_world_size() -> int:
 def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     """The plan's four factors plus what they mean per optimizer step."""
     plan = resolved.batch
-    max_seq_len = resolved.config.data.max_seq_len
-    objective = resolved.config.train.objective
-    sequences = 1 if objective == "sft" else 2  # a preference pair: its chosen and rejected sequence
+    cfg = resolved.config
+    max_seq_len = cfg.data.max_seq_len
+    objective = cfg.train.objective
+    sequences = (
+        1 if objective in ("sft", "grpo") else 2
+    )  # a preference pair: its chosen and rejected sequence
+    samples = {"sft": "examples", "grpo": "completions"}.get(objective, "pairs")
+    if objective == "grpo":  # a completion's training sequence: its prompt and itself
+        max_seq_len = cfg.rl.max_prompt_length + cfg.rl.max_completion_length
+    length = "rl.max_prompt_length + rl.max_completion_length" if objective == "grpo" else "data.max_seq_len"
     return {
         "objective": objective,
-        "samples": "examples" if objective == "sft" else "pairs",
+        "samples": samples,
         "sequences_per_sample": sequences,
         "global_batch_size": plan.global_batch_size,
         "micro_batch_size": plan.micro_batch_size,
@@ -59,7 +66,7 @@ def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
         "max_tokens_per_optimizer_step": plan.global_batch_size * sequences * max_seq_len,
         "tokens_per_micro_batch": resolved.config.batch.tokens_per_micro_batch,
         "tokens_note": (
-            f"upper bound: global_batch_size x data.max_seq_len ({plan.global_batch_size} x {max_seq_len}"
+            f"upper bound: global_batch_size x {length} ({plan.global_batch_size} x {max_seq_len}"
             f"{'' if sequences == 1 else ', x 2 sequences per pair'}); "
             "the loss averages over the valid label tokens actually present, which padding and prompt masking "
             "make fewer"
@@ -100,9 +107,54 @@ def build_plan_report(
         "memory": memory_report(resolved, spec, **memory_options),
         "lora": lora_targets_report(cfg),
     }
+    if cfg.train.objective == "grpo":
+        report["rl"] = rl_report(resolved)
     if probe:
         report["memory"]["probe"] = probe_report(resolved, report["memory"])
     return report
+
+
+def rl_report(resolved: ResolvedConfig) -> dict[str, Any]:
+    """A GRPO run's global batch in prompts, completions and tokens, and every reward function it would call
+    (a `module:function` named, never imported: a launch with this config imports it)."""
+    from zerofit.planner.rl import rl_batch
+    from zerofit.recipe.rewards import describe_reward, reward_spec_problems
+
+    rewards = resolved.config.rl.rewards
+    step = rl_batch(resolved.config, resolved.batch.dp_size)
+    if resolved.batch.global_batch_size != step["completions_per_step"]:
+        step["batch_note"] = (
+            f"batch.global_batch_size = {resolved.batch.global_batch_size} is not the step's "
+            f"{step['completions_per_step']} completions (rl.prompts_per_step x rl.num_generations)"
+        )
+    return {
+        **step,
+        "rewards": [describe_reward(spec) for spec in rewards],
+        "imports": [spec.function.split(":")[0] for spec in rewards if ":" in spec.function],
+        "reward_problems": reward_spec_problems(rewards),
+    }
+
+
+def print_rl(rl: dict[str, Any], console: Console) -> None:
+    """The `rl` block in words: the step in prompts, completions and tokens, then the rewards."""
+    console.print(
+        f"GRPO step: {rl['prompts_per_step']} prompts x {rl['num_generations']} generations = "
+        f"{rl['completions_per_step']} completions ({rl['completions_per_rank']} per rank), at most "
+        f"{rl['max_tokens_per_step']:,} tokens ({rl['max_prompt_length']} prompt + {rl['max_completion_length']} "
+        f"completion each; {rl['max_completion_tokens_per_step']:,} completion tokens); loss {rl['loss_type']}, "
+        f"beta {rl['beta']:g}, {rl['num_iterations']} update(s) per generation batch",
+        highlight=False,
+    )
+    if rl.get("batch_note"):
+        console.print(f"Note: {rl['batch_note']}", highlight=False)
+    for line in rl["rewards"] or ["none (a launch refuses a GRPO run without rl.rewards)"]:
+        console.print(f"Reward: {line}", highlight=False)
+    if rl["imports"]:
+        console.print(
+            f"A launch imports: {', '.join(rl['imports'])} (your code; nothing imported now)", highlight=False
+        )
+    for problem in rl["reward_problems"]:
+        console.print(f"Reward problem: {problem}", highlight=False)
 
 
 def probe_report(resolved: ResolvedConfig, memory: dict[str, Any]) -> dict[str, Any]:
@@ -125,6 +177,21 @@ def probe_report(resolved: ResolvedConfig, memory: dict[str, Any]) -> dict[str, 
     }
 
 
+def _batch_units(b: dict[str, Any]) -> tuple[str, str]:
+    """What the global batch and a micro-batch count, in words: examples, preference pairs or completions."""
+    if b.get("samples") == "pairs":
+        return (
+            f"preference pairs per optimizer step (train.objective {b['objective']}: 2 sequences each)",
+            f"pairs per forward/backward, per rank ({2 * b['micro_batch_size']} sequences)",
+        )
+    if b.get("samples") == "completions":
+        return (
+            "completions trained on per optimizer step (rl.prompts_per_step x rl.num_generations)",
+            "completions per forward/backward, per rank",
+        )
+    return "samples per optimizer step", "samples per forward/backward, per rank"
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     """Human-readable form of `build_plan_report`'s dict."""
     b = report["batch"]
@@ -132,10 +199,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     table.add_column("factor")
     table.add_column("value", justify="right")
     table.add_column("meaning")
-    if b.get("samples") == "pairs":
-        unit = f"preference pairs per optimizer step (train.objective {b['objective']}: 2 sequences each)"
-    else:
-        unit = "samples per optimizer step"
+    unit, per_forward = _batch_units(b)
     table.add_row("global_batch_size", str(b["global_batch_size"]), unit)
     if b.get("tokens_per_micro_batch"):
         table.add_row(
@@ -150,9 +214,6 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             "grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step, at most"
         )
     else:
-        per_forward = "samples per forward/backward, per rank"
-        if b.get("samples") == "pairs":
-            per_forward = f"pairs per forward/backward, per rank ({2 * b['micro_batch_size']} sequences)"
         table.add_row("micro_batch_size", str(b["micro_batch_size"]), per_forward)
         table.add_row("grad_accum_steps", str(b["grad_accum_steps"]), "micro-steps per optimizer step")
     table.add_row("dp_size", str(b["dp_size"]), "data-parallel ranks (the launcher's world size)")
@@ -161,6 +222,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     )
     table.add_row("tokens / step (max)", str(b["max_tokens_per_optimizer_step"]), b["tokens_note"])
     console.print(table)
+    if "rl" in report:
+        print_rl(report["rl"], console)
     if "memory" in report:
         from zerofit.planner.report import print_memory
 

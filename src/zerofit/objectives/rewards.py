@@ -42,7 +42,9 @@ __all__ = [
     "exact_match",
     "final_answer",
     "format_regex",
+    "known_rewards",
     "length",
+    "reward_spec_problems",
     "score_completions",
 ]
 
@@ -50,6 +52,41 @@ RewardFn = Callable[[list[str], list[str], dict[str, list[Any]]], list[float]]
 
 # The names `rl.rewards[].function` may give for a built-in; anything else must be `module:function`.
 BUILTIN_REWARDS: tuple[str, ...] = ("exact_match", "format_regex", "length", "reward_model")
+
+
+_IMPORT_FORM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def known_rewards() -> str:
+    """The forms `rl.rewards[].function` takes, in words (for the paragraphs that refuse another)."""
+    return (
+        f"the built-ins {', '.join(BUILTIN_REWARDS)}, or your own function as `module:function` (a module "
+        "importable at launch, e.g. my_rewards:correct for my_rewards.py on PYTHONPATH, called with (prompts, "
+        "completions, columns) and returning one float per completion)"
+    )
+
+
+def _spec_problem(i: int, spec: Any) -> str | None:
+    """What is wrong with `rl.rewards[i]` that the config alone shows (nothing is imported or loaded)."""
+    where = f"rl.rewards[{i}]"
+    name = spec.function
+    if name not in BUILTIN_REWARDS and not _IMPORT_FORM.match(name):
+        return f"{where}.function = {name!r} is not a reward zerofit knows; use {known_rewards()}"
+    needs = {"format_regex": "pattern", "length": "target_length", "reward_model": "path"}.get(name)
+    if needs is not None and getattr(spec, needs) is None:
+        return f"{where}: the {name} reward needs {where}.{needs}; set it"
+    if name == "format_regex":
+        try:
+            re.compile(str(spec.pattern))
+        except re.error as exc:
+            return f"{where}.pattern = {spec.pattern!r} is not a regular expression ({exc}); fix it"
+    return None
+
+
+def reward_spec_problems(specs: Sequence[Any]) -> list[str]:
+    """Every problem of `rl.rewards` (`RewardSpec`s) the config alone shows, one line each (empty when none):
+    an unknown name, a built-in's missing setting, a pattern that does not compile. Nothing is imported."""
+    return [p for i, spec in enumerate(specs) if (p := _spec_problem(i, spec)) is not None]
 
 
 @dataclass(frozen=True)
@@ -91,7 +128,7 @@ def _marked(text: str) -> str | None:
     for marker in (_HASHES, _ANSWER):
         found = list(marker.finditer(text))
         if found:
-            return found[-1].group(1).strip().splitlines()[0] if found[-1].group(1).strip() else ""
+            return found[-1].group(1).strip()  # `.` stops at the line's end
     return None
 
 

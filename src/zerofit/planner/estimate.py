@@ -10,6 +10,8 @@ Peak = max over the two phases of a step:
                      + activations at their peak (all layers' saved tensors, the logits and the loss's fp32
                        temporaries, or with checkpointing the layer inputs + one recomputed layer)
   optimizer step   = resident state + gradients + the optimizer's temporaries
+  generation       = (online RL only: `rl.py`) resident state + the KV cache, the sampling logits and the
+                     prefill's layer of the rank's rollout; the training phases then also hold the rollout
 
 Resident state (`state.py`) = weights as the engine holds them (dtype, quantization, ZeRO / FSDP sharding,
 offload) + optimizer state + master weights (DeepSpeed, mixed precision) + the engine's gradient buffers.
@@ -26,6 +28,7 @@ from typing import Any
 
 from zerofit.core.precision import GIB, dtype_bytes
 from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.rl import generation_lines, held_lines, rl_notes
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.state import Place, model_state, param_counts, quantized_weight_bytes
@@ -136,19 +139,50 @@ def _rank_shard(scn: Scenario) -> Scenario:
     return scn.with_levers(seq_len=scn.shard_seq_len) if scn.sequence_parallel > 1 else scn
 
 
+def _rl_lines(scn: Scenario) -> tuple[dict[str, int], dict[str, int]]:
+    """(the generation phase's lines, the rollout held through training) of an online-RL step; empty else."""
+    if scn.rl is None:
+        return {}, {}
+    return generation_lines(scn.rl, model_shape(scn.model), compute_profile(scn).half_bytes), held_lines(
+        scn.rl
+    )
+
+
+def _engine_notes(scn: Scenario) -> list[str]:
+    notes = []
+    if scn.quantization != "none" and scn.zero_stage == 3:
+        notes.append(
+            "ZeRO-3 with k-bit base weights: the quantized weights are counted whole on every rank (an upper "
+            "bound; ZeRO-3 partitions the non-quantized parameters)"
+        )
+    if scn.quantization != "none" and scn.strategy == "fsdp":
+        notes.append(
+            "FSDP2 with 4-bit base weights: the packed weights are sharded like any parameter (8-bit under "
+            "FSDP2 is refused by resolve)"
+        )
+    if scn.rl is not None:
+        notes.extend(rl_notes(scn.rl, scn.micro_batch_size, sum(_rl_lines(scn)[0].values())))
+    return notes
+
+
 def estimate(scn: Scenario) -> MemoryEstimate:
     """The analytic per-rank peak for `scn`, with a breakdown a reader can check by hand."""
     state = model_state(scn)
     acts = activation_terms(_rank_shard(scn), state.at(Place.IN_LAYER))
     exchange = ulysses_buffer_bytes(scn)
+    generating, rollout = _rl_lines(scn)
     resident = state.bytes_at(Place.GPU)
     window = state.bytes_at(Place.WINDOW_GRADS)
     held = window if scn.grad_accum_steps > 1 else 0
-    fwd = resident + held + acts.peak + exchange
-    step = resident + window + state.bytes_at(Place.STEP_TEMPS)
+    fwd = resident + held + acts.peak + exchange + sum(rollout.values())
+    step = resident + window + state.bytes_at(Place.STEP_TEMPS) + sum(rollout.values())
+    gen = resident + sum(generating.values()) if generating else 0
     # The peak phase's lines, as shown (label -> bytes).
     breakdown: dict[str, int] = state.labelled(Place.GPU)
-    if fwd >= step:
+    if gen > max(fwd, step):
+        phase = "generation"
+        breakdown.update(generating)
+    elif fwd >= step:
         phase = f"forward/backward: {acts.where}"
         if held:
             breakdown.update(
@@ -163,23 +197,17 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         phase = "optimizer step"
         breakdown.update(state.labelled(Place.WINDOW_GRADS))
         breakdown.update(state.labelled(Place.STEP_TEMPS))
-    tensors = max(fwd, step)
+    if phase != "generation":
+        breakdown.update(rollout)
+    tensors = max(fwd, step, gen)
     tensors_gib = tensors / GIB
     allowance = allowance_gib(tensors_gib, scn.zero_ranks, _dequant_layer_gib(scn))
     host = state.labelled(Place.HOST)
     host.update({t.label: t.bytes for t in acts.host})
     host_gib = sum(host.values()) / GIB
-    notes = [*state.notes, *preference_notes(scn)]
-    if scn.quantization != "none" and scn.zero_stage == 3:
-        notes.append(
-            "ZeRO-3 with k-bit base weights: the quantized weights are counted whole on every rank (an upper "
-            "bound; ZeRO-3 partitions the non-quantized parameters)"
-        )
-    if scn.quantization != "none" and scn.strategy == "fsdp":
-        notes.append(
-            "FSDP2 with 4-bit base weights: the packed weights are sharded like any parameter (8-bit under "
-            "FSDP2 is refused by resolve)"
-        )
+    phases = {"forward/backward": fwd / GIB, "optimizer step": step / GIB}
+    if generating:
+        phases["generation"] = gen / GIB
     return MemoryEstimate(
         scenario=scn,
         tensors_gib=tensors_gib,
@@ -188,11 +216,11 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         breakdown={k: n / GIB for k, n in breakdown.items() if n},
         allowance=allowance,
         peak_phase=phase,
-        phases_gib={"forward/backward": fwd / GIB, "optimizer step": step / GIB},
+        phases_gib=phases,
         host_ram_gib=host_gib,
         host_breakdown={k: n / GIB for k, n in host.items() if n},
         per_layer_token_bytes={t.label: t.bytes for t in acts.per_layer_token_terms},
-        notes=notes,
+        notes=[*state.notes, *preference_notes(scn), *_engine_notes(scn)],
     )
 
 

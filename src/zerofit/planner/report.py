@@ -102,6 +102,14 @@ def _print_objective(memory: dict[str, Any], console: Console) -> None:
     objective = memory.get("objective", "sft")
     if objective == "sft":
         return
+    if objective == "grpo":
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in memory["phases_gib"].items())
+        console.print(
+            f"Planned for train.objective grpo: {memory['micro_batch_size']} completions per micro-batch, each "
+            f"{memory['seq_len']} tokens (prompt + completion); tensors per phase (GiB): {phases}",
+            highlight=False,
+        )
+        return
     rows = memory["sequences_per_micro_batch"]
     reference = _REFERENCE_PLANNED.get(memory["reference"], memory["reference"]).format(rows=rows)
     console.print(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.core.precision import dtype_bytes, tensor_dtypes, torch_dtype
 from zerofit.levers.recompute import checkpointed_layers
+from zerofit.planner.rl import RLShape, rl_shape
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -90,6 +91,9 @@ class Scenario:
     # `precomputed` costs nothing in training (a one-time pass before it), `none` has no reference.
     objective: str = "sft"
     reference: str = "none"
+    # Online RL (train.objective grpo; zerofit.planner.rl): the rank's rollout, generated before training on
+    # micro-batches of `micro_batch_size` completions of `seq_len` = prompt + completion tokens.
+    rl: RLShape | None = None
     # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
     # without autocast (how the 7B reference figures in docs/platform.md were measured).
     autocast: bool | None = None
@@ -124,12 +128,12 @@ class Scenario:
     @property
     def rows(self) -> int:
         """Sequences one micro-step's forward runs on: the micro-batch, or both sequences of its pairs."""
-        return self.micro_batch_size * (1 if self.objective == "sft" else 2)
+        return self.micro_batch_size * (2 if self.preference else 1)
 
     @property
     def preference(self) -> bool:
         """A preference objective: the micro-batch counts pairs (`rows` = 2 x pairs)."""
-        return self.objective != "sft"
+        return self.objective not in ("sft", "grpo")
 
     @property
     def reference_forward(self) -> bool:
@@ -235,9 +239,10 @@ def scenario_for(
     _require_resolved(cfg)
     plan = spec.batch
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
+    rl = rl_shape(cfg, plan.dp_size)
     return Scenario(
         model=cfg.model.name_or_path,
-        seq_len=cfg.data.max_seq_len,
+        seq_len=rl.seq_len if rl is not None else cfg.data.max_seq_len,
         micro_batch_size=micro_batch_size if micro_batch_size is not None else plan.micro_batch_size,
         grad_accum_steps=grad_accum_steps if grad_accum_steps is not None else plan.grad_accum_steps,
         dp_size=plan.dp_size,
@@ -265,7 +270,11 @@ def scenario_for(
         compile=t.compile,
         packed=cfg.batch.tokens_per_micro_batch is not None,
         objective=t.objective,
-        reference=cfg.preference.reference,
+        # GRPO's reference (rl.beta > 0) is the same no-grad forward with the adapters off as DPO's.
+        reference=("adapters_off" if rl.reference else "none")
+        if rl is not None
+        else cfg.preference.reference,
+        rl=rl,
     )
 
 

@@ -10,54 +10,22 @@ with: a run folder's saved config.yaml is data, so `zerofit export`, `zerofit ge
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Callable
 from typing import Any
 
 from zerofit.config.schema import RewardSpec
 from zerofit.core.errors import ConfigError
 from zerofit.objectives.rewards import (
-    BUILTIN_REWARDS,
     NamedReward,
     RewardFn,
     exact_match,
     format_regex,
+    known_rewards,
     length,
+    reward_spec_problems,
 )
 
-__all__ = ["build_rewards", "describe_reward", "reward_spec_problems"]
-
-_IMPORT_FORM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-def _known() -> str:
-    return (
-        f"the built-ins {', '.join(BUILTIN_REWARDS)}, or your own function as `module:function` (a module "
-        "importable at launch, e.g. my_rewards:correct for my_rewards.py on PYTHONPATH, called with (prompts, "
-        "completions, columns) and returning one float per completion)"
-    )
-
-
-def _spec_problem(i: int, spec: RewardSpec) -> str | None:
-    """What is wrong with `rl.rewards[i]` that the config alone shows (nothing is imported or loaded)."""
-    where = f"rl.rewards[{i}]"
-    name = spec.function
-    if name not in BUILTIN_REWARDS and not _IMPORT_FORM.match(name):
-        return f"{where}.function = {name!r} is not a reward zerofit knows; use {_known()}"
-    needs = {"format_regex": "pattern", "length": "target_length", "reward_model": "path"}.get(name)
-    if needs is not None and getattr(spec, needs) is None:
-        return f"{where}: the {name} reward needs {where}.{needs}; set it"
-    if name == "format_regex":
-        try:
-            re.compile(str(spec.pattern))
-        except re.error as exc:
-            return f"{where}.pattern = {spec.pattern!r} is not a regular expression ({exc}); fix it"
-    return None
-
-
-def reward_spec_problems(specs: list[RewardSpec]) -> list[str]:
-    """Every problem of `rl.rewards` the config alone shows, one line each (empty when none)."""
-    return [p for i, spec in enumerate(specs) if (p := _spec_problem(i, spec)) is not None]
+__all__ = ["build_rewards", "describe_reward", "reward_spec_problems"]  # the last re-exported from objectives
 
 
 def describe_reward(spec: RewardSpec) -> str:
@@ -65,7 +33,7 @@ def describe_reward(spec: RewardSpec) -> str:
     `my_rewards:correct (imported at launch from module my_rewards) x 0.5`; nothing is imported."""
     detail = {
         "exact_match": f"column {spec.column}",
-        "format_regex": f"pattern {spec.pattern!r}",
+        "format_regex": f"pattern {spec.pattern}",
         "length": f"target {spec.target_length} tokens",
         "reward_model": f"model folder {spec.path}",
     }.get(spec.function)
@@ -116,7 +84,7 @@ def _build_one(i: int, spec: RewardSpec, tokenizer: Any) -> RewardFn:
     if spec.function == "reward_model":
         from zerofit.models.reward_model import reward_model  # loads torch weights: only when asked
 
-        return reward_model(str(spec.path), tokenizer)
+        return reward_model(str(spec.path))
     return _import_function(i, spec.function)
 
 
@@ -135,7 +103,7 @@ def build_rewards(specs: list[RewardSpec], tokenizer: Any) -> list[NamedReward]:
     unknown name, a missing setting, or a `module:function` that does not import; only a launch calls this."""
     problems = reward_spec_problems(specs)
     if not specs:
-        problems.append(f"train.objective grpo needs at least one reward in rl.rewards: {_known()}")
+        problems.append(f"train.objective grpo needs at least one reward in rl.rewards: {known_rewards()}")
     if problems:
         raise ConfigError(problems)
     names = _unique_names(specs)

@@ -230,3 +230,41 @@ def test_a_saved_chat_template_file_is_read_only_inside_the_run(
     assert tokenizer("chat.jinja").chat_template == "{{ messages }}"
     assert tokenizer(str(run_dir / "chat.jinja")).chat_template == "{{ messages }}"
     assert tokenizer("{{ text }}").chat_template == "{{ text }}"
+
+
+PLANTED = """from pathlib import Path
+Path({marker!r}).write_text("imported")
+
+
+def reward(prompts, completions, columns):
+    return [0.0] * len(completions)
+"""
+
+
+def test_a_run_folders_reward_function_is_never_imported_by_export_generate_or_plan(
+    tmp_path: Path, adapter: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GRPO run's config.yaml names `module:function` rewards; only a launch with that config imports them.
+    The module is planted on sys.path (where an import would find it) and writes a marker when imported."""
+    import sys
+
+    marker = tmp_path / "imported"
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "planted_reward_zf.py").write_text(PLANTED.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    run = tmp_path / "run"
+    shutil.copytree(adapter, run / "adapter")
+    rl = {"rewards": [{"function": "planted_reward_zf:reward"}, {"function": "exact_match"}]}
+    batch = {"global_batch_size": 4, "micro_batch_size": 2}  # a saved config.yaml holds the resolved split
+    raw = config(RAW, train={"objective": "grpo"}, rl=rl, batch=batch).model_dump(mode="json")
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    export = _export_folder(run, tmp_path / "export")
+    for argv in (
+        ["export", str(run), "--merge", "--out", str(tmp_path / "merged")],
+        ["generate", str(run), "--prompt", "hi", "--max-new-tokens", "1"],
+        ["generate", str(export), "--prompt", "hi", "--max-new-tokens", "1"],
+        ["plan", "--config", str(run / "config.yaml")],
+    ):
+        assert cli(argv) == 0, (argv, capsys.readouterr().err)
+    assert "planted_reward_zf:reward" in capsys.readouterr().out  # the plan names it, without importing it
+    assert not marker.exists() and "planted_reward_zf" not in sys.modules
