@@ -593,7 +593,7 @@ class RLSection(_Section):
     log_completions_every: int = Field(
         10,
         ge=0,
-        description="Every N steps a few sampled completions go to W&B and completions.jsonl; 0 never.",
+        description="Every N steps a few sampled completions go to completions.jsonl in the run folder; 0 never.",
     )
 
 
