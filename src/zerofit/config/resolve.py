@@ -283,6 +283,14 @@ def _choose(
 def _batch_problem(cfg: ZerofitConfig, exc: BatchConfigError) -> str:
     """A batch split error, said in the token budget's terms when that is what the user set."""
     tokens, seq = cfg.batch.tokens_per_micro_batch, cfg.data.max_seq_len
+    if cfg.train.objective == "grpo":  # the global batch is completions, set by the rl keys
+        rl = cfg.rl
+        return (
+            f"batch: train.objective = 'grpo' trains on rl.num_generations x rl.prompts_per_step = "
+            f"{rl.num_generations} x {rl.prompts_per_step} completions per step (the global batch), split into "
+            f"micro-batches of batch.micro_batch_size completions over the ranks: {exc} (or change "
+            "rl.num_generations / rl.prompts_per_step)"
+        )
     if tokens is None:
         return f"batch: {exc}"
     return (
@@ -376,13 +384,15 @@ def _check_objective_data(problems: list[str], cfg: ZerofitConfig) -> None:
             "'sft' learns from one response per record; set train.objective=dpo (or simpo / orpo) to tune on "
             "the pairs, or set data.format to the supervised data's format"
         )
-    if objective != "sft" and fmt not in ("preference", "auto"):
+    if objective in ("sft", "grpo"):  # grpo's prompts: `_check_rl`
+        pass
+    elif fmt not in ("preference", "auto"):
         problems.append(
             f"train.objective = {objective!r} learns from preference pairs, and data.format = {fmt!r} has one "
             "response per record; set data.format=preference (or auto) with data.path at {prompt, chosen, "
             "rejected} records, or train.objective=sft"
         )
-    if objective != "sft" and tokens is not None:
+    if objective not in ("sft", "grpo") and tokens is not None:
         problems.append(
             f"batch.tokens_per_micro_batch = {tokens!r} packs examples into rows, and train.objective = "
             f"{objective!r} trains on preference pairs, which zerofit does not pack (yet); unset "
@@ -431,6 +441,97 @@ def _settle_reward_loss(problems: list[str], cfg: ZerofitConfig) -> None:
         )
     else:
         t.cross_entropy = "chunked"
+
+
+def _rl_engine_problem(cfg: ZerofitConfig) -> str | None:
+    """Why the rollouts cannot run on this engine, or None: sampling runs one forward per token, and under
+    ZeRO-3 each would gather every layer again (FSDP2's layers are gathered once per rollout instead,
+    `zerofit.loop.rollout.generating`)."""
+    d = cfg.distributed
+    stage = None
+    if d.strategy == "deepspeed" and d.preset is not None and d.preset in list_presets():
+        stage = list_presets()[d.preset].body.get("zero_optimization", {}).get("stage")
+    if stage == 3:
+        return (
+            "train.objective = 'grpo' generates its completions inside the run, and distributed.preset = "
+            f"{d.preset!r} is ZeRO-3, which shards the parameters over the ranks, so each generated token would "
+            "gather every layer again (zerofit does not gather them once per rollout there yet); use "
+            "distributed.strategy=ddp, "
+            "deepspeed with preset zero2, fsdp (its layers are gathered once per rollout), or single"
+        )
+    return None
+
+
+def _fill_rl_batch(problems: list[str], cfg: ZerofitConfig) -> None:
+    """GRPO's batch rule: the global batch is rl.num_generations x rl.prompts_per_step completions, split
+    micro x accumulation x dp as any global batch (`_check_batch` refuses a split that does not divide)."""
+    rl, b = cfg.rl, cfg.batch
+    completions = rl.num_generations * rl.prompts_per_step
+    if b.global_batch_size is not None and b.global_batch_size != completions:
+        problems.append(
+            f"batch.global_batch_size = {b.global_batch_size} with train.objective = 'grpo', whose global batch "
+            f"is rl.num_generations x rl.prompts_per_step = {rl.num_generations} x {rl.prompts_per_step} = "
+            f"{completions} completions; unset batch.global_batch_size (it is set to that) or change the rl keys"
+        )
+    b.global_batch_size = completions
+
+
+def _check_rl(problems: list[str], cfg: ZerofitConfig) -> None:
+    """`train.objective: grpo` with the `rl` section: the global batch is rl.num_generations x
+    rl.prompts_per_step completions (batch.global_batch_size is that or unset, and is set to it), at least
+    one reward, a generation backend that runs here, an engine that can generate, no packing, no
+    evaluation data, no sequence parallelism, and beta > 0 only with LoRA adapters to switch off."""
+    rl, b = cfg.rl, cfg.batch
+    if cfg.train.objective != "grpo":
+        return
+    _fill_rl_batch(problems, cfg)
+    rules = [
+        (
+            not rl.rewards,
+            "rl.rewards is empty: GRPO needs at least one reward function, e.g. "
+            "rl.rewards=[{function: exact_match, column: answer}]",
+        ),
+        (
+            rl.generation_backend == "vllm",
+            "rl.generation_backend = 'vllm' needs vLLM on CUDA, which zerofit "
+            "does not drive yet; set rl.generation_backend=transformers (the policy's own sampling)",
+        ),
+        (
+            b.tokens_per_micro_batch is not None,
+            "batch.tokens_per_micro_batch packs rows, and GRPO's micro-batch "
+            "is completions (batch.micro_batch_size completions each); unset batch.tokens_per_micro_batch",
+        ),
+        (
+            cfg.data.eval_path is not None or cfg.data.eval_split is not None,
+            "data.eval_path / data.eval_split "
+            "with train.objective = 'grpo': held-out rewards are not evaluated during the run yet; unset them",
+        ),
+        (
+            cfg.distributed.sequence_parallel > 1,
+            "distributed.sequence_parallel > 1 with train.objective = "
+            "'grpo': rollouts are not sharded over the sequence; set distributed.sequence_parallel=1",
+        ),
+        (
+            rl.beta > 0 and not cfg.lora.enabled,
+            f"rl.beta = {rl.beta} needs the reference, the base with the LoRA "
+            "adapters switched off, and lora.enabled = false leaves none; set lora.enabled=true or rl.beta=0",
+        ),
+        (
+            rl.temperature != 1.0 and cfg.train.cross_entropy == "fused_linear",
+            f"rl.temperature = "
+            f"{rl.temperature} scales the logits, which train.cross_entropy = 'fused_linear' never forms; set "
+            "train.cross_entropy=chunked or rl.temperature=1.0",
+        ),
+        (
+            cfg.data.format not in ("auto", "prompt"),
+            f"data.format = {cfg.data.format!r} with train.objective = 'grpo', "
+            "which reads prompts ({prompt: ..., other columns}); set data.format=auto (or prompt)",
+        ),
+    ]
+    problems.extend(text for broken, text in rules if broken)
+    engine = _rl_engine_problem(cfg)
+    if engine is not None:
+        problems.append(engine)
 
 
 def _check_reference(problems: list[str], cfg: ZerofitConfig) -> None:
@@ -845,6 +946,7 @@ def resolve(config: ZerofitConfig, world_size: int, choose_plan: PlanChooser | N
     notes = _settle_engine(cfg)
     _check_engine(problems, cfg, world_size)
     _check_sequence_parallel(problems, cfg, world_size)
+    _check_rl(problems, cfg)  # before the batch: it decides batch.global_batch_size for grpo
     plan = _check_batch(cfg, world_size, choose_plan, problems)
     _check_training(problems, cfg)
     _check_length(problems, cfg)

@@ -340,7 +340,9 @@ class LoraSection(_Section):
 
 EmptyResponses = Literal["drop", "keep", "error"]  # data.empty_responses (see zerofit.data.sft)
 Truncation = Literal["warn", "error", "allow"]  # data.truncation (see zerofit.data.truncation)
-DataFormat = Literal["auto", "prompt_response", "alpaca", "messages", "text", "preference", "unpaired"]
+DataFormat = Literal[
+    "auto", "prompt_response", "alpaca", "messages", "text", "preference", "unpaired", "prompt"
+]
 
 
 class DataSection(_Section):
@@ -642,7 +644,7 @@ class RLSection(_Section):
     log_completions_every: int = Field(
         10,
         ge=0,
-        description="Every N steps a few sampled completions go to W&B and completions.jsonl; 0 never.",
+        description="Every N steps a few sampled completions go to completions.jsonl in the run folder; 0 never.",
     )
 
 

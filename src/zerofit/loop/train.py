@@ -24,6 +24,7 @@ the same micro-batch (`zerofit.data.pairs.collate_pairs`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -53,6 +54,7 @@ from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.unpaired import UnpairedExample, kto_micro_batches
 from zerofit.levers.compiling import graph_breaks
 from zerofit.levers.sequence_parallel import shard_micro_batch
+from zerofit.loop.rollout import Rollouts
 from zerofit.loop.signals import StopSignal
 from zerofit.metrics.base import MetricsSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
@@ -183,6 +185,10 @@ class LoopInputs:
     objective: Objective | None = None  # train.objective's (`zerofit.objectives.preference`); None: SFT
     compiled: bool = False  # train.compile: each row reports dynamo's graph breaks so far
     run_dir: Path | None = None  # where rank 0's metrics go: named by a failed metrics write
+    rollouts: Rollouts | None = (
+        None  # train.objective grpo: each step's micro-batches are sampled (loop.rollout)
+    )
+    updates_per_rollout: int = 1  # rl.num_iterations: optimizer steps on each rollout
 
 
 @dataclass(frozen=True)
@@ -313,11 +319,8 @@ def train_loop(run: LoopInputs, start_step: int = 0, tokens_before: int = 0) -> 
     seen = tokens_before
     for step in range(start_step, run.max_steps):
         started = time.perf_counter()
-        micro_batches, samples = rank_micro_batches(run, step)
         lr = run.strategy.current_lr()  # the LR this step's update uses
-        result = train_step(
-            run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy, run.objective
-        )
+        result, samples = _train_on_step(run, step)
         seconds = time.perf_counter() - started
         results.append(result)
         seen += result.tokens  # global (all-reduced): the same on every rank and for every split
@@ -348,6 +351,28 @@ def train_loop(run: LoopInputs, start_step: int = 0, tokens_before: int = 0) -> 
         if agreed.stopping or agreed.early_stop:
             break
     return results
+
+
+def _train_on_step(run: LoopInputs, step: int) -> tuple[StepResult, int]:
+    """One loop step's update(s) and its sample count: SFT and preference objectives train on the data's
+    global batch `step`; GRPO samples it first (`zerofit.loop.rollout`: its metrics join the step's) and
+    takes `updates_per_rollout` optimizer steps on it (the row reports the last update's loss and norm)."""
+    if run.rollouts is None:
+        micro_batches, samples = rank_micro_batches(run, step)
+        return train_step(
+            run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy, run.objective
+        ), samples
+    micro_batches, rl_metrics = run.rollouts.step_batches(run.strategy, run.model, step)
+    started = time.perf_counter()
+    for _ in range(run.updates_per_rollout):
+        result = train_step(
+            run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy, run.objective
+        )
+    rl_metrics["time/training_s"] = time.perf_counter() - started
+    if run.run_dir is not None and run.strategy.rank == 0:
+        run.rollouts.log_completions(run.run_dir, step + 1)
+    samples = run.batch.micro_batch_size * run.batch.grad_accum_steps * run.batch.dp_size
+    return dataclasses.replace(result, metrics={**result.metrics, **rl_metrics}), samples
 
 
 def non_finite(result: StepResult, step_applied: bool, model: torch.nn.Module | None = None) -> str | None:

@@ -160,7 +160,7 @@ def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
     return rows
 
 
-# A preference run's (`train.objective` dpo / simpo / orpo / kto) per-step metrics, TRL's names: the last value
+# A preference run's (`train.objective` dpo / simpo / orpo / kto) or a GRPO run's per-step metrics, TRL's names: the last value
 # of each is shown (and rewards/accuracies plotted) when any run logged it.
 PREFERENCE_KEYS = (
     "rewards/accuracies",
@@ -171,8 +171,15 @@ PREFERENCE_KEYS = (
     "logps/rejected",
     "eval/rewards/accuracies",
     "eval/rewards/margins",
-    "kl",  # KTO's reference point z0 (`zerofit.objectives.kto`)
+    "kl",  # KTO's reference point z0 (`zerofit.objectives.kto`); GRPO's KL to the reference
     "eval/kl",
+    # GRPO's (`train.objective: grpo`, zerofit.loop.rollout): the step's mean reward and its completions
+    "reward",
+    "reward_std",
+    "completions/mean_length",
+    "completions/truncated_fraction",
+    "clip_ratio",
+    "entropy",
 )
 
 
@@ -348,10 +355,11 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
             "eval loss",
             per_run(EVAL_LOSS),
         )
-    for key in ("rewards/accuracies", "eval/rewards/accuracies"):
+    for key in ("rewards/accuracies", "eval/rewards/accuracies", "reward"):
         if any(run.series(key)[0] for run in runs):
             name = key.replace("/", "_") + "_vs_step.png"
-            figure(name, f"{key} (global batch mean over pairs)", STEP_AXIS, key, per_run(key))
+            over = "completions" if key == "reward" else "pairs"
+            figure(name, f"{key} (global batch mean over {over})", STEP_AXIS, key, per_run(key))
     figure(
         "loss_vs_tokens.png",
         "Loss vs tokens seen",

@@ -40,6 +40,7 @@ from zerofit.data import (
     load_preference_pairs,
     set_chat_template,
 )
+from zerofit.data.prompts import PromptExample
 from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
@@ -48,6 +49,7 @@ from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
 from zerofit.loop.reference import ReferencePass, precompute_reference
+from zerofit.loop.rollout import Rollouts
 from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
@@ -55,6 +57,7 @@ from zerofit.objectives.kto import KTOObjective, KTOSettings
 from zerofit.objectives.loss import IGNORE_INDEX
 from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
 from zerofit.objectives.reward import RewardObjective
+from zerofit.recipe.rl import grpo_objective, load_prompt_data, optimizer_steps, rollouts
 from zerofit.recipe.vision import vision_processor_for
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
@@ -91,7 +94,9 @@ class TrainData:
     @property
     def facts(self) -> DataFacts:
         """What this data decides for the run plan: its format and the optimizer steps of one epoch."""
-        return DataFacts(format=self.stats.format, steps_per_epoch=self.sampler.steps_per_epoch)
+        prompts = bool(self.examples) and isinstance(self.examples[0], PromptExample)
+        fmt = "prompt" if prompts else self.stats.format  # GRPO's: a string or messages prompt alike
+        return DataFacts(format=fmt, steps_per_epoch=self.sampler.steps_per_epoch)
 
     @property
     def mean_label_tokens(self) -> float:
@@ -102,7 +107,10 @@ class TrainData:
 
 
 def _label_tokens(unit: Example | PreferencePair) -> int:
-    """Valid label tokens of one unit: an example's, or a pair's two sequences' together."""
+    """Valid label tokens of one unit: an example's, or a pair's two sequences' together (a GRPO prompt's:
+    none, its completions are sampled in the run)."""
+    if isinstance(unit, PromptExample):
+        return 0
     sequences = (unit.chosen, unit.rejected) if isinstance(unit, PreferencePair) else (unit,)
     return sum(sum(label != IGNORE_INDEX for label in e.labels) for e in sequences)
 
@@ -129,6 +137,8 @@ class PreparedRun:
             return KTOObjective(KTOSettings(k.beta, k.desirable_weight, k.undesirable_weight))
         if cfg.train.objective == "reward":  # a reward model (`zerofit.objectives.reward`)
             return RewardObjective(cfg.reward.center_rewards_coefficient)
+        if cfg.train.objective == "grpo":
+            return grpo_objective(cfg)
         p = cfg.preference
         return PreferenceObjective(
             PreferenceSettings(
@@ -193,7 +203,19 @@ class PreparedRun:
             objective=self.objective,
             compiled=self.built.compiled_layers > 0,
             run_dir=self.plan.run_dir,
+            rollouts=self._rollouts(),
+            updates_per_rollout=cfg.rl.num_iterations if cfg.train.objective == "grpo" else 1,
         )
+
+    def _rollouts(self) -> Rollouts | None:
+        """train.objective grpo: the run's rollouts (its reward functions built, so imported, here: only a
+        training launch gets here); None otherwise."""
+        cfg = self.plan.config
+        if cfg.train.objective != "grpo" or self.data is None:
+            return None
+        prompts: list[Any] = self.data.examples
+        tokenizer = self.built.tokenizer
+        return rollouts(cfg, tokenizer, self.built.model, prompts, self.data.sampler, self.plan.batch)
 
     def evaluator(self) -> Evaluator | None:
         """The loop's evaluation hook, when the run has evaluation data."""
@@ -272,6 +294,9 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     cfg = resolved.config
     d = cfg.data
     objective = cfg.train.objective
+    if objective == "grpo":  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
+        prompts, stats, sampler = load_prompt_data(cfg, tokenizer)
+        return TrainData(prompts, stats, sampler)  # type: ignore[arg-type]
     processor = vision_processor_for(cfg, tokenizer)
 
     def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData[Any]]:
@@ -369,7 +394,7 @@ def _model_and_engine(
     )
     assert cfg.train.max_steps is not None, "a run plan knows its step count"
     model = strategy.prepare(
-        built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, cfg.train.max_steps)
+        built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, optimizer_steps(cfg))
     )
     return built, model
 

@@ -37,7 +37,9 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     lines = [
         "zerofit plan",
         f"  batch        {plan.describe()}{describe_sequence_parallel(spec.sequence_parallel)}",
-        f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}",
+        f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}"
+        if t.objective != "grpo"
+        else f"  tokens/step  {_rl().describe_rl_tokens(cfg)}",
         f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
         f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
         *([f"  lora         {built.adapters}"] if built.adapters else []),
@@ -140,6 +142,14 @@ def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
     )
 
 
+def _rl() -> Any:
+    """`zerofit.recipe.rl`, imported when a GRPO plan is printed (it needs torch; `zerofit plan` imports this
+    module without it)."""
+    from zerofit.recipe import rl
+
+    return rl
+
+
 def describe_objective(run: PreparedRun) -> str:
     """`dpo (sigmoid, beta 0.1): per pair, normalized by the global batch's pairs; reference: ...`."""
     cfg = run.plan.config
@@ -158,6 +168,8 @@ def describe_objective(run: PreparedRun) -> str:
             + (f" + {center:g} x (r_chosen + r_rejected)^2" if center else "")
             + "; one-output score head), loss per pair over the global batch's pairs"
         )
+    if objective == "grpo":
+        return _rl().describe_grpo(cfg)
     knobs = {
         "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
         "simpo": f"beta {p.beta:g}, margin gamma {p.simpo_margin():g} (= {p.simpo_margin() / p.beta:g} x beta), "

@@ -254,7 +254,11 @@ def test_a_run_folders_reward_function_is_never_imported_by_export_generate_or_p
     monkeypatch.syspath_prepend(str(tmp_path / "code"))
     run = tmp_path / "run"
     shutil.copytree(adapter, run / "adapter")
-    rl = {"rewards": [{"function": "planted_reward_zf:reward"}, {"function": "exact_match"}]}
+    rl = {
+        "rewards": [{"function": "planted_reward_zf:reward"}, {"function": "exact_match"}],
+        "num_generations": 2,  # the global batch is G x prompts_per_step completions (the batch rule)
+        "prompts_per_step": 2,
+    }
     batch = {"global_batch_size": 4, "micro_batch_size": 2}  # a saved config.yaml holds the resolved split
     raw = config(RAW, train={"objective": "grpo"}, rl=rl, batch=batch).model_dump(mode="json")
     (run / "config.yaml").write_text(yaml.safe_dump(raw))

@@ -46,7 +46,7 @@ def _grpo(**rl: object) -> object:
         "data": {"path": DEMO_DATA, "max_seq_len": 64},
         "distributed": {"strategy": "ddp"},
         "train": {"objective": "grpo", "precision": "fp32"},
-        "batch": {"global_batch_size": 16, "micro_batch_size": 2},
+        "batch": {"micro_batch_size": 2},  # the global batch: rl.num_generations x rl.prompts_per_step
         "lora": {"enabled": True},
     }
     settings = {

@@ -1,0 +1,423 @@
+"""GRPO rollouts inside the run: the policy samples, the rewards score, the advantages come from whole groups.
+
+One rollout per loop step `step` (`Rollouts.step_batches`):
+
+    1. The global batch's prompts are the sampler's `rl.prompts_per_step` prompt indices of `step`; global
+       completion c (0 .. G x prompts - 1) answers prompt c // G, so group g is completions gG .. gG + G - 1.
+    2. This rank's completions are `split_global_batch` of 0 .. N - 1 (the split of any global batch: micro
+       x accumulation x data-parallel), and this rank samples them (`sample_completions`): eval mode, no
+       grad, adapters on, the model's KV cache, and one torch.Generator per completion seeded from
+       (seed, step, c), so completion c is the same tokens whatever the split, and a resumed run samples
+       what the uninterrupted one did.
+    3. This rank scores its completions (`Scorer`), and one all-reduce of a [fields, N] table (each rank
+       fills its own columns) gives every rank every completion's rewards, length and truncation; so the
+       advantages are computed from whole groups (`zerofit.objectives.grpo.group_advantages`) even when a
+       group's completions landed on several micro-batches or ranks, identically on every rank.
+    4. The rank's micro-batches (`micro_batch`), with the old policy's per-token log-probs when
+       `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update).
+
+Sampling is a short loop over the model's forward with `past_key_values` rather than `generate`: generate draws
+a whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Positions are
+counted over real tokens (`position_ids` from the mask), as in the training forward, so left padding changes
+nothing. The policy samples through the engine's bare module (`generating`): under FSDP2 every layer is
+gathered once per rollout, not once per token; ZeRO-3 is refused by `zerofit.config.resolve` (its hooks would
+gather every layer again for each token).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from zerofit.config.batching import BatchSplit
+from zerofit.core.errors import ZerofitError
+from zerofit.data import GlobalBatchSampler, split_global_batch
+from zerofit.objectives.grpo import group_advantages, grpo_inputs, policy_logps
+from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.strategies.base import Strategy
+
+__all__ = [
+    "COMPLETIONS_FILE",
+    "PromptRow",
+    "RewardFailed",
+    "Rollouts",
+    "SamplingSettings",
+    "Scorer",
+    "completion_seed",
+    "micro_batch",
+    "sample_completions",
+]
+
+COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
+
+# (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])
+Scorer = Callable[
+    [list[str], list[str], dict[str, list[Any]], int, list[int]], tuple[torch.Tensor, dict[str, torch.Tensor]]
+]
+
+
+class PromptRow(Protocol):
+    """One prompt of the data: its text (what a reward sees), its token ids, and its other columns."""
+
+    text: str
+    input_ids: list[int]
+    columns: dict[str, Any]
+    record: int  # its record in the data (0-based)
+
+
+class RewardFailed(ZerofitError):
+    """A reward function failed on some rank: its paragraph, raised by every rank (said once)."""
+
+    agreed = True
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """`rl.*`'s sampling keys, and the tokens that end a completion."""
+
+    max_new_tokens: int
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One completion: its tokens (the eos included), whether it hit max_new_tokens first, and the sum of
+    its tokens' entropies under the sampling distribution (softmax(logits / temperature), TRL's entropy)."""
+
+    ids: list[int]
+    truncated: bool
+    entropy_sum: float
+
+
+def completion_seed(seed: int, step: int, index: int) -> int:
+    """The sampling seed of global completion `index` of step `step` (64 bits of a hash: no collisions
+    between nearby triples, unlike a linear mix)."""
+    digest = hashlib.sha256(f"zerofit-grpo/{seed}/{step}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _filtered(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Logits with everything outside the top-k and the top-p nucleus at -inf (one token always kept)."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = torch.sort(logits, dim=-1, descending=True)
+        before = torch.softmax(ordered, dim=-1).cumsum(dim=-1) - torch.softmax(ordered, dim=-1)
+        drop = (before > top_p).scatter(-1, order, before > top_p)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _left_padded(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts left-padded to the longest: ids and mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def sample_completions(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    seeds: list[int],
+    s: SamplingSettings,
+    device: torch.device,
+) -> list[Sampled]:
+    """Sample one completion per prompt, each row from its own generator (module docstring)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return _sample(model, prompts, seeds, s, device)
+    finally:
+        model.train(was_training)
+
+
+def _sample(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    seeds: list[int],
+    s: SamplingSettings,
+    device: torch.device,
+) -> list[Sampled]:
+    """The sampling loop of `sample_completions` (model already in eval mode, no grad)."""
+    gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+    ids, mask = _left_padded(prompts, s.pad_id, device)
+    rows = len(prompts)
+    out: list[list[int]] = [[] for _ in range(rows)]
+    done = torch.zeros(rows, dtype=torch.bool)
+    entropy = torch.zeros(rows, dtype=torch.float64)
+    step_ids, past = ids, None
+    eos = torch.tensor(s.eos_ids, device=device)
+    for _ in range(s.max_new_tokens):
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -step_ids.size(1) :]
+        result = model(
+            input_ids=step_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=past,
+            use_cache=True,
+        )
+        past = result.cache
+        logits = result.logits[:, -1].float() / s.temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        entropy += (-(logp.exp() * logp).sum(dim=-1)).double().cpu().where(~done, 0.0)
+        probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
+        tokens = torch.stack([torch.multinomial(probs[i], 1, generator=gens[i]) for i in range(rows)]).view(
+            -1
+        )
+        tokens = tokens.masked_fill(done.to(device), s.pad_id)
+        for i in (~done).nonzero().view(-1).tolist():
+            out[i].append(int(tokens[i]))
+        done |= torch.isin(tokens, eos).cpu()
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        step_ids = tokens.unsqueeze(1)
+        if bool(done.all()):
+            break
+    return [Sampled(out[i], not bool(done[i]), float(entropy[i])) for i in range(rows)]
+
+
+@contextmanager
+def generating(strategy: Strategy) -> Iterator[torch.nn.Module]:
+    """The module to sample with: the engine's bare module (a DDP or DeepSpeed wrapper's forward may sync
+    buffers or run hooks, and ranks sample different numbers of tokens), and under FSDP2 with every layer's
+    parameters gathered once for the whole rollout: resharding after forward is switched off, so the first
+    forward all-gathers each layer and the following ones (one per token) gather nothing; on exit every
+    layer is resharded and its setting restored (torch's documented pattern for evaluation)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    bare = strategy.unwrap()
+    sharded = [m for m in bare.modules() if isinstance(m, FSDPModule)]
+    saved = [_reshard_setting(m) for m in sharded]
+    for m in sharded:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield bare
+    finally:
+        for m, setting in zip(sharded, saved, strict=True):
+            m.reshard()
+            _restore_reshard_setting(m, setting)
+
+
+def _reshard_setting(module: Any) -> tuple[Any, list[Any]]:
+    """An FSDP2 module's reshard-after-forward state (torch keeps it per parameter group; no public getter)."""
+    state = module._get_fsdp_state()
+    return state._auto_reshard_after_forward, [g.post_forward_mesh_info for g in state._fsdp_param_groups]
+
+
+def _restore_reshard_setting(module: Any, setting: tuple[Any, list[Any]]) -> None:
+    """Put back what `_reshard_setting` read."""
+    state = module._get_fsdp_state()
+    state._auto_reshard_after_forward = setting[0]
+    for group, info in zip(state._fsdp_param_groups, setting[1], strict=True):
+        group.post_forward_mesh_info = info
+
+
+def micro_batch(
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    trained: list[bool],
+    advantages: torch.Tensor,
+    pad_id: int,
+) -> dict[str, torch.Tensor]:
+    """One GRPO micro-batch (`zerofit.objectives.grpo`): prompts left-padded, completions right-padded, the
+    completion tokens as labels where `trained` (a masked truncated completion has none)."""
+    p_ids, p_mask = _left_padded(prompts, pad_id, torch.device("cpu"))
+    width = max(1, max(len(c) for c in completions))
+    c_ids = torch.full((len(completions), width), pad_id, dtype=torch.long)
+    c_mask = torch.zeros_like(c_ids)
+    for i, c in enumerate(completions):
+        c_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        c_mask[i, : len(c)] = 1
+    input_ids = torch.cat([p_ids, c_ids], dim=1)
+    mask = torch.cat([p_mask, c_mask], dim=1)
+    keep = c_mask.bool() & torch.tensor(trained).unsqueeze(1)
+    labels = torch.cat([torch.full_like(p_ids, IGNORE_INDEX), c_ids.where(keep, IGNORE_INDEX)], dim=1)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0),
+        "labels": labels,
+        "advantages": advantages.float(),
+    }
+
+
+@dataclass
+class Rollouts:
+    """Everything a GRPO loop step needs besides the train step (built by `zerofit.recipe.assembly`)."""
+
+    prompts: Sequence[PromptRow]
+    sampler: GlobalBatchSampler  # counts prompts: rl.prompts_per_step per step
+    batch: BatchSplit  # counts completions: micro x accumulation x dp = G x prompts_per_step
+    group_size: int
+    sampling: SamplingSettings
+    score: Scorer
+    decode: Callable[[list[int]], str]
+    seed: int
+    scale_rewards: str = "group"
+    mask_truncated: bool = False
+    old_logps: bool = False  # rl.num_iterations > 1
+    temperature: float = 1.0
+    cross_entropy: str = "chunked"
+    reward_names: tuple[str, ...] = ()
+    log_completions_every: int = 0  # rl.log_completions_every (0: never)
+    shown_per_step: int = 4  # completions written to completions.jsonl at such a step
+    shown: list[dict[str, Any]] = field(default_factory=list)  # this step's sampled completions (rank 0)
+
+    def step_batches(
+        self, strategy: Strategy, model: torch.nn.Module, step: int
+    ) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
+        """This rank's micro-batches of step `step`'s rollout, and the step's rollout metrics (global)."""
+        started = time.perf_counter()
+        rows = self.sampler.batch_indices(step)
+        total = len(rows) * self.group_size
+        mine = split_global_batch(
+            list(range(total)),
+            self.batch.micro_batch_size,
+            self.batch.grad_accum_steps,
+            self.batch.dp_size,
+            strategy.dp_rank,
+        )
+        flat = [c for micro in mine for c in micro]
+        prompt_of = [self.prompts[rows[c // self.group_size]] for c in flat]
+        seeds = [completion_seed(self.seed, step, c) for c in flat]
+        with generating(strategy) as policy:
+            sampled = sample_completions(
+                policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device
+            )
+        generation_s = time.perf_counter() - started
+        table = self._scored(strategy, step, flat, prompt_of, sampled, total)
+        advantages = group_advantages(table[0], self.group_size, self.scale_rewards)
+        by_index = dict(zip(flat, sampled, strict=True))
+        batches = [self._micro(strategy, model, micro, rows, by_index, advantages) for micro in mine]
+        metrics = self._metrics(table, generation_s, time.perf_counter() - started - generation_s)
+        return batches, metrics
+
+    def _scored(
+        self,
+        strategy: Strategy,
+        step: int,
+        flat: list[int],
+        prompt_of: list[PromptRow],
+        sampled: list[Sampled],
+        total: int,
+    ) -> torch.Tensor:
+        """The global [total, each function's, length, truncated, entropy sum] x N table, every rank's columns
+        filled by one all-reduce (float64)."""
+        texts = [self.decode(s.ids) for s in sampled]
+        columns: dict[str, list[Any]] = {}
+        for p in prompt_of:
+            for key, value in p.columns.items():
+                columns.setdefault(key, []).append(value)
+        records = [p.record for p in prompt_of]  # a RewardError names the data row, and the 1-based step
+        weighted, each = self._agreed_score(
+            [p.text for p in prompt_of], texts, columns, step + 1, records, strategy
+        )
+        local = torch.zeros(4 + len(self.reward_names), total, dtype=torch.float64)
+        index = torch.tensor(flat, dtype=torch.long)
+        local[0, index] = weighted.double().cpu()
+        for k, name in enumerate(self.reward_names):
+            local[1 + k, index] = each[name].double().cpu()
+        local[-3, index] = torch.tensor([float(len(s.ids)) for s in sampled], dtype=torch.float64)
+        local[-2, index] = torch.tensor([float(s.truncated) for s in sampled], dtype=torch.float64)
+        local[-1, index] = torch.tensor([s.entropy_sum for s in sampled], dtype=torch.float64)
+        if strategy.rank == 0:
+            self.shown = [
+                {"prompt": p.text, "completion": t, "reward": float(w)}
+                for p, t, w in zip(prompt_of, texts, weighted.tolist(), strict=True)
+            ]
+        return strategy.all_reduce_sum(local.to(strategy.device)).cpu()
+
+    def _agreed_score(
+        self,
+        prompts: list[str],
+        texts: list[str],
+        columns: dict[str, list[Any]],
+        step: int,
+        flat: list[int],
+        strategy: Strategy,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """This rank's rewards; a reward that failed on any rank (its one paragraph, `RewardError`) stops
+        every rank with that paragraph, said once (rank 0), before the step trains or saves anything, so
+        the last checkpoint stays the last good one."""
+        failure: str | None = None
+        try:
+            scored = self.score(prompts, texts, columns, step, flat)
+        except ZerofitError as exc:
+            failure, scored = str(exc), (torch.zeros(0), {})
+        failed = strategy.all_reduce_sum(torch.tensor([int(failure is not None)], device=strategy.device))
+        if int(failed.item()):
+            said = [text for text in strategy.all_gather_object(failure) if text]
+            raise RewardFailed(said[0])
+        return scored
+
+    def _micro(
+        self,
+        strategy: Strategy,
+        model: torch.nn.Module,
+        micro: list[int],
+        rows: list[int],
+        by_index: dict[int, Sampled],
+        advantages: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """One micro-batch of this rank's completions `micro` (with the old policy's log-probs if kept)."""
+        batch = micro_batch(
+            [self.prompts[rows[c // self.group_size]].input_ids for c in micro],
+            [by_index[c].ids for c in micro],
+            [not (self.mask_truncated and by_index[c].truncated) for c in micro],
+            advantages[micro],
+            self.sampling.pad_id,
+        )
+        if self.old_logps:
+            with torch.no_grad():
+                inputs = grpo_inputs(batch, strategy.device)
+                batch["old_logps"] = policy_logps(
+                    model, inputs, batch["labels"], self.cross_entropy, self.temperature
+                ).cpu()
+        return batch
+
+    def log_completions(self, run_dir: Path, steps_done: int) -> None:
+        """Rank 0: append a few of this step's completions (rank 0's own) to the run's completions.jsonl when
+        `rl.log_completions_every` says so: prompt, completion and reward, one JSON object a line."""
+        every = self.log_completions_every
+        if every <= 0 or steps_done % every != 0 or not self.shown:
+            return
+        with (run_dir / COMPLETIONS_FILE).open("a", encoding="utf-8") as f:
+            for row in self.shown[: self.shown_per_step]:
+                f.write(json.dumps({"step": steps_done, **row}) + "\n")
+
+    def _metrics(self, table: torch.Tensor, generation_s: float, scoring_s: float) -> dict[str, float]:
+        """The step's rollout fields of metrics.jsonl (means over the global batch's completions)."""
+        reward, lengths, truncated = table[0], table[-3], table[-2]
+        fields = {
+            "reward": float(reward.mean()),
+            "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
+            **{f"rewards/{n}": float(table[1 + k].mean()) for k, n in enumerate(self.reward_names)},
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/truncated_fraction": float(truncated.mean()),
+            "entropy": float(table[-1].sum() / lengths.sum().clamp(min=1)),
+            "time/generation_s": generation_s,
+            "time/scoring_s": scoring_s,
+            "generation_tokens_per_s": float(lengths.sum()) / max(generation_s, 1e-9),
+        }
+        return fields

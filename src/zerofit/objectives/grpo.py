@@ -1,0 +1,202 @@
+"""GRPO and its published variants as a train-step objective: one exact loss whatever the split.
+
+A GRPO global batch is G x `rl.prompts_per_step` completions (`zerofit.loop.rollout` samples and scores
+them); every completion carries its advantage, computed from its WHOLE group before the step
+(`group_advantages`, TRL's definition):
+
+    A_i = r_i - mean(group)                      scale_rewards = none (Dr. GRPO)
+    A_i = (r_i - mean(group)) / (std + 1e-4)     std of the group (GRPO) or of the whole batch; Bessel's
+                                                 correction, as TRL's `nanstd`
+
+Per completion token t, with pi the policy's log-prob at the sampling temperature, pi_old the rollout
+policy's (`old_logps`, kept when `rl.num_iterations` > 1; else the detached current one, so the ratio is 1
+with the ratio's gradient) and pi_ref the reference's (the base with the adapters off):
+
+    ratio = exp(pi - pi_old)
+    l_t   = -min(ratio A, clip(ratio, 1 - epsilon, 1 + epsilon_high) A) + beta k3,
+    k3    = exp(pi_ref - pi) - (pi_ref - pi) - 1                    (only when beta > 0)
+
+and the three loss types differ only in what the token losses are normalized by:
+
+    grpo     sum_i (sum_t l_t / |o_i|) / N           each completion's token mean, the mean over completions
+    dapo     sum_i sum_t l_t / sum_i |o_i|           the token mean over the global batch
+    dr_grpo  sum_i sum_t l_t / (N x L)               L = rl.max_completion_length
+
+Each normalizer (N completions, the global completion tokens, N x L) is a `count` of the objective, all-reduced
+once per global batch before any backward by `zerofit.loop.train.train_step`; each micro-batch contributes only
+sums, so the loss and its gradient are the same for every micro x accumulation x data-parallel split. (TRL
+normalizes grpo and dr_grpo per micro-batch and divides by the accumulation steps, the same only when every
+micro-batch has as many completions, which zerofit's batch rule guarantees; its dapo divides by the global
+token count, as here.) With `rl.mask_truncated_completions` a truncated completion has no loss tokens but
+still counts in N (TRL's: its row mean is 0).
+
+A GRPO micro-batch (`zerofit.loop.rollout.micro_batch`): `input_ids` [rows, prompt + completion] (prompts
+left-padded, completions right-padded), `attention_mask`, `position_ids` (from the mask, so a row's values
+never depend on its neighbours' padding), `labels` (the completion tokens that are trained on, IGNORE_INDEX
+elsewhere), `advantages` [rows], and with `num_iterations` > 1 `old_logps` [rows, seq] in the shifted frame
+of `zerofit.objectives.loss.token_losses` (position t holds token t + 1's).
+
+The metrics are token means over the global batch's trained tokens, TRL's: `kl` (k3, with beta > 0) and
+`clip_ratio` (the tokens whose ratio was clipped in the direction that stops the gradient: below 1 - epsilon
+with A < 0, above 1 + epsilon_high with A > 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_losses
+from zerofit.objectives.loss import IGNORE_INDEX, shifted_targets, token_losses
+from zerofit.objectives.preference import adapters_disabled
+
+__all__ = [
+    "ADVANTAGE_EPS",
+    "GRPOObjective",
+    "GRPOSettings",
+    "group_advantages",
+    "grpo_inputs",
+    "policy_logps",
+    "token_loss",
+    "trained_mask",
+]
+
+ADVANTAGE_EPS = 1e-4  # TRL's: advantages / (std + 1e-4)
+METRICS = ("kl", "clip_ratio")
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """The `rl` section as the loss reads it."""
+
+    loss_type: str = "dapo"  # grpo | dapo | dr_grpo
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None: epsilon
+    max_completion_length: int = 128
+    temperature: float = 1.0
+
+    @property
+    def upper(self) -> float:
+        """The ratio's upper clipping bound, 1 + epsilon_high (epsilon when unset)."""
+        return 1 + (self.epsilon if self.epsilon_high is None else self.epsilon_high)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str) -> torch.Tensor:
+    """Each completion's advantage from its whole group (`rewards` [N], groups contiguous), TRL's definition:
+    reward minus its group's mean, divided by the group's (or the batch's) std + 1e-4 unless `scale` is none."""
+    grouped = rewards.view(-1, group_size)
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        std = grouped.std(dim=1, keepdim=True).expand_as(grouped).reshape(-1)
+    elif scale == "batch":
+        std = rewards.std().expand_as(rewards)
+    else:
+        raise ValueError(f"rl.scale_rewards {scale!r}: expected group, batch or none")
+    return centred / (std + ADVANTAGE_EPS)
+
+
+def trained_mask(batch: Batch) -> torch.Tensor:
+    """[rows, seq] bool in the shifted frame: position t predicts a trained completion token."""
+    labels = batch["labels"]
+    return (shifted_targets(labels).reshape(labels.shape) != IGNORE_INDEX).to(labels.device)
+
+
+def grpo_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    """The model's keyword arguments: ids, the padding mask and positions counted over real tokens only."""
+    return {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")}
+
+
+def policy_logps(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    impl: str,
+    temperature: float,
+) -> torch.Tensor:
+    """Per-token log-probs of `labels` under softmax(logits / temperature), [rows, seq] fp32, shifted frame
+    (0 where nothing is trained). Temperature 1 goes through the loss implementation as SFT's does
+    (`fused_linear` included); another temperature scales the logits first (TRL's logps), which resolve
+    refuses with `fused_linear`."""
+    if temperature == 1.0:
+        return -forward_token_losses(model, inputs, labels, impl)
+    if impl == FUSED_LINEAR:
+        raise ValueError("rl.temperature != 1 with train.cross_entropy = fused_linear")
+    logits = model(**inputs, use_cache=False).logits
+    return -token_losses(logits / temperature, labels, impl)
+
+
+def token_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    s: GRPOSettings,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token clipped surrogate (+ beta k3), the k3 values (zeros without a reference) and the clipped
+    flags, all [rows, seq] (module docstring)."""
+    ratio = torch.exp(logps - old_logps)
+    a = advantages.unsqueeze(1)
+    clipped_ratio = torch.clamp(ratio, 1 - s.epsilon, s.upper)
+    loss = -torch.min(ratio * a, clipped_ratio * a)
+    kl = torch.zeros_like(logps)
+    if ref_logps is not None:
+        diff = ref_logps - logps
+        kl = torch.exp(diff) - diff - 1
+        loss = loss + s.beta * kl
+    clipped = ((ratio < 1 - s.epsilon) & (a < 0)) | ((ratio > s.upper) & (a > 0))
+    return loss, kl.detach(), clipped
+
+
+class GRPOObjective:
+    """The GRPO / DAPO / Dr. GRPO loss on rollout micro-batches (module docstring)."""
+
+    metrics: tuple[str, ...] = METRICS
+
+    def __init__(self, settings: GRPOSettings) -> None:
+        self.s = settings
+
+    def counts(self, micro_batches: list[Batch]) -> list[int]:
+        """This rank's normalizer for the loss type, then its trained tokens (the metrics' denominator)."""
+        tokens = sum(int(trained_mask(b).sum()) for b in micro_batches)
+        completions = sum(int(b["input_ids"].size(0)) for b in micro_batches)
+        if self.s.loss_type == "grpo":
+            return [completions, tokens]
+        if self.s.loss_type == "dr_grpo":
+            return [completions * self.s.max_completion_length, tokens]
+        if self.s.loss_type == "dapo":
+            return [tokens]
+        raise ValueError(f"rl.loss_type {self.s.loss_type!r}: expected grpo, dapo or dr_grpo")
+
+    def terms(
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], batch: Batch, impl: str
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The micro-batch's loss sum for its normalizer (and a zero for the token count, grpo / dr_grpo) and
+        the detached token sums of `METRICS`."""
+        device = inputs["input_ids"].device
+        inputs = grpo_inputs(batch, device)
+        labels = batch["labels"]
+        ref = None
+        if self.s.beta > 0:
+            with torch.no_grad(), adapters_disabled(model):
+                ref = policy_logps(model, inputs, labels, impl, self.s.temperature)
+        logps = policy_logps(model, inputs, labels, impl, self.s.temperature)
+        old = batch["old_logps"].to(device) if "old_logps" in batch else logps.detach()
+        advantages = batch["advantages"].to(device, torch.float32)
+        loss, kl, clipped = token_loss(logps, old, advantages, ref, self.s)
+        mask = trained_mask(batch).to(device)
+        per_token = loss.where(mask, 0.0)
+        if self.s.loss_type == "grpo":
+            rows = mask.sum(dim=1).clamp(min=1)
+            terms = [(per_token.sum(dim=1) / rows).sum(), per_token.sum() * 0.0]
+        elif self.s.loss_type == "dr_grpo":
+            terms = [per_token.sum(), per_token.sum() * 0.0]
+        else:
+            terms = [per_token.sum()]
+        sums = torch.stack([kl.where(mask, 0.0).sum(), clipped.where(mask, False).sum()]).double()
+        return terms, sums

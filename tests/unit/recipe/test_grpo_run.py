@@ -1,0 +1,173 @@
+"""A GRPO run end to end in this process, on the built-in tiny model: SIGTERM during a step's generation saves
+at the step boundary and the resumed run reproduces the uninterrupted one (sampling seeds and data order
+included); export and generate of the run folder import nothing its config names; the rl rules refuse."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config_helpers import REPO
+from zerofit.config import load_config, resolve
+from zerofit.core.errors import ConfigError
+
+pytestmark = pytest.mark.slow
+
+MODULE = "zerofit_planted_toy_rewards"  # a user reward module, only importable from tmp_path
+FIELDS = ("loss", "grad_norm", "reward", "reward_std", "kl", "completions/mean_length")
+
+
+def _write_task(tmp_path: Path) -> None:
+    lines = [json.dumps({"prompt": f"item {i}: ", "answer": str(i)}) for i in range(12)]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / f"{MODULE}.py").write_text(
+        "def digits(prompts, completions, columns):\n"
+        "    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]\n"
+    )
+
+
+def _args(tmp_path: Path, output: str) -> list[str]:
+    return [
+        f"output_dir={tmp_path / output}",
+        "run_name=grpo",
+        "distributed.strategy=single",
+        "distributed.preset=null",
+        "train.objective=grpo",
+        "train.max_steps=4",
+        "train.precision=fp32",
+        "batch.global_batch_size=null",
+        "batch.micro_batch_size=4",
+        "rl.num_generations=4",
+        "rl.prompts_per_step=2",
+        "rl.max_completion_length=4",
+        "rl.num_iterations=2",
+        f"rl.rewards=[{{function: '{MODULE}:digits'}}]",
+        f"data.path={tmp_path / 'prompts.jsonl'}",
+        "data.eval_split=null",
+        "data.eval_path=null",
+        "checkpoint.every_steps=0",
+        "logging.console=false",
+        "logging.wandb.mode=disabled",
+    ]
+
+
+def _launch(monkeypatch: pytest.MonkeyPatch, args: list[str], stop_at: int | None = None) -> int:
+    """launch_finetune.py with configs/demo.yaml in this process; `stop_at`: a SIGTERM arrives during that
+    (0-based) step's generation."""
+    from zerofit.loop import rollout
+    from zerofit.recipe import run
+
+    stops: list[Any] = []
+    monkeypatch.setattr(run.StopSignal, "install", lambda self: stops.append(self) or self)
+    original = rollout.Rollouts.step_batches
+
+    def step_batches(self: Any, strategy: Any, model: Any, step: int) -> Any:
+        if step == stop_at:
+            stops[0].signum = signal.SIGTERM  # what the handler records, mid-generation of this step
+        return original(self, strategy, model, step)
+
+    monkeypatch.setattr(rollout.Rollouts, "step_batches", step_batches)
+    return run.main(["--config", "configs/demo.yaml", *args])
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sigterm_mid_generation_then_resume_is_the_uninterrupted_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write_task(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _launch(monkeypatch, _args(tmp_path, "whole")) == 0
+    whole = _rows(tmp_path / "whole" / "grpo")
+    assert _launch(monkeypatch, _args(tmp_path, "cut"), stop_at=1) == 128 + signal.SIGTERM
+    cut = tmp_path / "cut" / "grpo"
+    assert [r["step"] for r in _rows(cut)] == [1, 2]
+    assert (cut / "checkpoints" / "step-2").is_dir()
+    # This process holds the run's lock until it exits: resume a copy, as another process would.
+    shutil.copytree(cut, tmp_path / "resumed" / "grpo", ignore=shutil.ignore_patterns(".zerofit.lock"))
+    assert _launch(monkeypatch, [*_args(tmp_path, "resumed"), "checkpoint.resume=true"]) == 0
+    resumed = _rows(tmp_path / "resumed" / "grpo")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(whole, resumed, strict=True):
+        for key in FIELDS:
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+    _export_and_generate_import_nothing(tmp_path / "whole" / "grpo", tmp_path, monkeypatch)
+
+
+def _export_and_generate_import_nothing(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run folder's config.yaml names the user's reward module; export and generate of that folder must
+    not import it (files from elsewhere are data)."""
+    from zerofit.cli import main
+
+    assert MODULE in (run_dir / "config.yaml").read_text()
+    monkeypatch.delitem(sys.modules, MODULE, raising=False)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    assert main(["generate", str(run_dir), "--prompt", "item 1: ", "--max-new-tokens", "2"]) == 0
+    assert MODULE not in sys.modules
+
+
+def _problems(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        resolve(load_config(REPO / "configs" / "demo.yaml", ["train.objective=grpo", *overrides]), 1)
+    return str(err.value)
+
+
+def test_the_rl_rules_refuse_with_the_keys() -> None:
+    text = _problems("rl.num_generations=4", "rl.prompts_per_step=2", "batch.global_batch_size=6")
+    assert "batch.global_batch_size = 6" in text and "4 x 2 = 8 completions" in text
+    assert "rl.rewards is empty" in text
+    text = _problems(
+        "rl.generation_backend=vllm",
+        "distributed.strategy=deepspeed",
+        "distributed.preset=zero3",
+        "rl.rewards=[{function: length, target_length: 3}]",
+    )
+    assert "rl.generation_backend = 'vllm'" in text and "'zero3' is ZeRO-3" in text
+    text = _problems(
+        "rl.num_generations=4",
+        "rl.prompts_per_step=2",
+        "batch.global_batch_size=null",
+        "batch.micro_batch_size=3",
+        "rl.rewards=[{function: length, target_length: 3}]",
+    )
+    assert "rl.num_generations x rl.prompts_per_step = 4 x 2 completions" in text and "1, 2, 4, 8" in text
+
+
+BAD = "zerofit_planted_bad_reward"
+
+
+def test_a_reward_failing_mid_run_is_one_paragraph_and_keeps_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's reward returns a NaN at step 3: the run stops with the paragraph naming the function, the
+    step and the row, exit code 2, and the step-2 checkpoint is the last one (nothing of step 3 saved)."""
+    _write_task(tmp_path)
+    (tmp_path / f"{BAD}.py").write_text(
+        "CALLS = []\n"
+        "def flaky(prompts, completions, columns):\n"
+        "    CALLS.append(1)\n"
+        "    return [float('nan') if len(CALLS) == 3 and i == 1 else 0.5 for i in range(len(completions))]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, BAD, raising=False)
+    args = [*_args(tmp_path, "bad"), f"rl.rewards=[{{function: '{BAD}:flaky'}}]", "checkpoint.every_steps=1"]
+    capsys.readouterr()
+    assert _launch(monkeypatch, args) == 2
+    err = capsys.readouterr().err
+    assert f"The reward function '{BAD}:flaky' failed at step 3 on data row" in err and "NaN" in err
+    assert err.count("failed at step 3") == 1 and "Traceback" not in err
+    run_dir = tmp_path / "bad" / "grpo"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")) == [
+        "step-1",
+        "step-2",
+    ]
