@@ -16,6 +16,7 @@ built from it, and nothing replaces it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ import torch
 from zerofit.checkpoint.resume import settle_run_dir
 from zerofit.checkpoint.shared_storage import check_shared_output_dir
 from zerofit.config.resolve import ResolvedConfig
+from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import DataError, LaunchError
 from zerofit.data import (
     DataStats,
@@ -288,6 +290,39 @@ def _tools(tools_file: str | None) -> list[dict[str, Any]] | None:
     return read_tools_file(tools_file) if tools_file else None
 
 
+def _source_reader(
+    cfg: ZerofitConfig, tokenizer: Any, processor: Any, path: str, split: str, key: str
+) -> Callable[[bool], TokenizedData[Any]]:
+    """The load of one source on rank 0 (then the others); the training data's cut examples are held to
+    `data.truncation` there, so a refusal is one message before any model loads. `processor`: a
+    vision-language model's (`zerofit.recipe.vision`), else None."""
+    d, objective = cfg.data, cfg.train.objective
+    options: dict[str, Any] = {
+        "format": d.format,
+        "split": split,
+        "subset": d.subset,
+        "cache": d.cache,
+        "key": key,
+        "empty_responses": d.empty_responses,
+    }
+    if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
+        return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
+            key=key, empty_responses=d.empty_responses, missing_images=d.missing_images)  # fmt: skip
+    if objective == "kto":  # unpaired feedback; the training data must hold both labels
+        both = key == "data.path" and split == d.split
+        kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}
+        return lambda show: require_both_labels(
+            load_unpaired(path, tokenizer, d.max_seq_len, progress=show, **kto), key, both
+        )
+    if objective == "sft":  # data.tools_file read where the data is: rank 0 first, one message
+        return lambda show: load_examples(
+            path, tokenizer, d.max_seq_len, progress=show, tools=_tools(d.tools_file), **options
+        )
+    return lambda show: load_preference_pairs(
+        path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
+    )
+
+
 def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> TrainData:
     """Training and evaluation data (`data.format: auto` detected per source; `TrainData.facts` says what
     the training data decided): examples for `train.objective: sft`, preference pairs for the others."""
@@ -297,36 +332,7 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     if objective == "grpo":  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
         prompts, stats, sampler = load_prompt_data(cfg, tokenizer)
         return TrainData(prompts, stats, sampler)  # type: ignore[arg-type]
-    processor = vision_processor_for(cfg, tokenizer)
-
-    def reader(path: str, split: str, key: str) -> Callable[[bool], TokenizedData[Any]]:
-        """The load of one source on rank 0 (then the others); the training data's cut examples are held to
-        `data.truncation` there, so a refusal is one message before any model loads."""
-        options: dict[str, Any] = {
-            "format": d.format,
-            "split": split,
-            "subset": d.subset,
-            "cache": d.cache,
-            "key": key,
-            "empty_responses": d.empty_responses,
-        }
-        if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
-            return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
-                key=key, empty_responses=d.empty_responses, missing_images=d.missing_images)  # fmt: skip
-        if objective == "kto":  # unpaired feedback; the training data must hold both labels
-            both = key == "data.path" and split == d.split
-            kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}
-            return lambda show: require_both_labels(
-                load_unpaired(path, tokenizer, d.max_seq_len, progress=show, **kto), key, both
-            )
-        if objective == "sft":  # data.tools_file read where the data is: rank 0 first, one message
-            return lambda show: load_examples(
-                path, tokenizer, d.max_seq_len, progress=show, tools=_tools(d.tools_file), **options
-            )
-        return lambda show: load_preference_pairs(
-            path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
-        )
-
+    reader = functools.partial(_source_reader, cfg, tokenizer, vision_processor_for(cfg, tokenizer))
     read_train = reader(d.path, d.split, "data.path")
     train = _rank0_first(
         strategy, lambda show: check_truncation(read_train(show), d.max_seq_len, d.truncation)
