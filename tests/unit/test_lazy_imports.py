@@ -49,26 +49,46 @@ new_run_plan(resolved)
 build_strategy(render_spec(resolved))
 build_model(resolved.config, tokenizer=load_tokenizer(resolved.config))
 print(json.dumps(sorted(sys.modules)))
+# Then the same run with LoRA: peft now, and still no bitsandbytes (nothing is quantized).
+lora = resolve(load_config(None, [*overrides[:1], "lora.enabled=true", *overrides[2:]]), 1)
+build_model(lora.config, tokenizer=load_tokenizer(lora.config))
+print(json.dumps(sorted(sys.modules)))
 """
 
 
-def _modules_after(code: str, *args: str) -> set[str]:
-    """The top-level packages in `sys.modules` after a fresh interpreter ran `code`."""
+def _modules_after(code: str, *args: str) -> list[set[str]]:
+    """The top-level packages in `sys.modules` each time a fresh interpreter running `code` printed them."""
     proc = subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {name.split(".")[0] for name in json.loads(proc.stdout.splitlines()[-1])}
+    printed = [line for line in proc.stdout.splitlines() if line.startswith("[")]
+    return [{name.split(".")[0] for name in json.loads(line)} for line in printed]
+
+
+@pytest.fixture(scope="module")
+def plain_then_lora() -> list[set[str]]:
+    """The packages loaded after a plain run's build, then after the same run's build with LoRA."""
+    return _modules_after(PLAIN_RUN, str(REPO / "tests"))
 
 
 def test_importing_every_zerofit_module_imports_no_optional_library() -> None:
-    loaded = _modules_after(EVERY_MODULE)
+    (loaded,) = _modules_after(EVERY_MODULE)
     assert "zerofit" in loaded and "torch" in loaded  # the walk really imported the package
     assert sorted(loaded & set(LAZY)) == []
 
 
 @pytest.mark.slow
-def test_a_plain_run_builds_without_deepspeed_peft_or_bitsandbytes() -> None:
-    loaded = _modules_after(PLAIN_RUN, str(REPO / "tests"))
+def test_a_plain_run_builds_without_deepspeed_peft_or_bitsandbytes(plain_then_lora: list[set[str]]) -> None:
+    loaded = plain_then_lora[0]
     assert "transformers" in loaded  # the model really was built
     assert sorted(loaded & set(LAZY)) == []
+
+
+@pytest.mark.slow
+def test_a_lora_run_imports_peft_without_bitsandbytes(plain_then_lora: list[set[str]]) -> None:
+    # peft's own import pulls in bitsandbytes (and with it torch's inductor) unless zerofit hides it:
+    # nothing is quantized, so no process of a LoRA run pays for it.
+    loaded = plain_then_lora[1]
+    assert "peft" in loaded  # the adapters really were applied
+    assert sorted(loaded & set(LAZY)) == ["peft"]

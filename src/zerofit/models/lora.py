@@ -7,8 +7,11 @@ ones a run trains.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +30,7 @@ __all__ = [
     "lora_config",
     "model_targets",
     "peft_lora_config",
+    "peft_without_bitsandbytes",
 ]
 
 
@@ -60,6 +64,31 @@ def lora_config(
     return AdapterSpec(r, alpha, dropout, targets, use_dora, moe_experts, train_router)
 
 
+@contextmanager
+def peft_without_bitsandbytes() -> Iterator[Any]:
+    """peft, for calls that create adapter layers, with bitsandbytes out of sight unless already loaded.
+
+    Importing peft imports bitsandbytes (`peft.helpers`, for a helper zerofit never calls), and so does
+    creating adapters (its LoRA dispatchers for 8- and 4-bit layers); bitsandbytes in turn imports torch's
+    inductor: ~1 CPU-s in every process of a LoRA run on a quiet machine, several under load. A process
+    that has not loaded bitsandbytes holds no bitsandbytes layer (a quantized load and the 8-bit optimizers
+    import it first), so peft has nothing to dispatch to it: while the block runs `import bitsandbytes`
+    fails (a `None` in `sys.modules`, which peft catches or checks), and afterwards peft's cached answers
+    are dropped, so a quantized model later in the same process finds bitsandbytes as before.
+    """
+    if "bitsandbytes" in sys.modules:
+        yield importlib.import_module("peft")
+        return
+    sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
+    try:
+        yield importlib.import_module("peft")
+    finally:
+        del sys.modules["bitsandbytes"]
+        import_utils = importlib.import_module("peft.import_utils")
+        import_utils.is_bnb_available.cache_clear()
+        import_utils.is_bnb_4bit_available.cache_clear()
+
+
 def model_targets(model: torch.nn.Module, spec: AdapterSpec) -> LoraTargets:
     """What `spec` adapts of `model`: its meaning words mapped by the model's `model_type`."""
     config = getattr(model, "config", None)
@@ -69,10 +98,11 @@ def model_targets(model: torch.nn.Module, spec: AdapterSpec) -> LoraTargets:
 
 def peft_lora_config(spec: AdapterSpec, targets: LoraTargets) -> Any:
     """peft's `LoraConfig`: causal LM, no bias training; names, routed-expert parameters, a trained router."""
-    from peft import LoraConfig
+    with peft_without_bitsandbytes() as peft:
+        lora_class = peft.LoraConfig
 
     names = targets.target_modules
-    return LoraConfig(
+    return lora_class(
         task_type="CAUSAL_LM",
         r=spec.r,
         lora_alpha=spec.alpha,
@@ -163,15 +193,13 @@ def apply_lora(model: torch.nn.Module, spec: AdapterSpec, seed: int | None = Non
     Adapter init (kaiming A) draws from the global RNG: seeding it from the run's seed makes every rank and
     every split start from the same adapters, without disturbing the caller's RNG stream.
     """
-    from peft import get_peft_model
-
     config = peft_lora_config(spec, check_model_targets(model, spec))
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), peft_without_bitsandbytes() as peft:
         # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         if seed is not None:
             torch.manual_seed(seed)
-        return get_peft_model(model, config)
+        return peft.get_peft_model(model, config)
 
 
 @dataclass(frozen=True)
@@ -197,9 +225,10 @@ class AdaptedCounts:
 
 def adapted_counts(model: torch.nn.Module) -> AdaptedCounts:
     """Count what peft adapted in `model` (a `PeftModel`, or anything holding its layers)."""
-    from peft.tuners.lora import LoraLayer
-    from peft.tuners.lora.layer import ParamWrapper
-    from peft.utils.other import ModulesToSaveWrapper
+    with peft_without_bitsandbytes():
+        from peft.tuners.lora import LoraLayer
+        from peft.tuners.lora.layer import ParamWrapper
+        from peft.utils.other import ModulesToSaveWrapper
 
     modules = parameters = full = 0
     for module in model.modules():
