@@ -31,7 +31,8 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 # What a plain (no LoRA, no quantization) one-process run builds before it trains: config, engine spec, run
-# plan, strategy, tokenizer and model; the run's own modules imported as `zerofit.recipe.run` imports them.
+# plan, strategy, tokenizer and model; the run's own modules imported as `zerofit.recipe.run` imports them;
+# then the model saved as its final export saves it.
 PLAIN_RUN = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -47,7 +48,12 @@ overrides = ["distributed.strategy=single", "lora.enabled=false", "train.precisi
 resolved = resolve(load_config(None, overrides), 1)
 new_run_plan(resolved)
 build_strategy(render_spec(resolved))
-build_model(resolved.config, tokenizer=load_tokenizer(resolved.config))
+model = build_model(resolved.config, tokenizer=load_tokenizer(resolved.config))
+# and its final export's writer (transformers' save_pretrained, which unwraps the model through accelerate)
+import tempfile
+from pathlib import Path
+from zerofit.checkpoint.final_export import save_pretrained_here
+save_pretrained_here(model.model, Path(tempfile.mkdtemp()))
 print(json.dumps(sorted(sys.modules)))
 # Then the same run with LoRA: peft now, and still no bitsandbytes (nothing is quantized).
 lora = resolve(load_config(None, [*overrides[:1], "lora.enabled=true", *overrides[2:]]), 1)
@@ -79,7 +85,9 @@ def test_importing_every_zerofit_module_imports_no_optional_library() -> None:
 
 
 @pytest.mark.slow
-def test_a_plain_run_builds_without_deepspeed_peft_or_bitsandbytes(plain_then_lora: list[set[str]]) -> None:
+def test_a_plain_run_builds_and_saves_without_deepspeed_peft_or_bitsandbytes(
+    plain_then_lora: list[set[str]],
+) -> None:
     loaded = plain_then_lora[0]
     assert "transformers" in loaded  # the model really was built
     assert sorted(loaded & set(LAZY)) == []

@@ -8,7 +8,6 @@ ones a run trains.
 from __future__ import annotations
 
 import importlib
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import ConfigError
+from zerofit.core.lazy import hidden_unless_loaded
 from zerofit.models.lora_targets import LoraTargets, resolve_lora_targets
 
 __all__ = [
@@ -66,27 +66,22 @@ def lora_config(
 
 @contextmanager
 def peft_without_bitsandbytes() -> Iterator[Any]:
-    """peft, for calls that create adapter layers, with bitsandbytes out of sight unless already loaded.
+    """peft, for calls that import it or create adapter layers, with bitsandbytes hidden unless already loaded.
 
-    Importing peft imports bitsandbytes (`peft.helpers`, for a helper zerofit never calls), and so does
-    creating adapters (its LoRA dispatchers for 8- and 4-bit layers); bitsandbytes in turn imports torch's
-    inductor: ~1 CPU-s in every process of a LoRA run on a quiet machine, several under load. A process
-    that has not loaded bitsandbytes holds no bitsandbytes layer (a quantized load and the 8-bit optimizers
-    import it first), so peft has nothing to dispatch to it: while the block runs `import bitsandbytes`
-    fails (a `None` in `sys.modules`, which peft catches or checks), and afterwards peft's cached answers
-    are dropped, so a quantized model later in the same process finds bitsandbytes as before.
+    Both import bitsandbytes (`peft.helpers`; the LoRA dispatchers for 8- and 4-bit layers), ~1 CPU-s in
+    every process of a LoRA run. A process that has not loaded bitsandbytes holds no bitsandbytes layer (a
+    quantized load and the 8-bit optimizers import it first), so there is nothing to dispatch to it
+    (`zerofit.core.lazy`); peft's cached "is bitsandbytes available" answers are dropped afterwards, so a
+    quantized model later in the same process finds it as before.
     """
-    if "bitsandbytes" in sys.modules:
-        yield importlib.import_module("peft")
-        return
-    sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
-    try:
-        yield importlib.import_module("peft")
-    finally:
-        del sys.modules["bitsandbytes"]
-        import_utils = importlib.import_module("peft.import_utils")
-        import_utils.is_bnb_available.cache_clear()
-        import_utils.is_bnb_4bit_available.cache_clear()
+    with hidden_unless_loaded("bitsandbytes") as hidden:
+        try:
+            yield importlib.import_module("peft")
+        finally:
+            if hidden:
+                import_utils = importlib.import_module("peft.import_utils")
+                import_utils.is_bnb_available.cache_clear()
+                import_utils.is_bnb_4bit_available.cache_clear()
 
 
 def model_targets(model: torch.nn.Module, spec: AdapterSpec) -> LoraTargets:
