@@ -20,6 +20,7 @@ from zerofit.catalogue.models import is_tiny_model
 from zerofit.checkpoint.failed_save import attempt, export_failed
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.file_modes import follow_umask
+from zerofit.core.lazy import hidden_unless_loaded
 from zerofit.core.run_layout import BASE_MODEL_FILE, RunLayout
 from zerofit.strategies.base import Strategy
 
@@ -94,7 +95,10 @@ def save_pretrained_here(model: Any, folder: Path, **kwargs: Any) -> None:
     if overridable:
         model.should_save_on_this_rank = lambda is_main_process: is_main_process
     try:
-        model.save_pretrained(folder, **kwargs)
+        # (transformers unwraps the model through accelerate, which imports DeepSpeed for its engine type:
+        # a process without DeepSpeed loaded has no engine to unwrap, `zerofit.core.lazy`.)
+        with hidden_unless_loaded("deepspeed"):
+            model.save_pretrained(folder, **kwargs)
     finally:
         if overridable:
             del model.should_save_on_this_rank

@@ -32,6 +32,7 @@ from zerofit.export.trained import load_base, settle_remote_code
 from zerofit.models.build import resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
+from zerofit.models.lora import peft_without_bitsandbytes
 from zerofit.models.vision import folder_config, folder_model_class, is_vision_config
 
 __all__ = ["Generator", "load_generator"]
@@ -156,14 +157,13 @@ def _load_export(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if (folder / "adapter_config.json").is_file():
-        from peft import AutoPeftModelForCausalLM, PeftModel
-
-        if config is not None:
-            # the base exactly as the run loaded it (tiny-llama rebuilt, QLoRA dequantized)
-            base = load_base(config, dtype, device)
-            return PeftModel.from_pretrained(base, str(folder), is_trainable=False), tokenizer
-        # a peft folder from elsewhere: its adapter_config.json names the base
-        return AutoPeftModelForCausalLM.from_pretrained(
+        # the base exactly as the run loaded it (tiny-llama rebuilt, QLoRA dequantized)
+        base = load_base(config, dtype, device) if config is not None else None
+        with peft_without_bitsandbytes() as peft:
+            if base is not None:
+                return peft.PeftModel.from_pretrained(base, str(folder), is_trainable=False), tokenizer
+        # a peft folder from elsewhere: its adapter_config.json names the base (which may load quantized)
+        return peft.AutoPeftModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype, trust_remote_code=trust
         ), tokenizer
     auto = folder_model_class(folder)  # image-text-to-text for a vision-language model

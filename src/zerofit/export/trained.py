@@ -32,7 +32,7 @@ from zerofit.models.build import (
 )
 from zerofit.models.heads import auto_model_class, head_kwargs, set_pad_token
 from zerofit.models.hub import allowed_remote_code, hub_errors
-from zerofit.models.lora import apply_lora
+from zerofit.models.lora import apply_lora, peft_without_bitsandbytes
 from zerofit.models.vision import apply_vision_lora, is_vision_config
 
 __all__ = [
@@ -207,9 +207,8 @@ def _apply_adapters(
     """LoRA adapters of `source` on `base`: peft loads an adapter folder; a checkpoint's tensors go into a
     fresh peft wrapper of the run's own LoRA config."""
     if source.kind == "adapter":
-        from peft import PeftModel
-
-        return PeftModel.from_pretrained(base, str(source.path), is_trainable=False).to(dtype)
+        with peft_without_bitsandbytes() as peft:
+            return peft.PeftModel.from_pretrained(base, str(source.path), is_trainable=False).to(dtype)
     if source.kind == "model":
         raise ConfigError(
             [f"{source.path} is a full model export, but {run.run_dir}/config.yaml says lora.enabled=true"]

@@ -7,14 +7,17 @@ ones a run trains.
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from zerofit.core.errors import ConfigError
+from zerofit.core.lazy import hidden_unless_loaded
 from zerofit.models.lora_targets import LoraTargets, resolve_lora_targets
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "lora_config",
     "model_targets",
     "peft_lora_config",
+    "peft_without_bitsandbytes",
 ]
 
 
@@ -60,6 +64,26 @@ def lora_config(
     return AdapterSpec(r, alpha, dropout, targets, use_dora, moe_experts, train_router)
 
 
+@contextmanager
+def peft_without_bitsandbytes() -> Iterator[Any]:
+    """peft, for calls that import it or create adapter layers, with bitsandbytes hidden unless already loaded.
+
+    Both import bitsandbytes (`peft.helpers`; the LoRA dispatchers for 8- and 4-bit layers), ~1 CPU-s in
+    every process of a LoRA run. A process that has not loaded bitsandbytes holds no bitsandbytes layer (a
+    quantized load and the 8-bit optimizers import it first), so there is nothing to dispatch to it
+    (`zerofit.core.lazy`); peft's cached "is bitsandbytes available" answers are dropped afterwards, so a
+    quantized model later in the same process finds it as before.
+    """
+    with hidden_unless_loaded("bitsandbytes") as hidden:
+        try:
+            yield importlib.import_module("peft")
+        finally:
+            if hidden:
+                import_utils = importlib.import_module("peft.import_utils")
+                import_utils.is_bnb_available.cache_clear()
+                import_utils.is_bnb_4bit_available.cache_clear()
+
+
 def model_targets(model: torch.nn.Module, spec: AdapterSpec) -> LoraTargets:
     """What `spec` adapts of `model`: its meaning words mapped by the model's `model_type`."""
     config = getattr(model, "config", None)
@@ -70,10 +94,11 @@ def model_targets(model: torch.nn.Module, spec: AdapterSpec) -> LoraTargets:
 def peft_lora_config(spec: AdapterSpec, targets: LoraTargets, task_type: str = "CAUSAL_LM") -> Any:
     """peft's `LoraConfig`: causal LM (or `SEQ_CLS`, a reward model: peft then trains its score head in full,
     `modules_to_save`), no bias training; names, routed-expert parameters, a trained router."""
-    from peft import LoraConfig
+    with peft_without_bitsandbytes() as peft:
+        lora_class = peft.LoraConfig
 
     names = targets.target_modules
-    return LoraConfig(
+    return lora_class(
         task_type=task_type,
         r=spec.r,
         lora_alpha=spec.alpha,
@@ -164,17 +189,15 @@ def apply_lora(model: torch.nn.Module, spec: AdapterSpec, seed: int | None = Non
     Adapter init (kaiming A) draws from the global RNG: seeding it from the run's seed makes every rank and
     every split start from the same adapters, without disturbing the caller's RNG stream.
     """
-    from peft import get_peft_model
-
     # A sequence classifier (a reward model, `zerofit.models.heads`) is peft's SEQ_CLS task: its head trains in full.
     task = "SEQ_CLS" if type(model).__name__.endswith("ForSequenceClassification") else "CAUSAL_LM"
     config = peft_lora_config(spec, check_model_targets(model, spec), task)
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings(), peft_without_bitsandbytes() as peft:
         # peft still asks the deprecated `is_gradient_checkpointing`; nothing for a user to act on.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         if seed is not None:
             torch.manual_seed(seed)
-        return get_peft_model(model, config)
+        return peft.get_peft_model(model, config)
 
 
 @dataclass(frozen=True)
@@ -200,9 +223,10 @@ class AdaptedCounts:
 
 def adapted_counts(model: torch.nn.Module) -> AdaptedCounts:
     """Count what peft adapted in `model` (a `PeftModel`, or anything holding its layers)."""
-    from peft.tuners.lora import LoraLayer
-    from peft.tuners.lora.layer import ParamWrapper
-    from peft.utils.other import ModulesToSaveWrapper
+    with peft_without_bitsandbytes():
+        from peft.tuners.lora import LoraLayer
+        from peft.tuners.lora.layer import ParamWrapper
+        from peft.utils.other import ModulesToSaveWrapper
 
     modules = parameters = full = 0
     for module in model.modules():

@@ -215,15 +215,13 @@ def apply_vision_lora(
 ) -> tuple[torch.nn.Module, str]:
     """peft adapters on a vision-language model (`vision_lora_targets`), seeded as `apply_lora`; returns the
     adapted model and what was adapted, in words."""
-    from peft import get_peft_model
-
-    from zerofit.models.lora import adapted_counts, peft_lora_config
+    from zerofit.models.lora import adapted_counts, peft_lora_config, peft_without_bitsandbytes
 
     targets = vision_lora_targets(model, spec, projector, vision_tower)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), peft_without_bitsandbytes() as peft:
         if seed is not None:
             torch.manual_seed(seed)
-        adapted = get_peft_model(model, peft_lora_config(spec, targets))
+        adapted = peft.get_peft_model(model, peft_lora_config(spec, targets))
     return adapted, f"{targets.summary}: {adapted_counts(adapted).describe()}"
 
 

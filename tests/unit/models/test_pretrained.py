@@ -143,6 +143,7 @@ def test_the_converted_folder_loads_and_answers_as_the_gguf_does(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
     prompts = ["What is the capital of France?", "Name a primary colour."]
+    answers = []
     for text in prompts:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}],
@@ -153,11 +154,5 @@ def test_the_converted_folder_loads_and_answers_as_the_gguf_does(
         ours = model.generate(ids, max_new_tokens=12, do_sample=False)
         theirs = reference.generate(ids, max_new_tokens=12, do_sample=False)
         assert torch.equal(ours, theirs), (text, tokenizer.decode(ours[0]), tokenizer.decode(theirs[0]))
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompts[0]}],
-        add_generation_prompt=True,
-        return_tensors="pt",
-        return_dict=True,
-    )["input_ids"]
-    answer = tokenizer.decode(model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :])
-    assert "Paris" in answer
+        answers.append(tokenizer.decode(ours[0, ids.shape[1] :]))
+    assert "Paris" in answers[0]

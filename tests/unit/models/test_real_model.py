@@ -206,6 +206,14 @@ def _greedy(model: Any, ids: list[int], eos: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+@pytest.fixture(scope="module")
+def merged_answers(base: tuple[Any, Any], merged: Any) -> dict[str, list[int]]:
+    """The merged model's greedy tokens for each held-out prompt, decoded once for every test that compares
+    against them."""
+    _, tokenizer = base
+    return {c: _greedy(merged, _prompt_ids(tokenizer, c), tokenizer.eos_token_id) for c in HELD_OUT}
+
+
 def _load_gguf(folder: Path, name: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -229,14 +237,18 @@ def _agrees_where_decided(model: Any, reference: Any, sequence: list[int], start
 
 @pytest.mark.parametrize("quant", list(TOLERANCE))
 def test_the_gguf_exports_decode_the_held_out_prompts_as_the_merged_model(
-    base: tuple[Any, Any], merged: Any, exports: dict[str, Path], quant: str
+    base: tuple[Any, Any],
+    merged: Any,
+    merged_answers: dict[str, list[int]],
+    exports: dict[str, Path],
+    quant: str,
 ) -> None:
     _, tokenizer = base
     model, _ = _load_gguf(exports["gguf"], f"sft-{quant}.gguf")
     worst, same = 0.0, 0
     for country in HELD_OUT:
         prompt = _prompt_ids(tokenizer, country)
-        want = _greedy(merged, prompt, tokenizer.eos_token_id)
+        want = merged_answers[country]
         got = _greedy(model, prompt, tokenizer.eos_token_id)
         same += got == want
         if quant == "f16":
@@ -248,16 +260,17 @@ def test_the_gguf_exports_decode_the_held_out_prompts_as_the_merged_model(
     assert 0 < worst <= TOLERANCE[quant]
 
 
-def test_the_merged_model_answers_in_the_trained_format(base: tuple[Any, Any], merged: Any) -> None:
+def test_the_merged_model_answers_in_the_trained_format(
+    base: tuple[Any, Any], merged_answers: dict[str, list[int]]
+) -> None:
     model, tokenizer = base
-    answers = {}
-    for name, m in (("base", model), ("merged", merged)):
-        answers[name] = [
-            tokenizer.decode(
-                _greedy(m, _prompt_ids(tokenizer, c), tokenizer.eos_token_id), skip_special_tokens=True
-            )
-            for c in HELD_OUT
-        ]
+    tokens = {
+        "base": [_greedy(model, _prompt_ids(tokenizer, c), tokenizer.eos_token_id) for c in HELD_OUT],
+        "merged": [merged_answers[c] for c in HELD_OUT],
+    }
+    answers = {
+        name: [tokenizer.decode(t, skip_special_tokens=True) for t in ts] for name, ts in tokens.items()
+    }
     print(json.dumps(answers, indent=1))
     assert sum(a.startswith('{"answer"') for a in answers["merged"]) >= len(HELD_OUT) - 1
     assert not any(a.startswith('{"answer"') for a in answers["base"])  # the base model fails the format
@@ -265,7 +278,11 @@ def test_the_merged_model_answers_in_the_trained_format(base: tuple[Any, Any], m
 
 @pytest.mark.parametrize("quant", list(TOLERANCE))
 def test_llama_cpp_decodes_the_gguf_as_the_merged_model(
-    base: tuple[Any, Any], merged: Any, exports: dict[str, Path], quant: str
+    base: tuple[Any, Any],
+    merged: Any,
+    merged_answers: dict[str, list[int]],
+    exports: dict[str, Path],
+    quant: str,
 ) -> None:
     llama_cpp = pytest.importorskip("llama_cpp", reason="the optional extra gguf-run (llama-cpp-python)")
     _, tokenizer = base
@@ -277,7 +294,7 @@ def test_llama_cpp_decodes_the_gguf_as_the_merged_model(
             )
             prompt = _prompt_ids(tokenizer, country)
             assert llm.tokenize(rendered.encode(), add_bos=False, special=True) == prompt
-            want = _greedy(merged, prompt, tokenizer.eos_token_id)
+            want = merged_answers[country]
             llm.reset()
             got = []
             for token in llm.generate(prompt, temp=0.0, top_k=1):
