@@ -69,6 +69,7 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
             str(tmp / "hf.jsonl"),
         ),
         "loss_memory": (str(BENCH / "loss_memory.py"), "--smoke", "--json", str(tmp / "loss_memory.json")),
+        "grpo_real": (str(BENCH / "grpo_real.py"), "--smoke", "--json", str(tmp / "grpo_real.json")),
         "planner_families": (
             str(BENCH / "planner_families.py"),
             "--smoke",
@@ -257,6 +258,19 @@ def test_loss_memory_prints_every_loss_and_writes_its_json(ran: dict[str, Ran]) 
     sums = [r["loss_sum"] for r in report["results"]]
     assert max(sums) - min(sums) <= 1e-5 * max(sums)  # the same token sums
     assert all(r["peak_mib"] > 0 for r in report["results"])
+
+
+def test_grpo_real_smoke_trains_and_scores_the_base_and_the_trained_model(ran: dict[str, Ran]) -> None:
+    """`grpo_real.py --smoke`: one GRPO step through `zerofit.train` on tiny-llama, then the held-out reward
+    of the base (adapters off) and of the trained model, each over 5 prompts x 4 fixed-seed samples."""
+    result, out = ran["grpo_real"].ok(), ran["grpo_real"].tmp / "grpo_real.json"
+    assert "base     held-out reward " in result.stdout and "trained  held-out reward " in result.stdout
+    report = json.loads(out.read_text())
+    assert report["run"]["model"] == "tiny-llama" and report["run"]["steps"] == 1
+    for name in ("base", "trained"):
+        assert report[name]["completions"] == 20
+        assert set(report[name]) >= {"reward", "rewards/exact_match", "rewards/format_regex"}
+    assert len(report["train_reward_per_step"]) == 1
 
 
 def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str, Ran]) -> None:
