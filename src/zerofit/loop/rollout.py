@@ -46,6 +46,7 @@ from zerofit.strategies.base import Strategy
 
 __all__ = [
     "COMPLETIONS_FILE",
+    "COMPLETIONS_TABLE",
     "PromptRow",
     "RewardFailed",
     "Rollouts",
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
+COMPLETIONS_TABLE = "completions"  # the same rows' table in the metrics sinks (W&B: a wandb.Table)
 
 # (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])
 Scorer = Callable[
@@ -341,8 +343,13 @@ class Rollouts:
         local[-1, index] = torch.tensor([s.entropy_sum for s in sampled], dtype=torch.float64)
         if strategy.rank == 0:
             self.shown = [
-                {"prompt": p.text, "completion": t, "reward": float(w)}
-                for p, t, w in zip(prompt_of, texts, weighted.tolist(), strict=True)
+                {
+                    "prompt": p.text,
+                    "completion": t,
+                    "reward": float(w),
+                    **{f"rewards/{n}": float(each[n][i]) for n in self.reward_names},
+                }
+                for i, (p, t, w) in enumerate(zip(prompt_of, texts, weighted.tolist(), strict=True))
             ]
         return strategy.all_reduce_sum(local.to(strategy.device)).cpu()
 
@@ -394,15 +401,19 @@ class Rollouts:
                 ).cpu()
         return batch
 
-    def log_completions(self, run_dir: Path, steps_done: int) -> None:
+    def log_completions(self, run_dir: Path, steps_done: int) -> list[dict[str, Any]]:
         """Rank 0: append a few of this step's completions (rank 0's own) to the run's completions.jsonl when
-        `rl.log_completions_every` says so: prompt, completion and reward, one JSON object a line."""
+        `rl.log_completions_every` says so: step, prompt, completion, reward and each reward function's
+        score, one JSON object a line. Returns the rows written (none at other steps), which the loop also
+        sends to the metrics sinks as a table (W&B)."""
         every = self.log_completions_every
         if every <= 0 or steps_done % every != 0 or not self.shown:
-            return
+            return []
+        rows = [{"step": steps_done, **row} for row in self.shown[: self.shown_per_step]]
         with (run_dir / COMPLETIONS_FILE).open("a", encoding="utf-8") as f:
-            for row in self.shown[: self.shown_per_step]:
-                f.write(json.dumps({"step": steps_done, **row}) + "\n")
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        return rows
 
     def _metrics(self, table: torch.Tensor, generation_s: float, scoring_s: float) -> dict[str, float]:
         """The step's rollout fields of metrics.jsonl (means over the global batch's completions)."""

@@ -54,9 +54,9 @@ from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.unpaired import UnpairedExample, kto_micro_batches
 from zerofit.levers.compiling import graph_breaks
 from zerofit.levers.sequence_parallel import shard_micro_batch
-from zerofit.loop.rollout import Rollouts
+from zerofit.loop.rollout import COMPLETIONS_TABLE, Rollouts
 from zerofit.loop.signals import StopSignal
-from zerofit.metrics.base import MetricsSink
+from zerofit.metrics.base import MetricsSink, TableSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
 from zerofit.objectives.kto import KTOObjective
@@ -370,7 +370,9 @@ def _train_on_step(run: LoopInputs, step: int) -> tuple[StepResult, int]:
         )
     rl_metrics["time/training_s"] = time.perf_counter() - started
     if run.run_dir is not None and run.strategy.rank == 0:
-        run.rollouts.log_completions(run.run_dir, step + 1)
+        shown = run.rollouts.log_completions(run.run_dir, step + 1)
+        if shown and isinstance(run.sink, TableSink):  # W&B: a table of the same rows
+            run.sink.log_table(step + 1, COMPLETIONS_TABLE, shown)
     samples = run.batch.micro_batch_size * run.batch.grad_accum_steps * run.batch.dp_size
     return dataclasses.replace(result, metrics={**result.metrics, **rl_metrics}), samples
 

@@ -28,6 +28,14 @@ class MetricsSink(Protocol):
         """Flush and release resources; safe to call twice."""
 
 
+@runtime_checkable
+class TableSink(Protocol):
+    """A sink that also records tables (W&B): rows of one step under a key (GRPO's sampled completions)."""
+
+    def log_table(self, step: int, key: str, rows: list[dict[str, Any]]) -> None:
+        """Record `rows` (one dict per row, the same keys in each) as table `key` at optimizer step `step`."""
+
+
 class NullSink:
     """Discards everything (non-zero ranks, or logging disabled)."""
 
@@ -100,6 +108,12 @@ class MultiSink:
     def log_config(self, config: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.log_config(config)
+
+    def log_table(self, step: int, key: str, rows: list[dict[str, Any]]) -> None:
+        """Hand the table to every sink that records tables (`TableSink`); the others have no place for it."""
+        for sink in self.sinks:
+            if isinstance(sink, TableSink):
+                sink.log_table(step, key, rows)
 
     def close(self) -> None:
         """Close every sink, even when one fails to write (a full disk): that is a warning, and it must not

@@ -159,6 +159,17 @@ def read_wandb_run(path: str | Path, *, verify: bool = True) -> WandbRun:
     return run
 
 
+def read_table(run: WandbRun, key: str, step: int) -> list[dict[str, Any]]:
+    """The rows of table `key` logged at `step`, one dict per row. A `wandb.Table` reaches history as
+    nested keys (`key/_type` = "table-file", `key/path`: a JSON file `{"columns": [...], "data": [[...]]}`
+    under the run's `files/` folder)."""
+    row = run.history.get(step, {})
+    if row.get(f"{key}/_type") != "table-file":
+        raise KeyError(f"no table {key!r} at step {step} in {run.path}")
+    table = json.loads((run.path.parent / "files" / row[f"{key}/path"]).read_text())
+    return [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+
+
 def find_run_file(directory: str | Path) -> Path:
     """The newest `run-*.wandb` under `directory` (a run dir, its `wandb/` folder, or one W&B run folder)."""
     candidates = sorted(Path(directory).rglob("run-*.wandb"), key=lambda p: p.stat().st_mtime)

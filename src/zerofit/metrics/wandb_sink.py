@@ -225,6 +225,21 @@ class WandbSink:
             self._notice(f"zerofit: W&B stopped logging: {type(exc).__name__}: {_first_line(exc)}")
             self.run = None
 
+    def log_table(self, step: int, key: str, rows: list[dict[str, Any]]) -> None:
+        """`rows` as a `wandb.Table` under `key` at `step` (its columns: the first row's keys), in the same
+        history row as the step's metrics; a failure stops W&B logging as `log`'s does."""
+        if self.run is None or not rows:
+            return
+        try:
+            import wandb
+
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+            self.run.log({STEP_METRIC: step, key: table}, step=step)
+        except Exception as exc:  # as in `log`: W&B's service is gone
+            self._notice(f"zerofit: W&B stopped logging: {type(exc).__name__}: {_first_line(exc)}")
+            self.run = None
+
     def log_config(self, config: dict[str, Any]) -> None:
         if self.run is None:
             return

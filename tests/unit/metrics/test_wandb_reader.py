@@ -14,11 +14,29 @@ from zerofit.metrics.wandb_reader import (
     WandbFileError,
     find_run_file,
     iter_record_bytes,
+    read_table,
     read_wandb_run,
 )
 from zerofit.metrics.wandb_sink import STEP_METRIC, TOKENS_METRIC, WandbSink
 
 STEPS = 30
+TABLE_STEP = 10
+TABLE_ROWS = [
+    {
+        "step": TABLE_STEP,
+        "prompt": "add: 1+2\n",
+        "completion": "3",
+        "reward": 1.5,
+        "rewards/exact_match": 1.0,
+    },
+    {
+        "step": TABLE_STEP,
+        "prompt": "add: 1+2\n",
+        "completion": "The",
+        "reward": 0.0,
+        "rewards/exact_match": 0.0,
+    },
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +63,8 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
             "mem/rank0/peak_gib": 0.5,
             "mem/rank1/peak_gib": 0.75,
         }
+        if step == TABLE_STEP:  # GRPO's sampled completions, as the loop hands them over (before the row)
+            sink.log_table(step, "completions", TABLE_ROWS)
         sink.log(step, row)
         logged.append(row)
     sink.close()
@@ -64,6 +84,17 @@ def test_history_equals_what_was_logged(offline_run: tuple[Path, list[dict[str, 
         assert got["mem/rank1/peak_gib"] == 0.75
     assert "mem/source" not in run.history[1]  # labels go to the summary, not history
     assert run.summary["mem/source"] == "cpu_rss"
+
+
+def test_a_table_reads_back_as_its_rows(offline_run: tuple[Path, list[dict[str, float]]]) -> None:
+    """`WandbSink.log_table` writes a wandb.Table at its step, in the same history row as that step's
+    metrics (GRPO's completions table: docs/guides/rl.md)."""
+    run = read_wandb_run(find_run_file(offline_run[0]))
+    assert read_table(run, "completions", TABLE_STEP) == TABLE_ROWS
+    assert run.history[TABLE_STEP]["loss"] == offline_run[1][TABLE_STEP - 1]["loss"]
+    assert [s for s, _ in run.series("completions/_type")] == [TABLE_STEP]
+    with pytest.raises(KeyError, match="no table 'completions' at step 11"):
+        read_table(run, "completions", TABLE_STEP + 1)
 
 
 def test_config_and_summary_read_back(offline_run: tuple[Path, list[dict[str, float]]]) -> None:

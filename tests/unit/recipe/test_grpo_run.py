@@ -85,8 +85,11 @@ def test_sigterm_mid_generation_then_resume_is_the_uninterrupted_run(
 ) -> None:
     _write_task(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert _launch(monkeypatch, _args(tmp_path, "whole")) == 0
+    # The uninterrupted run also logs its sampled completions every 2 steps, to the file and to W&B.
+    logged = ["rl.log_completions_every=2", "logging.wandb.mode=offline"]
+    assert _launch(monkeypatch, [*_args(tmp_path, "whole"), *logged]) == 0
     whole = _rows(tmp_path / "whole" / "grpo")
+    _completions_reach_the_file_and_wandb(tmp_path / "whole" / "grpo")
     assert _launch(monkeypatch, _args(tmp_path, "cut"), stop_at=1) == 128 + signal.SIGTERM
     cut = tmp_path / "cut" / "grpo"
     assert [r["step"] for r in _rows(cut)] == [1, 2]
@@ -100,6 +103,23 @@ def test_sigterm_mid_generation_then_resume_is_the_uninterrupted_run(
         for key in FIELDS:
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
     _export_and_generate_import_nothing(tmp_path / "whole" / "grpo", tmp_path, monkeypatch)
+
+
+def _completions_reach_the_file_and_wandb(run_dir: Path) -> None:
+    """At steps 2 and 4, a few sampled completions (step, prompt, completion, reward and each reward
+    function's score) went to completions.jsonl, and the same rows to W&B as the `completions` table."""
+    from zerofit.loop.rollout import COMPLETIONS_FILE, COMPLETIONS_TABLE
+    from zerofit.metrics.wandb_reader import find_run_file, read_table, read_wandb_run
+
+    rows = [json.loads(line) for line in (run_dir / COMPLETIONS_FILE).read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [2, 4] and len(rows) == 8
+    key = f"rewards/{MODULE}:digits"
+    assert set(rows[0]) == {"step", "prompt", "completion", "reward", key}
+    assert all(r["reward"] == pytest.approx(r[key]) for r in rows)  # one function, weight 1
+    run = read_wandb_run(find_run_file(run_dir))
+    for step in (2, 4):
+        assert read_table(run, COMPLETIONS_TABLE, step) == [r for r in rows if r["step"] == step]
+        assert run.history[step]["reward"] == pytest.approx(_rows(run_dir)[step - 1]["reward"])
 
 
 def _export_and_generate_import_nothing(
