@@ -8,7 +8,8 @@
   its split suffix), name = preset + split, so runs of one job over several presets/splits sit together.
 - Files go under the run directory (`run_dir/wandb/`). A resumed run continues the same W&B run id.
 - The optimizer step (`train/step`) is the x-axis of every metric; `train/tokens_seen` is a second x-axis.
-- Logged names equal the `metrics.jsonl` keys, so the two can be compared one to one.
+- Logged names equal the `metrics.jsonl` keys, so the two can be compared one to one. Tables (`log_table`:
+  GRPO's sampled completions, the rows of `completions.jsonl`) are logged at their step as `wandb.Table`s.
 - Under the `deepspeed` launcher (`outlive_launcher`), W&B's service is started outside the rank's process
   tree (`detached_service_token`): on Ctrl-C or SIGTERM, DeepSpeed's `launch.py` terminates every
   descendant of each rank at once, which killed W&B's service mid-run (`W&B stopped logging:
