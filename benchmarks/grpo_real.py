@@ -122,8 +122,9 @@ def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     from zerofit.config import load_config
     from zerofit.export.trained import load_trained
 
-    overrides = [*REAL, *(SMOKE if args.smoke else ()), f"output_dir={runs}", "run_name=grpo-real"]
-    cfg = load_config(args.config, [*overrides, *args.overrides])
+    overrides = [*REAL, *(SMOKE if args.smoke else ())]
+    where = [f"output_dir={runs}", "run_name=grpo-real"]
+    cfg = load_config(args.config, [*overrides, *where, *args.overrides])
     rows = heldout_rows(
         REPO / cfg.data.path if not Path(cfg.data.path).is_absolute() else Path(cfg.data.path)
     )
@@ -133,8 +134,11 @@ def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     result = zerofit.train(cfg)
     train_s = time.perf_counter() - started
     trained = load_trained(result.run_dir)
-    score = lambda: heldout_reward(trained.model, trained.tokenizer, cfg, rows_file, args.samples, args.seed)  # noqa: E731
-    with trained.model.disable_adapter():
+
+    def score() -> dict[str, Any]:
+        return heldout_reward(trained.model, trained.tokenizer, cfg, rows_file, args.samples, args.seed)
+
+    with trained.model.disable_adapter():  # the base: the reference GRPO uses
         base = score()
     after = score()
     curve = [round(float(r["reward"]), 4) for r in result.metrics if "reward" in r]
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "run": {
             "config": str(args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config),
-            "overrides": [*out["overrides"][:-2], *args.overrides],
+            "overrides": [*out["overrides"], *args.overrides],
             "model": cfg.model.name_or_path,
             "steps": cfg.train.max_steps,
             "prompts_per_step": cfg.rl.prompts_per_step,
