@@ -9,6 +9,12 @@ PYTHONPATH), 4 steps, through the real launchers (gloo):
     zero2           DeepSpeed ZeRO-2    2 x 2 x 2                   SIGTERM mid-run, then resumed (zero2-resumed)
     fsdp            FSDP2               1 x 4 x 2                   layers gathered once per rollout
 
+(those three with `rl.loss_type` dapo, the default), and for each of the other loss types, grpo and dr_grpo:
+
+    LOSS-single     one process         8 x 1 x 1                   that loss type's reference curve
+    LOSS-zero2      DeepSpeed ZeRO-2    2 x 2 x 2                   (under torchrun)
+    LOSS-fsdp       FSDP2               1 x 4 x 2
+
 Each rank samples its own completions, seeded per (seed, step, global completion index), and the advantages
 come from whole groups (a group's 4 completions land on both ranks here): the per-step loss, grad norm,
 reward and completion lengths agree within 2e-5.
@@ -21,6 +27,7 @@ import os
 import signal
 
 import pytest
+import yaml
 
 from launch_helpers import Launch, RunResult, run_launches, write_config
 
@@ -34,6 +41,16 @@ LAUNCHES = [
     Launch("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
     Launch("zero2", "deepspeed", Z2, interrupt=(signal.SIGTERM, "group", 2)),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+]
+OTHER_LOSSES = ("grpo", "dr_grpo")
+LAUNCHES += [
+    Launch(f"{loss}-{name}", launcher, (*args, f"rl.loss_type={loss}"))
+    for loss in OTHER_LOSSES
+    for name, launcher, args in (
+        ("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
+        ("zero2", "torchrun", Z2),
+        ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    )
 ]
 RESUMED = Launch("zero2", "deepspeed", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
 
@@ -84,9 +101,14 @@ def _rows(result: RunResult) -> list[list[float]]:
     return [[row[k] for k in CURVES] for row in result.metrics]
 
 
-@pytest.mark.parametrize("name", ["zero2-resumed", "fsdp"])
+@pytest.mark.parametrize(
+    "name",
+    ["zero2-resumed", "fsdp", *(f"{loss}-{engine}" for loss in OTHER_LOSSES for engine in ("zero2", "fsdp"))],
+)
 def test_one_grpo_curve_for_every_engine_and_split(runs: dict[str, RunResult], name: str) -> None:
-    run, base = runs[name], runs["single"]
+    """Each loss type's curve (dapo: the unprefixed launches) on 2 ranks is its one-process curve."""
+    loss = next((loss for loss in OTHER_LOSSES if name.startswith(loss + "-")), None)
+    run, base = runs[name], runs["single" if loss is None else f"{loss}-single"]
     assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
     a, b = _rows(run), _rows(base)
     assert max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)) < TOL, (
@@ -98,6 +120,14 @@ def test_one_grpo_curve_for_every_engine_and_split(runs: dict[str, RunResult], n
         2 if "zero2" in name else 1,
         2,
     )
+    saved = yaml.safe_load((run.run_dir / "config.yaml").read_text())
+    assert saved["rl"]["loss_type"] == (loss or "dapo")
+
+
+def test_the_loss_types_give_different_curves(runs: dict[str, RunResult]) -> None:
+    """The loss-type launches ran their own normalizers: the same rollouts, another loss."""
+    losses = [runs[name].series("loss") for name in ("single", "grpo-single", "dr_grpo-single")]
+    assert losses[0] != losses[1] and losses[0] != losses[2] and losses[1] != losses[2], losses
 
 
 def test_sigterm_mid_run_then_resume_and_the_completions_file(runs: dict[str, RunResult]) -> None:
