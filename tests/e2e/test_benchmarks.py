@@ -52,6 +52,8 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
         "gpu_fit_long": (*gpu_fit, str(tmp / "long"), "--cases", "long-16k,long-2gpu-sp,lora-2gpu-fsdp"),
         "gpu_fit_speed": (*gpu_fit, str(tmp / "speed"), "--cases", "lora-kernels-compile,hf-best"),
         "gpu_fit_zerofit": (*gpu_fit, str(tmp / "zerofit"), "--cases", "lora-auto"),
+        # GRPO (issue 28): the 3090 recipe's case (on CPU: the tiny model) against TRL's GRPOTrainer.
+        "gpu_fit_rl": (*gpu_fit, str(tmp / "rl"), "--cases", "rl"),
         "cpu_vs_hf": (str(BENCH / "cpu_vs_hf.py"), *small_cpu, "--json", str(tmp / "cpu_vs_hf.json")),
         "overhead": (
             str(BENCH / "overhead_vs_torch.py"),
@@ -139,6 +141,19 @@ def test_gpu_fit_smoke_runs_a_zerofit_case_and_writes_its_results(ran: dict[str,
     (case,) = json.loads(path.read_text())["results"]
     assert case["case"] == "lora-auto" and case["ok"] is True, case
     assert case["useful_tokens_per_s"] > 0 and case["predicted"]["verdict"]
+
+
+def test_gpu_fit_smoke_runs_the_grpo_case_and_trls(ran: dict[str, Ran]) -> None:
+    """The GRPO case (generation and training timed apart, the plan's phases beside the measured peak) and
+    TRL's GRPOTrainer at the same settings, with their step-time ratio."""
+    result = ran["gpu_fit_rl"].ok()
+    (path,) = (ran["gpu_fit_rl"].tmp / "rl").glob("gpu_fit-smoke-*.json")
+    by = {r["case"]: r for r in json.loads(path.read_text())["results"]}
+    assert by["grpo"]["ok"] is True and by["trl-grpo"]["ok"] is True, by
+    measured = by["grpo"]["measured"]
+    assert measured["time/generation_s"] > 0 and measured["time/training_s"] > 0 and measured["steps"] == 1
+    assert "generation" in by["grpo"]["predicted"]["phases_gib"]
+    assert "TRL / zerofit step time:" in result.stdout
 
 
 def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(ran: dict[str, Ran]) -> None:
