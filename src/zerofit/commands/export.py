@@ -33,6 +33,18 @@ def step_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{value!r} is neither a step number nor 'best'") from None
 
 
+def add_trust_flags(parser: argparse.ArgumentParser) -> None:
+    """`--trust-pickles` and `--trust-remote-code`: what a command reading a run folder (export, generate,
+    score) may let that folder run, each only on the user's own command line."""
+    parser.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
+        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
+    )
+    add_trust_remote_code(parser)
+
+
 def add_trust_remote_code(parser: argparse.ArgumentParser) -> None:
     """`--trust-remote-code`: the user's own opt-in to the base model's code (export and generate)."""
     parser.add_argument(
@@ -81,13 +93,7 @@ def register(subparsers: Any) -> None:
         metavar="TYPE",
         help="with --format gguf: f16 (default), bf16, f32 or q8_0; q4_k_m and other k-quants: llama-quantize",
     )
-    parser.add_argument(
-        "--trust-pickles",
-        action="store_true",
-        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
-        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
-    )
-    add_trust_remote_code(parser)
+    add_trust_flags(parser)
     parser.set_defaults(func=run)
 
 

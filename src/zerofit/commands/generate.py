@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zerofit.commands.export import add_trust_remote_code, step_arg
+from zerofit.commands.export import add_trust_flags, step_arg
 from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
 
 
@@ -55,13 +55,7 @@ def register(subparsers: Any) -> None:
         metavar="N|best",
         help="a run directory's checkpoint step-N, or `best` (the lowest eval/loss)",
     )
-    parser.add_argument(
-        "--trust-pickles",
-        action="store_true",
-        help="let DeepSpeed / torch.distributed.checkpoint unpickle a checkpoint that names code beyond "
-        "zerofit's allow-list (only for a run folder whose source you trust: unpickling can run its code)",
-    )
-    add_trust_remote_code(parser)
+    add_trust_flags(parser)
     parser.set_defaults(func=run)
 
 
