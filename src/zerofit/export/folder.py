@@ -28,9 +28,8 @@ from zerofit.core.file_modes import follow_umask
 from zerofit.core.precision import DTYPES, torch_dtype
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
-from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for
-from zerofit.models.build import lora_spec, resolve_model_path
-from zerofit.models.lora import apply_lora
+from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for, with_run_adapters
+from zerofit.models.build import resolve_model_path
 from zerofit.models.vision import save_image_processor
 
 __all__ = [
@@ -130,10 +129,9 @@ def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path
     wrapper is built on the meta device and the checkpoint's tensors are assigned into it."""
     from zerofit.models.heads import meta_head_model
 
-    model: Any = apply_lora(
-        meta_head_model(run.config, resolve_model_path(run.config)),  # a reward model's: its score head too
-        lora_spec(run.config),
-    )
+    # A reward model's meta model has its score head too; a vision-language model's adapters go where its
+    # training put them.
+    model: Any = with_run_adapters(meta_head_model(run.config, resolve_model_path(run.config)), run.config)
     state = read_checkpoint(source.path, source.trust_pickles)
     result = model.load_state_dict(state, strict=False, assign=True)
     meta = [n for n, p in model.named_parameters() if p.requires_grad and p.is_meta]

@@ -44,6 +44,7 @@ __all__ = [
     "read_run_config",
     "settle_remote_code",
     "tokenizer_for",
+    "with_run_adapters",
 ]
 
 
@@ -201,6 +202,16 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
     return model.to(device=device, dtype=dtype)
 
 
+def with_run_adapters(base: torch.nn.Module, cfg: ZerofitConfig) -> torch.nn.Module:
+    """`base` wrapped in fresh peft LoRA adapters where the run's training put them: a vision-language
+    model's by its family (`models.vision`: the language model, `lora.projector`, `lora.vision_tower`), any
+    other model's by `lora.target_modules`. Shared by the merge and a checkpoint's adapter export."""
+    if is_vision_config(base.config.to_dict()):
+        model, _ = apply_vision_lora(base, lora_spec(cfg), cfg.lora.projector, cfg.lora.vision_tower, None)
+        return model
+    return apply_lora(base, lora_spec(cfg))
+
+
 def _apply_adapters(
     base: torch.nn.Module, run: RunConfig, source: WeightsSource, dtype: torch.dtype
 ) -> torch.nn.Module:
@@ -213,11 +224,7 @@ def _apply_adapters(
         raise ConfigError(
             [f"{source.path} is a full model export, but {run.run_dir}/config.yaml says lora.enabled=true"]
         )
-    lora = run.config.lora
-    if is_vision_config(base.config.to_dict()):  # the adapters where training put them (`models.vision`)
-        model, _ = apply_vision_lora(base, lora_spec(run.config), lora.projector, lora.vision_tower, None)
-    else:
-        model = apply_lora(base, lora_spec(run.config))
+    model = with_run_adapters(base, run.config)
     _load_trainable(model, read_checkpoint(source.path, source.trust_pickles), run, source)
     return model.to(dtype)
 
