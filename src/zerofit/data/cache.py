@@ -54,6 +54,7 @@ _DTYPES = {"input_ids": np.int32, "label_mask": np.uint8, "offsets": np.int64, "
 _BLOCK_TOKENS = 1 << 20  # tokens turned into lists at a time when loading
 _DIGEST = "digest"  # meta.json's key for the entry's content hash (`_content_digest`)
 _EXAMPLES = "examples"  # meta.json's key for the number of examples the entry holds
+_ATTACHED = "attached"  # meta.json's key for the entry's further files (`save_cached`'s `attachments`)
 
 
 def vocab_size(tokenizer: Any) -> int:
@@ -106,12 +107,14 @@ def save_cached(
     records: list[int],
     meta: dict[str, Any],
     vocab: int,
+    attachments: dict[str, bytes] | None = None,
 ) -> Path | None:
     """Write an entry atomically (a concurrent writer of the same key loses harmlessly), with its digest.
 
     Labels are stored as a one-byte mask over the ids: every zerofit label is either its token's id or
     IGNORE_INDEX. Examples that break that rule are not cached (None): nothing zerofit makes does. `vocab`:
-    the tokenizer's `vocab_size`, to judge an entry already there.
+    the tokenizer's `vocab_size`, to judge an entry already there. `attachments`: further files of the
+    entry by name (a vision entry's image tensors, safetensors), covered by the digest like the arrays.
     """
     lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -133,7 +136,9 @@ def save_cached(
         }
         for name, array in arrays.items():
             np.save(tmp / f"{name}.npy", array)
-        claimed = {**meta, _EXAMPLES: len(ids)}
+        for name, blob in (attachments or {}).items():
+            (tmp / name).write_bytes(blob)
+        claimed = {**meta, _EXAMPLES: len(ids), **({_ATTACHED: sorted(attachments)} if attachments else {})}
         digest = _content_digest(tmp, claimed)
         (tmp / "meta.json").write_text(json.dumps({**claimed, _DIGEST: digest}, indent=2) + "\n")
         _place(tmp, target, vocab)
@@ -158,10 +163,13 @@ def _place(tmp: Path, target: Path, vocab: int) -> None:
 
 
 def _content_digest(folder: Path, claimed: dict[str, Any]) -> str:
-    """SHA-256 of the entry's array files (bytes, in `_ARRAYS` order) and of its meta without the digest."""
+    """SHA-256 of the entry's array files (bytes, in `_ARRAYS` order), its attached files and its meta
+    without the digest."""
     digest = hashlib.sha256()
     for name in _ARRAYS:
         digest.update(f"{name}:{file_sha256(folder / f'{name}.npy')}\0".encode())
+    for name in claimed.get(_ATTACHED, []):
+        digest.update(f"{name}:{file_sha256(folder / name)}\0".encode())
     digest.update(json.dumps(claimed, sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -184,12 +192,24 @@ def entry_problem(folder: Path, vocab: int) -> str | None:
     if not isinstance(meta, dict) or not isinstance(meta.get(_DIGEST), str):
         return "has no content digest in meta.json (written by an older zerofit)"
     claimed = {k: v for k, v in meta.items() if k != _DIGEST}
-    problem = _shape_problem(arrays, claimed.get(_EXAMPLES)) or _value_problem(arrays, vocab)
+    problem = (
+        _attached_problem(folder, claimed.get(_ATTACHED, []))
+        or _shape_problem(arrays, claimed.get(_EXAMPLES))
+        or _value_problem(arrays, vocab)
+    )
     if problem is not None:
         return problem
     if _content_digest(folder, claimed) != meta[_DIGEST]:
         return "does not match the content digest in meta.json (edited or corrupted since it was written)"
     return None
+
+
+def _attached_problem(folder: Path, names: Any) -> str | None:
+    """Whether the attached files meta.json names are plain files of the entry (a name cannot lead out)."""
+    if not isinstance(names, list) or not all(isinstance(n, str) and Path(n).name == n for n in names):
+        return f"meta.json names attached files {names!r:.80}, not plain file names"
+    lost = [name for name in names if not (folder / name).is_file()]
+    return f"lacks its attached file {lost[0]}" if lost else None
 
 
 def _shape_problem(arrays: dict[str, np.ndarray], examples: Any) -> str | None:

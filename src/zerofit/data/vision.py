@@ -15,13 +15,14 @@ example whose image tokens do not fit in `data.max_seq_len` is refused (a cut im
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from zerofit.core.errors import DataError
+from zerofit.data.cache import CachedData
 from zerofit.data.chat import (
     _assistant_spans,
     _mask_from_spans,
@@ -29,8 +30,9 @@ from zerofit.data.chat import (
     has_generation_marks,
     require_chat_template,
 )
-from zerofit.data.records import open_source
 from zerofit.data.sft import DataStats, Example, TokenizedData, has_labels
+from zerofit.data.vision_cache import load_vision_cached, save_vision_cached, vision_cache_key
+from zerofit.data.vision_sources import images_digest, open_vision_source
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_images", "load_vision_examples"]
@@ -60,20 +62,35 @@ def _text(value: Any, where: str) -> str:
     return value
 
 
-def _image_ref(part: dict[str, Any], where: str) -> Any:
-    """The image a content part names: `image` (a path or an already-loaded image), or `image_url.url`."""
+def _image_ref(part: dict[str, Any], where: str, listed: list[Any], null: bool) -> Any:
+    """The image a content part names: `image` (a path or an already-loaded image), or `image_url.url`;
+    a bare `{"type": "image"}` (TRL's layout) takes the next of the record's `listed` images."""
     ref = part.get("image", part.get("path"))
     if ref is None and isinstance(part.get("image_url"), dict):
         ref = part["image_url"].get("url")
+    if ref is None and (listed or null):
+        return _next_listed(listed, null, where)
     if ref is None:
         raise DataError(
             f"{where}: an image part has keys {sorted(part)}; name the image with 'image' (a path relative "
-            "to the data file) or 'image_url': {'url': ...}."
+            "to the data file) or 'image_url': {'url': ...}, or list it in the record's 'images'."
         )
     return ref
 
 
-def _parts(content: Any, where: str, images: list[Any], listed: list[Any]) -> list[dict[str, Any]]:
+def _next_listed(listed: list[Any], null: bool, where: str) -> Any:
+    """The next of the record's `images` for a marker or a bare image part; None (a missing image) when the
+    record's image column is null (`null`)."""
+    if listed:
+        return listed.pop(0)
+    if null:
+        return None
+    raise DataError(f"{where}: more '<image>' markers or image parts than entries in the record's 'images'.")
+
+
+def _parts(
+    content: Any, where: str, images: list[Any], listed: list[Any], null: bool = False
+) -> list[dict[str, Any]]:
     """Message content as template parts; image references go to `images` in order. In a string, each
     `<image>` marker takes the next of the record's `listed` images."""
     if isinstance(content, str):
@@ -81,9 +98,7 @@ def _parts(content: Any, where: str, images: list[Any], listed: list[Any]) -> li
         out: list[dict[str, Any]] = []
         for i, piece in enumerate(pieces):
             if i:
-                if not listed:
-                    raise DataError(f"{where}: more '<image>' markers than entries in the record's 'images'.")
-                images.append(listed.pop(0))
+                images.append(_next_listed(listed, null, where))
                 out.append({"type": "image"})
             if piece:
                 out.append({"type": "text", "text": piece})
@@ -98,7 +113,7 @@ def _parts(content: Any, where: str, images: list[Any], listed: list[Any]) -> li
         if kind == "text":
             out.append({"type": "text", "text": _text(part.get("text"), where)})
         elif kind in ("image", "image_url"):
-            images.append(_image_ref(part, where))
+            images.append(_image_ref(part, where, listed, null))
             out.append({"type": "image"})
         else:
             raise DataError(f"{where}: a content part {part!r:.60} is neither text nor an image.")
@@ -111,9 +126,9 @@ def vision_messages(record: dict[str, Any], where: str) -> tuple[list[dict[str, 
     if not isinstance(raw, list):
         raise DataError(
             f"{where}: no 'messages' (or 'conversations') list; a vision-language model trains on chat "
-            "messages whose content holds images."
+            "messages whose content holds images (an image folder: a 'messages' column in its metadata.jsonl)."
         )
-    listed = list(record.get("images") or [])
+    listed, null = _listed(record)
     images: list[Any] = []
     messages = []
     for message in raw:
@@ -121,7 +136,7 @@ def vision_messages(record: dict[str, Any], where: str) -> tuple[list[dict[str, 
             raise DataError(f"{where}: a message is a {type(message).__name__}, not an object.")
         role = message.get("role", {"human": "user", "gpt": "assistant"}.get(message.get("from", "")))
         content = message.get("content", message.get("value"))
-        parts = _parts(content, where, images, listed)
+        parts = _parts(content, where, images, listed, null)
         if role == "assistant" and any(p["type"] == "image" for p in parts):
             raise DataError(f"{where}: an assistant message holds an image; only prompts can.")
         messages.append({"role": role, "content": parts})
@@ -134,6 +149,16 @@ def vision_messages(record: dict[str, Any], where: str) -> tuple[list[dict[str, 
     return messages, images
 
 
+def _listed(record: dict[str, Any]) -> tuple[list[Any], bool]:
+    """(the record's `images`, or its one `image` as LLaVA data and an image folder's `file_name` give it;
+    whether that column is null: its images are missing)."""
+    column = "images" if "images" in record or "image" not in record else "image"
+    value = record.get(column)
+    if column == "image":
+        return [value], False
+    return list(value or []), value is None and column in record
+
+
 def open_image(ref: Any, base: Path) -> Any:
     """The image `ref` names as RGB (a path relative to `base`, an absolute path, a PIL image, or a
     `datasets` Image dict with bytes); MissingImage when it cannot be read."""
@@ -141,6 +166,8 @@ def open_image(ref: Any, base: Path) -> Any:
 
     from PIL import Image
 
+    if ref is None or (isinstance(ref, dict) and ref.get("bytes") is None and ref.get("path") is None):
+        raise MissingImage("a null image (an empty value in the image column)")
     try:
         if isinstance(ref, Image.Image):
             image = ref
@@ -298,19 +325,42 @@ def load_vision_examples(
     key: str = "data.path",
     empty_responses: str = "drop",
     missing_images: str = "drop",
+    cache: bool = False,
 ) -> TokenizedData[Example]:
-    """Read the conversations `path` names and make `VisionExample`s with `processor`
-    (`zerofit.models.vision.VisionProcessor`); image paths are relative to the data file's folder."""
+    """Read the conversations `path` names (`zerofit.data.vision_sources`: a data file, a `datasets` source,
+    an image folder) and make `VisionExample`s with `processor` (`zerofit.models.vision.VisionProcessor`);
+    image paths are relative to the data file's folder. `cache`: reuse / store the result in the
+    tokenization cache, keyed on the images' bytes too (`zerofit.data.vision_cache`)."""
     if missing_images not in MISSING_IMAGE_RULES:
         raise ValueError(f"missing_images must be one of {MISSING_IMAGE_RULES}, not {missing_images!r}")
-    source = open_source(path, split=split, subset=subset, key=key)
-    local = Path(path).expanduser()
-    base = local.parent if local.is_file() else local
-    state = _VisionLoad(processor, max_seq_len, base, {"empty_responses": empty_responses,
-                                                      "missing_images": missing_images})  # fmt: skip
+    source, base = open_vision_source(path, split=split, subset=subset, key=key)
+    rules = {"empty_responses": empty_responses, "missing_images": missing_images}
+    fingerprint = source.fingerprint() if cache else None
+    entry = None
+    if fingerprint is not None:
+        digest = images_digest(source, base, lambda record, where: vision_messages(record, where)[1])
+        entry = vision_cache_key(fingerprint, digest, processor, max_seq_len=max_seq_len, **rules)
+        hit = load_vision_cached(entry, processor)
+        if hit is not None:
+            return _from_cache(*hit)
+    state = _VisionLoad(processor, max_seq_len, base, rules)
     for index, (where, record) in enumerate(source):
         state.add(index, where, record)
-    return state.result(source.describe())
+    data = state.result(source.describe())
+    if entry is not None and data.examples:
+        save_vision_cached(
+            entry, data.examples, data.records, {"stats": asdict(data.stats)}, processor.tokenizer
+        )
+    return data
+
+
+def _from_cache(hit: CachedData, images: list[dict[str, torch.Tensor]]) -> TokenizedData[Example]:
+    """The examples of a tokenization cache entry (`vision_cache.load_vision_cached`)."""
+    examples: list[Example] = [
+        VisionExample(ids, labels, pixels)
+        for ids, labels, pixels in zip(hit.ids, hit.labels, images, strict=True)
+    ]
+    return TokenizedData(examples, DataStats(**{**hit.meta["stats"], "from_cache": True}), hit.records)
 
 
 def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tensor]:

@@ -307,7 +307,7 @@ def _source_reader(
     }
     if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
         return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
-            key=key, empty_responses=d.empty_responses, missing_images=d.missing_images)  # fmt: skip
+            key=key, empty_responses=d.empty_responses, missing_images=d.missing_images, cache=d.cache)  # fmt: skip
     if objective == "kto":  # unpaired feedback; the training data must hold both labels
         both = key == "data.path" and split == d.split
         kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}
