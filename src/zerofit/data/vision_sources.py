@@ -84,7 +84,7 @@ def open_vision_source(
                 "datasets.Image values, or an image folder (the images and a metadata.jsonl whose rows hold "
                 "'file_name' and 'messages')."
             )
-        return _image_folder(local, split, key), local
+        return _undecoded(_image_folder(local, split, key)), local
     source = open_source(path, split=split, subset=subset, key=key)
     return _undecoded(source), local.parent if local.is_file() else local
 
