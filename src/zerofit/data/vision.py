@@ -340,7 +340,7 @@ def load_vision_examples(
     if fingerprint is not None:
         digest = images_digest(source, base, lambda record, where: vision_messages(record, where)[1])
         entry = vision_cache_key(fingerprint, digest, processor, max_seq_len=max_seq_len, **rules)
-        hit = load_vision_cached(entry, processor)
+        hit = load_vision_cached(entry, processor, TOKEN_TYPES)
         if hit is not None:
             return _from_cache(*hit)
     state = _VisionLoad(processor, max_seq_len, base, rules)

@@ -104,29 +104,29 @@ def _unpack(tensors: dict[str, torch.Tensor], n: int) -> list[dict[str, torch.Te
 
 
 def _claims_problem(
-    ids: list[list[int]], images: list[dict[str, torch.Tensor]], processor: Any
+    ids: list[list[int]], images: list[dict[str, torch.Tensor]], processor: Any, token_types: str
 ) -> str | None:
     """Whether each example's image tensors make as many image tokens as its ids hold, the processor's rule
-    (`tokens_per_image`), with the per-token types marking exactly those tokens."""
-    from zerofit.data.vision import TOKEN_TYPES
-
+    (`tokens_per_image`), with the per-token types (the tensor named `token_types`) marking exactly those."""
     image_id = processor.image_token_id
     for index, (tokens, pixels) in enumerate(zip(ids, images, strict=True)):
         wanted = sum(t == image_id for t in tokens)
-        pixel_rows = {name: t for name, t in pixels.items() if name != TOKEN_TYPES}
+        pixel_rows = {name: t for name, t in pixels.items() if name != token_types}
         try:
             made = sum(processor.tokens_per_image(pixel_rows)) if pixel_rows else 0
         except (KeyError, RuntimeError, ValueError, TypeError) as exc:
             return f"example {index}'s image tensors are not the processor's ({type(exc).__name__}: {exc})"
         if made != wanted:
             return f"example {index}'s images make {made} image tokens where its ids hold {wanted}"
-        types = pixels.get(TOKEN_TYPES)
+        types = pixels.get(token_types)
         if types is not None and types.tolist() != [int(t == image_id) for t in tokens]:
             return f"example {index}'s token types do not mark its image tokens"
     return None
 
 
-def _image_problem(folder: Any, ids: list[list[int]], processor: Any) -> tuple[Any, str | None]:
+def _image_problem(
+    folder: Any, ids: list[list[int]], processor: Any, token_types: str
+) -> tuple[Any, str | None]:
     """(the examples' image tensors, None) for a sound `images.safetensors`, else (None, what is wrong)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -135,17 +135,20 @@ def _image_problem(folder: Any, ids: list[list[int]], processor: Any) -> tuple[A
         images = _unpack(load_file(folder / IMAGES_FILE), len(ids))
     except (OSError, ValueError, SafetensorError) as exc:
         return None, f"{IMAGES_FILE} could not be read ({type(exc).__name__}: {exc})"
-    return images, _claims_problem(ids, images, processor)
+    return images, _claims_problem(ids, images, processor, token_types)
 
 
-def load_vision_cached(key: str, processor: Any) -> tuple[Any, list[dict[str, torch.Tensor]]] | None:
+def load_vision_cached(
+    key: str, processor: Any, token_types: str
+) -> tuple[Any, list[dict[str, torch.Tensor]]] | None:
     """(the `CachedData` of `key`, each example's image tensors), or None when there is no sound entry
-    (one that fails a check is removed, with a one-line note: the caller reads the data again)."""
+    (one that fails a check is removed, with a one-line note: the caller reads the data again).
+    `token_types`: the name of the per-token types tensor (`data.vision.TOKEN_TYPES`)."""
     hit = load_cached(key, vocab_size(processor.tokenizer))
     if hit is None:
         return None
     folder = entry_dir(key)
-    images, problem = _image_problem(folder, hit.ids, processor)
+    images, problem = _image_problem(folder, hit.ids, processor, token_types)
     if problem is None:
         return hit, images
     print(

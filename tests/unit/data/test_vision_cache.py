@@ -14,7 +14,7 @@ from PIL import Image
 
 from config_helpers import config
 from zerofit.data.cache import entry_dir
-from zerofit.data.vision import VisionExample, load_vision_examples
+from zerofit.data.vision import TOKEN_TYPES, VisionExample, load_vision_examples
 from zerofit.data.vision_cache import IMAGES_FILE, load_vision_cached, save_vision_cached
 from zerofit.models.build import load_tokenizer
 from zerofit.models.tiny import cache_dir
@@ -109,7 +109,7 @@ def test_image_tensors_that_do_not_make_their_image_tokens_are_refused(
     examples = [VisionExample(wrong.input_ids, wrong.labels, {**wrong.images, "image_grid_thw": grid})]  # type: ignore[attr-defined]
     key = f"test-claims-{tmp_path.name}"
     save_vision_cached(key, examples, [0], {"stats": {}}, processor.tokenizer)
-    assert load_vision_cached(key, processor) is None
+    assert load_vision_cached(key, processor, TOKEN_TYPES) is None
     note = capsys.readouterr().err
     assert "example 0's images make" in note and "image tokens where its ids hold" in note
     assert not entry_dir(key).exists()
