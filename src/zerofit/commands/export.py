@@ -136,10 +136,13 @@ def run(args: argparse.Namespace) -> int:
         load += "ModelForSequenceClassification.from_pretrained"
     _note_remote_code(result.out)
     extra = ", num_labels=1" if result.reward and result.kind == "adapter" else ""  # the base's config has 2
+    loader = f"{load}('{result.out}'{extra})"
+    if result.kind == "adapter" and not result.reward:
+        loader = _vision_adapter_loader(result.out) or loader
     say(
         f"exported {what} from {result.source.describe()} of {args.run_dir}\n"
         f"  -> {result.out} ({result.size_bytes / 2**20:.2f} MiB of weights, tokenizer, README.md model card)\n"
-        f"  load it with {load}('{result.out}'{extra}), or try it: zerofit "
+        f"  load it with {loader}, or try it: zerofit "
         + (
             f'score {args.run_dir if result.kind == "adapter" else result.out} --prompt "..." --response "..."'
             if result.reward
@@ -147,6 +150,22 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _vision_adapter_loader(out: Path) -> str | None:
+    """How to load a vision-language model's adapter folder `out` (peft has no Auto class for
+    image-text-to-text: the base through transformers, then the adapter), None for another model's."""
+    import json
+
+    from zerofit.models.vision import folder_config, is_vision_config
+
+    base = json.loads((out / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not is_vision_config(folder_config(str(base))):
+        return None
+    return (
+        f"peft.PeftModel.from_pretrained(transformers.AutoModelForImageTextToText.from_pretrained('{base}'), "
+        f"'{out}')"
+    )
 
 
 def _note_remote_code(out: Path) -> None:

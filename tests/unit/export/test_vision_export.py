@@ -16,7 +16,9 @@ WEIGHTS = "adapter_model.safetensors"
 
 
 @pytest.mark.slow
-def test_an_adapter_exports_from_a_mid_run_checkpoint_of_a_vision_run(tmp_path: Path) -> None:
+def test_an_adapter_exports_from_a_mid_run_checkpoint_of_a_vision_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import peft
     import transformers
 
@@ -36,6 +38,10 @@ def test_an_adapter_exports_from_a_mid_run_checkpoint_of_a_vision_run(tmp_path: 
     run = tmp_path / "vlm"
     for step in (2, 4):
         assert cli(["export", str(run), "--step", str(step), "--out", str(tmp_path / f"step{step}")]) == 0
+    # peft has no Auto class for image-text-to-text: the hint loads the base through transformers.
+    assert (
+        "peft.PeftModel.from_pretrained(transformers.AutoModelForImageTextToText" in capsys.readouterr().out
+    )
     final, last, mid = (load_file(folder / WEIGHTS) for folder in (run / "adapter", tmp_path / "step4",
                                                                    tmp_path / "step2"))  # fmt: skip
     assert sorted(last) == sorted(final) and not any("visual" in name for name in last)
