@@ -151,10 +151,10 @@ def vision_messages(record: dict[str, Any], where: str) -> tuple[list[dict[str, 
 
 def _listed(record: dict[str, Any]) -> tuple[list[Any], bool]:
     """(the record's `images`, or its one `image` as LLaVA data and an image folder's `file_name` give it;
-    whether that column is null: its images are missing)."""
+    whether that column is null: an image the text refers to is then missing, a text-only row stays one)."""
     column = "images" if "images" in record or "image" not in record else "image"
     value = record.get(column)
-    if column == "image":
+    if column == "image" and value is not None:
         return [value], False
     return list(value or []), value is None and column in record
 

@@ -105,6 +105,24 @@ def test_a_null_or_undecodable_image_in_a_dataset_follows_missing_images(tmp_pat
     assert "\n" not in message
 
 
+def test_a_null_image_column_leaves_a_text_only_row_one_and_misses_an_image_its_text_names(
+    tmp_path: Path,
+) -> None:
+    """LLaVA-style rows (one `image`): null on a text-only row, which trains; null where `<image>` asks for
+    one, a missing image."""
+    rows = [
+        {"image": None, "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]},
+        {"image": None, "conversations": [{"from": "human", "value": "<image>Colour?"}, {"from": "gpt", "value": "Red."}]},
+        {"image": str(IMAGES / "red.png"),
+         "conversations": [{"from": "human", "value": "<image>Colour?"}, {"from": "gpt", "value": "Red."}]},
+    ]  # fmt: skip
+    path = tmp_path / "llava.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_vision_examples(path, _processor(), 256)
+    assert (loaded.records, loaded.stats.n_missing_images) == ([0, 2], 1)
+    assert not loaded.examples[0].images and loaded.examples[1].images  # type: ignore[attr-defined]
+
+
 def _image_folder(folder: Path, rows: list[dict[str, object]]) -> Path:
     folder.mkdir()
     for colour in ("red", "green", "blue"):
