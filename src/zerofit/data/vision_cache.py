@@ -114,7 +114,7 @@ def _claims_problem(
         pixel_rows = {name: t for name, t in pixels.items() if name != token_types}
         try:
             made = sum(processor.tokens_per_image(pixel_rows)) if pixel_rows else 0
-        except (KeyError, RuntimeError, ValueError, TypeError) as exc:
+        except (KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
             return f"example {index}'s image tensors are not the processor's ({type(exc).__name__}: {exc})"
         if made != wanted:
             return f"example {index}'s images make {made} image tokens where its ids hold {wanted}"
@@ -133,7 +133,7 @@ def _image_problem(
 
     try:
         images = _unpack(load_file(folder / IMAGES_FILE), len(ids))
-    except (OSError, ValueError, SafetensorError) as exc:
+    except (OSError, ValueError, IndexError, SafetensorError) as exc:
         return None, f"{IMAGES_FILE} could not be read ({type(exc).__name__}: {exc})"
     return images, _claims_problem(ids, images, processor, token_types)
 
