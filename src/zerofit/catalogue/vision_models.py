@@ -111,11 +111,8 @@ _MLLAMA: dict[str, Any] = {
     },
 }
 
-TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {
-    TINY_QWEN2_VL: _QWEN2_VL,
-    TINY_LLAVA: _LLAVA,
-    TINY_MLLAMA: _MLLAMA,
-}
+TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {TINY_QWEN2_VL: _QWEN2_VL, TINY_LLAVA: _LLAVA}
+TINY_VLM_CONFIGS[TINY_MLLAMA] = _MLLAMA
 
 
 def is_tiny_vlm(name: str) -> bool:
