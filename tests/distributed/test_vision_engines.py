@@ -52,7 +52,7 @@ def test_two_ranks_give_the_one_process_curve(runs: dict[str, RunResult], engine
 # break (transformers skips the cross-attention layers and the vision tower then; zerofit gives such a forward
 # a padding image, `models.mllama`), with the vision encoder layers and both decoder layer kinds (self- and
 # cross-attention) sharded from `_no_split_modules`. ZeRO-2 shards no weights, so it adds nothing here.
-MLLAMA = (*COMMON, "model.name_or_path=tiny-mllama")
+MLLAMA = (*COMMON, "model.name_or_path=tiny-mllama", "data.max_image_tokens=null")
 LAUNCHES += [
     Launch("mllama-single", "python", (*MLLAMA, "distributed.strategy=single", "batch.micro_batch_size=4")),
     Launch("mllama-fsdp", "torchrun", (*MLLAMA, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),

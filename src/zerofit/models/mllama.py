@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from zerofit.core.errors import ConfigError
+
 # The Mllama model inputs beyond the text (`zerofit.data.vision.IMAGE_INPUTS` lists them with the others).
 CROSS_INPUTS = ("aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask")
 
@@ -82,3 +84,20 @@ def checkpointable_vision_layers(hf: torch.nn.Module) -> None:
                 cls.__name__, (GradientCheckpointingLayer, cls), {"__module__": cls.__module__}
             )
         module.__class__ = classes[cls]
+
+
+def refuse_image_token_limit(max_image_tokens: int | None, vision_config: dict[str, Any], name: str) -> None:
+    """`data.max_image_tokens` has nothing to lower for Mllama: an image is one text token, and the vision
+    states the text reads are always the model's `max_num_tiles` tiles (a smaller image's are padding), so
+    it is refused rather than ignored."""
+    if max_image_tokens is None:
+        return
+    per_tile = (int(vision_config["image_size"]) // int(vision_config["patch_size"])) ** 2 + 1
+    raise ConfigError(
+        [
+            f"data.max_image_tokens = {max_image_tokens} with {name}, a Llama 3.2 Vision (mllama) model: each "
+            f"image is one <|image|> token in the text and always {vision_config['max_num_tiles']} tiles of "
+            f"{per_tile} vision states read through cross-attention, so there is nothing to lower; remove "
+            "data.max_image_tokens"
+        ]
+    )

@@ -177,6 +177,10 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
     finally:
         transformers.logging.set_verbosity(verbosity)
     limit_image_tokens(image_processor, max_image_tokens, path)
+    if family.kind == "cross":  # Mllama: a fixed number of tiles per image, nothing to lower
+        from zerofit.models.mllama import refuse_image_token_limit
+
+        refuse_image_token_limit(max_image_tokens, config["vision_config"], path)
     return VisionProcessor(tokenizer, image_processor, family, config)
 
 

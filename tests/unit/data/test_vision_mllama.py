@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from config_helpers import config
-from zerofit.core.errors import DataError
+from zerofit.core.errors import ConfigError, DataError
 from zerofit.data import IGNORE_INDEX, collate
 from zerofit.data.vision import load_vision_examples
 from zerofit.models.build import load_tokenizer
@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "demo-vlm.jsonl"
 
 
-def _processor() -> VisionProcessor:
+def _processor(max_image_tokens: int | None = None) -> VisionProcessor:
     cfg = config({"model": {"name_or_path": "tiny-mllama"}, "distributed": {"strategy": "single"}})
-    return load_vision_processor(str(ensure_tiny_vlm("tiny-mllama")), load_tokenizer(cfg))
+    return load_vision_processor(str(ensure_tiny_vlm("tiny-mllama")), load_tokenizer(cfg), max_image_tokens)
 
 
 def test_each_image_is_one_unlabelled_token_seen_from_its_place_on() -> None:
@@ -90,3 +90,11 @@ def test_two_images_in_one_conversation_are_refused_in_one_paragraph(tmp_path: P
         load_vision_examples(path, _processor(), 256)
     text = str(err.value)
     assert "2 images in one conversation" in text and "one image per" in text and "\n" not in text
+
+
+def test_max_image_tokens_is_refused_not_ignored() -> None:
+    """Mllama's images are one text token each and always the model's tiles: nothing to lower."""
+    with pytest.raises(ConfigError) as err:
+        _processor(max_image_tokens=16)
+    text = str(err.value)
+    assert "data.max_image_tokens = 16" in text and "2 tiles of 5 vision states" in text and "remove" in text

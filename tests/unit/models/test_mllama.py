@@ -144,6 +144,7 @@ def test_it_trains_exports_merged_with_its_processor_and_generates_from_an_image
         output_dir=str(tmp_path),
         run_name="mllama",
         model={"name_or_path": "tiny-mllama"},
+        data={"max_image_tokens": None},  # the demo's Qwen2-VL limit: nothing to lower for Mllama
         train={"max_steps": 2},
         logging={"console": False, "wandb": {"mode": "disabled"}},
     )
