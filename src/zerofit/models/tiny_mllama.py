@@ -8,7 +8,9 @@ Llama 3.2 Vision's (an image part is one `<|image|>` token; the assistant text m
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,12 +57,11 @@ def _open_gates(folder: Path) -> None:
     save_file(weights, path, metadata={"format": "pt"})
 
 
-def mllama_files(folder: Path, seed: int) -> None:
-    """Write tiny Mllama's config, weights, tokenizer and image processor into `folder`."""
+def mllama_files(folder: Path, seed: int, write_model: Callable[[Path, Any, Any, int], None]) -> None:
+    """Write tiny Mllama's config, weights (`write_model`: the built-ins' seeded writer, handed in by
+    `zerofit.models.tiny_vision`), tokenizer and image processor into `folder`."""
     import transformers
     from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
-
-    from zerofit.models.tiny_vision import _write_model  # the shared writer; imported here: no cycle
 
     data = copy.deepcopy(TINY_VLM_CONFIGS[TINY_MLLAMA])
     text = data["text_config"]
@@ -70,7 +71,7 @@ def mllama_files(folder: Path, seed: int) -> None:
     text["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     text["pad_token_id"] = tokenizer.pad_token_id
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
-    _write_model(folder, transformers.MllamaForConditionalGeneration, config, seed)
+    write_model(folder, transformers.MllamaForConditionalGeneration, config, seed)
     _open_gates(folder)
     vision = data["vision_config"]
     side = vision["image_size"]

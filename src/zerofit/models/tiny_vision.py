@@ -125,7 +125,7 @@ def _llava_files(folder: Path, seed: int) -> None:
 
 
 _BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files}
-_BUILDERS[TINY_MLLAMA] = mllama_files
+_BUILDERS[TINY_MLLAMA] = lambda folder, seed: mllama_files(folder, seed, _write_model)
 assert set(_BUILDERS) == set(TINY_VLM_CONFIGS), "every built-in vision-language model has a builder"
 
 
