@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import ConfigError
+from zerofit.models.mllama import checkpointable_vision_layers, refuse_image_token_limit, run_idle_images
 
 
 @dataclass(frozen=True)
@@ -178,8 +179,6 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
         transformers.logging.set_verbosity(verbosity)
     limit_image_tokens(image_processor, max_image_tokens, path)
     if family.kind == "cross":  # Mllama: a fixed number of tiles per image, nothing to lower
-        from zerofit.models.mllama import refuse_image_token_limit
-
         refuse_image_token_limit(max_image_tokens, config["vision_config"], path)
     return VisionProcessor(tokenizer, image_processor, family, config)
 
@@ -291,11 +290,12 @@ def run_vision_every_step(hf: torch.nn.Module) -> None:
     Sharded engines gather a vision block's weights when it runs (FSDP2 per block, ZeRO-3), in forward and,
     once its output needs a gradient, again in backward; a rank whose micro-batch has no image would skip
     those collectives while the others wait in them. The features join where real ones do (the embeddings),
-    so backward reaches the tower in the same order on every rank."""
-    family = vision_family(hf.config.to_dict())
-    if family is not None and family.kind == "cross":  # Mllama: a padding image, the layers all run
-        from zerofit.models.mllama import checkpointable_vision_layers, run_idle_images
+    so backward reaches the tower in the same order on every rank.
 
+    Llama 3.2 Vision (Mllama) instead gets a padding image per row, which the split-exact loss needs too
+    (`models.mllama.run_idle_images`), and its vision layers made checkpointable like its decoder layers."""
+    family = vision_family(hf.config.to_dict())
+    if family is not None and family.kind == "cross":
         run_idle_images(hf)
         checkpointable_vision_layers(hf)
         return
