@@ -15,11 +15,7 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import DataError
-from zerofit.models.mllama import padding_images
-
-CROSS_MASK = (
-    "cross_attention_mask"  # per example (1, tokens, images, max tiles); per batch (rows, width, ...)
-)
+from zerofit.models.mllama import CROSS_MASK, padding_images
 
 
 def cross_attention_mask(

@@ -21,7 +21,10 @@ import torch
 from zerofit.core.errors import ConfigError
 
 # The Mllama model inputs beyond the text (`zerofit.data.vision.IMAGE_INPUTS` lists them with the others).
-CROSS_INPUTS = ("aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask")
+CROSS_MASK = (
+    "cross_attention_mask"  # per example (1, tokens, images, max tiles); per batch (rows, width, ...)
+)
+CROSS_INPUTS = ("aspect_ratio_ids", "aspect_ratio_mask", CROSS_MASK)
 
 
 def padding_images(
@@ -59,9 +62,7 @@ def run_idle_images(hf: torch.nn.Module) -> None:
         rows, width = ids.shape
         tile = tile_shape(module.config.vision_config)
         idle = padding_images(rows, 1, tile, ids.device)
-        idle["cross_attention_mask"] = torch.zeros(
-            rows, width, 1, tile[0], dtype=torch.long, device=ids.device
-        )
+        idle[CROSS_MASK] = torch.zeros(rows, width, 1, tile[0], dtype=torch.long, device=ids.device)
         return args, {**kwargs, **idle}
 
     inner.register_forward_pre_hook(before, with_kwargs=True)
