@@ -46,3 +46,22 @@ def test_two_ranks_give_the_one_process_curve(runs: dict[str, RunResult], engine
     assert runs[engine].series("tokens") == runs["single"].series("tokens")
     assert (runs[engine].run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert Path(runs[engine].run_dir / "adapter" / "adapter_config.json").is_file()
+
+
+# Llama 3.2 Vision (tiny-mllama) on FSDP2: the engine whose per-block collectives a rank without images would
+# break (transformers skips the cross-attention layers and the vision tower then; zerofit gives such a forward
+# a padding image, `models.mllama`), with the vision encoder layers and both decoder layer kinds (self- and
+# cross-attention) sharded from `_no_split_modules`. ZeRO-2 shards no weights, so it adds nothing here.
+MLLAMA = (*COMMON, "model.name_or_path=tiny-mllama", "data.max_image_tokens=null")
+LAUNCHES += [
+    Launch("mllama-single", "python", (*MLLAMA, "distributed.strategy=single", "batch.micro_batch_size=4")),
+    Launch("mllama-fsdp", "torchrun", (*MLLAMA, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+]
+
+
+def test_llama_3_2_vision_on_fsdp2_gives_the_one_process_curve(runs: dict[str, RunResult]) -> None:
+    single, fsdp = runs["mllama-single"].series("loss"), runs["mllama-fsdp"].series("loss")
+    assert len(single) == len(fsdp) == 4
+    assert fsdp == pytest.approx(single, abs=TOL)
+    assert runs["mllama-fsdp"].series("tokens") == runs["mllama-single"].series("tokens")
+    assert (runs["mllama-fsdp"].run_dir / "adapter" / "adapter_model.safetensors").is_file()

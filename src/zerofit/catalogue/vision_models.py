@@ -11,6 +11,7 @@ from typing import Any
 
 TINY_QWEN2_VL = "tiny-qwen2-vl"
 TINY_LLAVA = "tiny-llava"
+TINY_MLLAMA = "tiny-mllama"
 
 # Qwen2-VL: a ViT over 14 x 14 patches (2 frames per patch: temporal_patch_size), 2 x 2 patches merged into
 # one language-model token by the projector (`visual.merger`); M-RoPE splits each head's rotary pairs over
@@ -75,7 +76,43 @@ _LLAVA: dict[str, Any] = {
     },
 }
 
+# Llama 3.2 Vision (Mllama): a tiled ViT (28 x 28-pixel tiles, up to 2 per image, 14-pixel patches: 5 vision
+# tokens per tile with the CLS), its local then gated global encoder, a linear projector of the last and
+# intermediate states; the language model (a Llama) reads them through cross-attention layers
+# (`cross_attention_layers`), each image one `<|image|>` token in the text.
+_MLLAMA: dict[str, Any] = {
+    "architectures": ["MllamaForConditionalGeneration"],
+    "model_type": "mllama",
+    "text_config": {
+        "model_type": "mllama_text_model",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "cross_attention_layers": [1],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    "vision_config": {
+        "model_type": "mllama_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_global_layers": 1,
+        "attention_heads": 2,
+        "image_size": 28,
+        "patch_size": 14,
+        "max_num_tiles": 2,
+        "supported_aspect_ratios": [[1, 1], [1, 2], [2, 1]],
+        "intermediate_layers_indices": [0],
+        "vision_output_dim": 64,  # hidden_size x (1 + len(intermediate_layers_indices))
+    },
+}
+
 TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {TINY_QWEN2_VL: _QWEN2_VL, TINY_LLAVA: _LLAVA}
+TINY_VLM_CONFIGS[TINY_MLLAMA] = _MLLAMA
 
 
 def is_tiny_vlm(name: str) -> bool:

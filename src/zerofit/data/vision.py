@@ -33,13 +33,15 @@ from zerofit.data.chat import (
 from zerofit.data.sft import DataStats, Example, TokenizedData, has_labels
 from zerofit.data.vision_cache import load_vision_cached, save_vision_cached, vision_cache_key
 from zerofit.data.vision_sources import images_digest, open_vision_source
+from zerofit.data.vision_mllama import CROSS_MASK, collate_cross, cross_attention_mask
+from zerofit.models.mllama import CROSS_INPUTS
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_images", "load_vision_examples"]
 
 MISSING_IMAGE_RULES = ("drop", "error")  # data.missing_images
 # The image processor outputs a vision-language model takes as inputs (`batches.model_inputs`).
-IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "mm_token_type_ids")
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "mm_token_type_ids", *CROSS_INPUTS)
 TOKEN_TYPES = "mm_token_type_ids"  # per token: 1 an image's, 0 text (right-padded with 0 by `collate_images`)
 IMAGE_MARKER = "<image>"  # ShareGPT / LLaMA-Factory: where each of the record's `images` goes
 
@@ -240,6 +242,8 @@ def tokenize_vision(
     ids, labels = ids[:max_seq_len], labels[:max_seq_len]
     if images and processor.token_types:  # which tokens are an image's (M-RoPE's grid)
         pixels[TOKEN_TYPES] = torch.tensor([int(t == processor.image_token_id) for t in ids])
+    if images and processor.family.kind == "cross":  # Mllama: which text tokens see the image's tiles
+        pixels[CROSS_MASK] = cross_attention_mask(ids, processor.image_token_id, pixels, where)
     return VisionExample(ids, labels, pixels), truncated
 
 
@@ -374,6 +378,8 @@ def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tenso
                 keys.setdefault(name, []).append(tensor)
     if not keys:
         return {}
+    if CROSS_MASK in keys:  # Mllama: images and masks padded per row (`data.vision_mllama`)
+        return collate_cross(examples, width)
     if not any(TOKEN_TYPES in getattr(e, "images", {}) for e in examples):
         return {name: torch.cat(tensors) for name, tensors in keys.items()}
     types = torch.zeros(len(examples), width, dtype=torch.long)
@@ -406,6 +412,8 @@ def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.T
     input_ids = torch.tensor([ids])
     if processor.token_types:
         pixels[TOKEN_TYPES] = (input_ids == processor.image_token_id).long()
+    if processor.family.kind == "cross":
+        pixels[CROSS_MASK] = cross_attention_mask(ids, processor.image_token_id, pixels, where)
     return {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),

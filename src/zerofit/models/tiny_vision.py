@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from zerofit.catalogue.vision_models import TINY_LLAVA, TINY_QWEN2_VL, TINY_VLM_CONFIGS
+from zerofit.catalogue.vision_models import TINY_LLAVA, TINY_MLLAMA, TINY_QWEN2_VL, TINY_VLM_CONFIGS
 from zerofit.models.tiny import (
     TinyFamily,
     build_once,
@@ -24,6 +24,7 @@ from zerofit.models.tiny import (
     unshared_weights,
     write_marker,
 )
+from zerofit.models.tiny_mllama import mllama_files
 
 # Qwen2-VL's ChatML, with content parts: an image part renders as the family's vision span, whose one
 # `<|image_pad|>` the processor expands to the image's tokens. Assistant text is marked `{% generation %}`.
@@ -124,6 +125,7 @@ def _llava_files(folder: Path, seed: int) -> None:
 
 
 _BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files}
+_BUILDERS[TINY_MLLAMA] = lambda folder, seed: mllama_files(folder, seed, _write_model)
 assert set(_BUILDERS) == set(TINY_VLM_CONFIGS), "every built-in vision-language model has a builder"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import ConfigError
+from zerofit.models.mllama import checkpointable_vision_layers, refuse_image_token_limit, run_idle_images
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class VisionFamily:
     # only the language model, as the QLoRA recipes of the family do); transformers matches a name from its start.
     unquantized: tuple[str, ...] = ("model.visual",)
     # How an image becomes tokens: "grid" (Qwen-VL: a patch grid per image, merged 2 x 2, with per-token
-    # types for M-RoPE) or "fixed" (LLaVA: every image resized to the tower's size, one token per patch).
+    # types for M-RoPE) or "fixed" (LLaVA: every image resized to the tower's size, one token per patch), or
+    # "cross" (Llama 3.2 Vision: one token per image, its tiles read through cross-attention, `models.mllama`).
     kind: str = "grid"
 
 
@@ -58,6 +60,10 @@ FAMILIES: dict[str, VisionFamily] = {
         VisionFamily(
             "llava", "llama", r"model\.language_model", r"model\.vision_tower", r"model\.multi_modal_projector",
             "<image>", ("model.vision_tower", "model.multi_modal_projector"), "fixed",
+        ),
+        VisionFamily(
+            "mllama", "llama", r"model\.language_model", r"model\.vision_model", r"model\.multi_modal_projector",
+            "<|image|>", ("model.vision_model", "model.multi_modal_projector"), "cross",
         ),
     )
 }  # fmt: skip
@@ -115,13 +121,21 @@ class VisionProcessor:
         return int(self.tokenizer.convert_tokens_to_ids(self.family.image_token))
 
     def preprocess(self, images: list[Any]) -> dict[str, torch.Tensor]:
-        """The image processor's tensors for `images` (pixel values, Qwen's patch grid per image)."""
+        """The image processor's tensors for `images` (pixel values, Qwen's patch grid per image; Mllama's
+        tiles of one conversation's images, with their aspect-ratio ids and masks)."""
+        if self.family.kind == "cross":  # Mllama's processor takes a list of images per conversation
+            out = dict(self.image_processor(images=[images], return_tensors="pt"))
+            out.pop("num_tiles", None)  # the aspect-ratio mask holds it; not a model input
+            return out
         return dict(self.image_processor(images=images, return_tensors="pt"))
 
     def tokens_per_image(self, pixels: dict[str, torch.Tensor]) -> list[int]:
         """How many tokens each image becomes, by the family's processor rule: Qwen2-VL's patch grid
         (t x h x w) over the merged patches; LLaVA's patches of the resized image (its CLS token dropped
-        under `vision_feature_select_strategy: default`)."""
+        under `vision_feature_select_strategy: default`); Mllama's one `<|image|>` token (its tiles reach the
+        text through cross-attention, so the sequence does not grow with the image)."""
+        if self.family.kind == "cross":
+            return [1] * int(pixels["pixel_values"].shape[1])
         if self.family.kind == "grid":
             merge = int(self.image_processor.merge_size)
             return [int(n) for n in pixels["image_grid_thw"].prod(dim=-1) // merge**2]
@@ -164,6 +178,8 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
     finally:
         transformers.logging.set_verbosity(verbosity)
     limit_image_tokens(image_processor, max_image_tokens, path)
+    if family.kind == "cross":  # Mllama: a fixed number of tiles per image, nothing to lower
+        refuse_image_token_limit(max_image_tokens, config["vision_config"], path)
     return VisionProcessor(tokenizer, image_processor, family, config)
 
 
@@ -274,7 +290,15 @@ def run_vision_every_step(hf: torch.nn.Module) -> None:
     Sharded engines gather a vision block's weights when it runs (FSDP2 per block, ZeRO-3), in forward and,
     once its output needs a gradient, again in backward; a rank whose micro-batch has no image would skip
     those collectives while the others wait in them. The features join where real ones do (the embeddings),
-    so backward reaches the tower in the same order on every rank."""
+    so backward reaches the tower in the same order on every rank.
+
+    Llama 3.2 Vision (Mllama) instead gets a padding image per row, which the split-exact loss needs too
+    (`models.mllama.run_idle_images`), and its vision layers made checkpointable like its decoder layers."""
+    family = vision_family(hf.config.to_dict())
+    if family is not None and family.kind == "cross":
+        run_idle_images(hf)
+        checkpointable_vision_layers(hf)
+        return
     inner = getattr(hf, "model", None)
     if inner is None or not hasattr(inner, "get_image_features"):
         return

@@ -170,7 +170,7 @@ def test_qlora_quantizes_the_language_model_and_keeps_the_vision_tower_float() -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava"])
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava", "tiny-mllama"])
 def test_each_tiny_family_trains_lora_on_ragged_image_text_data(name: str) -> None:
     """Every built-in vision-language family: its processor's image tokens (never labelled), LoRA on its
     language model only, and two steps on one process that lower the loss."""
