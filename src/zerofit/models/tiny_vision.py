@@ -24,6 +24,7 @@ from zerofit.models.tiny import (
     unshared_weights,
     write_marker,
 )
+from zerofit.models.tiny_vision_families import FAMILY_BUILDERS  # Gemma 3 (vision), SmolVLM
 
 # Qwen2-VL's ChatML, with content parts: an image part renders as the family's vision span, whose one
 # `<|image_pad|>` the processor expands to the image's tokens. Assistant text is marked `{% generation %}`.
@@ -123,7 +124,7 @@ def _llava_files(folder: Path, seed: int) -> None:
     write_marker(folder)
 
 
-_BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files}
+_BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files, **FAMILY_BUILDERS}
 assert set(_BUILDERS) == set(TINY_VLM_CONFIGS), "every built-in vision-language model has a builder"
 
 
