@@ -156,7 +156,7 @@ class VisionProcessor:
             merge = int(self.image_processor.merge_size)
             return [int(n) for n in pixels["image_grid_thw"].prod(dim=-1) // merge**2]
         if self.family.kind in ("pooled", "tiles"):
-            return [self._tiles(i, pixels) * self._tokens_per_tile for i in range(len(self._layout(pixels)))]
+            return [self._tiles(i, pixels) * self.tokens_per_tile for i in range(len(self._layout(pixels)))]
         values = pixels["pixel_values"]
         patch = int(self.model_config["vision_config"]["patch_size"])
         cls = 0 if self.model_config.get("vision_feature_select_strategy", "default") == "default" else 1
@@ -164,7 +164,7 @@ class VisionProcessor:
         return [per_image] * int(values.shape[0])
 
     @property
-    def _tokens_per_tile(self) -> int:
+    def tokens_per_tile(self) -> int:
         """Gemma 3: `mm_tokens_per_image`; SmolVLM: a tile's patches over the pixel shuffle's scale squared
         (its processor's `image_seq_len`)."""
         if self.family.kind == "pooled":
@@ -198,7 +198,7 @@ class VisionProcessor:
         elif self.family.kind == "tiles":
             from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
 
-            per_tile = self._tokens_per_tile
+            per_tile = self.tokens_per_tile
             texts = [
                 get_image_prompt_string(
                     rows, cols, per_tile, "<fake_token_around_image>", token, "<global-img>"
@@ -228,6 +228,32 @@ def limit_image_tokens(image_processor: Any, max_image_tokens: int | None, name:
     image_processor.size = {"shortest_edge": least, "longest_edge": max_image_tokens * unit}
 
 
+def limit_tiled_image_tokens(processor: VisionProcessor, max_image_tokens: int | None, name: str) -> None:
+    """`data.max_image_tokens` for a family whose images become whole tiles of tokens (Gemma 3: one tile per
+    image, `mm_tokens_per_image`; SmolVLM: a split into up to k x k tiles plus the whole image): SmolVLM's
+    largest image lowered to the most tiles a side that fit (k x tile pixels); a limit under one tile is
+    refused (no image can become fewer tokens)."""
+    if max_image_tokens is None or processor.family.kind not in ("pooled", "tiles"):
+        return
+    per_tile = processor.tokens_per_tile
+    if max_image_tokens < per_tile:
+        raise ConfigError(
+            [
+                f"data.max_image_tokens = {max_image_tokens}: every image of {name} becomes at least {per_tile} "
+                f"tokens (the {processor.family.model_type} processor's tokens per image tile); set "
+                f"data.max_image_tokens={per_tile} or more"
+            ]
+        )
+    if processor.family.kind == "tiles":
+        image_processor = processor.image_processor
+        tile = int(image_processor.max_image_size["longest_edge"])
+        side = 1  # k = 1: the image shrunk to one tile, not split
+        while ((side + 1) ** 2 + 1) * per_tile <= max_image_tokens:
+            side += 1
+        longest = min(int(image_processor.size["longest_edge"]), side * tile)
+        image_processor.size = {"longest_edge": longest}
+
+
 def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | None = None) -> VisionProcessor:
     """The processor of the vision-language model at `path`: its image processor (PIL backend: no
     torchvision needed) with `tokenizer`, limited to `max_image_tokens` per image (`data.max_image_tokens`)."""
@@ -242,7 +268,9 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
     finally:
         transformers.logging.set_verbosity(verbosity)
     limit_image_tokens(image_processor, max_image_tokens, path)
-    return VisionProcessor(tokenizer, image_processor, family, config)
+    processor = VisionProcessor(tokenizer, image_processor, family, config)
+    limit_tiled_image_tokens(processor, max_image_tokens, path)
+    return processor
 
 
 def lora_target_regex(

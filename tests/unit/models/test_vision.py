@@ -107,8 +107,9 @@ def test_per_micro_batch_means_would_disagree_with_the_global_token_mean() -> No
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
 def test_the_demo_trains_exports_merged_with_its_processor_and_generates_from_an_image(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
     import zerofit
     from zerofit.cli import main as cli
@@ -117,6 +118,7 @@ def test_the_demo_trains_exports_merged_with_its_processor_and_generates_from_an
         str(REPO / "configs" / "demo-vlm.yaml"),
         output_dir=str(tmp_path),
         run_name="vlm",
+        model={"name_or_path": name},
         train={"max_steps": 2},
         logging={"console": False, "wandb": {"mode": "disabled"}},
     )
