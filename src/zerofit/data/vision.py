@@ -224,7 +224,10 @@ def tokenize_vision(
             "data.max_seq_len, or lower data.max_image_tokens so each image becomes fewer tokens."
         )
     ids, labels = ids[:max_seq_len], labels[:max_seq_len]
-    if images and processor.token_types:  # which tokens are an image's (M-RoPE's grid, Gemma 3's mask)
+    # Which tokens are an image's (M-RoPE's grid, Gemma 3's mask). Gemma 3's processor returns its types for
+    # a text-only row too, and its model builds its masks another way without them (there, with no sliding
+    # window): every row carries them, so a row's loss does not depend on the rows it is batched with.
+    if processor.token_types and (images or processor.family.token_type_key):
         pixels[processor.token_type_key] = torch.tensor([int(t == processor.image_token_id) for t in ids])
     return VisionExample(ids, labels, pixels), truncated
 
@@ -329,14 +332,12 @@ def load_vision_examples(
 def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tensor]:
     """The images' tensors of a micro-batch padded to `width` tokens: the image processor's rows concatenated
     in example order (Qwen-VL's output is per patch and per image, so a batch is the concatenation), the
-    per-token types one row per example (0 for text-only rows and padding); {} without images."""
+    per-token types one row per example (0 for text-only rows and padding); {} without images (and types)."""
     keys: dict[str, list[torch.Tensor]] = {}
     for example in examples:
         for name, tensor in getattr(example, "images", {}).items():
             if name not in TOKEN_TYPE_KEYS:
                 keys.setdefault(name, []).append(tensor)
-    if not keys:
-        return {}
     joined = {name: _join_images(name, tensors) for name, tensors in keys.items()}
     key = next((k for k in TOKEN_TYPE_KEYS for e in examples if k in getattr(e, "images", {})), None)
     if key is None:

@@ -84,6 +84,7 @@ def test_the_loss_curve_is_the_same_for_8x1_and_2x4_on_ragged_image_text_data(na
     examples = _examples(cfg)
     whole = _curve(cfg, examples, 8)
     assert _curve(cfg, examples, 2) == pytest.approx(whole, abs=2e-5)
+    assert _curve(cfg, examples, 1) == pytest.approx(whole, abs=2e-5)  # text-only micro-batches too
     assert whole[1] < whole[0]  # it learns
 
 
