@@ -9,7 +9,7 @@ global batch 4, through the real launchers (gloo):
 
 A rank whose micro-batch has no image still runs the vision tower (`models.vision.run_vision_every_step`), so
 the sharded engines' collectives match. The per-step loss agrees within 2e-5 and every run exports its adapter.
-The other families (`FAMILY_CASES`: tiny-gemma3-vl on FSDP2, tiny-smolvlm and tiny-llava on ZeRO-2) each run
+The other families (`FAMILY_CASES`: tiny-gemma3-vl and tiny-llava on FSDP2, tiny-smolvlm on ZeRO-2) each run
 the same settings once on one process and once on 2 ranks, in the same concurrent launches.
 """
 
@@ -32,8 +32,8 @@ LAUNCHES = [
     Launch("fsdp", "torchrun", (*COMMON, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 # The other families, each on one engine against its own one-process curve: (label, model, engine). FSDP2
-# shards what the model class's `_no_split_modules` names (Gemma 3: its decoder layers); LLaVA's class names
-# none, so it runs on ZeRO-2, as SmolVLM does (its class names only its vision attention).
+# shards the blocks the model's classes declare whole (`_no_split_modules`; for Gemma 3 and LLaVA those of its
+# vision tower's and language model's classes: SigLIP / CLIP encoder layers and the decoder layers).
 ENGINES = {
     "zero2": ("deepspeed", ZERO2),
     "fsdp": ("torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
@@ -41,7 +41,7 @@ ENGINES = {
 FAMILY_CASES = [
     ("gemma3", "tiny-gemma3-vl", "fsdp"),
     ("smolvlm", "tiny-smolvlm", "zero2"),
-    ("llava", "tiny-llava", "zero2"),
+    ("llava", "tiny-llava", "fsdp"),
 ]
 for _label, _model, _engine in FAMILY_CASES:
     _common = (*COMMON, f"model.name_or_path={_model}")
