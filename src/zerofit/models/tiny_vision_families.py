@@ -11,8 +11,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from zerofit.catalogue.vision_models import TINY_GEMMA3_VL, TINY_SMOLVLM, TINY_VLM_CONFIGS
-from zerofit.models.tiny import TinyFamily, char_tokenizer, write_marker
+from zerofit.models.tiny import TinyFamily, char_tokenizer, unshared_weights, write_marker
 
 # Gemma 3's template (google/gemma-3-*-it): no system role (a system text goes first in the first user turn),
 # the assistant is `model`, text parts trimmed, an image part rendered as `<start_of_image>`, which the
@@ -92,6 +94,19 @@ _SMOLVLM_FAMILY = TinyFamily(
 )
 
 
+def write_model(folder: Path, model_class: Any, config: Any, seed: int) -> None:
+    """Seeded random weights of `model_class(config)` saved as `save_pretrained` would (`tiny._build_into`)."""
+    from safetensors.torch import save_file
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    model.config.dtype = str(model.dtype).removeprefix("torch.")
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    save_file(unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
+
+
 def _text_ids(text: dict[str, Any], tokenizer: Any) -> None:
     """The language model's special ids, read off the tiny tokenizer."""
     text["bos_token_id"] = tokenizer.bos_token_id
@@ -105,8 +120,6 @@ def _gemma3_vl_files(folder: Path, seed: int) -> None:
     import transformers
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    from zerofit.models.tiny_vision import _write_model
-
     data = copy.deepcopy(TINY_VLM_CONFIGS[TINY_GEMMA3_VL])
     text = data["text_config"]
     tokenizer = char_tokenizer(_GEMMA3_FAMILY, text["vocab_size"], text["max_position_embeddings"])
@@ -115,7 +128,7 @@ def _gemma3_vl_files(folder: Path, seed: int) -> None:
     data.update({key: tokenizer.convert_tokens_to_ids(tok) for key, tok in ids.items()})
     _text_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
-    _write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
+    write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
     side = data["vision_config"]["image_size"]
     Gemma3ImageProcessorPil(size={"height": side, "width": side}).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -128,15 +141,13 @@ def _smolvlm_files(folder: Path, seed: int) -> None:
     import transformers
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
-    from zerofit.models.tiny_vision import _write_model
-
     data = copy.deepcopy(TINY_VLM_CONFIGS[TINY_SMOLVLM])
     text = data["text_config"]
     tokenizer = char_tokenizer(_SMOLVLM_FAMILY, text["vocab_size"], text["max_position_embeddings"])
     data["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")
     _text_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
-    _write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
+    write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
     side = data["vision_config"]["image_size"]
     SmolVLMImageProcessorPil(
         size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side}
