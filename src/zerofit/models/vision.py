@@ -267,6 +267,14 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
         image_processor = transformers.AutoImageProcessor.from_pretrained(path)
     finally:
         transformers.logging.set_verbosity(verbosity)
+    if getattr(image_processor, "do_pan_and_scan", False):  # its crops' tokens are not in the family's rule
+        raise ConfigError(
+            [
+                f"model.name_or_path = {path!r}: its image processor has do_pan_and_scan on (Gemma 3's extra crops "
+                'of each image), which zerofit does not train yet; set "do_pan_and_scan": false in its '
+                "preprocessor_config.json"
+            ]
+        )
     limit_image_tokens(image_processor, max_image_tokens, path)
     processor = VisionProcessor(tokenizer, image_processor, family, config)
     limit_tiled_image_tokens(processor, max_image_tokens, path)

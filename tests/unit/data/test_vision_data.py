@@ -88,6 +88,16 @@ def test_max_image_tokens_bounds_the_tiles_of_the_tiled_families(name: str, limi
         load_vision_processor(path, load_tokenizer(cfg), 3)
 
 
+def test_gemma3_pan_and_scan_crops_are_refused_in_one_paragraph(tmp_path: Path) -> None:
+    folder = tmp_path / "gemma3"
+    shutil.copytree(ensure_tiny_vlm("tiny-gemma3-vl"), folder)
+    settings = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**settings, "do_pan_and_scan": True}))
+    cfg = config({**BASE, "model": {"name_or_path": "tiny-gemma3-vl"}})
+    with pytest.raises(ConfigError, match=r"do_pan_and_scan on .* set \"do_pan_and_scan\": false"):
+        load_vision_processor(str(folder), load_tokenizer(cfg))
+
+
 def test_sharegpt_markers_render_as_openai_image_parts(tmp_path: Path) -> None:
     processor = _processor()
     image = str(REPO / "data" / "demo-vlm" / "red.png")  # an absolute path works too
