@@ -1,4 +1,4 @@
-"""A vision-language model on 2 ranks (issue 29): tiny-qwen2-vl, LoRA on the language model with the projector
+"""Vision-language models on 2 ranks (issue 29): tiny-qwen2-vl, LoRA on the language model with the projector
 trained in full, on the bundled ragged image + text data (images of different sizes, text-only rows), fp32,
 global batch 4, through the real launchers (gloo):
 
@@ -9,6 +9,8 @@ global batch 4, through the real launchers (gloo):
 
 A rank whose micro-batch has no image still runs the vision tower (`models.vision.run_vision_every_step`), so
 the sharded engines' collectives match. The per-step loss agrees within 2e-5 and every run exports its adapter.
+The other families (`FAMILY_CASES`: tiny-gemma3-vl and tiny-llava on FSDP2, tiny-smolvlm on ZeRO-2) each run
+the same settings once on one process and once on 2 ranks, in the same concurrent launches.
 """
 
 from __future__ import annotations
@@ -29,6 +31,28 @@ LAUNCHES = [
     Launch("zero2", "deepspeed", (*COMMON, *ZERO2)),
     Launch("fsdp", "torchrun", (*COMMON, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
+# The other families, each on one engine against its own one-process curve: (label, model, engine). FSDP2
+# shards the blocks the model's classes declare whole (`_no_split_modules`; for Gemma 3 and LLaVA those of its
+# vision tower's and language model's classes: SigLIP / CLIP encoder layers and the decoder layers).
+ENGINES = {
+    "zero2": ("deepspeed", ZERO2),
+    "fsdp": ("torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+}
+FAMILY_CASES = [
+    ("gemma3", "tiny-gemma3-vl", "fsdp"),
+    ("smolvlm", "tiny-smolvlm", "zero2"),
+    ("llava", "tiny-llava", "fsdp"),
+]
+for _label, _model, _engine in FAMILY_CASES:
+    _common = (*COMMON, f"model.name_or_path={_model}")
+    LAUNCHES += [
+        Launch(
+            f"{_label}-single",
+            "python",
+            (*_common, "distributed.strategy=single", "batch.micro_batch_size=4"),
+        ),
+        Launch(f"{_label}-{_engine}", ENGINES[_engine][0], (*_common, *ENGINES[_engine][1])),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +70,17 @@ def test_two_ranks_give_the_one_process_curve(runs: dict[str, RunResult], engine
     assert runs[engine].series("tokens") == runs["single"].series("tokens")
     assert (runs[engine].run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert Path(runs[engine].run_dir / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize(("label", "model", "engine"), FAMILY_CASES)
+def test_each_family_on_two_ranks_gives_its_one_process_curve(
+    runs: dict[str, RunResult], label: str, model: str, engine: str
+) -> None:
+    single, other = runs[f"{label}-single"], runs[f"{label}-{engine}"]
+    assert len(single.series("loss")) == 4
+    assert other.series("loss") == pytest.approx(single.series("loss"), abs=TOL)
+    assert other.series("tokens") == single.series("tokens")
+    assert (other.run_dir / "adapter" / "adapter_model.safetensors").is_file()
 
 
 # Llama 3.2 Vision (tiny-mllama) on FSDP2: the engine whose per-block collectives a rank without images would

@@ -12,6 +12,8 @@ from typing import Any
 TINY_QWEN2_VL = "tiny-qwen2-vl"
 TINY_LLAVA = "tiny-llava"
 TINY_MLLAMA = "tiny-mllama"
+TINY_GEMMA3_VL = "tiny-gemma3-vl"
+TINY_SMOLVLM = "tiny-smolvlm"
 
 # Qwen2-VL: a ViT over 14 x 14 patches (2 frames per patch: temporal_patch_size), 2 x 2 patches merged into
 # one language-model token by the projector (`visual.merger`); M-RoPE splits each head's rotary pairs over
@@ -111,8 +113,79 @@ _MLLAMA: dict[str, Any] = {
     },
 }
 
-TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {TINY_QWEN2_VL: _QWEN2_VL, TINY_LLAVA: _LLAVA}
-TINY_VLM_CONFIGS[TINY_MLLAMA] = _MLLAMA
+# Gemma 3 (vision): a SigLIP ViT (56 x 56 pixels, 14-pixel patches: 4 x 4 patches) whose output the projector
+# average-pools to `mm_tokens_per_image` (2 x 2 = 4) tokens per image, in front of a Gemma 3 language model
+# (a sliding-window and a global layer, as tiny-gemma3); image tokens attend to each other both ways.
+_GEMMA3_VL: dict[str, Any] = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "mm_tokens_per_image": 4,
+    "tie_word_embeddings": True,
+    "text_config": {
+        "model_type": "gemma3_text",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "tie_word_embeddings": True,
+    },
+    "vision_config": {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 56,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
+
+# SmolVLM (Idefics3's architecture, the small one users fine-tune on small cards): each image is resized to at
+# most 112 pixels a side and split into 56 x 56 tiles plus the whole image shrunk to one tile; a tile's 4 x 4
+# patches become 2 x 2 tokens by the connector's pixel shuffle (`scale_factor` 2), in front of a Llama.
+_SMOLVLM: dict[str, Any] = {
+    "architectures": ["SmolVLMForConditionalGeneration"],
+    "model_type": "smolvlm",
+    "scale_factor": 2,
+    "tie_word_embeddings": True,
+    "text_config": {
+        "model_type": "llama",
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+    },
+    "vision_config": {
+        "model_type": "smolvlm_vision",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 56,
+        "patch_size": 14,
+    },
+}
+
+TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {
+    TINY_QWEN2_VL: _QWEN2_VL,
+    TINY_LLAVA: _LLAVA,
+    TINY_GEMMA3_VL: _GEMMA3_VL,
+    TINY_SMOLVLM: _SMOLVLM,
+    TINY_MLLAMA: _MLLAMA,
+}
 
 
 def is_tiny_vlm(name: str) -> bool:

@@ -41,8 +41,17 @@ __all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_imag
 
 MISSING_IMAGE_RULES = ("drop", "error")  # data.missing_images
 # The image processor outputs a vision-language model takes as inputs (`batches.model_inputs`).
-IMAGE_INPUTS = ("pixel_values", "image_grid_thw", "mm_token_type_ids", *CROSS_INPUTS)
+IMAGE_INPUTS = (
+    "pixel_values",
+    "image_grid_thw",
+    "mm_token_type_ids",
+    "pixel_attention_mask",
+    "token_type_ids",
+    *CROSS_INPUTS,
+)
 TOKEN_TYPES = "mm_token_type_ids"  # per token: 1 an image's, 0 text (right-padded with 0 by `collate_images`)
+TOKEN_TYPE_KEYS = (TOKEN_TYPES, "token_type_ids")  # Qwen-VL's and Gemma 3's names for the per-token types
+TILED = "pixel_attention_mask"  # SmolVLM's tiles: (samples, tiles, ...), a micro-batch's tiles as one sample
 IMAGE_MARKER = "<image>"  # ShareGPT / LLaMA-Factory: where each of the record's `images` goes
 
 
@@ -198,29 +207,32 @@ def _ids_and_mask(tokenizer: Any, messages: list[dict[str, Any]], where: str) ->
     return list(enc["input_ids"]), _mask_from_spans(enc["offset_mapping"], spans)
 
 
-def expand_images(
-    ids: list[int], mask: list[bool], image_token: int, counts: list[int], where: str
-) -> tuple[list[int], list[int]]:
-    """(input ids, labels): each placeholder `image_token` repeated as many times as its image's tokens
-    (`counts`, in order), labels only on assistant tokens (never an image token)."""
-    found = sum(1 for t in ids if t == image_token)
-    if found != len(counts):
+def expand_spans(
+    ids: list[int], mask: list[bool], placeholder: int, spans: list[list[int]], where: str
+) -> tuple[list[int], list[int], int]:
+    """(input ids, labels, the end of the last image's span): each `placeholder` the chat template rendered
+    replaced by its image's span of tokens (`VisionProcessor.image_spans`, in order), none of them labelled;
+    labels only on assistant tokens."""
+    found = sum(1 for t in ids if t == placeholder)
+    if found != len(spans):
         raise DataError(
-            f"{where}: the chat template rendered {found} image placeholders for {len(counts)} images; the "
+            f"{where}: the chat template rendered {found} image placeholders for {len(spans)} images; the "
             "template must render each image part once (check data.chat_template)."
         )
     out_ids: list[int] = []
     labels: list[int] = []
-    pending = iter(counts)
+    pending = iter(spans)
+    end = 0
     for token, learn in zip(ids, mask, strict=True):
-        if token == image_token:
-            n = next(pending)
-            out_ids += [token] * n
-            labels += [IGNORE_INDEX] * n
+        if token == placeholder:
+            span = next(pending)
+            out_ids += span
+            labels += [IGNORE_INDEX] * len(span)
+            end = len(out_ids)
         else:
             out_ids.append(token)
-            labels.append(token if learn and token != image_token else IGNORE_INDEX)
-    return out_ids, labels
+            labels.append(token if learn else IGNORE_INDEX)
+    return out_ids, labels, end
 
 
 def tokenize_vision(
@@ -230,18 +242,23 @@ def tokenize_vision(
     `max_seq_len` (only text after the last image token may be cut)."""
     ids, mask = _ids_and_mask(processor.tokenizer, messages, where)
     pixels = processor.preprocess(images) if images else {}
+    spans = processor.image_spans(pixels) if images else []
     counts = processor.tokens_per_image(pixels) if images else []
-    ids, labels = expand_images(ids, mask, processor.image_token_id, counts, where)
+    ids, labels, end = expand_spans(ids, mask, processor.placeholder_id, spans, where)
+    pixels = {key: value for key, value in pixels.items() if key in IMAGE_INPUTS}
     truncated = len(ids) > max_seq_len
-    if truncated and processor.image_token_id in ids[max_seq_len:]:
+    if truncated and end > max_seq_len:
         raise DataError(
             f"{where}: its {len(ids)} tokens ({sum(counts)} of them image tokens) exceed data.max_seq_len = "
             f"{max_seq_len} and the cut would fall inside an image, which cannot be trained on in part; raise "
             "data.max_seq_len, or lower data.max_image_tokens so each image becomes fewer tokens."
         )
     ids, labels = ids[:max_seq_len], labels[:max_seq_len]
-    if images and processor.token_types:  # which tokens are an image's (M-RoPE's grid)
-        pixels[TOKEN_TYPES] = torch.tensor([int(t == processor.image_token_id) for t in ids])
+    # Which tokens are an image's (M-RoPE's grid, Gemma 3's mask). Gemma 3's processor returns its types for
+    # a text-only row too, and its model builds its masks another way without them (there, with no sliding
+    # window): every row carries them, so a row's loss does not depend on the rows it is batched with.
+    if processor.token_types and (images or processor.family.token_type_key):
+        pixels[processor.token_type_key] = torch.tensor([int(t == processor.image_token_id) for t in ids])
     if images and processor.family.kind == "cross":  # Mllama: which text tokens see the image's tiles
         pixels[CROSS_MASK] = cross_attention_mask(ids, processor.image_token_id, pixels, where)
     return VisionExample(ids, labels, pixels), truncated
@@ -344,7 +361,7 @@ def load_vision_examples(
     if fingerprint is not None:
         digest = images_digest(source, base, lambda record, where: vision_messages(record, where)[1])
         entry = vision_cache_key(fingerprint, digest, processor, max_seq_len=max_seq_len, **rules)
-        hit = load_vision_cached(entry, processor, TOKEN_TYPES)
+        hit = load_vision_cached(entry, processor, processor.token_type_key or TOKEN_TYPES)
         if hit is not None:
             return _from_cache(*hit)
     state = _VisionLoad(processor, max_seq_len, base, rules)
@@ -370,24 +387,33 @@ def _from_cache(hit: CachedData, images: list[dict[str, torch.Tensor]]) -> Token
 def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tensor]:
     """The images' tensors of a micro-batch padded to `width` tokens: the image processor's rows concatenated
     in example order (Qwen-VL's output is per patch and per image, so a batch is the concatenation), the
-    per-token types one row per example (0 for text-only rows and padding); {} without images."""
+    per-token types one row per example (0 for text-only rows and padding); {} without images (and types)."""
     keys: dict[str, list[torch.Tensor]] = {}
     for example in examples:
         for name, tensor in getattr(example, "images", {}).items():
-            if name != TOKEN_TYPES:
+            if name not in TOKEN_TYPE_KEYS:
                 keys.setdefault(name, []).append(tensor)
-    if not keys:
-        return {}
     if CROSS_MASK in keys:  # Mllama: images and masks padded per row (`data.vision_mllama`)
         return collate_cross(examples, width)
-    if not any(TOKEN_TYPES in getattr(e, "images", {}) for e in examples):
-        return {name: torch.cat(tensors) for name, tensors in keys.items()}
+    joined = {name: _join_images(name, tensors) for name, tensors in keys.items()}
+    key = next((k for k in TOKEN_TYPE_KEYS for e in examples if k in getattr(e, "images", {})), None)
+    if key is None:
+        return joined
     types = torch.zeros(len(examples), width, dtype=torch.long)
     for row, example in enumerate(examples):
-        tensor = getattr(example, "images", {}).get(TOKEN_TYPES)
+        tensor = getattr(example, "images", {}).get(key)
         if tensor is not None:
             types[row, : len(tensor)] = tensor
-    return {**{name: torch.cat(tensors) for name, tensors in keys.items()}, TOKEN_TYPES: types}
+    return {**joined, key: types}
+
+
+def _join_images(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One image input of a micro-batch: the examples' rows concatenated in example order; SmolVLM's tiles
+    ((1, tiles, ...) per example: 5-D pixels, the pixel mask) as one sample of all the tiles, which its
+    model splits back over the image tokens in order."""
+    if name == TILED or tensors[0].dim() == 5:
+        return torch.cat(tensors, dim=1)
+    return torch.cat(tensors)
 
 
 def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.Tensor]:
@@ -406,12 +432,13 @@ def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.T
     )
     ids = list(out["input_ids"])
     pixels = processor.preprocess([opened])
-    ids, _ = expand_images(
-        ids, [False] * len(ids), processor.image_token_id, processor.tokens_per_image(pixels), where
+    ids, _, _ = expand_spans(
+        ids, [False] * len(ids), processor.placeholder_id, processor.image_spans(pixels), where
     )
+    pixels = {key: value for key, value in pixels.items() if key in IMAGE_INPUTS}
     input_ids = torch.tensor([ids])
     if processor.token_types:
-        pixels[TOKEN_TYPES] = (input_ids == processor.image_token_id).long()
+        pixels[processor.token_type_key] = (input_ids == processor.image_token_id).long()
     if processor.family.kind == "cross":
         pixels[CROSS_MASK] = cross_attention_mask(ids, processor.image_token_id, pixels, where)
     return {

@@ -218,8 +218,9 @@ def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
         "vision_config" in model_cfg
     ):  # a vision-language model: its vision blocks and decoder layers, comma-joined
         declared = [n for a in model_cfg.get("architectures") or [] for n in _no_split_modules(str(a))]
+        declared += _sub_model_blocks(model_cfg)
         if declared:
-            return ",".join(declared)
+            return ",".join(dict.fromkeys(declared))
     archs = [
         a for a in model_cfg.get("architectures") or [] if isinstance(a, str) and a.endswith("ForCausalLM")
     ]
@@ -237,6 +238,20 @@ def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
             "distributed.strategy=deepspeed, or a model whose config.json names its transformers class"
         ]
     )
+
+
+def _sub_model_blocks(model_cfg: dict[str, Any]) -> list[str]:
+    """`_no_split_modules` of a vision-language model's vision tower and language model classes (its
+    `vision_config` / `text_config` model types' transformers classes): some families' own class names only
+    part of them (Gemma 3: its decoder layer, not SigLIP's; LLaVA: none)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    names: list[str] = []
+    for key in ("vision_config", "text_config"):
+        sub = model_cfg.get(key)
+        cls = MODEL_MAPPING_NAMES.get(sub.get("model_type")) if isinstance(sub, dict) else None
+        names += _no_split_modules(cls) if isinstance(cls, str) else []
+    return names
 
 
 def _causal_lm_class(model_type: Any) -> list[str]:

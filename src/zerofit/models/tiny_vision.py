@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from zerofit.catalogue.vision_models import TINY_LLAVA, TINY_MLLAMA, TINY_QWEN2_VL, TINY_VLM_CONFIGS
 from zerofit.models.tiny import (
@@ -21,10 +18,11 @@ from zerofit.models.tiny import (
     build_once,
     char_tokenizer,
     tiny_model_path,
-    unshared_weights,
     write_marker,
 )
 from zerofit.models.tiny_mllama import mllama_files
+from zerofit.models.tiny_vision_families import FAMILY_BUILDERS  # Gemma 3 (vision), SmolVLM
+from zerofit.models.tiny_vision_families import write_model as _write_model
 
 # Qwen2-VL's ChatML, with content parts: an image part renders as the family's vision span, whose one
 # `<|image_pad|>` the processor expands to the image's tokens. Assistant text is marked `{% generation %}`.
@@ -82,19 +80,6 @@ def _qwen2_vl_files(folder: Path, seed: int) -> None:
     write_marker(folder)
 
 
-def _write_model(folder: Path, model_class: Any, config: Any, seed: int) -> None:
-    """Seeded random weights of `model_class(config)` saved as `save_pretrained` would (`tiny._build_into`)."""
-    from safetensors.torch import save_file
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config)
-    model.config.dtype = str(model.dtype).removeprefix("torch.")
-    model.config.save_pretrained(folder)
-    model.generation_config.save_pretrained(folder)
-    save_file(unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
-
-
 # LLaVA's ChatML here renders an image part as its one `<image>` token, which the processor's rule expands to
 # the image's patch tokens.
 _LLAVA_PARTS = _PARTS.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
@@ -124,7 +109,7 @@ def _llava_files(folder: Path, seed: int) -> None:
     write_marker(folder)
 
 
-_BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files}
+_BUILDERS = {TINY_QWEN2_VL: _qwen2_vl_files, TINY_LLAVA: _llava_files, **FAMILY_BUILDERS}
 _BUILDERS[TINY_MLLAMA] = lambda folder, seed: mllama_files(folder, seed, _write_model)
 assert set(_BUILDERS) == set(TINY_VLM_CONFIGS), "every built-in vision-language model has a builder"
 

@@ -41,9 +41,17 @@ class VisionFamily:
     # only the language model, as the QLoRA recipes of the family do); transformers matches a name from its start.
     unquantized: tuple[str, ...] = ("model.visual",)
     # How an image becomes tokens: "grid" (Qwen-VL: a patch grid per image, merged 2 x 2, with per-token
-    # types for M-RoPE) or "fixed" (LLaVA: every image resized to the tower's size, one token per patch), or
+    # types for M-RoPE) or "fixed" (LLaVA: every image resized to the tower's size, one token per patch);
+    # "pooled" (Gemma 3: `mm_tokens_per_image` per image, the tower's patches average-pooled), "tiles"
+    # (SmolVLM / Idefics3: tiles of the image plus the whole image, each tile's patches pixel-shuffled), or
     # "cross" (Llama 3.2 Vision: one token per image, its tiles read through cross-attention, `models.mllama`).
     kind: str = "grid"
+    # The token the chat template renders per image when it is not `image_token` itself (Gemma 3's
+    # `<start_of_image>`, which its processor expands to a span holding the image tokens).
+    placeholder: str = ""
+    # The per-token types input the model takes (1 on image tokens), when it is not Qwen-VL's
+    # `mm_token_type_ids`: Gemma 3's `token_type_ids` (its attention is bidirectional within an image).
+    token_type_key: str = ""
 
 
 FAMILIES: dict[str, VisionFamily] = {
@@ -64,6 +72,15 @@ FAMILIES: dict[str, VisionFamily] = {
         VisionFamily(
             "mllama", "llama", r"model\.language_model", r"model\.vision_model", r"model\.multi_modal_projector",
             "<|image|>", ("model.vision_model", "model.multi_modal_projector"), "cross",
+        ),
+        VisionFamily(
+            "gemma3", "gemma3_text", r"model\.language_model", r"model\.vision_tower",
+            r"model\.multi_modal_projector", "<image_soft_token>",
+            ("model.vision_tower", "model.multi_modal_projector"), "pooled", "<start_of_image>", "token_type_ids",
+        ),
+        VisionFamily(
+            "smolvlm", "llama", r"model\.text_model", r"model\.vision_model", r"model\.connector", "<image>",
+            ("model.vision_model", "model.connector"), "tiles",
         ),
     )
 }  # fmt: skip
@@ -113,16 +130,29 @@ class VisionProcessor:
     @property
     def token_types(self) -> bool:
         """Whether the model takes per-token types (Qwen-VL's `mm_token_type_ids`: 1 on image tokens)."""
-        return self.family.kind == "grid"
+        return self.token_type_key is not None
+
+    @property
+    def token_type_key(self) -> str | None:
+        """The name of the model's per-token types input (1 on image tokens), None when it takes none."""
+        return self.family.token_type_key or ("mm_token_type_ids" if self.family.kind == "grid" else None)
+
+    @property
+    def placeholder_id(self) -> int:
+        """The id of the token the chat template renders once per image (which the processor expands)."""
+        return int(self.tokenizer.convert_tokens_to_ids(self.family.placeholder or self.family.image_token))
 
     @property
     def image_token_id(self) -> int:
         """The id of the placeholder the chat template renders once per image."""
         return int(self.tokenizer.convert_tokens_to_ids(self.family.image_token))
 
-    def preprocess(self, images: list[Any]) -> dict[str, torch.Tensor]:
-        """The image processor's tensors for `images` (pixel values, Qwen's patch grid per image; Mllama's
-        tiles of one conversation's images, with their aspect-ratio ids and masks)."""
+    def preprocess(self, images: list[Any]) -> dict[str, Any]:
+        """The image processor's outputs for `images` (pixel values, Qwen's patch grid per image; SmolVLM's
+        tiles of all the images as one sample, with each image's `rows` and `cols` of tiles; Mllama's tiles of
+        one conversation's images, with their aspect-ratio ids and masks)."""
+        if self.family.kind == "tiles":
+            return dict(self.image_processor(images=images, return_tensors="pt", return_row_col_info=True))
         if self.family.kind == "cross":  # Mllama's processor takes a list of images per conversation
             out = dict(self.image_processor(images=[images], return_tensors="pt"))
             out.pop("num_tiles", None)  # the aspect-ratio mask holds it; not a model input
@@ -139,11 +169,59 @@ class VisionProcessor:
         if self.family.kind == "grid":
             merge = int(self.image_processor.merge_size)
             return [int(n) for n in pixels["image_grid_thw"].prod(dim=-1) // merge**2]
+        if self.family.kind in ("pooled", "tiles"):
+            return [self._tiles(i, pixels) * self.tokens_per_tile for i in range(len(self._layout(pixels)))]
         values = pixels["pixel_values"]
         patch = int(self.model_config["vision_config"]["patch_size"])
         cls = 0 if self.model_config.get("vision_feature_select_strategy", "default") == "default" else 1
         per_image = (values.shape[-2] // patch) * (values.shape[-1] // patch) + cls
         return [per_image] * int(values.shape[0])
+
+    @property
+    def tokens_per_tile(self) -> int:
+        """Gemma 3: `mm_tokens_per_image`; SmolVLM: a tile's patches over the pixel shuffle's scale squared
+        (its processor's `image_seq_len`)."""
+        if self.family.kind == "pooled":
+            return int(self.model_config["mm_tokens_per_image"])
+        vision = self.model_config["vision_config"]
+        patches = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
+        return patches // int(self.model_config.get("scale_factor", 2)) ** 2
+
+    def _layout(self, pixels: dict[str, Any]) -> list[tuple[int, int]]:
+        """(rows, cols) of tiles per image (SmolVLM; (0, 0) for an unsplit image and for Gemma 3)."""
+        if self.family.kind != "tiles":
+            return [(0, 0)] * int(pixels["pixel_values"].shape[0])
+        rows = [r for sample in pixels["rows"] for r in sample]
+        cols = [c for sample in pixels["cols"] for c in sample]
+        return list(zip(rows, cols, strict=True))
+
+    def _tiles(self, index: int, pixels: dict[str, Any]) -> int:
+        """How many tiles image `index` becomes: its split's rows x cols, plus the whole image as one."""
+        rows, cols = self._layout(pixels)[index]
+        return rows * cols + 1
+
+    def image_spans(self, pixels: dict[str, Any]) -> list[list[int]]:
+        """The token ids each image's placeholder becomes, as the family's processor writes it: Qwen-VL's and
+        LLaVA's image token repeated; Gemma 3's `full_image_sequence`; SmolVLM's tiles
+        (`get_image_prompt_string`: a `<row_i_col_j>` per tile, `<global-img>` for the whole image, each
+        tile's image tokens between `<fake_token_around_image>`s)."""
+        counts = self.tokens_per_image(pixels)
+        token = self.family.image_token
+        if self.family.kind == "pooled":
+            texts = [f"\n\n{self.family.placeholder}{token * n}<end_of_image>\n\n" for n in counts]
+        elif self.family.kind == "tiles":
+            from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+            per_tile = self.tokens_per_tile
+            texts = [
+                get_image_prompt_string(
+                    rows, cols, per_tile, "<fake_token_around_image>", token, "<global-img>"
+                )
+                for rows, cols in self._layout(pixels)
+            ]
+        else:
+            return [[self.image_token_id] * n for n in counts]
+        return [list(self.tokenizer.encode(text, add_special_tokens=False)) for text in texts]
 
 
 def limit_image_tokens(image_processor: Any, max_image_tokens: int | None, name: str) -> None:
@@ -164,6 +242,32 @@ def limit_image_tokens(image_processor: Any, max_image_tokens: int | None, name:
     image_processor.size = {"shortest_edge": least, "longest_edge": max_image_tokens * unit}
 
 
+def limit_tiled_image_tokens(processor: VisionProcessor, max_image_tokens: int | None, name: str) -> None:
+    """`data.max_image_tokens` for a family whose images become whole tiles of tokens (Gemma 3: one tile per
+    image, `mm_tokens_per_image`; SmolVLM: a split into up to k x k tiles plus the whole image): SmolVLM's
+    largest image lowered to the most tiles a side that fit (k x tile pixels); a limit under one tile is
+    refused (no image can become fewer tokens)."""
+    if max_image_tokens is None or processor.family.kind not in ("pooled", "tiles"):
+        return
+    per_tile = processor.tokens_per_tile
+    if max_image_tokens < per_tile:
+        raise ConfigError(
+            [
+                f"data.max_image_tokens = {max_image_tokens}: every image of {name} becomes at least {per_tile} "
+                f"tokens (the {processor.family.model_type} processor's tokens per image tile); set "
+                f"data.max_image_tokens={per_tile} or more"
+            ]
+        )
+    if processor.family.kind == "tiles":
+        image_processor = processor.image_processor
+        tile = int(image_processor.max_image_size["longest_edge"])
+        side = 1  # k = 1: the image shrunk to one tile, not split
+        while ((side + 1) ** 2 + 1) * per_tile <= max_image_tokens:
+            side += 1
+        longest = min(int(image_processor.size["longest_edge"]), side * tile)
+        image_processor.size = {"longest_edge": longest}
+
+
 def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | None = None) -> VisionProcessor:
     """The processor of the vision-language model at `path`: its image processor (PIL backend: no
     torchvision needed) with `tokenizer`, limited to `max_image_tokens` per image (`data.max_image_tokens`)."""
@@ -177,10 +281,20 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
         image_processor = transformers.AutoImageProcessor.from_pretrained(path)
     finally:
         transformers.logging.set_verbosity(verbosity)
+    if getattr(image_processor, "do_pan_and_scan", False):  # its crops' tokens are not in the family's rule
+        raise ConfigError(
+            [
+                f"model.name_or_path = {path!r}: its image processor has do_pan_and_scan on (Gemma 3's extra crops "
+                'of each image), which zerofit does not train yet; set "do_pan_and_scan": false in its '
+                "preprocessor_config.json"
+            ]
+        )
     limit_image_tokens(image_processor, max_image_tokens, path)
     if family.kind == "cross":  # Mllama: a fixed number of tiles per image, nothing to lower
         refuse_image_token_limit(max_image_tokens, config["vision_config"], path)
-    return VisionProcessor(tokenizer, image_processor, family, config)
+    processor = VisionProcessor(tokenizer, image_processor, family, config)
+    limit_tiled_image_tokens(processor, max_image_tokens, path)
+    return processor
 
 
 def lora_target_regex(
@@ -269,12 +383,11 @@ def _idle_image(inner: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The smallest image the vision tower takes (one merged token of zeros): its pixel rows and grid."""
     cfg = inner.config.vision_config
     if not hasattr(cfg, "spatial_merge_size"):  # a fixed-size tower (LLaVA's CLIP): one zero image
-        device = next(inner.vision_tower.parameters()).device
-        return {
-            "pixel_values": torch.zeros(
-                1, int(cfg.num_channels), cfg.image_size, cfg.image_size, device=device
-            )
-        }
+        tower = getattr(inner, "vision_tower", None) or inner.vision_model  # SmolVLM: `vision_model`
+        device = next(tower.parameters()).device
+        image = torch.zeros(1, int(cfg.num_channels), cfg.image_size, cfg.image_size, device=device)
+        # SmolVLM takes (samples, tiles, ...); an all-zero tile is its padding, but one is kept when all are.
+        return {"pixel_values": image[None] if hasattr(inner, "connector") else image}
     merge = int(cfg.spatial_merge_size)
     width = int(cfg.in_channels) * int(cfg.temporal_patch_size) * int(cfg.patch_size) ** 2
     device = next(inner.visual.parameters()).device

@@ -72,6 +72,32 @@ def test_max_image_tokens_resizes_images_to_fewer_tokens() -> None:
         _processor(max_image_tokens=1)
 
 
+@pytest.mark.parametrize(
+    ("name", "limit", "most"),
+    [("tiny-smolvlm", 19, 4), ("tiny-smolvlm", 20, 20), ("tiny-gemma3-vl", 16, 4)],
+)
+def test_max_image_tokens_bounds_the_tiles_of_the_tiled_families(name: str, limit: int, most: int) -> None:
+    """SmolVLM: 4 tokens per 56-pixel tile, an image split into up to 2 x 2 tiles plus itself (20 tokens);
+    a limit under 20 shrinks every image to one tile. Gemma 3: every image is 4 tokens; under one tile refused."""
+    cfg = config({**BASE, "model": {"name_or_path": name}})
+    path = str(ensure_tiny_vlm(name))
+    processor = load_vision_processor(path, load_tokenizer(cfg), limit)
+    data = load_vision_examples(DEMO, processor, 256)
+    assert max(sum(t == processor.image_token_id for t in e.input_ids) for e in data.examples) == most
+    with pytest.raises(ConfigError, match=r"data\.max_image_tokens = 3: .* at least 4 tokens"):
+        load_vision_processor(path, load_tokenizer(cfg), 3)
+
+
+def test_gemma3_pan_and_scan_crops_are_refused_in_one_paragraph(tmp_path: Path) -> None:
+    folder = tmp_path / "gemma3"
+    shutil.copytree(ensure_tiny_vlm("tiny-gemma3-vl"), folder)
+    settings = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**settings, "do_pan_and_scan": True}))
+    cfg = config({**BASE, "model": {"name_or_path": "tiny-gemma3-vl"}})
+    with pytest.raises(ConfigError, match=r"do_pan_and_scan on .* set \"do_pan_and_scan\": false"):
+        load_vision_processor(str(folder), load_tokenizer(cfg))
+
+
 def test_sharegpt_markers_render_as_openai_image_parts(tmp_path: Path) -> None:
     processor = _processor()
     image = str(REPO / "data" / "demo-vlm" / "red.png")  # an absolute path works too

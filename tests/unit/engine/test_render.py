@@ -246,6 +246,24 @@ def test_decoder_layer_class(model_cfg: dict[str, Any], layer: str) -> None:
     assert decoder_layer_class(model_cfg) == layer
 
 
+@pytest.mark.parametrize(
+    ("name", "blocks"),
+    [
+        ("tiny-qwen2-vl", ["Qwen2VLDecoderLayer", "Qwen2VLVisionBlock"]),
+        ("tiny-gemma3-vl", ["Gemma3DecoderLayer", "SiglipEncoderLayer"]),
+        ("tiny-llava", ["CLIPEncoderLayer", "LlamaDecoderLayer"]),
+        ("tiny-smolvlm", ["SmolVLMVisionAttention", "LlamaDecoderLayer"]),
+    ],
+)
+def test_a_vision_model_shards_its_vision_blocks_and_decoder_layers(name: str, blocks: list[str]) -> None:
+    """FSDP2's units of a vision-language model: the blocks its class and its tower's and language model's
+    classes declare whole (Gemma 3's class names only its decoder layer, LLaVA's none)."""
+    from zerofit.catalogue.vision_models import TINY_VLM_CONFIGS
+
+    declared = decoder_layer_class(TINY_VLM_CONFIGS[name]).split(",")
+    assert set(blocks) <= set(declared) and len(declared) == len(set(declared))
+
+
 def test_decoder_layer_class_unknown() -> None:
     with pytest.raises(ConfigError, match="decoder layer"):
         decoder_layer_class({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})

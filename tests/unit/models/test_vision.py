@@ -1,6 +1,6 @@
-"""Vision-language models in one process (issue 29): what LoRA trains of tiny-qwen2-vl (the language model;
-the projector and vision tower only when asked), and the loss exact whatever the split on ragged image + text
-data (images of different sizes, some rows without images): one global batch as 8 x 1 and 2 x 4."""
+"""Vision-language models in one process (issue 29): what LoRA trains of each built-in family (the language
+model; the projector and vision tower only when asked), and the loss exact whatever the split on ragged image +
+text data (images of different sizes, some rows without images): one global batch as 8 x 1, 2 x 4 and 1 x 8."""
 
 from __future__ import annotations
 
@@ -16,15 +16,24 @@ from zerofit.data.vision import load_vision_examples
 from zerofit.loop.train import train_step
 from zerofit.models.build import build_model, load_tokenizer, resolve_model_path
 from zerofit.models.vision import load_vision_processor
-from zerofit.objectives.loss import batch_labels, count_label_tokens, token_sum_loss
+from zerofit.objectives.loss import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "demo-vlm.jsonl"
 
 
-def _cfg(**lora: Any) -> Any:
+# Each built-in family: (name, what its language model's, vision tower's and projector's module names hold).
+FAMILIES = [
+    ("tiny-qwen2-vl", "language_model", "visual.blocks", "visual.merger"),
+    ("tiny-gemma3-vl", "language_model", "vision_tower", "multi_modal_projector"),
+    ("tiny-smolvlm", "text_model", "vision_model", "connector"),
+]
+NAMES = [family[0] for family in FAMILIES]
+
+
+def _cfg(name: str = "tiny-qwen2-vl", **lora: Any) -> Any:
     return config(
-        {"model": {"name_or_path": "tiny-qwen2-vl"}, "distributed": {"strategy": "single"}},
+        {"model": {"name_or_path": name}, "distributed": {"strategy": "single"}},
         train={"precision": "fp32", "activation_checkpointing": False},
         lora={"r": 4, "alpha": 8, "dropout": 0.0, **lora},
     )
@@ -35,16 +44,19 @@ def _trainable(model: torch.nn.Module) -> list[str]:
 
 
 @pytest.mark.slow
-def test_lora_trains_the_language_model_and_leaves_vision_and_projector_frozen() -> None:
-    built = build_model(_cfg())
+@pytest.mark.parametrize(("name", "language", "tower", "projector"), FAMILIES)
+def test_lora_trains_the_language_model_and_leaves_vision_and_projector_frozen(
+    name: str, language: str, tower: str, projector: str
+) -> None:
+    built = build_model(_cfg(name))
     names = _trainable(built.model)
-    assert names and all("language_model" in n and "lora_" in n for n in names)
+    assert names and all(language in n and "lora_" in n for n in names)
     assert "language model" in (built.adapters or "")
-    full = _trainable(build_model(_cfg(projector="full")).model)
-    assert any("visual.merger" in n and "lora_" not in n for n in full)
-    tower = _trainable(build_model(_cfg(vision_tower=True)).model)
-    assert any("visual.blocks" in n and "lora_" in n for n in tower)
-    assert not any("visual.merger" in n for n in tower)
+    full = _trainable(build_model(_cfg(name, projector="full")).model)
+    assert any(projector in n and "lora_" not in n for n in full)
+    adapted = _trainable(build_model(_cfg(name, vision_tower=True)).model)
+    assert any(tower in n and "lora_" in n for n in adapted)
+    assert not any(projector in n for n in adapted)
 
 
 def _examples(cfg: Any) -> list[Any]:
@@ -66,11 +78,13 @@ def _curve(cfg: Any, examples: list[Any], micro: int, steps: int = 2) -> list[fl
 
 
 @pytest.mark.slow
-def test_the_loss_curve_is_the_same_for_8x1_and_2x4_on_ragged_image_text_data() -> None:
-    cfg = _cfg(projector="full")  # the projector's gradient comes from the images: it must be exact too
+@pytest.mark.parametrize("name", NAMES)
+def test_the_loss_curve_is_the_same_for_8x1_and_2x4_on_ragged_image_text_data(name: str) -> None:
+    cfg = _cfg(name, projector="full")  # the projector's gradient comes from the images: it must be exact too
     examples = _examples(cfg)
     whole = _curve(cfg, examples, 8)
     assert _curve(cfg, examples, 2) == pytest.approx(whole, abs=2e-5)
+    assert _curve(cfg, examples, 1) == pytest.approx(whole, abs=2e-5)  # text-only micro-batches too
     assert whole[1] < whole[0]  # it learns
 
 
@@ -94,8 +108,9 @@ def test_per_micro_batch_means_would_disagree_with_the_global_token_mean() -> No
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
 def test_the_demo_trains_exports_merged_with_its_processor_and_generates_from_an_image(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
     import zerofit
     from zerofit.cli import main as cli
@@ -104,6 +119,7 @@ def test_the_demo_trains_exports_merged_with_its_processor_and_generates_from_an
         str(REPO / "configs" / "demo-vlm.yaml"),
         output_dir=str(tmp_path),
         run_name="vlm",
+        model={"name_or_path": name},
         train={"max_steps": 2},
         logging={"console": False, "wandb": {"mode": "disabled"}},
     )
@@ -146,22 +162,33 @@ def test_a_text_only_forward_runs_the_vision_tower_and_changes_nothing() -> None
 
 
 @pytest.mark.slow
-def test_qlora_quantizes_the_language_model_and_keeps_the_vision_tower_float() -> None:
+@pytest.mark.parametrize(
+    ("name", "tower", "blocks"),
+    [
+        ("tiny-qwen2-vl", "visual", {"Qwen2VLVisionBlock", "Qwen2VLDecoderLayer"}),
+        ("tiny-gemma3-vl", "vision_tower", {"SiglipEncoderLayer", "Gemma3DecoderLayer"}),
+        ("tiny-smolvlm", "vision_model", {"SmolVLMEncoderLayer", "LlamaDecoderLayer"}),
+    ],
+)
+def test_qlora_quantizes_the_language_model_and_keeps_the_vision_tower_float(
+    name: str, tower: str, blocks: set[str]
+) -> None:
     """QLoRA on a vision-language model: the language model's linears in 4-bit, the vision tower and the
     projector left in float (bitsandbytes on CPU), with activation checkpointing of vision and language
     blocks; one step trains."""
     cfg = config(
-        {"model": {"name_or_path": "tiny-qwen2-vl"}, "distributed": {"strategy": "single"}},
+        {"model": {"name_or_path": name}, "distributed": {"strategy": "single"}},
         train={"precision": "bf16", "activation_checkpointing": True},
         quantization={"load_in": "4bit"},
         lora={"r": 4, "alpha": 8, "dropout": 0.0},
     )
     model = build_model(cfg).model
     kinds = {name: type(m).__name__ for name, m in model.named_modules()}
-    assert any("language_model" in n and k == "Linear4bit" for n, k in kinds.items())
-    assert not any("visual" in n and k == "Linear4bit" for n, k in kinds.items())
+    language = dict((f[0], f[1]) for f in FAMILIES)[name]
+    assert any(language in n and k == "Linear4bit" for n, k in kinds.items())
+    assert not any(tower in n and k == "Linear4bit" for n, k in kinds.items())
     checkpointed = {type(m).__name__ for m in model.modules() if getattr(m, "gradient_checkpointing", False)}
-    assert {"Qwen2VLVisionBlock", "Qwen2VLDecoderLayer"} <= checkpointed
+    assert blocks <= checkpointed
     batch = collate(_examples(cfg)[:2], pad_id=0)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     labels, _ = batch_labels(batch)
@@ -170,10 +197,11 @@ def test_qlora_quantizes_the_language_model_and_keeps_the_vision_tower_float() -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-qwen2-vl", "tiny-llava", "tiny-mllama"])
+@pytest.mark.parametrize("name", [*NAMES, "tiny-llava", "tiny-mllama"])
 def test_each_tiny_family_trains_lora_on_ragged_image_text_data(name: str) -> None:
-    """Every built-in vision-language family: its processor's image tokens (never labelled), LoRA on its
-    language model only, and two steps on one process that lower the loss."""
+    """Every built-in vision-language family: its processor's image tokens (never labelled: the loss counts
+    the assistant text only, not an image token nor a marker around one), LoRA on its language model only,
+    and two steps on one process that lower the loss."""
     cfg = config(
         {"model": {"name_or_path": name}, "distributed": {"strategy": "single"}},
         train={"precision": "fp32"},
@@ -184,8 +212,17 @@ def test_each_tiny_family_trains_lora_on_ragged_image_text_data(name: str) -> No
     image_tokens = [sum(t == processor.image_token_id for t in e.input_ids) for e in examples]
     assert image_tokens.count(0) == 4 and all(n > 0 for n in image_tokens[:6])
     assert all(lab != processor.image_token_id for e in examples for lab in e.labels)
+    eos = processor.tokenizer.eos_token
+    for example in examples:
+        learned = processor.tokenizer.decode([lab for lab in example.labels if lab != IGNORE_INDEX])
+        assert learned.lstrip().startswith("It is ") and learned.endswith(eos) and learned.count(eos) == 1
+        labels, _ = batch_labels(collate([example], pad_id=0))
+        assert count_label_tokens(labels) == len(
+            processor.tokenizer.encode(learned, add_special_tokens=False)
+        )
     built = build_model(cfg)
-    assert all("language_model" in n for n in _trainable(built.model))
+    language = dict((f[0], f[1]) for f in FAMILIES).get(name, "language_model")
+    assert all(language in n for n in _trainable(built.model))
     curve = _curve(cfg, examples[:8], 4)
     assert curve[1] < curve[0]
 
