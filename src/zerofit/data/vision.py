@@ -32,8 +32,8 @@ from zerofit.data.chat import (
 )
 from zerofit.data.sft import DataStats, Example, TokenizedData, has_labels
 from zerofit.data.vision_cache import load_vision_cached, save_vision_cached, vision_cache_key
-from zerofit.data.vision_sources import images_digest, open_vision_source
 from zerofit.data.vision_mllama import CROSS_MASK, collate_cross, cross_attention_mask
+from zerofit.data.vision_sources import images_digest, open_vision_source
 from zerofit.models.mllama import CROSS_INPUTS
 from zerofit.objectives.loss import IGNORE_INDEX
 
