@@ -4,9 +4,10 @@ opening, resizing and tokenizing them again.
 An entry is the text cache's (`zerofit.data.cache`: ids, label mask, offsets, records, meta.json with its
 SHA-256 digest) plus `images.safetensors`, the examples' image tensors (never a pickle): per tensor name (the
 image processor's `pixel_values`, Qwen's `image_grid_thw`, the per-token types) the examples' tensors
-concatenated along their first dimension, `offsets.<name>` (int64, one more than the examples) where each
-example's rows start, and `keys.<name>` (uint8, one per example) whether it has that tensor at all (a
-text-only row has none). The key (`vision_cache_key`) holds everything that decides the tokens and pixels:
+flattened and concatenated, `offsets.<name>` (int64, one more than the examples) where each example's values
+start, `shapes.<name>` (int64, one row per example) its shape (tensors differ per example beyond their first
+dimension: SmolVLM's tiles, Mllama's cross-attention masks), and `keys.<name>` (uint8, one per example) whether
+it has that tensor at all (a text-only row has none). The key (`vision_cache_key`) holds everything that decides the tokens and pixels:
 the records' content, the SHA-256 of every image they name (`vision_sources.images_digest`), the tokenizer
 with its chat template, the image processor's settings (its pixel limits: `data.max_image_tokens` lowers
 them) and the model's image rule, max_seq_len and the data rules.
@@ -38,7 +39,7 @@ __all__ = ["IMAGES_FILE", "VISION_PIPELINE", "load_vision_cached", "save_vision_
 
 IMAGES_FILE = "images.safetensors"
 VISION_PIPELINE = 1  # bump when zerofit turns images into tokens or tensors differently (`data.vision`)
-_OFFSETS, _KEYS = "offsets.", "keys."
+_OFFSETS, _KEYS, _SHAPES = "offsets.", "keys.", "shapes."
 
 
 def vision_cache_key(source_fingerprint: str, images: str, processor: Any, **parts: Any) -> str:
@@ -62,10 +63,13 @@ def _pack(images: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name in names:
         parts = [example[name] for example in images if name in example]
-        rows = [example[name].shape[0] if name in example else 0 for example in images]
-        out[name] = torch.cat([p.contiguous() for p in parts])
-        out[_OFFSETS + name] = torch.tensor([0, *rows], dtype=torch.int64).cumsum(0)
+        ndim = parts[0].dim()
+        sizes = [example[name].numel() if name in example else 0 for example in images]
+        shapes = [list(example[name].shape) if name in example else [0] * ndim for example in images]
+        out[name] = torch.cat([p.reshape(-1) for p in parts])
+        out[_OFFSETS + name] = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
         out[_KEYS + name] = torch.tensor([name in example for example in images], dtype=torch.uint8)
+        out[_SHAPES + name] = torch.tensor(shapes, dtype=torch.int64).reshape(len(images), ndim)
     return out
 
 
@@ -84,22 +88,24 @@ def save_vision_cached(
 
 def _unpack(tensors: dict[str, torch.Tensor], n: int) -> list[dict[str, torch.Tensor]]:
     """Each example's image tensors from what `_pack` wrote; ValueError naming what does not add up."""
-    names = [name for name in tensors if not name.startswith((_OFFSETS, _KEYS))]
+    names = [name for name in tensors if not name.startswith((_OFFSETS, _KEYS, _SHAPES))]
     out: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
     for name in names:
         offsets, keys = tensors.get(_OFFSETS + name), tensors.get(_KEYS + name)
+        shapes, flat = tensors.get(_SHAPES + name), tensors[name]
         if offsets is None or keys is None or offsets.shape != (n + 1,) or keys.shape != (n,):
             raise ValueError(f"{name} lacks the offsets and keys of {n} examples")
+        if shapes is None or shapes.dim() != 2 or shapes.shape[0] != n or flat.dim() != 1:
+            raise ValueError(f"{name} is not a flat tensor with the shapes of {n} examples")
         steps = offsets.diff()
-        if int(offsets[0]) != 0 or int(offsets[-1]) != tensors[name].shape[0] or bool((steps < 0).any()):
-            raise ValueError(
-                f"offsets.{name} does not run from 0 to the {tensors[name].shape[0]} rows of {name}"
-            )
+        if int(offsets[0]) != 0 or int(offsets[-1]) != flat.numel() or bool((steps < 0).any()):
+            raise ValueError(f"offsets.{name} does not run from 0 to the {flat.numel()} values of {name}")
         for index in range(n):
-            if bool(keys[index]):
-                out[index][name] = tensors[name][int(offsets[index]) : int(offsets[index + 1])]
-            elif int(steps[index]):
-                raise ValueError(f"example {index} holds rows of {name} it does not have")
+            shape = [int(d) for d in shapes[index]]
+            if bool(keys[index]) and int(torch.tensor(shape).prod()) == int(steps[index]):
+                out[index][name] = flat[int(offsets[index]) : int(offsets[index + 1])].reshape(shape)
+            elif bool(keys[index]) or int(steps[index]):
+                raise ValueError(f"example {index}'s {name} does not match its recorded shape {shape}")
     return out
 
 
@@ -113,7 +119,7 @@ def _claims_problem(
         wanted = sum(t == image_id for t in tokens)
         pixel_rows = {name: t for name, t in pixels.items() if name != token_types}
         try:
-            made = sum(processor.tokens_per_image(pixel_rows)) if pixel_rows else 0
+            made = processor.stored_image_tokens(pixel_rows) if pixel_rows else 0
         except (KeyError, IndexError, RuntimeError, ValueError, TypeError) as exc:
             return f"example {index}'s image tensors are not the processor's ({type(exc).__name__}: {exc})"
         if made != wanted:

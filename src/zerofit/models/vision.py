@@ -187,6 +187,14 @@ class VisionProcessor:
         patches = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
         return patches // int(self.model_config.get("scale_factor", 2)) ** 2
 
+    def stored_image_tokens(self, pixels: dict[str, torch.Tensor]) -> int:
+        """How many image tokens an example's model inputs (as training keeps them: `data.vision.IMAGE_INPUTS`)
+        account for: SmolVLM's tiles x tokens per tile (its rows and cols of tiles are not model inputs);
+        else the sum of `tokens_per_image`. The tokenization cache checks an entry's ids against it."""
+        if self.family.kind == "tiles":
+            return int(pixels["pixel_values"].shape[1]) * self.tokens_per_tile
+        return sum(self.tokens_per_image(pixels))
+
     def _layout(self, pixels: dict[str, Any]) -> list[tuple[int, int]]:
         """(rows, cols) of tiles per image (SmolVLM; (0, 0) for an unsplit image and for Gemma 3)."""
         if self.family.kind != "tiles":

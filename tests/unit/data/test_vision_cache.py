@@ -25,9 +25,9 @@ REPO = Path(__file__).resolve().parents[3]
 BASE = {"model": {"name_or_path": "tiny-qwen2-vl"}, "distributed": {"strategy": "single"}}
 
 
-def _processor(max_image_tokens: int | None = None) -> VisionProcessor:
-    cfg = config(BASE)
-    return load_vision_processor(str(ensure_tiny_vlm("tiny-qwen2-vl")), load_tokenizer(cfg), max_image_tokens)
+def _processor(max_image_tokens: int | None = None, name: str = "tiny-qwen2-vl") -> VisionProcessor:
+    cfg = config({**BASE, "model": {"name_or_path": name}})
+    return load_vision_processor(str(ensure_tiny_vlm(name)), load_tokenizer(cfg), max_image_tokens)
 
 
 def _data(tmp_path: Path) -> Path:
@@ -113,3 +113,15 @@ def test_image_tensors_that_do_not_make_their_image_tokens_are_refused(
     note = capsys.readouterr().err
     assert "example 0's images make" in note and "image tokens where its ids hold" in note
     assert not entry_dir(key).exists()
+
+
+@pytest.mark.parametrize("name", ["tiny-llava", "tiny-gemma3-vl", "tiny-smolvlm", "tiny-mllama"])
+def test_every_family_reads_back_what_it_cached(tmp_path: Path, name: str) -> None:
+    """Each family's tensors differ in shape per example beyond their first dimension (SmolVLM's tiles,
+    Mllama's cross-attention masks), and some rows hold only token types (Gemma 3): the entry stores each
+    example's shape and is read back tensor for tensor, and checked by the family's own image-token rule."""
+    processor, path = _processor(name=name), _data(tmp_path)
+    first = load_vision_examples(path, processor, 256, cache=True)
+    second = load_vision_examples(path, processor, 256, cache=True)
+    assert not first.stats.from_cache and second.stats.from_cache
+    assert _same(first.examples, second.examples)
