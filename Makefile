@@ -40,7 +40,7 @@ setup: $(VENV)/.installed $(VENV)/.smollm2
 # machine (shared memory, processes), which the other worker's launches would disturb. Both phases always run.
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
-	@rc=0; \
+	rc=0; \
 	$(PY) -m pytest -q --durations=25 $(XDIST) -m "not serial" $(PYTEST_ARGS) || rc=$$?; \
 	$(PY) -m pytest -q --durations=25 -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ] || rc=1; \
 	exit $$rc
