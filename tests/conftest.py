@@ -23,3 +23,24 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 # Never let a developer's real W&B key turn a test run online.
 os.environ.pop("WANDB_API_KEY", None)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _share_cores_between_workers() -> None:
+    """Under pytest-xdist (`make test` runs 2 workers), each worker's torch gets its share of the cores.
+
+    torch starts a thread per core; two workers that each do so put twice as many OpenMP threads as cores
+    on the machine, and those threads then wait for each other at every op (several times slower on 2
+    cores). Set before anything imports torch, so it also holds for what a test starts (README commands,
+    the launches of tests/launch_helpers.py, which give a one-process launch its share of this one).
+    A user's own OMP_NUM_THREADS wins.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores() // workers)))
+
+
+_share_cores_between_workers()

@@ -28,10 +28,34 @@ LAUNCHER = REPO / "launchers" / "launch_finetune.py"
 BIN = Path(sys.executable).parent
 
 
+# Rendezvous ports come from below Linux's ephemeral range (32768-60999), where the kernel picks the ports of
+# outgoing connections and of bind(0): a port it handed out is free only until someone else gets it, and
+# gloo's many connections, or the other pytest-xdist worker's bind(0), could take it before the launcher
+# binds it. Each xdist worker draws from its own band, so two workers never offer the same port.
+PORTS = range(20000, 32000)
+_next_port: list[int] = []  # this process's next candidate, from a random start in its band
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port on 127.0.0.1 that is free now and that no other worker of this test run will offer."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    width = len(PORTS) // max(workers, 1)
+    start = PORTS.start + worker * width
+    if not _next_port:
+        import random
+
+        _next_port.append(random.randrange(width))
+    for _ in range(width):
+        port = start + _next_port[0] % width
+        _next_port[0] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken (or in TIME_WAIT): the next one
+            return port
+    raise RuntimeError(f"no free port in {start}-{start + width - 1}")
 
 
 def write_config(path: Path, config: dict[str, Any]) -> Path:
@@ -182,19 +206,24 @@ def run_launches(
 
 
 def _cpu_share(launch: Launch, side_by_side: int, env: dict[str, str]) -> dict[str, str]:
-    """OMP_NUM_THREADS for a one-process launch that runs beside other launches: its share of the cores.
+    """OMP_NUM_THREADS for a one-process launch that runs beside other work: its share of the cores.
 
     A lone process on CPU takes a thread per core (torch's default; zerofit splits the cores between the
-    ranks of a multi-rank launch itself, `strategies/base.py` `limit_cpu_threads`, which these launches
-    keep exercising). Beside another launch that is more threads than cores, and torch's OpenMP threads
-    then wait for each other at every op: on 2 cores, two 20-step single-process runs of the demo config
-    side by side took 35-40 s of CPU each instead of 7, and 43-83 s of training instead of 2-4 s.
+    ranks of a multi-rank launch itself, `strategies/base.py` `limit_cpu_threads`). Beside another launch
+    that is more threads than cores, and torch's OpenMP threads then wait for each other at every op: on
+    2 cores, two 20-step single-process runs of the demo config side by side took 35-40 s of CPU each
+    instead of 7, and 43-83 s of training instead of 2-4 s. Under pytest-xdist the other workers' tests
+    run beside it too: the share is the cores over (launches side by side x workers), never more than an
+    OMP_NUM_THREADS already set (by the user, or tests/conftest.py's per-worker share).
     """
     one_process = launch.launcher == "python" or launch.nproc == 1  # (`nproc` means nothing to python)
-    if not one_process or side_by_side < 2 or "OMP_NUM_THREADS" in env:
+    workers = int(env.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if not one_process or side_by_side * workers < 2:
         return {}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"OMP_NUM_THREADS": str(max(1, cores // side_by_side))}
+    share = max(1, cores // (side_by_side * workers))
+    given = env.get("OMP_NUM_THREADS", "")
+    return {"OMP_NUM_THREADS": str(min(share, int(given)) if given.isdigit() and int(given) > 0 else share)}
 
 
 def _rows(metrics: Path) -> int:

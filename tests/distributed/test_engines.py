@@ -30,7 +30,7 @@ from launch_helpers import (
 from zerofit.config import load_config, resolve
 from zerofit.engine import render_spec
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.serial]  # (/dev/shm: alone)
 
 STEPS, EVERY = 6, 3
 CONTRACT_4 = {

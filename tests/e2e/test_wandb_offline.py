@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
+from launch_helpers import free_port
 from zerofit.metrics.wandb_reader import WandbRun, read_wandb_run
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +38,7 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
     cmd = [
         str(deepspeed),
         "--master_port",
-        str(_free_port()),
+        str(free_port()),
         "--num_gpus",
         "2",
         str(REPO / "launchers" / "launch_finetune.py"),

@@ -1,0 +1,92 @@
+"""How `make test` shares 2 cores between two pytest-xdist workers without the workers disturbing each other:
+the per-worker thread share (tests/conftest.py), a side-by-side launch's share (`_cpu_share`), disjoint
+rendezvous ports per worker (`free_port`), and a serial phase for the tests that watch the whole machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import socket
+from pathlib import Path
+
+import pytest
+
+import launch_helpers
+from launch_helpers import Launch, _cpu_share, free_port
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _recipe(target: str) -> list[str]:
+    """The lines of a Makefile target's recipe (up to the blank line after it)."""
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = lines.index(f"{target}: setup") + 1
+    return lines[start : lines.index("", start)]
+
+
+def test_make_test_runs_two_workers_then_the_serial_tests_alone() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    (xdist,) = re.findall(r"^XDIST \?= (.*)$", makefile, re.M)
+    assert "-n 2" in xdist and "--dist loadfile" in xdist  # whole modules: a module's launches run once
+    runs = [line for line in _recipe("test") if "pytest" in line]
+    assert len(runs) == 2 and "--durations=25" in runs[0] and "--durations=25" in runs[1]
+    assert '$(XDIST) -m "not serial"' in runs[0] and "-m serial" in runs[1] and "XDIST" not in runs[1]
+    assert "|| rc=" in runs[0]  # a failure in the parallel phase still lets the serial phase run
+    assert re.search(r'^dev = \[.*"pytest-xdist', (REPO / "pyproject.toml").read_text(), re.M)
+
+
+def test_a_test_that_watches_shared_memory_runs_in_the_serial_phase() -> None:
+    # test_engines checks that DeepSpeed's CPU launches leave nothing in /dev/shm: the other worker's
+    # DeepSpeed launches, running at the same time, would have their segments there.
+    watching = [p for p in TESTS.rglob("test_*.py") if '"/dev/shm"' in p.read_text() and p != Path(__file__)]
+    assert watching, "no test reads /dev/shm any more: drop this check"
+    assert [p.name for p in watching if "pytest.mark.serial" not in p.read_text()] == []
+
+
+def test_each_worker_gets_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # (conftest prepends the venv to it again)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    runpy.run_path(str(TESTS / "conftest.py"))
+    assert os.environ["OMP_NUM_THREADS"] == str(max(1, CORES // 2))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # a user's own setting wins
+    runpy.run_path(str(TESTS / "conftest.py"))
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+
+
+def test_this_worker_runs_torch_on_its_share() -> None:
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers < 2 or os.environ["OMP_NUM_THREADS"] != str(max(1, CORES // workers)):
+        pytest.skip("not under pytest-xdist workers that conftest.py set the threads of")
+    assert torch.get_num_threads() == max(1, CORES // workers)
+
+
+def test_a_one_process_launch_shares_the_cores_with_the_other_worker() -> None:
+    python, ranks = Launch("a", "python"), Launch("b", "deepspeed")
+    xdist = {"PYTEST_XDIST_WORKER_COUNT": "2"}
+    # Alone in its module, but beside the other worker: half the cores (on main: all of them).
+    assert _cpu_share(python, 1, xdist) == {"OMP_NUM_THREADS": str(max(1, CORES // 2))}
+    assert _cpu_share(python, 2, xdist) == {"OMP_NUM_THREADS": str(max(1, CORES // 4))}
+    assert _cpu_share(python, 2, {}) == {"OMP_NUM_THREADS": str(max(1, CORES // 2))}
+    assert _cpu_share(python, 1, {}) == {}  # alone on the machine: torch's default
+    assert _cpu_share(python, 2, {"OMP_NUM_THREADS": "1"}) == {"OMP_NUM_THREADS": "1"}  # never more than set
+    assert _cpu_share(ranks, 2, xdist) == {}  # zerofit splits the cores between a launch's ranks itself
+
+
+def test_two_workers_never_offer_the_same_rendezvous_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    offered: dict[str, set[int]] = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setattr(launch_helpers, "_next_port", [])
+        offered[worker] = {free_port() for _ in range(50)}
+    assert len(offered["gw0"]) == len(offered["gw1"]) == 50 and not offered["gw0"] & offered["gw1"]
+    # Below the kernel's ephemeral range, where bind(0) and outgoing connections (gloo's) take ports from.
+    assert all(launch_helpers.PORTS.start <= port < 32768 for port in offered["gw0"] | offered["gw1"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))  # free when offered
