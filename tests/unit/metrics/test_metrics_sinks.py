@@ -214,6 +214,7 @@ def test_default_group_and_name_make_sweeps_comparable(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it terminates every child of the test process: alone, beside nothing else's
 def test_wandb_outlives_a_launcher_that_terminates_the_ranks_process_tree(
     tmp_path: Path, no_wandb_key: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
