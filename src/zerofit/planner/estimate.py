@@ -73,7 +73,12 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form (the `memory` block of `zerofit plan --json`)."""
+        images = self.scenario.images
+        seen = {} if images is None else {"image_tokens": {"micro_batch": self.scenario.image_tokens,
+                                                           "largest_image": images.largest_image,
+                                                           "source": images.source}}  # fmt: skip
         return {
+            **seen,
             "tensors_gib": round(self.tensors_gib, 3),
             "total_gib": round(self.total_gib, 3),
             "allowance_gib": round(self.allowance_gib, 3),

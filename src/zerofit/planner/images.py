@@ -123,7 +123,7 @@ def image_tokens(model: str, width: int, height: int, max_image_tokens: int | No
         side = int(vc["image_size"]) // int(vc["patch_size"])
         tiles = int(vc.get("max_num_tiles", 1))  # Llama 3.2 Vision: up to 4 tiles + a class token each
         return tiles * (side * side + (1 if tiles > 1 else 0))
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     unit = _unit(model)
     least, most = pixel_limits(model, max_image_tokens)
