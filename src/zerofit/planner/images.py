@@ -143,6 +143,11 @@ def rows_from_sizes(
 
 def worst_case_rows(model: str, seq_len: int, max_image_tokens: int | None) -> ImageRows:
     """Without the data: every row all image tokens (`data.max_seq_len`), in images as large as allowed."""
+    if model_config_dict(model).get("text_config", {}).get("cross_attention_layers"):
+        # Llama 3.2 Vision: an image is one token of the sequence; its tiles' states are cross-attended.
+        largest = image_tokens(model, 1, 1, None)
+        source = f"worst case (no data read): one image of {largest} states (every tile) per row"
+        return ImageRows((), largest, source, every_row=largest)
     most = pixel_limits(model, max_image_tokens)[1] // _unit(model) ** 2 if _grid(model) else 0
     largest = min(seq_len, most or image_tokens(model, 1, 1, None))
     limit = f"data.max_image_tokens {max_image_tokens}" if max_image_tokens else "the processor's limit"
