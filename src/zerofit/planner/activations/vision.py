@@ -5,10 +5,12 @@ The image tokens themselves are positions of the sequence (`data.max_seq_len` in
 language model's terms (`layer`, `step`) already count them. On top (`images.ImageRows`: the planned
 micro-batch's image tokens; Qwen-VL: merge^2 = 4 patches each):
   - the pixel values (fp32, as the processor makes them) of the micro-batch, held through the step;
-  - the tower frozen (the default): nothing saved for backward (no weight of it trains and its input needs no
-    gradient); it runs before the language model, so its working set is its own moment (`tower_forward`):
-    one block's tensors over every patch (fp32 norm input, the residual, q/k/v, the SwiGLU's three
-    intermediates) and the image features it hands over;
+  - the tower frozen (the default): it runs before the language model, so its working set is its own moment
+    (`tower_forward`): one block's tensors over every patch (fp32 norm input, the residual, q/k/v, the
+    SwiGLU's three intermediates) and the image features it hands over. Without checkpointing it saves
+    nothing for backward; with it, transformers' `enable_input_require_grads` makes the patch embedding's
+    output need a gradient (it hooks every sub-model's input embeddings), so each checkpointed block keeps its
+    input and the projector its norm's and GELU's inputs (`_frozen_with_grad`; the trace measures the same);
   - `lora.vision_tower`: every block saves what a decoder layer of its width saves per patch (the same rules,
     `layer.layer_split`, on the block's shape: fused qkv, proj, SwiGLU, two RMSNorms; the adapters on all of
     its linears); with checkpointing (the run checkpoints vision blocks too), each block's input and one
@@ -61,6 +63,31 @@ def block_shape(dims: VisionDims, name: str) -> ModelShape:
     )  # fmt: skip
 
 
+def tower_bytes(scn: Scenario) -> int:
+    """Element size of the vision tower's residual stream: the compute dtype (its matmuls run in it, under
+    autocast too, so the residual it adds up stays there even when k-bit preparation made its weights fp32;
+    measured by the trace)."""
+    return compute_profile(scn).half_bytes
+
+
+def _frozen_with_grad(
+    scn: Scenario, dims: VisionDims, dt: LayerDtypes, patches: int, tokens: int
+) -> dict[str, int]:
+    """The frozen tower under activation checkpointing: transformers' `enable_input_require_grads` (which
+    checkpointing turns on) makes every sub-model's input embeddings, the tower's patch embedding too,
+    return a tensor that needs a gradient, so each checkpointed vision block keeps its input and the projector
+    its RMSNorm's fp32 input and GELU's input, and backward runs through the tower."""
+    inputs = dims.depth * patches * dims.hidden * tower_bytes(scn)
+    return {
+        f"vision blocks' checkpointed inputs ({dims.depth} x {patches} patches; the frozen tower's output "
+        "needs a gradient under checkpointing)": inputs,
+        f"projector saved inputs (norm {patches} patches, GELU {tokens} merged tokens)": patches
+        * dims.hidden
+        * 4
+        + tokens * dims.merged_width * dt.lin_out,
+    }
+
+
 def _tower_saves(
     scn: Scenario, dims: VisionDims, dt: LayerDtypes, patches: int, largest: int
 ) -> dict[str, int]:
@@ -72,7 +99,7 @@ def _tower_saves(
         t.bytes for t in layer_split(replace(scn, seq_len=largest, micro_batch_size=1), shape, lora, dt)[0]
     )
     if scn.activation_checkpointing is True:
-        inputs = dims.depth * patches * dims.hidden * dt.resid
+        inputs = dims.depth * patches * dims.hidden * tower_bytes(scn)
         return {
             f"vision blocks' checkpointed inputs ({dims.depth} x {patches} patches)": inputs,
             f"recomputed vision block ({patches} patches x {per_patch:,} B)": per_patch * patches,
@@ -111,9 +138,17 @@ def vision_terms(scn: Scenario) -> VisionTerms:
     patches = tokens * dims.patches_per_token
     largest = scn.images.largest_image * dims.patches_per_token
     held = {f"pixel values (fp32, {patches} patches x {dims.patch_width})": 4 * patches * dims.patch_width}
-    if not scn.lora or scn.lora_vision_tower:  # the tower trains: full fine-tuning, or LoRA on it
+    trains = not scn.lora or scn.lora_vision_tower  # full fine-tuning, or LoRA on the tower
+    frozen_grad = (
+        _frozen_with_grad(scn, dims, dt, patches, tokens) if scn.checkpointed(shape.num_layers) else {}
+    )
+    if trains:
         held.update(_tower_saves(scn, dims, dt, patches, largest))
-    if not scn.lora or scn.lora_vision_tower or scn.lora_projector == "full":
+    elif scn.lora_projector != "full":
+        held.update(frozen_grad)
+    else:  # the projector trains: its saves below, the frozen blocks' inputs here
+        held.update(dict(list(frozen_grad.items())[:1]))
+    if trains or scn.lora_projector == "full":
         saves = tokens * dims.merged_width * (4 + 3 * dt.lin_out)
         held[f"projector saved inputs ({tokens} merged tokens x {dims.merged_width})"] = saves
     held.update(_cross_attention(scn, shape, dt, tokens))
