@@ -370,22 +370,10 @@ def _trace_layers(
     mask = _padding_mask(micro, seq)
 
     fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with (
-        fake,
-        _masks_as_on_device(scn.masked_attention),
-        traced_images(model, scn, fake, micro, seq) as images,
-    ):
+    fed = traced_images(model, scn, fake, micro, seq)  # a vision-language model's images (else none)
+    with fake, _masks_as_on_device(scn.masked_attention), fed as images:
         _materialize(model, scn)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if prof.grads_leave_autograd:
-            # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
-            # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
-            for p in trainable:
-                p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
-        optimizer = None
-        if prof.traced_optimizer:
-            # foreach=True: what torch picks by default for CUDA tensors (CPU would default to the for-loop).
-            optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+        trainable, optimizer = _trainable_and_optimizer(model, prof)
         input_ids = torch.zeros(micro, seq, dtype=torch.long)
         labels = torch.zeros(micro, seq, dtype=torch.long)
 
@@ -424,6 +412,22 @@ def _trace_layers(
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
     return LayerTrace(num_layers, total, by_cat, layer_types, vision_depth)
+
+
+def _trainable_and_optimizer(model: Any, prof: Any) -> tuple[list[Any], Any]:
+    """The traced model's trainable parameters and, where the trace runs it, torch's AdamW over them."""
+    import torch
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if prof.grads_leave_autograd:
+        # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
+        # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+    if not prof.traced_optimizer:
+        return trainable, None
+    # foreach=True: what torch picks by default for CUDA tensors (CPU would default to the for-loop).
+    return trainable, torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
 
 
 def _materialize(model: Any, scn: Scenario) -> None:
