@@ -58,8 +58,12 @@ def traced_images(model: Any, scn: Any, mode: Any, micro: int, seq: int) -> Iter
         patches = int(grid.prod())
         positions = vu.get_vision_position_ids(grid, merge)
         seqlens = vu.get_vision_attention_seqlens(grid, vc)
-        windows = vu.get_vision_window_index(
-            grid, spatial_merge_size=merge, window_size=vc.window_size, patch_size=vc.patch_size
+        windows = (  # Qwen2.5-VL's windows (Qwen2-VL attends whole images)
+            vu.get_vision_window_index(
+                grid, spatial_merge_size=merge, window_size=vc.window_size, patch_size=vc.patch_size
+            )
+            if hasattr(vc, "window_size")
+            else None
         )
     const = mode.fake_tensor_converter.from_real_tensor
     seqlens = (const(mode, seqlens[0], make_constant=True), seqlens[1])
@@ -70,15 +74,15 @@ def traced_images(model: Any, scn: Any, mode: Any, micro: int, seq: int) -> Iter
 
     module = sys.modules[type(visual).__module__]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(
-            mock.patch.object(visual, "fullatt_block_indexes", list(range(len(visual.blocks))))
-        )
+        if windows is not None:  # Qwen2.5-VL: every traced block attends the whole image
+            every = list(range(len(visual.blocks)))
+            stack.enter_context(mock.patch.object(visual, "fullatt_block_indexes", every))
         stack.enter_context(mock.patch.object(hf.model, "get_placeholder_mask", placeholder))
         stack.enter_context(mock.patch.object(module, "get_vision_position_ids", lambda *a, **k: positions))
         stack.enter_context(
             mock.patch.object(module, "get_vision_attention_seqlens", lambda *a, **k: seqlens)
         )
-        if hasattr(module, "get_vision_window_index"):
+        if windows is not None:
             stack.enter_context(mock.patch.object(module, "get_vision_window_index", lambda *a, **k: windows))
         yield {
             "pixel_values": torch.zeros(patches, vision_dims(scn.model).patch_width),

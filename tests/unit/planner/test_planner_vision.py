@@ -108,3 +108,20 @@ def test_analytic_within_5_percent_of_trace_at_qwen25_vl_7b(quantization: str) -
     assert len(traced.layers) == 3  # 1 and 2 decoder layers, and 2 vision blocks: each increment extrapolated
     predicted = estimate(scn).tensors_gib
     assert abs(predicted / traced.tensors_gib - 1) < 0.05, (predicted, traced.as_dict())
+
+
+@pytest.mark.slow
+def test_the_trace_feeds_images_to_qwen2_vl_and_extrapolates_its_tower() -> None:
+    # The built-in tiny Qwen2-VL (whole-image attention, no windows), fp32, 2 rows of 16 and 8 image tokens.
+    from zerofit.planner.trace import trace_memory
+
+    scn = Scenario(model="tiny-qwen2-vl", seq_len=64, micro_batch_size=2, precision="fp32",
+                   activation_checkpointing=True, images=ImageRows((16, 8), 16, "data"))  # fmt: skip
+    traced = trace_memory(scn)
+    assert [t.label for t in traced.layers] == [
+        "1 + 1 vision block(s)",
+        "2 + 1 vision block(s)",
+        "1 + 2 vision block(s)",
+    ]
+    assert traced.layers[2].peak_bytes > traced.layers[0].peak_bytes  # a vision block's weights and input
+    assert abs(estimate(scn).tensors_gib / traced.tensors_gib - 1) < 0.05
