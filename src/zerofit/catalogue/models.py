@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zerofit.catalogue.vision_models import TINY_VLM_CONFIGS
+from zerofit.catalogue.vision_models import TINY_VLM_CONFIGS, VLM_CATALOGUE
 from zerofit.core.errors import ConfigError
 
 # The name that selects the built-in random-init model (`model.name_or_path: tiny-llama`).
@@ -479,6 +479,7 @@ CATALOGUE: dict[str, dict[str, Any]] = {
         "eos_token_id": 151645,
     },
     **FAMILY_CATALOGUE,
+    **VLM_CATALOGUE,  # vision-language models at a real size (`catalogue.vision_models`)
 }
 
 

@@ -187,6 +187,111 @@ TINY_VLM_CONFIGS: dict[str, dict[str, Any]] = {
     TINY_MLLAMA: _MLLAMA,
 }
 
+# Vision-language models at a real size, for the planner (values from each model's config.json on the hub).
+QWEN25_VL_7B = "Qwen/Qwen2.5-VL-7B-Instruct"
+LLAMA32_11B_VISION = "meta-llama/Llama-3.2-11B-Vision-Instruct"
+VLM_CATALOGUE: dict[str, dict[str, Any]] = {
+    # Qwen2.5-VL-7B-Instruct: the Qwen2.5-7B language model (M-RoPE) behind a 32-block ViT of width 1280 over
+    # 14 x 14 patches (2 frames: temporal_patch_size) with window attention (112-pixel windows; blocks 7, 15,
+    # 23, 31 attend the whole image), its 2 x 2 patches merged into one 3584-wide token by `visual.merger`.
+    QWEN25_VL_7B: {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "tie_word_embeddings": False,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "text_config": {
+            "model_type": "qwen2_5_vl_text",
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "vocab_size": 152064,
+            "max_position_embeddings": 128000,
+            "rms_norm_eps": 1e-6,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "mrope_section": [16, 24, 24],
+            },
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+        },
+        "vision_config": {
+            "model_type": "qwen2_5_vl_vision",
+            "depth": 32,
+            "hidden_size": 1280,
+            "intermediate_size": 3420,
+            "num_heads": 16,
+            "out_hidden_size": 3584,
+            "hidden_act": "silu",
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [7, 15, 23, 31],
+            "in_channels": 3,
+            "tokens_per_second": 2,
+        },
+    },
+    # Llama-3.2-11B-Vision-Instruct (mllama): a Llama 3.1 8B language model with 8 gated cross-attention
+    # layers added among its 40 (they attend the image's states, not the text), a 32 + 8-layer ViT over up
+    # to 4 tiles of 560 x 560 pixels (40 x 40 patches + a class token per tile), projected from 7680 to 4096.
+    LLAMA32_11B_VISION: {
+        "architectures": ["MllamaForConditionalGeneration"],
+        "model_type": "mllama",
+        "image_token_index": 128256,
+        "text_config": {
+            "model_type": "mllama_text_model",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "hidden_act": "silu",
+            "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38],
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            "tie_word_embeddings": False,
+            "bos_token_id": 128000,
+            "eos_token_id": 128009,
+            "pad_token_id": 128004,
+        },
+        "vision_config": {
+            "model_type": "mllama_vision_model",
+            "hidden_size": 1280,
+            "intermediate_size": 5120,
+            "num_hidden_layers": 32,
+            "num_global_layers": 8,
+            "attention_heads": 16,
+            "image_size": 560,
+            "patch_size": 14,
+            "max_num_tiles": 4,
+            "num_channels": 3,
+            "vision_output_dim": 7680,
+            "intermediate_layers_indices": [3, 7, 15, 23, 30],
+            "norm_eps": 1e-5,
+            "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]],
+        },
+    },
+}
+# Their image processors' limits (preprocessor_config.json on the hub): Qwen's fewest and most pixels per
+# image (an image is resized, aspect kept, into that range on the 28-pixel grid).
+VLM_PIXEL_LIMITS: dict[str, tuple[int, int]] = {QWEN25_VL_7B: (3136, 12845056)}
+
 
 def is_tiny_vlm(name: str) -> bool:
     """Whether `model.name_or_path` names a built-in tiny vision-language model (`tiny-qwen2-vl`, ...)."""

@@ -87,7 +87,6 @@ def build_plan_report(
     """
     from zerofit.checkpoint.rundir import planned_run_dir
     from zerofit.models.build import lora_targets_report
-    from zerofit.planner.report import memory_report
 
     cfg = resolved.config
     # The folder a launch now would write: a new run beside a taken name gets `-2` (said in the notes).
@@ -104,7 +103,7 @@ def build_plan_report(
         "notes": [*resolved.notes, *([taken] if taken else [])],
         "schedule": spec.describe_schedule(cfg.scheduler.name, cfg.scheduler.warmup_steps),
         "config": cfg.model_dump(mode="json"),
-        "memory": memory_report(resolved, spec, **memory_options),
+        "memory": _memory(resolved, spec, memory_options),
         "lora": lora_targets_report(cfg),
     }
     if cfg.train.objective == "grpo":
@@ -112,6 +111,17 @@ def build_plan_report(
     if probe:
         report["memory"]["probe"] = probe_report(resolved, report["memory"])
     return report
+
+
+def _memory(resolved: ResolvedConfig, spec: Any, memory_options: Any) -> dict[str, Any]:
+    """`memory_report`, counting the image tokens of the run's data for a vision-language model
+    (`zerofit.data.image_rows`; the worst case without readable data)."""
+    from zerofit.data.image_rows import plan_images
+    from zerofit.planner.images import observed_images
+    from zerofit.planner.report import memory_report
+
+    with observed_images(plan_images(resolved.config)):
+        return memory_report(resolved, spec, **memory_options)
 
 
 def rl_report(resolved: ResolvedConfig) -> dict[str, Any]:

@@ -23,9 +23,11 @@ def hf_config(
     attn_implementation: str = "sdpa",
     *,
     layer_types: tuple[str, ...] | None = None,
+    vision_depth: int | None = None,
 ) -> Any:
     """A transformers `PretrainedConfig` for a catalogued id or local folder, optionally with fewer layers
-    (`layer_types`: the attention type of each of them, for a family that mixes sliding and full layers)."""
+    (`layer_types`: the attention type of each of them, for a family that mixes sliding and full layers;
+    `vision_depth`: a vision-language model's vision blocks)."""
     from transformers import AutoConfig
 
     from zerofit.levers.attention import hf_attn_implementation
@@ -40,10 +42,22 @@ def hf_config(
         # Per-layer attention types (sliding/full) must match the layer count.
         if isinstance(data.get("layer_types"), list):
             data["layer_types"] = data["layer_types"][:num_layers]
+        if isinstance(data.get("text_config"), dict):  # a vision-language model: its language model's layers
+            data["text_config"] = {**data["text_config"], "num_hidden_layers": num_layers}
+    if vision_depth is not None:  # a vision-language model's vision blocks (Qwen-VL's `depth`)
+        data["vision_config"] = {
+            **data["vision_config"],
+            _vision_depth_key(data["vision_config"]): vision_depth,
+        }
     model_type = data.pop("model_type")
     config = AutoConfig.for_model(model_type, **data)
     config._attn_implementation = hf_attn_implementation(attn_implementation)
     return config
+
+
+def _vision_depth_key(vision_config: dict[str, Any]) -> str:
+    """The vision config's block count key: Qwen-VL's `depth`, else `num_hidden_layers` (CLIP, SigLIP)."""
+    return "depth" if "depth" in vision_config else "num_hidden_layers"
 
 
 def build_meta_model(
@@ -53,12 +67,15 @@ def build_meta_model(
     dtype: Any = None,
     *,
     layer_types: tuple[str, ...] | None = None,
+    vision_depth: int | None = None,
 ) -> Any:
     """The model class transformers would load, built on the meta device: shapes only, no memory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = hf_config(name_or_path, num_layers, attn_implementation, layer_types=layer_types)
+    config = hf_config(
+        name_or_path, num_layers, attn_implementation, layer_types=layer_types, vision_depth=vision_depth
+    )
     # A vision-language model is built whole (vision tower, projector, language model).
     auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
     try:

@@ -28,6 +28,7 @@ from typing import Any
 
 from zerofit.core.precision import GIB, dtype_bytes
 from zerofit.planner.activations.peak import activation_terms
+from zerofit.planner.activations.vision import vision_notes, vision_terms
 from zerofit.planner.rl import generation_lines, held_lines, rl_notes
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
@@ -72,7 +73,12 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form (the `memory` block of `zerofit plan --json`)."""
+        images = self.scenario.images
+        seen = {} if images is None else {"image_tokens": {"micro_batch": self.scenario.image_tokens,
+                                                           "largest_image": images.largest_image,
+                                                           "source": images.source}}  # fmt: skip
         return {
+            **seen,
             "tensors_gib": round(self.tensors_gib, 3),
             "total_gib": round(self.total_gib, 3),
             "allowance_gib": round(self.allowance_gib, 3),
@@ -148,6 +154,18 @@ def _rl_lines(scn: Scenario) -> tuple[dict[str, int], dict[str, int]]:
     )
 
 
+def _image_lines(scn: Scenario, acts_peak: int) -> tuple[int, dict[str, int], bool]:
+    """What a vision-language model's images add to the forward/backward peak (`activations.vision`): (bytes
+    in place of the language model's activation peak, breakdown lines, whether the tower's own forward is the
+    larger moment). A language model: (0, {}, False)."""
+    vis = vision_terms(scn)
+    lines = {f"activations: images: {k}": n for k, n in vis.held.items()}
+    if vis.tower_forward > acts_peak:
+        lines[f"activations: the frozen vision tower's forward ({vis.patches} patches)"] = vis.tower_forward
+        return vis.held_bytes + vis.tower_forward, lines, True
+    return vis.held_bytes + acts_peak, lines, False
+
+
 def _engine_notes(scn: Scenario) -> list[str]:
     notes = []
     if scn.quantization != "none" and scn.zero_stage == 3:
@@ -174,7 +192,8 @@ def estimate(scn: Scenario) -> MemoryEstimate:
     resident = state.bytes_at(Place.GPU)
     window = state.bytes_at(Place.WINDOW_GRADS)
     held = window if scn.grad_accum_steps > 1 else 0
-    fwd = resident + held + acts.peak + exchange + sum(rollout.values())
+    images, image_lines, tower_first = _image_lines(scn, acts.peak)
+    fwd = resident + held + max(acts.peak, images) + exchange + sum(rollout.values())
     step = resident + window + state.bytes_at(Place.STEP_TEMPS) + sum(rollout.values())
     gen = resident + sum(generating.values()) if generating else 0
     # The peak phase's lines, as shown (label -> bytes).
@@ -183,12 +202,14 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         phase = "generation"
         breakdown.update(generating)
     elif fwd >= step:
-        phase = f"forward/backward: {acts.where}"
+        phase = f"forward/backward: {'the vision tower' if tower_first else acts.where}"
         if held:
             breakdown.update(
                 {f"{line.label} held across the window": line.bytes for line in state.at(Place.WINDOW_GRADS)}
             )
-        breakdown.update({f"activations: {k}": n for k, n in acts.lines.items()})
+        if not tower_first:
+            breakdown.update({f"activations: {k}": n for k, n in acts.lines.items()})
+        breakdown.update(image_lines)
         if exchange:
             breakdown[
                 f"activations: Ulysses all-to-all buffers (q/k/v, 1 layer, 1/{scn.sequence_parallel})"
@@ -220,7 +241,7 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         host_ram_gib=host_gib,
         host_breakdown={k: n / GIB for k, n in host.items() if n},
         per_layer_token_bytes={t.label: t.bytes for t in acts.per_layer_token_terms},
-        notes=[*state.notes, *preference_notes(scn), *_engine_notes(scn)],
+        notes=[*state.notes, *preference_notes(scn), *_engine_notes(scn), *vision_notes(scn)],
     )
 
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from zerofit.core.errors import ConfigError
-from zerofit.models.vision import is_vision_model
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,9 +34,6 @@ def memory_report(
     from zerofit.planner.search.report import plan_memory
 
     budget = resolve_budget(resolved.config, gpu=gpu, gpu_mem=gpu_mem)
-    if is_vision_model(resolved.config.model.name_or_path):  # the planner has no image terms yet
-        return {"error": "the memory planner does not model vision-language models yet (the vision tower's "
-                         "weights, the image tokens' activations); the batch plan above stands"}  # fmt: skip
     try:
         plan = plan_memory(resolved, spec, budget)
     except (OSError, ValueError, KeyError, TypeError) as exc:

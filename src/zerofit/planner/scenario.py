@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.core.precision import dtype_bytes, tensor_dtypes, torch_dtype
 from zerofit.levers.recompute import checkpointed_layers
+from zerofit.planner.images import ImageRows, planned_images
 from zerofit.planner.rl import RLShape, rl_shape
 
 if TYPE_CHECKING:
@@ -58,6 +59,12 @@ class Scenario:
     # (`all`: every routed expert through peft's target_parameters) and whether the router trains in full.
     lora_moe_experts: str = "shared"
     lora_train_router: bool = False
+    # Vision-language models (lora.projector, lora.vision_tower; zerofit.models.vision): the projector frozen or
+    # trained in full, LoRA on the vision tower's linears too. `images`: the image tokens of the planned
+    # micro-batch (`zerofit.planner.images`); None for a language model.
+    lora_projector: str = "frozen"
+    lora_vision_tower: bool = False
+    images: ImageRows | None = None
     quantization: str = "none"  # none | 8bit | 4bit
     double_quant: bool = True
     optimizer: str = "adamw"
@@ -100,6 +107,11 @@ class Scenario:
     # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
     # without autocast (how the 7B reference figures in docs/platform.md were measured).
     autocast: bool | None = None
+
+    @property
+    def image_tokens(self) -> int:
+        """Image tokens of the planned micro-batch (its rows with the most; 0 for a language model)."""
+        return self.images.micro_batch(self.rows) if self.images is not None else 0
 
     def with_micro(self, micro: int, grad_accum_steps: int) -> Scenario:
         """The same run at another micro-batch size (and the accumulation that keeps the global batch)."""
@@ -264,6 +276,7 @@ def scenario_for(
         fsdp_cpu_offload=isinstance(spec, FSDPSpec) and spec.cpu_offload,
         precision=spec.dtypes.precision,
         **_lora_fields(cfg),
+        images=planned_images(cfg.model.name_or_path, cfg.data.max_seq_len, cfg.data.max_image_tokens),
         quantization=cfg.quantization.load_in,
         double_quant=cfg.quantization.double_quant,
         optimizer=cfg.optimizer.name,
@@ -302,6 +315,8 @@ def _lora_fields(cfg: ZerofitConfig) -> dict[str, Any]:
         "use_dora": lora.use_dora,
         "lora_moe_experts": lora.moe_experts,
         "lora_train_router": lora.train_router,
+        "lora_projector": lora.projector,
+        "lora_vision_tower": lora.vision_tower,
     }
 
 

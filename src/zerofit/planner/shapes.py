@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -89,6 +90,16 @@ class ModelShape:
     expert_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     layer_expert_params: int = 0
+    # A vision-language model (0: a language model): the vision tower's parameters (patch embedding and
+    # blocks) and the projector's, both part of `total_params` and `other_params`; the fields above are its
+    # language model's.
+    vision_params: int = 0
+    projector_params: int = 0
+
+    @property
+    def is_vision(self) -> bool:
+        """A vision-language model (a vision tower in front of the language model)."""
+        return self.vision_params > 0
 
     @property
     def layer_mlp_weight_params(self) -> int:
@@ -266,11 +277,40 @@ def _sliding_fields(cfg: Any, num_layers: int) -> dict[str, int]:
     return {"sliding_window": window, "sliding_layers": sliding}
 
 
+def text_model(model: Any) -> Any:
+    """The part whose decoder layers the planner counts: a vision-language model's language model (its vision
+    blocks are counted apart, `_vision_fields`), else the model itself. Works through a peft wrapper."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return hf.get_decoder() if hasattr(hf.config, "vision_config") else model
+
+
+def text_layers_prefix(model: Any) -> str:
+    """`decoder_layers_prefix` of the language model's layers, as named in `model` (a vision-language
+    model's vision blocks come first among its `decoder_layers`)."""
+    first = decoder_layers(text_model(model))[0]
+    return next(name for name, module in model.named_modules() if module is first).rpartition(".")[0] + "."
+
+
+def _vision_fields(model: Any) -> dict[str, int]:
+    """A vision-language model's vision tower and projector parameters (everything outside the language
+    model and lm_head; the projector by its family's module name, `zerofit.models.vision.FAMILIES`)."""
+    if not hasattr(model.config, "vision_config"):
+        return {}
+    from zerofit.models.vision import vision_family
+
+    head = model.get_output_embeddings()
+    language = {id(p) for p in text_model(model).parameters()} | {id(head.weight)}
+    outside = [(n, p.numel()) for n, p in model.named_parameters() if id(p) not in language]
+    family = vision_family(model.config.to_dict())
+    projector = sum(n for name, n in outside if family and re.match(family.projector, name))
+    return {"vision_params": sum(n for _, n in outside) - projector, "projector_params": projector}
+
+
 def _compute_model_shape(name_or_path: str) -> ModelShape:
     model = build_meta_model(name_or_path, attn_implementation="eager")  # shapes only: any attention
-    cfg = model.config
-    layers = decoder_layers(model)
-    prefix = decoder_layers_prefix(model)  # raises when the model has no decoder layer
+    cfg = model.config.get_text_config()  # a vision-language model: its language model's
+    layers = decoder_layers(text_model(model))
+    prefix = decoder_layers_prefix(model) if not layers else text_layers_prefix(model)
     layer = layers[0]
     layer_params = sum(p.numel() for p in layer.parameters())
     linears = _linears_of(layer)
@@ -311,6 +351,7 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
         **_sliding_fields(cfg, num_layers),
         attn_logit_softcapping=getattr(cfg, "attn_logit_softcapping", None) or 0.0,
         final_logit_softcapping=getattr(cfg, "final_logit_softcapping", None) or 0.0,
+        **_vision_fields(model),
     )
 
 
@@ -333,16 +374,27 @@ def model_shape(name_or_path: str) -> ModelShape:
 
 
 def _lora_counts(
-    name_or_path: str, num_layers: int, r: int, targets: Any, use_dora: bool, moe: tuple[str, bool]
+    name_or_path: str,
+    num_layers: int,
+    r: int,
+    targets: Any,
+    use_dora: bool,
+    moe: tuple[str, bool],
+    vision: tuple[str, bool] | None = None,
 ) -> dict[str, Any]:
     from zerofit.models.lora import apply_lora, lora_config
+    from zerofit.models.vision import apply_vision_lora
 
-    model = apply_lora(
-        build_meta_model(name_or_path, num_layers, attn_implementation="eager"),
-        lora_config(r, 2 * r, 0.0, targets, use_dora, *moe),
-    )
+    meta = build_meta_model(name_or_path, num_layers, attn_implementation="eager")
+    spec = lora_config(r, 2 * r, 0.0, targets, use_dora, *moe)
+    # A vision-language model: adapters where training puts them (`lora.projector`, `lora.vision_tower`).
+    model = apply_vision_lora(meta, spec, *vision, None)[0] if vision else apply_lora(meta, spec)
     trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
-    layer0 = decoder_layers(model)[0]
+    if vision:  # name the language model's layers `.layers.N.` and nothing else (a CLIP tower's are too)
+        prefix = text_layers_prefix(model)
+        trainable = [(n.replace(prefix, ".layers.") if n.startswith(prefix) else n.replace(".layers.", "."), k)
+                     for n, k in trainable]  # fmt: skip
+    layer0 = decoder_layers(text_model(model))[0]
     layer_targets = []
     for name, module in layer0.named_modules():
         base = getattr(module, "base_layer", None)
@@ -388,17 +440,24 @@ def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
 
 @lru_cache(maxsize=128)
 def _lora_shape_cached(
-    name_or_path: str, r: int, targets: tuple[str, ...] | str, use_dora: bool, moe: tuple[str, bool]
+    name_or_path: str,
+    r: int,
+    targets: tuple[str, ...] | str,
+    use_dora: bool,
+    moe: tuple[str, bool],
+    vision: tuple[str, bool] | None = None,
 ) -> LoraShape:
     shape = model_shape(name_or_path)
     payload = {"config": model_config_dict(name_or_path), "r": r, "targets": targets, "dora": use_dora}
     payload["moe"] = list(moe)
     payload["fields"] = 2  # entries also hold expert_factor_params (older ones are not read)
+    if vision:
+        payload["vision"] = list(vision)
     key = _cache_key("lora", payload)
     cached = _read_cache(key)
     if cached is None:
-        one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe)
-        two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe)
+        one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe, vision)
+        two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe, vision)
         t1 = sum(n for _, n in one["trainable"])
         t2 = sum(n for _, n in two["trainable"])
         per_layer = t2 - t1
@@ -439,8 +498,12 @@ def lora_shape(
     use_dora: bool = False,
     moe_experts: str = "shared",
     train_router: bool = False,
+    projector: str = "frozen",
+    vision_tower: bool = False,
 ) -> LoraShape:
     """Exact LoRA trainable-parameter counts for `name_or_path`, from peft applied to a meta build, with
-    `target_modules` mapped for its family and the MoE choices (`zerofit.models.lora_targets`)."""
+    `target_modules` mapped for its family and the MoE choices (`zerofit.models.lora_targets`); for a
+    vision-language model, with `lora.projector` / `lora.vision_tower` (`zerofit.models.vision`)."""
     targets = target_modules if isinstance(target_modules, str) else tuple(target_modules)
-    return _lora_shape_cached(name_or_path, r, targets, use_dora, (moe_experts, train_router))
+    vision = (projector, vision_tower) if model_shape(name_or_path).is_vision else None
+    return _lora_shape_cached(name_or_path, r, targets, use_dora, (moe_experts, train_router), vision)

@@ -111,7 +111,14 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
     trainable, experts = matmul, 0.0
     if scn.lora:
         lora = lora_shape(
-            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+            scn.model,
+            scn.lora_r,
+            scn.lora_targets,
+            scn.use_dora,
+            scn.lora_moe_experts,
+            scn.lora_train_router,
+            scn.lora_projector,
+            scn.lora_vision_tower,
         )
         trainable = float(lora.trainable_params - lora.layer_expert_factor_params * n_layers)
         experts = expert_adapter_flops(scn, lora.merged_expert_numel, ckpt)

@@ -44,7 +44,14 @@ def param_counts(scn: Scenario) -> ParamCounts:
     quantized = quantized_per_layer * shape.num_layers
     if scn.lora:
         lora = lora_shape(
-            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+            scn.model,
+            scn.lora_r,
+            scn.lora_targets,
+            scn.use_dora,
+            scn.lora_moe_experts,
+            scn.lora_train_router,
+            scn.lora_projector,
+            scn.lora_vision_tower,
         )
         trainable, numels = lora.trainable_params, lora.tensor_numels
         frozen = shape.total_params - quantized

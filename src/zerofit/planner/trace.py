@@ -45,11 +45,14 @@ from zerofit.levers.layers import decoder_layers
 from zerofit.levers.recompute import enable_activation_checkpointing
 from zerofit.models.lora import apply_lora, lora_config
 from zerofit.models.meta import build_meta_model
+from zerofit.models.vision import apply_vision_lora
 from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_sum
 from zerofit.objectives.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
+from zerofit.planner.images import vision_dims
 from zerofit.planner.scenario import compute_profile
-from zerofit.planner.shapes import model_shape
+from zerofit.planner.shapes import model_shape, text_model
+from zerofit.planner.trace_vision import traced_images
 
 if TYPE_CHECKING:
     from zerofit.planner.scenario import Scenario
@@ -66,10 +69,13 @@ class LayerTrace:
     peak_bytes: int
     by_category: dict[str, int]
     layer_types: tuple[str, ...] | None = None  # set where the family mixes attention types
+    vision_depth: int | None = None  # a vision-language model's traced vision blocks
 
     @property
     def label(self) -> str:
-        """`2`, or `2 (sliding_attention, full_attention)` for a mixed pair."""
+        """`2`, `2 (sliding_attention, full_attention)` for a mixed pair, `2 + 1 vision block(s)`."""
+        if self.vision_depth is not None:
+            return f"{self.num_layers} + {self.vision_depth} vision block(s)"
         return (
             f"{self.num_layers} ({', '.join(self.layer_types)})" if self.layer_types else str(self.num_layers)
         )
@@ -166,7 +172,7 @@ def _emulate_quantization(model: Any, compute_dtype: Any, fp32_residual: bool = 
     import torch
 
     emu_cls = _quant_emulation_class()
-    for layer in decoder_layers(model):
+    for layer in decoder_layers(text_model(model)):  # a vision-language model's tower stays unquantized
         for name, module in list(layer.named_modules()):
             if type(module) is torch.nn.Linear:
                 parent = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer
@@ -250,9 +256,14 @@ def _masks_as_on_device(documents_found: bool = False) -> Any:
         yield
 
 
-def build_traced_model(scn: Scenario, num_layers: int, layer_types: tuple[str, ...] | None = None) -> Any:
-    """The configured model with `num_layers` decoder layers (of `layer_types`, where given), on the meta
-    device, in the engine's dtypes."""
+def build_traced_model(
+    scn: Scenario,
+    num_layers: int,
+    layer_types: tuple[str, ...] | None = None,
+    vision_depth: int | None = None,
+) -> Any:
+    """The configured model with `num_layers` decoder layers (of `layer_types`, where given; a vision-language
+    model: `vision_depth` vision blocks), on the meta device, in the engine's dtypes."""
     import torch
 
     prof = compute_profile(scn)
@@ -262,10 +273,15 @@ def build_traced_model(scn: Scenario, num_layers: int, layer_types: tuple[str, .
         attn_implementation=scn.attn_implementation,
         dtype=prof.load_dtype,
         layer_types=layer_types,
+        vision_depth=vision_depth,
     )
     if scn.quantization != "none":
         _emulate_quantization(model, prof.half_dtype or torch.float32, scn.fp32_residual)
-    if scn.lora:
+    if scn.lora and model_shape(scn.model).is_vision:  # adapters where the run puts them (`models.vision`)
+        spec = lora_config(scn.lora_r, scn.lora_alpha, scn.lora_dropout, scn.lora_targets, scn.use_dora)
+        model = apply_vision_lora(model, spec, scn.lora_projector, scn.lora_vision_tower, None)[0]
+        _cuda_like_dropout(model)
+    elif scn.lora:
         model = apply_lora(
             model,
             lora_config(
@@ -282,7 +298,8 @@ def build_traced_model(scn: Scenario, num_layers: int, layer_types: tuple[str, .
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
     # The traced model has 1 or 2 layers: checkpointing is traced as all or none (see `trace_memory`).
     all_layers = scn.checkpointed(model_shape(scn.model).num_layers) == model_shape(scn.model).num_layers
-    n_ckpt = enable_activation_checkpointing(hf, num_layers if all_layers else 0)
+    # The run checkpoints every block it finds, a vision-language model's vision blocks too.
+    n_ckpt = enable_activation_checkpointing(hf, len(decoder_layers(hf)) if all_layers else 0)
     _enable_levers(hf, scn, n_ckpt)
     if scn.varlen_kernel is not None:
         # FlashAttention-2 saves what torch's varlen (a FlashAttention-2 kernel) does; only the latter has
@@ -337,33 +354,31 @@ def _enable_levers(hf: Any, scn: Scenario, n_ckpt: int) -> None:
         install_fused_head(hf)
 
 
-def _trace_layers(scn: Scenario, num_layers: int, layer_types: tuple[str, ...] | None = None) -> LayerTrace:
+def _trace_layers(
+    scn: Scenario,
+    num_layers: int,
+    layer_types: tuple[str, ...] | None = None,
+    vision_depth: int | None = None,
+) -> LayerTrace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     prof = compute_profile(scn)
-    model = build_traced_model(scn, num_layers, layer_types)
+    model = build_traced_model(scn, num_layers, layer_types, vision_depth)
     autocast = torch.autocast("cpu", dtype=prof.half_dtype) if prof.autocast else contextlib.nullcontext()
     micro, seq = scn.rows, scn.seq_len  # a preference micro-batch: both sequences of every pair
     mask = _padding_mask(micro, seq)
 
-    with FakeTensorMode(allow_non_fake_inputs=True), _masks_as_on_device(scn.masked_attention):
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fed = traced_images(model, scn, fake, micro, seq)  # a vision-language model's images (else none)
+    with fake, _masks_as_on_device(scn.masked_attention), fed as images:
         _materialize(model, scn)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if prof.grads_leave_autograd:
-            # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
-            # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
-            for p in trainable:
-                p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
-        optimizer = None
-        if prof.traced_optimizer:
-            # foreach=True: what torch picks by default for CUDA tensors (CPU would default to the for-loop).
-            optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+        trainable, optimizer = _trainable_and_optimizer(model, prof)
         input_ids = torch.zeros(micro, seq, dtype=torch.long)
         labels = torch.zeros(micro, seq, dtype=torch.long)
 
         def micro_step(tracker: Any = None) -> None:
-            inputs = {"input_ids": input_ids, "attention_mask": mask}
+            inputs = {"input_ids": input_ids, "attention_mask": mask, **images}
             if scn.reference_forward:  # DPO's reference: the same rows, adapters off, no grad, first
                 _reference_forward(model, inputs, labels, scn.cross_entropy, autocast, tracker)
             with autocast:
@@ -396,7 +411,23 @@ def _trace_layers(scn: Scenario, num_layers: int, layer_types: tuple[str, ...] |
             window(tracker)
         peak = tracker.get_tracker_snapshot("peak")
     total, by_cat = _peak_by_category(peak)
-    return LayerTrace(num_layers=num_layers, peak_bytes=total, by_category=by_cat, layer_types=layer_types)
+    return LayerTrace(num_layers, total, by_cat, layer_types, vision_depth)
+
+
+def _trainable_and_optimizer(model: Any, prof: Any) -> tuple[list[Any], Any]:
+    """The traced model's trainable parameters and, where the trace runs it, torch's AdamW over them."""
+    import torch
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if prof.grads_leave_autograd:
+        # ZeRO-2/3 and FSDP-with-sync move each gradient into the engine's own partitioned buffers as
+        # soon as it is accumulated; those buffers are added analytically, so autograd's copy is dropped.
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+    if not prof.traced_optimizer:
+        return trainable, None
+    # foreach=True: what torch picks by default for CUDA tensors (CPU would default to the for-loop).
+    return trainable, torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
 
 
 def _materialize(model: Any, scn: Scenario) -> None:
@@ -494,6 +525,14 @@ def _traces_by_layer_type(scn: Scenario, n: int) -> tuple[tuple[LayerTrace, ...]
     from zerofit.models.meta import hf_config
 
     types = tuple(getattr(hf_config(scn.model), "layer_types", None) or ())
+    dims = vision_dims(scn.model)
+    if dims is not None:  # a vision-language model: its vision blocks' increment too
+        traces = (
+            _trace_layers(scn, 1, None, 1),
+            _trace_layers(scn, 2, None, 1),
+            _trace_layers(scn, 1, None, 2),
+        )
+        return traces, (n - 1, dims.depth - 1)
     if len(set(types)) < 2:
         return (_trace_layers(scn, 1), _trace_layers(scn, 2)), (n - 1,)
     first = types[0]

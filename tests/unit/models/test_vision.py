@@ -228,7 +228,7 @@ def test_each_tiny_family_trains_lora_on_ragged_image_text_data(name: str) -> No
 
 
 @pytest.mark.slow
-def test_the_plan_says_what_lora_adapts_and_that_memory_is_not_modelled(
+def test_the_plan_says_what_lora_adapts_and_plans_the_data_images(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import json
@@ -238,4 +238,5 @@ def test_the_plan_says_what_lora_adapts_and_that_memory_is_not_modelled(
     assert cli(["plan", "--config", str(REPO / "configs" / "demo-vlm.yaml"), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["lora"]["described"].startswith("LoRA on the language model's Qwen2: all-linear")
-    assert "does not model vision-language models yet" in plan["memory"]["error"]
+    assert "error" not in plan["memory"]  # the planner models the tower and the images (planner.images)
+    assert "from the data (" in plan["memory"]["image_tokens"]["source"]

@@ -116,7 +116,14 @@ def step_of(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[Step, l
     shape = model_shape(scn.model)
     lora = (
         lora_shape(
-            scn.model, scn.lora_r, scn.lora_targets, scn.use_dora, scn.lora_moe_experts, scn.lora_train_router
+            scn.model,
+            scn.lora_r,
+            scn.lora_targets,
+            scn.use_dora,
+            scn.lora_moe_experts,
+            scn.lora_train_router,
+            scn.lora_projector,
+            scn.lora_vision_tower,
         )
         if scn.lora
         else None

@@ -112,6 +112,10 @@ def fastest_options(
     num_layers = model_shape(scn.model).num_layers
     # Offload needs checkpointing: at least one checkpointed layer.
     counts = [layers] if layers is not None else list(range(int(scn.activation_offload), num_layers + 1))
+    if model_shape(scn.model).is_vision and layers is None:
+        # A vision-language run checkpoints the first n of its vision blocks + decoder layers, vision first
+        # (`models.build.enable_memory_levers`): only none or all of them is a plan the model counts.
+        counts = [c for c in (0, num_layers) if c >= int(scn.activation_offload)]
     options = []
     for m in micros if micros is not None else divisors(per_rank):
         at_micro = scn.with_micro(m, per_rank // m)
