@@ -88,6 +88,9 @@ _MLLAMA: dict[str, Any] = {
     "text_config": {
         "model_type": "mllama_text_model",
         "vocab_size": 128,
+        # The tiny tokenizer's padding id (the builder sets it from the tokenizer too): a shape-only build of
+        # this entry (the planner's) would otherwise take Llama 3's 128004, outside this vocabulary.
+        "pad_token_id": 0,
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 3,

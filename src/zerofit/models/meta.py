@@ -43,7 +43,7 @@ def hf_config(
         if isinstance(data.get("layer_types"), list):
             data["layer_types"] = data["layer_types"][:num_layers]
         if isinstance(data.get("text_config"), dict):  # a vision-language model: its language model's layers
-            data["text_config"] = {**data["text_config"], "num_hidden_layers": num_layers}
+            data["text_config"] = _text_layers(data["text_config"], num_layers, layer_types)
     if vision_depth is not None:  # a vision-language model's vision blocks (Qwen-VL's `depth`)
         data["vision_config"] = {
             **data["vision_config"],
@@ -53,6 +53,19 @@ def hf_config(
     config = AutoConfig.for_model(model_type, **data)
     config._attn_implementation = hf_attn_implementation(attn_implementation)
     return config
+
+
+def _text_layers(
+    text_config: dict[str, Any], num_layers: int, layer_types: tuple[str, ...] | None
+) -> dict[str, Any]:
+    """A vision-language model's language model config with `num_layers` layers, its per-layer attention
+    types (Gemma 3's sliding / full `layer_types`) cut or set to match."""
+    out = {**text_config, "num_hidden_layers": num_layers}
+    if layer_types is not None:
+        out["layer_types"] = list(layer_types)
+    elif isinstance(out.get("layer_types"), list):
+        out["layer_types"] = out["layer_types"][:num_layers]
+    return out
 
 
 def _vision_depth_key(vision_config: dict[str, Any]) -> str:

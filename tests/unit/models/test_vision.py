@@ -240,3 +240,19 @@ def test_the_plan_says_what_lora_adapts_and_plans_the_data_images(
     assert plan["lora"]["described"].startswith("LoRA on the language model's Qwen2: all-linear")
     assert "error" not in plan["memory"]  # the planner models the tower and the images (planner.images)
     assert "from the data (" in plan["memory"]["image_tokens"]["source"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny-gemma3-vl", "tiny-smolvlm", "tiny-mllama", "tiny-llava"])
+def test_every_family_is_planned(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    """The planner's shape-only build of each family: Gemma 3's per-layer attention types cut with its
+    language model's layers, Mllama's padding id within its vocabulary (both once failed with a traceback)."""
+    import json
+
+    from zerofit.cli import main as cli
+
+    extra = ["data.max_image_tokens=null"] if name == "tiny-mllama" else []
+    args = ["plan", "--config", str(REPO / "configs" / "demo-vlm.yaml"), f"model.name_or_path={name}", *extra]
+    assert cli([*args, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "error" not in plan["memory"] and plan["memory"]["total_gib"] > 0
