@@ -1,7 +1,7 @@
 """Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
-Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed; bf16 ZeRO-2 and its resume under
-the `deepspeed` runner, fp16 ZeRO-2 and ZeRO-3 offload under `torchrun`), LoRA with dropout, a small data set seen repeatedly so the loss
+Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed; ZeRO-2 under the `deepspeed`
+runner, ZeRO-3 offload under `torchrun`), LoRA with dropout, a small data set seen repeatedly so the loss
 must fall:
 
 - bf16 on single, DeepSpeed ZeRO-2, FSDP2 and DDP completes and the loss falls;
@@ -62,7 +62,7 @@ HALF = [
         ("distributed.strategy=fsdp", "distributed.preset=fsdp_offload", "train.precision=bf16"),
     ),
     Launch("fp16-single", "python", ("distributed.strategy=single", "train.precision=fp16")),
-    Launch("fp16-zero2", "torchrun", ("distributed.preset=zero2", "train.precision=fp16")),
+    Launch("fp16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=fp16")),
 ]
 RESUMED = {"bf16-single": "resume-single", "bf16-zero2": "resume-zero2"}
 
