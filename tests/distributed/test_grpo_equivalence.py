@@ -12,7 +12,10 @@ PYTHONPATH), 4 steps, through the real launchers (gloo):
 (those three with `rl.loss_type` dapo, the default), and for each of the other loss types, grpo and dr_grpo:
 
     LOSS-single     one process         8 x 1 x 1                   that loss type's reference curve
-    LOSS-zero2      DeepSpeed ZeRO-2    2 x 2 x 2                   (under torchrun)
+    LOSS-zero2      DeepSpeed ZeRO-2    2 x 2 x 2
+
+(every DeepSpeed launch under `torchrun`; the `deepspeed` runner's own start-up is test_engines' and
+test_stop_resume's)
     LOSS-fsdp       FSDP2               1 x 4 x 2
 
 Each rank samples its own completions, seeded per (seed, step, global completion index), and the advantages
@@ -39,7 +42,7 @@ CURVES = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length"
 Z2 = ("distributed.strategy=deepspeed", "distributed.preset=zero2", "batch.micro_batch_size=2")
 LAUNCHES = [
     Launch("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
-    Launch("zero2", "deepspeed", Z2, interrupt=(signal.SIGTERM, "group", 2)),
+    Launch("zero2", "torchrun", Z2, interrupt=(signal.SIGTERM, "group", 2)),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 OTHER_LOSSES = ("grpo", "dr_grpo")
@@ -52,7 +55,7 @@ LAUNCHES += [
         ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
     )
 ]
-RESUMED = Launch("zero2", "deepspeed", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
+RESUMED = Launch("zero2", "torchrun", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
 
 
 @pytest.fixture(scope="module")

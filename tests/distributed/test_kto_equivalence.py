@@ -33,7 +33,7 @@ LAUNCHES = [
         "python",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
-    Launch("zero2", "deepspeed", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
+    Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
 ]
 
 

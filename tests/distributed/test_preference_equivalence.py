@@ -1,8 +1,8 @@
 """DPO with one global batch, any split, any engine (issue 17): one loss curve, on training and held-out pairs.
 
 A tiny Llama in fp32, preference pairs whose prompt and response lengths vary a lot, global batch 8 pairs,
-held-out pairs evaluated every 2 steps, through the real launchers (python, deepspeed, torchrun; gloo; the
-ZeRO-2 launches under the `deepspeed` runner, the ZeRO-3 ones under `torchrun`):
+held-out pairs evaluated every 2 steps, through the real launchers (python, torchrun; gloo; DeepSpeed under
+`torchrun`: the `deepspeed` runner's own start-up is what test_engines and test_stop_resume exercise):
 
     launch        engine                      split (micro x accum x dp)   reference
     single        one process                 8 x 1 x 1                   precomputed (full fine-tuning)
@@ -45,7 +45,7 @@ FULL = [
         "python",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
-    Launch("zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
+    Launch("zero2", "torchrun", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
     Launch("zero3", "torchrun", (*Z3, "batch.micro_batch_size=2")),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
 ]
@@ -54,7 +54,7 @@ ADAPTERS = [
     Launch("zero3-lora", "torchrun", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
 ]
 RESUMED = Launch(
-    "zero2", "deepspeed", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
+    "zero2", "torchrun", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
 )
 # rewards/accuracies counts pairs whose chosen reward is above the rejected one: at step 1 the policy is the
 # reference, every margin is 0 up to float noise (the reference pass batches pairs differently on every

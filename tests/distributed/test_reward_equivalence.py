@@ -34,7 +34,7 @@ LAUNCHES = [
         "python",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
-    Launch("zero2", "deepspeed", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
+    Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 # rewards/accuracies counts pairs whose chosen reward is above the rejected one: a count, equal run to run

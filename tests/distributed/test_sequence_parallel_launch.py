@@ -14,7 +14,8 @@ Every sequence of the SP run is sharded over both ranks, attention through DeepS
 (`UlyssesSPAttentionHF`), labels shifted before the cut; the loss curve, the token counts, the pre-clip
 grad norms, the evaluation loss (every 2 steps, 20% held out) and the exported weights agree with one
 process within 2e-5, and so do the steps trained after resuming on another sequence-parallel size and dp.
-The SP run starts under the `deepspeed` runner, the two after it under `torchrun`.
+Every distributed launch starts under `torchrun` (DeepSpeed runs under either launcher; the `deepspeed`
+runner's own start-up is what test_engines and test_stop_resume exercise).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResu
     )
     out = root / "runs"
     single = Launch("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8"))
-    results = run_launches([single, Launch("sp2", "deepspeed", SP2)], config, out)
+    results = run_launches([single, Launch("sp2", "torchrun", SP2)], config, out)
     copy_as_interrupted(results["sp2"].check().run_dir, out / "sp2-to-dp2", stopped_at=2, last_step=STEPS)
     second = [Launch("sp2-to-dp2", "torchrun", RESUMED), Launch("sp2-m8", "torchrun", SP2_MICRO8)]
     results.update(run_launches(second, config, out))

@@ -82,14 +82,17 @@ def test_a_run_that_learned_nothing_is_reported_as_such() -> None:
 def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
     """The demo's config on one process, shortened: the trained adapter follows the format on held-out prompts
     where the base did not. A run that trained nothing (LoRA's B starts at zero) scores exactly as the base,
-    so the strict `after > before` fails it."""
+    so the strict `after > before` fails it.
+
+    10 steps at lr 1e-3 (~3.5 CPU-s a step on one thread; 20 before, about half of this test's CPU): measured
+    base 0/20 -> trained 16, 15, 16, 16 on seeds 1-4, well above the +10 asserted."""
     from zerofit.api import train
     from zerofit.recipe.demo_score import score_run
 
     result = train(
         REPO / "configs" / "demo-smollm2.yaml",
         output_dir=str(tmp_path),
-        train={"max_steps": 20},
+        train={"max_steps": 10},
         optimizer={"lr": 1e-3},
         distributed={"strategy": "single", "preset": None},
         data={"path": str(TRAIN)},
