@@ -443,15 +443,20 @@ def _settle_reward_loss(problems: list[str], cfg: ZerofitConfig) -> None:
         t.cross_entropy = "chunked"
 
 
+def preset_zero_stage(cfg: ZerofitConfig) -> int | None:
+    """The ZeRO stage of a DeepSpeed run's `distributed.preset`, None for another engine or no preset."""
+    d = cfg.distributed
+    if d.strategy == "deepspeed" and d.preset is not None and d.preset in list_presets():
+        return list_presets()[d.preset].body.get("zero_optimization", {}).get("stage")
+    return None
+
+
 def _rl_engine_problem(cfg: ZerofitConfig) -> str | None:
     """Why the rollouts cannot run on this engine, or None: sampling runs one forward per token, and under
     ZeRO-3 each would gather every layer again (FSDP2's layers are gathered once per rollout instead,
     `zerofit.loop.rollout.generating`)."""
     d = cfg.distributed
-    stage = None
-    if d.strategy == "deepspeed" and d.preset is not None and d.preset in list_presets():
-        stage = list_presets()[d.preset].body.get("zero_optimization", {}).get("stage")
-    if stage == 3:
+    if preset_zero_stage(cfg) == 3:
         return (
             "train.objective = 'grpo' generates its completions inside the run, and distributed.preset = "
             f"{d.preset!r} is ZeRO-3, which shards the parameters over the ranks, so each generated token would "

@@ -28,6 +28,7 @@ from zerofit.core.run_layout import RunLayout, step_dir_name
 from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.report import best_line, format_plan, loss_summary
+from zerofit.recipe.vision import names_vision_model, refuse_vision_settings
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ def _python_launch_hint(cfg: ZerofitConfig) -> str | None:
 def resolve_for_launch(cfg: ZerofitConfig, env: LaunchEnv) -> ResolvedConfig:
     """`resolve()` with the launcher's world size; a multi-rank request under plain `python` says how to launch."""
     try:
+        if names_vision_model(cfg):  # said here, once, rather than by each rank when its data loads
+            refuse_vision_settings(cfg)
         return resolve(cfg, env.world_size, choose_fastest_plan)
     except ConfigError:
         hint = None if env.launched else _python_launch_hint(cfg)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from zerofit.catalogue.vision_models import is_tiny_vlm
+from zerofit.config.resolve import preset_zero_stage
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.models.build import resolve_model_path
@@ -11,12 +13,28 @@ from zerofit.models.vision import VisionProcessor, folder_config, is_vision_conf
 
 
 def vision_processor_for(cfg: ZerofitConfig, tokenizer: Any) -> VisionProcessor | None:
-    """The model's processor when `cfg` trains a vision-language model (None for a language model); a
-    token budget (packing rows of several examples) or a preference objective is refused, one paragraph:
-    neither keeps each image with its own tokens yet."""
+    """The model's processor when `cfg` trains a vision-language model (None for a language model), after
+    `refuse_vision_settings`."""
     path = resolve_model_path(cfg)
     if not is_vision_config(folder_config(path)):
         return None
+    refuse_vision_settings(cfg)
+    return load_vision_processor(path, tokenizer, cfg.data.max_image_tokens)
+
+
+def names_vision_model(cfg: ZerofitConfig) -> bool:
+    """Whether `model.name_or_path` is known, without building or downloading anything, to be a
+    vision-language model: a built-in one (`tiny-qwen2-vl`, ...) or a local folder whose config.json has a
+    vision tower."""
+    name = cfg.model.name_or_path
+    return is_tiny_vlm(name) or is_vision_config(folder_config(name))
+
+
+def refuse_vision_settings(cfg: ZerofitConfig) -> None:
+    """The settings a vision-language model cannot take, refused in one paragraph: a token budget (packing
+    rows of several examples) or a preference objective (neither keeps each image with its own tokens yet),
+    and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it while resolving the config, so local rank 0 says it
+    once, before any model loads."""
     name = cfg.model.name_or_path
     if cfg.batch.tokens_per_micro_batch is not None:
         raise ConfigError(
@@ -34,4 +52,17 @@ def vision_processor_for(cfg: ZerofitConfig, tokenizer: Any) -> VisionProcessor 
                 "trains vision-language models with train.objective=sft only"
             ]
         )
-    return load_vision_processor(path, tokenizer, cfg.data.max_image_tokens)
+    if preset_zero_stage(cfg) == 3:
+        raise ConfigError([_zero3_problem(cfg, name)])
+
+
+def _zero3_problem(cfg: ZerofitConfig, name: str) -> str:
+    """Why a vision-language model does not train on ZeRO-3 yet: measured on 2 ranks (tiny-qwen2-vl, the demo
+    data), the ranks' parameter gathers disagree once their micro-batches hold different images (gloo: a
+    collective size mismatch, then an abort), where ZeRO-2 and FSDP2 give the one-process curve."""
+    return (
+        f"distributed.preset = {cfg.distributed.preset!r} is ZeRO-3 and {name!r} is a vision-language model: "
+        "zerofit does not train vision-language models on ZeRO-3 yet (the ranks' parameter gathers disagree "
+        "when their micro-batches hold different images); use distributed.preset=zero2, "
+        "distributed.strategy=fsdp (which shards the parameters too), or single"
+    )

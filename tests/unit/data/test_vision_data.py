@@ -157,3 +157,22 @@ def test_packing_and_preference_objectives_are_refused_for_a_vision_model() -> N
         vision_processor_for(cfg, load_tokenizer(cfg))
     text_cfg = config({"model": {"name_or_path": "tiny-llama"}})
     assert vision_processor_for(text_cfg, load_tokenizer(text_cfg)) is None
+
+
+def test_zero3_is_refused_in_one_paragraph_naming_what_works() -> None:
+    """ZeRO-3 with a vision-language model aborted mid-run on 2 ranks (a gloo size mismatch): it is refused
+    before any model loads, naming the preset and the engines that train vision-language models."""
+    from config_helpers import config
+    from zerofit.core.errors import ConfigError
+    from zerofit.recipe.vision import vision_processor_for
+
+    cfg = config(
+        {
+            "model": {"name_or_path": "tiny-qwen2-vl"},
+            "distributed": {"strategy": "deepspeed", "preset": "zero3"},
+        }
+    )
+    with pytest.raises(ConfigError) as caught:
+        vision_processor_for(cfg, None)
+    text = str(caught.value)
+    assert "distributed.preset = 'zero3'" in text and "zero2" in text and "fsdp" in text
