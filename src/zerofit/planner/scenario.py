@@ -20,6 +20,7 @@ from zerofit.core.precision import dtype_bytes, tensor_dtypes, torch_dtype
 from zerofit.levers.recompute import checkpointed_layers
 from zerofit.planner.images import ImageRows, planned_images
 from zerofit.planner.rl import RLShape, rl_shape
+from zerofit.planner.shapes import LoraShape, lora_shape
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -112,6 +113,20 @@ class Scenario:
     def image_tokens(self) -> int:
         """Image tokens of the planned micro-batch (its rows with the most; 0 for a language model)."""
         return self.images.micro_batch(self.rows) if self.images is not None else 0
+
+    def lora_shape(self) -> LoraShape:
+        """The adapters this scenario trains: `shapes.lora_shape` of its LoRA settings (one home for the
+        memory, activation and speed terms)."""
+        return lora_shape(
+            self.model,
+            self.lora_r,
+            self.lora_targets,
+            self.use_dora,
+            self.lora_moe_experts,
+            self.lora_train_router,
+            self.lora_projector,
+            self.lora_vision_tower,
+        )
 
     def with_micro(self, micro: int, grad_accum_steps: int) -> Scenario:
         """The same run at another micro-batch size (and the accumulation that keeps the global batch)."""

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING
 from zerofit.catalogue.gpus import GPUS
 from zerofit.core.precision import dtype_bytes
 from zerofit.planner.activations.dtypes import residual_bytes
-from zerofit.planner.shapes import lora_shape, model_shape
+from zerofit.planner.shapes import model_shape
 
 if TYPE_CHECKING:
     from zerofit.catalogue.gpus import GPU
@@ -110,16 +110,7 @@ def flops_per_token(scn: Scenario) -> tuple[float, float]:
     ckpt = scn.checkpointed(n_layers)
     trainable, experts = matmul, 0.0
     if scn.lora:
-        lora = lora_shape(
-            scn.model,
-            scn.lora_r,
-            scn.lora_targets,
-            scn.use_dora,
-            scn.lora_moe_experts,
-            scn.lora_train_router,
-            scn.lora_projector,
-            scn.lora_vision_tower,
-        )
+        lora = scn.lora_shape()
         trainable = float(lora.trainable_params - lora.layer_expert_factor_params * n_layers)
         experts = expert_adapter_flops(scn, lora.merged_expert_numel, ckpt)
     attention = 4.0 * n_layers * shape.q_dim * s  # q_dim: head_dim x heads (Gemma: > h)

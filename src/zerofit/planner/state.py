@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from zerofit.core.precision import dtype_bytes
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
-from zerofit.planner.shapes import ModelShape, lora_shape, model_shape
+from zerofit.planner.shapes import ModelShape, model_shape
 
 # torch AdamW keeps `step` as a host tensor (foreach/for-loop default): no device bytes.
 # bitsandbytes' 8-bit optimizers keep 8-bit state only for tensors of at least this many elements.
@@ -43,16 +43,7 @@ def param_counts(scn: Scenario) -> ParamCounts:
     quantized_per_layer = shape.layer_linear_weight_params if scn.quantization != "none" else 0
     quantized = quantized_per_layer * shape.num_layers
     if scn.lora:
-        lora = lora_shape(
-            scn.model,
-            scn.lora_r,
-            scn.lora_targets,
-            scn.use_dora,
-            scn.lora_moe_experts,
-            scn.lora_train_router,
-            scn.lora_projector,
-            scn.lora_vision_tower,
-        )
+        lora = scn.lora_shape()
         trainable, numels = lora.trainable_params, lora.tensor_numels
         frozen = shape.total_params - quantized
     else:

@@ -14,7 +14,7 @@ from zerofit.planner.activations.norms import norm_saves
 from zerofit.planner.activations.terms import Term, TermKind
 from zerofit.planner.activations.transients import Transients, autocast_weight_copies, tiled_layer
 from zerofit.planner.scenario import ComputeProfile, Scenario, compute_profile
-from zerofit.planner.shapes import ModelShape, lora_shape, model_shape
+from zerofit.planner.shapes import ModelShape, model_shape
 from zerofit.planner.state import StateLine, dtype_label, param_counts
 
 
@@ -114,20 +114,7 @@ def step_of(scn: Scenario, layer_resident: Iterable[StateLine]) -> tuple[Step, l
     """The shared quantities of every candidate moment, with one layer's per-token terms."""
     prof = compute_profile(scn)
     shape = model_shape(scn.model)
-    lora = (
-        lora_shape(
-            scn.model,
-            scn.lora_r,
-            scn.lora_targets,
-            scn.use_dora,
-            scn.lora_moe_experts,
-            scn.lora_train_router,
-            scn.lora_projector,
-            scn.lora_vision_tower,
-        )
-        if scn.lora
-        else None
-    )
+    lora = scn.lora_shape() if scn.lora else None
     dt = layer_dtypes(scn, prof)
     tokens = scn.rows * scn.seq_len  # a preference micro-batch: both sequences of every pair
     n_ckpt = scn.checkpointed(shape.num_layers)
