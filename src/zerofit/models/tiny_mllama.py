@@ -16,6 +16,7 @@ import torch
 
 from zerofit.catalogue.vision_models import TINY_MLLAMA, TINY_VLM_CONFIGS
 from zerofit.models.tiny import TinyFamily, char_tokenizer, write_marker
+from zerofit.models.tiny_vision_families import text_token_ids
 
 _PARTS = (
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
@@ -67,9 +68,7 @@ def mllama_files(folder: Path, seed: int, write_model: Callable[[Path, Any, Any,
     text = data["text_config"]
     tokenizer = char_tokenizer(_MLLAMA_FAMILY, text["vocab_size"], text["max_position_embeddings"])
     data["image_token_index"] = tokenizer.convert_tokens_to_ids("<|image|>")
-    text["bos_token_id"] = tokenizer.bos_token_id
-    text["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    text["pad_token_id"] = tokenizer.pad_token_id
+    text_token_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     write_model(folder, transformers.MllamaForConditionalGeneration, config, seed)
     _open_gates(folder)

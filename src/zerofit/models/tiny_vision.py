@@ -21,7 +21,10 @@ from zerofit.models.tiny import (
     write_marker,
 )
 from zerofit.models.tiny_mllama import mllama_files
-from zerofit.models.tiny_vision_families import FAMILY_BUILDERS  # Gemma 3 (vision), SmolVLM
+from zerofit.models.tiny_vision_families import (
+    FAMILY_BUILDERS,  # Gemma 3 (vision), SmolVLM
+    text_token_ids,
+)
 from zerofit.models.tiny_vision_families import write_model as _write_model
 
 # Qwen2-VL's ChatML, with content parts: an image part renders as the family's vision span, whose one
@@ -67,9 +70,7 @@ def _qwen2_vl_files(folder: Path, seed: int) -> None:
         "vision_end_token_id": "<|vision_end|>",
     }
     data.update({key: tokenizer.convert_tokens_to_ids(tok) for key, tok in ids.items()})
-    text["bos_token_id"] = tokenizer.bos_token_id
-    text["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    text["pad_token_id"] = tokenizer.pad_token_id
+    text_token_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     _write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
     # The image processor's preprocessor_config.json, as a real model ships it (the processor class itself
@@ -96,9 +97,7 @@ def _llava_files(folder: Path, seed: int) -> None:
     text = data["text_config"]
     tokenizer = char_tokenizer(_LLAVA_FAMILY, text["vocab_size"], text["max_position_embeddings"])
     data["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")
-    text["bos_token_id"] = tokenizer.bos_token_id
-    text["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    text["pad_token_id"] = tokenizer.pad_token_id
+    text_token_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     _write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
     side = data["vision_config"]["image_size"]

@@ -107,7 +107,7 @@ def write_model(folder: Path, model_class: Any, config: Any, seed: int) -> None:
     save_file(unshared_weights(model), folder / "model.safetensors", metadata={"format": "pt"})
 
 
-def _text_ids(text: dict[str, Any], tokenizer: Any) -> None:
+def text_token_ids(text: dict[str, Any], tokenizer: Any) -> None:
     """The language model's special ids, read off the tiny tokenizer."""
     text["bos_token_id"] = tokenizer.bos_token_id
     text["eos_token_id"] = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
@@ -126,7 +126,7 @@ def _gemma3_vl_files(folder: Path, seed: int) -> None:
     ids = {"boi_token_index": "<start_of_image>", "eoi_token_index": "<end_of_image>",
            "image_token_index": "<image_soft_token>"}  # fmt: skip
     data.update({key: tokenizer.convert_tokens_to_ids(tok) for key, tok in ids.items()})
-    _text_ids(text, tokenizer)
+    text_token_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
     side = data["vision_config"]["image_size"]
@@ -145,7 +145,7 @@ def _smolvlm_files(folder: Path, seed: int) -> None:
     text = data["text_config"]
     tokenizer = char_tokenizer(_SMOLVLM_FAMILY, text["vocab_size"], text["max_position_embeddings"])
     data["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")
-    _text_ids(text, tokenizer)
+    text_token_ids(text, tokenizer)
     config = transformers.AutoConfig.for_model(data.pop("model_type"), **data)
     write_model(folder, getattr(transformers, data["architectures"][0]), config, seed)
     side = data["vision_config"]["image_size"]
