@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 # Caches: none set here. The built-in model and DeepSpeed's JIT-compiled CPU ops go where a hand-typed launch
 # puts them too, $ZEROFIT_CACHE (default ~/.cache/zerofit; zerofit.core.cache_dirs), so the first hand-run
-# launch after `make demo` reuses them. `make demo ZEROFIT_CACHE=DIR` moves both; the tests pick their own.
+# launch after `make demo`, and `make test`, reuse them. `make demo ZEROFIT_CACHE=DIR` moves both.
 # The venv's tools first (as if activated): one `ninja` for DeepSpeed's JIT builds, whoever starts them.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DS_ACCELERATOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)

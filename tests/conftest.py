@@ -1,4 +1,4 @@
-"""Shared test setup: offline, CPU, one JIT cache for DeepSpeed ops and one tiny-model cache for all tests."""
+"""Shared test setup: offline, CPU, the user's caches (what `make demo` built is reused), cores shared by workers."""
 
 from __future__ import annotations
 
@@ -8,9 +8,21 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+
+def _set_cache_defaults() -> None:
+    """Export DeepSpeed's JIT folder as every launch does (`use_cache_defaults`), for in-process DeepSpeed too."""
+    from zerofit.core.cache_dirs import cache_root, use_cache_defaults  # (imports no torch)
+
+    os.environ.setdefault("ZEROFIT_CACHE", str(cache_root()))  # explicit for every process a test starts
+    use_cache_defaults()
+
+
 # Set before anything imports deepspeed/transformers/wandb, and inherited by every launched subprocess.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO_ROOT / ".cache" / "torch_extensions"))
-os.environ.setdefault("ZEROFIT_CACHE", str(REPO_ROOT / ".cache" / "zerofit"))
+# The caches are the user's own ($ZEROFIT_CACHE, default ~/.cache/zerofit; zerofit.core.cache_dirs), where
+# `make demo` and a hand-typed launch put them: what the demo built (DeepSpeed's JIT-compiled CPU ops, ~135
+# CPU-s on 2 cores; the built-in models; the converted SmolLM2) the suite reuses instead of building again.
+# Every entry is checked before use; a test about an empty cache makes its own (tmp_path).
+_set_cache_defaults()
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -90,3 +90,31 @@ def test_two_workers_never_offer_the_same_rendezvous_port(monkeypatch: pytest.Mo
     assert all(launch_helpers.PORTS.start <= port < 32768 for port in offered["gw0"] | offered["gw1"])
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", free_port()))  # free when offered
+
+
+def test_the_suite_uses_the_caches_a_launch_uses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The caches of checkout-local .cache/ made a fresh clone's `make test` compile DeepSpeed's CPU ops again
+    # (~135 CPU-s on 2 cores) and rebuild every model `make demo` had just built.
+    from zerofit.core.cache_dirs import cache_root, extensions_dir
+
+    monkeypatch.setenv("PATH", os.environ["PATH"])  # (conftest prepends the venv to it again)
+    for name in ("ZEROFIT_CACHE", "TORCH_EXTENSIONS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    runpy.run_path(str(TESTS / "conftest.py"))
+    assert os.environ["ZEROFIT_CACHE"] == str(cache_root()) == str(tmp_path / ".cache" / "zerofit")
+    assert (
+        os.environ["TORCH_EXTENSIONS_DIR"] == str(extensions_dir()) == str(cache_root() / "torch_extensions")
+    )
+    monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "mine"))  # a user's (or CI's) own cache is kept
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    runpy.run_path(str(TESTS / "conftest.py"))
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "mine" / "torch_extensions")
+
+
+def test_ci_runs_the_suite_on_the_cache_the_demo_filled() -> None:
+    # As a newcomer's `make demo` and `make test` share ~/.cache/zerofit: the demo starts empty, the suite reuses it.
+    ci = (REPO / ".ci" / "run").read_text()
+    demo = re.search(r'^make demo ZEROFIT_CACHE="\$(\w+)"', ci, re.M)
+    assert demo and re.search(rf'^ZEROFIT_CACHE="\${demo.group(1)}" make test$', ci, re.M)
+    assert re.search(rf"^{demo.group(1)}=\$\(mktemp -d\)$", ci, re.M)  # empty for the demo
