@@ -345,7 +345,8 @@ def _worker_state_kept(env: dict[str, str]) -> Iterator[None]:
         if dist.is_available() and dist.is_initialized() and not had_group:
             dist.destroy_process_group()
         for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) is not handler:  # (only the main thread may set one)
+                signal.signal(sig, handler)
         random.setstate(rng[0])
         np.random.set_state(rng[1])
         torch.set_rng_state(rng[2])
