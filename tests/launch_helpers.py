@@ -12,6 +12,7 @@ found it. Results expose the output, the run directory's metrics and export.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,7 +199,7 @@ def run_launches(
         for launch in in_process:
             share = _cpu_share(launch, side_by_side, base_env)
             results[launch.id] = run_in_process(
-                launch, launch.config or config, output_dir, {**share, **launch.env}
+                launch, launch.config or config, output_dir, {**(env or {}), **share, **launch.env}
             )
     finally:
         busy.clear()
@@ -282,7 +284,8 @@ def run_in_process(launch: Launch, config: Path, output_dir: Path, env: dict[str
     line parses them) and `env` set, its stdout/stderr captured; this process's state is restored after.
 
     What a `python` launch would exit with: 0, or non-zero with the traceback on stderr (2 for a user
-    error, as the launcher). Its output is also written to `_logs/`, as a subprocess launch's is.
+    error, as the launcher), and its Python warnings on stderr. Its output is also written to `_logs/`, as a
+    subprocess launch's is.
     """
     import zerofit
     from zerofit.config.loader import parse_overrides
@@ -292,7 +295,13 @@ def run_in_process(launch: Launch, config: Path, output_dir: Path, env: dict[str
     out, err = io.StringIO(), io.StringIO()
     started, code = time.monotonic(), 0
     args = [f"output_dir={output_dir}", f"run_name={launch.name}", *launch.overrides]
-    with _worker_state_kept(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        _worker_state_kept(env),
+        _python_path(env.get("PYTHONPATH", "")),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        _warnings_printed(),
+    ):
         try:
             zerofit.train(config, **parse_overrides(args))
         except SystemExit as exc:
@@ -312,6 +321,50 @@ def run_in_process(launch: Launch, config: Path, output_dir: Path, env: dict[str
         seconds=time.monotonic() - started,
         run_dir=output_dir / launch.name,
     )
+
+
+@contextlib.contextmanager
+def _python_path(pythonpath: str) -> Iterator[None]:
+    """PYTHONPATH's new folders first on `sys.path`, as a new process puts them (a user's reward module, say);
+    afterwards `sys.path` as it was and the modules the run imported from those folders forgotten."""
+    known = {str(Path(entry or ".").resolve()) for entry in sys.path}
+    folders = [str(Path(entry).resolve()) for entry in pythonpath.split(os.pathsep) if entry]
+    folders = [folder for folder in dict.fromkeys(folders) if folder not in known]
+    before, imported = list(sys.path), set(sys.modules)
+    sys.path[:0] = folders
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = before
+        roots = tuple(folder + os.sep for folder in folders)
+        for name in set(sys.modules) - imported if roots else ():
+            file = getattr(sys.modules[name], "__file__", None)
+            if file and str(Path(file).resolve()).startswith(roots):
+                del sys.modules[name]
+
+
+@contextlib.contextmanager
+def _warnings_printed() -> Iterator[None]:
+    """Python warnings printed to stderr under a new process's filters, as a launched run's are (pytest would
+    otherwise record an in-process run's library warnings into its own summary)."""
+    with warnings.catch_warnings():
+        warnings.resetwarnings()  # then Python's defaults: these ignored, the rest shown once per place
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category, append=True)
+        warnings.showwarning = _print_warning
+        yield
+
+
+def _print_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: Any = None,
+) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 @contextlib.contextmanager

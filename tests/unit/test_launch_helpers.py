@@ -3,9 +3,13 @@ launches of the same `run_launches` call, with the output captured and the worke
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 import signal
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +19,22 @@ import torch
 import torch.distributed as dist
 
 from config_helpers import DEMO_DATA
-from launch_helpers import Launch, _worker_state_kept, run_launches, write_config
+from launch_helpers import (
+    Launch,
+    _python_path,
+    _warnings_printed,
+    _worker_state_kept,
+    run_launches,
+    write_config,
+)
 
 TINY = ("distributed.strategy=single", "batch.micro_batch_size=4")
 
 
-def _worker_state() -> dict[str, Any]:
-    """What a training in this process could change and other tests in it would notice."""
-    return {
+def _worker_state(warning_filters: bool = True) -> dict[str, Any]:
+    """What a training in this process could change and other tests in it would notice (`warning_filters`:
+    also Python's warning filters, which a module imported for the first time may add to)."""
+    state = {
         "dtype": torch.get_default_dtype(),
         "threads": torch.get_num_threads(),
         "deterministic": torch.are_deterministic_algorithms_enabled(),
@@ -32,11 +44,13 @@ def _worker_state() -> dict[str, Any]:
         "environ": dict(os.environ),
         "handlers": [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)],
         "process_group": dist.is_available() and dist.is_initialized(),
+        "showwarning": warnings.showwarning,
     }
+    return {**state, "warning_filters": list(warnings.filters)} if warning_filters else state
 
 
 def test_the_worker_state_is_restored_after_an_in_process_run() -> None:
-    before = _worker_state()
+    before = _worker_state(warning_filters=False)
     with _worker_state_kept({"OMP_NUM_THREADS": "1", "ZEROFIT_TEST_ONLY": "1"}):
         assert os.environ["ZEROFIT_TEST_ONLY"] == "1" and torch.get_num_threads() == 1
         os.environ["RANK"] = "0"  # what zerofit's launch_env sets for a one-process run
@@ -45,6 +59,32 @@ def test_the_worker_state_is_restored_after_an_in_process_run() -> None:
         np.random.seed(1)
         torch.set_default_dtype(torch.float64)
         signal.signal(signal.SIGTERM, lambda *_: None)
+    assert _worker_state(warning_filters=False) == before
+
+
+def test_an_in_process_run_imports_from_its_pythonpath_and_forgets_it_after(tmp_path: Path) -> None:
+    """A launch's PYTHONPATH (e.g. the folder of a user's reward module) is on `sys.path` for the run only."""
+    import importlib
+
+    (tmp_path / "zerofit_test_only_module.py").write_text("VALUE = 7\n")
+    path = list(sys.path)
+    with _python_path(os.pathsep.join([str(tmp_path), *sys.path[:1]])):
+        assert importlib.import_module("zerofit_test_only_module").VALUE == 7
+    assert sys.path == path and "zerofit_test_only_module" not in sys.modules
+
+
+def test_an_in_process_runs_warnings_go_to_its_stderr(recwarn: pytest.WarningsRecorder) -> None:
+    """As a launched run's: printed once per place (pytest records none), deprecations of libraries not shown."""
+    before = _worker_state()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), _warnings_printed():
+        for _ in range(2):
+            warnings.warn("a library's warning", UserWarning, stacklevel=1)
+        warnings.warn("a library's deprecation", DeprecationWarning, stacklevel=1)
+    assert (
+        err.getvalue().count("UserWarning: a library's warning") == 1 and "deprecation" not in err.getvalue()
+    )
+    assert not recwarn.list
     assert _worker_state() == before
 
 
