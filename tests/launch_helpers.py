@@ -165,9 +165,9 @@ def run_launches(
 ) -> dict[str, RunResult]:
     """Start every launch (at most `max_parallel` at a time) and wait for all; results by `Launch.id`.
 
-    `api` launches run one after another in this process's main thread (zerofit's signal handlers need it)
-    while a background thread starts and polls the subprocess launches; each `api` launch takes one of the
-    `max_parallel` places while it runs.
+    `api` launches run one after another in this process's main thread (the only one where Python lets code
+    set signal handlers) while a background thread starts and polls the subprocess launches; each `api`
+    launch takes one of the `max_parallel` places while it runs. `timeout` stops only subprocess launches.
     """
     pending = list(launches)
     in_process = [launch for launch in pending if launch.launcher == "api"]
