@@ -1,13 +1,19 @@
-"""Run `launchers/launch_finetune.py` through the real launchers (python, deepspeed, torchrun) in tests.
+"""Run trainings in tests: `launchers/launch_finetune.py` through the real launchers (python, deepspeed,
+torchrun), or, for a one-process reference run, the Python API (`zerofit.train`) in the test's own process.
 
 Launches of one test module are started together (a few at a time) so their start-up costs overlap; each
 gets its own free rendezvous port and run name, and a one-process launch beside others gets its share of
-the cores (OMP_NUM_THREADS). Results expose the run directory's metrics and export.
+the cores (OMP_NUM_THREADS). An `api` launch runs in this process's main thread while the others are
+started and polled from a background thread; it costs no process start-up (~4.5 CPU-s of imports this
+process has done already) and leaves this process's state (environment, default dtype, RNG, threads) as it
+found it. Results expose the output, the run directory's metrics and export.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import io
 import json
 import os
 import shutil
@@ -15,8 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launchers" / "launch_finetune.py"
 BIN = Path(sys.executable).parent
+ONE_PROCESS = ("python", "api")  # the launchers that run one process whatever `nproc` says
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 # Rendezvous ports come from below Linux's ephemeral range (32768-60999), where the kernel picks the ports of
@@ -65,7 +76,11 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch: a run name, the launcher (`python`, `deepspeed`, `torchrun`) and dotted overrides."""
+    """One launch: a run name, the launcher and dotted overrides.
+
+    Launchers: `python`, `deepspeed`, `torchrun` start `launchers/launch_finetune.py` in a new process;
+    `api` runs `zerofit.train` in this one (no ~4.5 CPU-s of imports: for one-process reference runs).
+    """
 
     name: str
     launcher: str
@@ -148,20 +163,71 @@ def run_launches(
     timeout: float = 900,
     env: dict[str, str] | None = None,
 ) -> dict[str, RunResult]:
-    """Start every launch (at most `max_parallel` at a time) and wait for all; results by `Launch.id`."""
+    """Start every launch (at most `max_parallel` at a time) and wait for all; results by `Launch.id`.
+
+    `api` launches run one after another in this process's main thread (the only one where Python lets code
+    set signal handlers) while a background thread starts and polls the subprocess launches; each `api`
+    launch takes one of the `max_parallel` places while it runs. `timeout` stops only subprocess launches.
+    """
+    pending = list(launches)
+    in_process = [launch for launch in pending if launch.launcher == "api"]
+    processes = [launch for launch in pending if launch.launcher != "api"]
+    logs = output_dir / "_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    base_env = _launch_env(env)  # read before an api launch changes this process's environment
+    side_by_side = min(max_parallel, len(pending))
+    if not in_process:
+        return _run_processes(
+            processes, config, output_dir, (lambda: max_parallel, side_by_side), timeout, base_env
+        )
+    busy = threading.Event()  # set while an api launch runs (it takes a place)
+    busy.set()
+    results: dict[str, RunResult] = {}
+    failure: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            places = lambda: max(1, max_parallel - busy.is_set())  # noqa: E731
+            ran = _run_processes(processes, config, output_dir, (places, side_by_side), timeout, base_env)
+            results.update(ran)
+        except BaseException as exc:  # re-raised in the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=poll, name="run_launches", daemon=True)
+    thread.start()
+    try:
+        for launch in in_process:
+            share = _cpu_share(launch, side_by_side, base_env)
+            results[launch.id] = run_in_process(
+                launch, launch.config or config, output_dir, {**(env or {}), **share, **launch.env}
+            )
+    finally:
+        busy.clear()
+        thread.join()
+    if failure:
+        raise failure[0]
+    return results
+
+
+def _run_processes(
+    launches: list[Launch],
+    config: Path,
+    output_dir: Path,
+    places_side_by_side: tuple[Callable[[], int], int],
+    timeout: float,
+    base_env: dict[str, str],
+) -> dict[str, RunResult]:
+    """The subprocess launches of `run_launches`: at most `places()` running at a time, each given its
+    share of the cores as one of `side_by_side` launches."""
+    places, side_by_side = places_side_by_side
     pending = list(launches)
     running: list[tuple[Launch, subprocess.Popen[str], float, Path, Path]] = []
     interrupts: dict[int, tuple[int, str, int, Path]] = {}  # pid -> (signal, target, rows to reach, metrics)
     results: dict[str, RunResult] = {}
-    base_env = {**os.environ, **(env or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        base_env.pop(key, None)  # every launch brings its own rendezvous
     logs = output_dir / "_logs"
-    logs.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
-    side_by_side = min(max_parallel, len(pending))
     while pending or running:
-        while pending and len(running) < max_parallel:
+        while pending and len(running) < places():
             launch = pending.pop(0)
             out, err = logs / f"{launch.id}.out", logs / f"{launch.id}.err"
             proc = subprocess.Popen(
@@ -205,6 +271,146 @@ def run_launches(
     return results
 
 
+def _launch_env(env: dict[str, str] | None) -> dict[str, str]:
+    """This process's environment plus `env`, without a rendezvous (every launch brings its own)."""
+    base_env = {**os.environ, **(env or {})}
+    for key in RENDEZVOUS:
+        base_env.pop(key, None)  # every launch brings its own rendezvous
+    return base_env
+
+
+def run_in_process(launch: Launch, config: Path, output_dir: Path, env: dict[str, str]) -> RunResult:
+    """One `api` launch: `zerofit.train` in this process with the launch's overrides (parsed as the command
+    line parses them) and `env` set, its stdout/stderr captured; this process's state is restored after.
+
+    What a `python` launch would exit with: 0, or non-zero with the traceback on stderr (2 for a user
+    error, as the launcher), and its Python warnings on stderr. Its output is also written to `_logs/`, as a
+    subprocess launch's is.
+    """
+    import zerofit
+    from zerofit.config.loader import parse_overrides
+    from zerofit.core.errors import ZerofitError
+    from zerofit.recipe.run import EXIT_USER_ERROR
+
+    out, err = io.StringIO(), io.StringIO()
+    started, code = time.monotonic(), 0
+    args = [f"output_dir={output_dir}", f"run_name={launch.name}", *launch.overrides]
+    with (
+        _worker_state_kept(env),
+        _python_path(env.get("PYTHONPATH", "")),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        _warnings_printed(),
+    ):
+        try:
+            zerofit.train(config, **parse_overrides(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            traceback.print_exc()
+        except Exception as exc:
+            code = EXIT_USER_ERROR if isinstance(exc, ZerofitError) else 1
+            traceback.print_exc()
+    logs = output_dir / "_logs"
+    (logs / f"{launch.id}.out").write_text(out.getvalue())
+    (logs / f"{launch.id}.err").write_text(err.getvalue())
+    return RunResult(
+        launch=launch,
+        returncode=code,
+        stdout=out.getvalue(),
+        stderr=err.getvalue(),
+        seconds=time.monotonic() - started,
+        run_dir=output_dir / launch.name,
+    )
+
+
+@contextlib.contextmanager
+def _python_path(pythonpath: str) -> Iterator[None]:
+    """PYTHONPATH's new folders first on `sys.path`, as a new process puts them (a user's reward module, say);
+    afterwards `sys.path` as it was and the modules the run imported from those folders forgotten."""
+    known = {str(Path(entry or ".").resolve()) for entry in sys.path}
+    folders = [str(Path(entry).resolve()) for entry in pythonpath.split(os.pathsep) if entry]
+    folders = [folder for folder in dict.fromkeys(folders) if folder not in known]
+    before, imported = list(sys.path), set(sys.modules)
+    sys.path[:0] = folders
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path[:] = before
+        roots = tuple(folder + os.sep for folder in folders)
+        for name in set(sys.modules) - imported if roots else ():
+            file = getattr(sys.modules[name], "__file__", None)
+            if file and str(Path(file).resolve()).startswith(roots):
+                del sys.modules[name]
+
+
+@contextlib.contextmanager
+def _warnings_printed() -> Iterator[None]:
+    """Python warnings printed to stderr under a new process's filters, as a launched run's are (pytest would
+    otherwise record an in-process run's library warnings into its own summary)."""
+    with warnings.catch_warnings():
+        warnings.resetwarnings()  # then Python's defaults: these ignored, the rest shown once per place
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category, append=True)
+        warnings.showwarning = _print_warning
+        yield
+
+
+def _print_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: Any = None,
+) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@contextlib.contextmanager
+def _worker_state_kept(env: dict[str, str]) -> Iterator[None]:
+    """Run a training in this process as a launched one starts (no rendezvous, `env` set, OMP_NUM_THREADS's
+    threads), and leave nothing of it behind: the environment, torch's default dtype, thread count and
+    deterministic flag, the RNG states, SIGINT/SIGTERM handlers and a process group it left are restored."""
+    import random
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    environ = dict(os.environ)
+    for key in RENDEZVOUS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    dtype, threads, deterministic = (
+        torch.get_default_dtype(),
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
+    rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    had_group = dist.is_available() and dist.is_initialized()
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():  # what a launched process's torch starts with
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        yield
+    finally:
+        if dist.is_available() and dist.is_initialized() and not had_group:
+            dist.destroy_process_group()
+        for sig, handler in handlers.items():
+            if signal.getsignal(sig) is not handler:  # (only the main thread may set one)
+                signal.signal(sig, handler)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update(environ)
+
+
 def _cpu_share(launch: Launch, side_by_side: int, env: dict[str, str]) -> dict[str, str]:
     """OMP_NUM_THREADS for a one-process launch that runs beside other work: its share of the cores.
 
@@ -216,7 +422,7 @@ def _cpu_share(launch: Launch, side_by_side: int, env: dict[str, str]) -> dict[s
     run beside it too: the share is the cores over (launches side by side x workers), never more than an
     OMP_NUM_THREADS already set (by the user, or tests/conftest.py's per-worker share).
     """
-    one_process = launch.launcher == "python" or launch.nproc == 1  # (`nproc` means nothing to python)
+    one_process = launch.launcher in ONE_PROCESS or launch.nproc == 1  # (`nproc` means nothing to these)
     workers = int(env.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     if not one_process or side_by_side * workers < 2:
         return {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config import ZerofitConfig, load_config, resolve
-from zerofit.config.loader import deep_merge, parse_overrides, read_config_file, validate_config
+from zerofit.config.loader import deep_merge, flatten, parse_overrides, read_config_file, validate_config
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import RunLayout
 
@@ -60,18 +60,27 @@ def _override_items(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config(config: ConfigLike, overrides: dict[str, Any]) -> tuple[ZerofitConfig, str | None]:
-    """The validated config and, for a file, its path (it names the W&B group, as on the command line)."""
+    """The validated config and, for a file, its path (it names the W&B group, as on the command line).
+
+    The keyword overrides count as the command line's do (`ZerofitConfig.overridden`): e.g.
+    `distributed__strategy="single"` over a file with a DeepSpeed preset drops the preset, as
+    `distributed.strategy=single` on the command line does, rather than contradicting it.
+    """
     extra = _override_items(overrides)
     if isinstance(config, ZerofitConfig):
-        return validate_config(deep_merge(config.model_dump(mode="json"), extra)), None
-    if isinstance(config, dict):
-        return validate_config(deep_merge(config, extra)), None
-    if isinstance(config, (str, Path)):
+        cfg, path = validate_config(deep_merge(config.model_dump(mode="json"), extra)), None
+    elif isinstance(config, dict):
+        cfg, path = validate_config(deep_merge(config, extra)), None
+    elif isinstance(config, (str, Path)):
         loaded = load_config(config)
-        return validate_config(deep_merge(loaded.model_dump(mode="json", exclude_unset=True), extra)), str(
-            config
+        cfg = validate_config(deep_merge(loaded.model_dump(mode="json", exclude_unset=True), extra))
+        path = str(config)
+    else:
+        raise ConfigError(
+            [f"config must be a YAML path, a dict or a ZerofitConfig, got {type(config).__name__}"]
         )
-    raise ConfigError([f"config must be a YAML path, a dict or a ZerofitConfig, got {type(config).__name__}"])
+    cfg.mark_overridden(frozenset(flatten(extra)))
+    return cfg, path
 
 
 def plan(
@@ -104,7 +113,9 @@ def plan(
 
         targets.append(f"planner.gpu_memory_gib={parse_memory_gib(gpu_mem)}")
     if targets:
-        cfg = validate_config(deep_merge(cfg.model_dump(mode="json"), parse_overrides(targets)))
+        targeted = validate_config(deep_merge(cfg.model_dump(mode="json"), parse_overrides(targets)))
+        targeted.mark_overridden(cfg.overridden)
+        cfg = targeted
     resolved = resolve(cfg, world_size, choose_fastest_plan)
     # As `zerofit plan`: a machine with the NVIDIA driver tool is assumed to train on CUDA.
     spec = render_spec(resolved, "cuda" if shutil.which("nvidia-smi") else "cpu")

@@ -1,4 +1,5 @@
-"""Partial last window dropped (the default) and opt-in LR scaling, through real one-process launches.
+"""Partial last window dropped (the default) and opt-in LR scaling, in one-process runs of the Python API
+(`zerofit.train`, in the test process: what the command line prints is captured the same).
 
 The normalized partial window is covered across every split and engine in test_equivalence.py; here the
 default policy: 20 examples with global batch 8 give 2 full windows per epoch, the 4 left over are never
@@ -47,8 +48,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def runs(setup: tuple[Path, Path]) -> dict[str, RunResult]:
     _, config = setup
     launches = [
-        Launch("drop-linear", "python", ("optimizer.lr_scaling=linear", "optimizer.base_batch_size=4")),
-        Launch("sqrt", "python", ("optimizer.lr_scaling=sqrt", "optimizer.base_batch_size=32")),
+        Launch("drop-linear", "api", ("optimizer.lr_scaling=linear", "optimizer.base_batch_size=4")),
+        Launch("sqrt", "api", ("optimizer.lr_scaling=sqrt", "optimizer.base_batch_size=32")),
     ]
     results = run_launches(launches, config, config.parent / "runs")
     return {name: result.check() for name, result in results.items()}

@@ -13,7 +13,8 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
     in 3 token shards and lean RMSNorms, every layer compiled (train.compile, inside its checkpoint); ZeRO-3 with the MLP in 2 token shards and lean RMSNorms
 
-through the real launchers (python, torchrun; gloo): the DeepSpeed runs under `torchrun` (zerofit runs
+the one-process references through the Python API (`zerofit.train`, in the test process), the rest through
+the real launchers (torchrun; gloo): the DeepSpeed runs under `torchrun` (zerofit runs
 DeepSpeed under either; the `deepspeed` runner's own start-up, ~5 CPU-s a launch, is exercised by the
 modules about it: test_engines, test_stop_resume, test_failures, test_multinode_export). Over 4 optimizer steps the per-step losses
 (metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
@@ -55,10 +56,10 @@ SPLITS = [
     # takes model.attn_implementation's default, auto: varlen for its padded micro-batches and packed rows.
     Launch(
         "single-m8",
-        "python",
+        "api",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "model.attn_implementation=sdpa"),
     ),
-    Launch("single-m2", "python", ("distributed.strategy=single", "batch.micro_batch_size=2")),
+    Launch("single-m2", "api", ("distributed.strategy=single", "batch.micro_batch_size=2")),
     Launch("zero0", "torchrun", ("distributed.preset=zero0", "batch.micro_batch_size=2")),
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
     Launch("zero3", "torchrun", ("distributed.preset=zero3", "batch.micro_batch_size=2")),
@@ -103,7 +104,7 @@ TOOLS = (
 TOOL_SPLITS = [
     Launch(
         "tools-single-m8",
-        "python",
+        "api",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "model.attn_implementation=sdpa", *TOOLS),
     ),
     Launch("tools-fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", *TOOLS)),

@@ -3,7 +3,7 @@
 Multi-turn chat data (assistant-only labels) with 20% of its conversations held out (`data.eval_split`),
 evaluated every 2 steps and after the last of 3, in fp32, as
 
-    single   python,     micro 4 x accum 2 x dp 1,  data from a Parquet file
+    single   in-process, micro 4 x accum 2 x dp 1,  data from a Parquet file (`zerofit.train`, the Python API)
     zero3    torchrun,   micro 2 x accum 2 x dp 2,  data from a `save_to_disk` folder, W&B offline
     fsdp     torchrun,   micro 1 x accum 4 x dp 2,  data from the JSONL file
 
@@ -33,7 +33,7 @@ N_CHATS, GLOBAL, STEPS, SEED, MAX_LEN, EVAL_SPLIT = 45, 8, 3, 11, 96, 0.2
 TOL = 1e-5
 LAUNCHES = [
     Launch(
-        "single", "python", ("distributed.strategy=single", "batch.micro_batch_size=4", "data.path={parquet}")
+        "single", "api", ("distributed.strategy=single", "batch.micro_batch_size=4", "data.path={parquet}")
     ),
     Launch(
         "zero3",

@@ -2,7 +2,8 @@
 
 The tiny Llama in fp32 (full fine-tuning), 2 prompts x G 4 = 8 completions per step of at most 4 tokens,
 `rl.num_iterations: 2` (the old policy's log-probs kept), the user's own reward function (a module on
-PYTHONPATH), 4 steps, through the real launchers (gloo):
+PYTHONPATH), 4 steps, the one-process references through the Python API (`zerofit.train`, in the test
+process), the others through the real launchers (gloo):
 
     launch          engine              split (micro x accum x dp)   what
     single          one process         8 x 1 x 1                   the reference curve
@@ -41,7 +42,7 @@ MODULE = "zerofit_launch_toy_rewards"
 CURVES = ("loss", "grad_norm", "reward", "reward_std", "completions/mean_length", "entropy", "clip_ratio")
 Z2 = ("distributed.strategy=deepspeed", "distributed.preset=zero2", "batch.micro_batch_size=2")
 LAUNCHES = [
-    Launch("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
+    Launch("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8")),
     Launch("zero2", "torchrun", Z2, interrupt=(signal.SIGTERM, "group", 2)),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
@@ -50,7 +51,7 @@ LAUNCHES += [
     Launch(f"{loss}-{name}", launcher, (*args, f"rl.loss_type={loss}"))
     for loss in OTHER_LOSSES
     for name, launcher, args in (
-        ("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8")),
+        ("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8")),
         ("zero2", "torchrun", Z2),
         ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
     )

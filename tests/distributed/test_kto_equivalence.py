@@ -2,10 +2,10 @@
 
 A tiny Llama in fp32 with LoRA (KTO's reference: the adapters off), unpaired examples whose prompt and
 completion lengths vary a lot and whose labels are mixed, global batch 8, held-out examples evaluated every
-2 steps, through the real launchers (gloo):
+2 steps:
 
     launch    engine              split (micro x accum x dp)
-    single    one process         8 x 1 x 1      (W&B offline)
+    single    one process         8 x 1 x 1      (W&B offline; `zerofit.train`, in the test process)
     zero2     DeepSpeed ZeRO-2    2 x 2 x 2
 
 Per-step loss, TRL's metrics (rewards/*, logps/*, kl) and eval/* agree within 2e-5: the mismatched pairing,
@@ -30,7 +30,7 @@ N_TRAIN, N_EVAL, GLOBAL, STEPS, SEED, LR, MAX_LEN, TOL = 24, 6, 8, 4, 5, 5e-3, 6
 LAUNCHES = [
     Launch(
         "single",
-        "python",
+        "api",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),

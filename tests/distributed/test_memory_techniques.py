@@ -1,7 +1,7 @@
 """The memory techniques train through the real launchers, on every engine that takes a client optimizer.
 
-Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed), LoRA r=64 on a small data set
-seen every step, so the loss must fall:
+Real launches (deepspeed, torchrun; 2 gloo ranks) and one-process runs of the Python API (`zerofit.train`, in
+the test process), LoRA r=64 on a small data set seen every step, so the loss must fall:
 
 - single: QLoRA (4-bit base) + paged_adamw_8bit + activation checkpointing;
 - single: LoRA on an 8-bit base + lion_8bit;
@@ -47,7 +47,7 @@ RUNS = [  # the slowest (DeepSpeed start-up) first
     Launch("lora-adamw8-fsdp", "torchrun", ("distributed.strategy=fsdp", "optimizer.name=adamw_8bit")),
     Launch(
         "qlora-paged-single",
-        "python",
+        "api",
         (
             "distributed.strategy=single",
             "quantization.load_in=4bit",
@@ -57,7 +57,7 @@ RUNS = [  # the slowest (DeepSpeed start-up) first
     ),
     Launch(
         "lora8bit-lion-single",
-        "python",
+        "api",
         ("distributed.strategy=single", "quantization.load_in=8bit", "optimizer.name=lion_8bit"),
     ),
 ]

@@ -3,7 +3,8 @@ transformers and peft load.
 
 One set of real launches (gloo, CPU, tiny-llama with LoRA, 4 steps of global batch 8, fp32 unless said):
 
-    single        python, one process (micro 2 x accum 4): the single-node reference; checkpoints in state.pt
+    single        one process through the Python API (`zerofit.train`, in the test process; micro 2 x accum
+                  4): the single-node reference; checkpoints in state.pt
     zero3-2node   2 nodes x 1 rank: `deepspeed --hostfile H --no_ssh --node_rank N` (ZeRO-3 partitions)
     fsdp-2node    2 nodes x 1 rank: launchers/slurm_multinode.sbatch under a stand-in `srun` that starts one
                   task per node on this machine (torchrun, c10d rendezvous); `distributed.preset=fsdp` alone
@@ -172,7 +173,7 @@ def runs(root: Path) -> dict[str, RunResult]:
                 "checkpoint.save_final=true",
             ),
         ),
-        Launch("single", "python", ("distributed.strategy=single",)),
+        Launch("single", "api", ("distributed.strategy=single",)),
     ]
     return run_launches(launches, config, out)
 

@@ -1,8 +1,9 @@
 """DPO with one global batch, any split, any engine (issue 17): one loss curve, on training and held-out pairs.
 
 A tiny Llama in fp32, preference pairs whose prompt and response lengths vary a lot, global batch 8 pairs,
-held-out pairs evaluated every 2 steps, through the real launchers (python, torchrun; gloo; DeepSpeed under
-`torchrun`: the `deepspeed` runner's own start-up is what test_engines and test_stop_resume exercise):
+held-out pairs evaluated every 2 steps, the one-process runs through the Python API (`zerofit.train`, in the
+test process), the others through the real launchers (torchrun; gloo; DeepSpeed under `torchrun`: the
+`deepspeed` runner's own start-up is what test_engines and test_stop_resume exercise):
 
     launch        engine                      split (micro x accum x dp)   reference
     single        one process                 8 x 1 x 1                   precomputed (full fine-tuning)
@@ -42,7 +43,7 @@ LORA = ("lora.enabled=true", "lora.target_modules=all-linear")
 FULL = [
     Launch(
         "single",
-        "python",
+        "api",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "torchrun", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
@@ -50,7 +51,7 @@ FULL = [
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
 ]
 ADAPTERS = [
-    Launch("single-lora", "python", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
+    Launch("single-lora", "api", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
     Launch("zero3-lora", "torchrun", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
 ]
 RESUMED = Launch(

@@ -2,10 +2,10 @@
 
 The built-in tiny Llama as a one-output sequence classifier, LoRA with the score head trained in full, fp32,
 pairs whose prompt and response lengths vary a lot (a margin column on some), global batch 8 pairs,
-held-out pairs evaluated every 2 steps, through the real launchers (gloo):
+held-out pairs evaluated every 2 steps, on the real launchers (gloo) and, for the reference, the Python API:
 
     launch   engine                 split (micro x accum x dp)
-    single   one process            8 x 1 x 1
+    single   one process            8 x 1 x 1     (`zerofit.train`, in the test process)
     zero2    DeepSpeed ZeRO-2       2 x 2 x 2
     fsdp     FSDP2                  1 x 4 x 2
 
@@ -31,7 +31,7 @@ N_PAIRS, N_EVAL, GLOBAL, STEPS, SEED, LR, MAX_LEN, TOL = 24, 6, 8, 4, 5, 5e-3, 6
 LAUNCHES = [
     Launch(
         "single",
-        "python",
+        "api",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),

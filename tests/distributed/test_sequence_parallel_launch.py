@@ -3,7 +3,7 @@
 A tiny Llama (4 attention heads, 2 key/value heads), full fine-tuning in fp32, ragged data (1 to ~60
 tokens), global batch 8, as
 
-    one process, micro 8                                      (the reference)
+    one process, micro 8    (the reference: the Python API, `zerofit.train`, in the test process)
     DeepSpeed ZeRO-3 on 2 ranks gloo, distributed.sequence_parallel=2, micro 4 x accum 2 x dp 1, every
     layer checkpointed
     the same split as (SP 2, dp 1) with the whole global batch in one micro-batch: micro 8 x accum 1, no
@@ -71,7 +71,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResu
         },
     )
     out = root / "runs"
-    single = Launch("single", "python", ("distributed.strategy=single", "batch.micro_batch_size=8"))
+    single = Launch("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8"))
     results = run_launches([single, Launch("sp2", "torchrun", SP2)], config, out)
     copy_as_interrupted(results["sp2"].check().run_dir, out / "sp2-to-dp2", stopped_at=2, last_step=STEPS)
     second = [Launch("sp2-to-dp2", "torchrun", RESUMED), Launch("sp2-m8", "torchrun", SP2_MICRO8)]

@@ -1,16 +1,17 @@
 """Vision-language models on 2 ranks (issue 29): tiny-qwen2-vl, LoRA on the language model with the projector
 trained in full, on the bundled ragged image + text data (images of different sizes, text-only rows), fp32,
-global batch 4, through the real launchers (gloo):
+global batch 4, the 2-rank runs through the real launchers (gloo):
 
     launch   engine            split (micro x accum x dp)
-    single   one process       4 x 1 x 1
+    single   one process       4 x 1 x 1   (the Python API, `zerofit.train`, in the test process)
     zero2    DeepSpeed ZeRO-2  1 x 2 x 2
     fsdp     FSDP2             1 x 2 x 2   (the vision blocks and the decoder layers each sharded)
 
 A rank whose micro-batch has no image still runs the vision tower (`models.vision.run_vision_every_step`), so
 the sharded engines' collectives match. The per-step loss agrees within 2e-5 and every run exports its adapter.
 The other families (`FAMILY_CASES`: tiny-gemma3-vl and tiny-llava on FSDP2, tiny-smolvlm on ZeRO-2) each run
-the same settings once on one process and once on 2 ranks, in the same concurrent launches.
+the same settings once on one process (in the test process, as `single`) and once on 2 ranks, in the same
+concurrent launches.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ TOL = 2e-5
 COMMON = ("train.max_steps=4", "lora.projector=full", "logging.wandb.mode=disabled")
 ZERO2 = ("distributed.strategy=deepspeed", "distributed.preset=zero2", "batch.micro_batch_size=1")
 LAUNCHES = [
-    Launch("single", "python", (*COMMON, "distributed.strategy=single", "batch.micro_batch_size=4")),
+    Launch("single", "api", (*COMMON, "distributed.strategy=single", "batch.micro_batch_size=4")),
     Launch("zero2", "deepspeed", (*COMMON, *ZERO2)),
     Launch("fsdp", "torchrun", (*COMMON, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
@@ -48,7 +49,7 @@ for _label, _model, _engine in FAMILY_CASES:
     LAUNCHES += [
         Launch(
             f"{_label}-single",
-            "python",
+            "api",
             (*_common, "distributed.strategy=single", "batch.micro_batch_size=4"),
         ),
         Launch(f"{_label}-{_engine}", ENGINES[_engine][0], (*_common, *ENGINES[_engine][1])),
@@ -89,7 +90,7 @@ def test_each_family_on_two_ranks_gives_its_one_process_curve(
 # cross-attention) sharded from `_no_split_modules`. ZeRO-2 shards no weights, so it adds nothing here.
 MLLAMA = (*COMMON, "model.name_or_path=tiny-mllama", "data.max_image_tokens=null")
 LAUNCHES += [
-    Launch("mllama-single", "python", (*MLLAMA, "distributed.strategy=single", "batch.micro_batch_size=4")),
+    Launch("mllama-single", "api", (*MLLAMA, "distributed.strategy=single", "batch.micro_batch_size=4")),
     Launch("mllama-fsdp", "torchrun", (*MLLAMA, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 

@@ -248,3 +248,19 @@ def test_eval_data_with_0_tokens_is_refused_before_the_model_loads(
         os.environ.clear()
         os.environ.update(saved_env)
     assert not list((tmp_path / "runs").rglob("step-*"))
+
+
+def test_a_keyword_strategy_over_a_files_preset_switches_engine_as_the_command_line_does() -> None:
+    """`distributed__strategy="single"` over configs/demo.yaml (a ZeRO-2 preset) drops the preset, as
+    `distributed.strategy=single` on the command line does (it contradicted the preset), in every spelling
+    and with a GPU named (which re-validates the config)."""
+    from zerofit.config import load_config, resolve
+    from zerofit.planner import choose_fastest_plan
+
+    config = REPO / "configs" / "demo.yaml"
+    cli = resolve(load_config(config, ["distributed.strategy=single"]), 1, choose_fastest_plan).config
+    assert (cli.distributed.strategy, cli.distributed.preset) == ("single", None)
+    for spelled in ({"distributed__strategy": "single"}, {"distributed": {"strategy": "single"}}):
+        for gpu in (None, "rtx3090"):
+            report = zerofit.plan(config, gpu=gpu, **spelled)
+            assert (report["strategy"], report["preset"]) == ("single", None), spelled
