@@ -2,9 +2,9 @@
 
 Each is started as a subprocess from the repository root (CPU, tiny-llama, one or two timed steps) and must
 exit 0 and print or write its result: the ratios it exists to report, its JSON. Nothing here looks at the
-numbers themselves (tests never assert on time). gpu_fit.py runs once, with every case its tests read. `workloads.py` is the module they share: it feeds
-zerofit's real training loop (`assemble` + `train_loop`), which is what broke when the loop's
-checkpointer protocol gained an argument.
+numbers themselves (tests never assert on time). gpu_fit.py runs once, with every case its tests read.
+`workloads.py` is the module they share: it feeds zerofit's real training loop (`assemble` + `train_loop`),
+which is what broke when the loop's checkpointer protocol gained an argument.
 """
 
 from __future__ import annotations
