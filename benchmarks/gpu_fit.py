@@ -5,7 +5,10 @@ Every case runs in its own child process (an OOM or a DeepSpeed engine must not 
 process but the case's own holds GPU memory while it is measured; the random 7B model is written by a child
 too). In each child the CUDA caching allocator is capped at --cap-gib (default 24 GiB) with
 `torch.cuda.set_per_process_memory_fraction`, so a bigger card allocates like a 3090, and the CUDA context
-is read (`mem_get_info`) before the first tensor.
+is read (`mem_get_info`) before the first tensor. `--smoke` (CPU, nothing measured) runs each one-process
+case's command in the driver's own process instead (its script's `main` with the same arguments, the output
+read back the same way): one import of torch and the libraries for all of them; a multi-rank case still
+starts its ranks.
 
 zerofit cases train the recipe's exact pipeline (`zerofit.recipe.assembly.assemble` + `zerofit.loop.train.train_loop`,
 as the launcher builds it) on a Llama-2-7B-shaped model with random bf16 weights (no download), on one of
@@ -602,11 +605,16 @@ def planned_context(spec: dict[str, Any], overrides: list[str], budget: Any) -> 
 
 
 def _run_child(case: str, cmd: list[str], smoke: bool = False) -> dict[str, Any]:
+    """Run one case's command and read back its result line. On a GPU every case is a child process (see
+    the module's docstring); `--smoke` runs a one-process command in this process instead (`_run_here`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     if smoke:  # a CPU run: DeepSpeed's CPU accelerator, as the tests use (2 gloo ranks for an SP case)
         env.setdefault("DS_ACCELERATOR", "cpu")
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=REPO)
+    if smoke and cmd[0] == sys.executable and cmd[1].endswith(".py"):
+        proc = _run_here(cmd, env)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, cwd=REPO)
     prefix = "HF_BASELINE " if CASES[case].get("hf") else RESULT_PREFIX
     prefix = "TRL_GRPO_BASELINE " if CASES[case].get("trl_grpo") else prefix
     found = [json.loads(line[len(prefix) :]) for line in proc.stdout.splitlines() if line.startswith(prefix)]
@@ -620,6 +628,48 @@ def _run_child(case: str, cmd: list[str], smoke: bool = False) -> dict[str, Any]
         result = {"case": case, "ok": False, "error": " | ".join(tail)[-600:], "returncode": proc.returncode}
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
+
+
+def _run_here(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`--smoke` only: the one-process command `cmd` (`python SCRIPT ARGS...`: a zerofit case, HF's or TRL's
+    baseline) run in this process, its script's `main(ARGS)` with the child's environment `env` and stdout
+    captured, as the child would print it. On CPU nothing is measured that another case's leftovers could
+    disturb, and the ~5 CPU-s of imports a child pays before it starts are paid once; the GPU keeps one
+    process per case. What a case leaves behind (the rendezvous variables a one-process zerofit run sets,
+    a process group, accelerate's state) is cleared after it, so the next starts as a child would."""
+    import contextlib
+    import importlib
+    import io
+    import traceback
+
+    script = Path(cmd[1]).resolve()
+    entry = main if script == Path(__file__).resolve() else importlib.import_module(script.stem).main
+    stdout, stderr, saved = io.StringIO(), io.StringIO(), dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = entry(cmd[2:])
+        except SystemExit as exc:  # argparse's refusal: what the child's exit status would have been
+            code = exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # a child's crash is its case's error, not the whole run's
+            traceback.print_exc()
+            code = 1
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            _forget_the_case()
+    return subprocess.CompletedProcess(cmd, code, stdout.getvalue(), stderr.getvalue())
+
+
+def _forget_the_case() -> None:
+    """After an in-process smoke case: no process group and no accelerate state is left for the next."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if "accelerate.state" in sys.modules:
+        sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def trl_grpo_command(args: argparse.Namespace, model_dir: Path | None) -> list[str]:
@@ -756,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", help=argparse.SUPPRESS)
     parser.add_argument("--build-model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.smoke:  # before DeepSpeed is imported: the cases run in this process (`_run_here`)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
     if args.build_model:
         build_random_model(args.build_model, Path(args.model_dir))

@@ -2,9 +2,9 @@
 
 Each is started as a subprocess from the repository root (CPU, tiny-llama, one or two timed steps) and must
 exit 0 and print or write its result: the ratios it exists to report, its JSON. Nothing here looks at the
-numbers themselves (tests never assert on time). `workloads.py` is the module they share: it feeds
-zerofit's real training loop (`assemble` + `train_loop`), which is what broke when the loop's
-checkpointer protocol gained an argument.
+numbers themselves (tests never assert on time). gpu_fit.py runs once, with every case its tests read.
+`workloads.py` is the module they share: it feeds zerofit's real training loop (`assemble` + `train_loop`),
+which is what broke when the loop's checkpointer protocol gained an argument.
 """
 
 from __future__ import annotations
@@ -39,6 +39,18 @@ def _finished(args: list[str], result: subprocess.CompletedProcess[str]) -> subp
     return result
 
 
+# gpu_fit's cases (and groups) in the module's one gpu_fit command, by the test that reads them.
+GPU_FIT_CASES = (
+    "lora-auto",
+    "rl",
+    "lora-kernels-compile",
+    "hf-best",
+    "long-16k",
+    "long-2gpu-sp",
+    "lora-2gpu-fsdp",
+)
+
+
 # The module's benchmark commands, by test: each runs one thread (one core), so they are started together,
 # as many at a time as there are cores (longest first), instead of one after another beside an idle core.
 def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
@@ -47,13 +59,12 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
     small_cpu = ("--steps", "1", "--repeats", "1", "--seq", "32", "--global-batch", "4", "--hf-micro", "2")
     small_oh = ("--steps", "1", "--warmup", "0", "--repeats", "1", "--micro", "2", "--global-batch", "4")
     return {
-        # gpu_fit: a zerofit case; the speed levers (issue 19) and HF's best at the recipe's split; one length
-        # of the long-context set with the 2-rank Ulysses case and the 2-GPU FSDP case (skipped on CPU).
-        "gpu_fit_long": (*gpu_fit, str(tmp / "long"), "--cases", "long-16k,long-2gpu-sp,lora-2gpu-fsdp"),
-        "gpu_fit_speed": (*gpu_fit, str(tmp / "speed"), "--cases", "lora-kernels-compile,hf-best"),
-        "gpu_fit_zerofit": (*gpu_fit, str(tmp / "zerofit"), "--cases", "lora-auto"),
-        # GRPO (issue 28): the 3090 recipe's case (on CPU: the tiny model) against TRL's GRPOTrainer.
-        "gpu_fit_rl": (*gpu_fit, str(tmp / "rl"), "--cases", "rl"),
+        # gpu_fit, one command for every case the tests read (its --smoke runs the one-process cases in its own
+        # process: one start for all): a zerofit case; the speed levers (issue 19) and HF's best at the
+        # recipe's split; one length of the long-context set with the 2-rank Ulysses case and the 2-GPU FSDP
+        # case (skipped on CPU); GRPO (issue 28): the 3090 recipe's case (on CPU: the tiny model) against
+        # TRL's GRPOTrainer.
+        "gpu_fit": (*gpu_fit, str(tmp / "gpu_fit"), "--cases", ",".join(GPU_FIT_CASES)),
         "cpu_vs_hf": (str(BENCH / "cpu_vs_hf.py"), *small_cpu, "--json", str(tmp / "cpu_vs_hf.json")),
         "overhead": (
             str(BENCH / "overhead_vs_torch.py"),
@@ -99,8 +110,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
     from zerofit.models.tiny import ensure_tiny_llama
 
     tmp = tmp_path_factory.mktemp("benchmarks")
-    for sub in ("long", "speed", "zerofit"):
-        (tmp / sub).mkdir()
+    (tmp / "gpu_fit").mkdir()
     commands = _commands(tmp, ensure_tiny_llama(0))
 
     def run(args: tuple[str, ...]) -> Ran:
@@ -134,21 +144,37 @@ def test_cpu_vs_hf_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:
     assert all(value > 0 for value in report["ratios_useful_tokens_per_cpu_s"].values())
 
 
+def _gpu_fit(ran: dict[str, Ran]) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any]]:
+    """The gpu_fit command's output, its one results file and that file's report."""
+    result = ran["gpu_fit"].ok()
+    (path,) = (ran["gpu_fit"].tmp / "gpu_fit").glob("gpu_fit-smoke-*.json")
+    return result, path, json.loads(path.read_text())
+
+
+def _cases(report: dict[str, Any], *names: str) -> dict[str, dict[str, Any]]:
+    """The report's results of the cases `names` (case names or gpu_fit groups), by case; each ran once."""
+    sys.path.insert(0, str(BENCH))
+    import gpu_fit
+
+    wanted = gpu_fit.expand_cases(",".join(names))
+    cases = [r["case"] for r in report["results"]]
+    assert len(cases) == len(set(cases)) and set(wanted) <= set(cases), cases
+    return {r["case"]: r for r in report["results"] if r["case"] in wanted}
+
+
 def test_gpu_fit_smoke_runs_a_zerofit_case_and_writes_its_results(ran: dict[str, Ran]) -> None:
-    result = ran["gpu_fit_zerofit"].ok()
-    (path,) = (ran["gpu_fit_zerofit"].tmp / "zerofit").glob("gpu_fit-smoke-*.json")
+    result, path, report = _gpu_fit(ran)
     assert f"wrote {path}" in result.stdout
-    (case,) = json.loads(path.read_text())["results"]
-    assert case["case"] == "lora-auto" and case["ok"] is True, case
+    case = _cases(report, "lora-auto")["lora-auto"]
+    assert case["ok"] is True, case
     assert case["useful_tokens_per_s"] > 0 and case["predicted"]["verdict"]
 
 
 def test_gpu_fit_smoke_runs_the_grpo_case_and_trls(ran: dict[str, Ran]) -> None:
     """The GRPO case (generation and training timed apart, the plan's phases beside the measured peak) and
     TRL's GRPOTrainer at the same settings, with their step-time ratio."""
-    result = ran["gpu_fit_rl"].ok()
-    (path,) = (ran["gpu_fit_rl"].tmp / "rl").glob("gpu_fit-smoke-*.json")
-    by = {r["case"]: r for r in json.loads(path.read_text())["results"]}
+    result, _, report = _gpu_fit(ran)
+    by = _cases(report, "rl")
     assert by["grpo"]["ok"] is True and by["trl-grpo"]["ok"] is True, by
     measured = by["grpo"]["measured"]
     assert measured["time/generation_s"] > 0 and measured["time/training_s"] > 0 and measured["steps"] == 1
@@ -159,10 +185,8 @@ def test_gpu_fit_smoke_runs_the_grpo_case_and_trls(ran: dict[str, Ran]) -> None:
 def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(ran: dict[str, Ran]) -> None:
     # kernels + compile (issue 19) and HF's best at the recipe's split; on CPU the kernels case runs with
     # train.kernels=none (Liger needs CUDA), so the smoke checks the case's setup, compile, and the ratio.
-    ran["gpu_fit_speed"].ok()
-    (path,) = (ran["gpu_fit_speed"].tmp / "speed").glob("gpu_fit-smoke-*.json")
-    report = json.loads(path.read_text())
-    by = {r["case"]: r for r in report["results"]}
+    _, _, report = _gpu_fit(ran)
+    by = _cases(report, "lora-kernels-compile", "hf-best")
     assert all(r["ok"] is True and r["useful_tokens_per_s"] > 0 for r in by.values()), by
     zf = by["lora-kernels-compile"]
     assert (
@@ -179,10 +203,8 @@ def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(ran: dict[st
     # HF's padding-free baseline for each; on CPU every length is the same tiny run, so one stands for all.
     # With them the 2-rank Ulysses case (issue 19), which --smoke runs on 2 gloo CPU ranks, and the 2-GPU
     # FSDP case, which it cannot run: recorded as skipped with the reason, and the script still exits 0.
-    result = ran["gpu_fit_long"].ok()
-    (path,) = (ran["gpu_fit_long"].tmp / "long").glob("gpu_fit-smoke-*.json")
-    report = json.loads(path.read_text())
-    by = {r["case"]: r for r in report["results"]}
+    result, _, report = _gpu_fit(ran)
+    by = _cases(report, "long-16k", "long-2gpu-sp", "lora-2gpu-fsdp")
     assert by.pop("lora-2gpu-fsdp") == {
         "case": "lora-2gpu-fsdp",
         "ok": False,
@@ -209,12 +231,29 @@ def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(ran: dict[st
     assert by["long-lora-16k"]["levers"]["lean_norm"] is True  # the LoRA recipe's 32k needs it
     assert by["long-hf-qlora-16k"]["load_in_4bit"] is True and by["long-hf-lora-16k"]["load_in_4bit"] is False
     assert all(by[c]["collator"] == "flatten" for c in ("long-hf-qlora-16k", "long-hf-lora-16k"))
-    assert set(report["ratios_useful_tokens_per_s"]) == {
+    assert set(report["ratios_useful_tokens_per_s"]) == {  # with the speed levers' pair: all the command's
         "long-qlora-16k / long-hf-qlora-16k",
         "long-lora-16k / long-hf-lora-16k",
+        "lora-kernels-compile / hf-best",
     }
     assert "zerofit / HF, useful tokens/s, long-qlora-16k / long-hf-qlora-16k: " in result.stdout
     assert "  qlora 16k " in result.stdout and "  lora 16k " in result.stdout  # the per-length table
+
+
+def test_gpu_fit_smoke_runs_a_one_process_case_in_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--smoke` runs a one-process case's command in gpu_fit's process (its script's `main`, the child's
+    environment, stdout read back as the child's): a refusal there is the case's error, as a child's exit
+    would be, and the environment is left as it was."""
+    sys.path.insert(0, str(BENCH))
+    import gpu_fit
+
+    monkeypatch.setattr(gpu_fit.subprocess, "run", lambda *a, **k: pytest.fail(f"started a child: {a}"))
+    monkeypatch.setenv("RANK", "3")  # an outer launch's rank: not the case's
+    before = dict(os.environ)
+    cmd = [sys.executable, str(BENCH / "hf_baseline.py"), "--model-dir", "x", "--workload", "nope"]
+    result = gpu_fit._run_child("hf", cmd, smoke=True)
+    assert result["ok"] is False and result["returncode"] == 2, result
+    assert "invalid choice: 'nope'" in result["error"] and dict(os.environ) == before
 
 
 def test_gpu_fit_long_model_is_the_llama_3_1_8b_shape() -> None:

@@ -214,20 +214,36 @@ def merged_answers(base: tuple[Any, Any], merged: Any) -> dict[str, list[int]]:
     return {c: _greedy(merged, _prompt_ids(tokenizer, c), tokenizer.eos_token_id) for c in HELD_OUT}
 
 
-def _load_gguf(folder: Path, name: str) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@pytest.fixture(scope="module")
+def merged_logits(base: tuple[Any, Any], merged: Any, merged_answers: dict[str, list[int]]) -> dict[str, Any]:
+    """The merged model's logits at each generated position of its own greedy answer (teacher-forced on the
+    prompt + answer), computed once for every export compared against them."""
+    _, tokenizer = base
+    logits = {}
+    for country, answer in merged_answers.items():
+        prompt = _prompt_ids(tokenizer, country)
+        with torch.no_grad():
+            logits[country] = merged(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]
+    return logits
 
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+def _load_gguf(folder: Path, name: str) -> Any:
+    """The model of a GGUF export as transformers' GGUF reader loads it (its tokenizer: the round-trip test)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
-def _agrees_where_decided(model: Any, reference: Any, sequence: list[int], start: int, tol: float) -> float:
-    """Teacher-forced on the reference's greedy `sequence`: the model's argmax equals the reference's at every
-    generated position whose top-two gap exceeds 2 x tol x the largest |logit| (a closer call is a near-tie
-    the quantization may flip); returns the largest |logit difference| relative to the largest |logit|."""
+def _agrees_where_decided(
+    model: Any, want: torch.Tensor, sequence: list[int], start: int, tol: float
+) -> float:
+    """Teacher-forced on the reference's greedy `sequence` (`want`: the reference's logits at its generated
+    positions): the model's argmax equals the reference's at every generated position whose top-two gap
+    exceeds 2 x tol x the largest |logit| (a closer call is a near-tie the quantization may flip); returns
+    the largest |logit difference| relative to the largest |logit|."""
     ids = torch.tensor([sequence])
     with torch.no_grad():
-        want, got = reference(ids).logits[0, start - 1 : -1], model(ids).logits[0, start - 1 : -1]
+        got = model(ids).logits[0, start - 1 : -1]
     scale = float(want.abs().max())
     top = want.topk(2, dim=-1).values
     decided = (top[:, 0] - top[:, 1]) > 2 * tol * scale
@@ -238,13 +254,13 @@ def _agrees_where_decided(model: Any, reference: Any, sequence: list[int], start
 @pytest.mark.parametrize("quant", list(TOLERANCE))
 def test_the_gguf_exports_decode_the_held_out_prompts_as_the_merged_model(
     base: tuple[Any, Any],
-    merged: Any,
     merged_answers: dict[str, list[int]],
+    merged_logits: dict[str, torch.Tensor],
     exports: dict[str, Path],
     quant: str,
 ) -> None:
     _, tokenizer = base
-    model, _ = _load_gguf(exports["gguf"], f"sft-{quant}.gguf")
+    model = _load_gguf(exports["gguf"], f"sft-{quant}.gguf")
     worst, same = 0.0, 0
     for country in HELD_OUT:
         prompt = _prompt_ids(tokenizer, country)
@@ -253,7 +269,12 @@ def test_the_gguf_exports_decode_the_held_out_prompts_as_the_merged_model(
         same += got == want
         if quant == "f16":
             assert got == want, (country, tokenizer.decode(got), tokenizer.decode(want))
-        worst = max(worst, _agrees_where_decided(model, merged, prompt + want, len(prompt), TOLERANCE[quant]))
+        worst = max(
+            worst,
+            _agrees_where_decided(
+                model, merged_logits[country], prompt + want, len(prompt), TOLERANCE[quant]
+            ),
+        )
     print(
         f"{quant}: {same}/{len(HELD_OUT)} identical greedy answers; max |logit diff| {worst:.3g} of the largest"
     )
@@ -279,8 +300,8 @@ def test_the_merged_model_answers_in_the_trained_format(
 @pytest.mark.parametrize("quant", list(TOLERANCE))
 def test_llama_cpp_decodes_the_gguf_as_the_merged_model(
     base: tuple[Any, Any],
-    merged: Any,
     merged_answers: dict[str, list[int]],
+    merged_logits: dict[str, torch.Tensor],
     exports: dict[str, Path],
     quant: str,
 ) -> None:
@@ -304,19 +325,14 @@ def test_llama_cpp_decodes_the_gguf_as_the_merged_model(
             if quant == "f16":
                 assert got == want[: len(got)] and len(got) >= len(want) - 1, (country, got, want)
             else:
-                _agrees_where_decided_tokens(got, want, merged, prompt, TOLERANCE[quant])
+                _agrees_where_decided_tokens(got, want, merged_logits[country], TOLERANCE[quant])
     finally:
         llm.close()
 
 
-def _agrees_where_decided_tokens(
-    got: list[int], want: list[int], reference: Any, prompt: list[int], tol: float
-) -> None:
-    """q8_0 through llama.cpp: the tokens agree up to the first near-tie of the reference (see
-    `_agrees_where_decided`), after which the continuations may part."""
-    ids = torch.tensor([prompt + want])
-    with torch.no_grad():
-        logits = reference(ids).logits[0, len(prompt) - 1 : -1]
+def _agrees_where_decided_tokens(got: list[int], want: list[int], logits: torch.Tensor, tol: float) -> None:
+    """q8_0 through llama.cpp: the tokens agree up to the first near-tie of the reference (`logits`: its
+    logits at the generated positions; see `_agrees_where_decided`), after which the continuations may part."""
     top = logits.topk(2, dim=-1).values
     gaps = (top[:, 0] - top[:, 1]) / logits.abs().max()
     for i, (g, w) in enumerate(zip(got, want, strict=False)):
@@ -357,23 +373,41 @@ def test_the_tokenizer_and_chat_template_round_trip_through_every_export(
         assert other.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == want_chat, name
 
 
-def _reward_accuracy(model: Any, tokenizer: Any, adapters: bool = True) -> tuple[float, float]:
+def _responses(country: str) -> tuple[str, str]:
+    """A held-out pair's responses: chosen (the format), rejected (a plain sentence)."""
+    return _formatted(country)["content"], _plain(country)["content"]
+
+
+def _reference_nlls(model: Any, tokenizer: Any) -> dict[str, list[float]]:
+    """Each held-out pair's response NLLs under the reference (the model with its adapters off), chosen then
+    rejected: computed once for both accuracies below."""
+    with model.disable_adapter():
+        return {
+            country: [
+                _response_nll(model, tokenizer, _prompt_ids(tokenizer, country), response)[0]
+                for response in _responses(country)
+            ]
+            for country in HELD_OUT
+        }
+
+
+def _reward_accuracy(
+    model: Any, tokenizer: Any, reference: dict[str, list[float]], adapters: bool = True
+) -> tuple[float, float]:
     """DPO's implicit reward on the held-out pairs, TRL's definition: beta x (log pi - log pi_ref) of each
-    response, pi the model with its adapters (`adapters`: on; off, the untrained policy), pi_ref without;
-    (fraction of pairs where chosen's reward beats rejected's, mean margin)."""
+    response, pi the model with its adapters (`adapters`: on; off, the untrained policy), pi_ref without
+    (`reference`: `_reference_nlls`); (fraction of pairs where chosen's reward beats rejected's, mean margin)."""
     import contextlib
 
     margins = []
     for country in HELD_OUT:
         prompt = _prompt_ids(tokenizer, country)
-        rewards = []
-        for response in (_formatted(country)["content"], _plain(country)["content"]):
-            with contextlib.nullcontext() if adapters else model.disable_adapter():
-                policy, _ = _response_nll(model, tokenizer, prompt, response)
-            with model.disable_adapter():
-                reference, _ = _response_nll(model, tokenizer, prompt, response)
-            rewards.append(BETA * (reference - policy))  # nll is minus the log-probability
-        margins.append(rewards[0] - rewards[1])
+        with contextlib.nullcontext() if adapters else model.disable_adapter():
+            policy = [
+                _response_nll(model, tokenizer, prompt, response)[0] for response in _responses(country)
+            ]
+        rewards = [BETA * (ref - pol) for ref, pol in zip(reference[country], policy, strict=True)]
+        margins.append(rewards[0] - rewards[1])  # nll is minus the log-probability
     return sum(m > 0 for m in margins) / len(margins), sum(margins) / len(margins)
 
 
@@ -385,8 +419,9 @@ def test_dpo_raises_the_held_out_reward_accuracy(work: Path, base: tuple[Any, An
     model, tokenizer = base
     policy = PeftModel.from_pretrained(model, adapter).eval()
     try:
-        after, margin = _reward_accuracy(policy, tokenizer)
-        before, _ = _reward_accuracy(policy, tokenizer, adapters=False)  # policy = reference: margins 0
+        reference = _reference_nlls(policy, tokenizer)
+        after, margin = _reward_accuracy(policy, tokenizer, reference)
+        before, _ = _reward_accuracy(policy, tokenizer, reference, adapters=False)  # policy = reference: 0
     finally:
         policy.unload()  # the shared base model, without the adapter layers
     logged = [

@@ -85,7 +85,8 @@ def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
     so the strict `after > before` fails it.
 
     10 steps at lr 1e-3 (~3.5 CPU-s a step on one thread; 20 before, about half of this test's CPU): measured
-    base 0/20 -> trained 16, 15, 16, 16 on seeds 1-4, well above the +10 asserted."""
+    base 0/20 -> trained 16, 15, 16, 16 on seeds 1-4, well above the +10 asserted. W&B off: its offline
+    run starts a service process (~6 s) that nothing here reads."""
     from zerofit.api import train
     from zerofit.recipe.demo_score import score_run
 
@@ -96,6 +97,9 @@ def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
         optimizer={"lr": 1e-3},
         distributed={"strategy": "single", "preset": None},
         data={"path": str(TRAIN)},
+        logging={
+            "wandb": {"mode": "disabled"}
+        },  # the demo's offline W&B run (a service process) is not scored
     )
     task, facts = score_run(result.run_dir, TASK, FACTS)
     task_before, task_after = task.counts
