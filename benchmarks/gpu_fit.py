@@ -1003,4 +1003,12 @@ def _tps(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A rank of a multi-rank case (`--one` under torchrun) leaves as launchers/launch_finetune.py does,
+        # without interpreter finalization: gloo worker threads torn down during it can abort a finished
+        # rank (SIGABRT, "terminate called without an active exception"), failing a case that succeeded.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+    sys.exit(exit_code)
