@@ -635,7 +635,7 @@ def _run_here(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     baseline) run in this process, its script's `main(ARGS)` with the child's environment `env` and stdout
     captured, as the child would print it. On CPU nothing is measured that another case's leftovers could
     disturb, and the ~5 CPU-s of imports a child pays before it starts are paid once; the GPU keeps one
-    process per case. What a case leaves behind (the rendezvous variables a one-process zerofit run sets,
+    process per case. What a case leaves behind (the environment variables a script sets,
     a process group, accelerate's state) is cleared after it, so the next starts as a child would."""
     import contextlib
     import importlib

@@ -125,13 +125,15 @@ def plan(
 def train(config: ConfigLike, **overrides: Any) -> RunResult:
     """Train the run `config` describes (a YAML path, a dict or a `ZerofitConfig`), with `overrides`.
 
-    Runs in this process and returns when training (and the final export) is done.
+    Runs in this process and returns when training (and the final export) is done; the process is left
+    as it was found (no process group, no rendezvous variables), so another call or library can follow.
     """
     from zerofit.recipe.run import resolve_for_launch, run_training
-    from zerofit.strategies.env import launch_env
+    from zerofit.strategies.env import launch_env, rendezvous_restored
 
     cfg, config_path = _config(config, overrides)
-    outcome = run_training(resolve_for_launch(cfg, launch_env()), config_path)
+    with rendezvous_restored():
+        outcome = run_training(resolve_for_launch(cfg, launch_env()), config_path)
     return read_result(outcome.run_dir, outcome.export_dir)
 
 

@@ -72,22 +72,29 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One `zerofit.train` per format, the chat one with a held-out eval split evaluated every 2 steps."""
     root = tmp_path_factory.mktemp("api")
     paths = _write_data(root)
-    saved_env = dict(os.environ)  # train() sets the one-process rendezvous variables, as the launcher does
-    try:
-        results = {
-            fmt: zerofit.train(
-                BASE,
-                output_dir=str(root / "runs"),
-                run_name=fmt,
-                **{"data.path": str(path)},
-                **({"data.eval_split": 0.25, "eval__every_steps": 2} if fmt == "messages" else {}),
-            )
-            for fmt, path in paths.items()
-        }
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-    return {"results": results, "paths": paths}
+    env_before = dict(os.environ)
+    results = {
+        fmt: zerofit.train(
+            BASE,
+            output_dir=str(root / "runs"),
+            run_name=fmt,
+            **{"data.path": str(path)},
+            **({"data.eval_split": 0.25, "eval__every_steps": 2} if fmt == "messages" else {}),
+        )
+        for fmt, path in paths.items()
+    }
+    return {"results": results, "paths": paths, "env_before": env_before, "env_after": dict(os.environ)}
+
+
+def test_train_leaves_no_launch_behind(runs: dict[str, Any]) -> None:
+    # It used to leave RANK/WORLD_SIZE/MASTER_PORT set: accelerate (TRL's trainers) next in the process saw
+    # a distributed launch, and each later call ran as one started by a launcher.
+    import torch.distributed as dist
+
+    launch = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    assert "RANK" not in runs["env_before"]  # (a test process, not a rank)
+    assert {key: runs["env_after"].get(key) for key in launch} == {key: None for key in launch}
+    assert not (dist.is_available() and dist.is_initialized())
 
 
 def test_import_zerofit_is_light() -> None:

@@ -8,8 +8,10 @@ launcher reads the world size before anything heavy is loaded, so a bad batch fa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -47,3 +49,23 @@ def launch_env() -> LaunchEnv:
         local_rank=int(os.environ["LOCAL_RANK"]),
         launched=launched,
     )
+
+
+@contextlib.contextmanager
+def rendezvous_restored() -> Iterator[None]:
+    """Around a run inside a longer-lived process (`zerofit.train`): the rendezvous variables as they were.
+
+    `launch_env` sets them for a one-process run; left behind, a library used next in the same process
+    (accelerate, TRL's trainers) reads them as a launch that is over, and a second `zerofit.train` as one
+    started by a launcher.
+    """
+    keys = (*_RENDEZVOUS, "MASTER_ADDR", "MASTER_PORT")
+    before = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
