@@ -32,11 +32,12 @@ from typing import Any
 
 import yaml
 
+from zerofit.strategies.env import RENDEZVOUS_VARIABLES
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launchers" / "launch_finetune.py"
 BIN = Path(sys.executable).parent
 ONE_PROCESS = ("python", "api")  # the launchers that run one process whatever `nproc` says
-RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 # Rendezvous ports come from below Linux's ephemeral range (32768-60999), where the kernel picks the ports of
@@ -274,7 +275,7 @@ def _run_processes(
 def _launch_env(env: dict[str, str] | None) -> dict[str, str]:
     """This process's environment plus `env`, without a rendezvous (every launch brings its own)."""
     base_env = {**os.environ, **(env or {})}
-    for key in RENDEZVOUS:
+    for key in RENDEZVOUS_VARIABLES:
         base_env.pop(key, None)  # every launch brings its own rendezvous
     return base_env
 
@@ -379,7 +380,7 @@ def _worker_state_kept(env: dict[str, str]) -> Iterator[None]:
     import torch.distributed as dist
 
     environ = dict(os.environ)
-    for key in RENDEZVOUS:
+    for key in RENDEZVOUS_VARIABLES:
         os.environ.pop(key, None)
     os.environ.update(env)
     dtype, threads, deterministic = (

@@ -91,7 +91,8 @@ def test_train_leaves_no_launch_behind(runs: dict[str, Any]) -> None:
     # a distributed launch, and each later call ran as one started by a launcher.
     import torch.distributed as dist
 
-    launch = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    from zerofit.strategies.env import RENDEZVOUS_VARIABLES as launch
+
     assert "RANK" not in runs["env_before"]  # (a test process, not a rank)
     assert {key: runs["env_after"].get(key) for key in launch} == {key: None for key in launch}
     assert not (dist.is_available() and dist.is_initialized())

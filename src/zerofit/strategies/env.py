@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 _RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# Every variable a launcher sets for a process (and `launch_env` for a one-process run).
+RENDEZVOUS_VARIABLES = (*_RENDEZVOUS, "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,7 @@ def rendezvous_restored() -> Iterator[None]:
     (accelerate, TRL's trainers) reads them as a launch that is over, and a second `zerofit.train` as one
     started by a launcher.
     """
-    keys = (*_RENDEZVOUS, "MASTER_ADDR", "MASTER_PORT")
-    before = {key: os.environ.get(key) for key in keys}
+    before = {key: os.environ.get(key) for key in RENDEZVOUS_VARIABLES}
     try:
         yield
     finally:
