@@ -36,8 +36,9 @@ setup: $(VENV)/.installed $(VENV)/.smollm2
 # Two pytest-xdist workers (a launch waits on start-up and gloo, an in-process test uses one core), each given
 # whole test files (--dist loadfile: a module's launches, shared by a module-scoped fixture, run once) in
 # collection order (--no-loadscope-reorder: the long launch modules of tests/distributed and tests/e2e first,
-# so no long module is left alone at the end). Then, alone, the tests marked `serial`: they observe the whole
-# machine (shared memory, processes), which the other worker's launches would disturb. Both phases always run.
+# so no long module is left alone at the end). Then, alone, the tests marked `serial`: they act on every process
+# of the test process's tree, which the other worker's launches would disturb (a test that reads DeepSpeed's
+# shared memory counts only its own worker's segments and runs in parallel). Both phases always run.
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
 	rc=0; \

@@ -48,12 +48,18 @@ PORTS = range(20000, 32000)
 _next_port: list[int] = []  # this process's next candidate, from a random start in its band
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 that is free now and that no other worker of this test run will offer."""
+def worker_ports() -> range:
+    """This pytest-xdist worker's band of `PORTS`: the only ports its launches rendezvous on."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     width = len(PORTS) // max(workers, 1)
-    start = PORTS.start + worker * width
+    return range(PORTS.start + worker * width, PORTS.start + (worker + 1) * width)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that is free now and that no other worker of this test run will offer."""
+    band = worker_ports()
+    start, width = band.start, len(band)
     if not _next_port:
         import random
 

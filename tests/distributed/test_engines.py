@@ -1,8 +1,9 @@
 """Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
-Real launches (python, deepspeed, torchrun; 2 gloo ranks where distributed; ZeRO-2 under the `deepspeed`
-runner, ZeRO-3 offload under `torchrun`), LoRA with dropout, a small data set seen repeatedly so the loss
-must fall:
+Real launches (deepspeed, torchrun; 2 gloo ranks; ZeRO-2 under the `deepspeed` runner, ZeRO-3 offload under
+`torchrun`), the one-process runs through the Python API in the test process (`zerofit.train`, launcher
+`api`: the `python` launcher's own behaviour is test_stop_resume's and test_launch_errors'), LoRA with
+dropout, a small data set seen repeatedly so the loss must fall:
 
 - bf16 on single, DeepSpeed ZeRO-2, FSDP2 and DDP completes and the loss falls;
 - fp16 with loss scaling completes on single; on DeepSpeed it completes where DeepSpeed's accelerator
@@ -25,12 +26,13 @@ from launch_helpers import (
     RunResult,
     run_and_resume,
     varied_length_data,
+    worker_ports,
     write_config,
 )
 from zerofit.config import load_config, resolve
 from zerofit.engine import render_spec
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.serial]  # (/dev/shm: alone)
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS, EVERY = 6, 3
 CONTRACT_4 = {
@@ -49,7 +51,7 @@ CONTRACT_4 = {
     "mem/rank0/peak_gib",
 }
 HALF = [
-    Launch("bf16-single", "python", ("distributed.strategy=single", "train.precision=bf16")),
+    Launch("bf16-single", "api", ("distributed.strategy=single", "train.precision=bf16")),
     Launch("bf16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=bf16")),
     Launch("bf16-fsdp", "torchrun", ("distributed.strategy=fsdp", "train.precision=bf16")),
     Launch("bf16-ddp", "torchrun", ("distributed.strategy=ddp", "train.precision=bf16")),
@@ -61,7 +63,7 @@ HALF = [
         "torchrun",
         ("distributed.strategy=fsdp", "distributed.preset=fsdp_offload", "train.precision=bf16"),
     ),
-    Launch("fp16-single", "python", ("distributed.strategy=single", "train.precision=fp16")),
+    Launch("fp16-single", "api", ("distributed.strategy=single", "train.precision=fp16")),
     Launch("fp16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=fp16")),
 ]
 RESUMED = {"bf16-single": "resume-single", "bf16-zero2": "resume-zero2"}
@@ -96,13 +98,21 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-SHM_SEGMENTS = "deepspeed_allreduce_buffer_*"
+SHM_SEGMENTS = "deepspeed_allreduce_buffer_*"  # ..._<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>
+
+
+def _segments() -> set[Path]:
+    """DeepSpeed's CPU allreduce segments in /dev/shm of this worker's launches: those on its own band of
+    rendezvous ports (`worker_ports`), so the other pytest-xdist worker's launches, running meanwhile, leave
+    theirs out of the count."""
+    ports = {str(port) for port in worker_ports()}
+    return {p for p in Path("/dev/shm").glob(SHM_SEGMENTS) if p.name.split("_")[-2] in ports}
 
 
 @pytest.fixture(scope="module")
 def shm_before() -> set[Path]:
-    """DeepSpeed's CPU allreduce segments in /dev/shm before this module's launches."""
-    return set(Path("/dev/shm").glob(SHM_SEGMENTS))
+    """This worker's DeepSpeed CPU allreduce segments in /dev/shm before this module's launches."""
+    return _segments()
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +127,7 @@ def test_deepspeed_cpu_launches_leave_no_shared_memory_behind(
     # the names once every rank has mapped them, so the launches above (ZeRO-2, ZeRO-3 offload, fp16, the
     # resumes) leave none behind.
     assert runs["bf16-zero2"].check() and runs["bf16-zero3-offload"].check()
-    assert sorted(set(Path("/dev/shm").glob(SHM_SEGMENTS)) - shm_before) == []
+    assert sorted(_segments() - shm_before) == []
 
 
 @pytest.mark.parametrize(

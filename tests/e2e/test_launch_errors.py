@@ -49,7 +49,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         },
     )
     out = root / "runs"
-    run_one(Launch(RUN, "python"), config, out).check()
+    run_one(Launch(RUN, "api"), config, out).check()  # the earlier run: through the API, in this process
     return {"root": root, "config": config, "out": out}
 
 

@@ -1,6 +1,7 @@
 """How `make test` shares 2 cores between two pytest-xdist workers without the workers disturbing each other:
 the per-worker thread share (tests/conftest.py), a side-by-side launch's share (`_cpu_share`), disjoint
-rendezvous ports per worker (`free_port`), and a serial phase for the tests that watch the whole machine."""
+rendezvous ports per worker (`free_port`, `worker_ports`: a test that watches DeepSpeed's shared memory counts
+only its own worker's segments), and a serial phase for the tests that watch every process of the machine."""
 
 from __future__ import annotations
 
@@ -38,12 +39,24 @@ def test_make_test_runs_two_workers_then_the_serial_tests_alone() -> None:
     assert re.search(r'^dev = \[.*"pytest-xdist', (REPO / "pyproject.toml").read_text(), re.M)
 
 
-def test_a_test_that_watches_shared_memory_runs_in_the_serial_phase() -> None:
-    # test_engines checks that DeepSpeed's CPU launches leave nothing in /dev/shm: the other worker's
-    # DeepSpeed launches, running at the same time, would have their segments there.
+def test_a_test_that_watches_shared_memory_counts_only_its_own_workers_segments() -> None:
+    # test_engines checks that DeepSpeed's CPU launches leave nothing in /dev/shm while the other worker's
+    # DeepSpeed launches run and have their segments there: it counts only the segments named with its own
+    # worker's rendezvous ports (`worker_ports`), so it needs no serial phase.
     watching = [p for p in TESTS.rglob("test_*.py") if '"/dev/shm"' in p.read_text() and p != Path(__file__)]
     assert watching, "no test reads /dev/shm any more: drop this check"
-    assert [p.name for p in watching if "pytest.mark.serial" not in p.read_text()] == []
+    assert [p.name for p in watching if "worker_ports()" not in p.read_text()] == []
+
+
+def test_each_worker_rendezvouses_on_its_own_band_of_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    bands = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setattr(launch_helpers, "_next_port", [])
+        bands[worker] = launch_helpers.worker_ports()
+        assert all(free_port() in bands[worker] for _ in range(20))
+    assert not set(bands["gw0"]) & set(bands["gw1"])
 
 
 def test_each_worker_gets_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:

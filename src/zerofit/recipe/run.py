@@ -315,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One paragraph, no traceback: the message names the field, the rule and the fix; once per run.
         if prints_error(exc, env, from_config=resolved is None):
             error(f"zerofit (rank {env.rank})", exc)
+        elif env.launched:
+            leave_after_the_rank_that_says_it(stop)
         return EXIT_USER_ERROR
 
 
@@ -332,3 +334,21 @@ def prints_error(exc: ZerofitError, env: LaunchEnv, *, from_config: bool) -> boo
     if from_config:
         return env.local_rank == 0
     return True
+
+
+# How long a rank that keeps a user error to itself waits for its launcher to end it (see below).
+SILENT_RANK_WAIT_S = 30.0
+
+
+def leave_after_the_rank_that_says_it(stop: StopSignal, wait_s: float = SILENT_RANK_WAIT_S) -> None:
+    """A rank that does not print a user error (another rank says it, `prints_error`) exits only after that
+    rank: DeepSpeed's launch.py ends every rank as soon as one exits non-zero, so a silent rank leaving first
+    ended the rank about to print, and the launch failed with exit code 2 and no message (seen in CI). The
+    printing rank raised the same error; when it exits, the launcher (launch.py, torchrun) stops this one:
+    a signal before training exits at once (`StopSignal`), one during training is a stop request, which
+    ends the wait. `wait_s` bounds the wait should no signal come."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while not stop.requested and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -166,3 +166,47 @@ def test_a_user_error_is_said_once_per_run_not_once_per_rank() -> None:
     assert [prints_error(typo, env, from_config=True) for env in ranks] == [True, False, True, False]
     # Anything else may be one rank's own: whoever raises it says it.
     assert all(prints_error(typo, env, from_config=False) for env in ranks)
+
+
+def test_a_silent_rank_leaves_after_the_rank_that_says_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config error under a launcher: local rank 0 says it; rank 1 says nothing and must not exit first
+    (DeepSpeed's launch.py ends every rank once one exits non-zero: rank 0 could be ended mid-message)."""
+    import zerofit.recipe.run as run
+
+    waits: list[float] = []
+    monkeypatch.setattr(run, "leave_after_the_rank_that_says_it", lambda stop: waits.append(1.0))
+    monkeypatch.setattr(run, "die_with_parent", lambda: None)
+    monkeypatch.setattr(run, "die_with_launcher", lambda stop, rank: None)
+    monkeypatch.setattr(run.StopSignal, "install", lambda self: self)
+    typo = ["--config", "missing.yaml"]
+    for rank, silent in ((1, True), (0, False)):
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+        for key, value in {**env, "MASTER_PORT": "29500"}.items():
+            monkeypatch.setenv(key, value)
+        waits.clear()
+        assert run.main(typo) == run.EXIT_USER_ERROR
+        assert waits == ([1.0] if silent else []), rank
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    waits.clear()
+    assert run.main(typo) == run.EXIT_USER_ERROR and waits == []  # a plain `python` start says it itself
+
+
+def test_the_silent_rank_waits_until_a_signal_or_a_bound() -> None:
+    """The launcher's signal ends the wait (a stop request during training: no exit at once), and without
+    one the wait is bounded."""
+    import signal
+    import time
+
+    from zerofit.loop.signals import StopSignal
+    from zerofit.recipe import run
+
+    stop = StopSignal(rank=1)
+    started = time.monotonic()
+    run.leave_after_the_rank_that_says_it(stop, wait_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+    stop.signum = signal.SIGTERM  # what the handler records for a request during training
+    started = time.monotonic()
+    run.leave_after_the_rank_that_says_it(stop, wait_s=30)
+    assert time.monotonic() - started < 1
+    assert 0 < run.SILENT_RANK_WAIT_S <= 60
