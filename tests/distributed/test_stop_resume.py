@@ -2,7 +2,8 @@
 
 Four interrupted runs ("chains") of one fp32 LoRA job (no dropout, so every split computes the same
 losses), each stopped by SIGTERM and by SIGINT mid-run and resumed with `checkpoint.resume=true`, some on
-another world size, plus an uninterrupted reference run. Launches of one round run side by side:
+another world size, plus an uninterrupted reference run (through the Python API, in the test process).
+Launches of one round run side by side:
 
     chain     launcher   segments: ranks and how each one ends
     single    python     1 SIGTERM -> 1 Ctrl-C -> 1 end                  W&B offline: one run id throughout
@@ -120,7 +121,8 @@ def runs(config: Path) -> dict[str, RunResult]:
     results: dict[str, RunResult] = {}
     rounds = max(len(segs) for segs in CHAINS.values())
     for i in range(rounds):
-        launches = [Launch("reference", "python", SINGLE[:1])] if i == 0 else []
+        # The uninterrupted reference runs in this process (`api`): one process start fewer, same run.
+        launches = [Launch("reference", "api", SINGLE[:1])] if i == 0 else []
         for chain, segs in CHAINS.items():
             if i < len(segs):
                 launcher, nproc, overrides, ends = segs[i]

@@ -103,3 +103,28 @@ def test_a_lora_run_imports_peft_without_bitsandbytes(plain_then_lora: list[set[
     loaded = plain_then_lora[1]
     assert "peft" in loaded  # the adapters really were applied
     assert sorted(loaded & set(LAZY)) == ["peft"]
+
+
+# A one-process ZeRO-2 run through the API: DeepSpeed's reductions import its Muon kernels, whose
+# `torch.compile` decoration would import inductor's compiler (`torch._inductor.compile_fx` and its code
+# generators, ~160 modules, ~0.7 CPU-s a rank) for kernels never called. (transformers' masking imports
+# torch._dynamo, which imports the light `torch._inductor` package itself: that part every run pays.)
+ZERO_RUN = """
+import json, sys, tempfile
+import zerofit
+zerofit.train("configs/demo.yaml", distributed__preset="zero2", lora__enabled=False, train__max_steps=2,
+              train__precision="fp32", batch__global_batch_size=2, batch__micro_batch_size=2,
+              checkpoint__save_final=False, logging__wandb__mode="disabled", output_dir=tempfile.mkdtemp())
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_a_zero_run_leaves_inductors_compiler_unloaded() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", ZERO_RUN], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = set(json.loads(proc.stdout.splitlines()[-1]))
+    assert "deepspeed.runtime.zero.muon.original_muon" in loaded  # the reduction really ran its Muon check
+    assert "torch._inductor.compile_fx" not in loaded

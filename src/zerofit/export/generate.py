@@ -33,6 +33,7 @@ from zerofit.models.build import resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 from zerofit.models.lora import peft_without_bitsandbytes
+from zerofit.models.pretrained import gguf_name_maps_once
 from zerofit.models.vision import folder_config, folder_model_class, is_vision_config
 
 __all__ = ["Generator", "load_generator"]
@@ -179,7 +180,8 @@ def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    with gguf_name_maps_once():
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     return Generator(model.to(device=device).eval(), tokenizer, chat, device)
 
 

@@ -12,9 +12,12 @@ a plain `from_pretrained` of that folder, as for any hub model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +99,26 @@ def check_sha256(path: Path, name: str = SMOLLM2) -> None:
         )
 
 
+@contextmanager
+def gguf_name_maps_once() -> Iterator[None]:
+    """Within the block, gguf's `get_tensor_name_map(arch, n_blocks)` builds each map once and reuses it.
+
+    transformers' GGUF reader (`get_gguf_hf_weights_map`) walks the model's module tree and asks gguf for the
+    architecture's `TensorNameMap` again in every module it visits: 397 identical maps for SmolLM2-135M's
+    30 layers, a third of the CPU time of loading its GGUF (measured on a 2-core CPU machine: 13.0 -> 8.8
+    CPU-s, 1 map). A map is a read-only lookup table built from (arch, n_blocks) alone, so one per pair gives the
+    same names; gguf's own function is put back when the block ends.
+    """
+    import gguf
+
+    shipped = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(shipped)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = shipped
+
+
 def _convert_into(folder: Path, gguf: Path) -> None:
     """Write `gguf` as a Hugging Face folder into `folder` (empty): fp32 safetensors, config, generation
     config, tokenizer with its chat template, then the completion marker.
@@ -109,7 +132,10 @@ def _convert_into(folder: Path, gguf: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    with gguf_name_maps_once():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = model.config
     if hasattr(config, "quantization_config"):

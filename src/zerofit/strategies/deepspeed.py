@@ -17,9 +17,12 @@ gradient partitioning needs it): more communication per window, less gradient me
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
+import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,39 @@ def _check_accelerator_precision(precision: str, accelerator: Any) -> None:
 
 # DeepSpeed's JIT-compiled ops a launch can need, by op name, and what each is in the user's words.
 JIT_OPS = {"deepspeed_shm_comm": "CPU shared-memory allreduce", "cpu_adam": "CPU Adam"}
+
+
+def compile_deepspeed_kernels_on_first_call() -> None:
+    """Make DeepSpeed's `compiler.compile()` decorator compile on a function's first call, not at import.
+
+    DeepSpeed 0.19's Muon module (`deepspeed.runtime.zero.muon.original_muon`, imported by every ZeRO 1-3
+    reduction to check whether the optimizer is Muon) decorates its kernels with `torch.compile` at import,
+    which resolves the inductor backend and so imports its compiler (`torch._inductor.compile_fx` and its code
+    generators, ~160 modules): ~0.7 CPU-s in every rank of every ZeRO launch (a one-process ZeRO-2 run, 4.9
+    -> 4.2 CPU-s on a 2-core CPU machine) for kernels a run without Muon never calls. Deferring
+    `torch.compile(func)` to the first call compiles the same function with the same backend when it is used;
+    unused, it costs nothing. A no-op once that module is imported (its kernels are already decorated).
+    """
+    from deepspeed.runtime import compiler
+
+    if "deepspeed.runtime.zero.muon.original_muon" in sys.modules or not hasattr(torch, "compile"):
+        return
+
+    def compile_on_first_call() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+            compiled: list[Callable[..., Any]] = []
+
+            @functools.wraps(func)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if not compiled:
+                    compiled.append(torch.compile(func))
+                return compiled[0](*args, **kwargs)
+
+            return call
+
+        return decorate
+
+    compiler.compile = compile_on_first_call
 
 
 def jit_ops(device_name: str, cpu_adam: bool) -> list[str]:
@@ -179,6 +215,7 @@ class DeepSpeedStrategy(Strategy):
 
         from zerofit.strategies.optim import param_groups
 
+        compile_deepspeed_kernels_on_first_call()
         config = self.spec.to_json()  # a copy: DeepSpeed fills defaults into the dict it is given
         self._frozen = any(not p.requires_grad for p in model.parameters())
         if make_optimizer is None:

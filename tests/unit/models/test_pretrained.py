@@ -156,3 +156,23 @@ def test_the_converted_folder_loads_and_answers_as_the_gguf_does() -> None:
         assert torch.equal(ours, theirs), (text, tokenizer.decode(ours[0]), tokenizer.decode(theirs[0]))
         answers.append(tokenizer.decode(ours[0, ids.shape[1] :]))
     assert "Paris" in answers[0]
+
+
+def test_gguf_name_maps_are_built_once_inside_the_block_and_gguf_is_restored_after() -> None:
+    """transformers' GGUF reader asks for the same `TensorNameMap` once per module it visits (397 times for
+    SmolLM2); inside `gguf_name_maps_once` the first map is reused, with the same names, and gguf's own
+    function is back when the block ends, even by an error. (The conversion test above compares the folder,
+    converted inside the block, with the file loaded by transformers' reader outside it.)"""
+    import gguf
+
+    shipped = gguf.get_tensor_name_map
+    arch = gguf.MODEL_ARCH.LLAMA
+    with pytest.raises(RuntimeError), pretrained.gguf_name_maps_once():
+        first = gguf.get_tensor_name_map(arch, 2)
+        assert gguf.get_tensor_name_map(arch, 2) is first
+        assert gguf.get_tensor_name_map(arch, 3) is not first
+        assert first.mapping == shipped(arch, 2).mapping
+        assert first.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+        raise RuntimeError("the load failed")
+    assert gguf.get_tensor_name_map is shipped
+    assert gguf.get_tensor_name_map(arch, 2) is not gguf.get_tensor_name_map(arch, 2)
