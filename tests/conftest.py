@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,3 +58,15 @@ def _share_cores_between_workers() -> None:
 
 
 _share_cores_between_workers()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test`'s serial phase collects only the test files whose text says `mark.serial` (the Makefile's
+    SERIAL_FILES): a test marked serial some other way (a marker alias, a parametrize mark built elsewhere)
+    would silently run in neither phase, so it is refused at collection."""
+    for item in items:
+        if item.get_closest_marker("serial") and "mark.serial" not in item.path.read_text():
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked serial but its file never says `mark.serial`: write "
+                "`@pytest.mark.serial` in it, so that `make test`'s serial phase (SERIAL_FILES) finds it"
+            )

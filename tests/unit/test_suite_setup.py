@@ -5,10 +5,13 @@ only its own worker's segments), and a serial phase for the tests that watch eve
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import runpy
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +37,8 @@ def test_make_test_runs_two_workers_then_the_serial_tests_alone() -> None:
     assert "-n 2" in xdist and "--dist loadfile" in xdist  # whole modules: a module's launches run once
     runs = [line for line in _recipe("test") if "pytest" in line]
     assert len(runs) == 2 and "--durations=25" in runs[0] and "--durations=25" in runs[1]
-    assert '$(XDIST) -m "not serial"' in runs[0] and "-m serial" in runs[1] and "XDIST" not in runs[1]
+    assert '$(XDIST) -m "not serial"' in runs[0] and "XDIST" not in runs[1]
+    assert "-m serial $(SERIAL_FILES) $(PYTEST_ARGS)" in runs[1]
     assert "|| rc=" in runs[0]  # a failure in the parallel phase still lets the serial phase run
     assert re.search(r'^dev = \[.*"pytest-xdist', (REPO / "pyproject.toml").read_text(), re.M)
 
@@ -131,3 +135,84 @@ def test_ci_runs_the_suite_on_the_cache_the_demo_filled() -> None:
     demo = re.search(r'^make demo ZEROFIT_CACHE="\$(\w+)"', ci, re.M)
     assert demo and re.search(rf'^ZEROFIT_CACHE="\${demo.group(1)}" make test$', ci, re.M)
     assert re.search(rf"^{demo.group(1)}=\$\(mktemp -d\)$", ci, re.M)  # empty for the demo
+
+
+def _stale_or_missing_bytecode(folder: Path) -> list[str]:
+    """The modules under `folder` whose cached bytecode is missing or was compiled from an older source."""
+    stale = []
+    for source in sorted(folder.rglob("*.py")):
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        # A timestamp .pyc's header: magic, flags 0, then the mtime (seconds, 32 bits) of its source.
+        header = cached.read_bytes()[:16] if cached.is_file() else b""
+        compiled_from = int.from_bytes(header[8:12], "little") if header[4:8] == bytes(4) else None
+        if compiled_from != int(source.stat().st_mtime) & 0xFFFFFFFF:
+            stale.append(str(source.relative_to(REPO)))
+    return stale
+
+
+@pytest.mark.skipif(
+    Path(sys.prefix).resolve() != (REPO / ".venv").resolve(), reason="runs in the Makefile's venv"
+)
+def test_make_setup_writes_the_bytecode_every_launched_process_loads() -> None:
+    """With PYTHONDONTWRITEBYTECODE set, no process caches what it compiles: `make setup` (which `make test` and
+    `make demo` run first) writes the bytecode of src/, launchers/, benchmarks/ and tests/ instead, so the
+    suite's launched processes load zerofit's modules compiled."""
+    probe = REPO / "src" / "zerofit" / "core" / "__init__.py"
+    cached = Path(importlib.util.cache_from_source(str(probe)))
+    cached.unlink(missing_ok=True)  # as after an edit with PYTHONDONTWRITEBYTECODE set
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    made = subprocess.run(["make", "-s", "setup"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert cached.is_file()
+    for folder in ("src", "launchers", "benchmarks", "tests"):
+        assert _stale_or_missing_bytecode(REPO / folder) == [], folder
+
+
+def test_the_serial_phase_collects_the_files_that_hold_serial_tests() -> None:
+    """SERIAL_FILES (the files the serial phase collects) holds the W&B process-tree test; tests/conftest.py
+    refuses a serial test whose file the Makefile's grep would miss."""
+    shown = subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "--eval",
+            "show-serial: ; @echo $(SERIAL_FILES)",
+            "show-serial",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0, shown.stderr
+    files = set(shown.stdout.split())
+    assert "tests/unit/metrics/test_metrics_sinks.py" in files
+    assert all(Path(f).name.startswith("test_") and "mark.serial" in (REPO / f).read_text() for f in files)
+    subset = ["make", "-s", "--no-print-directory", "PYTEST_ARGS=tests/unit/config", "--eval"]
+    shown = subprocess.run(
+        [*subset, "show-serial: ; @echo $(SERIAL_FILES)", "show-serial"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert shown.stdout.split() == []  # a subset's serial phase collects only what PYTEST_ARGS names
+
+
+def test_a_serial_test_its_file_does_not_name_is_refused_at_collection(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\nserial = pytest.mark.serial\n"
+        f"from importlib.util import spec_from_file_location, module_from_spec\n"
+        f"spec = spec_from_file_location('zconf', {str(TESTS / 'conftest.py')!r})\n"
+        "module = module_from_spec(spec); spec.loader.exec_module(module)\n"
+        "pytest_collection_modifyitems = module.pytest_collection_modifyitems\n"
+    )
+    (tmp_path / "test_alias.py").write_text(
+        "from conftest import serial\n\n@serial\ndef test_x():\n    pass\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "serial", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 4 and "marked serial but its file never says" in proc.stdout + proc.stderr
