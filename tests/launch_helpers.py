@@ -56,6 +56,17 @@ def worker_ports() -> range:
     return range(PORTS.start + worker * width, PORTS.start + (worker + 1) * width)
 
 
+DEEPSPEED_SHM_SEGMENTS = "deepspeed_allreduce_buffer_*"  # ..._<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>
+
+
+def deepspeed_shm_segments(root: Path = Path("/dev/shm")) -> set[Path]:
+    """DeepSpeed's CPU allreduce segments in /dev/shm of this worker's launches: those on its own band of
+    rendezvous ports (`worker_ports`), so the other pytest-xdist worker's launches, running meanwhile, leave
+    theirs out of the count."""
+    ports = {str(port) for port in worker_ports()}
+    return {p for p in root.glob(DEEPSPEED_SHM_SEGMENTS) if p.name.split("_")[-2] in ports}
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that is free now and that no other worker of this test run will offer."""
     band = worker_ports()

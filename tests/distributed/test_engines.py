@@ -24,9 +24,9 @@ import yaml
 from launch_helpers import (
     Launch,
     RunResult,
+    deepspeed_shm_segments,
     run_and_resume,
     varied_length_data,
-    worker_ports,
     write_config,
 )
 from zerofit.config import load_config, resolve
@@ -98,21 +98,10 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-SHM_SEGMENTS = "deepspeed_allreduce_buffer_*"  # ..._<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>
-
-
-def _segments() -> set[Path]:
-    """DeepSpeed's CPU allreduce segments in /dev/shm of this worker's launches: those on its own band of
-    rendezvous ports (`worker_ports`), so the other pytest-xdist worker's launches, running meanwhile, leave
-    theirs out of the count."""
-    ports = {str(port) for port in worker_ports()}
-    return {p for p in Path("/dev/shm").glob(SHM_SEGMENTS) if p.name.split("_")[-2] in ports}
-
-
 @pytest.fixture(scope="module")
 def shm_before() -> set[Path]:
     """This worker's DeepSpeed CPU allreduce segments in /dev/shm before this module's launches."""
-    return _segments()
+    return deepspeed_shm_segments()
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +116,7 @@ def test_deepspeed_cpu_launches_leave_no_shared_memory_behind(
     # the names once every rank has mapped them, so the launches above (ZeRO-2, ZeRO-3 offload, fp16, the
     # resumes) leave none behind.
     assert runs["bf16-zero2"].check() and runs["bf16-zero3-offload"].check()
-    assert sorted(_segments() - shm_before) == []
+    assert sorted(deepspeed_shm_segments() - shm_before) == []
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from launch_helpers import (
     REPO,
     Launch,
     RunResult,
+    deepspeed_shm_segments,
     free_port,
     run_launches,
     varied_length_data,
@@ -116,7 +117,13 @@ BEFORE_REFUSAL: dict[str, tuple[int, int]] = {}
 
 
 @pytest.fixture(scope="module")
-def runs(config: Path) -> dict[str, RunResult]:
+def shm_before() -> set[Path]:
+    """This worker's DeepSpeed CPU allreduce segments in /dev/shm before this module's launches."""
+    return deepspeed_shm_segments()
+
+
+@pytest.fixture(scope="module")
+def runs(config: Path, shm_before: set[Path]) -> dict[str, RunResult]:
     out = config.parent / "runs"
     results: dict[str, RunResult] = {}
     rounds = max(len(segs) for segs in CHAINS.values())
@@ -332,3 +339,13 @@ def test_workers_exit_when_their_launcher_dies(tmp_path: Path, config: Path) -> 
         worker.kill()
     assert not alive, "workers kept running after their launcher was killed"
     assert len(metrics.read_text().splitlines()) < STEPS
+
+
+def test_one_rank_deepspeed_launches_leave_no_shared_memory_behind(
+    runs: dict[str, RunResult], shm_before: set[Path]
+) -> None:
+    """The zero2 chain's one-rank launch (the `deepspeed` runner, stopped by SIGTERM) creates DeepSpeed's CPU
+    allreduce segment (66 MB in /dev/shm) like a 2-rank one; zerofit unlinked it only for 2 ranks or more,
+    so every such launch left 66 MB until a reboot."""
+    assert CHAINS["zero2"][2][:2] == ("deepspeed", 1) and runs["zero2-3"].returncode != 0
+    assert sorted(deepspeed_shm_segments() - shm_before) == []

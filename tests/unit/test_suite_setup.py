@@ -47,9 +47,24 @@ def test_a_test_that_watches_shared_memory_counts_only_its_own_workers_segments(
     # test_engines checks that DeepSpeed's CPU launches leave nothing in /dev/shm while the other worker's
     # DeepSpeed launches run and have their segments there: it counts only the segments named with its own
     # worker's rendezvous ports (`worker_ports`), so it needs no serial phase.
-    watching = [p for p in TESTS.rglob("test_*.py") if '"/dev/shm"' in p.read_text() and p != Path(__file__)]
+    watching = [p for p in TESTS.rglob("test_*.py") if "deepspeed_shm_segments()" in p.read_text()]
     assert watching, "no test reads /dev/shm any more: drop this check"
-    assert [p.name for p in watching if "worker_ports()" not in p.read_text()] == []
+    reading = [p.name for p in TESTS.rglob("*.py") if '"/dev/shm"' in p.read_text() and p != Path(__file__)]
+    assert reading == ["launch_helpers.py"]  # every test reads it through `deepspeed_shm_segments`
+
+
+def test_a_worker_counts_the_segments_on_its_own_ports(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    own, other = launch_helpers.worker_ports()[3], launch_helpers.worker_ports().start - 5
+    for port in (own, other):
+        (tmp_path / f"deepspeed_allreduce_buffer_0_127.0.0.1_{port}_0").write_bytes(b"")
+    (tmp_path / "unrelated").write_bytes(b"")
+    assert launch_helpers.deepspeed_shm_segments(tmp_path) == {
+        tmp_path / f"deepspeed_allreduce_buffer_0_127.0.0.1_{own}_0"
+    }
 
 
 def test_each_worker_rendezvouses_on_its_own_band_of_ports(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -196,13 +196,15 @@ class DeepSpeedStrategy(Strategy):
         after a barrier (every peer has mapped it) the name goes and the memory is freed when the last rank
         exits, however it exits.
         """
-        if self.device.type != "cpu" or self.world_size < 2:
+        if self.device.type != "cpu":
             return
         segment = Path("/dev/shm") / (
             f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
             f"{os.environ.get('MASTER_PORT', '')}_{self.rank}"
         )
-        self.barrier()  # every rank's init_distributed has mapped every peer's segment
+        # every rank's init_distributed has mapped every peer's segment (one rank: nothing to wait for; a
+        # one-rank launch under the `deepspeed` runner creates its segment too, and left it behind)
+        self.barrier()
         segment.unlink(missing_ok=True)
 
     def prepare(
