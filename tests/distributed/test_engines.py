@@ -99,12 +99,6 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shm_before() -> set[Path]:
-    """This worker's DeepSpeed CPU allreduce segments in /dev/shm before this module's launches."""
-    return deepspeed_shm_segments()
-
-
-@pytest.fixture(scope="module")
 def runs(config: Path, shm_before: set[Path]) -> dict[str, RunResult]:
     return run_and_resume(HALF, config, config.parent / "runs", RESUMED, EVERY, STEPS)
 

@@ -117,12 +117,6 @@ BEFORE_REFUSAL: dict[str, tuple[int, int]] = {}
 
 
 @pytest.fixture(scope="module")
-def shm_before() -> set[Path]:
-    """This worker's DeepSpeed CPU allreduce segments in /dev/shm before this module's launches."""
-    return deepspeed_shm_segments()
-
-
-@pytest.fixture(scope="module")
 def runs(config: Path, shm_before: set[Path]) -> dict[str, RunResult]:
     out = config.parent / "runs"
     results: dict[str, RunResult] = {}

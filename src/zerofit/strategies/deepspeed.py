@@ -93,6 +93,20 @@ def _check_accelerator_precision(precision: str, accelerator: Any) -> None:
 JIT_OPS = {"deepspeed_shm_comm": "CPU shared-memory allreduce", "cpu_adam": "CPU Adam"}
 
 
+def _compiled_on_first_call(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`func`, handed to `torch.compile` on its first call instead of when it is decorated."""
+    compiled: Callable[..., Any] | None = None
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(func)
+        return compiled(*args, **kwargs)
+
+    return call
+
+
 def compile_deepspeed_kernels_on_first_call() -> None:
     """Make DeepSpeed's `compiler.compile()` decorator compile on a function's first call, not at import.
 
@@ -106,24 +120,8 @@ def compile_deepspeed_kernels_on_first_call() -> None:
     """
     from deepspeed.runtime import compiler
 
-    if "deepspeed.runtime.zero.muon.original_muon" in sys.modules or not hasattr(torch, "compile"):
-        return
-
-    def compile_on_first_call() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-            compiled: list[Callable[..., Any]] = []
-
-            @functools.wraps(func)
-            def call(*args: Any, **kwargs: Any) -> Any:
-                if not compiled:
-                    compiled.append(torch.compile(func))
-                return compiled[0](*args, **kwargs)
-
-            return call
-
-        return decorate
-
-    compiler.compile = compile_on_first_call
+    if "deepspeed.runtime.zero.muon.original_muon" not in sys.modules:
+        compiler.compile = lambda: _compiled_on_first_call
 
 
 def jit_ops(device_name: str, cpu_adam: bool) -> list[str]:
