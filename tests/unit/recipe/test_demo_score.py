@@ -86,14 +86,18 @@ def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
 
     10 steps at lr 1e-3 (~3.5 CPU-s a step on one thread; 20 before, about half of this test's CPU): measured
     base 0/20 -> trained 16, 15, 16, 16 on seeds 1-4, well above the +10 asserted. W&B off: its offline
-    run starts a service process (~6 s) that nothing here reads."""
+    run starts a service process (~6 s) that nothing here reads. In the precision `make demo` runs in here:
+    fp32 on a CPU without bfloat16 kernels (~7 CPU-s a step; bf16 there: ~140)."""
     from zerofit.api import train
+    from zerofit.recipe.demo_precision import demo_precision_overrides
     from zerofit.recipe.demo_score import score_run
+
+    fp32 = demo_precision_overrides("cpu") == ["train.precision=fp32"]
 
     result = train(
         REPO / "configs" / "demo-smollm2.yaml",
         output_dir=str(tmp_path),
-        train={"max_steps": 10},
+        train={"max_steps": 10, **({"precision": "fp32"} if fp32 else {})},
         optimizer={"lr": 1e-3},
         distributed={"strategy": "single", "preset": None},
         data={"path": str(TRAIN)},
