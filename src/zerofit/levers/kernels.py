@@ -27,11 +27,20 @@ Triton kernels run on CUDA only: a run on another device, or without the package
 before the weights load with the fix. Equality (fp32, on CUDA): the token sums within 1e-5 relative and the
 gradients within 1e-4 of their largest magnitude of the eager model's (tests/unit/levers/test_speed_levers.py, which
 skips without CUDA and Liger).
+
+`train.kernels` is the only switch: transformers 5 kernelizes a loaded model with the Hugging Face Hub's
+`kernels` package whenever that package is importable (`use_kernels` defaults to true), and re-kernelizes on
+every `train()` / `eval()`, which re-binds each norm's `forward` and silently drops zerofit's lean norms after
+the first evaluation. `hub_kernels_off()` is passed to every training load, so what the run says it applied
+is what runs.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any
+
+from packaging.version import Version
 
 from zerofit.core.errors import ConfigError
 
@@ -39,6 +48,7 @@ __all__ = [
     "KERNEL_MODEL_TYPES",
     "LIGER_INSTALL",
     "apply_kernels",
+    "hub_kernels_off",
     "kernel_problems",
     "liger_kernels_available",
     "require_liger",
@@ -49,6 +59,13 @@ __all__ = [
 KERNEL_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 LIGER_INSTALL = "pip install 'zerofit[liger]'"
 _SWIGLU_ACTS = frozenset({"silu", "swish"})  # LigerSiLUMulFunction computes silu(gate) * up only
+
+
+def hub_kernels_off() -> dict[str, bool]:
+    """The `from_pretrained` keywords that keep transformers' hub kernelization off: `use_kernels=False` on
+    transformers 5 (which pops it); nothing on 4.x, where it is off by default and an unknown keyword would
+    reach the model's constructor. Read from the installed distribution, so transformers is not imported."""
+    return {"use_kernels": False} if Version(version("transformers")).major >= 5 else {}
 
 
 def liger_kernels_available() -> bool:

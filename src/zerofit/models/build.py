@@ -29,7 +29,7 @@ from zerofit.core.errors import ConfigError
 from zerofit.core.precision import tensor_dtypes, torch_dtype
 from zerofit.levers.attention import choose_kernel, hf_attn_implementation, install_kernel, installed_kernels
 from zerofit.levers.compiling import compile_decoder_layers
-from zerofit.levers.kernels import apply_kernels, kernel_problems, require_liger
+from zerofit.levers.kernels import apply_kernels, hub_kernels_off, kernel_problems, require_liger
 from zerofit.levers.layers import decoder_layers
 from zerofit.levers.norms import check_lean_norm, enable_lean_norm
 from zerofit.levers.offload import ActivationOffload, enable_activation_offload
@@ -476,6 +476,7 @@ def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, devi
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map=device_map,
+            **hub_kernels_off(),  # `train.kernels` alone decides the kernels (`zerofit.levers.kernels`)
             **head_kwargs(cfg),
         )
 

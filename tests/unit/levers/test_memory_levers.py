@@ -86,6 +86,19 @@ def test_lever_gives_the_plain_models_loss_and_gradients(reference: Any, lever: 
     assert len(lean) == 5 and all(lean) == ("lean_norm" in LEVERS[lever])  # 2 per layer + the final norm
 
 
+def test_lean_norm_outlives_evaluation_and_hub_kernels_stay_off() -> None:
+    """An evaluation flips the model to eval() and back: with the Hub's `kernels` package importable,
+    transformers 5 re-kernelizes on each flip and re-binds every norm's forward unless the load turned its
+    kernelization off, which would leave `train.lean_norm=true` said and not applied after the first eval."""
+    built = _build(True, lean_norm=True)
+    hf = built.model.get_base_model()
+    assert not getattr(hf, "use_kernels", False)  # zerofit's `train.kernels` is the only kernel switch
+    built.model.eval()
+    built.model.train()
+    norms = [m for m in built.model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert len(norms) == 5 and all("forward" in vars(m) for m in norms)
+
+
 def test_tiled_mlp_replays_lora_dropout_in_backward() -> None:
     """With dropout the backward's recompute must draw the forward's masks: one shard draws exactly what
     the plain MLP draws, so with the RNG replayed the gradients are the plain model's."""
