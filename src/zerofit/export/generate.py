@@ -29,6 +29,7 @@ from zerofit.core.errors import ConfigError, DataError
 from zerofit.core.run_layout import CONFIG_FILE
 from zerofit.export import EXPORT_INFO, load_trained
 from zerofit.export.trained import load_base, settle_remote_code
+from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.build import resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
@@ -168,7 +169,8 @@ def _load_export(
             str(folder), dtype=dtype, trust_remote_code=trust
         ), tokenizer
     auto = folder_model_class(folder)  # image-text-to-text for a vision-language model
-    return auto.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust), tokenizer
+    model = auto.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off())
+    return model, tokenizer
 
 
 def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype: torch.dtype) -> Generator:
@@ -181,7 +183,7 @@ def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     with gguf_name_maps_once():
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, **hub_kernels_off())
     return Generator(model.to(device=device).eval(), tokenizer, chat, device)
 
 

@@ -30,6 +30,7 @@ from zerofit.data.formats import Preference
 from zerofit.data.preference import tokenize_pair
 from zerofit.export.folder import EXPORT_INFO
 from zerofit.export.trained import load_trained
+from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.heads import REWARD_OBJECTIVE
 from zerofit.models.hub import hub_errors
 from zerofit.objectives.reward import pair_rewards
@@ -93,7 +94,9 @@ def _from_export(path: Path, trust_remote_code: bool) -> Scorer:
             ]
         )
     with hub_errors(str(path), "weights"):
-        model = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, trust_remote_code=trust_remote_code, **hub_kernels_off()
+        )
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     max_seq_len = int((config.get("data") or {}).get("max_seq_len") or sys.maxsize)
     return Scorer(model.eval(), tokenizer, max_seq_len)

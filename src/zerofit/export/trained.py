@@ -23,6 +23,7 @@ from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 from zerofit.data.chat import template_file
 from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
+from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.build import (
     load_dtype,
     load_tokenizer,
@@ -193,6 +194,7 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
             quantization_config=quant,
             trust_remote_code=cfg.model.trust_remote_code,
             device_map={"": str(device)} if quant is not None else None,
+            **hub_kernels_off(),
             **head_kwargs(cfg),
         )
     if quant is not None:
@@ -267,7 +269,11 @@ def build_trained(
     if cfg.lora.enabled:
         model = _apply_adapters(load_base(cfg, dtype, device), run, source, dtype)
     elif source.kind == "model":
-        model = auto_model_class(cfg, source.path).from_pretrained(str(source.path), dtype=dtype).to(device)
+        model = (
+            auto_model_class(cfg, source.path)
+            .from_pretrained(str(source.path), dtype=dtype, **hub_kernels_off())
+            .to(device)
+        )
     elif source.kind == "adapter":
         raise ConfigError(
             [f"{source.path} is a LoRA adapter, but {run.run_dir}/{CONFIG_FILE} says lora.enabled=false"]

@@ -31,8 +31,9 @@ skips without CUDA and Liger).
 `train.kernels` is the only switch: transformers 5 kernelizes a loaded model with the Hugging Face Hub's
 `kernels` package whenever that package is importable (`use_kernels` defaults to true), and re-kernelizes on
 every `train()` / `eval()`, which re-binds each norm's `forward` and silently drops zerofit's lean norms after
-the first evaluation. `hub_kernels_off()` is passed to every training load, so what the run says it applied
-is what runs.
+the first evaluation. `hub_kernels_off()` is passed to every model load (the run's model, a GRPO reward model,
+export, generate, scoring and the built-in model's conversion), so what the run says it applied is what runs
+and no kernel code is fetched from the Hub unasked.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from zerofit.catalogue.models import PRETRAINED_BUILTINS, SMOLLM2, SMOLLM2_WHEEL
 from zerofit.core.errors import ConfigError
+from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.tiny import build_once, cache_dir, unshared_weights, write_marker
 
 
@@ -134,7 +135,7 @@ def _convert_into(folder: Path, gguf: Path) -> None:
 
     with gguf_name_maps_once():
         model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **hub_kernels_off()
         )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = model.config

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import ConfigError
+from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.hub import remote_code
 from zerofit.objectives.rewards import RewardFn
 
@@ -82,7 +83,7 @@ class RewardModel:
         dtype = "auto" if device.type == "cuda" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder, trust_remote_code=False)
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            self.folder, use_safetensors=True, trust_remote_code=False, dtype=dtype
+            self.folder, use_safetensors=True, trust_remote_code=False, dtype=dtype, **hub_kernels_off()
         )
         self.model.to(device).eval()
         self.device = device

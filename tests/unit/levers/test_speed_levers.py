@@ -11,9 +11,11 @@ no gain for either (1.0) and says so, and neither is an `auto` key the planner c
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from config_helpers import DEMO_DATA, config, one_process_strategy
 from launch_helpers import varied_length_data
 from zerofit.config import resolve
 from zerofit.core.errors import ConfigError, LaunchError
-from zerofit.levers.kernels import kernel_problems, liger_kernels_available
+from zerofit.levers.kernels import hub_kernels_off, kernel_problems, liger_kernels_available
 from zerofit.models.build import build_model
 
 LEVERS = {"activation_checkpointing": True, "activation_offload": True, "tiled_mlp": 2}
@@ -198,3 +200,31 @@ def test_liger_kernels_take_the_fused_loss_when_the_loss_is_unset_and_never_the_
     ):
         _fill_kernels(kept)
         assert kept.train.cross_entropy == "chunked"
+
+
+# The model classes' loaders; a tokenizer, config, processor or peft loader is not kernelized by transformers.
+_NOT_A_MODEL_LOAD = ("Tokenizer", "Config", "Processor", "peft.", "Peft")
+
+
+def test_every_model_load_keeps_the_hubs_kernelization_off() -> None:
+    """`train.kernels` is the only kernel switch: every transformers model `from_pretrained` in src/ passes
+    `hub_kernels_off()` (transformers 5 otherwise kernelizes from the Hub and re-kernelizes on each
+    train()/eval(), dropping the lean norms; see `zerofit.levers.kernels`), and on transformers 5 it is off."""
+    src = Path(zerofit.__file__).parent
+    loads, missing = 0, []
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained"):
+                continue
+            receiver = ast.get_source_segment(text, node.func.value) or ""
+            if any(word in receiver for word in _NOT_A_MODEL_LOAD):
+                continue
+            loads += 1
+            spread = [k.value for k in node.keywords if k.arg is None and isinstance(k.value, ast.Call)]
+            if not any(getattr(c.func, "id", None) == "hub_kernels_off" for c in spread):
+                missing.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert loads >= 7 and missing == [], missing
+    assert hub_kernels_off() == (
+        {"use_kernels": False} if int(version("transformers").split(".")[0]) >= 5 else {}
+    )
