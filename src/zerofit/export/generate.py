@@ -165,8 +165,9 @@ def _load_export(
             if base is not None:
                 return peft.PeftModel.from_pretrained(base, str(folder), is_trainable=False), tokenizer
         # a peft folder from elsewhere: its adapter_config.json names the base (which may load quantized)
+        # (peft hands the keywords on to the base's `from_pretrained`)
         return peft.AutoPeftModelForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, trust_remote_code=trust
+            str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off()
         ), tokenizer
     auto = folder_model_class(folder)  # image-text-to-text for a vision-language model
     model = auto.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off())
