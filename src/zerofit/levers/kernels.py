@@ -41,8 +41,6 @@ from __future__ import annotations
 from importlib.metadata import version
 from typing import Any
 
-from packaging.version import Version
-
 from zerofit.core.errors import ConfigError
 
 __all__ = [
@@ -66,7 +64,7 @@ def hub_kernels_off() -> dict[str, bool]:
     """The `from_pretrained` keywords that keep transformers' hub kernelization off: `use_kernels=False` on
     transformers 5 (which pops it); nothing on 4.x, where it is off by default and an unknown keyword would
     reach the model's constructor. Read from the installed distribution, so transformers is not imported."""
-    return {"use_kernels": False} if Version(version("transformers")).major >= 5 else {}
+    return {"use_kernels": False} if int(version("transformers").split(".")[0]) >= 5 else {}
 
 
 def liger_kernels_available() -> bool:
