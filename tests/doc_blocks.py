@@ -34,6 +34,20 @@ VOLATILE_NUMBER = re.compile(
     r"\d[\d,]*(?:\.\d+)?(?= ?(?:tok/s|tokens/s|s\b))|(?<=\beta )\S+|(?<=\bpeak )\d+(?:\.\d+)?(?= GiB)"
 )
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+# A figure of a shown line as the tolerance reads it: a sign, digits, a decimal part, an exponent. Only a
+# decimal figure without an exponent (a loss, a reward, a mean) is compared within a fence's tolerance; a count,
+# a step number, an lr in e-notation and every other token are compared as shown.
+FIGURE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+DECIMAL = re.compile(r"-?\d+\.\d+")
+# The tolerance a shown fence states after its language (```text ±0.01): how far each decimal figure of
+# the command's real output may be from the shown one. A run in bf16 or fp16 needs one: its figures depend
+# on the machine's kernels (AVX2, AVX512, AVX512-BF16 / AMX, each GPU), so no shown output encodes one CPU's
+# rounding (docs/contracts.md, "Shown outputs").
+TOLERANCE = re.compile(r"^±(\d+(?:\.\d+)?(?:e-?\d+)?)$")
+# What says, in a command's real output, that it trained (a step line) in a half precision (the plan's engine
+# line): its measured figures depend on the kernels. A plan alone (no step line) predicts, and is exact.
+HALF_PRECISION = re.compile(r"\bprecision (?:bf16|fp16)\b")
+TRAINED = re.compile(r"^step \d+/\d+ ", re.M)
 # The plan's data line says when the tokenization cache was warm: whether an earlier run filled it.
 WARM_CACHE = "; from the tokenization cache"
 # Rules of a table border, as long as the widest cell: their length follows the numbers in it.
@@ -43,12 +57,14 @@ RULE = re.compile(r"([─━═┄]){2,}")
 @dataclass(frozen=True)
 class Shown:
     """A shown output (a ```text or plain fence): where it is, the command it names (`$ command` on its
-    first line) or None when it is the output of the ```bash block right above it, and its lines."""
+    first line) or None when it is the output of the ```bash block right above it, its lines, and the
+    tolerance its fence states for decimal figures (```text ±0.01), None where they are compared as shown."""
 
     doc: str
     line: int
     command: str | None
     lines: tuple[str, ...]
+    tolerance: float | None = None
 
     @property
     def id(self) -> str:
@@ -109,34 +125,51 @@ def outside_fences(text: str) -> Iterator[tuple[int, str, str | None]]:
             yield number, line, fence
 
 
-def _fences(text: str) -> Iterator[tuple[str, str, int, list[str], bool]]:
-    """(heading, language, first line, body, whether only blank lines separate it from the fence before)."""
-    heading, language, body, start, adjacent, gap_blank = "top", "", [], 0, False, False
+def _fences(text: str) -> Iterator[tuple[str, str, str, int, list[str], bool]]:
+    """(heading, language, the rest of the fence's info string, first line, body, whether only blank lines
+    separate it from the fence before)."""
+    heading, language, info, body, start, adjacent, gap_blank = "top", "", "", [], 0, False, False
     for number, line, fence in outside_fences(text):
         if fence is None:
             heading = line.lstrip("#").strip() if line.startswith("#") else heading
             gap_blank = gap_blank and not line.strip()
         elif fence == "" and not start:
-            language, body, start, adjacent = line.strip()[3:].strip() or "text", [], number, gap_blank
+            language, _, info = (line.strip()[3:].strip() or "text").partition(" ")
+            body, start, adjacent = [], number, gap_blank
         elif fence == "":
-            yield heading, language, start, body, adjacent
+            yield heading, language, info.strip(), start, body, adjacent
             start, gap_blank = 0, True
         else:
             body.append(line)
 
 
-def _shown(doc: str, line: int, body: list[str]) -> Shown:
+def _tolerance(doc: str, line: int, info: str) -> float | None:
+    """The tolerance a shown fence states (```text ±0.01), None when it states none; anything else after
+    `text` is refused, so a misspelt tolerance is not read as none."""
+    if not info:
+        return None
+    match = TOLERANCE.match(info)
+    if match is None:
+        raise ValueError(
+            f"{doc}:{line}: a shown output's fence says {info!r}; the only word allowed after "
+            "`text` is a tolerance for its decimal figures, such as ±0.01"
+        )
+    return float(match.group(1))
+
+
+def _shown(doc: str, line: int, body: list[str], info: str = "") -> Shown:
     """A shown-output fence: `$ command` on its first line names what prints it."""
+    tolerance = _tolerance(doc, line, info)
     if body and body[0].startswith("$ "):
-        return Shown(doc, line, body[0][2:].strip(), tuple(body[1:]))
-    return Shown(doc, line, None, tuple(body))
+        return Shown(doc, line, body[0][2:].strip(), tuple(body[1:]), tolerance)
+    return Shown(doc, line, None, tuple(body), tolerance)
 
 
 def doc_blocks(text: str, doc: str) -> list[Block]:
     """Every ```bash block of `text` (the document `doc`), its lines split into runnable and `# needs:` ones,
     with the output shown right below it."""
     blocks: list[Block] = []
-    for heading, language, start, body, adjacent in _fences(text):
+    for heading, language, info, start, body, adjacent in _fences(text):
         if language == "bash":
             commands = _logical_lines(body)
             skipped = tuple(c for c in commands if NEEDS.search(c))
@@ -148,14 +181,27 @@ def doc_blocks(text: str, doc: str) -> list[Block]:
             and blocks[-1].shown is None
             and blocks[-1].line < start
         ):
-            blocks[-1] = replace(blocks[-1], shown=_shown(doc, start, body))
+            blocks[-1] = replace(blocks[-1], shown=_shown(doc, start, body, info))
     return blocks
 
 
 def shown_commands(text: str, doc: str) -> list[Shown]:
     """Every shown output of `text` that names its command (`$ command` first), wherever it stands."""
-    shown = (_shown(doc, start, body) for _, language, start, body, _ in _fences(text) if language == "text")
+    shown = (
+        _shown(doc, start, body, info)
+        for _, language, info, start, body, _ in _fences(text)
+        if language == "text"
+    )
     return [s for s in shown if s.command is not None]
+
+
+def all_shown(text: str, doc: str) -> list[Shown]:
+    """Every shown output of `text`: the ```text fences, whether below a ```bash block or naming a command."""
+    return [
+        _shown(doc, start, body, info)
+        for _, language, info, start, body, _ in _fences(text)
+        if language == "text"
+    ]
 
 
 def _normal(line: str) -> str:
@@ -168,18 +214,53 @@ def _normal(line: str) -> str:
     return VOLATILE_NUMBER.sub("#", line)
 
 
-def missing_shown(shown: tuple[str, ...], output: str) -> str | None:
+def _figures_match(want: str, got: str, tolerance: float) -> bool:
+    """Whether `got` matches `want` as shown, but for decimal figures, each within `tolerance` of its own."""
+    if want == got:
+        return True
+    if not (DECIMAL.fullmatch(want) and DECIMAL.fullmatch(got)):
+        return False
+    return abs(float(want) - float(got)) <= tolerance + 1e-12
+
+
+def _line_starts(got: str, want: str, tolerance: float | None) -> bool:
+    """Whether the real line `got` starts with the shown line `want`: exactly, or with every decimal figure
+    within `tolerance` (the text between figures, and every other figure, still exactly)."""
+    if tolerance is None or got.startswith(want):
+        return got.startswith(want)
+    want_text, got_text = FIGURE.split(want), FIGURE.split(got)
+    want_figures, got_figures = FIGURE.findall(want), FIGURE.findall(got)
+    if len(want_figures) > len(got_figures):
+        return False
+    last = len(want_figures)
+    texts_agree = all(w == g for w, g in zip(want_text[:last], got_text, strict=False))
+    tail_agrees = got_text[last].startswith(want_text[last]) if want_text[last] else True
+    figures_agree = all(
+        _figures_match(w, g, tolerance) for w, g in zip(want_figures, got_figures, strict=False)
+    )
+    return texts_agree and tail_agrees and figures_agree
+
+
+def missing_shown(shown: tuple[str, ...], output: str, tolerance: float | None = None) -> str | None:
     """None when every shown line (`...` stands for any lines) starts a line of `output` (a shown line may
-    stop early: a long plan line cut where the point is made), in the shown order; else the first shown
-    line that does not, as it was compared."""
+    stop early: a long plan line cut where the point is made), in the shown order, its decimal figures
+    within `tolerance` where the fence states one; else the first shown line that does not, as compared."""
     actual = iter(_normal(line) for line in output.splitlines())
     for line in shown:
         want = _normal(line)
         if not want or want == ELISION:
             continue
-        if not any(got.startswith(want) for got in actual):
+        if not any(_line_starts(got, want, tolerance) for got in actual):
             return want
     return None
+
+
+def exact_half_precision_figures(shown: Shown, output: str) -> list[str]:
+    """The shown lines with a decimal figure compared exactly although `output` (the command's real output)
+    is a training run in bf16 or fp16: each should sit in a fence that states a tolerance."""
+    if shown.tolerance is not None or not (HALF_PRECISION.search(output) and TRAINED.search(output)):
+        return []
+    return [line for line in shown.lines if DECIMAL.search(_normal(line).replace("#", ""))]
 
 
 def guides_in_order() -> list[Path]:

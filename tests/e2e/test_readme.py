@@ -27,7 +27,11 @@ character, and with timings, speeds and measured memory masked (tok/s, tokens/s,
 a step line's peak; every number of a table row about wall time, tokens/s, peak memory or cpu_rss): those
 differ from run to run (tests/doc_blocks.py, `VOLATILE`), and without the plan's `; from the tokenization
 cache` (it says whether an earlier run filled the cache). A plan's GiB, a loss and a count are compared as
-shown. The commands run with COLUMNS=200, so a plan's lines are not wrapped.
+shown, except where the fence states a tolerance (```text ±0.01): then each decimal figure may be that far
+from the shown one. A training run in bf16 or fp16 must state one (its figures depend on the CPU's or GPU's
+kernels: the 4th decimal of a loss differs between AVX2, AVX512 and AVX512-BF16 CPUs), and fails here if its
+shown output compares a decimal figure exactly. The commands run with COLUMNS=200, so a plan's lines are not
+wrapped.
 """
 
 from __future__ import annotations
@@ -39,7 +43,16 @@ from pathlib import Path
 
 import pytest
 
-from doc_blocks import NEEDS, REPO, Block, Shown, all_blocks, all_shown_commands, missing_shown
+from doc_blocks import (
+    NEEDS,
+    REPO,
+    Block,
+    Shown,
+    all_blocks,
+    all_shown_commands,
+    exact_half_precision_figures,
+    missing_shown,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -113,7 +126,14 @@ def _run(commands: tuple[str, ...], scratch: Path) -> tuple[str, subprocess.Comp
 
 
 def _check_shown(shown: Shown, script: str, proc: subprocess.CompletedProcess[str]) -> None:
-    missing = missing_shown(shown.lines, proc.stdout + "\n" + proc.stderr)
+    output = proc.stdout + "\n" + proc.stderr
+    exact = exact_half_precision_figures(shown, output)
+    assert not exact, (
+        f"{shown.doc}:{shown.line}: the command trains in bf16 or fp16, whose figures depend on the machine's "
+        f"kernels, but its shown output compares them exactly ({exact[0]!r}): state a tolerance on the fence, "
+        "```text ±0.01 (docs/contracts.md, Shown outputs)"
+    )
+    missing = missing_shown(shown.lines, output, shown.tolerance)
     assert missing is None, (
         f"{shown.doc}:{shown.line}: the shown output is not what the command prints today; first differing "
         f"line (as compared): {missing!r}\n{script}\n--- stdout ---\n{proc.stdout[-4000:]}\n"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from doc_blocks import doc_blocks, missing_shown, shown_commands
+from dataclasses import replace
+
+import pytest
+
+from doc_blocks import doc_blocks, exact_half_precision_figures, missing_shown, shown_commands
 
 DOC = """# Title
 
@@ -59,3 +63,65 @@ def test_a_warm_tokenization_cache_is_no_difference() -> None:
     warm = "  data         data/demo.jsonl [prompt_response, detected; from the tokenization cache]: 3,000 examples\n"
     assert missing_shown(shown, warm) is None
     assert missing_shown(shown, warm.replace("3,000", "2,000")) is not None
+
+
+BF16_DOC = """```bash
+python launchers/launch_finetune.py --config configs/demo.yaml
+```
+
+```text ±0.01
+  engine       single / single, precision bf16, clip 1.0
+step 1/10  loss 4.8519  lr 2.73e-04  107 tok/s  peak 0.39 GiB  eta ?
+│ loss, mean of the last 5 step(s)      │    4.6342 │
+done: 10 steps, loss 4.8405 -> 4.6342 (mean of the first / last 5 steps)
+```
+"""
+BF16_OUTPUT = (
+    "  engine       single / single, precision bf16, clip 1.0\n"
+    "step 1/10  loss 4.8520  lr 2.73e-04  58 tok/s  peak 0.46 GiB  eta ?\n"
+    "│ loss, mean of the last 5 step(s)      │    4.6341 │\n"
+    "done: 10 steps, loss 4.8405 -> 4.6341 (mean of the first / last 5 steps)\n"
+)
+
+
+def test_a_fence_states_a_tolerance_for_its_decimal_figures() -> None:
+    """The same run on another CPU (AVX512-BF16 here, AVX2 in the doc) differs in a bf16 loss's 4th decimal:
+    within the fence's ±0.01 it matches; the same doc without the tolerance does not; beyond it, it fails."""
+    (block,) = doc_blocks(BF16_DOC, "docs/guides/x.md")
+    assert block.shown is not None and block.shown.tolerance == 0.01
+    assert missing_shown(block.shown.lines, BF16_OUTPUT, block.shown.tolerance) is None
+    assert missing_shown(block.shown.lines, BF16_OUTPUT) is not None  # exact: 4.8519 is not 4.8520
+    drifted = BF16_OUTPUT.replace("4.8520", "4.8700")
+    assert (
+        missing_shown(block.shown.lines, drifted, 0.01)
+        == "step 1/10 loss 4.8519 lr 2.73e-04 # tok/s peak # GiB eta #"
+    )
+
+
+def test_a_tolerance_loosens_decimal_figures_only() -> None:
+    """Counts, step numbers, figures in e-notation (an lr) and the words between figures stay exact."""
+    shown = ("step 1/10  loss 4.8519  lr 2.73e-04",)
+    assert missing_shown(shown, "step 1/10  loss 4.8529  lr 2.73e-04\n", 0.01) is None
+    assert missing_shown(shown, "step 2/10  loss 4.8519  lr 2.73e-04\n", 0.01) is not None
+    assert missing_shown(shown, "step 1/10  loss 4.8519  lr 2.74e-04\n", 0.01) is not None
+    assert missing_shown(shown, "step 1/10  mean 4.8519  lr 2.73e-04\n", 0.01) is not None
+    assert missing_shown(("reward -0.0001",), "reward 0.0001\n", 0.01) is None  # a sign near zero
+    assert missing_shown(("done: 10 steps, loss 4.84",), "done: 10 steps, loss 4.8405 -> 4.6\n", 0.01) is None
+
+
+def test_a_misspelt_tolerance_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"such as ±0\.01"):
+        doc_blocks(BF16_DOC.replace("±0.01", "+-0.01"), "docs/guides/x.md")
+
+
+def test_a_half_precision_run_compared_exactly_is_found() -> None:
+    """A shown bf16 training output without a tolerance is named; with one, or a plan alone (it predicts,
+    it does not measure), or an fp32 run, nothing is."""
+    (block,) = doc_blocks(BF16_DOC, "docs/guides/x.md")
+    assert block.shown is not None
+    exact = replace(block.shown, tolerance=None)
+    assert exact_half_precision_figures(exact, BF16_OUTPUT)[0].startswith("  engine")
+    assert exact_half_precision_figures(block.shown, BF16_OUTPUT) == []
+    plan_only = "\n".join(line for line in BF16_OUTPUT.splitlines() if line.startswith(" "))
+    assert exact_half_precision_figures(exact, plan_only) == []
+    assert exact_half_precision_figures(exact, BF16_OUTPUT.replace("bf16", "fp32")) == []
