@@ -10,8 +10,8 @@ capability capped at AVX2:
 
 Python imports `sitecustomize` at start-up in every process (the suite's launched ranks included, which
 inherit the environment). This one waits for torch's import, then turns oneDNN off in that process (torch's
-bf16 matmuls then take its own reference kernels, as on a CPU without AVX512) and makes torch's bf16-kernel
-check (`zerofit.core.precision.cpu_computes_bf16`) answer False, as it does there. Measured on an AVX512-BF16
+bf16 matmuls then take its own reference kernels, as on a CPU without AVX512), so that
+`zerofit.core.precision.cpu_computes_bf16` answers False, as it does there. Measured on an AVX512-BF16
 AMD EPYC (torch 2.13): the multi-node guide's bf16 losses then equal, to the 4th decimal, what an AVX2-only
 EPYC printed (step 1: 4.8519 against 4.8520 without this), which neither setting alone reproduced.
 """
@@ -26,9 +26,8 @@ from types import ModuleType
 
 
 def _without_bf16_kernels(torch: ModuleType) -> None:
-    """oneDNN off and its bf16 check False in this process."""
+    """oneDNN off in this process (zerofit's `cpu_computes_bf16` then answers False, as on an AVX2 CPU)."""
     torch.backends.mkldnn.enabled = False
-    torch.ops.mkldnn._is_mkldnn_bf16_supported = lambda: False
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):

@@ -78,10 +78,13 @@ def cpu_computes_bf16() -> bool:
     Without them torch still computes bf16 on the CPU, through a reference path: measured on an AMD EPYC with
     AVX2 only (torch 2.13), one LoRA step of SmolLM2-135M took ~140 CPU-s in bf16 against ~7 in fp32. On such
     a CPU fp32 is the fast choice; with the kernels bf16 is as fast or faster. Torch's own check (the one its
-    CPU tests use); a torch without it counts as having the kernels, so nothing changes there.
+    CPU tests use); a torch without it counts as having the kernels, so nothing changes there. oneDNN turned
+    off in this process (`torch.backends.mkldnn.enabled = False`) leaves bf16 to the reference path too.
     """
     import torch
 
+    if not torch.backends.mkldnn.enabled:
+        return False
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -62,3 +62,12 @@ def test_make_demo_passes_them_before_the_users_overrides() -> None:
     asked = re.search(r"precision=\$\((\S+) -m zerofit\.recipe\.demo_precision (\w+)\)", dry)
     assert asked and asked.group(2) in ("cpu", "cuda"), dry
     assert re.search(r"--config configs/demo-smollm2\.yaml \$precision train\.max_steps=3", dry), dry
+
+
+def test_onednn_turned_off_means_no_bf16_kernels() -> None:
+    """With oneDNN off in the process (as tests/avx2_cpu does to run the suite as an AVX2 CPU computes),
+    torch's bf16 matmuls take the reference path: the check says so, whatever the CPU has."""
+    import torch
+
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not cpu_computes_bf16()
