@@ -44,7 +44,8 @@ _KEY = "model.name_or_path"
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json")
 REMOTE_CODE_OPT_IN = (
     "only if you trust that folder's source, opt in yourself: for training, model.trust_remote_code: true in "
-    "your own config; for `zerofit export` / `zerofit generate` of a run trained with it, --trust-remote-code"
+    "your own config; for `zerofit export` / `zerofit generate` (of a run trained with it, or of the model "
+    "itself), --trust-remote-code"
 )
 
 
