@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from zerofit.catalogue.hub_ids import KnownModels, check_hub_id, models_hint
 from zerofit.catalogue.vision_models import TINY_VLM_CONFIGS, VLM_CATALOGUE
 from zerofit.core.errors import ConfigError
 
@@ -483,9 +484,15 @@ CATALOGUE: dict[str, dict[str, Any]] = {
 }
 
 
-def known_model_ids() -> list[str]:
-    """The ids zerofit knows without network: the built-in models, then the catalogue's hub ids."""
-    return [*TINY_CONFIGS, *(name for name in CATALOGUE if name not in TINY_CONFIGS)]
+def known_models() -> KnownModels:
+    """The models zerofit knows without network, for a message about a model that cannot be used
+    (`hub_ids.models_hint`): the built-in ones (tiny, tiny vision-language, pretrained: each trains offline),
+    the pretrained ones' upstream hub ids, and the catalogue's hub ids (shapes here, weights not)."""
+    return KnownModels(
+        builtins=tuple(name for name in CATALOGUE if is_builtin_model(name)),
+        upstream=dict(PRETRAINED_HUB_IDS),
+        hub_ids=tuple(name for name in CATALOGUE if not is_builtin_model(name)),
+    )
 
 
 def model_config_dict(name_or_path: str) -> dict[str, Any]:
@@ -499,10 +506,8 @@ def model_config_dict(name_or_path: str) -> dict[str, Any]:
     local = Path(name_or_path) / "config.json"
     if local.is_file():
         return json.loads(local.read_text())
-    from zerofit.catalogue.hub_ids import check_hub_id
-
     check_hub_id(
-        name_or_path, known_model_ids()
+        name_or_path, known_models()
     )  # offline, unreachable or unknown: said at once, not after the hub's retries
     try:
         from transformers import AutoConfig
@@ -510,11 +515,10 @@ def model_config_dict(name_or_path: str) -> dict[str, Any]:
         return AutoConfig.from_pretrained(name_or_path).to_dict()
     except Exception as exc:  # offline, gated, misspelled: all mean "no config to plan with"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        known = ", ".join(CATALOGUE)
         raise ConfigError(
             [
-                f"model.name_or_path = {name_or_path!r}: no local folder with a config.json, not in the "
-                f"built-in catalogue ({known}), and its config.json could not be fetched ({reason}); "
+                f"model.name_or_path = {name_or_path!r}: no local folder with a config.json, not in zerofit's "
+                f"catalogue, and its config.json could not be fetched ({reason}); {models_hint(name_or_path, known_models())}; "
                 "download the model to a folder and pass its path, or check the id"
             ]
         ) from None

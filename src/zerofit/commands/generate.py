@@ -1,8 +1,11 @@
-"""`zerofit generate RUN_DIR|EXPORT_DIR --prompt TEXT`: print the trained model's continuation of a prompt.
+"""`zerofit generate RUN_DIR|EXPORT_DIR|MODEL --prompt TEXT`: print a model's continuation of a prompt.
 
-A smoke check after training: the prompt is encoded as training encoded prompts (the chat template when the
-run trained on `data.format: messages`), decoding is greedy unless `--temperature` is given, and only the new
-text is printed on stdout. See `zerofit.export.generate`.
+A smoke check after training, and the base model's side of a before/after comparison: a run or an export
+encodes the prompt as its training encoded prompts (the chat template when the run trained on
+`data.format: messages`); a model as `model.name_or_path` takes it (a built-in name such as
+smollm2-135m-instruct, a hub id, a local Hugging Face folder) gets its tokenizer's chat template when it has
+one. Decoding is greedy unless `--temperature` is given, and only the new text is printed on stdout. See
+`zerofit.export.generate`.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ def register(subparsers: Any) -> None:
     """Add the `generate` subcommand."""
     parser = subparsers.add_parser(
         "generate",
-        help="sample from a trained run or an export (a smoke check)",
+        help="sample from a trained run, an export or a model (a smoke check)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "path", metavar="RUN_DIR|EXPORT_DIR", help="a run directory or a `zerofit export` folder"
+        "path",
+        metavar="RUN_DIR|EXPORT_DIR|MODEL",
+        help="a run directory, a `zerofit export` folder, or a model as model.name_or_path takes it (a built-in "
+        "name such as smollm2-135m-instruct, a hub id, a local Hugging Face folder)",
     )
     parser.add_argument(
         "--prompt", required=True, help="the prompt text (use $'...\\n' in bash for a newline)"
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     step = resolve_step(Path(args.path), args.step) if args.step is not None else None
     generator = load_generator(
-        Path(args.path),
+        args.path,
         step=step,
         trust_pickles=args.trust_pickles,
         trust_remote_code=args.trust_remote_code,

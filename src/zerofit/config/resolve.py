@@ -309,7 +309,7 @@ def _check_data_path(problems: list[str], key: str, path: str) -> None:
         )
 
 
-def _model_path_problem(name: str) -> str | None:
+def model_path_problem(name: str) -> str | None:
     """A `model.name_or_path` that is a path (or an existing folder) but no model folder, said with the fix.
 
     A name that is neither a path nor a folder here is a hub id: the hub says whether it exists (`models/hub.py`).
@@ -821,7 +821,7 @@ def _check_quantization(problems: list[str], cfg: ZerofitConfig) -> None:
 
 def _check_model_and_loss(problems: list[str], cfg: ZerofitConfig) -> None:
     """The model path names a model folder (or a hub id), and the chosen loss kernel is installed."""
-    model_problem = _model_path_problem(cfg.model.name_or_path)
+    model_problem = model_path_problem(cfg.model.name_or_path)
     if model_problem is not None:
         problems.append(model_problem)
     if cfg.train.cross_entropy == "liger" and not _liger_available():

@@ -1,17 +1,24 @@
-"""`zerofit generate`: sample from a trained run or an export, a smoke check after training.
+"""`zerofit generate`: sample from a trained run, an export or any model a run can take (a smoke check after
+training, and its before/after comparison with the base model).
 
-The prompt is encoded the way training encoded prompts: with the tokenizer's chat template (as one user turn,
-plus the generation prompt) when the run trained on chat messages (`data.format: messages`), otherwise as
-bos + the prompt's tokens, exactly the prefix a `{"prompt", "response"}` example puts before its response.
+A run or a zerofit export encodes the prompt the way its training encoded prompts: with the tokenizer's chat
+template (as one user turn, plus the generation prompt) when the run trained on chat messages
+(`data.format: messages`), otherwise as bos + the prompt's tokens, exactly the prefix a `{"prompt",
+"response"}` example puts before its response. Any other model (no zerofit config says how it trained) gets
+its tokenizer's chat template when it has one (an instruct model answers a user turn), else bos + tokens.
 Decoding is greedy unless a temperature is given; transformers' `generate` does the rest.
 
     a run directory   the trained model rebuilt from config.yaml + its newest weights (or `--step N`)
     an export         a merged or full model folder, or an adapter folder (its base from the export's
                       zerofit_export.json, else from adapter_config.json via peft), or a GGUF export (the
                       file its zerofit_export.json names, read back by transformers' GGUF reader)
+    a model           what `model.name_or_path` takes: a built-in name (`tiny-llama`, `smollm2-135m-instruct`,
+                      resolved as a run resolves it: `models.build.resolve_model_path`), a hub id (the local
+                      cache, else the hub: `models.hub.hub_errors`), a local Hugging Face folder
 
 A saved config is data: the `model.trust_remote_code` a run's config.yaml or an export's zerofit_export.json
-records holds only with the user's own --trust-remote-code (`export.trained.settle_remote_code`).
+records holds only with the user's own --trust-remote-code (`export.trained.settle_remote_code`); a model
+named on the command line runs its own code only with that flag too.
 """
 
 from __future__ import annotations
@@ -23,14 +30,16 @@ from typing import Any
 
 import torch
 
+from zerofit.catalogue.models import is_builtin_model
 from zerofit.config.loader import validate_config
+from zerofit.config.resolve import model_path_problem
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, DataError
 from zerofit.core.run_layout import CONFIG_FILE
 from zerofit.export import EXPORT_INFO, load_trained
 from zerofit.export.trained import load_base, settle_remote_code
 from zerofit.levers.kernels import hub_kernels_off
-from zerofit.models.build import resolve_model_path
+from zerofit.models.build import load_tokenizer, resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 from zerofit.models.lora import peft_without_bitsandbytes
@@ -121,8 +130,12 @@ def _device() -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.float32
 
 
-def _is_chat(config: dict[str, Any] | None) -> bool:
-    data = (config or {}).get("data")
+def _is_chat(config: dict[str, Any] | None, tokenizer: Any) -> bool:
+    """Whether prompts are chat turns: as a zerofit `config` trained (`data.format: messages`); without one
+    (a model from elsewhere), whenever the tokenizer has a chat template."""
+    if config is None:
+        return bool(getattr(tokenizer, "chat_template", None))
+    data = config.get("data")
     return isinstance(data, dict) and data.get("format") == "messages"
 
 
@@ -136,7 +149,7 @@ def _from_export(
     info = json.loads(info_file.read_text()) if info_file.is_file() else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else None
     if info.get("kind") == "gguf" and isinstance(info.get("file"), str):
-        return _from_gguf(folder, info["file"], _is_chat(config), device, dtype)
+        return _from_gguf(folder, info["file"], config, device, dtype)
     settled = (
         settle_remote_code(validate_config(config), trust_remote_code, str(info_file), folder)
         if config is not None
@@ -146,7 +159,7 @@ def _from_export(
     with hub_errors(str(folder), "weights"):
         model, tokenizer = _load_export(folder, settled, trust, device, dtype)
     model = model.to(device=device, dtype=dtype).eval()
-    return Generator(model, tokenizer, _is_chat(config), device, str(folder))
+    return Generator(model, tokenizer, _is_chat(config, tokenizer), device, str(folder))
 
 
 def _load_export(
@@ -174,7 +187,9 @@ def _load_export(
     return model, tokenizer
 
 
-def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype: torch.dtype) -> Generator:
+def _from_gguf(
+    folder: Path, name: str, config: dict[str, Any] | None, device: torch.device, dtype: torch.dtype
+) -> Generator:
     """A GGUF export, dequantized by transformers' GGUF reader (a check of the file, not a fast runtime)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,16 +200,44 @@ def _from_gguf(folder: Path, name: str, chat: bool, device: torch.device, dtype:
         tokenizer.pad_token = tokenizer.eos_token
     with gguf_name_maps_once():
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, **hub_kernels_off())
-    return Generator(model.to(device=device).eval(), tokenizer, chat, device)
+    return Generator(model.to(device=device).eval(), tokenizer, _is_chat(config, tokenizer), device)
+
+
+def _from_model(name: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool) -> Generator:
+    """A Generator for a model as a run names it (`model.name_or_path`, see the module docstring), untrained:
+    resolved and its tokenizer loaded as a run does (a built-in built or converted once into the cache), the
+    weights in `dtype`; its own code runs only with `trust_remote_code` (the user's --trust-remote-code)."""
+    problem = model_path_problem(name)
+    if problem is not None:
+        raise ConfigError([problem])
+    cfg = validate_config({"model": {"name_or_path": name, "trust_remote_code": trust_remote_code}})
+    path = resolve_model_path(cfg)
+    tokenizer = load_tokenizer(cfg)  # a hub id not here is said at once (`check_hub_id`), with the known ones
+    with hub_errors(name, "weights", path):
+        model = folder_model_class(path).from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, **hub_kernels_off()
+        )
+    return Generator(model.to(device=device).eval(), tokenizer, _is_chat(None, tokenizer), device, path)
+
+
+def _missing_folder(path: Path) -> bool:
+    """True for a path that names a folder here that does not exist (`runs/one` where `runs/` exists), not a
+    hub id: `owner/name` is read as a hub id only when no local folder `owner` exists."""
+    return (
+        not path.exists()
+        and not is_builtin_model(str(path))
+        and str(path.parent) != "."
+        and path.parent.is_dir()
+    )
 
 
 def load_generator(
-    path: Path, step: int | None = None, trust_pickles: bool = False, trust_remote_code: bool = False
+    path: Path | str, step: int | None = None, trust_pickles: bool = False, trust_remote_code: bool = False
 ) -> Generator:
-    """A `Generator` for run directory or export `path` (see the module docstring); `trust_pickles` and
+    """A `Generator` for run directory, export or model `path` (see the module docstring); `trust_pickles` and
     `trust_remote_code` as for `zerofit.export.load_trained` (a saved config's `model.trust_remote_code` holds
     only with `trust_remote_code`, the user's --trust-remote-code)."""
-    path = Path(path)
+    name, path = str(path), Path(path)  # the name as typed (`./x` stays a path), for a model
     device, dtype = _device()
     if (path / CONFIG_FILE).is_file():
         trained = load_trained(
@@ -208,17 +251,22 @@ def load_generator(
         refuse_reward_model(trained.run.config, path, "generation")
         model_path = resolve_model_path(trained.run.config)
         return Generator(trained.model, trained.tokenizer, trained.run.is_chat, device, model_path)
-    if any((path / name).is_file() for name in (EXPORT_INFO, "config.json", "adapter_config.json")):
-        if step is not None:
-            raise ConfigError(
-                [
-                    f"--step {step}: {path} is an export (one set of weights); --step picks a checkpoint of a run directory"
-                ]
-            )
+    if step is not None:
+        raise ConfigError(
+            [
+                f"--step {step}: {path} is not a run directory (no {CONFIG_FILE}), so it has one set of weights; "
+                "--step picks a checkpoint of a run directory"
+            ]
+        )
+    if any((path / file).is_file() for file in (EXPORT_INFO, "adapter_config.json")):
         return _from_export(path, device, dtype, trust_remote_code)
-    raise ConfigError(
-        [
-            f"{path} is neither a run directory (it has no {CONFIG_FILE}) nor an export (no {EXPORT_INFO}, "
-            "config.json or adapter_config.json); pass runs/<run_name> or a folder written by `zerofit export`"
-        ]
-    )
+    if _missing_folder(path) or (path.is_dir() and not (path / "config.json").is_file()):
+        raise ConfigError(
+            [
+                f"{path} is neither a run directory (it has no {CONFIG_FILE}), an export (no {EXPORT_INFO} or "
+                "adapter_config.json) nor a model folder (no config.json); pass runs/<run_name>, a folder written "
+                "by `zerofit export`, or a model as model.name_or_path takes it (a built-in such as "
+                "smollm2-135m-instruct, a hub id, a local Hugging Face folder)"
+            ]
+        )
+    return _from_model(name, device, dtype, trust_remote_code)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.catalogue.hub_ids import check_hub_id
-from zerofit.catalogue.models import is_builtin_model, known_model_ids
+from zerofit.catalogue.models import is_builtin_model, known_models
 from zerofit.core.errors import ConfigError, LaunchError
 
 __all__ = [
@@ -44,7 +44,8 @@ _KEY = "model.name_or_path"
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json")
 REMOTE_CODE_OPT_IN = (
     "only if you trust that folder's source, opt in yourself: for training, model.trust_remote_code: true in "
-    "your own config; for `zerofit export` / `zerofit generate` of a run trained with it, --trust-remote-code"
+    "your own config; for `zerofit export` / `zerofit generate` (of a run trained with it, or of the model "
+    "itself), --trust-remote-code"
 )
 
 
@@ -194,7 +195,7 @@ def hub_errors(name: str, what: str, path: str | None = None) -> Iterator[None]:
     `name` resolved to (a built-in model's cache folder), when it differs. A hub id that is not cached is
     first checked with one quick request (`check_hub_id`): offline or unknown is said at once."""
     if not is_builtin_model(name):  # a built-in model (tiny or pretrained) is built here, never fetched
-        check_hub_id(name, known_model_ids())
+        check_hub_id(name, known_models())
     try:
         yield
     except (OSError, ValueError) as exc:

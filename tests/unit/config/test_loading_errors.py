@@ -1,5 +1,7 @@
-"""Loading a model fails as one paragraph: a hub id that cannot be fetched (unreachable, gated, misspelled),
-and `lora.target_modules` entries that name no module — refused before any weight is loaded."""
+"""Loading a model fails as one paragraph: a hub id that cannot be fetched (unreachable, gated, misspelled:
+with a did-you-mean, what trains offline and what can only be planned, and no command that cannot work, the
+same from `zerofit plan`, a launch and `zerofit generate`), and `lora.target_modules` entries that name no
+module — refused before any weight is loaded."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 from config_helpers import config
+from zerofit.catalogue.models import SMOLLM2
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.models.build import build_model, load_tokenizer
 from zerofit.models.hub import hub_problem
@@ -66,9 +69,8 @@ def test_an_unreachable_hub_id_is_refused_when_its_tokenizer_loads() -> None:
     # The test environment is offline (HF_HUB_OFFLINE=1, see conftest.py) and this id is not cached.
     with pytest.raises(LaunchError, match="offline mode is on") as err:
         load_tokenizer(config({"model": {"name_or_path": "zerofit-tests/no-such-model"}}))
-    assert "zerofit-tests/no-such-model" in str(err.value) and "known without network: tiny-llama" in str(
-        err.value
-    )
+    assert "zerofit-tests/no-such-model" in str(err.value)
+    assert "trains offline here: the built-in models tiny-llama" in str(err.value)
 
 
 def _no_retrying_fetch(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -123,8 +125,11 @@ def test_an_unknown_or_unreachable_hub_id_is_said_at_once_with_the_known_ids(
         assert (
             "cannot be reached from here (ConnectError" if offline else "nor a model on the Hugging Face hub"
         ) in text
-        assert "did you mean meta-llama/Llama-3.1-8B or meta-llama/Meta-Llama-3-8B?" in text
-        assert "known without network: tiny-llama" in text
+        assert "did you mean meta-llama/Llama-3.1-8B (" in text and " or meta-llama/Meta-Llama-3-8B (" in text
+        assert "Trains offline here: the built-in models tiny-llama" in text
+        # a download of the catalogued ids it suggests, where there is none here; never of the misspelling
+        assert ("`hf download meta-llama/Llama-3.1-8B` where there is network" in text) == offline
+        assert f"hf download {name}" not in text
     assert calls == [] and asked == [name, name]
 
 
@@ -150,6 +155,69 @@ def test_an_unreachable_hub_id_at_launch_is_one_paragraph(tmp_path: Path) -> Non
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("zerofit (rank 0): error: model.name_or_path = "), lines
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("name", "guess"),
+    [
+        (
+            "HuggingFaceTB/SmolLM2-135M-Instructt",
+            "did you mean smollm2-135m-instruct (built in: HuggingFaceTB/SmolLM2-135M-Instruct, trains offline)? ",
+        ),
+        ("smollm2-135m", "did you mean smollm2-135m-instruct (built in, trains offline)? "),
+    ],
+)
+def test_a_misspelled_model_gets_a_did_you_mean_and_no_impossible_command(
+    name: str, guess: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offline (the tests' HF_HUB_OFFLINE=1): the built-in it resembles, what trains offline apart from what
+    can only be planned (catalogued ids without weights, gated ones among them), and no `hf download` of a
+    name that cannot be downloaded; `zerofit plan`, a launch's load and `zerofit generate` say the same."""
+    from zerofit.cli import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(LaunchError) as err:
+        load_tokenizer(config({"model": {"name_or_path": name}}))  # what a launch loads first
+    said = [str(err.value)]
+    for argv in (
+        ["plan", "--config", "configs/demo-smollm2.yaml", f"model.name_or_path={name}"],
+        ["generate", name, "--prompt", "What is the capital of France?"],
+    ):
+        assert main(argv) == 2
+        said.append(capsys.readouterr().err.strip().split(": error: ", 1)[1])
+    assert said[0] == said[1] == said[2]
+    text = said[0]
+    assert "\n" not in text and guess in text and "hf download" not in text
+    offline, plan_only = text.split(guess)[1].split("; plan only")
+    assert offline.startswith("Trains offline here: the built-in models tiny-llama") and SMOLLM2 in offline
+    assert "meta-llama/Llama-2-7b-hf" in plan_only and "meta-llama/Llama-2-7b-hf" not in offline
+
+
+def test_cached_models_train_offline_and_are_suggested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model in the local Hugging Face cache (config.json and safetensors weights) is listed with what trains
+    offline and suggested for a misspelling of it; a catalogued id that is cached leaves the plan-only list."""
+    from huggingface_hub import constants
+
+    from zerofit.catalogue.hub_ids import check_hub_id
+    from zerofit.catalogue.models import known_models
+
+    for repo in ("someone/my-model", "Qwen/Qwen2.5-7B", "someone/config-only"):
+        snapshot = tmp_path / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text("{}")
+        if repo != "someone/config-only":  # no weights: nothing to train
+            (snapshot / "model.safetensors").write_bytes(b"")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(LaunchError) as err:
+        check_hub_id("someone/my-modle", known_models())
+    text = str(err.value)
+    assert "did you mean someone/my-model (in the Hugging Face cache, trains offline)? " in text
+    plan_only = text.split("; plan only")[1]
+    assert "and from the Hugging Face cache Qwen/Qwen2.5-7B, someone/my-model;" in text
+    assert "Qwen/Qwen2.5-7B" not in plan_only and "config-only" not in text
 
 
 def _no_weight_load(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -229,7 +229,9 @@ def test_bucket_sizes_follow_the_model_width() -> None:
 
 def test_unknown_model_shape_is_one_paragraph_naming_the_known_ids() -> None:
     # The tests run offline (HF_HUB_OFFLINE=1): said at once, not after the hub's retries.
-    with pytest.raises(LaunchError, match=r"offline mode is on .* known without network: tiny-llama"):
+    with pytest.raises(
+        LaunchError, match=r"offline mode is on .* trains offline here: the built-in models tiny-llama"
+    ):
         render_spec(resolved_for("zero2", 1, "bf16", "model.name_or_path=someone/unknown-7b")).to_json()
 
 

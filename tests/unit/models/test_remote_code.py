@@ -177,7 +177,12 @@ def _load_base(cfg: Any) -> Any:
 def test_an_auto_map_folder_without_trust_remote_code_is_one_paragraph(tmp_path: Path) -> None:
     base = _evil_base(tmp_path / "custom", tmp_path / "pwned", model_type="evil-llama")
     cfg = config(RAW, model={"name_or_path": str(base)}, lora={"enabled": False})
-    for load in (load_tokenizer, build_model, _load_base):
+    for load in (
+        load_tokenizer,
+        build_model,
+        _load_base,
+        lambda _: load_generator(base),
+    ):  # a run's loads, generate's
         with pytest.raises(ConfigError) as err:
             load(cfg)
         message = str(err.value)
@@ -191,6 +196,16 @@ def test_an_auto_map_folder_without_trust_remote_code_is_one_paragraph(tmp_path:
         ):
             assert needle in message, needle
     assert not (tmp_path / "pwned").exists()
+
+
+def test_generate_of_a_model_folder_runs_its_code_only_with_the_users_flag(tmp_path: Path) -> None:
+    """`zerofit generate FOLDER`: a model folder named on the command line loads with transformers' own class
+    (its auto_map ignored, nothing imported) unless the user passes --trust-remote-code."""
+    marker = tmp_path / "pwned"
+    base = _evil_base(tmp_path / "custom", marker)
+    assert type(load_generator(base).model).__name__ == "LlamaForCausalLM" and not marker.exists()
+    assert type(load_generator(base, trust_remote_code=True).model).__name__ == "EvilForCausalLM"
+    assert marker.exists()
 
 
 def test_remote_code_lists_model_and_tokenizer_auto_maps(tmp_path: Path) -> None:
