@@ -64,3 +64,21 @@ def prepared_one_process_strategy(width: int = 3) -> SingleStrategy:
 def new_run_plan(resolved: ResolvedConfig) -> RunPlan:
     """The run plan of a new run of `resolved` (no checkpoint, no data loaded), as the probe makes it."""
     return make_run_plan(resolved, render_spec(resolved))
+
+
+def train_demo(root: Path, steps: int, **train: Any) -> Path:
+    """The demo config (tiny-llama, LoRA) trained for `steps` on one process under `root` as run `demo`, its
+    `train` section updated by `train` (console and W&B off); returns the run directory (final export
+    adapter/ and a checkpoint of the last step)."""
+    import zerofit
+
+    zerofit.train(
+        str(REPO / "configs" / "demo.yaml"),
+        output_dir=str(root / "runs"),
+        run_name="demo",
+        distributed={"strategy": "single", "preset": None},
+        train={"max_steps": steps, **train},
+        data={"path": DEMO_DATA},
+        logging={"console": False, "wandb": {"mode": "disabled"}},
+    )
+    return root / "runs" / "demo"

@@ -65,7 +65,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (output_dir/run_name)")
     parser.add_argument(
-        "--out", required=True, metavar="DIR", help="the folder to write (new, empty, or an earlier export)"
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="the folder to write: new, empty, or holding only earlier zerofit exports (whose files it replaces; "
+        "anything else there is refused, never deleted)",
     )
     parser.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model")
     parser.add_argument(

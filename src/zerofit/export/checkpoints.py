@@ -43,6 +43,7 @@ from zerofit.checkpoint.final_export import final_export_step
 from zerofit.checkpoint.safe_load import check_checkpoint, load_deepspeed_file, refuse_unsafe
 from zerofit.core.errors import ConfigError, ZerofitError
 from zerofit.core.run_layout import ADAPTER_DIR, MODEL_DIR, step_dir_name
+from zerofit.models.safe_weights import check_zerofit_folder
 from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
 from zerofit.strategies.fsdp import DCP_DIR, DCP_MODEL_KEY
 from zerofit.strategies.single import STATE_FILE, STATE_MODEL_KEY
@@ -118,6 +119,7 @@ def _find_weights(run_dir: Path, step: int | None) -> WeightsSource:
             break
     newest = WeightsSource("checkpoint", checkpoints[-1][1], checkpoints[-1][0]) if checkpoints else None
     if final is not None and (newest is None or final.step is None or final.step >= (newest.step or 0)):
+        check_zerofit_folder(final.path, f"the final export {final.path.name}/ of run {run_dir}")
         return final
     if newest is not None:
         return newest

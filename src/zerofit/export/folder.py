@@ -7,14 +7,14 @@
     full fine-tune   the whole model, as Hugging Face safetensors in `--dtype`
 
 Every export also holds the tokenizer, a model card (`README.md`) and `zerofit_export.json` (the source run,
-step, kind and the run's config, which `zerofit generate` reads). The folder is written under a temporary
-name next to `--out` and renamed into place only when complete, so an interrupted export never replaces a
-good one; `--out` must be new, empty, or an earlier zerofit export.
+step, kind and the run's config, which `zerofit generate` reads, and the list of the files the export
+wrote). The folder is written under a temporary name next to `--out` and swapped into place only when
+complete, so an interrupted export never replaces a good one; `--out` must be new, empty, or hold only the
+files of earlier zerofit exports, and only those are deleted (`zerofit.export.out_folder`).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -28,6 +28,15 @@ from zerofit.core.file_modes import follow_umask
 from zerofit.core.precision import DTYPES, torch_dtype
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
+from zerofit.export.out_folder import (
+    EXPORT_INFO,
+    FILES_KEY,
+    MODEL_CARD,
+    check_out,
+    replace_folder,
+    unwritable_out,
+    written_files,
+)
 from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for, with_run_adapters
 from zerofit.models.build import resolve_model_path
 from zerofit.models.vision import save_image_processor
@@ -35,14 +44,11 @@ from zerofit.models.vision import save_image_processor
 __all__ = [
     "EXPORT_INFO",
     "ExportResult",
-    "check_out",
     "export_run",
     "merged_model",
     "output_dtype",
-    "unwritable_out",
 ]
 
-EXPORT_INFO = "zerofit_export.json"
 _ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -70,58 +76,6 @@ def output_dtype(run: RunConfig, requested: str) -> str:
     if name not in DTYPES:
         raise ConfigError([f"--dtype {requested!r}: expected auto, {', '.join(DTYPES)}"])
     return DTYPES[name].torch_name
-
-
-def check_out(out: Path, run_dir: Path) -> None:
-    """`--out` must not be the run itself or a folder of something else (never delete what zerofit did not write)."""
-    if out.resolve() == run_dir.resolve() or run_dir.resolve().is_relative_to(out.resolve()):
-        raise ConfigError([f"--out {out} would replace the run directory {run_dir}; choose a new folder"])
-    if out.exists() and not out.is_dir():
-        raise ConfigError([f"--out {out} is a file; choose a new folder"])
-    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
-        raise ConfigError(
-            [
-                f"--out {out} already holds files that are not a zerofit export (no {EXPORT_INFO}); choose a new "
-                "or empty folder (an earlier zerofit export there is replaced, atomically)"
-            ]
-        )
-    for target in (out, out.parent):  # files go into `out` (GGUF) or beside it, renamed into place (hf)
-        _check_writable(out, target)
-
-
-def _check_writable(out: Path, target: Path) -> None:
-    """Refuse an `--out` whose folder `target` (or the folder it would be made in) this user cannot write,
-    or that has a file in the way, before anything is loaded."""
-    existing = target
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    code = errno.ENOTDIR if not existing.is_dir() else None
-    if code is None and not os.access(existing, os.W_OK | os.X_OK):
-        code = errno.EACCES
-    if code is not None:
-        raise unwritable_out(out, OSError(code, os.strerror(code), str(existing)))
-
-
-def unwritable_out(out: Path, exc: OSError) -> ConfigError:
-    """`--out` cannot be made or written into (no permission, a file in the way, a read-only filesystem),
-    as one paragraph: the folder, the errno and the fix."""
-    folder = exc.filename or out.parent
-    return ConfigError(
-        [
-            f"--out {out}: {folder} cannot be written ([Errno {exc.errno}] {exc.strerror}); nothing was "
-            "exported; choose an --out under a folder you can write (e.g. in your home folder), or fix that "
-            "folder's permissions"
-        ]
-    )
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """`tmp` takes the name `out`; an existing `out` is moved aside first and deleted only afterwards."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _adapter_from_checkpoint(run: RunConfig, source: WeightsSource, folder: Path) -> None:
@@ -205,7 +159,7 @@ def export_run(
         tokenizer_for(run, source).save_pretrained(tmp)
         save_image_processor(resolve_model_path(run.config), tmp)  # a vision-language model's processor
         weights_dtype = None if kind == "adapter" else out_dtype
-        (tmp / "README.md").write_text(model_card(run, source, kind, weights_dtype))
+        (tmp / MODEL_CARD).write_text(model_card(run, source, kind, weights_dtype))
         info = {
             "source_run": str(run.run_dir.resolve()),
             "source": source.describe(),
@@ -213,10 +167,11 @@ def export_run(
             "kind": kind,
             "dtype": weights_dtype,
             "config": run.raw,
+            FILES_KEY: written_files(tmp),  # what a later export into `out` may replace (`out_folder`)
         }
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
         follow_umask(tmp)  # safetensors writes its files 0600 (and copy2 keeps an older export's mode)
-        _replace(tmp, out)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

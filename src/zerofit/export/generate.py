@@ -44,6 +44,7 @@ from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 from zerofit.models.lora import peft_without_bitsandbytes
 from zerofit.models.pretrained import gguf_name_maps_once
+from zerofit.models.safe_weights import ADAPTER_WEIGHTS, MODEL_WEIGHTS, check_zerofit_folder, safetensors_only
 from zerofit.models.vision import folder_config, folder_model_class, is_vision_config
 
 __all__ = ["Generator", "load_generator"]
@@ -146,6 +147,8 @@ def _from_export(
     loaded it; that config's `model.trust_remote_code` holds only with `trust_remote_code` (the user's flag),
     and a folder from elsewhere (no such config) runs its own code only with the flag."""
     info_file = folder / EXPORT_INFO
+    if info_file.is_file():  # zerofit wrote it: no pickle belongs there (`models.safe_weights`)
+        check_zerofit_folder(folder, "a zerofit export")
     info = json.loads(info_file.read_text()) if info_file.is_file() else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else None
     if info.get("kind") == "gguf" and isinstance(info.get("file"), str):
@@ -165,13 +168,16 @@ def _from_export(
 def _load_export(
     folder: Path, config: ZerofitConfig | None, trust: bool, device: torch.device, dtype: torch.dtype
 ) -> tuple[Any, Any]:
-    """The model and tokenizer of an export folder (a merged / full model, or an adapter on its base)."""
+    """The model and tokenizer of an export folder (a merged / full model, or an adapter on its base), from
+    safetensors only (`models.safe_weights`: a folder that would load a pickle is refused first)."""
     from transformers import AutoTokenizer
 
+    adapter = (folder / "adapter_config.json").is_file()
+    safe = safetensors_only(folder, str(folder), ADAPTER_WEIGHTS if adapter else MODEL_WEIGHTS)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if (folder / "adapter_config.json").is_file():
+    if adapter:
         # the base exactly as the run loaded it (tiny-llama rebuilt, QLoRA dequantized)
         base = load_base(config, dtype, device) if config is not None else None
         with peft_without_bitsandbytes() as peft:
@@ -180,11 +186,27 @@ def _load_export(
         # a peft folder from elsewhere: its adapter_config.json names the base (which may load quantized)
         # (peft hands the keywords on to the base's `from_pretrained`)
         return peft.AutoPeftModelForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off()
+            str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off(), **_peft_base_safe(folder)
         ), tokenizer
     auto = folder_model_class(folder)  # image-text-to-text for a vision-language model
-    model = auto.from_pretrained(str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off())
+    model = auto.from_pretrained(
+        str(folder), dtype=dtype, trust_remote_code=trust, **hub_kernels_off(), **safe
+    )
     return model, tokenizer
+
+
+def _peft_base_safe(folder: Path) -> dict[str, Any]:
+    """`safetensors_only` for the base a peft folder from elsewhere names in its adapter_config.json (a local
+    folder holding only pickles is refused; a hub id is left to transformers)."""
+    try:
+        base = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))[
+            "base_model_name_or_path"
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # peft reports an adapter_config.json it cannot read
+    if not isinstance(base, str) or not base:
+        return {}
+    return safetensors_only(base, f"{folder}/adapter_config.json base_model_name_or_path {base}")
 
 
 def _from_gguf(
@@ -215,7 +237,11 @@ def _from_model(name: str, device: torch.device, dtype: torch.dtype, trust_remot
     tokenizer = load_tokenizer(cfg)  # a hub id not here is said at once (`check_hub_id`), with the known ones
     with hub_errors(name, "weights", path):
         model = folder_model_class(path).from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, **hub_kernels_off()
+            path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            **hub_kernels_off(),
+            **safetensors_only(path, name),
         )
     return Generator(model.to(device=device).eval(), tokenizer, _is_chat(None, tokenizer), device, path)
 

@@ -4,12 +4,15 @@
                                   dequantized first), tokenizer and chat template (`gguf_writer`)
     DIR/Modelfile                 for `ollama create NAME -f Modelfile` (`modelfile`), FROM the file above
     DIR/README.md                 the model card, with the llama.cpp / Ollama / LM Studio commands
-    DIR/zerofit_export.json       source run, step, kind `gguf`, the file and its type, the run's config
+    DIR/zerofit_export.json       source run, step, kind `gguf`, the file and its type, the run's config,
+                                  and every file the GGUF exports into DIR wrote (`out_folder`)
 
 The weights come from the same place as every export (the final `adapter/` / `model/` or a checkpoint of
 any engine, `--step N|best`). Each file is written under a temporary name in DIR and renamed into place,
 so a failure leaves the files of an earlier export as they were and never a partial one; several types can
-share one DIR (`--quant f16`, then `--quant q8_0`: both files stay; the Modelfile names the newest).
+share one DIR (`--quant f16`, then `--quant q8_0`: both files stay; the Modelfile names the newest). DIR
+must be new, empty, or hold only GGUF exports of this run: anything else there is refused by name
+(`out_folder.check_out`), never overwritten.
 """
 
 from __future__ import annotations
@@ -22,17 +25,24 @@ from pathlib import Path
 from zerofit.core.errors import ConfigError
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights
-from zerofit.export.folder import EXPORT_INFO, check_out, merged_model, unwritable_out
+from zerofit.export.folder import merged_model
 from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architecture, check_quant, write_gguf
 from zerofit.export.modelfile import modelfile
+from zerofit.export.out_folder import (
+    EXPORT_INFO,
+    FILES_KEY,
+    MODEL_CARD,
+    MODELFILE,
+    OutFolder,
+    check_out,
+    unwritable_out,
+)
 from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
 from zerofit.models.build import resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
 
 __all__ = ["MODELFILE", "GGUFExportResult", "export_gguf"]
-
-MODELFILE = "Modelfile"
 
 
 @dataclass(frozen=True)
@@ -66,27 +76,22 @@ def _check_base(run: RunConfig) -> None:
     check_architecture(config)
 
 
-def _check_shared_folder(out: Path, run: RunConfig) -> None:
+def _check_shared_folder(earlier: OutFolder, run: RunConfig) -> None:
     """A GGUF export adds its files to `out` (several types share a folder), so `out` may hold only GGUF
     exports of this same run: an export folder belongs to one run. Into an export of another run, or an
     hf export (whose weights would stay beside the new metadata), it would leave a folder whose
     zerofit_export.json, model card and Modelfile describe one run while other files come from another."""
-    info_file = out / EXPORT_INFO
-    if not info_file.is_file():
+    out, info = earlier.path, earlier.info
+    if not earlier.files:
         return  # new or empty (`check_out` refused a folder of something else)
-    try:
-        info = json.loads(info_file.read_text())
-    except (OSError, ValueError):
-        info = {}
-    info = info if isinstance(info, dict) else {}
     this_run = str(run.run_dir.resolve())
     if info.get("kind") == "gguf" and info.get("source_run") == this_run:
         return
     what = f"a {info.get('kind', 'unreadable')} export of {info.get('source_run', 'an unknown run')}"
     raise ConfigError(
         [
-            f"--out {out} holds {what} ({info_file}); a GGUF export adds its files to a folder, so it goes "
-            f"into a new or empty folder, or one holding GGUF exports of this run ({this_run}) only: choose "
+            f"--out {out} holds {what} ({out / EXPORT_INFO}); a GGUF export adds its files to a folder, so it "
+            f"goes into a new or empty folder, or one holding GGUF exports of this run ({this_run}) only: choose "
             "another --out"
         ]
     )
@@ -106,8 +111,8 @@ def export_gguf(
     run = read_run_config(Path(run_dir), trust_remote_code)
     refuse_reward_model(run.config, run_dir, "llama.cpp / Ollama to generate with")
     out = Path(out)
-    check_out(out, run.run_dir)
-    _check_shared_folder(out, run)
+    earlier = check_out(out, run.run_dir)
+    _check_shared_folder(earlier, run)
     stem = run.config.run_name or run.run_dir.name
     quant = check_quant(quant, str(out / stem))
     _check_base(run)
@@ -122,7 +127,8 @@ def export_gguf(
     _write_text(
         out / MODELFILE, modelfile(written.path.name, tokenizer, model.config.max_position_embeddings)
     )
-    _write_text(out / "README.md", model_card(run, source, "gguf", quant, written.path.name))
+    _write_text(out / MODEL_CARD, model_card(run, source, "gguf", quant, written.path.name))
+    ours = {written.path.name, MODELFILE, MODEL_CARD, EXPORT_INFO}
     info = {
         "source_run": str(run.run_dir.resolve()),
         "source": source.describe(),
@@ -131,6 +137,7 @@ def export_gguf(
         "dtype": quant,
         "file": written.path.name,
         "config": run.raw,
+        FILES_KEY: sorted(ours.union(earlier.files)),  # the earlier types' files stay, and stay listed
     }
     _write_text(out / EXPORT_INFO, json.dumps(info, indent=2) + "\n")
     return GGUFExportResult(out=out, file=written, source=source)

@@ -33,6 +33,7 @@ from zerofit.export.trained import load_trained
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.heads import REWARD_OBJECTIVE
 from zerofit.models.hub import hub_errors
+from zerofit.models.safe_weights import check_zerofit_folder, safetensors_only
 from zerofit.objectives.reward import pair_rewards
 
 __all__ = ["Scorer", "load_scorer"]
@@ -81,6 +82,8 @@ def _from_export(path: Path, trust_remote_code: bool) -> Scorer:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     info_file = path / EXPORT_INFO
+    if info_file.is_file():  # zerofit wrote it: no pickle belongs there (`models.safe_weights`)
+        check_zerofit_folder(path, "a zerofit export")
     info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else {}
     objective = (config.get("train") or {}).get("objective")
@@ -93,9 +96,10 @@ def _from_export(path: Path, trust_remote_code: bool) -> Scorer:
                 "folder) or score the run directory itself"
             ]
         )
+    safe = safetensors_only(path, str(path))
     with hub_errors(str(path), "weights"):
         model = AutoModelForSequenceClassification.from_pretrained(
-            path, trust_remote_code=trust_remote_code, **hub_kernels_off()
+            path, trust_remote_code=trust_remote_code, **hub_kernels_off(), **safe
         )
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     max_seq_len = int((config.get("data") or {}).get("max_seq_len") or sys.maxsize)

@@ -34,6 +34,7 @@ from zerofit.models.build import (
 from zerofit.models.heads import auto_model_class, head_kwargs, set_pad_token
 from zerofit.models.hub import allowed_remote_code, hub_errors
 from zerofit.models.lora import apply_lora, peft_without_bitsandbytes
+from zerofit.models.safe_weights import safetensors_only
 from zerofit.models.vision import apply_vision_lora, is_vision_config
 
 __all__ = [
@@ -184,6 +185,7 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
     reward model's: its sequence classifier, `zerofit.models.heads`, the trained score head loaded over it)."""
     quant = quantization_config(cfg)
     path = resolve_model_path(cfg)
+    safe = safetensors_only(path, f"model.name_or_path {cfg.model.name_or_path}")  # never a pickle
     with hub_errors(cfg.model.name_or_path, "weights", path):
         model = auto_model_class(cfg, path).from_pretrained(
             path,
@@ -196,6 +198,7 @@ def load_base(cfg: ZerofitConfig, dtype: torch.dtype, device: str | torch.device
             device_map={"": str(device)} if quant is not None else None,
             **hub_kernels_off(),
             **head_kwargs(cfg),
+            **safe,
         )
     if quant is not None:
         # QLoRA / 8-bit: the adapters were trained against these quantized weights; bitsandbytes'
@@ -271,7 +274,7 @@ def build_trained(
     elif source.kind == "model":
         model = (
             auto_model_class(cfg, source.path)
-            .from_pretrained(str(source.path), dtype=dtype, **hub_kernels_off())
+            .from_pretrained(str(source.path), dtype=dtype, use_safetensors=True, **hub_kernels_off())
             .to(device)
         )
     elif source.kind == "adapter":

@@ -54,6 +54,7 @@ from zerofit.models.lora import (
     model_targets,
 )
 from zerofit.models.pretrained import ensure_pretrained
+from zerofit.models.safe_weights import safetensors_only
 from zerofit.models.tiny import ensure_tiny_model
 from zerofit.models.tiny_vision import ensure_tiny_vlm
 from zerofit.models.vision import (
@@ -468,6 +469,7 @@ def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, devi
     with the attention path the config chose; a hub failure is one paragraph (`hub_errors`). A reward model
     is the family's sequence classifier with a seeded score head (`zerofit.models.heads`); a vision-language
     model loads whole (vision tower, projector, language model)."""
+    safe = safetensors_only(path, f"model.name_or_path {cfg.model.name_or_path}")  # never a pickle
     with hub_errors(cfg.model.name_or_path, "weights", path), seeded_head(cfg):
         return auto_model_class(cfg, path).from_pretrained(
             path,
@@ -478,6 +480,7 @@ def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, devi
             device_map=device_map,
             **hub_kernels_off(),  # `train.kernels` alone decides the kernels (`zerofit.levers.kernels`)
             **head_kwargs(cfg),
+            **safe,
         )
 
 

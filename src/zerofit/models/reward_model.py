@@ -4,7 +4,7 @@ model scores each prompt + completion, one scalar per completion.
 FOLDER is a standard Hugging Face `AutoModelForSequenceClassification` folder with its tokenizer (what
 `zerofit export` of a reward-model run writes, and TRL's RewardTrainer saves): config.json with one label
 (`num_labels: 1`, the reward), safetensors weights, the tokenizer files. It is data, never code: weights load
-from safetensors only (a folder holding only pickled `pytorch_model.bin` is refused: unpickling runs code),
+from safetensors only (a folder holding only pickled weights is refused: unpickling runs code, `safe_weights`),
 with trust_remote_code off, and a folder whose config.json or tokenizer_config.json has an `auto_map` (code of
 its own) is refused before anything loads, with the entry that names the code.
 
@@ -27,13 +27,12 @@ import torch
 from zerofit.core.errors import ConfigError
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.hub import remote_code
+from zerofit.models.safe_weights import safetensors_only
 from zerofit.objectives.rewards import RewardFn
 
 __all__ = ["BATCH_SIZE", "RewardModel", "check_reward_model_folder", "reward_model"]
 
 BATCH_SIZE = 16  # completions per reward-model forward
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-_PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def _refuse(folder: Path, why: str) -> ConfigError:
@@ -51,14 +50,8 @@ def check_reward_model_folder(folder: Path) -> dict[str, Any]:
         raise _refuse(folder, f"it needs Python code of its own to load ({found[0].describe()}), and zerofit "
                       "never runs a reward model's code (trust_remote_code stays off); use a folder of a model "
                       "type transformers ships, without auto_map")  # fmt: skip
-    if not any((folder / name).is_file() for name in _WEIGHTS):
-        pickled = [name for name in _PICKLES if (folder / name).is_file()]
-        why = (
-            f"it holds only pickled weights ({pickled[0]}), and unpickling can run code"
-            if pickled
-            else "no weights"
-        )
-        raise _refuse(folder, f"{why}; zerofit loads a reward model from safetensors only (model.safetensors): "
+    if not safetensors_only(folder, f"rl.rewards: reward_model path {folder}"):  # pickles only: refused there
+        raise _refuse(folder, "no weights; zerofit loads a reward model from safetensors only (model.safetensors): "
                       "save it with save_pretrained(safe_serialization=True)")  # fmt: skip
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     # save_pretrained writes id2label (num_labels is derived from it); transformers' default is 2 labels

@@ -30,8 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-import zerofit
-from config_helpers import DEMO_DATA, REPO
+from config_helpers import DEMO_DATA, train_demo
 from zerofit.cli import main as cli
 from zerofit.core.errors import ConfigError
 from zerofit.export import export_gguf, export_run
@@ -45,17 +44,7 @@ TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16}
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo config trained for 4 steps on one process (final export adapter/ and checkpoint step-4)."""
-    out = tmp_path_factory.mktemp("gguf")
-    zerofit.train(
-        str(REPO / "configs" / "demo.yaml"),
-        output_dir=str(out / "runs"),
-        run_name="demo",
-        distributed={"strategy": "single", "preset": None},
-        train={"max_steps": STEPS},
-        data={"path": DEMO_DATA},
-        logging={"console": False, "wandb": {"mode": "disabled"}},
-    )
-    return out / "runs" / "demo"
+    return train_demo(tmp_path_factory.mktemp("gguf"), STEPS)
 
 
 @pytest.fixture(scope="module")

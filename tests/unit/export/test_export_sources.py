@@ -73,6 +73,21 @@ def test_a_chosen_step(tmp_path: Path) -> None:
         find_weights(tmp_path, step=3)
 
 
+@pytest.mark.parametrize("name", ["adapter_model.bin", "training_state.pt", "weights.pkl"])
+def test_a_pickle_in_the_final_export_is_refused_before_it_is_read(tmp_path: Path, name: str) -> None:
+    # zerofit writes its final adapter/ as safetensors only: a pickle there was put there since.
+    final = _final(tmp_path, 4)
+    (final / name).write_bytes(b"\x80\x04N.")  # (never read: any bytes)
+    with pytest.raises(ConfigError) as err:
+        find_weights(tmp_path)
+    text = err.value.without_heading()
+    assert (
+        f"{final} is the final export adapter/ of run {tmp_path}" in text
+        and f"pickled weights ({name})" in text
+    )
+    assert "delete or move it" in text and "\n" not in text
+
+
 def test_no_weights_at_all(tmp_path: Path) -> None:
     _checkpoint(tmp_path, 2, complete=False)
     with pytest.raises(ConfigError, match="holds no trained weights"):
