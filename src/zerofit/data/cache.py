@@ -13,7 +13,9 @@ entry), and the arrays must make examples as zerofit makes them: ids within the 
 0/1 label mask that leaves every example at least one learned token, offsets from 0 up to the token count,
 one record per example. An entry that fails (edited, cut short, from an older zerofit without the digest,
 or a planted pickle, which `np.load` refuses) is tokenized again and replaced, with a one-line note naming
-the entry and the failed check.
+the entry and the failed check. The digest shows only accidental change (whoever writes an entry can write
+its digest): the loaders also check a sound entry against its source on a sample of records
+(`zerofit.data.cache_check`), and `discard_entry` removes one that does not match.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "PIPELINE_VERSION",
     "CachedData",
     "cache_key",
+    "discard_entry",
     "entry_problem",
     "load_cached",
     "save_cached",
@@ -156,10 +159,25 @@ def _place(tmp: Path, target: Path, vocab: int) -> None:
     except OSError:
         if entry_problem(target, vocab) is None:
             return
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        os.rename(target, old / target.name)
+        old = _set_aside(target)
         os.rename(tmp, target)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _set_aside(target: Path) -> Path:
+    """Move the entry `target` into a new hidden folder beside it (one rename: a reader sees the whole entry
+    or none) and return that folder, for the caller to delete."""
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    os.rename(target, old / target.name)
+    return old
+
+
+def discard_entry(key: str) -> None:
+    """Remove the entry for `key` (one that does not match its source: `zerofit.data.cache_check`), so
+    that the entry written next takes its place."""
+    target = entry_dir(key)
+    if target.exists():
+        shutil.rmtree(_set_aside(target), ignore_errors=True)
 
 
 def _content_digest(folder: Path, claimed: dict[str, Any]) -> str:

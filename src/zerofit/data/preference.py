@@ -33,6 +33,7 @@ from typing import Any
 
 from zerofit.core.errors import DataError
 from zerofit.data.cache import CachedData, load_cached, save_cached, vocab_size
+from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import Preference, detect_format, parse_record
 from zerofit.data.pairs import PreferencePair
@@ -372,7 +373,18 @@ def load_preference_pairs(
                             **whole)  # fmt: skip
         hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
         data = _from_cache(hit) if hit is not None else None
-        if data is not None:
+
+        def again(picked: list[int]) -> tuple[list[PreferencePair], list[int]]:
+            state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective)
+            for index, where, record in source.records_at(picked):
+                state.add(index, where, record, source)
+            return state.pairs, state.records
+
+        if (
+            data is not None
+            and entry is not None
+            and checked(entry, data.examples, data.records, again, source.name)
+        ):
             return data
         state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective)
         data = _tokenize_source(source, state, progress)

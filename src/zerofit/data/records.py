@@ -18,7 +18,7 @@ import csv
 import io
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,23 @@ class RecordSource(ABC):
     def describe(self) -> str:
         return f"{self.name} ({self.kind})"
 
+    def records_at(self, wanted: Sequence[int]) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """`(index, where, record)` of the records numbered `wanted` (0-based, ascending), reading no
+        further than the last of them, and leaving the progress counters as they were (a cache's sample
+        check, `zerofit.data.cache_check`, reads them before any tokenizing)."""
+        counters = self.consumed, self.rows
+        pending = iter(wanted)
+        target = next(pending, None)
+        try:
+            for index, (where, record) in enumerate(self):
+                if target is None:
+                    return
+                if index == target:
+                    yield index, where, record
+                    target = next(pending, None)
+        finally:
+            self.consumed, self.rows = counters
+
 
 # ---------------------------------------------------------------- local files
 
@@ -76,6 +93,22 @@ class JsonlSource(RecordSource):
                 record = _parse_json_line(raw, where)
                 if record is not None:
                     yield where, record
+
+    def records_at(self, wanted: Sequence[int]) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """`RecordSource.records_at`, parsing only the wanted lines (the others are only told blank or not)."""
+        pending = iter(wanted)
+        target, index = next(pending, None), 0
+        with self.path.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                if target is None:
+                    return
+                if not raw.decode("utf-8", "replace").strip():
+                    continue  # a blank line: no record (`_parse_json_line`)
+                if index == target:
+                    where = f"{self.path}:{lineno}"
+                    yield index, where, _parse_json_line(raw, where) or {}
+                    target = next(pending, None)
+                index += 1
 
     def fingerprint(self) -> str:
         return content_sha256(self.path)

@@ -38,6 +38,7 @@ from zerofit.data.cache import (
     tokenizer_fingerprint,
     vocab_size,
 )
+from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation
 from zerofit.data.formats import Conversation, Document, PromptResponse, detect_format, parse_record
 from zerofit.data.progress import tokenizing_progress
@@ -466,7 +467,17 @@ def _load(
                         empty_responses=empty_responses, **({"tools": tools} if tools else {}))  # fmt: skip
     hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
     if hit is not None:
-        return _from_cache(hit)
+        cached = _from_cache(hit)
+
+        def again(picked: list[int]) -> tuple[list[Example], list[int]]:
+            state = _Tokenizer(tokenizer, max_seq_len, format, key, empty_responses, tools)
+            for index, where, record in source.records_at(picked):
+                state.add(index, where, record, source)
+            return state.examples, state.records
+
+        assert entry is not None
+        if checked(entry, cached.examples, cached.records, again, source.name):
+            return cached
     data = _tokenize_source(source, tokenizer, max_seq_len, format, key, progress, empty_responses, tools)
     if entry is not None:
         ids = [e.input_ids for e in data.examples]

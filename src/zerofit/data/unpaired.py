@@ -32,6 +32,7 @@ import torch
 from zerofit.core.errors import DataError
 from zerofit.data.batches import collate, split_global_batch
 from zerofit.data.cache import CachedData, load_cached, save_cached, vocab_size
+from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import _messages
 from zerofit.data.preference import ResponseTokens, fit_pair
@@ -210,24 +211,31 @@ class _Counts:
     n_desirable: int = 0
 
 
+def _add(
+    counts: _Counts, tokenizer: Any, max_seq_len: int, index: int, where: str, record: Any, name: str
+) -> None:
+    """Tokenize record `index` of the source `name` into `counts`."""
+    prompt, completion, label = _parse(record, where)
+    if not isinstance(prompt, str) and not counts.n_records:
+        require_chat_template(tokenizer, f"{name!r}")
+    counts.n_records += 1
+    unit, truncated = tokenize_unpaired(tokenizer, prompt, completion, label, max_seq_len, where)
+    if not has_labels(unit.labels):  # an empty completion, or a prompt that left it no room
+        counts.n_dropped += 1
+        return
+    counts.kept.append(unit)
+    counts.records.append(index)
+    counts.n_truncated += truncated
+    counts.n_desirable += label
+
+
 def _tokenize_source(source: RecordSource, tokenizer: Any, max_seq_len: int, progress: bool) -> _Counts:
     counts = _Counts([], [])
     with tokenizing_progress(source, progress) as update:
         for index, (where, record) in enumerate(source):
             if index % _PROGRESS_EVERY == 0:
                 update()
-            prompt, completion, label = _parse(record, where)
-            if not isinstance(prompt, str) and not counts.n_records:
-                require_chat_template(tokenizer, f"{source.name!r}")
-            counts.n_records += 1
-            unit, truncated = tokenize_unpaired(tokenizer, prompt, completion, label, max_seq_len, where)
-            if not has_labels(unit.labels):  # an empty completion, or a prompt that left it no room
-                counts.n_dropped += 1
-                continue
-            counts.kept.append(unit)
-            counts.records.append(index)
-            counts.n_truncated += truncated
-            counts.n_desirable += label
+            _add(counts, tokenizer, max_seq_len, index, where, record, source.name)
     return counts
 
 
@@ -309,7 +317,18 @@ def load_unpaired(
         )
         hit = load_cached(entry, vocab_size(tokenizer)) if entry is not None else None
         data = _from_cache(hit, max_seq_len) if hit is not None else None
-        if data is not None:
+
+        def again(picked: list[int]) -> tuple[list[UnpairedExample], list[int]]:
+            counts = _Counts([], [])
+            for index, where, record in source.records_at(picked):
+                _add(counts, tokenizer, max_seq_len, index, where, record, source.name)
+            return counts.kept, counts.records
+
+        if (
+            data is not None
+            and entry is not None
+            and checked(entry, data.examples, data.records, again, source.name)
+        ):
             return data
         data = _result(source, _tokenize_source(source, tokenizer, max_seq_len, progress), max_seq_len)
         if entry is not None:

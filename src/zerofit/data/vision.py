@@ -23,6 +23,7 @@ import torch
 
 from zerofit.core.errors import DataError
 from zerofit.data.cache import CachedData
+from zerofit.data.cache_check import checked
 from zerofit.data.chat import (
     _assistant_spans,
     _mask_from_spans,
@@ -362,8 +363,16 @@ def load_vision_examples(
         digest = images_digest(source, base, lambda record, where: vision_messages(record, where)[1])
         entry = vision_cache_key(fingerprint, digest, processor, max_seq_len=max_seq_len, **rules)
         hit = load_vision_cached(entry, processor, processor.token_type_key or TOKEN_TYPES)
-        if hit is not None:
-            return _from_cache(*hit)
+        cached = _from_cache(*hit) if hit is not None else None
+
+        def again(picked: list[int]) -> tuple[list[Example], list[int]]:
+            state = _VisionLoad(processor, max_seq_len, base, rules)
+            for index, where, record in source.records_at(picked):
+                state.add(index, where, record)
+            return state.examples, state.records
+
+        if cached is not None and checked(entry, cached.examples, cached.records, again, source.name):
+            return cached
     state = _VisionLoad(processor, max_seq_len, base, rules)
     for index, (where, record) in enumerate(source):
         state.add(index, where, record)

@@ -16,6 +16,15 @@ numbers (precision, quantization, attention implementation). The table is safete
 a SHA-256 of its bytes in the metadata; a hit (a file that reads, has the pairs' shape, finite values and
 the digest it claims) skips the pass, and the plan says which happened. A file that fails a check is
 never used: a one-line note names it and the check, the pass runs and its table replaces the file.
+
+A digest proves only that nothing changed the file by accident (whoever writes the table can write its
+digest), so a hit is also checked against its source, the model: `_source_problem` recomputes a seeded
+sample of rows (`zerofit.data.cache_check.sample_indices`: 8 pairs, the first and the last among them) with
+the model as the pass would, every rank its share and the same rows on every rank, and compares them with
+the file's within `_TOLERANCE` (by precision: what rounding alone can move). Rank 0's verdict is every
+rank's; on a mismatch a one-line note (`mismatch_note`) names the file, the full pass runs and replaces it.
+The sample's forwards are no-grad, in eval mode, and draw no random numbers: a genuine hit trains exactly
+as the pass that wrote it.
 Training never holds a reference model: the loop reads `reference_logps` from the batch
 (`zerofit.data.pairs.collate_pairs`).
 """
@@ -38,6 +47,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.core.digest import files_sha256
 from zerofit.core.file_modes import follow_umask
 from zerofit.data.cache import cache_key
+from zerofit.data.cache_check import mismatch_note, sample_indices
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.models.build import resolve_model_path
 from zerofit.models.tiny import cache_dir
@@ -50,6 +60,15 @@ __all__ = ["ReferencePass", "precompute_reference", "reference_key"]
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".json")
 _TABLE = "reference_logps"  # the cache file's one tensor: [pairs, 2] fp64, (chosen, rejected) per pair
 _DIGEST_KEY = "sha256"  # its metadata's content digest (`_table_digest`), checked before the table is used
+# How far a sampled row recomputed by the model may lie from the cached one, |cached - recomputed| <=
+# tol x (|recomputed| + 1), by train.precision (part of the key: a table is only ever checked in the
+# precision it was computed in). The recompute batches the pairs differently, so it differs in rounding
+# only. fp32: sums over other batchings differ by 1.3e-7 relative (3.8e-6 at most, 600 demo pairs of
+# tiny-llama on CPU); 1e-4 leaves room for GPU kernels that change with the batch shape. bf16 / fp16: 2^-8,
+# bf16's unit roundoff, the relative precision a value computed from bf16 activations cannot beat; measured,
+# other batchings differ by 1.7e-4 relative (0.003), bf16 from fp32 by 3.4e-4 (0.010 at most), so 2^-8 is
+# 10x the distance of a bf16 table from the exact fp32 one, and a shift of a fraction of a nat is caught.
+_TOLERANCE = {"fp32": 1e-4, "bf16": 2.0**-8, "fp16": 2.0**-8}
 
 
 @dataclass(frozen=True)
@@ -207,6 +226,41 @@ def _score(
     return table
 
 
+def _tolerance(cfg: ZerofitConfig) -> float:
+    """How far a recomputed reference log-prob may lie from the cached one (`_TOLERANCE`): a quantized
+    model's, whose kernels dequantize to a half dtype, as a half precision's."""
+    return _TOLERANCE["bf16" if cfg.quantization.load_in != "none" else cfg.train.precision]
+
+
+def _source_problem(
+    cfg: ZerofitConfig,
+    strategy: Strategy,
+    model: torch.nn.Module,
+    pairs: list[PreferencePair],
+    table: torch.Tensor,
+    micro: int,
+    pad_id: int,
+) -> str:
+    """What a cached `table` gets wrong on a seeded sample of its rows recomputed by `model` ("" when it
+    matches within `_tolerance`), rank 0's verdict on every rank (collective: every rank runs the sample's
+    forwards, `_score`, as the pass does)."""
+    rows = sample_indices(range(len(pairs)))
+    sample = [pairs[i] for i in rows]
+    fresh = strategy.all_reduce_sum(_score(strategy, model, sample, micro, pad_id, cfg.train.cross_entropy))
+    fresh, held = fresh.cpu(), table[rows]
+    rtol = _tolerance(cfg)
+    off = ((held - fresh).abs() > rtol * (fresh.abs() + 1)).nonzero()
+    problem = ""
+    if len(off):
+        k, side = (int(v) for v in off[0])
+        problem = (
+            f"pair {rows[k]}'s {('chosen', 'rejected')[side]} reference log-prob is {float(held[k, side]):.4f} "
+            f"in the file, {float(fresh[k, side]):.4f} recomputed by the model, beyond the "
+            f"{cfg.train.precision} tolerance of {rtol:.2g} x (|log-prob| + 1)"
+        )
+    return str(strategy.broadcast_object(problem))
+
+
 def precompute_reference(
     cfg: ZerofitConfig,
     strategy: Strategy,
@@ -221,15 +275,20 @@ def precompute_reference(
     because = "data.cache is false" if not cfg.data.cache else "the model's weights are not local files"
     found = _cached_table(path, len(pairs)) if strategy.rank == 0 else None
     cached = bool(strategy.broadcast_object(found is not None))  # rank 0's: every rank runs the pass or none
-    if found is not None:
-        local: torch.Tensor = found.to(strategy.device, torch.float64)
-    elif cached:
-        local = torch.zeros(len(pairs), 2, dtype=torch.float64, device=strategy.device)
-    else:
+    table, problem = None, ""
+    if cached:  # rank 0's table on every rank, then checked against the model on a sample
+        zeros = torch.zeros(len(pairs), 2, dtype=torch.float64)
+        table = strategy.all_reduce_sum((zeros if found is None else found).to(strategy.device)).cpu()
+        problem = _source_problem(cfg, strategy, model, pairs, table, micro_batch_size, pad_id)
+        if problem and strategy.rank == 0 and path is not None:
+            mismatch_note(path, problem)
+    if table is None or problem:
+        cached = False
         local = _score(strategy, model, pairs, micro_batch_size, pad_id, cfg.train.cross_entropy)
-    table = strategy.all_reduce_sum(local).cpu()
-    if not cached and path is not None and strategy.rank == 0 and _read(path, len(pairs))[0] is None:
-        _write(path, table)  # the first sound table for these pairs wins: later runs all read the same one
+        table = strategy.all_reduce_sum(local).cpu()
+        # The first sound table for these pairs wins (later runs all read the same one); a mismatched one goes.
+        if path is not None and strategy.rank == 0 and (problem or _read(path, len(pairs))[0] is None):
+            _write(path, table)
     values: list[Any] = table.tolist()
     for pair, (chosen, rejected) in zip(pairs, values, strict=True):
         pair.reference = (chosen, rejected)

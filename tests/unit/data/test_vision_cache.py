@@ -125,3 +125,34 @@ def test_every_family_reads_back_what_it_cached(tmp_path: Path, name: str) -> No
     second = load_vision_examples(path, processor, 256, cache=True)
     assert not first.stats.from_cache and second.stats.from_cache
     assert _same(first.examples, second.examples)
+
+
+def test_pixels_rewritten_with_a_matching_digest_are_read_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An entry whose image tensors were rewritten (every pixel negated: the shapes, so the claims check,
+    still hold) and whose digest was recomputed with zerofit's own function is caught by the sample check
+    against the source (issue 45): the data is read again, one note names the entry, and the rebuilt entry
+    serves the next read."""
+    from safetensors.torch import load_file, save_file
+
+    from zerofit.data import cache as cache_module
+
+    processor, path = _processor(), _data(tmp_path)
+    before = _entries()
+    first = load_vision_examples(path, processor, 256, cache=True)
+    (entry,) = _entries() - before
+    tensors = load_file(entry / IMAGES_FILE)
+    tensors["pixel_values"] = -tensors["pixel_values"]
+    save_file(tensors, entry / IMAGES_FILE)
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["digest"] = cache_module._content_digest(entry, {k: v for k, v in meta.items() if k != "digest"})
+    (entry / "meta.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    rebuilt = load_vision_examples(path, processor, 256, cache=True)
+    note = capsys.readouterr().err
+    assert not rebuilt.stats.from_cache and _same(first.examples, rebuilt.examples)  # type: ignore[arg-type]
+    assert note.startswith(f"zerofit: {entry} does not match its source (record 0 of {path}")
+    assert "images.pixel_values" in note and note.count("\n") == 1
+    again = load_vision_examples(path, processor, 256, cache=True)
+    assert again.stats.from_cache and capsys.readouterr().err == ""

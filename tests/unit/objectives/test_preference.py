@@ -238,9 +238,9 @@ def test_simpo_and_orpo_equal_trls_losses() -> None:
 # -- one global batch, any split: the same loss and gradients -------------------------------------------
 
 
-def _sgd_strategy(model: torch.nn.Module) -> Any:
+def _sgd_strategy(model: torch.nn.Module, precision: str = "fp32") -> Any:
     """A one-process strategy holding `model` with SGD at lr 1 (an update is minus the gradient)."""
-    strategy = one_process_strategy()
+    strategy = one_process_strategy(precision)
     strategy.prepare(
         model,
         lambda m: torch.optim.SGD(m.parameters(), lr=1.0),
@@ -468,6 +468,21 @@ REFERENCE_TAMPERINGS: dict[str, tuple[Callable[[Path], None], str]] = {
 }
 
 
+def _fresh_pass(
+    cfg: Any, strategy: Any, model: torch.nn.Module, pairs: list[PreferencePair], micro: int
+) -> Any:
+    """`precompute_reference` computing its table in a pass (a file left by an interrupted run of the same
+    test is removed first), the cache file's path set."""
+    from zerofit.loop.reference import precompute_reference
+
+    first = precompute_reference(cfg, strategy, model, pairs, micro, 0)
+    assert first.path is not None
+    if first.cached:
+        first.path.unlink()
+        first = precompute_reference(cfg, strategy, model, pairs, micro, 0)
+    return first
+
+
 @pytest.mark.parametrize("tampering", list(REFERENCE_TAMPERINGS))
 def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
     tampering: str, capsys: pytest.CaptureFixture[str]
@@ -482,12 +497,8 @@ def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
     model = _tiny()
     strategy = _sgd_strategy(model)
     pairs = [_pair(300 + i) for i in range(4)]  # pairs of their own: a file no other test writes
-    first = precompute_reference(cfg, strategy, model, pairs, 2, 0)
-    assert first.path is not None
+    first = _fresh_pass(cfg, strategy, model, pairs, 2)
     try:
-        if first.cached:  # left over by an interrupted run of this test: start from a fresh pass
-            first.path.unlink()
-            first = precompute_reference(cfg, strategy, model, pairs, 2, 0)
         fresh = [p.reference for p in pairs]
         tamper, check = REFERENCE_TAMPERINGS[tampering]
         tamper(first.path)
@@ -505,6 +516,48 @@ def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
         third = [_pair(300 + i) for i in range(4)]
         assert precompute_reference(cfg, strategy, model, third, 2, 0).cached  # the file was replaced
         assert [p.reference for p in third] == fresh and capsys.readouterr().err == ""
+    finally:
+        first.path.unlink(missing_ok=True)
+
+
+def _shifted(path: Path, nats: float) -> None:
+    """Every chosen log-prob moved by `nats`, the digest rewritten to match (zerofit's own `_table_digest`)."""
+    from safetensors.torch import load_file
+
+    from zerofit.loop.reference import _table_digest
+
+    table = load_file(str(path))["reference_logps"]
+    table[:, 0] += nats
+    _edited(path, table, _table_digest(table))
+
+
+def test_a_bf16_reference_table_is_checked_within_its_tolerance(capsys: pytest.CaptureFixture[str]) -> None:
+    """A hit is checked against the model on a seeded sample of rows (issue 45). In bf16 the sample's
+    forwards, batched otherwise than the pass, round differently: a genuine table still passes; a half-nat
+    shift of the chosen column under a matching digest does not (the tolerance is 2^-8 x (|log-prob| + 1)),
+    and the table is computed again."""
+    from zerofit.loop.reference import precompute_reference
+
+    cfg = _fp32_config()
+    cfg.train.precision = "bf16"
+    model = _tiny()
+    strategy = _sgd_strategy(model, "bf16")
+    fresh = [_pair(400 + i) for i in range(12)]
+    first = _fresh_pass(cfg, strategy, model, fresh, 4)
+    try:
+        capsys.readouterr()
+        again = [_pair(400 + i) for i in range(12)]
+        assert precompute_reference(cfg, strategy, model, again, 3, 0).cached  # other micro-batches
+        assert capsys.readouterr().err == ""
+        _shifted(first.path, -0.5)
+        shifted = [_pair(400 + i) for i in range(12)]
+        assert not precompute_reference(cfg, strategy, model, shifted, 4, 0).cached
+        err = capsys.readouterr().err
+        assert (
+            err.startswith(f"zerofit: {first.path} does not match its source (pair ") and err.count("\n") == 1
+        )
+        assert "beyond the bf16 tolerance of 0.0039 x (|log-prob| + 1)); rebuilding it" in err
+        assert [p.reference for p in shifted] == [p.reference for p in fresh]
     finally:
         first.path.unlink(missing_ok=True)
 
