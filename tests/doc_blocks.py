@@ -256,11 +256,17 @@ def missing_shown(shown: tuple[str, ...], output: str, tolerance: float | None =
 
 
 def exact_half_precision_figures(shown: Shown, output: str) -> list[str]:
-    """The shown lines with a decimal figure compared exactly although `output` (the command's real output)
-    is a training run in bf16 or fp16: each should sit in a fence that states a tolerance."""
+    """The shown lines with a measured decimal figure compared exactly although `output` (the command's real
+    output) is a training run in bf16 or fp16: each should sit in a fence that states a tolerance."""
     if shown.tolerance is not None or not (HALF_PRECISION.search(output) and TRAINED.search(output)):
         return []
-    return [line for line in shown.lines if DECIMAL.search(_normal(line).replace("#", ""))]
+    return [line for line in shown.lines if _measured(line) and DECIMAL.search(_normal(line))]
+
+
+def _measured(line: str) -> bool:
+    """Whether a shown line of a training run holds what the run measured (a step line, a summary row, the
+    closing and best lines), not its plan: the plan's lines are indented under `zerofit plan` and predict."""
+    return bool(line) and not line[0].isspace()
 
 
 def guides_in_order() -> list[Path]:

@@ -120,7 +120,10 @@ def test_a_half_precision_run_compared_exactly_is_found() -> None:
     (block,) = doc_blocks(BF16_DOC, "docs/guides/x.md")
     assert block.shown is not None
     exact = replace(block.shown, tolerance=None)
-    assert exact_half_precision_figures(exact, BF16_OUTPUT)[0].startswith("  engine")
+    assert exact_half_precision_figures(exact, BF16_OUTPUT)[0].startswith("step 1/10")
+    # the plan's lines predict: a bf16 run's shown plan alone is compared as shown
+    plan_lines = replace(exact, lines=tuple(line for line in exact.lines if line.startswith(" ")))
+    assert plan_lines.lines and exact_half_precision_figures(plan_lines, BF16_OUTPUT) == []
     assert exact_half_precision_figures(block.shown, BF16_OUTPUT) == []
     plan_only = "\n".join(line for line in BF16_OUTPUT.splitlines() if line.startswith(" "))
     assert exact_half_precision_figures(exact, plan_only) == []
