@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
+from rich.text import Text
 
 from zerofit.core.errors import ConfigError
 
@@ -80,10 +81,10 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
     if memory.get("attention"):
         console.print(f"Attention: {memory['attention']['text']}")
     _print_verdict(memory, console)
+    _print_remedies(memory, console)  # a run that does not fit leads with what to change
     _print_micro_table(memory, console)
     if memory.get("speed"):
         print_speed(memory["speed"], console)
-    _print_remedies(memory, console)
     _print_checks(memory, console)
     for note in memory.get("notes") or []:
         console.print(f"Note: {note}")
@@ -184,17 +185,24 @@ def _print_micro_table(memory: dict[str, Any], console: Console) -> None:
 
 
 def _print_remedies(memory: dict[str, Any], console: Console) -> None:
-    """The remedies, when the run does not fit."""
+    """The remedies, when the run does not fit: one per entry, the smallest change first, its overrides on
+    a line of their own that is never cut or broken (soft wrap: the terminal folds it, a copy is whole)."""
     if not memory.get("remedies"):
         return
-    t = Table(title="Remedies (each alone, then combined), predicted at the largest micro-batch that fits")
-    for col in ("remedy", "micro", "total GiB", "verdict", "how"):
-        t.add_column(col)
-    for r in memory["remedies"]:
-        t.add_row(
-            r["remedy"], str(r["micro_batch_size"]), _gib(r["total_gib"]), r["verdict"] or "-", r["how"]
+    console.print("What to change, the smallest change first (each alone):", highlight=False)
+    for i, r in enumerate(memory["remedies"], 1):
+        said = Table.grid(padding=(0, 1))
+        said.add_column(width=4, justify="right", no_wrap=True)
+        said.add_column()
+        said.add_row(
+            f"{i}.",
+            Text(
+                f"{r['remedy']}: {_gib(r['total_gib'])} GiB at micro {r['micro_batch_size']} "
+                f"({r['verdict'] or '-'}); costs: {r['cost']}"
+            ),
         )
-    console.print(t)
+        console.print(said)
+        console.print(f"     {r['how']}", soft_wrap=True, highlight=False, markup=False)
 
 
 def _print_checks(memory: dict[str, Any], console: Console) -> None:
@@ -255,6 +263,8 @@ def print_speed(speed: dict[str, Any], console: Console) -> None:
         chosen["micro_batch_size"],
         chosen["checkpointed_layers"],
     )
+    if configured.get("verdict") not in (None, "fits"):
+        return  # the run does not fit: what to change leads (`_print_remedies`), not a speed suggestion
     # Which line runs is said on the line: the fastest plan runs only when the config leaves it to `auto`.
     if same:
         console.print(f"Chosen plan: {_plan_line(chosen)}; this run uses it")
@@ -262,7 +272,7 @@ def print_speed(speed: dict[str, Any], console: Console) -> None:
         console.print(f"Fastest plan: {_plan_line(chosen)}; a suggestion: this run uses the configured plan")
     if runner_up is not None:
         console.print(f"Runner-up:   {_plan_line(runner_up)}")
-    if base is not None:
+    if base is not None and same:  # one speed-up a screen: the configured plan's, where it is not the fastest
         console.print(
             f"Predicted speed-up: {speed['speedup_vs_baseline']:.2f}x over full checkpointing with the unchunked "
             f"loss at the largest micro-batch that fits (micro {base['micro_batch_size']}: "

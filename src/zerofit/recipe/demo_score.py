@@ -178,13 +178,15 @@ def format_report(task: SetScore, facts: SetScore) -> str:
             f"     base:    {task.before[i]}",
             f"     trained: {task.after[i]}",
         ]
-    forgot = [
-        p.prompt
-        for p, b, a in zip(facts.probes, facts.passed_before, facts.passed_after, strict=True)
-        if b and not a
-    ]
-    if forgot:
-        lines.append(f"  Forgotten: {'; '.join(forgot)}")
+    # Both ways: a count that stays the same may be one fact forgotten and another gained.
+    for label, before, after in (("Forgotten", True, False), ("Gained", False, True)):
+        changed = [
+            p.prompt
+            for p, b, a in zip(facts.probes, facts.passed_before, facts.passed_after, strict=True)
+            if (b, a) == (before, after)
+        ]
+        if changed:
+            lines.append(f"  {label}: {'; '.join(changed)}")
     if ta <= tb:
         lines.append("  The task did not improve: this run trained too little (raise train.max_steps).")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ the keys' refusals, and what `zerofit plan` prints (the chosen plan, the runner-
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +215,8 @@ def test_the_chosen_plan_line_says_whether_the_run_uses_it(configured_micro: int
         "options": [fastest],
         "chosen": fastest,
         "runner_up": None,
-        "baseline": None,
+        "baseline": _option(8, 4, 32, 459.2),
+        "speedup_vs_baseline": 1.25,
         "configured": configured,
     }
     console = Console(record=True, width=300)
@@ -229,6 +231,28 @@ def test_the_chosen_plan_line_says_whether_the_run_uses_it(configured_micro: int
         assert "; a suggestion: this run uses the configured plan" in text
         assert "Configured:  micro 2 x accum 16, checkpointing all layers" in text
         assert "this run uses it (the fastest plan is 1.25x faster: set batch.micro_batch_size=auto" in text
+    # One speed-up a screen (issue 45: 1.26x over the baseline beside 1.27x over the configured plan).
+    assert len(re.findall(r"\d\.\d\dx", text)) == 1, text
+    assert ("Predicted speed-up: 1.25x" in text) == (configured_micro == 1)
+
+
+def test_a_configured_plan_that_does_not_fit_gets_no_speed_suggestion() -> None:
+    """Out of memory is not a speed tip: below the table of plans that fit, nothing offers the fastest one
+    (the remedies lead the screen instead)."""
+    from rich.console import Console
+
+    from zerofit.planner.report import print_speed
+
+    fastest = _option(1, 32, 28, 572.0)
+    configured = {**_option(4, 8, 32, 562.0), "total_gib": 25.42, "verdict": "does not fit"}
+    speed = {"rates_of": "rtx3090", "reference_rates": False, "options": [fastest], "chosen": fastest}
+    speed |= {"runner_up": None, "baseline": fastest, "speedup_vs_baseline": 1.0, "configured": configured}
+    console = Console(record=True, width=300)
+    print_speed(speed, console)
+    text = console.export_text()
+    assert "Fastest plans that fit" in text
+    for tip in ("Fastest plan:", "Chosen plan", "suggestion", "faster", "speed-up", "Configured"):
+        assert tip not in text, text
 
 
 def test_the_chooser_runs_only_on_a_config_with_no_other_problem() -> None:

