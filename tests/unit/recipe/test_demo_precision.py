@@ -48,7 +48,8 @@ def test_the_command_prints_the_overrides_and_says_why(
 def test_this_machine_is_judged_by_torchs_own_check() -> None:
     import torch
 
-    assert cpu_computes_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    kernels = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert cpu_computes_bf16() is (kernels and torch.backends.mkldnn.enabled)  # off: tests/avx2_cpu
 
 
 def test_make_demo_passes_them_before_the_users_overrides() -> None:
