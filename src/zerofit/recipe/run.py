@@ -136,6 +136,9 @@ class FinetuneRecipe:
         from zerofit.recipe.assembly import assemble
 
         self.run = run = assemble(self.resolved, config_file=self.config_path)
+        # A GRPO run's reward functions are imported now, before its files are written and its plan printed:
+        # a `module:function` that cannot be imported is refused like any config error, with nothing written.
+        self.rollouts = run.rollouts
         plan, strategy = run.plan, run.strategy
         cfg, rank, point = plan.config, strategy.rank, plan.resume
         assert cfg.train.max_steps is not None, "a run plan knows its step count"
