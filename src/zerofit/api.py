@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.config import ZerofitConfig, load_config, resolve
-from zerofit.config.loader import deep_merge, flatten, parse_overrides, read_config_file, validate_config
+from zerofit.config.loader import (
+    deep_merge,
+    flatten,
+    parse_overrides,
+    read_config_file,
+    refuse_null_run_name,
+    validate_config,
+)
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import RunLayout
 
@@ -67,6 +74,7 @@ def _config(config: ConfigLike, overrides: dict[str, Any]) -> tuple[ZerofitConfi
     `distributed.strategy=single` on the command line does, rather than contradicting it.
     """
     extra = _override_items(overrides)
+    refuse_null_run_name(extra)
     if isinstance(config, ZerofitConfig):
         cfg, path = validate_config(deep_merge(config.model_dump(mode="json"), extra)), None
     elif isinstance(config, dict):

@@ -4,6 +4,8 @@
   one paragraph on every rank (folder, free space, what was kept, the fix), no traceback (W&B's logging
   included), the partial folder removed, and no rank left waiting in a barrier;
 - the `deepspeed` runner killed alone: its `launch.py` and both ranks stop instead of training on unwatched;
+- one rank killed (`kill -9`) mid-run: the other says which rank stopped, the last complete checkpoint and the
+  resume command in one paragraph, instead of gloo's "Connection reset by peer" traceback;
 - long rank-0-only work outlasts the process-group timeout without killing the run; timed saves agree.
 
 The last is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
@@ -25,8 +27,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from subprocess import Popen
 
+import psutil
 import pytest
 
 from full_disk import small_filesystem
@@ -152,42 +157,94 @@ def test_a_full_disk_mid_checkpoint_is_one_paragraph_on_every_rank(
     assert leftovers == []
 
 
+@contextlib.contextmanager
+def _deepspeed_launch(
+    config: Path, out: Path, name: str, overrides: tuple[str, ...]
+) -> Iterator[Popen[bytes]]:
+    """`deepspeed --num_gpus 2 launchers/launch_finetune.py ...` started as a user would (its own session),
+    its stdout and stderr in `out/name.out` and `out/name.err`; whatever is left of it is killed after."""
+    cmd = Launch(name, "deepspeed", overrides).command(config, out)
+    own = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")  # the launch brings its own rendezvous
+    env = {k: v for k, v in os.environ.items() if k not in own}
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"{name}.out").open("w") as stdout, (out / f"{name}.err").open("w") as stderr:
+        runner = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=stdout, stderr=stderr, start_new_session=True
+        )
+    try:
+        yield runner
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGKILL)  # whatever a failed check left of the launch
+
+
+def _wait_until(done: Callable[[], bool], runner: Popen[bytes], log: Path) -> None:
+    """Wait until `done()` while the launch runs (a bound on the wait, not a speed requirement)."""
+    deadline = time.monotonic() + 300
+    while not done():
+        assert runner.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def _rank_processes(runner: Popen[bytes]) -> dict[int, psutil.Process]:
+    """The launch's rank processes by local rank (deepspeed's launch.py passes `--local_rank=R`)."""
+    ranks = {}
+    for proc in psutil.Process(runner.pid).children(recursive=True):
+        flags = [part for part in proc.cmdline() if part.startswith("--local_rank=")]
+        if flags:
+            ranks[int(flags[0].split("=")[1])] = proc
+    return ranks
+
+
 def test_killing_the_deepspeed_runner_alone_ends_launch_py_and_every_rank(
     config: Path, tmp_path: Path
 ) -> None:
     """Only the runner's pid is killed (not its process group): launch.py and the ranks are its descendants,
     not its children, so without a watch they train on (and would race a resume with their checkpoints)."""
-    import psutil
-
     steps = 100_000  # far more than the wait below could train: on main the ranks are still training
     out = tmp_path / "runs"
     overrides = (f"train.max_steps={steps}", "checkpoint.every_steps=0")
-    cmd = Launch("orphan", "deepspeed", overrides).command(config, out)
-    own = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")  # the launch brings its own rendezvous
-    env = {k: v for k, v in os.environ.items() if k not in own}
-    with (tmp_path / "log").open("w") as log:
-        runner = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
-    try:
-        metrics = out / "orphan" / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.is_file() and metrics.read_text().strip()):
-            log_tail = (tmp_path / "log").read_text()[-3000:]
-            assert runner.poll() is None and time.monotonic() < deadline, log_tail
-            time.sleep(0.05)
+    with _deepspeed_launch(config, out, "orphan", overrides) as runner:
+        metrics, log = out / "orphan" / "metrics.jsonl", out / "orphan.err"
+        _wait_until(lambda: metrics.is_file() and bool(metrics.read_text().strip()), runner, log)
         descendants = psutil.Process(runner.pid).children(recursive=True)
         commands = [" ".join(p.cmdline()) for p in descendants]
         assert sum("deepspeed.launcher.launch" in c for c in commands) == 1, commands
-        assert sum("--local_rank=" in c for c in commands) == 2, commands
+        assert sorted(_rank_processes(runner)) == [0, 1], commands
         os.kill(runner.pid, signal.SIGKILL)  # the runner only, as `kill -9 PID` does
         runner.wait()
         _, alive = psutil.wait_procs(descendants, timeout=60)  # a bound on the wait, not a speed requirement
         left = [" ".join(p.cmdline()) for p in alive if p.is_running()]
         assert not left, f"still running after the deepspeed runner was killed: {left}"
         assert len(metrics.read_text().splitlines()) < steps
-        assert "the deepspeed launcher" in (tmp_path / "log").read_text()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(runner.pid, signal.SIGKILL)  # whatever a failed check left of the launch
+        assert "the deepspeed launcher" in log.read_text()
+
+
+def test_a_rank_killed_mid_run_leaves_the_other_with_one_paragraph_and_the_resume_command(
+    config: Path, tmp_path: Path
+) -> None:
+    """`kill -9` of rank 1 once a checkpoint is saved: rank 0's next collective fails (gloo: "Connection reset
+    by peer"), and instead of that traceback it says which rank stopped, the last complete checkpoint and the
+    resume command, in one paragraph on stderr (its exit code is 75; deepspeed's own is the killed rank's)."""
+    out = tmp_path / "runs"
+    overrides = ("train.max_steps=100000", "checkpoint.every_steps=2", "logging.wandb.mode=disabled")
+    with _deepspeed_launch(config, out, "lost", overrides) as runner:
+        run_dir, err = out / "lost", out / "lost.err"
+        _wait_until(lambda: bool(complete_checkpoints(run_dir)), runner, err)
+        ranks = _rank_processes(runner)
+        victim = ranks[1].pid
+        os.kill(victim, signal.SIGKILL)
+        assert runner.wait(timeout=120) != 0  # a bound on the wait, not a speed requirement
+    text, shown = err.read_text(), (out / "lost.out").read_text()
+    assert "Traceback" not in text + shown, text[-4000:]
+    (paragraph,) = [line for line in text.splitlines() if line.startswith("zerofit (rank 0): error: ")]
+    step, folder = complete_checkpoints(run_dir)[-1]
+    assert paragraph.startswith(f"zerofit (rank 0): error: rank 1 (pid {victim}) stopped (killed, "), (
+        paragraph
+    )
+    assert f"The last complete checkpoint is {folder} (step {step})" in paragraph
+    assert paragraph.endswith("resume with the same command plus checkpoint.resume=true")
+    assert "zerofit (rank 1)" not in text  # the killed rank says nothing
 
 
 def test_a_rank_0_job_longer_than_the_timeout_does_not_kill_the_run(run: RunResult) -> None:

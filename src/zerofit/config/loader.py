@@ -7,6 +7,7 @@ schema, bad values name the key, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
+import re
 import reprlib
 import typing
 from collections.abc import Iterable, Sequence
@@ -18,15 +19,31 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from zerofit.config.schema import BOOL_NOT_NUMBER, RuleHint, ZerofitConfig
+from zerofit.config.schema import BOOL_NOT_NUMBER, TEXT_NOT_NUMBER, RuleHint, ZerofitConfig
 from zerofit.core.errors import ConfigError
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no tag builds an object) that reads a number with an exponent as a number in
+    every form, as YAML 1.2 does: PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent, so
+    `lr: 3e-3`, `1e5` and `1.0e5` would be text, which a float field refuses (`schema.TEXT_NOT_NUMBER`). A
+    quoted `'3e-3'` stays text."""
+
+
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_NUMBER, list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """A config's YAML (a file, or an override's value) as data: `yaml.safe_load` plus YAML 1.2's numbers."""
+    return yaml.load(text, Loader=_ConfigLoader)
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     """Turn `["batch.global_batch_size=64", "lora.target_modules=[q_proj,v_proj]"]` into a nested dict.
 
-    Values are parsed as YAML scalars/flow lists, so `64` is an int, `true` a bool, `[a,b]` a list and
-    `null` None; anything else stays a string.
+    Values are parsed as YAML scalars/flow lists, so `64` is an int, `3e-3` a float, `true` a bool, `[a,b]`
+    a list and `null` None; anything else (a quoted `'3e-3'` too) stays a string.
     """
     nested: dict[str, Any] = {}
     problems: list[str] = []
@@ -39,7 +56,7 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             )
             continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw  # e.g. an unbalanced bracket: keep the literal text, the schema will judge it
         if _expands_beyond_limit(value):
@@ -231,6 +248,7 @@ def _bound_problem(err: dict[str, Any], loc: list[str]) -> str | None:
 # text), and why each is refused.
 _KIND_ERRORS = {
     BOOL_NOT_NUMBER: "true/false is not a number",
+    TEXT_NOT_NUMBER: "a quoted string is text, not a number",
     "finite_number": "not a finite number (inf and nan are refused)",
     "int_from_float": "not a whole number",
     "int_type": "",
@@ -271,7 +289,10 @@ def _kind_problem(err: dict[str, Any], loc: list[str]) -> str | None:
     elif others:
         rule += f", or {' or '.join(others)}"
     default = field.default
-    if not hint and isinstance(default, int | float) and not isinstance(default, bool):
+    if err["type"] == TEXT_NOT_NUMBER:  # the user's own number is the example: written without quotes
+        number = str(err.get("input"))[:SHOWN_CHARS]
+        rule += f"; write it without quotes: {'.'.join(loc)}={number} (in a YAML file `{loc[-1]}: {number}`)"
+    elif not hint and isinstance(default, int | float) and not isinstance(default, bool):
         rule += f"; e.g. {'.'.join(loc)}={default}"
     why = _KIND_ERRORS[err["type"]] or f"not {'an integer' if integer else 'a number'}"
     return f"{'.'.join(loc)} = {shown(err.get('input'))}: {why}; it must be {rule}"
@@ -340,7 +361,7 @@ def read_config_file(file: Path) -> dict[str, Any]:
     """The mapping a YAML config file holds; a file that is no UTF-8, no YAML, no mapping or that expands
     beyond `MAX_CONFIG_VALUES` values is one `ConfigError` naming it."""
     try:
-        loaded = yaml.safe_load(_config_text(file))
+        loaded = load_yaml(_config_text(file))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -357,6 +378,21 @@ def read_config_file(file: Path) -> dict[str, Any]:
     return loaded
 
 
+def refuse_null_run_name(overrides: dict[str, Any]) -> None:
+    """An override that sets `run_name` to null (`run_name=null` / `~`, the API's `run_name=None`) is refused:
+    it names no run, and taking the derived name instead would ignore what the user wrote. (In a config file
+    `run_name: null` is the key left out, as a dump of an unresolved config writes it.)"""
+    if "run_name" in overrides and overrides["run_name"] is None:
+        raise ConfigError(
+            [
+                "run_name = null: the override sets run_name to null (run_name=null or run_name=~), which "
+                "names no run folder; set a name (run_name=NAME, one folder name under output_dir), or leave "
+                "the override out for the name derived from the model, method, preset, precision and batch "
+                "(e.g. tiny-llama-lora-zero2-bf16-g16)"
+            ]
+        )
+
+
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> ZerofitConfig:
     """Load `path` (YAML; None = all defaults), apply dotted overrides, and validate."""
     raw: dict[str, Any] = {}
@@ -368,6 +404,8 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Zerof
             )
         raw = read_config_file(file)
     overrides = list(overrides)
-    config = validate_config(deep_merge(raw, parse_overrides(overrides)))
+    nested = parse_overrides(overrides)
+    refuse_null_run_name(nested)
+    config = validate_config(deep_merge(raw, nested))
     config.mark_overridden(frozenset(item.partition("=")[0].strip() for item in overrides))
     return config

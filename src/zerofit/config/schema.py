@@ -9,6 +9,7 @@ Defaults here are the values a user gets when a key is absent; derived values
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -43,6 +44,8 @@ class RuleHint:
 
 # The pydantic error type of a true/false given for a number (see `_Section._no_bool_numbers`).
 BOOL_NOT_NUMBER = "bool_not_number"
+# The pydantic error type of a quoted number given for a float field (see `_Section._no_text_floats`).
+TEXT_NOT_NUMBER = "text_not_number"
 
 
 def _number_field(annotation: Any) -> bool:
@@ -58,6 +61,29 @@ def _number_field(annotation: Any) -> bool:
     return annotation in (int, float)
 
 
+def _takes_float_not_text(annotation: Any) -> bool:
+    """Whether a field's type takes a float and no free text: a union's members are looked through
+    (`float | None`, `Annotated[float, ...]`); a member `str` (`data.eval_split`'s split name) takes text."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _takes_float_not_text(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        members = [
+            typing.get_args(m)[0] if typing.get_origin(m) is Annotated else m
+            for m in typing.get_args(annotation)
+        ]
+        return str not in members and any(_takes_float_not_text(m) for m in members)
+    return annotation is float
+
+
+def _finite_number_text(value: str) -> bool:
+    """Whether `value` is text Python reads as a finite number (`'3e-3'`, `'0.5'`; not `'inf'`, `'abc'`)."""
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
 def _admits_bool(annotation: Any) -> bool:
     """Whether `annotation` (a union member) takes true or false: `bool`, or a `Literal` of one of them."""
     if annotation is bool:
@@ -69,8 +95,9 @@ def _admits_bool(annotation: Any) -> bool:
 
 class _Section(BaseModel):
     """Base for every config section: unknown keys are errors, assignments are re-validated, a float is
-    finite (`.inf` and `nan` wreck a run: a learning rate of inf trains to a NaN loss), and a number is
-    never true/false (pydantic alone takes `train.max_steps=true` as 1 step)."""
+    finite (`.inf` and `nan` wreck a run: a learning rate of inf trains to a NaN loss), a number is
+    never true/false (pydantic alone takes `train.max_steps=true` as 1 step), and a float is never a quoted
+    string (pydantic alone reads `optimizer.lr="3e-3"` as 0.003, while its strict fields refuse text)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
@@ -81,6 +108,24 @@ class _Section(BaseModel):
         field = cls.model_fields.get(info.field_name or "")
         if isinstance(value, bool) and field is not None and _number_field(field.annotation):
             raise PydanticCustomError(BOOL_NOT_NUMBER, "true/false is not a number")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_text_floats(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse a quoted number (text) for a float field, as pydantic's strict float does; text that is
+        no number is left to pydantic's own refusal (the loader words both messages). An unquoted `3e-3`
+        reaches here as a float: the loader reads YAML numbers with an exponent as numbers."""
+        field = cls.model_fields.get(info.field_name or "")
+        if (
+            isinstance(value, str)
+            and field is not None
+            and _takes_float_not_text(field.annotation)
+            and _finite_number_text(value)
+        ):
+            raise PydanticCustomError(
+                TEXT_NOT_NUMBER, "a quoted string is text, not a number; write it without quotes"
+            )
         return value
 
 

@@ -82,6 +82,13 @@ class TrainingDiverged(ZerofitError):
     agreed = True
 
 
+class PeerLost(ZerofitError):
+    """Another rank of the run stopped (killed, out of memory, a crash) or the connection to it was lost, so
+    this rank cannot go on: every rank left says so in one paragraph naming that rank (where it can be seen
+    from this host), the last complete checkpoint and the resume command, with the exit code
+    `zerofit.recipe.lost_rank.EXIT_PEER_LOST` instead of a collective's traceback."""
+
+
 class RewardError(ZerofitError):
     """A reward function failed on a step's completions (it raised, returned the wrong count of scores, or a
     NaN / infinite / non-numeric score): one paragraph naming the function, the step and the data row, so the

@@ -54,7 +54,7 @@ from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.unpaired import UnpairedExample, kto_micro_batches
 from zerofit.levers.compiling import graph_breaks
 from zerofit.levers.sequence_parallel import shard_micro_batch
-from zerofit.loop.rollout import COMPLETIONS_TABLE, Rollouts
+from zerofit.loop.rollout import COMPLETIONS_TABLE, RewardFailed, Rollouts
 from zerofit.loop.signals import StopSignal
 from zerofit.metrics.base import MetricsSink, TableSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
@@ -362,7 +362,10 @@ def _train_on_step(run: LoopInputs, step: int) -> tuple[StepResult, int]:
         return train_step(
             run.strategy, run.model, micro_batches, run.max_grad_norm, run.cross_entropy, run.objective
         ), samples
-    micro_batches, rl_metrics = run.rollouts.step_batches(run.strategy, run.model, step)
+    try:
+        micro_batches, rl_metrics = run.rollouts.step_batches(run.strategy, run.model, step)
+    except RewardFailed as exc:  # before the step trains or saves: say what the run kept
+        raise RewardFailed(f"{exc} {_kept(run, step + 1)}") from None
     started = time.perf_counter()
     for _ in range(run.updates_per_rollout):
         result = train_step(
@@ -402,18 +405,30 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return not local or bool(torch.stack([torch.isfinite(t).all() for t in local]).all())
 
 
+def _kept(run: LoopInputs, steps_done: int, resume: str = "") -> str:
+    """What a run that stops at step `steps_done` before saving it kept, and how to go on once its cause is
+    fixed: the newest complete checkpoint and the resume command (`resume`: what the command adds), or
+    that no checkpoint was saved yet."""
+    folders = checkpoint_folders(RunLayout(run.run_dir).checkpoints) if run.run_dir is not None else []
+    if not folders:
+        return (
+            f"No checkpoint was saved yet (nothing of step {steps_done} was): once fixed, start the run again"
+        )
+    step, folder = folders[-1]
+    return (
+        f"The last good checkpoint, {folder} (step {step}), is kept: nothing of step {steps_done} was saved. "
+        f"Once fixed, resume from it with the same command plus checkpoint.resume=true{resume}"
+    )
+
+
 def diverged(run: LoopInputs, steps_done: int, what: str, lr: float) -> TrainingDiverged:
     """The one paragraph for a step whose loss, gradient norm or weights are not finite (every rank)."""
-    folders = checkpoint_folders(RunLayout(run.run_dir).checkpoints) if run.run_dir is not None else []
-    if folders:
-        kept = (
-            f"The last good checkpoint, {folders[-1][1]} (step {folders[-1][0]}), is kept: nothing of step "
-            f"{steps_done} was saved. Fix the cause and resume from it with the same command plus "
-            "checkpoint.resume=true and checkpoint.allow_changes=[KEY] for the key you changed (e.g. "
-            "optimizer.lr), or start a new run (checkpoint.resume=false)"
-        )
-    else:
-        kept = f"No checkpoint was saved before it (nothing of step {steps_done} was): fix the cause and start again"
+    kept = _kept(
+        run,
+        steps_done,
+        " and checkpoint.allow_changes=[KEY] for the key you changed (e.g. optimizer.lr), or start a new run "
+        "(checkpoint.resume=false)",
+    )
     return TrainingDiverged(
         f"training diverged at step {steps_done}: {what}, so the run stops here (an update from it would "
         "make every later step NaN). Likely causes: a learning rate too high for this model (this step's "

@@ -3,7 +3,8 @@
 On a terminal, rich shows one bar with ETA, step, loss, lr, tokens/s and peak memory. Under a launcher, in
 CI or in tests stdout is not a terminal (deepspeed pipes its ranks' output), and a live bar would print
 control codes; there it prints one compact line every `every` steps (and the first and last). At `close()`
-it prints one table with the run's outcome.
+it prints one table with the run's outcome, unless no step was logged in this launch (a run stopped by an
+error before its first step never started training: a table of zeros would only bury the error).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ConsoleSink:
         self.title = title
         self._start = time.monotonic()
         self._closed = False
+        self._logged = False  # a step logged in this launch (a resume's replayed rows are not)
         self._last_printed: int | None = None
         self._first: tuple[int, float] | None = None
         self._progress: Progress | None = None
@@ -76,6 +78,7 @@ class ConsoleSink:
         self._start -= wall_s
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self._logged = True
         self.summary.update(step, metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=min(step, self.total), status=_status(metrics))
@@ -110,6 +113,8 @@ class ConsoleSink:
         self._closed = True
         if self._progress is not None:
             self._progress.stop()
+        if not self._logged:
+            return  # no step logged in this launch (an error before the first one): no summary of nothing
         self.console.print(summary_table(self.summary.result(time.monotonic() - self._start), self.title))
 
 

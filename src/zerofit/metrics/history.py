@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.core.messages import warn
+from zerofit.metrics.rows import read_rows, skipped_text
 
 __all__ = ["rewind_metrics"]
 
@@ -22,20 +23,11 @@ def rewind_metrics(path: Path, step: int) -> list[dict[str, Any]]:
     """Keep the rows of steps 1..`step` of `path` (if it exists), rewrite it, and return them in step order."""
     if not path.is_file():
         return []
-    by_step: dict[int, dict[str, Any]] = {}
-    damaged = 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            damaged += 1  # a torn line (a kill mid-write); the step is re-logged if it is resumed past
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and 0 < row["step"] <= step:
-            by_step[row["step"]] = row
-    if damaged > 1:  # one torn last line is what a kill leaves; more is worth a word
-        warn(f"{path}: {damaged} unreadable lines dropped while rewinding to step {step}")
+    found = read_rows(path)
+    # A torn last line is what a kill leaves (the step is re-logged if it is resumed past); more is worth a word.
+    if found.skipped:
+        warn(f"{path}: dropped while rewinding to step {step}: {skipped_text(found.skipped)}")
+    by_step = {row["step"]: row for row in found.rows if row["step"] <= step}
     rows = [by_step[s] for s in sorted(by_step)]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")

@@ -15,8 +15,10 @@ from typing import Any
 from zerofit.config.loader import read_config_file
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import DataError
+from zerofit.core.messages import warn
 from zerofit.core.run_layout import METRICS_FILE, RunLayout
 from zerofit.metrics.keys import PEAK_GIB, rank_of_field
+from zerofit.metrics.rows import read_rows, skipped_text
 from zerofit.metrics.summary import RunSummary, next_tokens_seen, predicted_peak_gib
 
 # The optimizer-step column of W&B history rows (see wandb_sink.STEP_METRIC).
@@ -73,30 +75,31 @@ def _is_num(value: Any) -> bool:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            # A run killed mid-write leaves a torn last line; anything earlier is real corruption.
-            if number == len(lines):
-                break
-            raise DataError(
-                f"{path}:{number}: not valid JSON ({exc.msg}); the metrics file is damaged — "
-                "delete the broken line or compare another run"
-            ) from exc
+    """The rows of a `metrics.jsonl`, the last one of each step, in step order. A line that is no metrics
+    row (no UTF-8, no JSON, no whole-number step) is left out with one warning naming the file and the line;
+    a file with lines but not one row is a DataError (it is no zerofit metrics file)."""
+    found = read_rows(path)
+    if found.skipped and found.rows:
+        n = len(found.skipped)
+        warn(
+            f"{path}: skipped {n} line{'s' if n > 1 else ''} that {'are' if n > 1 else 'is'} no metrics row "
+            f"({skipped_text(found.skipped)}); comparing the file's other rows"
+        )
+    if not found.rows and (found.skipped or found.torn):
+        raise DataError(
+            f"{path} holds no usable metrics row ({skipped_text([*found.skipped, *filter(None, [found.torn])])}): every row of a zerofit "
+            "metrics.jsonl is a JSON object with a whole-number step, one per line; pass the folder of a run "
+            "zerofit wrote, or leave this one out"
+        )
     # A resumed run appends: keep the last record of each step, in step order.
-    by_step = {int(r.get("step", i)): r for i, r in enumerate(rows)}
+    by_step = {row["step"]: row for row in found.rows}
     return [by_step[s] for s in sorted(by_step)]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # unreadable, no UTF-8 or no JSON: a folder from elsewhere
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -250,7 +250,7 @@ def _score_one(
 ) -> list[float]:
     """One function's scores of the batch, checked: RewardError on a raise, a wrong count, a bad value."""
     prompts, completions, columns = batch
-    fix = "fix the function or the data row; the run stopped there and keeps its last checkpoint."
+    fix = "fix the function or the data row."  # the loop adds what the run kept (`loop.train`)
     try:
         scores = _call(reward, prompts, completions, columns)
     except Exception as exc:

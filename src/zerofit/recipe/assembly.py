@@ -205,13 +205,14 @@ class PreparedRun:
             objective=self.objective,
             compiled=self.built.compiled_layers > 0,
             run_dir=self.plan.run_dir,
-            rollouts=self._rollouts(),
+            rollouts=self.rollouts,
             updates_per_rollout=cfg.rl.num_iterations if cfg.train.objective == "grpo" else 1,
         )
 
-    def _rollouts(self) -> Rollouts | None:
+    @functools.cached_property
+    def rollouts(self) -> Rollouts | None:
         """train.objective grpo: the run's rollouts (its reward functions built, so imported, here: only a
-        training launch gets here); None otherwise."""
+        training launch asks, `FinetuneRecipe.setup` before it writes or prints anything); None otherwise."""
         cfg = self.plan.config
         if cfg.train.objective != "grpo" or self.data is None:
             return None

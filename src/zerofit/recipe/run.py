@@ -5,7 +5,8 @@ Order matters for the user: the config is resolved against the launcher's world 
 is imported, so a batch that does not divide fails in a fraction of a second; the run is assembled
 (`zerofit.recipe.assembly`: spec, engine, data, model) and any checkpoint restored before the run directory is
 written, so a user error never writes into any run directory. Every `ZerofitError` becomes one paragraph
-on stderr and exit code 2 on every rank, without a traceback.
+on stderr and exit code 2 on every rank, without a traceback; a rank whose peer stopped mid-run says which
+one, the checkpoint kept and the resume command (`zerofit.recipe.lost_rank`, exit code 75).
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
-from zerofit.core.errors import ConfigError, LaunchError, RunFinished, ZerofitError
+from zerofit.core.errors import ConfigError, LaunchError, PeerLost, RunFinished, ZerofitError
 from zerofit.core.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.core.run_layout import RunLayout, step_dir_name
 from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
 from zerofit.planner import choose_fastest_plan
+from zerofit.recipe.lost_rank import EXIT_PEER_LOST, peer_lost
 from zerofit.recipe.report import best_line, format_plan, loss_summary
 from zerofit.recipe.vision import names_vision_model, refuse_vision_settings
 from zerofit.strategies.env import LaunchEnv, launch_env
+from zerofit.strategies.peers import collective_failure
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
@@ -136,6 +139,9 @@ class FinetuneRecipe:
         from zerofit.recipe.assembly import assemble
 
         self.run = run = assemble(self.resolved, config_file=self.config_path)
+        # A GRPO run's reward functions are imported now, before its files are written and its plan printed:
+        # a `module:function` that cannot be imported is refused like any config error, with nothing written.
+        self.rollouts = run.rollouts
         plan, strategy = run.plan, run.strategy
         cfg, rank, point = plan.config, strategy.rank, plan.resume
         assert cfg.train.max_steps is not None, "a run plan knows its step count"
@@ -241,16 +247,36 @@ class FinetuneRecipe:
         assert self.run is not None and self.stop.agreed is not None
         plan, strategy = self.run.plan, self.run.strategy
         strategy.barrier()  # every rank's files (and rank 0's summary) are on disk before anyone exits
-        again = " checkpoint.resume=true"
-        if plan.run_name != self.resolved.config.run_name:  # a new run that took `-2`: resume that one
-            again += f" run_name={plan.run_name}"
         say(
             f"zerofit: stopped by {signal.Signals(self.stop.agreed).name} after step {steps_done} of "
             f"{plan.config.train.max_steps}; checkpoint "
-            f"{self.checkpointer.root / step_dir_name(steps_done)}; resume with the same command plus{again}",
+            f"{self.checkpointer.root / step_dir_name(steps_done)}; resume with the same command "
+            f"plus{self._resume_args()}",
             rank=strategy.rank,
         )
         return RunOutcome(StopSignal.exit_code(self.stop.agreed), plan.run_dir)
+
+    def _resume_args(self) -> str:
+        """What the launch command adds to resume this run: `checkpoint.resume=true`, and the run's name
+        when a new run took `-2` (the command's own name is the other run's)."""
+        again = " checkpoint.resume=true"
+        if self.run is not None and self.run.plan.run_name != self.resolved.config.run_name:
+            again += f" run_name={self.run.plan.run_name}"
+        return again
+
+    def lost_peer(self, exc: BaseException) -> PeerLost | None:
+        """`exc` as the paragraph of a peer rank that stopped (`zerofit.recipe.lost_rank`), or None when it is
+        no collective's failure to reach a peer (any other error stays as it is, even with a peer gone: that
+        peer may have exited after its own error); from then on the launcher's SIGTERM changes nothing."""
+        env = launch_env()
+        cause = collective_failure(exc) if env.world_size > 1 else None
+        if cause is None:
+            return None
+        self.stop.stopped()  # the launcher now ends this rank (SIGTERM): say why, not "stopping after the step"
+        run = self.run
+        processes = run.strategy.processes if run is not None else []
+        run_dir = run.plan.run_dir if run is not None else None
+        return peer_lost(cause, env.rank, processes, run_dir, self._resume_args())
 
     def _say_end(self, steps_done: int, losses: list[float], early: bool, exported: Path | None) -> None:
         """The end of a finished run: early stop, losses, the best evaluation, where the results are."""
@@ -275,6 +301,11 @@ def run_training(
     try:
         recipe.setup()
         return recipe.train()
+    except Exception as exc:
+        lost = recipe.lost_peer(exc)  # another rank stopped: one paragraph, not the collective's traceback
+        if lost is None:
+            raise
+        raise lost from None
     finally:
         recipe.cleanup()
 
@@ -317,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             error(f"zerofit (rank {env.rank})", exc)
         elif env.launched:
             leave_after_the_rank_that_says_it(stop)
-        return EXIT_USER_ERROR
+        return EXIT_PEER_LOST if isinstance(exc, PeerLost) else EXIT_USER_ERROR
 
 
 def prints_error(exc: ZerofitError, env: LaunchEnv, *, from_config: bool) -> bool:

@@ -19,7 +19,17 @@ __all__ = ["LaunchEnv", "Strategy", "build_strategy", "launch_env"]
 
 
 def build_strategy(spec: EngineSpec) -> Strategy:
-    """The strategy for `spec`'s engine, with its process group up; it consumes the spec as rendered."""
+    """The strategy for `spec`'s engine, with its process group up; it consumes the spec as rendered. Every
+    rank's process is recorded (`Strategy.processes`): a rank that stops mid-run is then named by the others."""
+    from zerofit.strategies.peers import rank_processes
+
+    strategy = _engine(spec)
+    strategy.processes = rank_processes(strategy.all_gather_object)
+    return strategy
+
+
+def _engine(spec: EngineSpec) -> Strategy:
+    """The engine's strategy for `spec` (its constructor starts the process group)."""
     from zerofit.engine.spec import DeepSpeedSpec, FSDPSpec, LocalSpec
 
     env = launch_env()

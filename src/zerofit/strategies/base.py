@@ -30,6 +30,7 @@ from zerofit.core.errors import LaunchError
 from zerofit.core.precision import torch_dtype
 from zerofit.engine.spec import EngineSpec
 from zerofit.strategies.env import LaunchEnv
+from zerofit.strategies.peers import RankProcess
 
 # How often a rank waiting for rank 0 (`Strategy.wait_for_rank0`) looks at the store: first after POLL_MIN_S,
 # each look twice as late as the one before, up to every POLL_S. Most waits are short (rank 0 loads cached
@@ -124,6 +125,8 @@ class Strategy(ABC):
         if self.device.type == "cpu":
             limit_cpu_threads()
         self._rank0_waits = 0  # numbers the wait_for_rank0 keys: every rank calls it in the same order
+        # Every rank's process (`zerofit.strategies.peers`), recorded by `build_strategy`: names a rank that stops.
+        self.processes: list[RankProcess] = []
 
     @property
     def pg_timeout(self) -> timedelta:

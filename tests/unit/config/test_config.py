@@ -73,7 +73,7 @@ def test_parse_overrides_types_and_nesting() -> None:
         "train": {"activation_checkpointing": True, "max_grad_norm": None},
         "run_name": "my run",
     }
-    # YAML 1.1 reads `3e-4` as a string; the schema still takes it as the float it means.
+    # PyYAML (YAML 1.1) reads `3e-4` as a string; the loader reads it as the number it means (YAML 1.2).
     assert load_config(None, ["optimizer.lr=3e-4"]).optimizer.lr == 3e-4
 
 
@@ -589,6 +589,89 @@ def test_no_float_field_takes_inf_or_nan(key: str) -> None:
     for word, shown in ((".inf", "inf"), ("-.inf", "-inf"), (".nan", "nan")):
         problem = _refusal([f"{key}={word}"], path=None)
         assert problem.startswith(f"{key} = {shown}: not a finite number (inf and nan are refused)"), problem
+
+
+FLOAT_FIELDS = [
+    key for key, annotation in NUMBER_FIELDS if "float" in str(annotation) and "str" not in str(annotation)
+]
+
+
+def test_the_schema_s_float_fields_are_found() -> None:
+    assert {
+        "optimizer.lr",
+        "optimizer.eps",
+        "train.max_grad_norm",
+        "preference.beta",
+        "planner.headroom",
+    } <= set(FLOAT_FIELDS)
+    assert "data.eval_split" not in FLOAT_FIELDS  # a fraction, or a split name (text)
+
+
+@pytest.mark.parametrize("key", FLOAT_FIELDS)
+def test_no_float_field_takes_a_quoted_number(key: str) -> None:
+    """pydantic alone read `optimizer.lr="3e-3"` as 0.003, while its strict fields refuse text: every float
+    field refuses a quoted number, naming the key, the value and the fix (the number without quotes)."""
+    for quoted, number in (("'0.5'", "0.5"), ('"3e-3"', "3e-3")):
+        problem = _refusal([f"{key}={quoted}"], path=None)
+        assert problem.startswith(
+            f"{key} = {number!r}: a quoted string is text, not a number; it must be "
+        ), problem
+        leaf = key.rsplit(".", 1)[-1]
+        assert problem.endswith(
+            f"write it without quotes: {key}={number} (in a YAML file `{leaf}: {number}`)"
+        )
+
+
+def test_a_quoted_number_is_refused_in_a_file_and_in_a_list_of_rewards(tmp_path: Path) -> None:
+    path = tmp_path / "quoted.yaml"
+    path.write_text('optimizer:\n  lr: "3e-3"\n')
+    assert _refusal([], path=path).startswith("optimizer.lr = '3e-3': a quoted string is text, not a number")
+    reward = _refusal(["rl.rewards=[{function: length, target_length: 3, weight: '2'}]"], path=None)
+    assert (
+        reward == "rl.rewards.0.weight = '2': a quoted string is text, not a number; write it without quotes"
+    )
+
+
+def test_an_unquoted_exponent_is_a_number_in_a_file_and_on_the_command_line(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) reads `3e-3`, `1e5` and `1.0e5` as text; a config reads them as the numbers they
+    are (YAML 1.2), so the strict float fields take them; only a quoted number stays text."""
+    assert parse_overrides(["a=3e-3", "b=1e5", "c=1.0e5", "d=-2E+2", "e='3e-3'", "f=1_000", "g=e5"]) == {
+        "a": 3e-3,
+        "b": 1e5,
+        "c": 1e5,
+        "d": -200.0,
+        "e": "3e-3",
+        "f": 1000,
+        "g": "e5",
+    }
+    path = tmp_path / "exponents.yaml"
+    path.write_text("optimizer:\n  lr: 3e-3\n  eps: 1E-8\ntrain:\n  max_grad_norm: 1e0\n")
+    cfg = load_config(path, ["preference.beta=5e-2"])
+    assert (cfg.optimizer.lr, cfg.optimizer.eps, cfg.train.max_grad_norm, cfg.preference.beta) == (
+        3e-3,
+        1e-8,
+        1.0,
+        5e-2,
+    )
+
+
+@pytest.mark.parametrize("null", ["null", "~", "Null", "NULL"])
+def test_an_override_of_run_name_to_null_is_refused(null: str) -> None:
+    """`run_name=~` used to become the derived name silently; an override that names no run is refused, in
+    one paragraph naming the key and the two fixes (a name, or no override)."""
+    problem = _refusal([f"run_name={null}"])
+    assert problem.startswith("run_name = null: the override sets run_name to null"), problem
+    assert "set a name (run_name=NAME" in problem and "or leave the override out" in problem
+
+
+def test_run_name_null_in_a_file_is_the_key_left_out_and_the_api_refuses_none(tmp_path: Path) -> None:
+    import zerofit
+
+    path = tmp_path / "unresolved.yaml"  # what a dump of an unresolved config writes
+    path.write_text(DEMO.read_text() + "run_name: null\n")
+    assert resolve(load_config(path), 1).config.run_name == resolve(load_config(DEMO), 1).config.run_name
+    with pytest.raises(ConfigError, match="run_name = null: the override sets run_name to null"):
+        zerofit.plan(DEMO, run_name=None)
 
 
 def test_a_config_file_that_is_not_utf8_names_the_file_the_byte_and_the_fix(tmp_path: Path) -> None:

@@ -195,3 +195,44 @@ def test_compare_shows_a_kto_runs_reference_point(
     (kl,) = [line for line in text.splitlines() if "final kl " in line]
     assert f"{0.25 * rows[-1]['step']:.4f}" in kl
     assert "final eval/kl" in text and "0.0625" in text
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (b'{"step": "x", "loss": 1.0}', "line 3: its step is 'x', not a whole number >= 1"),
+        (b"\xff\xfe\x00garbage", "line 3: not UTF-8 text (byte 0xff at column 1)"),
+        (b'{"step": 2, "loss": ', "line 3: not valid JSON"),
+    ],
+    ids=["step-not-a-number", "not-utf8", "torn-mid-file"],
+)
+def test_a_line_that_is_no_row_is_named_skipped_and_the_rest_compared(
+    two_runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str], bad: bytes, why: str
+) -> None:
+    metrics = two_runs[1] / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines()
+    metrics.write_bytes(b"\n".join([*lines[:2], bad, *lines[2:]]) + b"\n")
+    assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--no-plots"]) == 0
+    out, err = capsys.readouterr()
+    (warning,) = err.splitlines()  # one line, naming the file and the line
+    assert warning.startswith(f"zerofit: warning: {metrics}: skipped 1 line") and why in warning
+    assert "Traceback" not in err
+    (steps,) = [line for line in out.splitlines() if "optimizer steps" in line]
+    assert [cell.strip() for cell in steps.split("│")[2:4]] == ["6", "6"]  # both runs: all 6 steps compared
+    assert [row["step"] for row in load_run(two_runs[1]).rows] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_metrics_file_with_no_usable_line_is_one_paragraph_naming_it(
+    two_runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = two_runs[1] / "metrics.jsonl"
+    random = bytes((i * 197 + 61) % 256 for i in range(4000))  # bytes of every value, newlines included
+    metrics.write_bytes(random)
+    assert main(["compare", str(two_runs[0]), str(two_runs[1]), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"zerofit compare: error: {metrics} holds no usable metrics row (line 1: ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    metrics.write_text('{"step": "x"}\n["a list"]\n')
+    assert main(["compare", str(two_runs[1]), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "line 1: its step is 'x', not a whole number >= 1; line 2: a JSON list, not an object" in err

@@ -206,6 +206,23 @@ def test_console_on_terminal_shows_a_progress_bar() -> None:
     assert "4/4" in text and "loss 0.5000" in text and "mean of the last 2 step(s)" in text
 
 
+@pytest.mark.parametrize("terminal", [False, True])
+def test_a_run_that_logged_no_step_prints_no_summary_table(terminal: bool) -> None:
+    """An error before the first step (a failed import, a reward failing at step 1) closes the sinks of a run
+    that never trained: no table of zeros ("wall time 0.0 s") above the error, a resume's replayed rows
+    included; one logged step brings the table back."""
+    for replayed in ([], [{"step": s, **_step_metrics(s)} for s in (1, 2)]):
+        buffer = io.StringIO()
+        sink = ConsoleSink(4, console=Console(file=buffer, force_terminal=terminal, width=160))
+        sink.resume_from(replayed, 12.0)
+        sink.close()
+        assert "summary" not in buffer.getvalue() and "wall time" not in buffer.getvalue()
+    sink = ConsoleSink(4, console=Console(file=buffer, force_terminal=terminal, width=160))
+    sink.log(1, _step_metrics(1))
+    sink.close()
+    assert "zerofit: train summary" in buffer.getvalue()
+
+
 def test_default_group_and_name_make_sweeps_comparable(tmp_path: Path) -> None:
     resolved = _resolved(tmp_path)
     assert default_name(resolved) == "zero2-g8-m2x2x2"

@@ -123,4 +123,4 @@ def test_a_bad_reward_is_one_paragraph_naming_function_step_and_row(fn: Any, exp
     with pytest.raises(RewardError, match=expected) as caught:
         score_completions(rewards, ["p"] * 3, ["abcd", "abcde", "abc"], {}, step=7, rows=[10, 11, 12])
     assert isinstance(caught.value, ZerofitError)  # the launcher prints it as one paragraph, no traceback
-    assert "\n" not in str(caught.value) and "last checkpoint" in str(caught.value)
+    assert "\n" not in str(caught.value) and str(caught.value).endswith("fix the function or the data row.")

@@ -166,28 +166,65 @@ def test_the_rl_rules_refuse_with_the_keys() -> None:
 BAD = "zerofit_planted_bad_reward"
 
 
-def test_a_reward_failing_mid_run_is_one_paragraph_and_keeps_the_last_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("fail_at", [3, 1])
+def test_a_reward_failing_mid_run_is_one_paragraph_naming_the_checkpoint_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fail_at: int
 ) -> None:
-    """The user's reward returns a NaN at step 3: the run stops with the paragraph naming the function, the
-    step and the row, exit code 2, and the step-2 checkpoint is the last one (nothing of step 3 saved)."""
+    """The user's reward returns a NaN at step `fail_at`: the run stops with the paragraph naming the function,
+    the step and the row, exit code 2, and what was kept: at step 3 the step-2 checkpoint (nothing of step 3
+    saved) and how to resume; at step 1 that no checkpoint was saved yet (it used to say the run "keeps its
+    last checkpoint"), with no summary table of a run that trained nothing."""
     _write_task(tmp_path)
     (tmp_path / f"{BAD}.py").write_text(
         "CALLS = []\n"
         "def flaky(prompts, completions, columns):\n"
         "    CALLS.append(1)\n"
-        "    return [float('nan') if len(CALLS) == 3 and i == 1 else 0.5 for i in range(len(completions))]\n"
+        f"    return [float('nan') if len(CALLS) == {fail_at} and i == 1 else 0.5 for i in range(len(completions))]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, BAD, raising=False)
-    args = [*_args(tmp_path, "bad"), f"rl.rewards=[{{function: '{BAD}:flaky'}}]", "checkpoint.every_steps=1"]
+    args = [
+        *_args(tmp_path, "bad"),
+        f"rl.rewards=[{{function: '{BAD}:flaky'}}]",
+        "checkpoint.every_steps=1",
+        "logging.console=true",
+    ]
     capsys.readouterr()
     assert _launch(monkeypatch, args) == 2
-    err = capsys.readouterr().err
-    assert f"The reward function '{BAD}:flaky' failed at step 3 on data row" in err and "NaN" in err
-    assert err.count("failed at step 3") == 1 and "Traceback" not in err
+    out, err = capsys.readouterr()
+    assert f"The reward function '{BAD}:flaky' failed at step {fail_at} on data row" in err and "NaN" in err
+    assert err.count(f"failed at step {fail_at}") == 1 and "Traceback" not in err
     run_dir = tmp_path / "bad" / "grpo"
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")) == [
-        "step-1",
-        "step-2",
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+    assert "keeps its last checkpoint" not in err
+    if fail_at == 3:
+        assert saved == ["step-1", "step-2"]
+        assert (
+            f"The last good checkpoint, {run_dir / 'checkpoints' / 'step-2'} (step 2), is kept: nothing of step 3 "
+            "was saved. Once fixed, resume from it with the same command plus checkpoint.resume=true"
+        ) in err
+        assert "zerofit: grpo summary" in out  # two steps trained
+    else:
+        assert saved == []
+        assert "No checkpoint was saved yet (nothing of step 1 was): once fixed, start the run again" in err
+        assert "summary" not in out and "wall time" not in out, out
+
+
+def test_a_reward_that_cannot_be_imported_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `module:function` reward that cannot be imported is a config error said before the plan, the run's
+    files and the metrics sinks (it used to follow the plan and an empty summary table, "wall time 0.0 s")."""
+    _write_task(tmp_path)
+    args = [
+        *_args(tmp_path, "missing"),
+        "rl.rewards=[{function: 'zerofit_planted_no_such_module:fn'}]",
+        "logging.console=true",
     ]
+    capsys.readouterr()
+    assert _launch(monkeypatch, args) == 2
+    out, err = capsys.readouterr()
+    assert "rl.rewards[0].function = 'zerofit_planted_no_such_module:fn': no module" in err
+    assert "Traceback" not in err
+    assert "zerofit plan" not in out and "summary" not in out and "wall time" not in out, out
+    assert not (tmp_path / "missing").exists()  # nothing written: no config.yaml, no metrics, no summary.json

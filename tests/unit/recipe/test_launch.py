@@ -192,6 +192,38 @@ def test_a_silent_rank_leaves_after_the_rank_that_says_the_error(monkeypatch: py
     assert run.main(typo) == run.EXIT_USER_ERROR and waits == []  # a plain `python` start says it itself
 
 
+def test_a_rank_whose_peer_stopped_says_it_and_exits_75(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank left says the lost peer's paragraph itself (none of them is the one that knows more) and
+    exits with EXIT_PEER_LOST, not a user error's 2 (docs/contracts.md, "Entry point")."""
+    import zerofit.recipe.run as run
+    from zerofit.core.errors import PeerLost
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise PeerLost("rank 0 (pid 4242) stopped (killed, ...), so rank 1 cannot go on (...). No checkpoint")
+
+    monkeypatch.setattr(run, "run_training", lost)
+    monkeypatch.setattr(run, "die_with_parent", lambda: None)
+    monkeypatch.setattr(run, "die_with_launcher", lambda stop, rank: None)
+    monkeypatch.setattr(run.StopSignal, "install", lambda self: self)
+    env = {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert (
+        run.main(["--config", str(Path(DATA).parents[1] / "configs" / "demo.yaml")])
+        == run.EXIT_PEER_LOST
+        == 75
+    )
+    assert capsys.readouterr().err.startswith("zerofit (rank 1): error: rank 0 (pid 4242) stopped")
+
+
 def test_the_silent_rank_waits_until_a_signal_or_a_bound() -> None:
     """The launcher's signal ends the wait (a stop request during training: no exit at once), and without
     one the wait is bounded."""
