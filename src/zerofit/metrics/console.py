@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from zerofit.core.messages import said
 from zerofit.metrics.keys import MAX_PEAK
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 
@@ -79,6 +80,7 @@ class ConsoleSink:
         self.summary.update(step, metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=min(step, self.total), status=_status(metrics))
+            said()  # the bar moved: a progress line (`zerofit.core.progress`) is due only after a quiet interval
             return
         if self._first is None:
             self._first = (step, time.monotonic())
@@ -92,6 +94,7 @@ class ConsoleSink:
                 highlight=False,
                 soft_wrap=True,
             )
+            said()  # a progress line (`zerofit.core.progress`) is due only after a quiet interval
 
     def _eta(self, step: int) -> str:
         # From the pace since the first logged step (a resumed run starts late; step 1 includes warm-up).

@@ -24,6 +24,7 @@ import yaml
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.core.errors import ConfigError, LaunchError, RunFinished, ZerofitError
 from zerofit.core.messages import error, line_buffered_output, quiet_libraries, say
+from zerofit.core.progress import progress
 from zerofit.core.run_layout import RunLayout, step_dir_name
 from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
 from zerofit.planner import choose_fastest_plan
@@ -273,7 +274,10 @@ def run_training(
     calls it in-process, the launcher through `main`)."""
     recipe = FinetuneRecipe(resolved, config_path, stop)
     try:
-        recipe.setup()
+        # Up to the plan: the engine, the built-in model, the data, the model, the optimizer (each of its
+        # own long parts reports inside this one: DeepSpeed's first compile, a conversion, tokenizing).
+        with progress("setting up the run", enabled=launch_env().rank == 0):
+            recipe.setup()
         return recipe.train()
     finally:
         recipe.cleanup()
