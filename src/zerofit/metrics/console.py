@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zerofit.core.messages import said
-from zerofit.metrics.keys import MAX_PEAK
+from zerofit.metrics.keys import JUDGED_BY, LOSS, MAX_PEAK
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 
 
@@ -130,6 +130,21 @@ def loss_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def judged_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run is judged by, where that is not the loss (the loss rows follow): `reward accuracy
+    (rewards/accuracies), mean of the first -> last 10 step(s) | 0.5000 -> 1.0000` (`RunSummary.result`'s
+    `judged_by`; the metric's name after its words where they differ)."""
+    words = dict(pair for group in JUDGED_BY for pair in group)
+    rows = []
+    for key, trend in (result.get("judged_by") or {}).items():
+        if key == LOSS:
+            continue
+        name = words.get(key, key) if words.get(key, key) == key else f"{words[key]} ({key})"
+        first, last = _fmt(trend["first"], ".4f"), _fmt(trend["last"], ".4f")
+        rows.append((f"{name}, mean of the first -> last {trend['steps']} step(s)", f"{first} -> {last}"))
+    return rows
+
+
 def summary_table(result: dict[str, Any], title: str = "run") -> Table:
     """One table of a run's outcome (see `RunSummary.result`)."""
     table = Table(title=f"zerofit: {title} summary", show_header=False)
@@ -138,6 +153,7 @@ def summary_table(result: dict[str, Any], title: str = "run") -> Table:
     source = result.get("mem_source") or "?"
     rows: list[tuple[str, str]] = [
         ("optimizer steps", str(result.get("steps", 0))),
+        *judged_rows(result),
         *loss_rows(result),
         ("tokens seen", _fmt(result.get("tokens_seen"), ",.0f")),
         ("mean tokens/s", _fmt(result.get("mean_tokens_per_s"), ",.1f")),
