@@ -78,6 +78,7 @@ demo: setup
 	port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
 	echo "zerofit demo: $(DEMO_CONFIG) on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
 	precision=$$($(PY) -m zerofit.recipe.demo_precision $(DS_ACCELERATOR)) || exit 1; \
+	echo "Starting DeepSpeed's launcher: each rank loads torch, transformers and DeepSpeed, then says what it does"; \
 	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config $(DEMO_CONFIG) $$precision $(DEMO_ARGS) \
 	  && run=$$(ls -td runs/demo-smollm2-json*/ | head -1) \
 	  && echo "" && echo "Scoring held-out prompts, base model vs trained adapter (greedy):" \

@@ -30,6 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_SILENT", "true")
+# Progress lines (`zerofit.core.progress`) come after 10 s without output, so whether one shows up depends on
+# the machine's load: the suite's commands print none (an hour), and the tests of progress set their own.
+os.environ.setdefault("ZEROFIT_PROGRESS_EVERY_S", "3600")
 # The virtualenv's tools first, as in an activated venv, for every test and every process it launches: the
 # venv's `ninja` (a torch dependency) and a system `ninja` of another version each find the other's build
 # log stale, so DeepSpeed's JIT ops (deepspeed_shm_comm) were rebuilt (~40 s of both cores) whenever a test

@@ -14,20 +14,38 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 
-__all__ = ["error", "line_buffered_output", "quiet_libraries", "say", "warn"]
+__all__ = ["error", "line_buffered_output", "quiet_for", "quiet_libraries", "said", "say", "warn"]
+
+_last_line = [time.monotonic()]  # when this process last printed a line for its user
+
+
+def said() -> None:
+    """Record that a line for the user was printed just now (`say` and `warn` do; so does a printer of its
+    own, the console sink's step lines): a progress line is due only after `every_s` of quiet."""
+    _last_line[0] = time.monotonic()
+
+
+def quiet_for() -> float:
+    """Seconds since this process last printed a line for its user (`said`)."""
+    return time.monotonic() - _last_line[0]
 
 
 def say(message: str, *, rank: int = 0) -> None:
-    """Print `message` on stdout once per run: on rank 0, silently nowhere else."""
+    """Print `message` on stdout once per run: on rank 0, silently nowhere else. One write of the line and
+    its newline: a progress line from another thread (`zerofit.core.progress`) never splits it."""
     if rank == 0:
-        print(message, flush=True)
+        sys.stdout.write(f"{message}\n")
+        sys.stdout.flush()
+        said()
 
 
 def warn(message: str) -> None:
     """Print one warning line on stderr (every rank that calls it)."""
     print(f"zerofit: warning: {message}", file=sys.stderr, flush=True)
+    said()
 
 
 def error(source: str, exc: BaseException | str) -> None:

@@ -37,8 +37,7 @@ from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import Preference, detect_format, parse_record
 from zerofit.data.pairs import PreferencePair
-from zerofit.data.progress import tokenizing_progress
-from zerofit.data.records import RecordSource
+from zerofit.data.records import PROGRESS_EVERY, RecordSource
 from zerofit.data.sft import (
     EMPTY_RESPONSE_RULES,
     DataStats,
@@ -53,8 +52,6 @@ from zerofit.data.tokenize import encode_head, encode_tail, ending_in_eos, text_
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["ResponseTokens", "fit_pair", "load_preference_pairs", "tokenize_pair"]
-
-_PROGRESS_EVERY = 256  # records between progress-bar refreshes
 
 
 @dataclass
@@ -311,10 +308,10 @@ class _PairTokenizer:
 def _tokenize_source(
     source: RecordSource, state: _PairTokenizer, progress: bool
 ) -> TokenizedData[PreferencePair]:
-    with tokenizing_progress(source, progress) as update:
+    with source.tokenizing(progress) as shown:
         for index, (where, record) in enumerate(source):
-            if index % _PROGRESS_EVERY == 0:
-                update()
+            if index % PROGRESS_EVERY == 0:
+                shown.update(source.consumed)
             state.add(index, where, record, source)
     return state.result(source)
 

@@ -19,6 +19,7 @@ import io
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,15 @@ from zerofit.config.resolve import looks_like_hub_id
 from zerofit.core.data_files import DATA_FILE_KINDS, DATA_FILE_SUFFIXES, DataFileKind
 from zerofit.core.digest import content_sha256, files_sha256
 from zerofit.core.errors import DataError
+from zerofit.core.progress import Progress, progress
 
-__all__ = ["RecordSource", "open_source"]
+__all__ = ["PROGRESS_EVERY", "RecordSource", "open_source"]
+
+PROGRESS_EVERY = 256  # records between two updates of a tokenizing progress (`RecordSource.tokenizing`)
 
 
 class RecordSource(ABC):
-    """A stream of records (dicts) with where each came from, plus what the cache and progress bar need."""
+    """A stream of records (dicts) with where each came from, plus what the cache and the progress need."""
 
     kind: str  # how the source is described to the user ("JSONL file", "hub dataset", ...)
     unit: str  # "B" (progress in bytes) or "rows"
@@ -69,6 +73,11 @@ class RecordSource(ABC):
                     target = next(pending, None)
         finally:
             self.consumed, self.rows = counters
+
+    def tokenizing(self, enabled: bool) -> AbstractContextManager[Progress]:
+        """The progress of tokenizing this source (`zerofit.core.progress`), in bytes or rows: the reader
+        calls `update(self.consumed)` now and then."""
+        return progress(f"tokenizing {self.describe()}", self.total, self.unit, enabled=enabled)
 
 
 # ---------------------------------------------------------------- local files

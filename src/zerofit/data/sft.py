@@ -41,15 +41,13 @@ from zerofit.data.cache import (
 from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation
 from zerofit.data.formats import Conversation, Document, PromptResponse, detect_format, parse_record
-from zerofit.data.progress import tokenizing_progress
-from zerofit.data.records import RecordSource, open_source
+from zerofit.data.records import PROGRESS_EVERY, RecordSource, open_source
 from zerofit.data.tokenize import encode_document, encode_head, ending_in_eos
 from zerofit.data.truncation import LENGTH_PROBE, length_keeping_whole
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
 
-_PROGRESS_EVERY = 256  # records between progress-bar refreshes
 EMPTY_RESPONSE_RULES: tuple[str, ...] = get_args(EmptyResponses)  # data.empty_responses
 # The field that holds what is learned, per format, for messages about empty responses.
 _RESPONSE_FIELD = {
@@ -369,10 +367,10 @@ def _tokenize_source(
     tools: list[dict[str, Any]] | None = None,
 ) -> TokenizedData[Example]:
     state = _Tokenizer(tokenizer, max_seq_len, fmt, key, empty_responses, tools)
-    with tokenizing_progress(source, progress) as update:
+    with source.tokenizing(progress) as shown:
         for index, (where, record) in enumerate(source):
-            if index % _PROGRESS_EVERY == 0:
-                update()
+            if index % PROGRESS_EVERY == 0:
+                shown.update(source.consumed)
             state.add(index, where, record, source)
     return state.result(source)
 

@@ -36,8 +36,7 @@ from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import _messages
 from zerofit.data.preference import ResponseTokens, fit_pair
-from zerofit.data.progress import tokenizing_progress
-from zerofit.data.records import RecordSource
+from zerofit.data.records import PROGRESS_EVERY, RecordSource
 from zerofit.data.sft import (
     DataStats,
     Example,
@@ -59,7 +58,6 @@ __all__ = [
     "require_both_labels",
 ]
 
-_PROGRESS_EVERY = 256
 LAYOUT = (
     "KTO learns from TRL's unpaired layout: records with 'prompt', 'completion' and 'label' (true for a "
     "desirable completion, false for an undesirable one; prompt and completion both strings, or both lists "
@@ -231,10 +229,10 @@ def _add(
 
 def _tokenize_source(source: RecordSource, tokenizer: Any, max_seq_len: int, progress: bool) -> _Counts:
     counts = _Counts([], [])
-    with tokenizing_progress(source, progress) as update:
+    with source.tokenizing(progress) as shown:
         for index, (where, record) in enumerate(source):
-            if index % _PROGRESS_EVERY == 0:
-                update()
+            if index % PROGRESS_EVERY == 0:
+                shown.update(source.consumed)
             _add(counts, tokenizer, max_seq_len, index, where, record, source.name)
     return counts
 

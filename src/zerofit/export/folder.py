@@ -26,6 +26,7 @@ from zerofit.checkpoint.final_export import record_base_model, save_pretrained_h
 from zerofit.core.errors import ConfigError
 from zerofit.core.file_modes import follow_umask
 from zerofit.core.precision import DTYPES, torch_dtype
+from zerofit.core.progress import progress
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
 from zerofit.export.out_folder import (
@@ -155,7 +156,8 @@ def export_run(
     except OSError as exc:  # what `check_out` cannot see from here (a read-only filesystem as root)
         raise unwritable_out(out, exc) from None
     try:
-        kind = _write_weights(run, source, tmp, merge, out_dtype)
+        with progress(f"exporting {run.run_dir} to {out}"):  # loading, merging, writing: minutes on a 7B
+            kind = _write_weights(run, source, tmp, merge, out_dtype)
         tokenizer_for(run, source).save_pretrained(tmp)
         save_image_processor(resolve_model_path(run.config), tmp)  # a vision-language model's processor
         weights_dtype = None if kind == "adapter" else out_dtype

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerofit.core.errors import ConfigError
+from zerofit.core.progress import progress
 from zerofit.export.card import model_card
 from zerofit.export.checkpoints import WeightsSource, find_weights
 from zerofit.export.folder import merged_model
@@ -117,13 +118,16 @@ def export_gguf(
     quant = check_quant(quant, str(out / stem))
     _check_base(run)
     source = find_weights(run.run_dir, step, trust_pickles)
-    model = merged_model(run, source)
-    tokenizer = tokenizer_for(run, source)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # what `check_out` cannot see from here (a read-only filesystem as root)
-        raise unwritable_out(out, exc) from None
-    written = write_gguf(model, tokenizer, out / f"{stem}-{quant}.gguf", quant, stem, run.is_chat)
+    with progress(f"exporting {run.run_dir} to {out} as GGUF") as shown:
+        shown.update(status="merging")
+        model = merged_model(run, source)
+        tokenizer = tokenizer_for(run, source)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # what `check_out` cannot see from here (a read-only filesystem as root)
+            raise unwritable_out(out, exc) from None
+        shown.update(status=f"writing {quant}")
+        written = write_gguf(model, tokenizer, out / f"{stem}-{quant}.gguf", quant, stem, run.is_chat)
     _write_text(
         out / MODELFILE, modelfile(written.path.name, tokenizer, model.config.max_position_embeddings)
     )

@@ -46,6 +46,7 @@ from zerofit.catalogue.models import TINY_LLAMA
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.digest import files_sha256
 from zerofit.core.file_modes import follow_umask
+from zerofit.core.progress import progress
 from zerofit.data.cache import cache_key
 from zerofit.data.cache_check import mismatch_note, sample_indices
 from zerofit.data.pairs import PreferencePair, collate_pairs
@@ -208,9 +209,11 @@ def _score(
     impl = FUSED_LINEAR if impl == FUSED_LINEAR else "chunked"
     was_training = model.training
     model.eval()
+    shown = progress(f"reference log-probs of {len(pairs):,} pairs", forwards, "forwards", enabled=rank == 0)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), shown as state:
             for k in range(forwards):
+                state.update(k)
                 idx = mine[k * micro : (k + 1) * micro]
                 batch = collate_pairs([pairs[i] for i in idx], pad_id)
                 with strategy.accumulate(is_last=True):

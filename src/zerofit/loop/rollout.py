@@ -39,6 +39,7 @@ import torch
 
 from zerofit.config.batching import BatchSplit
 from zerofit.core.errors import ZerofitError
+from zerofit.core.progress import Progress, progress
 from zerofit.data import GlobalBatchSampler, split_global_batch
 from zerofit.objectives.grpo import group_advantages, grpo_inputs, policy_logps
 from zerofit.objectives.loss import IGNORE_INDEX
@@ -53,6 +54,7 @@ __all__ = [
     "SamplingSettings",
     "Scorer",
     "completion_seed",
+    "decode_step",
     "micro_batch",
     "sample_completions",
 ]
@@ -136,6 +138,25 @@ def _left_padded(
     return ids.to(device), mask.to(device)
 
 
+def decode_step(
+    model: torch.nn.Module, step_ids: torch.Tensor, mask: torch.Tensor, cache: Any, logits_to_keep: int = 0
+) -> tuple[torch.Tensor, Any]:
+    """One decoding step of a left-padded batch with the model's KV cache (None: the prompts' first step):
+    each row's last-position logits, and the cache. Positions are counted over real tokens (from `mask`, which
+    covers the cache and `step_ids`), as in the training forward; `logits_to_keep` 1 computes the last
+    position's logits only (0: every position's, as the rollout has always sampled)."""
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -step_ids.size(1) :]
+    result = model(
+        input_ids=step_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}),
+    )
+    return result.logits[:, -1], result.cache
+
+
 @torch.no_grad()
 def sample_completions(
     model: torch.nn.Module,
@@ -143,12 +164,14 @@ def sample_completions(
     seeds: list[int],
     s: SamplingSettings,
     device: torch.device,
+    shown: Progress | None = None,
 ) -> list[Sampled]:
-    """Sample one completion per prompt, each row from its own generator (module docstring)."""
+    """Sample one completion per prompt, each row from its own generator (module docstring); `shown` counts
+    the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report."""
     was_training = model.training
     model.eval()
     try:
-        return _sample(model, prompts, seeds, s, device)
+        return _sample(model, prompts, seeds, s, device, shown)
     finally:
         model.train(was_training)
 
@@ -159,6 +182,7 @@ def _sample(
     seeds: list[int],
     s: SamplingSettings,
     device: torch.device,
+    shown: Progress | None = None,
 ) -> list[Sampled]:
     """The sampling loop of `sample_completions` (model already in eval mode, no grad)."""
     gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
@@ -169,17 +193,11 @@ def _sample(
     entropy = torch.zeros(rows, dtype=torch.float64)
     step_ids, past = ids, None
     eos = torch.tensor(s.eos_ids, device=device)
-    for _ in range(s.max_new_tokens):
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -step_ids.size(1) :]
-        result = model(
-            input_ids=step_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=past,
-            use_cache=True,
-        )
-        past = result.cache
-        logits = result.logits[:, -1].float() / s.temperature
+    for token in range(s.max_new_tokens):
+        if shown is not None:
+            shown.update(token)
+        last, past = decode_step(model, step_ids, mask, past)
+        logits = last.float() / s.temperature
         logp = torch.log_softmax(logits, dim=-1)
         entropy += (-(logp.exp() * logp).sum(dim=-1)).double().cpu().where(~done, 0.0)
         probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
@@ -301,9 +319,13 @@ class Rollouts:
         flat = [c for micro in mine for c in micro]
         prompt_of = [self.prompts[rows[c // self.group_size]] for c in flat]
         seeds = [completion_seed(self.seed, step, c) for c in flat]
-        with generating(strategy) as policy:
+        what, limit = f"step {step + 1}: sampling {len(flat)} completions", self.sampling.max_new_tokens
+        with (
+            generating(strategy) as policy,
+            progress(what, limit, "tokens", enabled=strategy.rank == 0) as shown,
+        ):
             sampled = sample_completions(
-                policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device
+                policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device, shown
             )
         generation_s = time.perf_counter() - started
         table = self._scored(strategy, step, flat, prompt_of, sampled, total)

@@ -40,6 +40,7 @@ from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
 from zerofit.config.batching import BatchSplit
 from zerofit.core.errors import ConfigError, MetricsWriteError, TrainingDiverged
+from zerofit.core.progress import Progress, progress
 from zerofit.core.run_layout import RunLayout
 from zerofit.data import (
     Example,
@@ -315,9 +316,17 @@ def train_loop(run: LoopInputs, start_step: int = 0, tokens_before: int = 0) -> 
     checkpoint); every row's `tokens_seen` counts on from it, every step's tokens included, logged or not
     (`logging.log_every`), so no consumer has to add up the rows' `tokens`.
     """
+    with progress("training", run.max_steps, "steps", enabled=run.strategy.rank == 0) as shown:
+        return _train_steps(run, start_step, tokens_before, shown)
+
+
+def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Progress) -> list[StepResult]:
+    """The steps of `train_loop`; `shown` counts them (a step longer than the progress interval, or an
+    evaluation, gets a line saying where the run is)."""
     results: list[StepResult] = []
     seen = tokens_before
     for step in range(start_step, run.max_steps):
+        shown.update(step)
         started = time.perf_counter()
         lr = run.strategy.current_lr()  # the LR this step's update uses
         result, samples = _train_on_step(run, step)

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from zerofit.metrics.keys import MAX_PEAK
+from zerofit.core.messages import said
+from zerofit.metrics.keys import JUDGED_BY, LOSS, MAX_PEAK
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 
 
@@ -82,6 +83,7 @@ class ConsoleSink:
         self.summary.update(step, metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=min(step, self.total), status=_status(metrics))
+            said()  # the bar moved: a progress line (`zerofit.core.progress`) is due only after a quiet interval
             return
         if self._first is None:
             self._first = (step, time.monotonic())
@@ -95,6 +97,7 @@ class ConsoleSink:
                 highlight=False,
                 soft_wrap=True,
             )
+            said()  # a progress line (`zerofit.core.progress`) is due only after a quiet interval
 
     def _eta(self, step: int) -> str:
         # From the pace since the first logged step (a resumed run starts late; step 1 includes warm-up).
@@ -132,6 +135,21 @@ def loss_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def judged_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run is judged by, where that is not the loss (the loss rows follow): `reward accuracy
+    (rewards/accuracies), mean of the first -> last 10 step(s) | 0.5000 -> 1.0000` (`RunSummary.result`'s
+    `judged_by`; the metric's name after its words where they differ)."""
+    words = dict(pair for group in JUDGED_BY for pair in group)
+    rows = []
+    for key, trend in (result.get("judged_by") or {}).items():
+        if key == LOSS:
+            continue
+        name = words.get(key, key) if words.get(key, key) == key else f"{words[key]} ({key})"
+        first, last = _fmt(trend["first"], ".4f"), _fmt(trend["last"], ".4f")
+        rows.append((f"{name}, mean of the first -> last {trend['steps']} step(s)", f"{first} -> {last}"))
+    return rows
+
+
 def summary_table(result: dict[str, Any], title: str = "run") -> Table:
     """One table of a run's outcome (see `RunSummary.result`)."""
     table = Table(title=f"zerofit: {title} summary", show_header=False)
@@ -140,6 +158,7 @@ def summary_table(result: dict[str, Any], title: str = "run") -> Table:
     source = result.get("mem_source") or "?"
     rows: list[tuple[str, str]] = [
         ("optimizer steps", str(result.get("steps", 0))),
+        *judged_rows(result),
         *loss_rows(result),
         ("tokens seen", _fmt(result.get("tokens_seen"), ",.0f")),
         ("mean tokens/s", _fmt(result.get("mean_tokens_per_s"), ",.1f")),

@@ -11,15 +11,21 @@ rich: `zerofit compare` imports this.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 
 __all__ = [
     "EVAL_LOSS",
+    "JUDGED_BY",
+    "LOSS",
     "MAX_PEAK",
     "MEM_SOURCE",
     "PEAK_GIB",
+    "judged_by",
     "rank_field",
     "rank_of_field",
 ]
+
+LOSS = "loss"  # the objective's loss over the global batch
 
 EVAL_LOSS = "eval/loss"  # the mean loss per target token over the held-out set (lower is better)
 MEM_SOURCE = "mem/source"  # what the memory fields measure: `cuda` (allocator) or `cpu_rss` (process RSS)
@@ -39,3 +45,23 @@ def rank_of_field(key: str, name: str) -> int | None:
     """The rank `r` of a field `mem/rank{r}/{name}` (as `rank_field` builds it), else None."""
     match = _RANK_FIELD.match(key)
     return int(match.group(1)) if match and match.group(2) == name else None
+
+
+# What a run is judged by, read from the metrics its rows carry, not from its objective's name: the first group
+# whose first metric the rows have; each metric with the words the closing line and the summary table use.
+# The end of a run (`done: ...`, the summary table, summary.json's `judged_by`) shows the group's metrics.
+JUDGED_BY: tuple[tuple[tuple[str, str], ...], ...] = (
+    # GRPO: the mean reward of the step's completions (its on-policy loss is ~0 by construction)
+    (("reward", "reward"),),
+    # DPO, SimPO, ORPO and reward models: how often the chosen response wins, and by how much
+    (("rewards/accuracies", "reward accuracy"), ("rewards/margins", "reward margin")),
+    # KTO (it logs no accuracy): its KL reference point z0, the policy's drift from the reference
+    (("kl", "KL"),),
+    # SFT, and any run without the metrics above
+    ((LOSS, "loss"),),
+)
+
+
+def judged_by(logged: Container[str]) -> tuple[tuple[str, str], ...]:
+    """The `JUDGED_BY` group of a run whose rows carry the metrics `logged` ((key, words) pairs)."""
+    return next((group for group in JUDGED_BY if group[0][0] in logged), JUDGED_BY[-1])

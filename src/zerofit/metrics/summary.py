@@ -10,13 +10,17 @@ import json
 import math
 import numbers
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zerofit.core.messages import warn
 from zerofit.core.run_layout import RunLayout
 from zerofit.metrics.base import named
-from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, rank_of_field
+from zerofit.metrics.keys import EVAL_LOSS, JUDGED_BY, LOSS, MEM_SOURCE, PEAK_GIB, judged_by, rank_of_field
+
+_JUDGED_KEYS = tuple(dict.fromkeys(key for group in JUDGED_BY for key, _ in group))
 
 
 def _number(value: Any) -> float | None:
@@ -70,6 +74,56 @@ def loss_window(logged: int) -> int:
     return max(1, min(10, logged // 2))
 
 
+@dataclass(frozen=True)
+class Trend:
+    """Where one metric a run is judged by (`keys.JUDGED_BY`) started and ended: the means of its first and
+    its last `steps` values (`loss_window`: one step's value is one batch's, noisy)."""
+
+    key: str
+    words: str
+    first: float
+    last: float
+    steps: int
+
+    def describe(self) -> str:
+        """`reward 0.1562 -> 0.9563`."""
+        return f"{self.words} {self.first:.4f} -> {self.last:.4f}"
+
+    def record(self) -> dict[str, Any]:
+        """Its entry in summary.json's `judged_by`."""
+        return {"first": self.first, "last": self.last, "steps": self.steps}
+
+
+def judged_series(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """The finite values, in order, of every `JUDGED_BY` metric that `rows` (metrics rows) carry."""
+    series: dict[str, list[float]] = {}
+    for row in rows:
+        for key in _JUDGED_KEYS:
+            value = _number(row.get(key))
+            if value is not None:
+                series.setdefault(key, []).append(value)
+    return series
+
+
+def judged_trends(series: Mapping[str, Sequence[float]]) -> list[Trend]:
+    """The trends of the metrics the run is judged by (`keys.judged_by` of what `series` holds)."""
+    trends = []
+    for key, words in judged_by({key for key, values in series.items() if values}):
+        values = series.get(key) or []
+        if values:
+            k = loss_window(len(values))
+            trends.append(Trend(key, words, sum(values[:k]) / k, sum(values[-k:]) / k, k))
+    return trends
+
+
+def describe_trends(trends: Sequence[Trend]) -> str:
+    """`reward 0.1562 -> 0.9563 (mean of the first / last 10 steps)`: the closing line's account of a run."""
+    windows = {t.steps for t in trends}
+    if len(windows) == 1:
+        return f"{', '.join(t.describe() for t in trends)} (mean of the first / last {windows.pop()} steps)"
+    return ", ".join(f"{t.describe()} (mean of the first / last {t.steps} steps)" for t in trends)
+
+
 class RunSummary:
     """Accumulates per-step metrics into the run's outcome.
 
@@ -86,6 +140,9 @@ class RunSummary:
     - `steps`: the optimizer steps done, the `step` of the last logged row (a row's `step` is the steps done,
       and the last step of a run is always logged), not the number of rows: with `logging.log_every` > 1,
       or a resumed run whose earlier rows were rewound or torn, those differ.
+    - `judged_by`: what the run is judged by (`keys.JUDGED_BY`: GRPO's reward, a preference run's reward
+      accuracy and margin, KTO's KL, else the loss), each metric's `first` and `last` mean over `steps`
+      logged values (`Trend`).
     - `predicted_peak_gib` (planner, tensors) and, on CUDA, `measured_peak_gib` and their ratio.
     """
 
@@ -103,6 +160,7 @@ class RunSummary:
         self.throughputs: list[float] = []
         self.mem_source: str | None = None
         self.last_lr: float | None = None
+        self.judged: dict[str, list[float]] = {}  # every `JUDGED_BY` metric's values, in order
         self._first_time: float | None = None
         self._last_time: float | None = None
 
@@ -114,7 +172,7 @@ class RunSummary:
         self._last_time = now
         self.logged_rows += 1
         self.last_step = step if self.last_step is None else max(self.last_step, step)
-        loss = _number(metrics.get("loss"))
+        loss = _number(metrics.get(LOSS))
         if loss is not None:
             self.final_loss = loss
             self.losses.append(loss)
@@ -125,6 +183,8 @@ class RunSummary:
             self.min_eval_loss = (
                 eval_loss if self.min_eval_loss is None else min(self.min_eval_loss, eval_loss)
             )
+        for key, values in judged_series([metrics]).items():
+            self.judged.setdefault(key, []).extend(values)
         self.tokens_seen = next_tokens_seen(self.tokens_seen, metrics)
         tps = _number(metrics.get("tokens_per_s"))
         if tps is not None:
@@ -174,6 +234,7 @@ class RunSummary:
             "smoothed_loss_steps": self.smoothed_loss[1],
             "eval_loss": self.eval_loss,
             "min_eval_loss": self.min_eval_loss,
+            "judged_by": {t.key: t.record() for t in judged_trends(self.judged)},
             "tokens_seen": self.tokens_seen,
             "mean_tokens_per_s": self.mean_tokens_per_s,
             "peak_gib": self.measured_peak,

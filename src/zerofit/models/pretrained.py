@@ -16,13 +16,15 @@ import functools
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from zerofit.catalogue.models import PRETRAINED_BUILTINS, SMOLLM2, SMOLLM2_WHEEL
 from zerofit.core.errors import ConfigError
+from zerofit.core.progress import Progress, progress
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.tiny import build_once, cache_dir, unshared_weights, write_marker
 
@@ -101,26 +103,40 @@ def check_sha256(path: Path, name: str = SMOLLM2) -> None:
 
 
 @contextmanager
-def gguf_name_maps_once() -> Iterator[None]:
-    """Within the block, gguf's `get_tensor_name_map(arch, n_blocks)` builds each map once and reuses it.
+def gguf_name_maps_once(progress: Progress | None = None) -> Iterator[None]:
+    """Within the block, gguf's `get_tensor_name_map(arch, n_blocks)` builds each map once and reuses it, and
+    transformers' GGUF reader counts the tensors it dequantizes into `progress` (none: silently) instead of
+    drawing its own tqdm bar (carriage returns on stderr, in a launch's log as one endless line).
 
     transformers' GGUF reader (`get_gguf_hf_weights_map`) walks the model's module tree and asks gguf for the
     architecture's `TensorNameMap` again in every module it visits: 397 identical maps for SmolLM2-135M's
     30 layers, a third of the CPU time of loading its GGUF (measured on a 2-core CPU machine: 13.0 -> 8.8
     CPU-s, 1 map). A map is a read-only lookup table built from (arch, n_blocks) alone, so one per pair gives the
-    same names; gguf's own function is put back when the block ends.
+    same names; gguf's own function, and the reader's tqdm, are put back when the block ends.
     """
     import gguf
+    from transformers import modeling_gguf_pytorch_utils as reader
 
-    shipped = gguf.get_tensor_name_map
+    shipped, bar = gguf.get_tensor_name_map, reader.tqdm
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(shipped)
+    reader.tqdm = functools.partial(_counted, progress)
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = shipped
+        gguf.get_tensor_name_map, reader.tqdm = shipped, bar
 
 
-def _convert_into(folder: Path, gguf: Path) -> None:
+def _counted(progress: Progress | None, items: Sequence[Any], *args: Any, **kwargs: Any) -> Iterator[Any]:
+    """`items` one by one, each counted into `progress` (the GGUF reader's tqdm call, quiet)."""
+    if progress is not None:
+        progress.update(0, total=len(items))
+    for done, item in enumerate(items, 1):
+        yield item
+        if progress is not None:
+            progress.update(done)
+
+
+def _convert_into(folder: Path, gguf: Path, progress: Progress | None = None) -> None:
     """Write `gguf` as a Hugging Face folder into `folder` (empty): fp32 safetensors, config, generation
     config, tokenizer with its chat template, then the completion marker.
 
@@ -133,10 +149,14 @@ def _convert_into(folder: Path, gguf: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with gguf_name_maps_once():
+    if progress is not None:
+        progress.update(status="dequantizing its GGUF tensors")
+    with gguf_name_maps_once(progress):
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, **hub_kernels_off()
         )
+    if progress is not None:
+        progress.update(status="writing safetensors and the tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = model.config
     if hasattr(config, "quantization_config"):
@@ -169,6 +189,7 @@ def ensure_pretrained(name: str = SMOLLM2) -> Path:
             file=sys.stderr,
             flush=True,
         )
-        _convert_into(folder, gguf)
+        with progress(f"converting {name}", unit="tensors") as state:
+            _convert_into(folder, gguf, state)
 
     return build_once(name, pretrained_path(name), build)

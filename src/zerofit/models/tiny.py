@@ -24,6 +24,7 @@ import torch
 from zerofit.catalogue.models import TINY_CONFIGS, TINY_LLAMA
 from zerofit.core.cache_dirs import cache_root
 from zerofit.core.file_modes import follow_umask
+from zerofit.core.progress import progress
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 # A chat template for `messages` data: one letter per role, assistant turns end with eos. The
@@ -386,7 +387,8 @@ def build_once(name: str, target: Path, build: Callable[[Path], None]) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            build(tmp)
+            with progress(f"building {name}"):  # the conversion of a GGUF reports inside it
+                build(tmp)
             tmp.chmod(0o755)  # mkdtemp makes it 0700: other users sharing the cache read the model too
             _replace(tmp, target)
         finally:

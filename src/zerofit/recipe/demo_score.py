@@ -8,9 +8,13 @@ Two sets of chat prompts, each a JSON Lines file of `{"prompt": ..., "answer": .
     facts  what the base model already knew: a reply passes when it contains the expected answer
            (case-insensitive), whatever its format, so a run that forgot a fact fails it
 
-Both models answer the same prompts, greedily, in batches: the run's model with its adapters, and the base
-(the same weights with the adapters disabled). A run that trained little scores as it is: the report prints
-its numbers as measured and says when the task did not improve (it is not an error).
+Both models answer the same prompts, greedily, in one batch each: the run's model with its adapters, and the
+base (the same weights with the adapters disabled). A reply stops where its verdict is settled (a format
+reply that did not open with `{`, a fact reply that named the answer; `Check`) as well as at eos, and leaves
+the batch: the verdicts are those of the whole replies, in about half the time (the two replies the report
+shows are generated whole). A run that trained little scores as it is: the report prints its numbers as
+measured and says when the task did not improve (it is not an error). The scoring says where it is while it
+runs (`zerofit.core.progress`: a line every 10 s off a terminal).
 
     python -m zerofit.recipe.demo_score RUN_DIR --task data/demo_smollm2_heldout.jsonl \
         --facts data/demo_smollm2_facts.jsonl
@@ -19,19 +23,20 @@ its numbers as measured and says when the task did not improve (it is not an err
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zerofit.core.errors import ConfigError, DataError, ZerofitError
+from zerofit.core.progress import Progress, progress
 
 # Tokens each reply may take: the task's answers and the facts' sentences fit with room to spare.
 MAX_NEW_TOKENS = 40
-# Prompts per generate() call: batched decoding, small enough for 2 CPU cores' memory at any vocabulary.
-BATCH_SIZE = 16
 SAMPLES = 2  # task answers shown before and after
 
 
@@ -101,68 +106,196 @@ def knows(reply: str, answer: str) -> bool:
     return answer.lower() in reply.lower()
 
 
+def format_settled(reply: str) -> bool:
+    """Whether no continuation of `reply` can change `follows_format`'s verdict: it fails for good once its
+    first non-blank character is not `{` (no JSON object starts otherwise), or once a complete JSON value is
+    followed by more than blanks. A reply ending in an unfinished character (a token of a multi-byte one
+    decodes to U+FFFD) is not settled yet: the character may turn out blank."""
+    text = reply.lstrip()
+    if not text or text.endswith("\ufffd"):
+        return False
+    if text[0] != "{":
+        return True
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return False
+    return bool(text[end:].strip())
+
+
+@dataclass(frozen=True)
+class Check:
+    """A probe set's verdict on a reply, and when a reply's verdict is settled before the reply ends (the
+    scorer stops generating that reply there: its verdict is what the whole reply's would be)."""
+
+    passes: Callable[[str, Probe], bool]
+    settled: Callable[[str, Probe], bool]
+
+
+TASK_CHECK = Check(lambda reply, probe: follows_format(reply), lambda reply, probe: format_settled(reply))
+# A reply that names the answer passes whatever follows; one that does not yet may still name it.
+FACTS_CHECK = Check(
+    lambda reply, probe: knows(reply, probe.answer), lambda reply, probe: knows(reply, probe.answer)
+)
+
+
 def generate_replies(
-    model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = MAX_NEW_TOKENS
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    *,
+    settled: Sequence[Callable[[str], bool] | None] | None = None,
+    progress: Progress | None = None,
 ) -> list[str]:
-    """Greedy replies of `model` to each prompt as one user turn of the tokenizer's chat template, in
-    batches (left-padded, so every row's new tokens start at the same column)."""
+    """Greedy replies of `model` to each prompt as one user turn of the tokenizer's chat template, all in one
+    left-padded batch, token by token with the KV cache (as `generate` decodes greedily: the same forward,
+    positions counted over real tokens, argmax of the last position's logits).
+
+    A reply ends at eos, at `max_new_tokens`, or once `settled[i]` (None: never) says its verdict can no
+    longer change: its tokens up to there are the ones the whole reply starts with. An ended row leaves the
+    batch (its cache rows too), so a long reply (one shown in full, one that never names its answer) does not
+    keep the others generating. `progress` counts replies: an ended one 1, one still going the share of
+    `max_new_tokens` it has generated, so the count (and the time left) moves at every token."""
     import torch
 
+    rules = [rule or _never for rule in (settled or [None] * len(prompts))]
+    state = progress if progress is not None else Progress("replies", len(prompts))
     tokenizer.padding_side = "left"
-    replies: list[str] = []
-    for start in range(0, len(prompts), BATCH_SIZE):
-        texts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-            )
-            for p in prompts[start : start + BATCH_SIZE]
-        ]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
-        new = out[:, batch["input_ids"].shape[1] :]
-        replies += [text.strip() for text in tokenizer.batch_decode(new, skip_special_tokens=True)]
-    return replies
-
-
-def _score_set(name: str, probes: list[Probe], trained: Any, check: Any) -> SetScore:
-    """Both models' replies to `probes` and `check(reply, probe)`'s verdicts."""
-    model, tokenizer = trained.model, trained.tokenizer
-    prompts = [p.prompt for p in probes]
-    with model.disable_adapter():
-        before = generate_replies(model, tokenizer, prompts)
-    after = generate_replies(model, tokenizer, prompts)
-    return SetScore(
-        name,
-        probes,
-        before,
-        after,
-        [check(reply, probe) for reply, probe in zip(before, probes, strict=True)],
-        [check(reply, probe) for reply, probe in zip(after, probes, strict=True)],
-    )
-
-
-def score_run(run_dir: Path, task: Path, facts: Path) -> tuple[SetScore, SetScore]:
-    """The task and facts scores of the run in `run_dir` (its final adapter) against its base model."""
-    from zerofit.export import load_trained
-
-    task_probes, fact_probes = read_probes(task), read_probes(facts)
-    trained = load_trained(run_dir)
-    if not trained.is_lora:
-        raise ConfigError(
-            [f"{run_dir}: lora.enabled=false; the demo's scorer compares a LoRA run with its base"]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
         )
-    trained.model.eval()
-    return (
-        _score_set("task", task_probes, trained, lambda reply, probe: follows_format(reply)),
-        _score_set("facts", fact_probes, trained, lambda reply, probe: knows(reply, probe.answer)),
-    )
+        for p in prompts
+    ]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    replies: list[list[int]] = [[] for _ in prompts]
+    with torch.no_grad():
+        _greedy(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            tokenizer,
+            rules,
+            replies,
+            max_new_tokens,
+            state,
+        )
+    return [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in replies]
+
+
+def _never(reply: str) -> bool:
+    return False
+
+
+def _greedy(
+    model: Any,
+    ids: Any,
+    mask: Any,
+    tokenizer: Any,
+    rules: list[Callable[[str], bool]],
+    replies: list[list[int]],
+    max_new_tokens: int,
+    progress: Progress,
+) -> None:
+    """The decoding loop of `generate_replies`: appends each row's new tokens (eos left out) to `replies`."""
+    import torch
+
+    from zerofit.loop.rollout import decode_step
+
+    live, cache, step_ids, base = list(range(len(replies))), None, ids, progress.done
+    for step in range(1, max_new_tokens + 1):
+        logits, cache = decode_step(model, step_ids, mask, cache, logits_to_keep=1)
+        tokens = logits.float().argmax(dim=-1).tolist()
+        keep = []
+        for k, (row, token) in enumerate(zip(live, tokens, strict=True)):
+            if token == tokenizer.eos_token_id:
+                continue
+            replies[row].append(token)
+            if not rules[row](tokenizer.decode(replies[row], skip_special_tokens=True)):
+                keep.append(k)
+        live = [live[k] for k in keep]
+        progress.update(base + len(replies) - len(live) * (1 - min(1.0, step / max_new_tokens)))
+        if not live:
+            return
+        index = torch.tensor(keep)
+        cache.batch_select_indices(index)
+        mask = torch.cat([mask[index], mask.new_ones(len(keep), 1)], dim=1)
+        step_ids = torch.tensor([[tokens[k]] for k in keep], dtype=ids.dtype)
+
+
+def _score_model(
+    model: Any, tokenizer: Any, sets: list[tuple[list[Probe], Check]], progress: Progress
+) -> list[list[str]]:
+    """One model's replies to every probe of `sets`, generated together; the first `SAMPLES` task probes
+    (shown in the report) are generated whole, every other reply until its verdict is settled."""
+    prompts = [p.prompt for probes, _ in sets for p in probes]
+    rules: list[Callable[[str], bool] | None] = []
+    for k, (probes, check) in enumerate(sets):
+        rules += [
+            None if k == 0 and i < SAMPLES else functools.partial(_settled_by, check, probe)
+            for i, probe in enumerate(probes)
+        ]
+    replies = generate_replies(model, tokenizer, prompts, settled=rules, progress=progress)
+    out, start = [], 0
+    for probes, _ in sets:
+        out.append(replies[start : start + len(probes)])
+        start += len(probes)
+    return out
+
+
+def _settled_by(check: Check, probe: Probe, reply: str) -> bool:
+    return check.settled(reply, probe)
+
+
+def _score_sets(
+    named: list[tuple[str, list[Probe], Check]], trained: Any, progress: Progress
+) -> list[SetScore]:
+    """Both models' replies to every set of `named` (the base: the adapters disabled) and the verdicts."""
+    model, tokenizer = trained.model, trained.tokenizer
+    sets = [(probes, check) for _, probes, check in named]
+    progress.update(status="the base model")
+    with model.disable_adapter():
+        before = _score_model(model, tokenizer, sets, progress)
+    progress.update(status="the trained adapter")
+    after = _score_model(model, tokenizer, sets, progress)
+    return [
+        SetScore(
+            name,
+            probes,
+            b,
+            a,
+            [check.passes(reply, probe) for reply, probe in zip(b, probes, strict=True)],
+            [check.passes(reply, probe) for reply, probe in zip(a, probes, strict=True)],
+        )
+        for (name, probes, check), b, a in zip(named, before, after, strict=True)
+    ]
+
+
+def score_run(
+    run_dir: Path, task: Path, facts: Path, before: Callable[[], None] | None = None
+) -> tuple[SetScore, SetScore]:
+    """The task and facts scores of the run in `run_dir` (its final adapter) against its base model, with
+    the progress of the whole of it (`before`, run first inside it: the command's own slow imports)."""
+    task_probes, fact_probes = read_probes(task), read_probes(facts)
+    n = len(task_probes) + len(fact_probes)
+    with progress(f"scoring {n} held-out prompts, base model and trained adapter", 2 * n, "replies") as state:
+        if before is not None:
+            state.update(status="importing torch and transformers")
+            before()
+        state.update(status=f"loading {run_dir}")
+        from zerofit.export import load_trained
+
+        trained = load_trained(run_dir)
+        if not trained.is_lora:
+            raise ConfigError(
+                [f"{run_dir}: lora.enabled=false; the demo's scorer compares a LoRA run with its base"]
+            )
+        trained.model.eval()
+        task_score, facts_score = _score_sets(
+            [("task", task_probes, TASK_CHECK), ("facts", fact_probes, FACTS_CHECK)], trained, state
+        )
+    return task_score, facts_score
 
 
 def format_report(task: SetScore, facts: SetScore) -> str:
@@ -203,10 +336,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--task", type=Path, required=True, help="held-out task probes (JSON Lines)")
     parser.add_argument("--facts", type=Path, required=True, help="held-out fact probes (JSON Lines)")
     args = parser.parse_args(argv)
-    quiet_deepspeed_on_cpu()
-    quiet_libraries()
+
+    def imports() -> None:
+        # Before torch loads OpenMP: its 2 threads otherwise spin at every op waiting for each other, and on
+        # a busy 2-core machine (`make demo` beside other work) a generation step then took 13-17 s wall
+        # instead of 0.7 (measured, 16 prompts). Waiting threads sleep instead; a user's own setting wins.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        quiet_deepspeed_on_cpu()
+        quiet_libraries()
+
     try:
-        print(format_report(*score_run(args.run_dir, args.task, args.facts)), flush=True)
+        print(format_report(*score_run(args.run_dir, args.task, args.facts, imports)), flush=True)
     except ZerofitError as exc:
         print(f"zerofit: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.run_layout import step_dir_name
-from zerofit.metrics.summary import loss_window
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
     from zerofit.data import DataStats
     from zerofit.recipe.assembly import PreparedRun
 
-__all__ = ["best_line", "describe_levers", "format_plan", "loss_summary", "truncation_warning"]
+__all__ = ["best_line", "describe_levers", "format_plan", "truncation_warning"]
 
 
 def format_plan(run: PreparedRun, engine_file: Path) -> str:
@@ -285,13 +284,6 @@ def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
     when = f"every {cfg.eval.every_steps} steps and at the end" if cfg.eval.every_steps else "at the end"
     unit = "pairs" if stats.format == "preference" else "examples"
     return f"{stats.n_examples:,} {unit} ({source}), loss {when}"
-
-
-def loss_summary(losses: list[float]) -> str:
-    """Start and end loss, each a mean over a few steps (one global batch's loss is noisy)."""
-    k = loss_window(len(losses))
-    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-    return f"loss {first:.4f} -> {last:.4f} (mean of the first / last {k} steps)"
 
 
 def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:

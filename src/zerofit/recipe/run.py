@@ -25,11 +25,13 @@ import yaml
 from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
 from zerofit.core.errors import ConfigError, LaunchError, PeerLost, RunFinished, ZerofitError
 from zerofit.core.messages import error, line_buffered_output, quiet_libraries, say
+from zerofit.core.progress import progress
 from zerofit.core.run_layout import RunLayout, step_dir_name
 from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
+from zerofit.metrics.keys import LOSS
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.lost_rank import EXIT_PEER_LOST, peer_lost
-from zerofit.recipe.report import best_line, format_plan, loss_summary
+from zerofit.recipe.report import best_line, format_plan
 from zerofit.recipe.vision import names_vision_model, refuse_vision_settings
 from zerofit.strategies.env import LaunchEnv, launch_env
 from zerofit.strategies.peers import collective_failure
@@ -37,6 +39,7 @@ from zerofit.strategies.peers import collective_failure
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
     from zerofit.metrics.base import MetricsSink
+    from zerofit.metrics.summary import Trend
     from zerofit.recipe.assembly import PreparedRun
 
 EXIT_USER_ERROR = 2
@@ -187,7 +190,7 @@ class FinetuneRecipe:
         code is 128 + the signal when a SIGTERM/SIGINT stopped the run (after a checkpoint)."""
         from zerofit.checkpoint import export_final
         from zerofit.loop.train import train_loop
-        from zerofit.metrics.summary import record_outcome
+        from zerofit.metrics.summary import judged_series, judged_trends, record_outcome
 
         assert self.run is not None and self.sink is not None, "setup() first"
         run, plan, stop, watch = self.run, self.run.plan, self.stop, self.watch
@@ -210,8 +213,8 @@ class FinetuneRecipe:
             record_outcome(plan.run_dir, _outcome_fields(stopped, early, watch, stop))
         if stopped:
             return self._stopped(steps_done)
-        losses = [row["loss"] for row in self.history or [] if row.get("loss") is not None]
-        self._say_end(steps_done, losses + [r.loss for r in results], early, exported)
+        rows = [*(self.history or []), *({LOSS: r.loss, **r.metrics} for r in results)]
+        self._say_end(steps_done, judged_trends(judged_series(rows)), early, exported)
         # Leave together: a rank that tears gloo down while a peer still has work in flight can abort
         # that peer after a successful run. (Only on success: after an error, ranks may not all get here.)
         strategy.barrier()
@@ -278,15 +281,19 @@ class FinetuneRecipe:
         run_dir = run.plan.run_dir if run is not None else None
         return peer_lost(cause, env.rank, processes, run_dir, self._resume_args())
 
-    def _say_end(self, steps_done: int, losses: list[float], early: bool, exported: Path | None) -> None:
-        """The end of a finished run: early stop, losses, the best evaluation, where the results are."""
+    def _say_end(self, steps_done: int, trends: list[Trend], early: bool, exported: Path | None) -> None:
+        """The end of a finished run: early stop, where what it is judged by went (GRPO's reward, a preference
+        run's reward accuracy and margin, KTO's KL, SFT's loss: `metrics.keys.JUDGED_BY`), the best
+        evaluation, where the results are."""
         assert self.run is not None
         plan, rank, watch = self.run.plan, self.run.strategy.rank, self.watch
         if early:
             assert watch is not None
             say(f"zerofit: {watch.stop_line()}", rank=rank)
-        if losses:
-            say(f"done: {steps_done} steps, {loss_summary(losses)}", rank=rank)
+        if trends:
+            from zerofit.metrics.summary import describe_trends
+
+            say(f"done: {steps_done} steps, {describe_trends(trends)}", rank=rank)
         if watch is not None and watch.best_step is not None:
             say(best_line(watch, self.checkpointer.root, plan.config.checkpoint.keep_best), rank=rank)
         say(f"results: {plan.run_dir}" + (f" (export: {exported})" if exported else ""), rank=rank)
@@ -299,7 +306,10 @@ def run_training(
     calls it in-process, the launcher through `main`)."""
     recipe = FinetuneRecipe(resolved, config_path, stop)
     try:
-        recipe.setup()
+        # Up to the plan: the engine, the built-in model, the data, the model, the optimizer (each of its
+        # own long parts reports inside this one: DeepSpeed's first compile, a conversion, tokenizing).
+        with progress("setting up the run", enabled=launch_env().rank == 0):
+            recipe.setup()
         return recipe.train()
     except Exception as exc:
         lost = recipe.lost_peer(exc)  # another rank stopped: one paragraph, not the collective's traceback

@@ -33,6 +33,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.core.cache_dirs import use_cache_defaults
 from zerofit.core.errors import LaunchError, ResumeError
 from zerofit.core.messages import say
+from zerofit.core.progress import progress
 from zerofit.core.writes import WriteGuard
 from zerofit.engine.spec import DeepSpeedSpec
 from zerofit.strategies.base import (
@@ -173,12 +174,15 @@ class DeepSpeedStrategy(Strategy):
             say(compile_note(ops, extensions), rank=self.rank)
 
         ds_logger.setLevel(logging.WARNING)  # DeepSpeed's INFO chatter would bury the plan and progress
-        deepspeed.init_distributed(
-            dist_backend=backend_for(self.device),
-            auto_mpi_discovery=False,
-            verbose=False,
-            timeout=self.pg_timeout,
-        )
+        # The ranks meet here, and on a CPU one of them may compile the allreduce op first (also when its
+        # .so exists: torch builds again for another Python environment), a minute or two.
+        with progress("starting DeepSpeed's process group", enabled=self.rank == 0):
+            deepspeed.init_distributed(
+                dist_backend=backend_for(self.device),
+                auto_mpi_discovery=False,
+                verbose=False,
+                timeout=self.pg_timeout,
+            )
         self._unlink_cpu_allreduce_segment()
         self.stage = spec.zero_stage
         self.engine: Any = None

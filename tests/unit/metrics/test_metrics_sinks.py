@@ -7,6 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -18,7 +19,7 @@ from zerofit.engine.run_plan import RunPlan
 from zerofit.metrics.base import MultiSink, NullSink
 from zerofit.metrics.console import ConsoleSink
 from zerofit.metrics.setup import open_sinks, run_config
-from zerofit.metrics.summary import RunSummary
+from zerofit.metrics.summary import RunSummary, describe_trends, judged_series, judged_trends
 from zerofit.metrics.wandb_sink import WandbSink, default_group, default_name
 
 
@@ -324,3 +325,65 @@ def test_planner_prediction_is_recorded_beside_the_planner_section(tmp_path: Pat
     # The resolved config's own `planner` section (target GPU) and the prediction must not collide.
     assert "gpu" in config["planner"]
     assert config["planner_prediction"]["memory"]["tensors_gib"] > 0
+
+
+# A run of each objective as its rows carry it: what the end of the run is judged by comes from these keys.
+_JUDGED_RUNS = {
+    "grpo": (
+        {"loss": -0.01, "reward": 0.1, "reward_std": 0.3, "kl": 0.0, "clip_ratio": 0.0},
+        {"reward": 0.9},
+    ),
+    "dpo": (
+        {"loss": 0.69, "rewards/accuracies": 0.5, "rewards/margins": 0.0, "rewards/chosen": 0.0},
+        {"loss": 0.2, "rewards/accuracies": 1.0, "rewards/margins": 2.5},
+    ),
+    "kto": ({"loss": 0.5, "kl": 0.0, "rewards/margins": 0.0}, {"kl": 0.4, "rewards/margins": 0.3}),
+    "sft": ({"loss": 4.0}, {"loss": 2.0}),
+}
+
+
+def _judged_rows(objective: str) -> list[dict[str, Any]]:
+    """10 steps: the first 5 with the first values, the last 5 with the second's changes."""
+    first, last = _JUDGED_RUNS[objective]
+    return [{**_step_metrics(s), **first, **(last if s > 5 else {})} for s in range(1, 11)]
+
+
+_WINDOW = "mean of the first -> last 5 step(s) │"
+
+
+@pytest.mark.parametrize(
+    ("objective", "closing", "table_rows"),
+    [
+        ("grpo", "reward 0.1000 -> 0.9000", [f"reward, {_WINDOW} 0.1000 -> 0.9000"]),
+        (
+            "dpo",
+            "reward accuracy 0.5000 -> 1.0000, reward margin 0.0000 -> 2.5000",
+            [
+                f"reward accuracy (rewards/accuracies), {_WINDOW} 0.5000 -> 1.0000",
+                f"reward margin (rewards/margins), {_WINDOW} 0.0000 -> 2.5000",
+            ],
+        ),
+        ("kto", "KL 0.0000 -> 0.4000", [f"KL (kl), {_WINDOW} 0.0000 -> 0.4000"]),
+        ("sft", "loss 4.0000 -> 2.0000", []),  # the loss rows say it
+    ],
+)
+def test_the_end_of_a_run_shows_what_its_objective_is_judged_by(
+    objective: str, closing: str, table_rows: list[str]
+) -> None:
+    """GRPO's closing line and summary show the reward (its on-policy loss is ~0 by construction), a
+    preference run's the reward accuracy and margin, KTO's the KL, SFT's the loss: read from the metrics the
+    rows carry (`keys.JUDGED_BY`), never from the objective's name. The table shows them first, then the
+    loss rows; summary.json's `judged_by` holds the same figures."""
+    rows = _judged_rows(objective)
+    trends = judged_trends(judged_series(rows))
+    assert describe_trends(trends) == f"{closing} (mean of the first / last 5 steps)"
+    buffer = io.StringIO()
+    sink = ConsoleSink(10, console=Console(file=buffer, force_terminal=False, width=160))
+    for step, row in enumerate(rows, 1):
+        sink.log(step, row)
+    sink.close()
+    table = [" ".join(line.strip("│ ").split()) for line in buffer.getvalue().splitlines() if "│" in line]
+    assert table[1 : 1 + len(table_rows)] == table_rows
+    assert table[1 + len(table_rows)].startswith("loss, mean of the last 5 step(s) │ ")
+    judged = sink.summary.result()["judged_by"]
+    assert judged == {t.key: {"first": t.first, "last": t.last, "steps": 5} for t in trends}

@@ -29,7 +29,9 @@ needs_wheel = pytest.mark.skipif(
 def test_the_name_resolves_to_its_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
     calls: list[str] = []
-    monkeypatch.setattr(pretrained, "_convert_into", lambda folder, gguf: _fake_convert(folder, calls))
+    monkeypatch.setattr(
+        pretrained, "_convert_into", lambda folder, gguf, progress: _fake_convert(folder, calls)
+    )
     monkeypatch.setattr(pretrained, "gguf_file", lambda name: tmp_path / "model.gguf")
     monkeypatch.setattr(pretrained, "check_sha256", lambda path, name: None)
     cfg = config({"model": {"name_or_path": SMOLLM2}})

