@@ -1,5 +1,5 @@
 """An image above the model's pixel bound is refused from its header, before it is decoded (issue 45): a
-13000 x 13000 PNG of one colour is 20 KB on disk and took 2.26 GiB to decode (measured on the old code, the
+13000 x 13000 PNG of one colour is 20 KB on disk and took 2.2 GiB to decode (measured on the old code, the
 same script as `test_the_refusal_decodes_nothing`); the bound follows from the processor's own size
 (`zerofit.models.vision_pixels`), `data.max_image_pixels` moves it, and `zerofit generate --image` checks it too."""
 
@@ -112,7 +112,7 @@ def test_a_huge_image_is_refused_from_its_header_in_one_paragraph(
 
 def test_the_refusal_decodes_nothing(tmp_path: Path) -> None:
     """The peak memory of a process that loads the data rises by less than the image's 1-byte-a-pixel
-    decode alone (169 MB; the old code rose 2.26 GiB on this script)."""
+    decode alone (169 MB; the old code rose 2.2 GiB on this script)."""
     path = _data(tmp_path, HUGE)
     script = f"""
 import resource, sys
