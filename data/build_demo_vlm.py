@@ -1,12 +1,22 @@
-"""Write the bundled tiny image dataset: data/demo-vlm/*.png and data/demo-vlm.jsonl.
+"""Write the bundled tiny image datasets: data/demo-vlm/ with data/demo-vlm.jsonl, and data/demo-vlm-colours/
+with data/demo-vlm-colours.jsonl and its held-out probes data/demo-vlm-colours-heldout.jsonl.
 
-Solid-colour images of different sizes (so each becomes a different number of image tokens) with a question
-about their colour, and some text-only rows: ragged image + text data for `configs/demo-vlm.yaml` and the
-tests. Each PNG is a few hundred bytes. Run from the repository root: `python data/build_demo_vlm.py`.
+demo-vlm: solid-colour images of different sizes (so each becomes a different number of image tokens) with a
+question about their colour, and some text-only rows: ragged image + text data for `configs/demo-vlm.yaml` and
+the tests.
+
+demo-vlm-colours: the vision demo's task (`configs/demo-vlm-colours.yaml`), one only the image decides: shades
+of four colours (HLS: each colour's hue at 6 lightnesses and 2 saturations), the question always the same and
+the answer the colour's name alone. Two lightnesses of each colour (one inside the trained range, one beyond it) are
+held out: the demo's scorer (`python -m zerofit.recipe.demo_score RUN --images ...`) asks about those shades,
+which training never saw.
+
+Each PNG is a few hundred bytes. Run from the repository root: `python data/build_demo_vlm.py`.
 """
 
 from __future__ import annotations
 
+import colorsys
 import json
 from pathlib import Path
 
@@ -22,6 +32,13 @@ IMAGES = [
     ("black.png", "black", (10, 10, 10), (64, 96)),
     ("white.png", "white", (250, 250, 250), (100, 100)),
 ]
+# The colour demo: hue (HLS) per colour name, the shades of each, and the lightnesses held out.
+HUES = {"red": 0.0, "yellow": 1 / 6, "green": 1 / 3, "blue": 2 / 3}
+LIGHTNESS = (0.30, 0.38, 0.46, 0.54, 0.62, 0.70)
+SATURATION = (0.6, 0.9)
+HELD_OUT = (0.46, 0.70)
+SHADE_SIZE = (56, 56)  # 4 image tokens of tiny-qwen2-vl
+QUESTION = "What colour is this image?"
 TEXT_ONLY = [
     ("What colour is the sky on a clear day?", "blue"),
     ("What colour is fresh grass?", "green"),
@@ -56,6 +73,36 @@ def records() -> list[dict]:
     return rows
 
 
+def shades() -> list[tuple[str, str, tuple[int, int, int], bool]]:
+    """(file, colour name, RGB, held out) of every shade of the colour demo."""
+    out = []
+    for colour, hue in HUES.items():
+        for light in LIGHTNESS:
+            for sat in SATURATION:
+                rgb = tuple(round(255 * c) for c in colorsys.hls_to_rgb(hue, light, sat))
+                name = f"{colour}-l{round(100 * light)}-s{round(100 * sat)}.png"
+                out.append((name, colour, rgb, light in HELD_OUT))
+    return out
+
+
+def write_colours() -> None:
+    """The colour demo's images, training conversations and held-out probes."""
+    folder = HERE / "demo-vlm-colours"
+    folder.mkdir(exist_ok=True)
+    train, probes = [], []
+    for name, colour, rgb, held in shades():
+        write_image(folder / name, rgb, SHADE_SIZE)
+        image = f"demo-vlm-colours/{name}"
+        if held:
+            probes.append({"image": image, "prompt": QUESTION, "answer": colour})
+            continue
+        user = [{"type": "image", "image": image}, {"type": "text", "text": QUESTION}]
+        train.append({"messages": [{"role": "user", "content": user},
+                                   {"role": "assistant", "content": colour}]})  # fmt: skip
+    (HERE / "demo-vlm-colours.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+    (HERE / "demo-vlm-colours-heldout.jsonl").write_text("".join(json.dumps(row) + "\n" for row in probes))
+
+
 def main() -> None:
     folder = HERE / "demo-vlm"
     folder.mkdir(exist_ok=True)
@@ -63,6 +110,7 @@ def main() -> None:
         write_image(folder / name, rgb, size)
     lines = "".join(json.dumps(row) + "\n" for row in records())
     (HERE / "demo-vlm.jsonl").write_text(lines)
+    write_colours()
 
 
 if __name__ == "__main__":

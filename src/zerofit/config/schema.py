@@ -426,6 +426,13 @@ class DataSection(_Section):
         description="Vision-language models: the most tokens one image becomes (larger images are resized, "
         "aspect kept, as the image processor's max_pixels does); null: the processor's own limit.",
     )
+    max_image_pixels: int | None = Field(
+        None,
+        gt=0,
+        description="Vision-language models: the most pixels one image may have, checked from its header before "
+        "it is decoded (a larger one is refused); null: 4 x the largest image the processor uses, at least "
+        "2048 x 2048.",
+    )
     missing_images: Literal["drop", "error"] = Field(
         "drop",
         description="Vision-language models: records naming an image that cannot be read: drop and count them "

@@ -9,11 +9,11 @@ that is not a conversation, is left out and counted (training applies `data.miss
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
 from zerofit.core.errors import DataError
+from zerofit.data.image_files import open_header
 from zerofit.data.records import open_source
 from zerofit.data.vision import vision_messages
 from zerofit.planner.images import ImageRows, observed_source, rows_from_sizes, vision_dims
@@ -24,16 +24,12 @@ def _size(ref: Any, base: Path) -> tuple[int, int] | None:
     from PIL import Image
 
     try:
-        if isinstance(ref, Image.Image):
-            return ref.size
-        if isinstance(ref, dict) and ref.get("bytes") is not None:
-            with Image.open(io.BytesIO(ref["bytes"])) as image:
-                return image.size
-        path = Path(str(ref.get("path") if isinstance(ref, dict) else ref)).expanduser()
-        with Image.open(path if path.is_absolute() else base / path) as image:
-            return image.size
+        image = open_header(ref, base)
     except (OSError, ValueError, Image.DecompressionBombError):
         return None
+    if image is not ref:  # a file or bytes this opened (not the caller's image): its header was enough
+        image.close()
+    return image.size
 
 
 def image_sizes(

@@ -10,7 +10,9 @@
 An image that is missing or cannot be read makes its record a `data.missing_images` case: `drop` (default)
 drops and counts it, and refuses a source where more than half the records are such (a wrong folder, not
 data); `error` refuses the first one. Either way the message is one paragraph, before any model loads. An
-example whose image tokens do not fit in `data.max_seq_len` is refused (a cut image cannot be trained on).
+example whose image tokens do not fit in `data.max_seq_len` is refused (a cut image cannot be trained on). An
+image whose header says it has more pixels than the model's bound (`data.max_image_pixels`, else from its
+processor: `zerofit.models.vision_pixels`) is refused in one paragraph before it is decoded.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from zerofit.data.chat import (
     has_generation_marks,
     require_chat_template,
 )
+from zerofit.data.image_files import ImageTooLarge, open_header, refuse_large, too_large_message
 from zerofit.data.sft import DataStats, Example, TokenizedData, has_labels
 from zerofit.data.vision_cache import load_vision_cached, save_vision_cached, vision_cache_key
 from zerofit.data.vision_mllama import CROSS_MASK, collate_cross, cross_attention_mask
 from zerofit.data.vision_sources import images_digest, open_vision_source
 from zerofit.models.mllama import CROSS_INPUTS
+from zerofit.models.vision_pixels import PixelBound
 from zerofit.objectives.loss import IGNORE_INDEX
 
 __all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_images", "load_vision_examples"]
@@ -54,6 +58,8 @@ TOKEN_TYPES = "mm_token_type_ids"  # per token: 1 an image's, 0 text (right-padd
 TOKEN_TYPE_KEYS = (TOKEN_TYPES, "token_type_ids")  # Qwen-VL's and Gemma 3's names for the per-token types
 TILED = "pixel_attention_mask"  # SmolVLM's tiles: (samples, tiles, ...), a micro-batch's tiles as one sample
 IMAGE_MARKER = "<image>"  # ShareGPT / LLaMA-Factory: where each of the record's `images` goes
+# The fix an image above the pixel bound is refused with in training (`data.image_files.too_large_message`).
+LARGE_IMAGE_FIX = "or set data.max_image_pixels={pixels} (or more) if images this large are meant."
 
 
 @dataclass
@@ -171,23 +177,18 @@ def _listed(record: dict[str, Any]) -> tuple[list[Any], bool]:
     return list(value or []), value is None and column in record
 
 
-def open_image(ref: Any, base: Path) -> Any:
+def open_image(ref: Any, base: Path, bound: PixelBound | None = None) -> Any:
     """The image `ref` names as RGB (a path relative to `base`, an absolute path, a PIL image, or a
-    `datasets` Image dict with bytes); MissingImage when it cannot be read."""
-    import io
-
+    `datasets` Image dict with bytes); MissingImage when it cannot be read, ImageTooLarge when its header
+    says it has more pixels than `bound` (checked before it is decoded: `data.image_files`)."""
     from PIL import Image
 
     if ref is None or (isinstance(ref, dict) and ref.get("bytes") is None and ref.get("path") is None):
         raise MissingImage("a null image (an empty value in the image column)")
     try:
-        if isinstance(ref, Image.Image):
-            image = ref
-        elif isinstance(ref, dict) and ref.get("bytes") is not None:
-            image = Image.open(io.BytesIO(ref["bytes"]))
-        else:
-            path = Path(str(ref.get("path") if isinstance(ref, dict) else ref)).expanduser()
-            image = Image.open(path if path.is_absolute() else base / path)
+        image = open_header(ref, base)
+        if bound is not None:
+            refuse_large(image, ref, bound)
         return image.convert("RGB")
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise MissingImage(
@@ -294,10 +295,12 @@ class _VisionLoad:
                 self.n_dropped += 1
                 return
         try:
-            images = [open_image(ref, self.base) for ref in refs]
+            images = [open_image(ref, self.base, self.processor.pixel_bound) for ref in refs]
         except MissingImage as exc:
             self._missing(where, str(exc))
             return
+        except ImageTooLarge as exc:
+            raise DataError(too_large_message(where, exc, LARGE_IMAGE_FIX)) from None
         example, cut = tokenize_vision(self.processor, messages, images, self.max_seq_len, where)
         self.n_truncated += int(cut)
         if not has_labels(example.labels):
@@ -361,7 +364,14 @@ def load_vision_examples(
     entry = None
     if fingerprint is not None:
         digest = images_digest(source, base, lambda record, where: vision_messages(record, where)[1])
-        entry = vision_cache_key(fingerprint, digest, processor, max_seq_len=max_seq_len, **rules)
+        entry = vision_cache_key(
+            fingerprint,
+            digest,
+            processor,
+            max_seq_len=max_seq_len,
+            max_pixels=processor.pixel_bound.pixels,
+            **rules,
+        )
         hit = load_vision_cached(entry, processor, processor.token_type_key or TOKEN_TYPES)
         cached = _from_cache(*hit) if hit is not None else None
 
@@ -430,11 +440,13 @@ def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.T
     one): the image's placeholder expanded as in training (`tokenize_vision`); `zerofit generate --image`."""
     where = f"--image {image}"
     try:
-        opened = open_image(image, Path.cwd())
+        opened = open_image(image, Path.cwd(), processor.pixel_bound)
     except MissingImage as exc:
         raise DataError(
             f"{where}: the image cannot be read ({exc}); pass the path of a PNG or JPEG file."
         ) from None
+    except ImageTooLarge as exc:
+        raise DataError(too_large_message("zerofit generate --image", exc, "then pass it again.")) from None
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
     out = _render(
         processor.tokenizer, messages, where, tokenize=True, return_dict=True, add_generation_prompt=True

@@ -10,7 +10,7 @@ dimension: SmolVLM's tiles, Mllama's cross-attention masks), and `keys.<name>` (
 it has that tensor at all (a text-only row has none). The key (`vision_cache_key`) holds everything that decides the tokens and pixels:
 the records' content, the SHA-256 of every image they name (`vision_sources.images_digest`), the tokenizer
 with its chat template, the image processor's settings (its pixel limits: `data.max_image_tokens` lowers
-them) and the model's image rule, max_seq_len and the data rules.
+them) and the model's image rule, max_seq_len, the data rules and the pixel bound.
 
 Before use an entry is checked (`load_cached`'s digest and array checks, which cover the attached file), and
 then its image tensors against what the token ids claim: each example's image tokens are as many as its

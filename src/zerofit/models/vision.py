@@ -19,6 +19,7 @@ import torch
 
 from zerofit.core.errors import ConfigError
 from zerofit.models.mllama import checkpointable_vision_layers, refuse_image_token_limit, run_idle_images
+from zerofit.models.vision_pixels import PixelBound, pixel_bound
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,9 @@ class VisionProcessor:
     image_processor: Any
     family: VisionFamily
     model_config: dict[str, Any]
+    # The most pixels one image may have: larger ones are refused from their header, before decoding
+    # (`data.max_image_pixels`, else from the processor's own size: `zerofit.models.vision_pixels`).
+    pixel_bound: PixelBound
 
     @property
     def token_types(self) -> bool:
@@ -276,9 +280,12 @@ def limit_tiled_image_tokens(processor: VisionProcessor, max_image_tokens: int |
         image_processor.size = {"longest_edge": longest}
 
 
-def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | None = None) -> VisionProcessor:
+def load_vision_processor(
+    path: str, tokenizer: Any, max_image_tokens: int | None = None, max_image_pixels: int | None = None
+) -> VisionProcessor:
     """The processor of the vision-language model at `path`: its image processor (PIL backend: no
-    torchvision needed) with `tokenizer`, limited to `max_image_tokens` per image (`data.max_image_tokens`)."""
+    torchvision needed) with `tokenizer`, limited to `max_image_tokens` per image (`data.max_image_tokens`);
+    images above `max_image_pixels` (`data.max_image_pixels`, else the bound its own size gives) refused."""
     import transformers
 
     config = folder_config(path)
@@ -297,10 +304,11 @@ def load_vision_processor(path: str, tokenizer: Any, max_image_tokens: int | Non
                 "preprocessor_config.json"
             ]
         )
+    bound = pixel_bound(image_processor, family.kind, max_image_pixels)  # before max_image_tokens lowers it
     limit_image_tokens(image_processor, max_image_tokens, path)
     if family.kind == "cross":  # Mllama: a fixed number of tiles per image, nothing to lower
         refuse_image_token_limit(max_image_tokens, config["vision_config"], path)
-    processor = VisionProcessor(tokenizer, image_processor, family, config)
+    processor = VisionProcessor(tokenizer, image_processor, family, config, bound)
     limit_tiled_image_tokens(processor, max_image_tokens, path)
     return processor
 

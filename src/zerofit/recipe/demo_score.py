@@ -1,12 +1,16 @@
-"""Score a trained LoRA run against the base model it started from, on held-out prompts: what `make demo`
-prints to show that training taught something and kept what the model knew.
+"""Score a trained run against the base model it started from, on held-out prompts: what `make demo` (and
+the vision demo) print to show that training taught something and kept what the model knew.
 
-Two sets of chat prompts, each a JSON Lines file of `{"prompt": ..., "answer": ...}` (never trained on):
+Sets of chat prompts, each a JSON Lines file of `{"prompt": ..., "answer": ...}` (never trained on):
 
-    task   the skill the run trained: a reply passes when it is exactly one JSON object {"answer": "<text>"}
-           (the demo's output format, which the base model does not follow unasked)
-    facts  what the base model already knew: a reply passes when it contains the expected answer
-           (case-insensitive), whatever its format, so a run that forgot a fact fails it
+    task    the skill the run trained: a reply passes when it is exactly one JSON object {"answer": "<text>"}
+            (the demo's output format, which the base model does not follow unasked)
+    facts   what the base model already knew: a reply passes when it contains the expected answer
+            (case-insensitive), whatever its format, so a run that forgot a fact fails it
+    images  a vision-language run's task (`{"image": ..., "prompt": ..., "answer": ...}`, the image's path
+            relative to the file): each image shown before its prompt as `zerofit generate --image` shows it;
+            a reply passes when it contains the expected answer (the vision demo: the colour of a shade of
+            it training never saw, so only the image can decide it)
 
 Both models answer the same prompts, greedily, in one batch each: the run's model with its adapters, and the
 base (the same weights with the adapters disabled). A reply stops where its verdict is settled (a format
@@ -18,16 +22,18 @@ runs (`zerofit.core.progress`: a line every 10 s off a terminal).
 
     python -m zerofit.recipe.demo_score RUN_DIR --task data/demo_smollm2_heldout.jsonl \
         --facts data/demo_smollm2_facts.jsonl
+    python -m zerofit.recipe.demo_score RUN_DIR --images data/demo-vlm-colours-heldout.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,14 +44,18 @@ from zerofit.core.progress import Progress, progress
 # Tokens each reply may take: the task's answers and the facts' sentences fit with room to spare.
 MAX_NEW_TOKENS = 40
 SAMPLES = 2  # task answers shown before and after
+EMPTY = "(empty)"
+NO_GAIN = "  The task did not improve: this run trained too little (raise train.max_steps)."
+IMAGE_PROBE = '{"image": "<path relative to the file>", "prompt": ..., "answer": ...}'
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One held-out prompt and the answer it expects."""
+    """One held-out prompt and the answer it expects (after `image`, for a vision-language model)."""
 
     prompt: str
     answer: str
+    image: Path | None = None
 
 
 @dataclass
@@ -77,8 +87,9 @@ def read_probes(path: Path) -> list[Probe]:
             continue
         try:
             row = json.loads(line)
-            probes.append(Probe(str(row["prompt"]), str(row["answer"])))
-        except (ValueError, KeyError, TypeError):
+            image = path.parent / str(row["image"]) if row.get("image") is not None else None
+            probes.append(Probe(str(row["prompt"]), str(row["answer"]), image))
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise DataError(
                 f'{path}:{number}: expected a JSON object {{"prompt": ..., "answer": ...}}'
             ) from None
@@ -298,6 +309,85 @@ def score_run(
     return task_score, facts_score
 
 
+@contextlib.contextmanager
+def _base_model(trained: Any) -> Iterator[Any]:
+    """The model the run started from: a LoRA run's model with its adapters disabled, or a full fine-tuning
+    run's base weights loaded again."""
+    if trained.is_lora:
+        with trained.model.disable_adapter():
+            yield trained.model
+        return
+    import torch
+
+    from zerofit.export.trained import load_base
+
+    yield load_base(trained.run.config, torch.float32, "cpu").eval()
+
+
+def _score_set(
+    name: str,
+    probes: list[Probe],
+    trained: Any,
+    check: Callable[[str, Probe], bool],
+    replies: Callable[[Any], list[str]],
+) -> SetScore:
+    """Both models' `replies(model)` to `probes` and `check(reply, probe)`'s verdicts."""
+    with _base_model(trained) as base:
+        before = replies(base)
+    after = replies(trained.model)
+    return SetScore(
+        name,
+        probes,
+        before,
+        after,
+        [check(reply, probe) for reply, probe in zip(before, probes, strict=True)],
+        [check(reply, probe) for reply, probe in zip(after, probes, strict=True)],
+    )
+
+
+def _loaded(run_dir: Path) -> Any:
+    """The run's trained model (`export.load_trained`), in eval mode."""
+    from zerofit.export import load_trained
+
+    trained = load_trained(run_dir)
+    trained.model.eval()
+    return trained
+
+
+def score_images(run_dir: Path, images: Path) -> SetScore:
+    """The image task's score of the vision-language run in `run_dir` against its base model: each probe's
+    image and prompt as one user turn (`zerofit generate --image`'s `Generator`), answered greedily."""
+    import torch
+
+    from zerofit.export.generate import Generator
+    from zerofit.models.build import resolve_model_path
+
+    probes = read_probes(images)
+    unnamed = next((i for i, p in enumerate(probes, 1) if p.image is None), None)
+    if unnamed is not None:
+        raise DataError(f'{images}: probe {unnamed} names no "image"; each image probe is {IMAGE_PROBE}')
+    trained = _loaded(run_dir)
+    folder = resolve_model_path(trained.run.config)
+
+    def replies(model: Any) -> list[str]:
+        ask = Generator(model, trained.tokenizer, True, torch.device("cpu"), folder)
+        return [ask(p.prompt, MAX_NEW_TOKENS, image=p.image).strip() for p in probes]
+
+    return _score_set("images", probes, trained, lambda r, p: knows(r, p.answer), replies)
+
+
+def _samples(score: SetScore, indices: Sequence[int]) -> list[str]:
+    """The prompts at `indices` with the base's and the trained model's replies (`EMPTY` for a reply that
+    is only whitespace: a random model's newlines)."""
+    lines = []
+    for i in indices:
+        probe = score.probes[i]
+        shown = f"[{probe.image.name}] {probe.prompt}" if probe.image is not None else probe.prompt
+        before, after = score.before[i] or EMPTY, score.after[i] or EMPTY
+        lines += [f"  Q: {shown}", f"     base:    {before}", f"     trained: {after}"]
+    return lines
+
+
 def format_report(task: SetScore, facts: SetScore) -> str:
     """The before/after lines `make demo` prints: both counts, then sample task answers before and after."""
     (tb, ta), (fb, fa), n, m = task.counts, facts.counts, len(task.probes), len(facts.probes)
@@ -305,12 +395,7 @@ def format_report(task: SetScore, facts: SetScore) -> str:
         f'Held-out task (answer as {{"answer": "..."}}): base {tb}/{n} -> trained {ta}/{n}',
         f"Held-out facts the base model knows (kept): base {fb}/{m} -> trained {fa}/{m}",
     ]
-    for i in range(min(SAMPLES, n)):
-        lines += [
-            f"  Q: {task.probes[i].prompt}",
-            f"     base:    {task.before[i]}",
-            f"     trained: {task.after[i]}",
-        ]
+    lines += _samples(task, range(min(SAMPLES, n)))
     # Both ways: a count that stays the same may be one fact forgotten and another gained.
     for label, before, after in (("Forgotten", True, False), ("Gained", False, True)):
         changed = [
@@ -321,8 +406,28 @@ def format_report(task: SetScore, facts: SetScore) -> str:
         if changed:
             lines.append(f"  {label}: {'; '.join(changed)}")
     if ta <= tb:
-        lines.append("  The task did not improve: this run trained too little (raise train.max_steps).")
+        lines.append(NO_GAIN)
     return "\n".join(lines)
+
+
+def format_images_report(score: SetScore) -> str:
+    """The vision demo's before/after lines: the count, then one sample per expected answer."""
+    (before, after), n = score.counts, len(score.probes)
+    firsts = {p.answer: i for i, p in reversed(list(enumerate(score.probes)))}
+    lines = [f"Held-out images (shades never trained on): base {before}/{n} -> trained {after}/{n}"]
+    lines += _samples(score, sorted(firsts.values()))
+    if after <= before:
+        lines.append(NO_GAIN)
+    return "\n".join(lines)
+
+
+def _report(args: argparse.Namespace, imports: Callable[[], None]) -> str:
+    """The report the arguments ask for: the image task, or the task and the facts (`imports`: the
+    command's own slow imports, run first)."""
+    if args.images is not None:
+        imports()
+        return format_images_report(score_images(args.run_dir, args.images))
+    return format_report(*score_run(args.run_dir, args.task, args.facts, imports))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -332,9 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m zerofit.recipe.demo_score", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("run_dir", type=Path, help="a finished LoRA run's folder")
-    parser.add_argument("--task", type=Path, required=True, help="held-out task probes (JSON Lines)")
-    parser.add_argument("--facts", type=Path, required=True, help="held-out fact probes (JSON Lines)")
+    parser.add_argument("run_dir", type=Path, help="a finished run's folder")
+    parser.add_argument("--task", type=Path, help="held-out task probes (JSON Lines), with --facts")
+    parser.add_argument("--facts", type=Path, help="held-out fact probes (JSON Lines), with --task")
+    parser.add_argument("--images", type=Path, help=f"held-out image probes (JSON Lines of {IMAGE_PROBE})")
     args = parser.parse_args(argv)
 
     def imports() -> None:
@@ -345,8 +451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         quiet_deepspeed_on_cpu()
         quiet_libraries()
 
+    text = args.task is not None or args.facts is not None
+    if (args.images is not None) == text or (text and (args.task is None or args.facts is None)):
+        parser.error("give --task and --facts (a language model's run), or --images (a vision-language run)")
     try:
-        print(format_report(*score_run(args.run_dir, args.task, args.facts, imports)), flush=True)
+        print(_report(args, imports), flush=True)
     except ZerofitError as exc:
         print(f"zerofit: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -19,7 +19,7 @@ def vision_processor_for(cfg: ZerofitConfig, tokenizer: Any) -> VisionProcessor 
     if not is_vision_config(folder_config(path)):
         return None
     refuse_vision_settings(cfg)
-    return load_vision_processor(path, tokenizer, cfg.data.max_image_tokens)
+    return load_vision_processor(path, tokenizer, cfg.data.max_image_tokens, cfg.data.max_image_pixels)
 
 
 def names_vision_model(cfg: ZerofitConfig) -> bool:

@@ -16,10 +16,12 @@ from zerofit.recipe.demo_score import (
     Probe,
     SetScore,
     follows_format,
+    format_images_report,
     format_report,
     format_settled,
     knows,
     read_probes,
+    score_images,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -257,3 +259,67 @@ def test_the_readme_shows_the_report_as_the_scorer_prints_it() -> None:
     facts_before, facts_after = (int(n) for n in re.findall(r"(\d+)/\d+", shown[1]))
     assert task_after >= task_before + 10 and facts_after >= facts_before
     assert [line.split(":")[0].strip() for line in shown[2:8]] == ["Q", "base", "trained"] * 2
+
+
+COLOURS, SHADES = REPO / "data" / "demo-vlm-colours-heldout.jsonl", REPO / "data" / "demo-vlm-colours.jsonl"
+
+
+def test_the_image_probes_are_shades_never_trained_on() -> None:
+    probes = read_probes(COLOURS)
+    assert len(probes) == 16 and all(p.image is not None and p.image.is_file() for p in probes)
+    answers = sorted({p.answer for p in probes})
+    assert answers == ["blue", "green", "red", "yellow"]
+    assert all(sum(p.answer == a for p in probes) == 4 for a in answers)  # 4 shades of each colour
+    rows = [json.loads(line)["messages"] for line in SHADES.read_text().splitlines()]
+    trained = {m[0]["content"][0]["image"] for m in rows}
+    assert len(trained) == 32 and not trained & {f"demo-vlm-colours/{p.image.name}" for p in probes}
+    assert {m[1]["content"] for m in rows} == set(answers)  # the answer is the colour, decided by the image
+
+
+def test_the_images_report_shows_one_sample_per_colour() -> None:
+    probes = [Probe("Colour?", c, Path(f"{c}-{i}.png")) for c in ("red", "blue") for i in range(2)]
+    after = ["red", "red", "blue", "red"]
+    score = SetScore(
+        "images",
+        probes,
+        [""] * 4,
+        after,
+        [False] * 4,
+        [knows(r, p.answer) for r, p in zip(after, probes, strict=True)],
+    )
+    report = format_images_report(score)
+    assert report.splitlines()[0] == "Held-out images (shades never trained on): base 0/4 -> trained 3/4"
+    assert "  Q: [red-0.png] Colour?" in report and "  Q: [blue-0.png] Colour?" in report
+    assert report.count("  Q: ") == 2 and "did not improve" not in report
+    flat = SetScore("images", probes, after, after, [True] * 4, [True] * 4)
+    assert "The task did not improve" in format_images_report(flat)
+
+
+def test_an_image_probe_file_needs_an_image_per_probe(tmp_path: Path) -> None:
+    from zerofit.recipe.demo_score import main
+
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text('{"prompt": "Colour?", "answer": "red"}\n')
+    with pytest.raises(DataError, match=r'probe 1 names no "image"'):
+        score_images(tmp_path, probes)
+    for args in (["--task", str(probes)], ["--images", str(probes), "--task", str(probes)], []):
+        with pytest.raises(SystemExit):
+            main([str(tmp_path), *args])
+
+
+@pytest.mark.slow
+def test_the_vision_demo_learns_the_colour_of_shades_it_never_saw(tmp_path: Path) -> None:
+    """configs/demo-vlm-colours.yaml as shipped (seeded, one process): the trained model names the colour of
+    held-out shades that the base model does not. Measured: base 0/16 -> trained 16/16 (seeds 42, 1 and 2;
+    40 steps instead of 80 gave 6 to 16), against the +12 asserted; four colours, so a model that ignored the
+    image would score at most 4 of them."""
+    from zerofit.api import train
+
+    result = train(
+        REPO / "configs" / "demo-vlm-colours.yaml",
+        output_dir=str(tmp_path),
+        logging={"console": False, "wandb": {"mode": "disabled"}},
+    )
+    score = score_images(result.run_dir, COLOURS)
+    before, after = score.counts
+    assert after >= before + 12, format_images_report(score)
