@@ -75,6 +75,7 @@ SMOL = "configs/demo-smollm2.yaml"
 SMOL_DATA = "data/demo_smollm2.jsonl"
 HELDOUT = "data/demo_smollm2_heldout.jsonl"
 FACTS = "data/demo_smollm2_facts.jsonl"
+COLOURS, COLOURS_HELDOUT = "data/demo-vlm-colours.jsonl", "data/demo-vlm-colours-heldout.jsonl"
 COUNTS: list[tuple[str, str, Callable[[], float]]] = [
     ("README.md", "{} steps of `configs/demo-smollm2.yaml`", lambda: _max_steps(SMOL)),
     ("README.md", "from {} short chats (`data/demo_smollm2.jsonl`)", lambda: _lines(SMOL_DATA)),
@@ -122,6 +123,13 @@ COUNTS: list[tuple[str, str, Callable[[], float]]] = [
     ),
     ("docs/guides/preference.md", "LoRA KTO, {} steps)", lambda: _max_steps("configs/demo-kto.yaml")),
     ("docs/guides/preference.md", "LoRA DPO, {} steps,", lambda: _max_steps("configs/demo-dpo.yaml")),
+    ("docs/guides/vision.md", "an image: {} shades of red, yellow,", lambda: _lines(COLOURS)),
+    ("docs/guides/vision.md", "about those {} shades, greedily", lambda: _lines(COLOURS_HELDOUT)),
+    (
+        "docs/guides/vision.md",
+        "in full ({} steps, ~26 s",
+        lambda: _max_steps("configs/demo-vlm-colours.yaml"),
+    ),
 ]
 
 # CPU time (user + system of the launch and its children) of each demo as its config runs it (one process,
@@ -133,6 +141,7 @@ MEASURED_CPU_S = {
     "demo-kto": 72.8,
     "demo-reward": 79.5,
     "demo-vlm": 22.3,
+    "demo-vlm-colours": 26.4,
     "demo-grpo": 256.9,
 }
 # (document, the phrase with `{}` where the duration stands, the demo it times)
@@ -144,6 +153,8 @@ DURATIONS = [
     ("configs/demo-reward.yaml", "A reward model in {} of CPU", "demo-reward"),
     ("docs/guides/preference.md", "score head, LoRA, one process, {} of CPU", "demo-reward"),
     ("configs/demo-vlm.yaml", "configs/demo-vlm.yaml` ({} of CPU)", "demo-vlm"),
+    ("configs/demo-vlm-colours.yaml", "configs/demo-vlm-colours.yaml` ({} of CPU)", "demo-vlm-colours"),
+    ("docs/guides/vision.md", "in full (80 steps, {} of CPU)", "demo-vlm-colours"),
     ("configs/demo-grpo.yaml", "Online RL in {} of CPU", "demo-grpo"),
 ]
 DURATION = re.compile(r"~(\d+(?:\.\d+)?) (s|minutes?)")
