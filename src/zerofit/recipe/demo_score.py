@@ -266,21 +266,28 @@ def _score_sets(
     model, tokenizer = trained.model, trained.tokenizer
     sets = [(probes, check) for _, probes, check in named]
     progress.update(status="the base model")
-    with model.disable_adapter():
-        before = _score_model(model, tokenizer, sets, progress)
+    with _base_model(trained) as base:
+        before = _score_model(base, tokenizer, sets, progress)
     progress.update(status="the trained adapter")
     after = _score_model(model, tokenizer, sets, progress)
     return [
-        SetScore(
-            name,
-            probes,
-            b,
-            a,
-            [check.passes(reply, probe) for reply, probe in zip(b, probes, strict=True)],
-            [check.passes(reply, probe) for reply, probe in zip(a, probes, strict=True)],
-        )
+        _verdicts(name, probes, check.passes, b, a)
         for (name, probes, check), b, a in zip(named, before, after, strict=True)
     ]
+
+
+def _verdicts(
+    name: str, probes: list[Probe], passes: Callable[[str, Probe], bool], before: list[str], after: list[str]
+) -> SetScore:
+    """A probe set's replies before and after, with `passes(reply, probe)`'s verdict on each."""
+    return SetScore(
+        name,
+        probes,
+        before,
+        after,
+        [passes(reply, probe) for reply, probe in zip(before, probes, strict=True)],
+        [passes(reply, probe) for reply, probe in zip(after, probes, strict=True)],
+    )
 
 
 def score_run(
@@ -334,15 +341,7 @@ def _score_set(
     """Both models' `replies(model)` to `probes` and `check(reply, probe)`'s verdicts."""
     with _base_model(trained) as base:
         before = replies(base)
-    after = replies(trained.model)
-    return SetScore(
-        name,
-        probes,
-        before,
-        after,
-        [check(reply, probe) for reply, probe in zip(before, probes, strict=True)],
-        [check(reply, probe) for reply, probe in zip(after, probes, strict=True)],
-    )
+    return _verdicts(name, probes, check, before, replies(trained.model))
 
 
 def _loaded(run_dir: Path) -> Any:
