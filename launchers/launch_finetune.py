@@ -13,9 +13,13 @@ import sys
 from pathlib import Path
 
 try:
-    from zerofit.recipe.run import main
+    from zerofit.core.progress import progress  # no torch: it reports while torch loads
 except ModuleNotFoundError:  # a checkout without `pip install -e .`: use its src/ directly
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from zerofit.core.progress import progress
+
+# Loading torch takes seconds, tens on a busy machine: rank 0 says so when it is long (zerofit.core.progress).
+with progress("starting: importing torch", enabled=os.environ.get("RANK", "0") == "0"):
     from zerofit.recipe.run import main
 
 if __name__ == "__main__":
