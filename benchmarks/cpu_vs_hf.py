@@ -95,8 +95,9 @@ def planned_cap(args: argparse.Namespace) -> tuple[float, float]:
 
 
 def resolved_case(args: argparse.Namespace, cap: float, *extra: str) -> Any:
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.planner import choose_fastest_plan
+    from zerofit.resolution import resolve
 
     cfg = load_config(None, _overrides(args, f"planner.gpu_memory_gib={cap}", *extra))
     return resolve(cfg, 1, choose_fastest_plan)

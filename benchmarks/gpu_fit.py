@@ -352,7 +352,7 @@ def run_case(
     from workloads import describe, run_zerofit, workload
     from zerofit.catalogue.gpus import gpu_from_device_name
     from zerofit.catalogue.models import model_config_dict
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.core.errors import ConfigError
     from zerofit.engine import render_spec
     from zerofit.planner import choose_fastest_plan
@@ -360,6 +360,7 @@ def run_case(
     from zerofit.planner.search.budget import Budget
     from zerofit.planner.search.report import plan_memory
     from zerofit.planner.speed import predict_speed
+    from zerofit.resolution import resolve
     from zerofit.strategies.env import launch_env
 
     spec = CASES[case]
@@ -520,11 +521,12 @@ def run_grpo_case(
     import torch
 
     import zerofit
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.engine import render_spec
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for
+    from zerofit.resolution import resolve
 
     cuda = torch.cuda.is_available() and not smoke
     out: dict[str, Any] = {

@@ -68,7 +68,7 @@ def heldout_reward(model: Any, tokenizer: Any, cfg: Any, rows_file: Path, sample
 
     from zerofit.data.prompts import load_prompts
     from zerofit.loop.rollout import SamplingSettings, completion_seed, sample_completions
-    from zerofit.objectives.rewards import score_completions
+    from zerofit.objectives.grpo.rewards import score_completions
     from zerofit.recipe.rewards import build_rewards
     from zerofit.recipe.rl import end_ids
 

@@ -5,7 +5,7 @@ plus the token-sum cross-entropy, at --tokens tokens, for each implementation:
 
   unchunked     logits = lm_head(hidden); F.cross_entropy on their fp32 upcast
   chunked       logits = lm_head(hidden); zerofit's chunked loss (fp32 one chunk at a time)
-  fused_linear  zerofit.objectives.fused_loss: the matmul and the loss chunk by chunk; no logits at all
+  fused_linear  zerofit.token_loss.fused: the matmul and the loss chunk by chunk; no logits at all
 
 Reported per implementation: the peak of tensor bytes live during the step above what was live before it
 (the hidden states, the weight: `torch.cuda.max_memory_allocated` on CUDA, else torch's MemTracker, which
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from zerofit.objectives.fused_loss import fused_linear_token_sum
-from zerofit.objectives.loss import IGNORE_INDEX, chunk_tokens, shifted_targets, token_sum_loss
+from zerofit.token_loss.fused import fused_linear_token_sum
+from zerofit.token_loss.sums import IGNORE_INDEX, chunk_tokens, shifted_targets, token_sum_loss
 
 IMPLS = ("unchunked", "chunked", "fused_linear")
 MIB = 2**20

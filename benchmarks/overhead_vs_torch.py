@@ -52,9 +52,9 @@ from zerofit.core.precision import torch_dtype
 from zerofit.loop.train import CheckpointSaver
 
 if TYPE_CHECKING:
-    from zerofit.config import ResolvedConfig
     from zerofit.data import Example, GlobalBatchSampler
     from zerofit.recipe.assembly import PreparedRun
+    from zerofit.resolution import ResolvedConfig
     from zerofit.strategies.base import Strategy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,8 +108,9 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 
 def resolve_config(args: argparse.Namespace) -> ResolvedConfig:
     """The config resolved for one plain-`python` process; refuses anything but strategy=single."""
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.core.errors import ConfigError, LaunchError
+    from zerofit.resolution import resolve
     from zerofit.strategies.env import launch_env
 
     env = launch_env()

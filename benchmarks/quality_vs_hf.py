@@ -165,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.core.messages import quiet_libraries
     from zerofit.data.sft import load_examples
     from zerofit.models.build import resolve_model_path
     from zerofit.planner import choose_fastest_plan
+    from zerofit.resolution import resolve
 
     quiet_libraries()
     cfg = load_config(args.config, [*SAME_RUN, *args.overrides])

@@ -34,7 +34,7 @@ RESULT_PREFIX = "TRL_GRPO_BASELINE "
 
 def _reward(column: str = "answer") -> Any:
     """zerofit's exact_match in TRL's reward signature (prompts, completions, **columns)."""
-    from zerofit.objectives.rewards import exact_match
+    from zerofit.objectives.grpo.rewards import exact_match
 
     score = exact_match(column)
 

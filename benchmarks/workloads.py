@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zerofit.config import ResolvedConfig
     from zerofit.data import Example
+    from zerofit.resolution import ResolvedConfig
 
 IGNORE_INDEX = -100
 

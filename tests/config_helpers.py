@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
+from zerofit.config import ZerofitConfig, load_config
 from zerofit.config.loader import validate_config
 from zerofit.engine import LocalSpec, render_spec
 from zerofit.engine.run_plan import RunPlan, make_run_plan
+from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.config import ZerofitConfig, load_config
 from zerofit.config.loader import (
     deep_merge,
     flatten,
@@ -34,6 +34,7 @@ from zerofit.config.loader import (
 )
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import RunLayout
+from zerofit.resolution import resolve
 
 __all__ = ["RunResult", "plan", "train"]
 

@@ -15,8 +15,8 @@ import pytest
 from launch_helpers import Launch, RunResult, run_launches, varied_length_data, write_config
 from zerofit.data import GlobalBatchSampler, collate, load_sft_dataset
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.loss import count_label_tokens
 from zerofit.strategies.optim import lr_multiplier
+from zerofit.token_loss.sums import count_label_tokens
 
 pytestmark = [pytest.mark.distributed]
 

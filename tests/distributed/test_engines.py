@@ -29,8 +29,9 @@ from launch_helpers import (
     varied_length_data,
     write_config,
 )
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.engine import render_spec
+from zerofit.resolution import resolve
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ import pytest
 from launch_helpers import Launch, RunResult, run_launches, write_config
 from zerofit.data import hold_out, load_examples
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

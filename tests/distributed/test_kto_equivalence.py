@@ -9,7 +9,7 @@ completion lengths vary a lot and whose labels are mixed, global batch 8, held-o
     zero2     DeepSpeed ZeRO-2    2 x 2 x 2
 
 Per-step loss, TRL's metrics (rewards/*, logps/*, kl) and eval/* agree within 2e-5: the mismatched pairing,
-the KL reference point z0 and the normalizers are the global batch's (`zerofit.objectives.kto`). The split
+the KL reference point z0 and the normalizers are the global batch's (`zerofit.objectives.kto.loss`). The split
 within one process (8 x 1 against 2 x 4) is tests/unit/objectives/test_kto.py's.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import Launch, RunResult, run_launches, write_config
-from zerofit.objectives.kto import KTO_METRICS
+from zerofit.objectives.kto.loss import KTO_METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import Launch, RunResult, run_launches, write_config
-from zerofit.objectives.preference import METRICS
+from zerofit.objectives.pairwise.loss import METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

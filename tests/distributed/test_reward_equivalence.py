@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from launch_helpers import Launch, RunResult, run_launches, write_config
-from zerofit.objectives.reward import REWARD_METRICS
+from zerofit.objectives.reward_model.loss import REWARD_METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import RunLayout
 from zerofit.data import GlobalBatchSampler, load_examples
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL, STEPS, SEED, MAX_LEN = 4, 3, 5, 256  # the Alpaca prompt alone is ~190 tokens
@@ -267,8 +267,9 @@ def test_a_keyword_strategy_over_a_files_preset_switches_engine_as_the_command_l
     """`distributed__strategy="single"` over configs/demo.yaml (a ZeRO-2 preset) drops the preset, as
     `distributed.strategy=single` on the command line does (it contradicted the preset), in every spelling
     and with a GPU named (which re-validates the config)."""
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.planner import choose_fastest_plan
+    from zerofit.resolution import resolve
 
     config = REPO / "configs" / "demo.yaml"
     cli = resolve(load_config(config, ["distributed.strategy=single"]), 1, choose_fastest_plan).config

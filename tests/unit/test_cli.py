@@ -13,8 +13,9 @@ import pytest
 
 from zerofit.catalogue.presets import list_presets
 from zerofit.cli import main
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.engine import render_spec
+from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = "configs/demo.yaml"

@@ -23,7 +23,7 @@ from doc_blocks import (
     guides_in_order,
     outside_fences,
 )
-from zerofit.config.resolve import config_keys
+from zerofit.config.rules.training import config_keys
 
 # A shown line with a measured loss: a step line, the closing line, the best evaluation.
 MEASURED = re.compile(r"\bloss\b.*\d\.\d")

@@ -40,7 +40,8 @@ PLAIN_RUN = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from config_helpers import DEMO_DATA, new_run_plan
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
+from zerofit.resolution import resolve
 from zerofit.engine import render_spec
 from zerofit.strategies import build_strategy
 from zerofit.models.build import build_model, load_tokenizer

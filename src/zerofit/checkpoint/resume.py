@@ -48,7 +48,6 @@ from zerofit.checkpoint.rundir import (
 )
 from zerofit.checkpoint.safe_load import UnsafeCheckpointError, check_checkpoint, refuse_unsafe
 from zerofit.config.loader import flatten
-from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ResumeError, RunFinished, ZerofitError
 from zerofit.core.run_layout import (
@@ -61,6 +60,7 @@ from zerofit.core.run_layout import (
 )
 from zerofit.engine.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.metrics.history import rewind_metrics
+from zerofit.resolution import ResolvedConfig
 from zerofit.strategies.base import Strategy
 from zerofit.version import __version__
 

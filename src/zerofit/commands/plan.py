@@ -17,13 +17,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.config import load_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.core.messages import quiet_libraries
 from zerofit.engine import EngineSpec, render_spec
+from zerofit.objectives.spec import ObjectiveSpec
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.report import describe_levers
+from zerofit.resolution import ResolvedConfig, resolve
 
 
 def default_world_size() -> int:
@@ -41,19 +43,13 @@ def default_world_size() -> int:
 
 def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     """The plan's four factors plus what they mean per optimizer step."""
-    plan = resolved.batch
-    cfg = resolved.config
-    max_seq_len = cfg.data.max_seq_len
-    objective = cfg.train.objective
-    # One sequence per sample, or a preference pair's chosen and rejected (KTO: one example; its KL pass is
-    # no-grad, unplanned here; GRPO: one completion).
-    sequences = 1 if objective in ("sft", "kto", "grpo") else 2
-    samples = {"sft": "examples", "kto": "examples", "grpo": "completions"}.get(objective, "pairs")
-    if objective == "grpo":  # a completion's training sequence: its prompt and itself
-        max_seq_len = cfg.rl.max_prompt_length + cfg.rl.max_completion_length
-    length = "rl.max_prompt_length + rl.max_completion_length" if objective == "grpo" else "data.max_seq_len"
+    plan, objective = resolved.batch, resolved.objective
+    # The objective's unit: its noun, its sequences in a forward (a pair's two; KTO's KL pass is no-grad,
+    # unplanned here) and its longest training sequence (a completion's: its prompt and itself).
+    sequences, samples = objective.unit.rows, objective.unit.noun
+    max_seq_len, length = objective.max_tokens_per_unit(resolved.config)
     return {
-        "objective": objective,
+        "objective": objective.name,
         "samples": samples,
         "sequences_per_sample": sequences,
         "global_batch_size": plan.global_batch_size,
@@ -106,7 +102,7 @@ def build_plan_report(
         "memory": _memory(resolved, spec, memory_options),
         "lora": lora_targets_report(cfg),
     }
-    if cfg.train.objective == "grpo":
+    if resolved.objective.generates:  # the rollouts' prompts, completions and tokens
         report["rl"] = rl_report(resolved)
     if probe:
         report["memory"]["probe"] = probe_report(resolved, report["memory"])
@@ -127,8 +123,9 @@ def _memory(resolved: ResolvedConfig, spec: Any, memory_options: Any) -> dict[st
 def rl_report(resolved: ResolvedConfig) -> dict[str, Any]:
     """A GRPO run's global batch in prompts, completions and tokens, and every reward function it would call
     (a `module:function` named, never imported: a launch with this config imports it)."""
+    from zerofit.objectives.grpo import describe_reward
+    from zerofit.objectives.grpo.rewards import reward_spec_problems
     from zerofit.planner.rl import rl_batch
-    from zerofit.recipe.rewards import describe_reward, reward_spec_problems
 
     rewards = resolved.config.rl.rewards
     step = rl_batch(resolved.config, resolved.batch.dp_size)
@@ -202,7 +199,7 @@ def _batch_units(b: dict[str, Any]) -> tuple[str, str]:
     return "samples per optimizer step", "samples per forward/backward, per rank"
 
 
-def print_report(report: dict[str, Any], console: Console) -> None:
+def print_report(report: dict[str, Any], objective: ObjectiveSpec, console: Console) -> None:
     """Human-readable form of `build_plan_report`'s dict."""
     b = report["batch"]
     table = Table(title=f"Batch plan: {b['formula']}", show_header=True)
@@ -237,7 +234,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     if "memory" in report:
         from zerofit.planner.report import print_memory
 
-        print_memory(report["memory"], console)
+        print_memory(report["memory"], objective, console)
     lora = report.get("lora")
     if lora:
         console.print(f"LoRA: {lora.get('described') or lora.get('error')}", highlight=False)
@@ -318,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_report(report, Console())
+        print_report(report, resolved.objective, Console())
         if "max_context" in report:
             print_max_context(report["max_context"], Console())
     return 0

@@ -1,7 +1,7 @@
-"""Run configuration: typed schema, YAML + dotted overrides, and `resolve()`."""
+"""Run configuration: the typed schema, YAML + dotted overrides, and the rules by area (`rules/`) that the
+resolution (`zerofit.resolution.resolve`) checks a whole config with."""
 
 from zerofit.config.loader import load_config, parse_overrides
-from zerofit.config.resolve import ResolvedConfig, resolve
 from zerofit.config.schema import ZerofitConfig
 
-__all__ = ["ResolvedConfig", "ZerofitConfig", "load_config", "parse_overrides", "resolve"]
+__all__ = ["ZerofitConfig", "load_config", "parse_overrides"]

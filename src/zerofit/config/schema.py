@@ -265,9 +265,9 @@ class TrainSection(_Section):
     cross_entropy: Literal["chunked", "unchunked", "liger", "fused_linear", "auto"] = Field(
         "chunked",
         description=(
-            "How the loss runs over the vocabulary (zerofit.objectives.loss); the same token sums. fused_linear: the "
+            "How the loss runs over the vocabulary (zerofit.token_loss.sums); the same token sums. fused_linear: the "
             "lm_head matmul and the loss together, chunk by chunk of tokens, so the logits never exist "
-            "(zerofit.objectives.fused_loss). auto: the planner's choice between chunked and fused_linear (fused only "
+            "(zerofit.token_loss.fused). auto: the planner's choice between chunked and fused_linear (fused only "
             "where it is needed to fit or is faster, and only where the fused loss applies)."
         ),
     )
@@ -622,7 +622,7 @@ class PlannerSection(_Section):
     )
 
 
-RLLossType = Literal["grpo", "dapo", "dr_grpo"]  # rl.loss_type (see zerofit.objectives.grpo)
+RLLossType = Literal["grpo", "dapo", "dr_grpo"]  # rl.loss_type (see zerofit.objectives.grpo.loss)
 RewardScaling = Literal["group", "batch", "none"]  # rl.scale_rewards
 
 

@@ -18,7 +18,7 @@ from zerofit.data.sft import (
     load_sft_dataset,
     tokenize_example,
 )
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = [
     "FORMATS",

@@ -19,7 +19,7 @@ import torch
 from zerofit.core.errors import DataError
 from zerofit.data.sft import Example
 from zerofit.data.vision import IMAGE_INPUTS, collate_images
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 
 class GlobalBatchSampler:

@@ -34,7 +34,7 @@ import numpy as np
 
 from zerofit.core.digest import file_sha256
 from zerofit.models.tiny import cache_dir
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = [
     "PIPELINE_VERSION",

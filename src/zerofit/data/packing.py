@@ -30,7 +30,7 @@ import torch
 
 from zerofit.data.batches import collate
 from zerofit.data.sft import Example
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = ["collate_packed", "deal_to_ranks", "pack_rows", "packed_micro_batches"]
 

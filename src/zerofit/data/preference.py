@@ -49,7 +49,7 @@ from zerofit.data.sft import (
     open_tokenizable,
 )
 from zerofit.data.tokenize import encode_head, encode_tail, ending_in_eos, text_tail_within, text_within
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = ["ResponseTokens", "fit_pair", "load_preference_pairs", "tokenize_pair"]
 
@@ -155,17 +155,13 @@ def record_margin(record: dict[str, Any], where: str) -> float | None:
     return float(value)
 
 
-def _whole_texts(record: dict[str, Any], objective: str) -> dict[str, Any]:
+def _whole_texts(record: dict[str, Any], whole_texts: bool) -> dict[str, Any]:
     """A reward model scores texts, no prompt needed: a string record with no 'prompt' whose two texts share
     no beginning (which TRL's implicit prompt cannot split) is scored whole, its prompt empty (TRL's
-    RewardTrainer tokenizes each text alone). Any other record, and any other objective, as it is."""
+    RewardTrainer tokenizes each text alone), when the objective scores `whole_texts`. Any other record, and
+    any other objective, as it is."""
     chosen, rejected = record.get("chosen"), record.get("rejected")
-    whole = (
-        objective == "reward"
-        and "prompt" not in record
-        and isinstance(chosen, str)
-        and isinstance(rejected, str)
-    )
+    whole = whole_texts and "prompt" not in record and isinstance(chosen, str) and isinstance(rejected, str)
     return {**record, "prompt": ""} if whole and chosen[:1] != rejected[:1] else record
 
 
@@ -184,10 +180,18 @@ class _PairTokenizer:
     """Turns a source's records into pairs, counting what happens (one instance per load)."""
 
     def __init__(
-        self, tokenizer: Any, max_seq_len: int, fmt: str, key: str, empty_responses: str, objective: str
+        self,
+        tokenizer: Any,
+        max_seq_len: int,
+        fmt: str,
+        key: str,
+        empty_responses: str,
+        objective: str | None,
+        whole_texts: bool,
     ) -> None:
         self.tokenizer, self.max_seq_len, self.key = tokenizer, max_seq_len, key
         self.empty_responses, self.objective = empty_responses, objective
+        self.whole_texts = whole_texts
         self.format: str | None = None if fmt == "auto" else fmt
         self.detected = fmt == "auto"
         self.pairs: list[PreferencePair] = []
@@ -201,7 +205,7 @@ class _PairTokenizer:
             self.format = detect_format(record, where, self.key)
         if self.format != "preference":
             raise self.wrong_format(source)
-        parsed = parse_record("preference", _whole_texts(record, self.objective), where)
+        parsed = parse_record("preference", _whole_texts(record, self.whole_texts), where)
         assert isinstance(parsed, Preference)
         if parsed.conversational and not self.n_records:  # before tokenizing: the fix is in the config
             require_chat_template(self.tokenizer, f"{self.key} = {source.name!r}")
@@ -226,8 +230,9 @@ class _PairTokenizer:
         found = (
             f"data.format=auto found {self.format!r}" if self.detected else f"data.format = {self.format!r}"
         )
+        who = f"train.objective = {self.objective!r}" if self.objective else "a pairwise objective"
         return DataError(
-            f"{source.describe()}: {found}, and train.objective = {self.objective!r} learns from preference "
+            f"{source.describe()}: {found}, and {who} learns from preference "
             "pairs: records with 'prompt', 'chosen' and 'rejected' (TRL's layout: strings, or lists of "
             "messages). Point data.path at preference data, or set train.objective=sft to fine-tune on "
             "these records."
@@ -350,12 +355,13 @@ def load_preference_pairs(
     progress: bool = False,
     key: str = "data.path",
     empty_responses: str = "drop",
-    objective: str = "dpo",
+    objective: str | None = None,
+    whole_texts: bool = False,
 ) -> TokenizedData[PreferencePair]:
     """Read and tokenize the preference pairs `path` names (any source `load_examples` reads).
 
     The options are `load_examples`'; `objective` (`train.objective`) is named when the data is not
-    preference pairs. Returns one `PreferencePair` per kept record, the stats (`format` 'preference') and
+    preference pairs; `whole_texts` (a reward model's) scores a prompt-less pair as two whole texts. Returns one `PreferencePair` per kept record, the stats (`format` 'preference') and
     each pair's record (0-based, in source order: for held-out splits).
     """
     if empty_responses not in EMPTY_RESPONSE_RULES:
@@ -364,7 +370,7 @@ def load_preference_pairs(
         source = open_tokenizable(path, tokenizer, split, subset, key)
         # unit: never the entry of the same source read for SFT; pair_fields: never an entry from before the
         # `margin` column rode with the pairs; a reward model's own entry (it reads whole texts, `_whole_texts`)
-        whole = {"whole_texts": True} if objective == "reward" else {}
+        whole = {"whole_texts": True} if whole_texts else {}
         entry = cache_entry(source, tokenizer, cache, format=format, max_seq_len=max_seq_len,
                             empty_responses=empty_responses, unit="pairs", pair_fields="margin",
                             **whole)  # fmt: skip
@@ -372,7 +378,9 @@ def load_preference_pairs(
         data = _from_cache(hit) if hit is not None else None
 
         def again(picked: list[int]) -> tuple[list[PreferencePair], list[int]]:
-            state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective)
+            state = _PairTokenizer(
+                tokenizer, max_seq_len, format, key, empty_responses, objective, whole_texts
+            )
             for index, where, record in source.records_at(picked):
                 state.add(index, where, record, source)
             return state.pairs, state.records
@@ -383,7 +391,7 @@ def load_preference_pairs(
             and checked(entry, data.examples, data.records, again, source.name)
         ):
             return data
-        state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective)
+        state = _PairTokenizer(tokenizer, max_seq_len, format, key, empty_responses, objective, whole_texts)
         data = _tokenize_source(source, state, progress)
         if entry is not None:
             _save(entry, data, vocab_size(tokenizer))

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from zerofit.config.resolve import looks_like_hub_id
+from zerofit.config.rules.data import looks_like_hub_id
 from zerofit.core.data_files import DATA_FILE_KINDS, DATA_FILE_SUFFIXES, DataFileKind
 from zerofit.core.digest import content_sha256, files_sha256
 from zerofit.core.errors import DataError

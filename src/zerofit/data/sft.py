@@ -44,7 +44,7 @@ from zerofit.data.formats import Conversation, Document, PromptResponse, detect_
 from zerofit.data.records import PROGRESS_EVERY, RecordSource, open_source
 from zerofit.data.tokenize import encode_document, encode_head, ending_in_eos
 from zerofit.data.truncation import LENGTH_PROBE, length_keeping_whole
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = ["DataStats", "Example", "TokenizedData", "load_examples", "load_sft_dataset", "tokenize_example"]
 

@@ -47,7 +47,7 @@ from zerofit.data.sft import (
     open_tokenizable,
 )
 from zerofit.data.tokenize import encode_head, encode_tail, ending_in_eos, text_tail_within, text_within
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = [
     "UnpairedExample",

@@ -40,7 +40,7 @@ from zerofit.data.vision_mllama import CROSS_MASK, collate_cross, cross_attentio
 from zerofit.data.vision_sources import images_digest, open_vision_source
 from zerofit.models.mllama import CROSS_INPUTS
 from zerofit.models.vision_pixels import PixelBound
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_images", "load_vision_examples"]
 

@@ -12,7 +12,7 @@ from zerofit.catalogue.models import model_config_dict
 from zerofit.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import ResolvedConfig
+    from zerofit.resolution import ResolvedConfig
 
 __all__ = [
     "DEEPSPEED_SCHEDULERS",

@@ -39,7 +39,7 @@ from zerofit.engine.spec import DeepSpeedSpec, EngineSpec, FSDPSpec, GradSync, L
 from zerofit.engine.user_ds_config import filled_user_ds_config
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import ResolvedConfig
+    from zerofit.resolution import ResolvedConfig
 
 __all__ = ["decoder_layer_class", "render_spec"]
 

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zerofit.config.batching import BatchSplit
-from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.run_layout import run_dir_of
+from zerofit.resolution import ResolvedConfig
 
 if TYPE_CHECKING:
     from zerofit.engine.spec import EngineSpec
+    from zerofit.objectives.spec import ObjectiveSpec
 
 __all__ = ["DataFacts", "ResumePoint", "RunDirDecision", "RunPlan", "make_run_plan"]
 
@@ -75,6 +76,7 @@ class RunPlan:
     the resume point. Frozen, and built only by `make_run_plan` (anything else raises `TypeError`)."""
 
     config: ZerofitConfig  # no `auto` left; the run name as settled; what config.yaml records
+    objective: ObjectiveSpec  # train.objective's spec, as the resolution decided it
     batch: BatchSplit
     spec: EngineSpec
     world_size: int
@@ -119,6 +121,7 @@ def make_run_plan(
         cfg.train.max_steps = cfg.train.epochs * data.steps_per_epoch
     return RunPlan(
         config=cfg,
+        objective=resolved.objective,
         batch=resolved.batch,
         spec=spec,
         world_size=resolved.world_size,

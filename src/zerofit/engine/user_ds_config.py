@@ -23,8 +23,8 @@ from zerofit.core.errors import ConfigError
 from zerofit.engine.deepspeed_keys import DEEPSPEED_SCHEDULERS, hidden_size_buckets, model_hidden_size
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import ResolvedConfig
     from zerofit.config.schema import ZerofitConfig
+    from zerofit.resolution import ResolvedConfig
 
 __all__ = ["filled_user_ds_config", "load_user_ds_config", "pinned_split_problems"]
 

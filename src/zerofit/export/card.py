@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from zerofit.catalogue.models import PRETRAINED_HUB_IDS, is_tiny_model
-from zerofit.config.resolve import adaptation_method
+from zerofit.config.rules.model import adaptation_method
 from zerofit.export.checkpoints import WeightsSource
 from zerofit.export.trained import RunConfig
 

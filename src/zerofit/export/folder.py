@@ -41,6 +41,7 @@ from zerofit.export.out_folder import (
 from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for, with_run_adapters
 from zerofit.models.build import resolve_model_path
 from zerofit.models.vision import save_image_processor
+from zerofit.objectives.registry import objective_of
 
 __all__ = [
     "EXPORT_INFO",
@@ -177,5 +178,5 @@ def export_run(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    reward = run.config.train.objective == "reward"
+    reward = objective_of(run.config).score_head
     return ExportResult(out=out, kind=kind, source=source, dtype=weights_dtype, reward=reward)

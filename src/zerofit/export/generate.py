@@ -32,7 +32,7 @@ import torch
 
 from zerofit.catalogue.models import is_builtin_model
 from zerofit.config.loader import validate_config
-from zerofit.config.resolve import model_path_problem
+from zerofit.config.rules.model import model_path_problem
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, DataError
 from zerofit.core.run_layout import CONFIG_FILE

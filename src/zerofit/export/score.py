@@ -4,7 +4,7 @@ The pair is encoded exactly as training encoded a preference pair's chosen seque
 (`zerofit.data.preference.tokenize_pair`: strings as [bos] + prompt + response + [eos]; with `chat` the
 prompt a user turn and the response an assistant turn through the chat template), cut to the run's
 `data.max_seq_len`, and the reward is the score head's one output at the last token
-(`zerofit.objectives.reward.pair_rewards`).
+(`zerofit.objectives.reward_model.loss.pair_rewards`).
 
     a run directory   the reward model rebuilt from config.yaml + its newest weights (or `--step N`)
     an export         a `zerofit export` folder of a reward run (merged or full): transformers'
@@ -31,10 +31,10 @@ from zerofit.data.preference import tokenize_pair
 from zerofit.export.folder import EXPORT_INFO
 from zerofit.export.trained import load_trained
 from zerofit.levers.kernels import hub_kernels_off
-from zerofit.models.heads import REWARD_OBJECTIVE
 from zerofit.models.hub import hub_errors
 from zerofit.models.safe_weights import check_zerofit_folder, safetensors_only
-from zerofit.objectives.reward import pair_rewards
+from zerofit.objectives.registry import objective_of, saved_objective
+from zerofit.objectives.reward_model.loss import pair_rewards
 
 __all__ = ["Scorer", "load_scorer"]
 
@@ -87,8 +87,9 @@ def _from_export(path: Path, trust_remote_code: bool) -> Scorer:
     info = json.loads(info_file.read_text(encoding="utf-8")) if info_file.is_file() else {}
     config = info.get("config") if isinstance(info.get("config"), dict) else {}
     objective = (config.get("train") or {}).get("objective")
-    if objective != REWARD_OBJECTIVE or info.get("kind") == "adapter":
-        if objective != REWARD_OBJECTIVE:
+    spec = saved_objective(objective)
+    if spec is None or not spec.score_head or info.get("kind") == "adapter":
+        if spec is None or not spec.score_head:
             raise _not_reward(path, objective)
         raise ConfigError(
             [
@@ -121,6 +122,6 @@ def load_scorer(
         return _from_export(path, trust_remote_code)
     trained = load_trained(path, step=step, trust_pickles=trust_pickles, trust_remote_code=trust_remote_code)
     cfg = trained.run.config
-    if cfg.train.objective != REWARD_OBJECTIVE:
+    if not objective_of(cfg).score_head:
         raise _not_reward(path, cfg.train.objective)
     return Scorer(trained.model, trained.tokenizer, cfg.data.max_seq_len)

@@ -12,7 +12,7 @@ on the transformers model underneath peft, with
 - `rope=True`: the model type's `apply_rotary_pos_emb` becomes `liger_rotary_pos_emb` (a module-level swap in
   `transformers.models.<type>.modeling_<type>`: every model of that type in this process gets it);
 - `cross_entropy=False, fused_linear_cross_entropy=False`: zerofit computes the loss itself. Liger's fused
-  linear cross-entropy is `train.cross_entropy=fused_linear` (`zerofit.objectives.fused_loss` runs
+  linear cross-entropy is `train.cross_entropy=fused_linear` (`zerofit.token_loss.fused` runs
   `LigerFusedLinearCrossEntropyLoss` on CUDA where Liger is installed), which `resolve()` picks for a
   `train.kernels=liger` run that leaves `train.cross_entropy` unset.
 

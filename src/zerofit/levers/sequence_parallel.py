@@ -10,7 +10,7 @@ The shard is cut here rather than by DeepSpeed's `UlyssesSPDataLoaderAdapter`, w
 rank a different dataloader sample in turn: zerofit's sampler and token normalizer decide the global batch
 (docs/design.md), and the shard only has to keep the token arithmetic exact:
 
-- the labels are shifted BEFORE the cut (`zerofit.objectives.loss.SHIFTED_LABELS`), so the last token of a shard
+- the labels are shifted BEFORE the cut (`zerofit.token_loss.sums.SHIFTED_LABELS`), so the last token of a shard
   predicts the first of the next one, and every valid label is counted and trained on exactly once in the
   group (the shards partition the shifted targets);
 - a micro-batch is padded at the right to a multiple of N positions (padding has IGNORE_INDEX targets and
@@ -62,7 +62,7 @@ def shard_micro_batch(
     positions [sp_rank * C, (sp_rank + 1) * C), C = the padded length / sp."""
     import torch
 
-    from zerofit.objectives.loss import IGNORE_INDEX, SHIFTED_LABELS
+    from zerofit.token_loss.sums import IGNORE_INDEX, SHIFTED_LABELS
 
     seq = batch["input_ids"].shape[1]
     width = -(-seq // sp) * sp

@@ -4,13 +4,13 @@
                      every window (`split_global_batch`; an empty one runs a masked dummy row, so every rank
                      runs the same forwards and the engines' collectives stay matched) -> forward without
                      gradients in the training forward's context -> token-loss sums and valid-token counts
-                     (`zerofit.objectives.loss`; inside lm_head for `fused_linear`) -> one all-reduce -> sum / tokens.
+                     (`zerofit.token_loss.sums`; inside lm_head for `fused_linear`) -> one all-reduce -> sum / tokens.
 
 So the number is the mean over every valid label token of the eval data, whatever the split: 2 ranks x
 micro 2 and 1 rank x micro 4 give the same loss (up to float summation order). The model is put in eval
 mode (no dropout) for the pass and back in train mode after it.
 
-With a preference objective (`zerofit.objectives.preference`) the eval data is held-out pairs: `preference_evaluation`
+With a preference objective (`zerofit.objectives.pairwise.loss`) the eval data is held-out pairs: `preference_evaluation`
 runs the objective's own sums and counts over windows of micro_batch_size pairs x dp, one all-reduce, so
 `eval/loss` is the objective's loss over every held-out pair (ORPO: its NLL over every held-out chosen
 token) and `eval/rewards/*`, `eval/logps/*` are means over every held-out pair, whatever the split.
@@ -36,14 +36,14 @@ from zerofit.core.errors import DataError
 from zerofit.data import Example, collate, model_inputs, split_global_batch
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.sft import has_labels
+from zerofit.data.unpaired import UnpairedExample
 from zerofit.levers.sequence_parallel import shard_micro_batch
-from zerofit.loop.kto import kto_evaluation
+from zerofit.loop.unpaired import kto_evaluation
 from zerofit.metrics.keys import EVAL_LOSS
-from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_sum
-from zerofit.objectives.kto import KTOObjective
-from zerofit.objectives.loss import batch_labels, count_label_tokens
-from zerofit.objectives.preference import Objective, means_of
+from zerofit.objectives.protocol import Objective
 from zerofit.strategies.base import Strategy
+from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_sum
+from zerofit.token_loss.sums import batch_labels, count_label_tokens
 
 __all__ = ["EvalResult", "Evaluator", "check_eval_data", "evaluation_loss", "preference_evaluation"]
 
@@ -184,7 +184,7 @@ def preference_evaluation(
     if min(global_counts) == 0:  # the same global counts on every rank: every rank raises
         raise no_eval_tokens(f"{len(pairs)} pairs with no response token to score")
     loss = sum(t / c for t, c in zip(total[:n], global_counts, strict=True))
-    metrics = means_of(objective.metrics, total[n:-n], int(global_counts[-1]), prefix="eval/")
+    metrics = objective.metric_means(total[n:-n], int(global_counts[-1]), prefix="eval/")
     return {EVAL_LOSS: loss, "eval/pairs": int(global_counts[-1]), **metrics}
 
 
@@ -200,7 +200,7 @@ class Evaluator:
     every_steps: int
     max_steps: int
     cross_entropy: str = "chunked"  # train.cross_entropy (see `evaluation_loss`)
-    objective: Objective | None = None  # a preference objective: `examples` are pairs
+    objective: Objective | None = None  # train.objective's loss (pairs and unpaired units are scored by it)
 
     def due(self, steps_done: int) -> bool:
         """Whether the evaluation runs after optimizer step `steps_done` (1-based)."""
@@ -212,12 +212,13 @@ class Evaluator:
         if not self.due(steps_done):
             return {}
         started = time.perf_counter()
-        if isinstance(self.objective, KTOObjective):  # held-out unpaired examples (`zerofit.loop.kto`)
+        first = self.examples[0] if self.examples else None
+        if isinstance(first, UnpairedExample) and self.objective is not None:  # `zerofit.loop.unpaired`
             units: Any = self.examples
             args = (self.micro_batch_size, self.pad_id, self.cross_entropy)
             fields = kto_evaluation(self.strategy, self.model, units, self.objective, *args)
             return {**fields, "eval/time_s": time.perf_counter() - started}
-        if self.objective is not None:
+        if isinstance(first, PreferencePair) and self.objective is not None:
             pairs: list[Any] = self.examples
             fields = preference_evaluation(
                 self.strategy,

@@ -52,9 +52,9 @@ from zerofit.data.cache_check import mismatch_note, sample_indices
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.models.build import resolve_model_path
 from zerofit.models.tiny import cache_dir
-from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_losses
-from zerofit.objectives.preference import row_logps
+from zerofit.objectives.pairwise.loss import row_logps
 from zerofit.strategies.base import Strategy
+from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_losses
 
 __all__ = ["ReferencePass", "precompute_reference", "reference_key"]
 

@@ -11,7 +11,7 @@ One rollout per loop step `step` (`Rollouts.step_batches`):
        what the uninterrupted one did.
     3. This rank scores its completions (`Scorer`), and one all-reduce of a [fields, N] table (each rank
        fills its own columns) gives every rank every completion's rewards, length and truncation; so the
-       advantages are computed from whole groups (`zerofit.objectives.grpo.group_advantages`) even when a
+       advantages are computed from whole groups (`zerofit.objectives.grpo.loss.group_advantages`) even when a
        group's completions landed on several micro-batches or ranks, identically on every rank.
     4. The rank's micro-batches (`micro_batch`), with the old policy's per-token log-probs when
        `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update).
@@ -41,9 +41,10 @@ from zerofit.config.batching import BatchSplit
 from zerofit.core.errors import ZerofitError
 from zerofit.core.progress import Progress, progress
 from zerofit.data import GlobalBatchSampler, split_global_batch
-from zerofit.objectives.grpo import group_advantages, grpo_inputs, policy_logps
-from zerofit.objectives.loss import IGNORE_INDEX
+from zerofit.metrics.keys import REWARD
+from zerofit.objectives.grpo.loss import group_advantages, grpo_inputs, policy_logps
 from zerofit.strategies.base import Strategy
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 __all__ = [
     "COMPLETIONS_FILE",
@@ -258,7 +259,7 @@ def micro_batch(
     advantages: torch.Tensor,
     pad_id: int,
 ) -> dict[str, torch.Tensor]:
-    """One GRPO micro-batch (`zerofit.objectives.grpo`): prompts left-padded, completions right-padded, the
+    """One GRPO micro-batch (`zerofit.objectives.grpo.loss`): prompts left-padded, completions right-padded, the
     completion tokens as labels where `trained` (a masked truncated completion has none)."""
     p_ids, p_mask = _left_padded(prompts, pad_id, torch.device("cpu"))
     width = max(1, max(len(c) for c in completions))
@@ -368,7 +369,7 @@ class Rollouts:
                 {
                     "prompt": p.text,
                     "completion": t,
-                    "reward": float(w),
+                    REWARD: float(w),
                     **{f"rewards/{n}": float(each[n][i]) for n in self.reward_names},
                 }
                 for i, (p, t, w) in enumerate(zip(prompt_of, texts, weighted.tolist(), strict=True))
@@ -441,7 +442,7 @@ class Rollouts:
         """The step's rollout fields of metrics.jsonl (means over the global batch's completions)."""
         reward, lengths, truncated = table[0], table[-3], table[-2]
         fields = {
-            "reward": float(reward.mean()),
+            REWARD: float(reward.mean()),
             "reward_std": float(reward.std()) if reward.numel() > 1 else 0.0,
             **{f"rewards/{n}": float(table[1 + k].mean()) for k, n in enumerate(self.reward_names)},
             "completions/mean_length": float(lengths.mean()),

@@ -1,11 +1,11 @@
 """One global batch per optimizer step, token-exact whatever the split (docs/design.md, "Gradient accumulation").
 
     train_step: count the window's normalizers on this rank (the objective's: valid label tokens for
-                SFT, pairs for DPO / SimPO, chosen tokens and pairs for ORPO; `zerofit.objectives.preference`) ->
+                SFT, pairs for DPO / SimPO, chosen tokens and pairs for ORPO; `zerofit.objectives.pairwise.loss`) ->
                 all-reduce once (before any backward) -> per micro-step: forward, the objective's *sums*
                 / their global counts (x the engine's gradient divide factor), backward (sync only on
                 the last) -> clip once, step once -> loss (and a preference objective's rewards/*).
-                KTO (`zerofit.objectives.kto`): first a no-grad pass for its KL reference point z0 over
+                KTO (`zerofit.objectives.kto.loss`): first a no-grad pass for its KL reference point z0 over
                 the whole global batch (one all-reduce), then examples as the count.
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
@@ -60,10 +60,10 @@ from zerofit.loop.signals import StopSignal
 from zerofit.metrics.base import MetricsSink, TableSink
 from zerofit.metrics.memory import memory_snapshot, per_rank_fields
 from zerofit.metrics.throughput import throughput_fields
-from zerofit.objectives.kto import KTOObjective
-from zerofit.objectives.loss import batch_labels, count_label_tokens
-from zerofit.objectives.preference import Objective, SFTObjective, means_of
+from zerofit.objectives.protocol import Objective
+from zerofit.objectives.sft.loss import SFTObjective
 from zerofit.strategies.base import Strategy
+from zerofit.token_loss.sums import batch_labels, count_label_tokens
 
 
 @dataclass(frozen=True)
@@ -91,13 +91,12 @@ def train_step(
 ) -> StepResult:
     """One global batch: this rank's `micro_batches` (as many as every other rank's), one optimizer step.
 
-    `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.objectives.loss`; `fused_linear`
-    computes them inside lm_head, `zerofit.objectives.fused_loss`). `objective` is train.objective's
-    (`zerofit.objectives.preference`; None: SFT's token sums).
+    `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.token_loss.sums`; `fused_linear`
+    computes them inside lm_head, `zerofit.token_loss.fused`). `objective` is train.objective's
+    (`zerofit.objectives.pairwise.loss`; None: SFT's token sums).
     """
     objective = objective if objective is not None else SFTObjective()
-    if isinstance(objective, KTOObjective):  # KTO's z0: the whole global batch's, before any backward
-        objective.estimate_reference_point(strategy, model, micro_batches, cross_entropy)
+    objective.before_window(strategy, model, micro_batches, cross_entropy)  # KTO's z0, over the global batch
     # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
     #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
     #    all-reduce, for throughput accounting).
@@ -129,10 +128,8 @@ def train_step(
     grad_norm = strategy.clip_and_step(max_grad_norm)
     sums = strategy.all_reduce_sum(local_sums).tolist()
     loss = sum(total / max(count, 1) for total, count in zip(sums[: len(counts)], counts, strict=True))
-    # A preference objective's metrics are means over pairs, its last count.
-    metrics = means_of(objective.metrics, sums[len(counts) :], counts[-1])
-    if isinstance(objective, KTOObjective):  # means per label, and z0 (`zerofit.objectives.kto`)
-        metrics = objective.metric_means(sums[len(counts) :])
+    # The metrics: means over the objective's units, its last count (KTO's: per label, and z0).
+    metrics = objective.metric_means(sums[len(counts) :], counts[-1])
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
 
 
@@ -183,7 +180,7 @@ class LoopInputs:
     clock: SaveClock | None = None  # checkpoint.every_minutes (rank 0's clock decides)
     watch: EvalWatch | None = None  # best eval/loss (checkpoint.keep_best) and train.early_stopping
     keep_best: bool = False  # a new best evaluation forces a save of that step
-    objective: Objective | None = None  # train.objective's (`zerofit.objectives.preference`); None: SFT
+    objective: Objective | None = None  # train.objective's (`zerofit.objectives.pairwise.loss`); None: SFT
     compiled: bool = False  # train.compile: each row reports dynamo's graph breaks so far
     run_dir: Path | None = None  # where rank 0's metrics go: named by a failed metrics write
     rollouts: Rollouts | None = (

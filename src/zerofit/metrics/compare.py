@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zerofit.config.loader import flatten
-from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, rank_field
+from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, REWARD, rank_field
 from zerofit.metrics.runs import LoadedRun
 
 # Keys that never explain a difference in outcome (names, where files go, W&B bookkeeping).
@@ -171,10 +171,10 @@ PREFERENCE_KEYS = (
     "logps/rejected",
     "eval/rewards/accuracies",
     "eval/rewards/margins",
-    "kl",  # KTO's reference point z0 (`zerofit.objectives.kto`); GRPO's KL to the reference
+    "kl",  # KTO's reference point z0 (`zerofit.objectives.kto.loss`); GRPO's KL to the reference
     "eval/kl",
     # GRPO's (`train.objective: grpo`, zerofit.loop.rollout): the step's mean reward and its completions
-    "reward",
+    REWARD,
     "reward_std",
     "completions/mean_length",
     "completions/truncated_fraction",
@@ -355,10 +355,10 @@ def plot_runs(runs: list[LoadedRun], out_dir: str | Path) -> dict[Path, list[str
             "eval loss",
             per_run(EVAL_LOSS),
         )
-    for key in ("rewards/accuracies", "eval/rewards/accuracies", "reward"):
+    for key in ("rewards/accuracies", "eval/rewards/accuracies", REWARD):
         if any(run.series(key)[0] for run in runs):
             name = key.replace("/", "_") + "_vs_step.png"
-            over = "completions" if key == "reward" else "pairs"
+            over = "completions" if key == REWARD else "pairs"
             figure(name, f"{key} (global batch mean over {over})", STEP_AXIS, key, per_run(key))
     figure(
         "loss_vs_tokens.png",

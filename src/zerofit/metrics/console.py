@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zerofit.core.messages import said
-from zerofit.metrics.keys import JUDGED_BY, LOSS, MAX_PEAK
+from zerofit.metrics.keys import JUDGED_BY, LOSS, MAX_PEAK, REWARD
 from zerofit.metrics.summary import RunSummary, predicted_peak_gib
 
 
@@ -28,7 +28,7 @@ def _fmt(value: Any, spec: str) -> str:
 def _status(metrics: dict[str, Any]) -> str:
     """`loss 2.3456  lr 2.0e-04  1,234 tok/s  peak 1.23 GiB` from one step's metrics (a GRPO step's mean
     reward after its loss: `reward 0.4375`)."""
-    reward = f"reward {_fmt(metrics['reward'], '.4f')}  " if "reward" in metrics else ""
+    reward = f"reward {_fmt(metrics[REWARD], '.4f')}  " if REWARD in metrics else ""
     return (
         f"loss {_fmt(metrics.get('loss'), '.4f')}  {reward}lr {_fmt(metrics.get('lr'), '.2e')}  "
         f"{_fmt(metrics.get('tokens_per_s'), ',.0f')} tok/s  "

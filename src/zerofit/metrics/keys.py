@@ -20,12 +20,14 @@ __all__ = [
     "MAX_PEAK",
     "MEM_SOURCE",
     "PEAK_GIB",
+    "REWARD",
     "judged_by",
     "rank_field",
     "rank_of_field",
 ]
 
 LOSS = "loss"  # the objective's loss over the global batch
+REWARD = "reward"  # an RL step's mean reward over its completions (GRPO's; a metric, not the reward-model objective)
 
 EVAL_LOSS = "eval/loss"  # the mean loss per target token over the held-out set (lower is better)
 MEM_SOURCE = "mem/source"  # what the memory fields measure: `cuda` (allocator) or `cpu_rss` (process RSS)
@@ -52,7 +54,7 @@ def rank_of_field(key: str, name: str) -> int | None:
 # The end of a run (`done: ...`, the summary table, summary.json's `judged_by`) shows the group's metrics.
 JUDGED_BY: tuple[tuple[tuple[str, str], ...], ...] = (
     # GRPO: the mean reward of the step's completions (its on-policy loss is ~0 by construction)
-    (("reward", "reward"),),
+    ((REWARD, "reward"),),
     # DPO, SimPO, ORPO and reward models: how often the chosen response wins, and by how much
     (("rewards/accuracies", "reward accuracy"), ("rewards/margins", "reward margin")),
     # KTO (it logs no accuracy): its KL reference point z0, the policy's drift from the reference

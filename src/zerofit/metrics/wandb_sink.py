@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zerofit.config.resolve import wandb_key_configured
+from zerofit.config.rules.training import wandb_key_configured
 from zerofit.core.messages import say
 from zerofit.core.run_layout import RunLayout
 from zerofit.engine.run_plan import RunPlan

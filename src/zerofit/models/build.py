@@ -23,7 +23,7 @@ import torch
 
 from zerofit.catalogue.models import is_pretrained_builtin, is_tiny_model, model_config_dict
 from zerofit.catalogue.vision_models import is_tiny_vlm
-from zerofit.config.resolve import attention_choice, check_levers
+from zerofit.config.rules.model import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.core.precision import tensor_dtypes, torch_dtype
@@ -63,7 +63,7 @@ from zerofit.models.vision import (
     run_vision_every_step,
     unquantized_modules,
 )
-from zerofit.objectives.fused_loss import FUSED_LINEAR, install_fused_head
+from zerofit.token_loss.fused import FUSED_LINEAR, install_fused_head
 
 
 @dataclass
@@ -451,7 +451,7 @@ def _install_levers(
     offload = enable_memory_levers(hf, cfg)
 
     # 5b. train.cross_entropy=fused_linear: lm_head computes the loss itself inside the train step's
-    #     context (`zerofit.objectives.fused_loss`), the same module and parameter names, logits everywhere else.
+    #     context (`zerofit.token_loss.fused`), the same module and parameter names, logits everywhere else.
     if cfg.train.cross_entropy == FUSED_LINEAR and not is_reward_model(cfg):
         install_fused_head(hf)
 

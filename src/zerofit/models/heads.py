@@ -21,9 +21,9 @@ import torch
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.models.vision import folder_model_class
+from zerofit.objectives.registry import objective_of
 
 __all__ = [
-    "REWARD_OBJECTIVE",
     "SCORE_HEAD",
     "auto_model_class",
     "head_kwargs",
@@ -34,13 +34,12 @@ __all__ = [
     "set_pad_token",
 ]
 
-REWARD_OBJECTIVE = "reward"  # train.objective of a reward model
 SCORE_HEAD = "score"  # transformers' name of a decoder's sequence-classification head
 
 
 def is_reward_model(cfg: ZerofitConfig) -> bool:
     """Whether the run trains a reward model (a one-output score head) rather than the causal LM."""
-    return cfg.train.objective == REWARD_OBJECTIVE
+    return objective_of(cfg).score_head
 
 
 def auto_model_class(cfg: ZerofitConfig, path: str | Path | None = None) -> Any:

@@ -28,7 +28,7 @@ from zerofit.core.errors import ConfigError
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.hub import remote_code
 from zerofit.models.safe_weights import safetensors_only
-from zerofit.objectives.rewards import RewardFn
+from zerofit.objectives.grpo.rewards import RewardFn
 
 __all__ = ["BATCH_SIZE", "RewardModel", "check_reward_model_folder", "reward_model"]
 

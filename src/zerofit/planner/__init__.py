@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import PlanChoice
+    from zerofit.config.rules.batch import PlanChoice
     from zerofit.config.schema import ZerofitConfig
 
 

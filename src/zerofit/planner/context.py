@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from zerofit.catalogue.models import model_config_dict
 from zerofit.core.errors import ConfigError
 from zerofit.levers.norms import LEAN_NORM_MODEL_TYPES
-from zerofit.objectives.fused_loss import logit_postprocessing
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import TILED_MLP_SHARDS, Scenario, what_if
 from zerofit.planner.speed import predict_speed
+from zerofit.token_loss.fused import logit_postprocessing
 
 if TYPE_CHECKING:
     from zerofit.catalogue.gpus import GPU
@@ -110,7 +110,7 @@ def _head_adapted(cfg: ZerofitConfig) -> bool:
 
 def fused_loss_refusal(cfg: ZerofitConfig) -> str | None:
     """Why `train.cross_entropy: auto` may not choose the fused loss for this config (None: it may): the
-    cases where `fused_linear` is refused or would fail at the first forward (`zerofit.objectives.fused_loss`)."""
+    cases where `fused_linear` is refused or would fail at the first forward (`zerofit.token_loss.fused`)."""
     if _head_adapted(cfg):
         return "LoRA adapts lm_head (lora.target_modules), and the fused loss needs a plain Linear head"
     if cfg.model.trust_remote_code:
@@ -210,7 +210,7 @@ def max_context(cfg: ZerofitConfig, world_size: int, budget: Budget) -> MaxConte
     memory_len = max((n for n, _, _ in found), default=0)
     best_len = min(memory_len, positions // STEP * STEP)
     result = MaxContext(None, [], budget.gib, budget.limit_gib, memory_len, positions)
-    if found and found[0][2].preference:
+    if found and found[0][2].pairs:
         result.assumptions = PAIR_ASSUMPTIONS
     if found and found[0][2].sequence_parallel > 1:
         sp = found[0][2].sequence_parallel

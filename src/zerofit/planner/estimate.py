@@ -91,7 +91,7 @@ class MemoryEstimate:
             "activation_bytes_per_token_per_layer": self.per_layer_token_bytes,
             "micro_batch_size": self.scenario.micro_batch_size,
             "seq_len": self.scenario.seq_len,
-            "objective": self.scenario.objective,
+            "objective": self.scenario.objective.name,
             "reference": self.scenario.reference,
             "sequences_per_micro_batch": self.scenario.rows,
             "notes": self.notes,
@@ -241,37 +241,13 @@ def estimate(scn: Scenario) -> MemoryEstimate:
         host_ram_gib=host_gib,
         host_breakdown={k: n / GIB for k, n in host.items() if n},
         per_layer_token_bytes={t.label: t.bytes for t in acts.per_layer_token_terms},
-        notes=[*state.notes, *preference_notes(scn), *_engine_notes(scn), *vision_notes(scn)],
+        notes=[*state.notes, *objective_notes(scn), *_engine_notes(scn), *vision_notes(scn)],
     )
 
 
-def preference_notes(scn: Scenario) -> list[str]:
-    """What the estimate counts for a preference objective or KTO (none for SFT)."""
-    if scn.objective == "kto":
-        return [
-            f"train.objective kto: a micro-batch of {scn.micro_batch_size} examples is one forward of as many "
-            "sequences, after three no-grad forwards of them (the reference with the adapters off, and the KL "
-            "reference point's mismatched sequences through the policy and the reference), all in the step time"
-        ]
-    if not scn.preference:
-        return []
-    m = scn.micro_batch_size
-    notes = [
-        f"train.objective {scn.objective}: a micro-batch of {m} pairs is one forward of {scn.rows} sequences "
-        f"(chosen and rejected), every activation and the loss counted for {scn.rows} x {scn.seq_len} tokens"
-    ]
-    if scn.reference == "adapters_off":
-        notes.append(
-            f"reference adapters_off: each micro-step first runs the {scn.rows} rows through the base with the "
-            "adapters off under no_grad (nothing saved: one layer's working set, then the log-probs' logits), "
-            "and its forward is in the step time"
-        )
-    elif scn.reference == "precomputed":
-        notes.append(
-            "reference precomputed: its log-probs are computed once before training (one no-grad pass over "
-            "every pair, less memory than a training step, cached with the data) and cost nothing per step"
-        )
-    return notes
+def objective_notes(scn: Scenario) -> list[str]:
+    """What the estimate counts for the scenario's objective (`ObjectiveSpec.planner_notes`; none for SFT)."""
+    return scn.objective.planner_notes(scn.micro_batch_size, scn.rows, scn.seq_len, scn.reference)
 
 
 def untraced_state(scn: Scenario) -> tuple[int, int | None, list[str]]:

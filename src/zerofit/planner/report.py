@@ -18,8 +18,9 @@ from zerofit.core.errors import ConfigError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from zerofit.config.resolve import ResolvedConfig
     from zerofit.engine.spec import EngineSpec
+    from zerofit.objectives.spec import ObjectiveSpec
+    from zerofit.resolution import ResolvedConfig
 
 
 def memory_report(
@@ -71,12 +72,12 @@ def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def print_memory(memory: dict[str, Any], console: Console) -> None:
-    """Render `memory_report`'s dict."""
+def print_memory(memory: dict[str, Any], objective: ObjectiveSpec, console: Console) -> None:
+    """Render `memory_report`'s dict of a run of `objective`."""
     if "error" in memory:
         console.print(f"Memory: not estimated ({memory['error']})")
         return
-    _print_objective(memory, console)
+    _print_objective(memory, objective, console)
     _print_breakdown(memory, console)
     if memory.get("attention"):
         console.print(f"Attention: {memory['attention']['text']}")
@@ -90,41 +91,11 @@ def print_memory(memory: dict[str, Any], console: Console) -> None:
         console.print(f"Note: {note}")
 
 
-_REFERENCE_PLANNED = {
-    "adapters_off": "adapters_off, a no-grad forward of the same {rows} rows through the base per micro-step "
-    "(counted in memory and step time)",
-    "precomputed": "precomputed, one no-grad pass over every pair before training (nothing per step)",
-    "none": "none",
-}
-
-
-def _print_objective(memory: dict[str, Any], console: Console) -> None:
-    """Which objective (and DPO reference) the estimate plans, for a preference objective."""
-    objective = memory.get("objective", "sft")
-    if objective == "sft":
-        return
-    if objective == "grpo":
-        phases = ", ".join(f"{k} {v:.2f}" for k, v in memory["phases_gib"].items())
-        console.print(
-            f"Planned for train.objective grpo: {memory['micro_batch_size']} completions per micro-batch, each "
-            f"{memory['seq_len']} tokens (prompt + completion); tensors per phase (GiB): {phases}",
-            highlight=False,
-        )
-        return
-    rows = memory["sequences_per_micro_batch"]
-    if objective == "kto":
-        console.print(
-            f"Planned for train.objective kto: {rows} examples per micro-batch, each micro-step three no-grad "
-            "forwards of them (reference, KL policy, KL reference) before its training forward",
-            highlight=False,
-        )
-        return
-    reference = _REFERENCE_PLANNED.get(memory["reference"], memory["reference"]).format(rows=rows)
-    console.print(
-        f"Planned for train.objective {objective}: {memory['micro_batch_size']} pairs per micro-batch = {rows} "
-        f"sequences per forward (chosen and rejected); reference {reference}",
-        highlight=False,
-    )
+def _print_objective(memory: dict[str, Any], objective: ObjectiveSpec, console: Console) -> None:
+    """What the estimate plans for the objective (`ObjectiveSpec.planned_line`; nothing for SFT)."""
+    line = objective.planned_line(memory)
+    if line is not None:
+        console.print(line, highlight=False)
 
 
 def _print_breakdown(memory: dict[str, Any], console: Console) -> None:

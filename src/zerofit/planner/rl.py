@@ -28,10 +28,14 @@ that stop early).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerofit.core.precision import GIB
+from zerofit.objectives.grpo import completions_per_step
 from zerofit.planner.shapes import ModelShape
+
+if TYPE_CHECKING:
+    from zerofit.objectives.spec import ObjectiveSpec
 
 __all__ = ["RLShape", "generation_lines", "held_lines", "rl_batch", "rl_notes"]
 
@@ -56,12 +60,12 @@ class RLShape:
         return self.prompt_len + self.completion_len
 
 
-def rl_shape(cfg: Any, dp_size: int) -> RLShape | None:
-    """The RL shape of a resolved config (None unless `train.objective` is grpo)."""
-    if cfg.train.objective != "grpo":
+def rl_shape(cfg: Any, objective: ObjectiveSpec, dp_size: int) -> RLShape | None:
+    """The RL shape of a resolved config (None unless its objective generates its sequences)."""
+    if not objective.generates:
         return None
     rl = cfg.rl
-    per_rank = -(-rl.prompts_per_step * rl.num_generations // max(dp_size, 1))
+    per_rank = -(-completions_per_step(cfg) // max(dp_size, 1))
     return RLShape(
         per_rank, rl.max_prompt_length, rl.max_completion_length, rl.beta > 0, rl.num_iterations > 1
     )
@@ -70,7 +74,7 @@ def rl_shape(cfg: Any, dp_size: int) -> RLShape | None:
 def rl_batch(cfg: Any, dp_size: int) -> dict[str, Any]:
     """The global batch of a GRPO config in prompts, completions and tokens (`zerofit plan`'s `rl` block)."""
     rl = cfg.rl
-    completions = rl.prompts_per_step * rl.num_generations
+    completions = completions_per_step(cfg)
     seq = rl.max_prompt_length + rl.max_completion_length
     return {
         "prompts_per_step": rl.prompts_per_step,

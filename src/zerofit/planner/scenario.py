@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from zerofit.core.precision import dtype_bytes, tensor_dtypes, torch_dtype
 from zerofit.levers.recompute import checkpointed_layers
+from zerofit.objectives.registry import objective_of
+from zerofit.objectives.sft import SFT
+from zerofit.objectives.spec import ObjectiveSpec
 from zerofit.planner.images import ImageRows, planned_images
 from zerofit.planner.rl import RLShape, rl_shape
 from zerofit.planner.shapes import LoraShape, lora_shape
@@ -75,7 +78,7 @@ class Scenario:
     # The varlen path's kernel on the planned GPU (`zerofit.levers.attention.KERNELS`; None unless varlen).
     varlen_kernel: str | None = None
     cross_entropy: str = (
-        "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.objectives.loss, fused_loss)
+        "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.token_loss.sums, fused_loss)
     )
     # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.levers.tiling), the checkpointed
     # inputs kept in pinned host memory (zerofit.levers.offload), and under k-bit quantization whether the
@@ -100,7 +103,7 @@ class Scenario:
     # KTO (train.objective kto): a micro-batch of `micro_batch_size` examples is one forward of as many rows,
     # plus three no-grad forwards of them per micro-step (`no_grad_forwards`): the reference (adapters off),
     # and the policy and the reference on the mismatched (KL) sequences before the window.
-    objective: str = "sft"
+    objective: ObjectiveSpec = SFT
     reference: str = "none"
     # Online RL (train.objective grpo; zerofit.planner.rl): the rank's rollout, generated before training on
     # micro-batches of `micro_batch_size` completions of `seq_len` = prompt + completion tokens.
@@ -158,12 +161,12 @@ class Scenario:
     @property
     def rows(self) -> int:
         """Sequences one micro-step's forward runs on: the micro-batch, or both sequences of its pairs."""
-        return self.micro_batch_size * (2 if self.preference else 1)
+        return self.micro_batch_size * self.objective.unit.rows
 
     @property
-    def preference(self) -> bool:
-        """A preference objective: the micro-batch counts pairs (`rows` = 2 x pairs)."""
-        return self.objective not in ("sft", "grpo", "kto")
+    def pairs(self) -> bool:
+        """The micro-batch counts pairs (`rows` = 2 x pairs)."""
+        return self.objective.unit.rows == 2
 
     @property
     def reference_forward(self) -> bool:
@@ -174,7 +177,7 @@ class Scenario:
     def no_grad_forwards(self) -> int:
         """No-grad forwards of the micro-batch's rows per micro-step besides the policy's: DPO's reference
         (adapters_off), KTO's reference and its KL pass through the policy and the reference."""
-        return 3 if self.objective == "kto" else int(self.reference_forward)
+        return self.objective.no_grad_forwards(self.reference)
 
     @property
     def masked_attention(self) -> bool:
@@ -275,7 +278,8 @@ def scenario_for(
     _require_resolved(cfg)
     plan = spec.batch
     ds = spec if isinstance(spec, DeepSpeedSpec) else None
-    rl = rl_shape(cfg, plan.dp_size)
+    objective = objective_of(cfg)
+    rl = rl_shape(cfg, objective, plan.dp_size)
     return Scenario(
         model=cfg.model.name_or_path,
         seq_len=rl.seq_len if rl is not None else cfg.data.max_seq_len,
@@ -306,13 +310,9 @@ def scenario_for(
         kernels=t.kernels,
         compile=t.compile,
         packed=cfg.batch.tokens_per_micro_batch is not None,
-        objective=t.objective,
+        objective=objective,
         # GRPO's reference (rl.beta > 0) is the same no-grad forward with the adapters off as DPO's; KTO's always.
-        reference=("adapters_off" if rl.reference else "none")
-        if rl is not None
-        else "adapters_off"
-        if t.objective == "kto"
-        else cfg.preference.reference,
+        reference=objective.planned_reference(cfg),
         rl=rl,
     )
 
@@ -361,7 +361,7 @@ def apply_overrides(cfg: ZerofitConfig, overrides: Iterable[str]) -> ZerofitConf
 
 def split_overrides(cfg: ZerofitConfig, world_size: int, micro: int | None, accum: int | None) -> list[str]:
     """Overrides that leave no `auto` in `cfg`'s batch and checkpointing (see `what_if`)."""
-    from zerofit.config.resolve import data_parallel_size
+    from zerofit.config.rules.engine import data_parallel_size
 
     b, out = cfg.batch, []
     rows: int | None = micro
@@ -410,8 +410,8 @@ def what_if(
     `grad_accum_steps` with the global batch it makes (None: derived from the config's global batch);
     `auto` checkpointing as every layer, `auto` tiling, offload and lean norm off. Raises `ConfigError` when `resolve()` refuses the candidate.
     """
-    from zerofit.config.resolve import resolve
     from zerofit.engine.render import render_spec
+    from zerofit.resolution import resolve
 
     overrides = list(overrides)
     base = apply_overrides(cfg, overrides) if overrides else cfg

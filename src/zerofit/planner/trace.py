@@ -46,13 +46,13 @@ from zerofit.levers.recompute import enable_activation_checkpointing
 from zerofit.models.lora import apply_lora, lora_config
 from zerofit.models.meta import build_meta_model
 from zerofit.models.vision import apply_vision_lora
-from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_sum
-from zerofit.objectives.loss import token_sum_loss
 from zerofit.planner.estimate import untraced_state
 from zerofit.planner.images import vision_dims
 from zerofit.planner.scenario import compute_profile
 from zerofit.planner.shapes import model_shape, text_model
 from zerofit.planner.trace_vision import traced_images
+from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_sum
+from zerofit.token_loss.sums import token_sum_loss
 
 if TYPE_CHECKING:
     from zerofit.planner.scenario import Scenario
@@ -342,7 +342,7 @@ def _enable_levers(hf: Any, scn: Scenario, n_ckpt: int) -> None:
     from zerofit.levers.norms import enable_lean_norm
     from zerofit.levers.offload import enable_activation_offload
     from zerofit.levers.tiling import enable_tiled_mlp
-    from zerofit.objectives.fused_loss import install_fused_head
+    from zerofit.token_loss.fused import install_fused_head
 
     layers = decoder_layers(hf)
     enable_tiled_mlp(layers, scn.tiled_mlp if scn.tiled_mlp > 1 else 0)

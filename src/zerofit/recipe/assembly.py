@@ -28,7 +28,6 @@ import torch
 
 from zerofit.checkpoint.resume import settle_run_dir
 from zerofit.checkpoint.shared_storage import check_shared_output_dir
-from zerofit.config.resolve import ResolvedConfig
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import DataError, LaunchError
 from zerofit.data import (
@@ -55,15 +54,15 @@ from zerofit.loop.rollout import Rollouts
 from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
-from zerofit.objectives.kto import KTOObjective, KTOSettings
-from zerofit.objectives.loss import IGNORE_INDEX
-from zerofit.objectives.preference import Objective, PreferenceObjective, PreferenceSettings
-from zerofit.objectives.reward import RewardObjective
-from zerofit.recipe.rl import grpo_objective, load_prompt_data, optimizer_steps, rollouts
+from zerofit.objectives.protocol import Objective
+from zerofit.objectives.spec import EXAMPLE, PROMPT, UNPAIRED, ObjectiveSpec
+from zerofit.recipe.rl import load_prompt_data, rollouts
 from zerofit.recipe.vision import vision_processor_for
+from zerofit.resolution import ResolvedConfig
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
 from zerofit.strategies.optim import build_optimizer, build_scheduler
+from zerofit.token_loss.sums import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch, SaveClock
@@ -129,31 +128,10 @@ class PreparedRun:
     reference: ReferencePass | None = None  # the precomputed DPO reference's pass (or cache hit)
 
     @property
-    def objective(self) -> Objective | None:
-        """train.objective's loss for the loop and the evaluation (None: SFT, the loop's default)."""
-        cfg = self.plan.config
-        if cfg.train.objective == "sft":
-            return None
-        if cfg.train.objective == "kto":
-            k = cfg.kto
-            return KTOObjective(KTOSettings(k.beta, k.desirable_weight, k.undesirable_weight))
-        if cfg.train.objective == "reward":  # a reward model (`zerofit.objectives.reward`)
-            return RewardObjective(cfg.reward.center_rewards_coefficient)
-        if cfg.train.objective == "grpo":
-            return grpo_objective(cfg)
-        p = cfg.preference
-        return PreferenceObjective(
-            PreferenceSettings(
-                objective=cfg.train.objective,
-                beta=p.beta,
-                loss_type=p.loss_type,
-                label_smoothing=p.label_smoothing,
-                simpo_gamma=p.simpo_margin(),
-                orpo_lambda=p.orpo_lambda,
-                orpo_prompt_loss=p.orpo_prompt_loss,
-                reference=p.reference,
-            )
-        )
+    def objective(self) -> Objective:
+        """train.objective's loss for the loop and the evaluation (`ObjectiveSpec.build_loss`; a new one each
+        time, as each holds its own per-window state: KTO's z0)."""
+        return self.plan.objective.build_loss(self.plan.config)
 
     @property
     def flops_per_token(self) -> float:
@@ -206,15 +184,16 @@ class PreparedRun:
             compiled=self.built.compiled_layers > 0,
             run_dir=self.plan.run_dir,
             rollouts=self.rollouts,
-            updates_per_rollout=cfg.rl.num_iterations if cfg.train.objective == "grpo" else 1,
+            updates_per_rollout=self.plan.objective.updates_per_rollout(cfg),
         )
 
     @functools.cached_property
     def rollouts(self) -> Rollouts | None:
-        """train.objective grpo: the run's rollouts (its reward functions built, so imported, here: only a
-        training launch asks, `FinetuneRecipe.setup` before it writes or prints anything); None otherwise."""
+        """An objective that generates its sequences (GRPO): the run's rollouts (its reward functions built, so
+        imported, here: only a training launch asks, `FinetuneRecipe.setup` before it writes or prints
+        anything); None otherwise."""
         cfg = self.plan.config
-        if cfg.train.objective != "grpo" or self.data is None:
+        if not self.plan.objective.generates or self.data is None:
             return None
         prompts: list[Any] = self.data.examples
         tokenizer = self.built.tokenizer
@@ -292,12 +271,18 @@ def _tools(tools_file: str | None) -> list[dict[str, Any]] | None:
 
 
 def _source_reader(
-    cfg: ZerofitConfig, tokenizer: Any, processor: Any, path: str, split: str, key: str
+    cfg: ZerofitConfig,
+    objective: ObjectiveSpec,
+    tokenizer: Any,
+    processor: Any,
+    path: str,
+    split: str,
+    key: str,
 ) -> Callable[[bool], TokenizedData[Any]]:
-    """The load of one source on rank 0 (then the others); the training data's cut examples are held to
-    `data.truncation` there, so a refusal is one message before any model loads. `processor`: a
-    vision-language model's (`zerofit.recipe.vision`), else None."""
-    d, objective = cfg.data, cfg.train.objective
+    """The load of one source on rank 0 (then the others), by the objective's unit (`ObjectiveSpec.unit`);
+    the training data's cut examples are held to `data.truncation` there, so a refusal is one message
+    before any model loads. `processor`: a vision-language model's (`zerofit.recipe.vision`), else None."""
+    d = cfg.data
     options: dict[str, Any] = {
         "format": d.format,
         "split": split,
@@ -309,31 +294,32 @@ def _source_reader(
     if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
         return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
             key=key, empty_responses=d.empty_responses, missing_images=d.missing_images, cache=d.cache)  # fmt: skip
-    if objective == "kto":  # unpaired feedback; the training data must hold both labels
+    if objective.unit is UNPAIRED:  # unpaired feedback; the training data must hold both labels
         both = key == "data.path" and split == d.split
         kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}
         return lambda show: require_both_labels(
             load_unpaired(path, tokenizer, d.max_seq_len, progress=show, **kto), key, both
         )
-    if objective == "sft":  # data.tools_file read where the data is: rank 0 first, one message
+    if objective.unit is EXAMPLE:  # data.tools_file read where the data is: rank 0 first, one message
         return lambda show: load_examples(
             path, tokenizer, d.max_seq_len, progress=show, tools=_tools(d.tools_file), **options
         )
     return lambda show: load_preference_pairs(
-        path, tokenizer, d.max_seq_len, progress=show, objective=objective, **options
-    )
+        path, tokenizer, d.max_seq_len, progress=show, objective=objective.name,
+        whole_texts=objective.whole_texts, **options,
+    )  # fmt: skip
 
 
 def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> TrainData:
     """Training and evaluation data (`data.format: auto` detected per source; `TrainData.facts` says what
     the training data decided): examples for `train.objective: sft`, preference pairs for the others."""
-    cfg = resolved.config
+    cfg, objective = resolved.config, resolved.objective
     d = cfg.data
-    objective = cfg.train.objective
-    if objective == "grpo":  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
+    if objective.unit is PROMPT:  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
         prompts, stats, sampler = load_prompt_data(cfg, tokenizer)
         return TrainData(prompts, stats, sampler)  # type: ignore[arg-type]
-    reader = functools.partial(_source_reader, cfg, tokenizer, vision_processor_for(cfg, tokenizer))
+    processor = vision_processor_for(cfg, tokenizer, objective)
+    reader = functools.partial(_source_reader, cfg, objective, tokenizer, processor)
     read_train = reader(d.path, d.split, "data.path")
     train = _rank0_first(
         strategy, lambda show: check_truncation(read_train(show), d.max_seq_len, d.truncation)
@@ -400,9 +386,9 @@ def _model_and_engine(
         None if plan.spec.builds_optimizer else lambda m: build_optimizer(m, cfg, plan.effective_lr)
     )
     assert cfg.train.max_steps is not None, "a run plan knows its step count"
-    model = strategy.prepare(
-        built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, optimizer_steps(cfg))
-    )
+    # The schedule spans every optimizer update: a loop step takes more than one on a reused rollout (GRPO).
+    updates = cfg.train.max_steps * plan.objective.updates_per_rollout(cfg)
+    model = strategy.prepare(built.model, make_optimizer, lambda opt: build_scheduler(opt, cfg, updates))
     return built, model
 
 
@@ -412,7 +398,7 @@ def _reference_pass(
     """`preference.reference: precomputed`: the reference log-probs of every training and eval pair, from
     the model as loaded (before any checkpoint is restored) or the cache (`zerofit.loop.reference`)."""
     cfg = plan.config
-    if data is None or cfg.train.objective == "sft" or cfg.preference.reference != "precomputed":
+    if data is None or not plan.objective.precomputes_reference(cfg):
         return None
     pairs: list[Any] = [*data.examples, *(data.eval_examples or [])]
     return precompute_reference(cfg, strategy, model, pairs, plan.batch.micro_batch_size, pad_id)

@@ -32,7 +32,6 @@ from typing import Any
 
 from zerofit.core.errors import LaunchError
 from zerofit.core.precision import GIB
-from zerofit.objectives.loss import IGNORE_INDEX
 
 RESULT_PREFIX = "ZEROFIT_PROBE_RESULT "
 PROBE_STEPS = 2  # the first step creates the optimizer state; the second is what steady state looks like
@@ -118,41 +117,12 @@ def _run_child(cfg_file: Path, world_size: int, micro: int, gas: int, timeout_s:
     return ProbeResult(micro, gas, False, oom, None, None, seconds, tail[0][:300])
 
 
-def synthetic_batch(
-    micro: int, seq: int, vocab: int, pad_id: int, objective: str = "sft", reference: str = "none"
-) -> dict[str, Any]:
-    """A max-length micro-batch of `micro` examples, or for a preference objective of `micro` pairs: 2 x
-    micro rows laid out as `zerofit.data.pairs.collate_pairs` does (with zero reference log-probs when
-    they are precomputed: the loop reads them from the batch); for KTO, `micro` examples with their KL rows."""
-    import torch
-
-    rows = micro if objective in ("sft", "kto") else 2 * micro
-    ids = torch.randint(3, max(vocab, 4), (rows, seq), dtype=torch.long)
-    mask = torch.ones(rows, seq, dtype=torch.long)
-    if rows > 1:
-        mask[-1, -1] = 0  # one padded position: zerofit's right-padded batches take the masked attention path
-        ids[-1, -1] = pad_id
-    labels = ids.clone()
-    labels[mask == 0] = IGNORE_INDEX
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
-    if (
-        objective == "kto"
-    ):  # `zerofit.data.unpaired.collate_unpaired`'s layout: the KL rows as long as the rows
-        kl = {f"kl_{k}": v.clone() for k, v in batch.items()}
-        return {**batch, **kl, "desirable": torch.arange(rows) % 2 == 0, "examples": torch.tensor(micro)}
-    if objective != "sft":
-        batch["pairs"] = torch.tensor(micro)
-        if reference == "precomputed":
-            batch["reference_logps"] = torch.zeros(rows, dtype=torch.float64)
-    return batch
-
-
 def _child(config_json: str, micro: int) -> int:
     """Build the configured run at this micro-batch and run PROBE_STEPS optimizer steps; report peaks."""
     import torch
 
-    from zerofit.config import resolve
     from zerofit.config.schema import ZerofitConfig
+    from zerofit.resolution import resolve
     from zerofit.strategies.env import launch_env
 
     env = launch_env()
@@ -172,11 +142,13 @@ def _child(config_json: str, micro: int) -> int:
         run = assemble(resolve(cfg, env.world_size), with_data=False)
         vocab = int(getattr(run.built.model.config, "vocab_size", 32000))
         pad = int(run.built.tokenizer.pad_token_id or 0)
-        plan = run.plan.batch
+        plan, objective, resolved_cfg = run.plan.batch, run.plan.objective, run.plan.config
+        seq = objective.max_tokens_per_unit(resolved_cfg)[0]
         torch.cuda.reset_peak_memory_stats()
         for _ in range(PROBE_STEPS):
-            shape = (micro, cfg.data.max_seq_len, vocab, pad, cfg.train.objective, cfg.preference.reference)
-            batches = [synthetic_batch(*shape) for _ in range(plan.grad_accum_steps)]
+            # The objective's own micro-batch layout (`ObjectiveSpec.synthetic_batch`), at its longest.
+            shape = (micro, seq, vocab, pad, resolved_cfg)
+            batches = [objective.synthetic_batch(*shape) for _ in range(plan.grad_accum_steps)]
             train_step(
                 run.strategy,
                 run.model,

@@ -25,7 +25,8 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     """The run's every derived number, printed once on rank 0 before the first step."""
     assert run.data is not None, "a training run is assembled with its data"
     run_plan, built, data = run.plan, run.built, run.data
-    cfg, spec, plan = run_plan.config, run_plan.spec, run_plan.batch
+    cfg, spec, plan, objective = run_plan.config, run_plan.spec, run_plan.batch, run_plan.objective
+    line = objective.describe(cfg, run.reference.describe() if run.reference is not None else "")
     o, s, t = cfg.optimizer, cfg.scheduler, cfg.train
     stats, sampler = data.stats, data.sampler
     trainable_pct = 100.0 * built.trainable_params / max(built.total_params, 1)
@@ -36,9 +37,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     lines = [
         "zerofit plan",
         f"  batch        {plan.describe()}{describe_sequence_parallel(spec.sequence_parallel)}",
-        f"  tokens/step  {describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}"
-        if t.objective != "grpo"
-        else f"  tokens/step  {_rl().describe_rl_tokens(cfg)}",
+        f"  tokens/step  {objective.tokens_per_step(cfg) or describe_tokens(plan.global_batch_size, cfg.data.max_seq_len, stats.format, data.mean_label_tokens)}",
         f"  model        {cfg.model.name_or_path}: {built.total_params:,} params, {built.trainable_params:,} "
         f"trainable ({trainable_pct:.2f}%), {run_plan.method}, weights in {str(built.load_dtype).removeprefix('torch.')}",
         *([f"  lora         {built.adapters}"] if built.adapters else []),
@@ -49,7 +48,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
-        *([f"  objective    {describe_objective(run)}"] if t.objective != "sft" else []),
+        *([f"  objective    {line}"] if line is not None else []),
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
         f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
         f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
@@ -141,49 +140,6 @@ def describe_timeout(cfg: ZerofitConfig, dp_size: int) -> str:
     )
 
 
-def _rl() -> Any:
-    """`zerofit.recipe.rl`, imported when a GRPO plan is printed (it needs torch; `zerofit plan` imports this
-    module without it)."""
-    from zerofit.recipe import rl
-
-    return rl
-
-
-def describe_objective(run: PreparedRun) -> str:
-    """`dpo (sigmoid, beta 0.1): per pair, normalized by the global batch's pairs; reference: ...`."""
-    cfg = run.plan.config
-    p, objective = cfg.preference, cfg.train.objective
-    if objective == "kto":  # `zerofit.objectives.kto`
-        k = cfg.kto
-        return (
-            f"kto (beta {k.beta:g}, desirable weight {k.desirable_weight:g}, undesirable weight "
-            f"{k.undesirable_weight:g}), loss per example over the global batch's examples, KL reference point "
-            "over the global batch's mismatched completions; reference: the base with the LoRA adapters off"
-        )
-    if objective == "reward":  # a reward model (`zerofit.objectives.reward`)
-        center = cfg.reward.center_rewards_coefficient
-        return (
-            "reward (Bradley-Terry -logsig(r_chosen - r_rejected - margin)"
-            + (f" + {center:g} x (r_chosen + r_rejected)^2" if center else "")
-            + "; one-output score head), loss per pair over the global batch's pairs"
-        )
-    if objective == "grpo":
-        return _rl().describe_grpo(cfg)
-    knobs = {
-        "dpo": f"{p.loss_type}, beta {p.beta:g}, label smoothing {p.label_smoothing:g}",
-        "simpo": f"beta {p.beta:g}, margin gamma {p.simpo_margin():g} (= {p.simpo_margin() / p.beta:g} x beta), "
-        "mean log-probs",
-        "orpo": f"lambda {p.orpo_lambda:g}, NLL over the global batch's chosen "
-        + ("prompt and response tokens" if p.orpo_prompt_loss else "response tokens"),
-    }[objective]
-    reference = {
-        "adapters_off": "the base with the LoRA adapters off (no second copy), before each policy forward",
-        "precomputed": run.reference.describe() if run.reference is not None else "precomputed",
-        "none": "none",
-    }[p.reference]
-    return f"{objective} ({knobs}), loss per pair over the global batch's pairs; reference: {reference}"
-
-
 def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     """Checkpointing (as resolved: `auto` is a number by now), the loss, and the token budget if any."""
     from zerofit.levers.attention import describe_attention, module_kernel
@@ -195,7 +151,7 @@ def describe_compute(cfg: ZerofitConfig, model: Any) -> str:
     n = checkpointed_layers(cfg.train.activation_checkpointing, layers)
     loss = cfg.train.cross_entropy
     if loss == "fused_linear":
-        from zerofit.objectives.fused_loss import describe_fused
+        from zerofit.token_loss.fused import describe_fused
 
         device = next(model.parameters()).device.type
         loss += f" ({describe_fused(int(config.vocab_size), device)})"

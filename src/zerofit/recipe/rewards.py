@@ -1,10 +1,10 @@
-"""`rl.rewards` -> the run's reward functions (`zerofit.objectives.rewards.NamedReward`), built at launch.
+"""`rl.rewards` -> the run's reward functions (`zerofit.objectives.grpo.rewards.NamedReward`), built at launch.
 
 A built-in is named by itself (`objectives.rewards.BUILTIN_REWARDS`); the user's own function as
 `module:function`, imported with importlib. Only a launch does this, from the config the user launched
 with: a run folder's saved config.yaml is data, so `zerofit export`, `zerofit generate`, `zerofit plan` and
 `zerofit compare` of any run folder never call `build_rewards` and import nothing it names
-(`describe_reward` says what a launch would import, without importing it).
+(`zerofit.objectives.grpo.describe_reward` says what a launch would import, without importing it).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from zerofit.config.schema import RewardSpec
 from zerofit.core.errors import ConfigError
-from zerofit.objectives.rewards import (
+from zerofit.objectives.grpo.rewards import (
     NamedReward,
     RewardFn,
     exact_match,
@@ -25,21 +25,7 @@ from zerofit.objectives.rewards import (
     reward_spec_problems,
 )
 
-__all__ = ["build_rewards", "describe_reward", "reward_spec_problems"]  # the last re-exported from objectives
-
-
-def describe_reward(spec: RewardSpec) -> str:
-    """How `zerofit plan` names a reward: `exact_match (column answer) x 1.0`, or for the user's own function
-    `my_rewards:correct (imported at launch from module my_rewards) x 0.5`; nothing is imported."""
-    detail = {
-        "exact_match": f"column {spec.column}",
-        "format_regex": f"pattern {spec.pattern}",
-        "length": f"target {spec.target_length} tokens",
-        "reward_model": f"model folder {spec.path}",
-    }.get(spec.function)
-    if detail is None:
-        detail = f"imported at launch from module {spec.function.split(':')[0]}"
-    return f"{spec.function} ({detail}) x {spec.weight:g}"
+__all__ = ["build_rewards", "reward_spec_problems"]  # the last re-exported from objectives
 
 
 def _import_function(i: int, name: str) -> RewardFn:

@@ -1,6 +1,7 @@
-"""The GRPO parts of a run (`train.objective: grpo`): its objective, its prompt data and its rollouts.
+"""What a run of an objective that generates its sequences (GRPO's, `zerofit.objectives.grpo`) assembles
+beyond the others: its prompt data and its rollouts.
 
-`zerofit.recipe.assembly` calls these where it builds a preference or SFT run's counterparts. The reward
+`zerofit.recipe.assembly` calls these where it builds a preference or SFT run's data. The reward
 functions are built (and a `module:function` imported) only by `rollouts`, which only a training launch's
 `PreparedRun.loop_inputs` calls: `zerofit plan`, `export` and `generate` of a run folder never reach it.
 """
@@ -16,69 +17,10 @@ from zerofit.data import GlobalBatchSampler
 from zerofit.data.prompts import PromptExample, load_prompts
 from zerofit.data.sft import DataStats
 from zerofit.loop.rollout import Rollouts, SamplingSettings
-from zerofit.objectives.grpo import GRPOObjective, GRPOSettings
-from zerofit.objectives.rewards import score_completions
-from zerofit.recipe.rewards import build_rewards, describe_reward
+from zerofit.objectives.grpo.rewards import score_completions
+from zerofit.recipe.rewards import build_rewards
 
-__all__ = ["describe_grpo", "end_ids", "grpo_objective", "load_prompt_data", "optimizer_steps", "rollouts"]
-
-
-def grpo_objective(cfg: ZerofitConfig) -> GRPOObjective:
-    """The loss of the `rl` section (`zerofit.objectives.grpo`)."""
-    rl = cfg.rl
-    return GRPOObjective(
-        GRPOSettings(
-            loss_type=rl.loss_type,
-            beta=rl.beta,
-            epsilon=rl.epsilon,
-            epsilon_high=rl.epsilon_high,
-            max_completion_length=rl.max_completion_length,
-            temperature=rl.temperature,
-        )
-    )
-
-
-def describe_grpo(cfg: ZerofitConfig) -> str:
-    """The plan's objective line for GRPO: the loss, the global batch in prompts, completions and tokens (the
-    batch rule), the updates per rollout and every reward function (a `module:function` is named, not
-    imported)."""
-    rl = cfg.rl
-    n = rl.num_generations * rl.prompts_per_step
-    normalizer = {
-        "grpo": "each completion's token mean, averaged over the global batch's completions",
-        "dapo": "the global batch's completion tokens",
-        "dr_grpo": f"{n} completions x rl.max_completion_length {rl.max_completion_length}",
-    }[rl.loss_type]
-    high = rl.epsilon if rl.epsilon_high is None else rl.epsilon_high
-    reference = "the base with the LoRA adapters off" if rl.beta > 0 else "none (beta 0)"
-    return (
-        f"grpo ({rl.loss_type}, beta {rl.beta:g}, clip [1 - {rl.epsilon:g}, 1 + {high:g}], advantages / std of "
-        f"the {rl.scale_rewards}): {rl.prompts_per_step} prompts x G {rl.num_generations} = {n} completions per "
-        f"step, <= {rl.max_prompt_length} + {rl.max_completion_length} tokens each (<= "
-        f"{n * rl.max_completion_length:,} completion tokens), sampled by the policy (temperature "
-        f"{rl.temperature:g}, top_p {rl.top_p:g}, top_k {rl.top_k}); {rl.num_iterations} update(s) per rollout; "
-        f"loss over {normalizer}; reference: {reference}; rewards: "
-        + "; ".join(describe_reward(spec) for spec in rl.rewards)
-    )
-
-
-def describe_rl_tokens(cfg: ZerofitConfig) -> str:
-    """The plan's tokens-per-step line for GRPO: `16 completions x (<= 256 prompt + <= 6 completion tokens)
-    = <= 4,192 tokens, <= 96 of them trained`."""
-    rl = cfg.rl
-    n = rl.num_generations * rl.prompts_per_step
-    whole = n * (rl.max_prompt_length + rl.max_completion_length)
-    return (
-        f"{n} completions x (<= {rl.max_prompt_length} prompt + <= {rl.max_completion_length} completion tokens) "
-        f"= <= {whole:,} tokens, <= {n * rl.max_completion_length:,} of them trained"
-    )
-
-
-def optimizer_steps(cfg: ZerofitConfig) -> int:
-    """The optimizer steps the schedule spans: train.max_steps, times rl.num_iterations for GRPO (each loop
-    step takes that many optimizer steps on its rollout)."""
-    assert cfg.train.max_steps is not None, "a run plan knows its step count"
-    return cfg.train.max_steps * (cfg.rl.num_iterations if cfg.train.objective == "grpo" else 1)
+__all__ = ["end_ids", "load_prompt_data", "rollouts"]
 
 
 def load_prompt_data(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from zerofit.config import ResolvedConfig, ZerofitConfig, load_config, resolve
+from zerofit.config import ZerofitConfig, load_config
 from zerofit.core.errors import ConfigError, LaunchError, PeerLost, RunFinished, ZerofitError
 from zerofit.core.messages import error, line_buffered_output, quiet_libraries, say
 from zerofit.core.progress import progress
@@ -33,6 +33,7 @@ from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.lost_rank import EXIT_PEER_LOST, peer_lost
 from zerofit.recipe.report import best_line, format_plan
 from zerofit.recipe.vision import names_vision_model, refuse_vision_settings
+from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.env import LaunchEnv, launch_env
 from zerofit.strategies.peers import collective_failure
 
@@ -79,9 +80,10 @@ def _python_launch_hint(cfg: ZerofitConfig) -> str | None:
 def resolve_for_launch(cfg: ZerofitConfig, env: LaunchEnv) -> ResolvedConfig:
     """`resolve()` with the launcher's world size; a multi-rank request under plain `python` says how to launch."""
     try:
+        resolved = resolve(cfg, env.world_size, choose_fastest_plan)
         if names_vision_model(cfg):  # said here, once, rather than by each rank when its data loads
-            refuse_vision_settings(cfg)
-        return resolve(cfg, env.world_size, choose_fastest_plan)
+            refuse_vision_settings(resolved.config, resolved.objective)
+        return resolved
     except ConfigError:
         hint = None if env.launched else _python_launch_hint(cfg)
         if hint is None:

@@ -5,20 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from zerofit.catalogue.vision_models import is_tiny_vlm
-from zerofit.config.resolve import preset_zero_stage
+from zerofit.config.rules.engine import preset_zero_stage
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.models.build import resolve_model_path
 from zerofit.models.vision import VisionProcessor, folder_config, is_vision_config, load_vision_processor
+from zerofit.objectives.spec import ObjectiveSpec
 
 
-def vision_processor_for(cfg: ZerofitConfig, tokenizer: Any) -> VisionProcessor | None:
+def vision_processor_for(
+    cfg: ZerofitConfig, tokenizer: Any, objective: ObjectiveSpec
+) -> VisionProcessor | None:
     """The model's processor when `cfg` trains a vision-language model (None for a language model), after
     `refuse_vision_settings`."""
     path = resolve_model_path(cfg)
     if not is_vision_config(folder_config(path)):
         return None
-    refuse_vision_settings(cfg)
+    refuse_vision_settings(cfg, objective)
     return load_vision_processor(path, tokenizer, cfg.data.max_image_tokens, cfg.data.max_image_pixels)
 
 
@@ -30,10 +33,10 @@ def names_vision_model(cfg: ZerofitConfig) -> bool:
     return is_tiny_vlm(name) or is_vision_config(folder_config(name))
 
 
-def refuse_vision_settings(cfg: ZerofitConfig) -> None:
+def refuse_vision_settings(cfg: ZerofitConfig, objective: ObjectiveSpec) -> None:
     """The settings a vision-language model cannot take, refused in one paragraph: a token budget (packing
     rows of several examples) or a preference objective (neither keeps each image with its own tokens yet),
-    and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it while resolving the config, so local rank 0 says it
+    and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it once the config is resolved, so local rank 0 says it
     once, before any model loads."""
     name = cfg.model.name_or_path
     if cfg.batch.tokens_per_micro_batch is not None:
@@ -45,10 +48,10 @@ def refuse_vision_settings(cfg: ZerofitConfig) -> None:
                 "batch.tokens_per_micro_batch and use batch.micro_batch_size"
             ]
         )
-    if cfg.train.objective != "sft":
+    if not objective.vision:
         raise ConfigError(
             [
-                f"train.objective = {cfg.train.objective!r} with the vision-language model {name!r}: zerofit "
+                f"train.objective = {objective.name!r} with the vision-language model {name!r}: zerofit "
                 "trains vision-language models with train.objective=sft only"
             ]
         )

@@ -21,12 +21,12 @@ import zerofit
 from config_helpers import DEMO_DATA, new_run_plan
 from zerofit.checkpoint import MANIFEST, checkpoint_record
 from zerofit.checkpoint.resume import find_resume_point
-from zerofit.config import load_config, resolve
-from zerofit.config.resolve import ResolvedConfig
+from zerofit.config import load_config
 from zerofit.core.errors import ResumeError, RunFinished, ZerofitError
 from zerofit.export import checkpoints as export_checkpoints
 from zerofit.export import export_run, read_checkpoint
 from zerofit.export.generate import load_generator
+from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.optim import lr_multiplier
 
 LR, STEPS = 3e-3, 4

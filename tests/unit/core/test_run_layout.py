@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zerofit.config.resolve import looks_like_hub_id
+from zerofit.config.rules.data import looks_like_hub_id
 from zerofit.core import data_files, run_layout
 from zerofit.data import records
 from zerofit.strategies import deepspeed, fsdp, single

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 
 from config_helpers import DEMO_DATA
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.core.errors import ConfigError, DataError
 from zerofit.data import cache as cache_module
 from zerofit.data import hold_out, load_examples
 from zerofit.data import sft as sft_module
 from zerofit.data.preference import load_preference_pairs
 from zerofit.models.tiny import ensure_tiny_llama
+from zerofit.resolution import resolve
 
 PAIRS = [{"prompt": f"q{i}: {'ab' * (i % 5)}", "response": f"a{i}"} for i in range(12)]
 CHATS = [

@@ -21,7 +21,7 @@ from zerofit.data import (
 )
 from zerofit.data.packing import deal_to_ranks, pack_rows
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.loss import IGNORE_INDEX, count_label_tokens, token_sum_loss
+from zerofit.token_loss.sums import IGNORE_INDEX, count_label_tokens, token_sum_loss
 
 ROW = 64  # data.max_seq_len of these tests
 

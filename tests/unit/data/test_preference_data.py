@@ -256,8 +256,8 @@ def test_a_held_out_fraction_holds_out_whole_pairs(tok: Any) -> None:
 
 def test_a_preference_run_assembles_its_training_and_eval_data_as_pairs(tmp_path: Path) -> None:
     from zerofit.config.loader import load_config
-    from zerofit.config.resolve import resolve
     from zerofit.recipe import assembly
+    from zerofit.resolution import resolve
 
     overrides = [
         f"data.path={REPO / 'data' / 'demo_preference.jsonl'}",
@@ -307,8 +307,8 @@ def test_a_preference_run_assembles_its_training_and_eval_data_as_pairs(tmp_path
 )
 def test_resolve_refuses_objectives_and_data_that_disagree(overrides: list[str], message: str) -> None:
     from zerofit.config.loader import load_config
-    from zerofit.config.resolve import resolve
     from zerofit.core.errors import ConfigError
+    from zerofit.resolution import resolve
 
     base = [
         f"data.path={REPO / 'data' / 'demo_preference.jsonl'}",
@@ -353,7 +353,7 @@ def test_a_reward_model_scores_whole_texts_without_a_shared_beginning(tok: Any, 
     path = _jsonl(tmp_path / "w.jsonl", [{"chosen": "good answer", "rejected": "bad one"}])
     with pytest.raises(DataError, match="share no beginning"):
         load_preference_pairs(path, tok, 32)
-    (pair,) = load_preference_pairs(path, tok, 32, objective="reward").examples
+    (pair,) = load_preference_pairs(path, tok, 32, whole_texts=True).examples
     assert pair.chosen.input_ids == [
         tok.bos_token_id,
         *tok.encode("good answer", add_special_tokens=False),

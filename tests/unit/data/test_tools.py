@@ -18,7 +18,7 @@ from zerofit.data import Example, collate, load_examples, set_chat_template
 from zerofit.data.chat import tokenize_conversation
 from zerofit.data.formats import parse_record
 from zerofit.loop.train import train_step
-from zerofit.objectives.loss import count_label_tokens, token_sum_loss
+from zerofit.token_loss.sums import count_label_tokens, token_sum_loss
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "demo_tools.jsonl"

@@ -116,8 +116,8 @@ def test_training_data_of_one_label_is_refused(tok: Any, tmp_path: Path) -> None
 )
 def test_resolve_refuses_kto_configs_it_cannot_run(overrides: list[str], message: str) -> None:
     from zerofit.config.loader import load_config
-    from zerofit.config.resolve import resolve
     from zerofit.core.errors import ConfigError
+    from zerofit.resolution import resolve
 
     base = [f"data.path={REPO / 'data' / 'demo_kto.jsonl'}", "train.objective=kto", "lora.enabled=true"]
     base += ["distributed.strategy=single", "batch.global_batch_size=4", "batch.micro_batch_size=2"]

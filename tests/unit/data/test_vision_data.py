@@ -18,6 +18,8 @@ from zerofit.data.vision import TOKEN_TYPES, VisionExample, load_vision_examples
 from zerofit.models.build import load_tokenizer
 from zerofit.models.tiny_vision import ensure_tiny_vlm
 from zerofit.models.vision import VisionProcessor, load_vision_processor
+from zerofit.objectives.pairwise import DPO
+from zerofit.objectives.sft import SFT
 from zerofit.recipe.vision import vision_processor_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -151,12 +153,12 @@ def test_packing_and_preference_objectives_are_refused_for_a_vision_model() -> N
     with pytest.raises(
         ConfigError, match=r"batch\.tokens_per_micro_batch = 512 with the vision-language model"
     ):
-        vision_processor_for(cfg, load_tokenizer(cfg))
+        vision_processor_for(cfg, load_tokenizer(cfg), SFT)
     cfg = config(BASE, train={"objective": "dpo"})
     with pytest.raises(ConfigError, match=r"train\.objective = 'dpo' with the vision-language model"):
-        vision_processor_for(cfg, load_tokenizer(cfg))
+        vision_processor_for(cfg, load_tokenizer(cfg), DPO)
     text_cfg = config({"model": {"name_or_path": "tiny-llama"}})
-    assert vision_processor_for(text_cfg, load_tokenizer(text_cfg)) is None
+    assert vision_processor_for(text_cfg, load_tokenizer(text_cfg), SFT) is None
 
 
 def test_zero3_is_refused_in_one_paragraph_naming_what_works() -> None:
@@ -173,6 +175,6 @@ def test_zero3_is_refused_in_one_paragraph_naming_what_works() -> None:
         }
     )
     with pytest.raises(ConfigError) as caught:
-        vision_processor_for(cfg, None)
+        vision_processor_for(cfg, None, SFT)
     text = str(caught.value)
     assert "distributed.preset = 'zero3'" in text and "zero2" in text and "fsdp" in text

@@ -21,6 +21,7 @@ from zerofit.models.build import load_tokenizer
 from zerofit.models.tiny_vision import ensure_tiny_vlm
 from zerofit.models.vision import load_vision_processor
 from zerofit.models.vision_pixels import FLOOR, MARGIN, pixel_bound, processor_largest_pixels
+from zerofit.objectives.sft import SFT
 from zerofit.recipe.vision import vision_processor_for
 
 BASE = {"model": {"name_or_path": "tiny-qwen2-vl"}, "distributed": {"strategy": "single"}}
@@ -97,7 +98,7 @@ def test_a_huge_image_is_refused_from_its_header_in_one_paragraph(
     path = _data(tmp_path, HUGE)
     assert (tmp_path / "big.png").stat().st_size < 64 * 1024
     cfg = config(BASE, data={"path": str(path)})
-    processor = vision_processor_for(cfg, load_tokenizer(cfg))
+    processor = vision_processor_for(cfg, load_tokenizer(cfg), SFT)
     with pytest.raises(DataError) as caught:
         load_vision_examples(path, processor, 128)
     text = str(caught.value)
@@ -120,9 +121,10 @@ sys.path.insert(0, {str(Path(__file__).parents[2])!r})
 from config_helpers import config
 from zerofit.data.vision import load_vision_examples
 from zerofit.models.build import load_tokenizer
+from zerofit.objectives.sft import SFT
 from zerofit.recipe.vision import vision_processor_for
 cfg = config({BASE!r}, data={{"path": {str(path)!r}}})
-processor = vision_processor_for(cfg, load_tokenizer(cfg))
+processor = vision_processor_for(cfg, load_tokenizer(cfg), SFT)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     load_vision_examples({str(path)!r}, processor, 128, cache=False)
@@ -140,12 +142,12 @@ def test_max_image_pixels_raises_the_bound(tmp_path: Path) -> None:
     path = _data(tmp_path, side)
     cfg = config(BASE, data={"path": str(path)})
     with pytest.raises(DataError, match=r"2100 x 2100 = 4,410,000 pixels.*data\.max_image_pixels=4410000"):
-        load_vision_examples(path, vision_processor_for(cfg, load_tokenizer(cfg)), 128)
+        load_vision_examples(path, vision_processor_for(cfg, load_tokenizer(cfg), SFT), 128)
     cfg = config(BASE, data={"path": str(path), "max_image_pixels": side * side})
-    data = load_vision_examples(path, vision_processor_for(cfg, load_tokenizer(cfg)), 128)
+    data = load_vision_examples(path, vision_processor_for(cfg, load_tokenizer(cfg), SFT), 128)
     assert data.stats.n_examples == 1 and data.examples[0].images["image_grid_thw"].prod() == 64
     lower = config(BASE, data={"path": str(path), "max_image_pixels": side * side - 1})
     with pytest.raises(DataError, match=r"above the bound of 4,409,999 pixels \(data\.max_image_pixels\)"):
-        load_vision_examples(path, vision_processor_for(lower, load_tokenizer(lower)), 128)
+        load_vision_examples(path, vision_processor_for(lower, load_tokenizer(lower), SFT), 128)
     with pytest.raises(ConfigError, match=r"data\.max_image_pixels"):
         config(BASE, data={"max_image_pixels": 0})

@@ -20,11 +20,12 @@ import pytest
 from _deepspeed_world import deepspeed_config_at
 
 from zerofit.catalogue.presets import list_presets
-from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.config import load_config
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.engine import DeepSpeedSpec, engine_config_filename, render_spec
 from zerofit.engine.deepspeed_keys import FP16_DYNAMIC_LOSS_SCALING
 from zerofit.engine.render import decoder_layer_class
+from zerofit.resolution import ResolvedConfig, resolve
 
 REPO = Path(__file__).resolve().parents[3]
 GOLDEN_DIR = Path(__file__).parents[1] / "golden"

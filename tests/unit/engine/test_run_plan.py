@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from config_helpers import DEMO_DATA, new_run_plan
-from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.config import ZerofitConfig, load_config
 from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, RunDirDecision, RunPlan, make_run_plan
+from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[3]
 # Code a user runs: the package, the launchers and the benchmarks (tests build their configs by hand).
@@ -25,9 +26,16 @@ SOURCES = [
     *sorted((REPO / "benchmarks").glob("*.py")),
 ]
 # The one module that builds each: resolution (config alone) and the run plan (the launch's facts too).
-MAKERS = {"RunPlan": "src/zerofit/engine/run_plan.py", "ResolvedConfig": "src/zerofit/config/resolve.py"}
+MAKERS = {"RunPlan": "src/zerofit/engine/run_plan.py", "ResolvedConfig": "src/zerofit/resolution/pipeline.py"}
 # Where a config's fields may be assigned: resolution fills them, make_run_plan settles the launch's.
-CONFIG_WRITERS = ("src/zerofit/config/", "src/zerofit/engine/run_plan.py")
+# The resolution and the rules it runs (by area, and each objective's settle_batch / check / fill), and the run
+# plan: nothing else writes a config field.
+CONFIG_WRITERS = (
+    "src/zerofit/config/",
+    "src/zerofit/resolution/",
+    "src/zerofit/objectives/",
+    "src/zerofit/engine/run_plan.py",
+)
 
 
 def _resolved(*overrides: str):

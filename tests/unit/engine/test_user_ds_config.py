@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from _deepspeed_world import deepspeed_config_at
 
-from zerofit.config import ResolvedConfig, load_config, resolve
+from zerofit.config import load_config
 from zerofit.core.errors import ConfigError
 from zerofit.engine import render_spec
 from zerofit.engine.user_ds_config import filled_user_ds_config
 from zerofit.planner import choose_fastest_plan
+from zerofit.resolution import ResolvedConfig, resolve
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -23,7 +23,7 @@ from zerofit.core.errors import ConfigError
 from zerofit.export import export_run
 from zerofit.export.generate import load_generator
 from zerofit.export.score import Scorer, load_scorer
-from zerofit.objectives.reward import pair_rewards
+from zerofit.objectives.reward_model.loss import pair_rewards
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,6 @@ import torch
 import zerofit
 from config_helpers import config
 from launch_helpers import varied_length_data
-from zerofit.config.resolve import resolve
 from zerofit.core.errors import ConfigError
 from zerofit.data import Example, collate
 from zerofit.data.packing import collate_packed
@@ -40,6 +39,7 @@ from zerofit.models.build import build_model, varlen_kernel
 from zerofit.planner.activations.peak import activation_terms
 from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.scenario import Scenario
+from zerofit.resolution import resolve
 
 
 def _ex(n: int, first: int) -> Example:

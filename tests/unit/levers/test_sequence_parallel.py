@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from config_helpers import config
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.core.errors import ConfigError
 from zerofit.data import Example, collate
 from zerofit.engine import render_spec
 from zerofit.levers.sequence_parallel import head_count_problem, shard_micro_batch
 from zerofit.models.build import build_model, check_heads_before_load
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.loss import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
+from zerofit.resolution import resolve
+from zerofit.token_loss.sums import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "configs" / "demo.yaml"

@@ -25,10 +25,10 @@ import torch
 import zerofit
 from config_helpers import DEMO_DATA, config, one_process_strategy
 from launch_helpers import varied_length_data
-from zerofit.config import resolve
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.levers.kernels import hub_kernels_off, kernel_problems, liger_kernels_available
 from zerofit.models.build import build_model
+from zerofit.resolution import resolve
 
 LEVERS = {"activation_checkpointing": True, "activation_offload": True, "tiled_mlp": 2}
 
@@ -187,10 +187,10 @@ def test_liger_rebinds_the_norms_and_mlps_under_peft_and_keeps_the_adapters(
 
 
 def test_liger_kernels_take_the_fused_loss_when_the_loss_is_unset_and_never_the_lean_norm() -> None:
-    from zerofit.config.resolve import _fill_kernels
+    from zerofit.config.rules.model import fill_kernels
 
     unset = config({}, train={"kernels": "liger", "lean_norm": "auto"})
-    notes = _fill_kernels(unset)
+    notes = fill_kernels(unset)
     assert (unset.train.cross_entropy, unset.train.lean_norm, len(notes)) == ("fused_linear", False, 2)
     for kept in (
         config({}, train={"kernels": "liger", "cross_entropy": "chunked"}),  # the user's choice stays
@@ -198,7 +198,7 @@ def test_liger_kernels_take_the_fused_loss_when_the_loss_is_unset_and_never_the_
             {"lora": {"target_modules": ["q_proj", "lm_head"]}}, train={"kernels": "liger"}
         ),  # adapted head
     ):
-        _fill_kernels(kept)
+        fill_kernels(kept)
         assert kept.train.cross_entropy == "chunked"
 
 

@@ -16,7 +16,7 @@ import yaml
 from config_helpers import DEMO_DATA, one_process_strategy, prepared_one_process_strategy
 from zerofit.checkpoint import Checkpointer, complete_checkpoints
 from zerofit.checkpoint.policy import EvalWatch, SaveClock, Verdict, read_best, resolve_step
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.config.schema import CheckpointSection
 from zerofit.core.errors import ConfigError
 from zerofit.data import GlobalBatchSampler
@@ -24,6 +24,7 @@ from zerofit.engine import render_spec
 from zerofit.engine.run_plan import DataFacts, make_run_plan
 from zerofit.loop.signals import StopSignal
 from zerofit.loop.train import LoopInputs, agree_after_step
+from zerofit.resolution import resolve
 
 
 def _resolve(*overrides: str) -> Any:

@@ -25,7 +25,7 @@ from zerofit.loop.rollout import (
 )
 from zerofit.loop.train import train_step
 from zerofit.models.tiny import build_tokenizer, ensure_tiny_llama
-from zerofit.objectives.grpo import GRPOObjective, GRPOSettings
+from zerofit.objectives.grpo.loss import GRPOObjective, GRPOSettings
 from zerofit.strategies.single import SingleStrategy
 
 DIGITS = set("0123456789")

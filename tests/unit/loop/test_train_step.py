@@ -10,8 +10,8 @@ import torch
 from config_helpers import one_process_strategy
 from zerofit.data import IGNORE_INDEX, Example, collate
 from zerofit.loop.train import LoopInputs, StepResult, train_loop, train_step
-from zerofit.objectives.loss import count_label_tokens, token_sum_loss
 from zerofit.strategies.single import SingleStrategy
+from zerofit.token_loss.sums import count_label_tokens, token_sum_loss
 
 VOCAB = 11
 

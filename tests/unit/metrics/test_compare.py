@@ -88,8 +88,8 @@ def test_identical_configs_have_no_differences(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_compare_reads_wandb_offline_when_metrics_jsonl_is_absent(tmp_path: Path) -> None:
-    from zerofit.config.resolve import resolve
     from zerofit.config.schema import ZerofitConfig
+    from zerofit.resolution import resolve
 
     data = tmp_path / "d.jsonl"
     data.write_text("{}\n")
@@ -183,7 +183,7 @@ def test_compare_without_out_writes_into_the_first_run_not_the_working_tree(
 def test_compare_shows_a_kto_runs_reference_point(
     two_runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A KTO run's `kl` and `eval/kl` (z0, `zerofit.objectives.kto`) reach the outcome table."""
+    """A KTO run's `kl` and `eval/kl` (z0, `zerofit.objectives.kto.loss`) reach the outcome table."""
     monkeypatch.setenv("COLUMNS", "160")
     kto = two_runs[0] / "metrics.jsonl"
     rows = [json.loads(line) for line in kto.read_text().splitlines()]

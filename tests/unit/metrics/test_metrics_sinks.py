@@ -13,7 +13,6 @@ import pytest
 from rich.console import Console
 
 from config_helpers import new_run_plan
-from zerofit.config.resolve import resolve
 from zerofit.config.schema import ZerofitConfig
 from zerofit.engine.run_plan import RunPlan
 from zerofit.metrics.base import MultiSink, NullSink
@@ -21,6 +20,7 @@ from zerofit.metrics.console import ConsoleSink
 from zerofit.metrics.setup import open_sinks, run_config
 from zerofit.metrics.summary import RunSummary, describe_trends, judged_series, judged_trends
 from zerofit.metrics.wandb_sink import WandbSink, default_group, default_name
+from zerofit.resolution import resolve
 
 
 def _resolved(tmp_path: Path, world_size: int = 2, console: bool = True, **wandb: object) -> RunPlan:

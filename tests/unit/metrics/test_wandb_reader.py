@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from config_helpers import new_run_plan
-from zerofit.config.resolve import resolve
 from zerofit.config.schema import ZerofitConfig
 from zerofit.metrics.wandb_reader import (
     BLOCK_SIZE,
@@ -18,6 +17,7 @@ from zerofit.metrics.wandb_reader import (
     read_wandb_run,
 )
 from zerofit.metrics.wandb_sink import STEP_METRIC, TOKENS_METRIC, WandbSink
+from zerofit.resolution import resolve
 
 STEPS = 30
 TABLE_STEP = 10

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from config_helpers import config
-from zerofit.config import ZerofitConfig, resolve
+from zerofit.config import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.data import Example
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.models.build import build_model
-from zerofit.objectives.reward import RewardObjective
+from zerofit.objectives.reward_model.loss import RewardObjective
+from zerofit.resolution import resolve
 
 PAIR = PreferencePair(
     Example([1, 40, 41, 42, 43, 2], [-100, -100, 41, 42, 43, 2]), Example([1, 40, 50, 2], [-100, -100, 50, 2])

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from config_helpers import config
-from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.config import ZerofitConfig, load_config
 from zerofit.core.errors import ConfigError
 from zerofit.data import Example, collate
 from zerofit.models.build import BuiltModel, build_model, count_parameters
 from zerofit.models.tiny import ensure_tiny_llama
+from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[3]
 BATCH = collate(

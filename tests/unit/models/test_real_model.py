@@ -441,9 +441,9 @@ def _measured_step_peak(resolved: Any, batch: dict[str, torch.Tensor]) -> int:
     optimizer state."""
     from zerofit.data.batches import model_inputs
     from zerofit.models.build import build_model
-    from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_sum
-    from zerofit.objectives.loss import token_sum_loss
     from zerofit.planner.trace import _peak_by_category, _tracker_class
+    from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_sum
+    from zerofit.token_loss.sums import token_sum_loss
 
     cfg = resolved.config
     model = build_model(cfg).model.train()
@@ -485,11 +485,12 @@ def _full_batch(tokenizer: Any, micro: int, seq: int) -> dict[str, torch.Tensor]
 def test_the_planners_estimate_meets_the_measured_peak_of_the_real_step(
     sft_run: Path, base: tuple[Any, Any]
 ) -> None:
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.core.precision import GIB
     from zerofit.engine import render_spec
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for
+    from zerofit.resolution import resolve
 
     resolved = resolve(load_config(str(sft_run / "config.yaml")), 1)
     scn = scenario_for(resolved.config, render_spec(resolved))

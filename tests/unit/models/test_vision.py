@@ -16,7 +16,7 @@ from zerofit.data.vision import load_vision_examples
 from zerofit.loop.train import train_step
 from zerofit.models.build import build_model, load_tokenizer, resolve_model_path
 from zerofit.models.vision import load_vision_processor
-from zerofit.objectives.loss import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
+from zerofit.token_loss.sums import IGNORE_INDEX, batch_labels, count_label_tokens, token_sum_loss
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "demo-vlm.jsonl"

@@ -16,13 +16,13 @@ from zerofit.core.errors import ConfigError, DataError
 from zerofit.data import Example, collate
 from zerofit.loop.evaluate import Evaluator, check_eval_data, evaluation_loss
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.fused_loss import (
+from zerofit.token_loss.fused import (
     FUSED_LINEAR,
     forward_token_sum,
     fused_linear_token_sum,
     install_fused_head,
 )
-from zerofit.objectives.loss import IGNORE_INDEX, shifted_targets, token_sum_loss
+from zerofit.token_loss.sums import IGNORE_INDEX, shifted_targets, token_sum_loss
 
 ROWS, SEQ, HIDDEN, VOCAB, CHUNK = 3, 67, 16, 300, 37  # 201 tokens: 37 does not divide them
 TOKENS = ROWS * SEQ

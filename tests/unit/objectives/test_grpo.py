@@ -12,7 +12,7 @@ import torch
 from config_helpers import one_process_strategy
 from zerofit.loop.rollout import micro_batch
 from zerofit.loop.train import train_step
-from zerofit.objectives.grpo import GRPOObjective, GRPOSettings, group_advantages
+from zerofit.objectives.grpo.loss import GRPOObjective, GRPOSettings, group_advantages
 from zerofit.strategies.single import SingleStrategy
 
 VOCAB = 11
@@ -180,7 +180,7 @@ def test_beta_adds_k3_to_the_reference() -> None:
 
 
 def test_clipping_uses_epsilon_and_epsilon_high() -> None:
-    from zerofit.objectives.grpo import token_loss
+    from zerofit.objectives.grpo.loss import token_loss
 
     logps = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
     old = torch.zeros_like(logps)

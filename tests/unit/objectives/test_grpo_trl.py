@@ -24,7 +24,7 @@ from config_helpers import one_process_strategy
 from zerofit.loop.rollout import micro_batch
 from zerofit.loop.train import train_step
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.grpo import GRPOObjective, GRPOSettings
+from zerofit.objectives.grpo.loss import GRPOObjective, GRPOSettings
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""KTO (`zerofit.objectives.kto`): the loss by hand, exactness over any split, and what a per-micro-batch
+"""KTO (`zerofit.objectives.kto.loss`): the loss by hand, exactness over any split, and what a per-micro-batch
 reference point would change."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from zerofit.data import IGNORE_INDEX, Example
 from zerofit.data.unpaired import UnpairedExample, collate_unpaired, kto_micro_batches, mismatched
 from zerofit.loop.train import train_step
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.kto import KTO_METRICS, KTOObjective, KTOSettings, kto_losses
-from zerofit.objectives.loss import token_losses
-from zerofit.objectives.preference import adapters_disabled, row_logps
+from zerofit.objectives.kto.loss import KTO_METRICS, KTOObjective, KTOSettings, kto_losses
+from zerofit.objectives.pairwise.loss import adapters_disabled, row_logps
+from zerofit.token_loss.sums import token_losses
 
 SEED, VOCAB = 3, 128
 SETTINGS = KTOSettings(beta=0.5, desirable_weight=1.0, undesirable_weight=1.5)
@@ -254,7 +254,7 @@ def test_the_evaluation_is_the_same_for_any_micro_batch(
 ) -> None:
     """`eval/*` over 7 held-out examples (a short last window): micro 1 and micro 4 agree, and eval/loss is
     the objective's loss of them all as one global batch."""
-    from zerofit.loop.kto import kto_evaluation
+    from zerofit.loop.unpaired import kto_evaluation
 
     model, units = model_and_units
     held = units[:7]
@@ -280,9 +280,11 @@ def test_the_evaluation_is_the_same_for_any_micro_batch(
 def test_the_gpu_probe_measures_a_kto_step() -> None:
     """`zerofit plan --probe` feeds a KTO micro-batch of m rows with their KL rows: one train_step runs on it
     (the KL pass, the reference and the policy forward)."""
-    from zerofit.recipe.probe import synthetic_batch
+    from zerofit.config import load_config
+    from zerofit.objectives.registry import objective_named
 
-    batch = synthetic_batch(3, 16, VOCAB, 0, "kto", "adapters_off")
+    cfg = load_config(None, ["train.objective=kto"])
+    batch = objective_named("kto").synthetic_batch(3, 16, VOCAB, 0, cfg)
     assert batch["input_ids"].shape == batch["kl_input_ids"].shape == (3, 16) and int(batch["examples"]) == 3
     model = lora_tiny()
     strategy = one_process_strategy()

@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.loss import (
+from zerofit.token_loss.sums import (
     IGNORE_INDEX,
     chunk_tokens,
     chunked_token_sum_loss,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from config_helpers import one_process_strategy
+from zerofit.config import load_config
 from zerofit.data import IGNORE_INDEX, Example
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.loop.train import train_step
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.fused_loss import fused_linear_token_sum, install_fused_head
-from zerofit.objectives.loss import shifted_targets, token_losses
-from zerofit.objectives.preference import (
-    METRICS,
-    PreferenceObjective,
-    PreferenceSettings,
-    adapters_disabled,
-    row_logps,
-)
+from zerofit.objectives.logps import adapters_disabled, row_logps
+from zerofit.objectives.pairwise.loss import METRICS
+from zerofit.objectives.protocol import Objective
+from zerofit.objectives.registry import objective_named
+from zerofit.token_loss.fused import fused_linear_token_sum, install_fused_head
+from zerofit.token_loss.sums import shifted_targets, token_losses
 
 SEED, VOCAB = 3, 128
 
@@ -53,9 +52,39 @@ def _pair(i: int, chosen_token: int = 0, rejected_token: int = 0) -> PreferenceP
     return PreferencePair(seq(1 + (3 * i) % 7, chosen_token), seq(2 + (5 * i) % 6, rejected_token))
 
 
-def _settings(objective: str, **kw: object) -> PreferenceSettings:
+@dataclass(frozen=True)
+class Knobs:
+    """A pairwise objective's `preference` keys, as these tests set them (the formulas read them back)."""
+
+    objective: str
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    simpo_gamma: float = 0.0
+    orpo_lambda: float = 0.1
+    orpo_prompt_loss: bool = True
+    reference: str = "none"
+
+
+def PreferenceObjective(k: Knobs) -> Objective:
+    """The objective a run of `k` trains with, built the way a run builds it: its config through its spec."""
+    keys = (
+        "beta",
+        "loss_type",
+        "label_smoothing",
+        "simpo_gamma",
+        "orpo_lambda",
+        "orpo_prompt_loss",
+        "reference",
+    )
+    overrides = [f"train.objective={k.objective}", *(f"preference.{key}={getattr(k, key)}" for key in keys)]
+    cfg = load_config(None, overrides)
+    return objective_named(k.objective).build_loss(cfg)
+
+
+def _settings(objective: str, **kw: Any) -> Knobs:
     reference = "precomputed" if objective == "dpo" else "none"
-    return PreferenceSettings(objective=objective, beta=0.5, reference=reference, **kw)  # type: ignore[arg-type]
+    return Knobs(objective=objective, beta=0.5, reference=reference, **kw)
 
 
 def _direct_logps(model: torch.nn.Module, example: Example) -> tuple[torch.Tensor, int]:
@@ -100,7 +129,7 @@ def test_per_token_losses_and_gradients_agree_across_implementations() -> None:
 
 def test_chunked_per_token_losses_walk_chunks() -> None:
     """A chunk smaller than the batch gives the same per-token losses (the chunk loop is exercised)."""
-    from zerofit.objectives.loss import _ChunkedCrossEntropySum
+    from zerofit.token_loss.sums import _ChunkedCrossEntropySum
 
     torch.manual_seed(1)
     logits = torch.randn(2, 7, VOCAB, requires_grad=True)
@@ -187,7 +216,7 @@ def _trl_stub(**settings: Any) -> Any:
     return SimpleNamespace(accelerator=SimpleNamespace(device=torch.device("cpu")), **settings)
 
 
-def _global_loss(s: PreferenceSettings, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
+def _global_loss(s: Knobs, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
     """zerofit's loss of one micro-batch that is the whole global batch: sum_k term_k / count_k."""
     obj = PreferenceObjective(s)
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -227,11 +256,11 @@ def test_simpo_and_orpo_equal_trls_losses() -> None:
         )
         chosen, rejected, _, _, nll = ORPOTrainer.concatenated_forward(orpo, model, halves)
         trl_orpo = float(nll - ORPOTrainer.odds_ratio_loss(orpo, chosen, rejected)[0].mean())
-    simpo_s = PreferenceSettings("simpo", beta=2.0, simpo_gamma=0.7, label_smoothing=0.1)
+    simpo_s = Knobs("simpo", beta=2.0, simpo_gamma=0.7, label_smoothing=0.1)
     assert _global_loss(simpo_s, model, batch) == pytest.approx(trl_simpo, abs=1e-6)
-    orpo_s = PreferenceSettings("orpo", orpo_lambda=0.3)
+    orpo_s = Knobs("orpo", orpo_lambda=0.3)
     assert _global_loss(orpo_s, model, batch) == pytest.approx(trl_orpo, abs=1e-6)
-    response_only = PreferenceSettings("orpo", orpo_lambda=0.3, orpo_prompt_loss=False)
+    response_only = Knobs("orpo", orpo_lambda=0.3, orpo_prompt_loss=False)
     assert abs(_global_loss(response_only, model, batch) - trl_orpo) > 1e-2
 
 
@@ -259,7 +288,7 @@ def _fp32_config() -> Any:
 
 
 def _step(
-    model: torch.nn.Module, pairs: list[PreferencePair], micro: int, s: PreferenceSettings
+    model: torch.nn.Module, pairs: list[PreferencePair], micro: int, s: Knobs
 ) -> tuple[float, dict[str, float], torch.Tensor]:
     """One train_step (SGD lr 1: the update is minus the gradient) on `pairs` in micro-batches of `micro`."""
     model = copy.deepcopy(model)
@@ -346,7 +375,7 @@ def test_adapters_off_reference_equals_the_frozen_base_exactly() -> None:
     # and through the objective (adapters_off), with the loss inside lm_head as well
     install_fused_head(peft_model.get_base_model())
     install_fused_head(base)
-    s = PreferenceSettings("dpo", beta=1.0, reference="adapters_off")
+    s = Knobs("dpo", beta=1.0, reference="adapters_off")
     with torch.no_grad():
         _, sums = PreferenceObjective(s).terms(peft_model, inputs, batch, "fused_linear")
     expected = float((adapted[:3] - frozen[:3]).sum())
@@ -590,13 +619,15 @@ def test_preference_evaluation_over_0_tokens_is_an_error_never_a_best_loss() -> 
 def test_the_gpu_probe_measures_a_preference_step_on_pairs() -> None:
     """`zerofit plan --probe` feeds 2m rows per micro-batch of m pairs (and the precomputed reference's
     column), so what it measures is a DPO step, not an SFT step of m rows."""
-    from zerofit.recipe.probe import synthetic_batch
-
-    batch = synthetic_batch(3, 16, VOCAB, 0, "dpo", "precomputed")
+    cfg = load_config(None, ["train.objective=dpo", "preference.reference=precomputed"])
+    batch = objective_named("dpo").synthetic_batch(3, 16, VOCAB, 0, cfg)
     assert batch["input_ids"].shape == (6, 16) and int(batch["pairs"]) == 3
     assert batch["reference_logps"].shape == (6,)
     obj = PreferenceObjective(_settings("dpo"))
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     terms, sums = obj.terms(_tiny(), inputs, batch, "chunked")
     assert obj.counts([batch]) == [3] and len(terms) == 1 and sums.shape == (len(METRICS),)
-    assert synthetic_batch(3, 16, VOCAB, 0)["input_ids"].shape == (3, 16)  # SFT: m rows
+    assert objective_named("sft").synthetic_batch(3, 16, VOCAB, 0, cfg)["input_ids"].shape == (
+        3,
+        16,
+    )  # SFT: m rows

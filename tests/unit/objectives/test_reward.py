@@ -1,4 +1,4 @@
-"""`train.objective: reward` (zerofit.objectives.reward): the Bradley-Terry loss by hand (margin and
+"""`train.objective: reward` (zerofit.objectives.reward_model.loss): the Bradley-Terry loss by hand (margin and
 centering included), the reward at each row's last real token, the same fp32 loss curve whatever the split
 (8 x 1 vs 2 x 4 on ragged pairs), a per-micro-batch mean that disagrees, and TRL's RewardTrainer's per-step
 losses at accumulation 1."""
@@ -18,7 +18,7 @@ from zerofit.data import IGNORE_INDEX, Example
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.loop.train import train_step
 from zerofit.models.tiny import ensure_tiny_llama
-from zerofit.objectives.reward import REWARD_METRICS, RewardObjective, pair_rewards, reward_losses
+from zerofit.objectives.reward_model.loss import REWARD_METRICS, RewardObjective, pair_rewards, reward_losses
 
 SEED, VOCAB, PAD = 3, 128, 0
 CENTER, LR = 0.01, 1e-2

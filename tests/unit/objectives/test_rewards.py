@@ -1,4 +1,4 @@
-"""Reward functions (`zerofit.objectives.rewards`): the built-ins on hand-checked completions, and the one
+"""Reward functions (`zerofit.objectives.grpo.rewards`): the built-ins on hand-checked completions, and the one
 paragraph that stops a run when a reward function raises, miscounts or returns a NaN."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zerofit.core.errors import RewardError, ZerofitError
-from zerofit.objectives.rewards import (
+from zerofit.objectives.grpo.rewards import (
     NamedReward,
     answers_equal,
     exact_match,

@@ -12,7 +12,7 @@ import pytest
 
 from config_helpers import DEMO_DATA, config
 from zerofit.cli import main
-from zerofit.config import ZerofitConfig, resolve
+from zerofit.config import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.engine import render_spec
 from zerofit.planner import choose_fastest_plan
@@ -21,6 +21,7 @@ from zerofit.planner.scenario import scenario_for
 from zerofit.planner.search.budget import resolve_budget
 from zerofit.planner.search.options import fastest_options
 from zerofit.planner.search.report import plan_memory
+from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[3]
 L7 = "meta-llama/Llama-2-7b-hf"
@@ -117,7 +118,7 @@ def test_a_token_budget_resolves_to_packed_rows() -> None:
     ids=["not-a-multiple", "both-set", "rows-do-not-divide", "negative-layers", "liger-missing"],
 )
 def test_bad_settings_name_the_key_and_the_fix(sections: dict[str, Any], expected: str) -> None:
-    from zerofit.objectives.loss import liger_available
+    from zerofit.token_loss.sums import liger_available
 
     if "liger" in expected and liger_available():
         pytest.skip("liger-kernel is installed here")

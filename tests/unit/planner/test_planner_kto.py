@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.objectives.kto import KTO
+from zerofit.objectives.pairwise import DPO
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import Scenario
 from zerofit.planner.speed import flops_per_token, predict_speed
@@ -21,9 +23,9 @@ LORA_7B = dict(
 
 def test_kto_counts_its_reference_and_kl_forwards() -> None:
     sft = Scenario(**LORA_7B)  # type: ignore[arg-type]
-    dpo = replace(sft, objective="dpo", reference="adapters_off", micro_batch_size=1)  # 2 rows, 1 no-grad
-    kto = replace(sft, objective="kto", reference="adapters_off")
-    assert kto.rows == sft.rows == 2 and not kto.preference and kto.no_grad_forwards == 3
+    dpo = replace(sft, objective=DPO, reference="adapters_off", micro_batch_size=1)  # 2 rows, 1 no-grad
+    kto = replace(sft, objective=KTO, reference="adapters_off")
+    assert kto.rows == sft.rows == 2 and not kto.pairs and kto.no_grad_forwards == 3
     # The activations are SFT's (the no-grad forwards save nothing) ...
     assert estimate(kto).tensors_gib == estimate(replace(sft, reference="adapters_off")).tensors_gib
     # ... and each token costs three forwards more than SFT's step, two more than DPO's.

@@ -3,7 +3,7 @@
 `zerofit plan --max-context`.
 
 All analytic (no trace): each test builds scenarios at the Llama-3.1-8B shape and checks one lever's term
-against the lever's facts (zerofit.objectives.fused_loss / tiling / offload / norms docstrings)."""
+against the lever's facts (zerofit.token_loss.fused / tiling / offload / norms docstrings)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ import pytest
 
 from zerofit.catalogue.gpus import GPUS
 from zerofit.config.loader import load_config
-from zerofit.config.resolve import resolve
 from zerofit.core.errors import ConfigError
-from zerofit.objectives.loss import chunk_tokens
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.activations.peak import activation_terms
 from zerofit.planner.activations.terms import TermKind
@@ -30,6 +28,8 @@ from zerofit.planner.search.budget import resolve_budget
 from zerofit.planner.search.remedies import remedies
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import flops_per_token, predict_speed
+from zerofit.resolution import resolve
+from zerofit.token_loss.sums import chunk_tokens
 
 REPO = Path(__file__).resolve().parents[3]
 L31 = "meta-llama/Llama-3.1-8B"

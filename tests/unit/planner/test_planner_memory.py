@@ -254,9 +254,10 @@ def test_breakdown_is_the_hand_count_and_meets_the_measured_gpu_peak() -> None:
     """Every line of the 3090 LoRA recipe's breakdown, counted by hand from Llama-2-7B's shapes, and the
     tensor peak within 0.5% of what the GPU measured (with the unchunked loss and transformers' sdpa, whose
     boolean padding mask its micro-batch of 4 builds, that it was measured with)."""
-    from zerofit.config import load_config, resolve
+    from zerofit.config import load_config
     from zerofit.engine import render_spec
     from zerofit.planner.scenario import scenario_for
+    from zerofit.resolution import resolve
 
     recipe = str(REPO / "configs" / "llama2-7b-lora-3090.yaml")
     resolved = resolve(

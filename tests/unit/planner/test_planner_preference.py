@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.objectives.pairwise import DPO
+from zerofit.objectives.registry import objective_named
+from zerofit.objectives.sft import SFT
 from zerofit.planner.activations.peak import activation_terms
 from zerofit.planner.activations.terms import TermKind
 from zerofit.planner.estimate import estimate
@@ -29,7 +32,9 @@ LORA_7B = dict(
 @pytest.mark.parametrize("objective", ["dpo", "simpo", "orpo"])
 def test_m_pairs_cost_what_2m_sequences_cost(objective: str) -> None:
     sft = Scenario(micro_batch_size=4, grad_accum_steps=4, **LORA_7B)  # type: ignore[arg-type]
-    pairs = replace(sft, micro_batch_size=2, objective=objective, reference="precomputed")  # 8 pairs a step
+    pairs = replace(
+        sft, micro_batch_size=2, objective=objective_named(objective), reference="precomputed"
+    )  # 8 pairs a step
     assert pairs.rows == 4
     assert estimate(pairs).tensors_gib == estimate(sft).tensors_gib  # the same activations, logits, loss
     assert activation_terms(pairs).lines == activation_terms(sft).lines
@@ -41,7 +46,7 @@ def test_m_pairs_cost_what_2m_sequences_cost(objective: str) -> None:
 
 
 def test_the_reference_with_adapters_off_is_a_no_grad_forward_of_the_same_rows() -> None:
-    base = Scenario(micro_batch_size=2, objective="dpo", reference="precomputed", **LORA_7B)  # type: ignore[arg-type]
+    base = Scenario(micro_batch_size=2, objective=DPO, reference="precomputed", **LORA_7B)  # type: ignore[arg-type]
     off = replace(base, reference="adapters_off")
     moments = {m.where: m for m in activation_terms(off).moments}
     layer = moments["reference forward (adapters off, no grad): a decoder layer"]
@@ -87,13 +92,13 @@ def test_the_trace_of_2m_rows_and_the_reference_forward_agrees_within_5_percent(
         micro_batch_size=micro,
         strategy=strategy,
         activation_checkpointing=ckpt,
-        objective="dpo",
+        objective=DPO,
         reference=reference,
     )
     traced = trace_memory(scn)
     assert abs(estimate(scn).tensors_gib / traced.tensors_gib - 1) < 0.05, traced.as_dict()
     # The trace ran 2m rows: the estimate of m rows is far from it.
-    m_rows = estimate(replace(scn, objective="sft", reference="none")).tensors_gib
+    m_rows = estimate(replace(scn, objective=SFT, reference="none")).tensors_gib
     assert abs(m_rows / traced.tensors_gib - 1) > 0.1
 
 

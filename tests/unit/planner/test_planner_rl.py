@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from config_helpers import DEMO_DATA, config
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.engine import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.estimate import estimate
@@ -21,6 +21,7 @@ from zerofit.planner.scenario import Scenario, scenario_for
 from zerofit.planner.search.budget import resolve_budget
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.speed import predict_speed
+from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[3]
 QWEN = "Qwen/Qwen2.5-7B"
@@ -65,7 +66,7 @@ def _scenario(world_size: int = 1, **rl: object) -> Scenario:
 
 def test_training_is_on_completions_of_prompt_plus_completion_tokens() -> None:
     scn = _scenario()
-    assert scn.seq_len == 32 + 96 and scn.rows == 2 and not scn.preference  # one sequence per completion
+    assert scn.seq_len == 32 + 96 and scn.rows == 2 and not scn.pairs  # one sequence per completion
     assert scn.rl == RLShape(16, 32, 96, reference=False, old_policy=False)
     assert scn.reference == "none"
     est = estimate(scn)

@@ -12,13 +12,14 @@ import yaml
 from config_helpers import DEMO_DATA, config
 from zerofit.catalogue.gpus import get_gpu, gpu_from_device_name, gpu_peak_tflops, parse_memory_gib
 from zerofit.cli import main
-from zerofit.config import ZerofitConfig, load_config, resolve
+from zerofit.config import ZerofitConfig, load_config
 from zerofit.core.errors import ConfigError
 from zerofit.engine import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.search.budget import resolve_budget
 from zerofit.planner.search.report import plan_memory
 from zerofit.planner.search.table import divisors
+from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))

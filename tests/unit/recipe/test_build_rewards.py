@@ -11,7 +11,8 @@ import pytest
 from zerofit.config.schema import RewardSpec
 from zerofit.core.errors import ConfigError
 from zerofit.models.tiny import build_tokenizer
-from zerofit.recipe.rewards import build_rewards, describe_reward, reward_spec_problems
+from zerofit.objectives.grpo import describe_reward
+from zerofit.recipe.rewards import build_rewards, reward_spec_problems
 
 
 def test_builtins_and_a_user_function(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from config_helpers import REPO
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.core.errors import ConfigError
+from zerofit.resolution import resolve
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from zerofit.config import load_config, resolve
+from zerofit.config import load_config
 from zerofit.core.errors import LaunchError
 from zerofit.recipe.run import parse_args, resolve_for_launch
+from zerofit.resolution import resolve
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 DATA = str(Path(__file__).resolve().parents[3] / "data" / "demo.jsonl")
@@ -144,11 +145,11 @@ def test_a_launched_process_writes_its_lines_to_a_log_file_as_they_are_printed(t
 def test_the_plan_names_simpos_margin_and_what_orpos_nll_is_over(overrides: list[str], shown: str) -> None:
     """The objective line says the margin SimPO trains with (and its ratio to beta, the key's old meaning)
     and ORPO's NLL tokens, so a config written for other meanings shows it."""
-    from zerofit.recipe.report import describe_objective
+    from zerofit.objectives.registry import objective_of
 
     cfg = load_config(None, overrides)
     cfg.preference.reference = "none"
-    assert shown in describe_objective(SimpleNamespace(plan=SimpleNamespace(config=cfg), reference=None))  # type: ignore[arg-type]
+    assert shown in str(objective_of(cfg).describe(cfg, ""))
 
 
 def test_a_user_error_is_said_once_per_run_not_once_per_rank() -> None:

@@ -23,7 +23,7 @@ MLP (`layer.moe_saves`) and, when peft adapts the fused 3-D expert weights, each
 W + BA (a per-layer constant, not per token).
 
 Selective checkpointing (the first n of L layers recomputed) keeps n layer inputs and L - n layers of saved
-tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.objectives.loss`): unchunked holds fp32
+tensors; the loss's temporaries depend on `train.cross_entropy` (`zerofit.token_loss.sums`): unchunked holds fp32
 log-probabilities and two fp32 (tokens x vocab) gradients, chunked a gradient in the logits' dtype and one
 fp32 chunk.
 

@@ -1,15 +1,15 @@
-"""The loss's temporaries by `train.cross_entropy` (`zerofit.objectives.loss`): unchunked (fp32 log-probabilities and
+"""The loss's temporaries by `train.cross_entropy` (`zerofit.token_loss.sums`): unchunked (fp32 log-probabilities and
 two fp32 gradients), chunked (a gradient in the logits' dtype and one fp32 chunk), Liger, the fused linear
-loss (`zerofit.objectives.fused_loss`), and final logit soft-capping (Gemma 2); the loss's moments on top of all saved.
+loss (`zerofit.token_loss.fused`), and final logit soft-capping (Gemma 2); the loss's moments on top of all saved.
 """
 
 from __future__ import annotations
 
-from zerofit.objectives.loss import chunk_tokens
 from zerofit.planner.activations.norms import norm_saves
 from zerofit.planner.activations.step import Step
 from zerofit.planner.activations.terms import Moment, Term, TermKind
 from zerofit.planner.state import dtype_label
+from zerofit.token_loss.sums import chunk_tokens
 
 
 def loss_terms(st: Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
@@ -67,7 +67,7 @@ def loss_terms(st: Step, ce_tokens: int) -> list[tuple[str, list[Term]]]:
 
 
 def _fused_loss_terms(st: Step, per_token: Term) -> list[tuple[str, list[Term]]]:
-    """`fused_linear` (zerofit.objectives.fused_loss): no logits; one chunk of C tokens x vocab at a time (C V 4 =
+    """`fused_linear` (zerofit.token_loss.fused): no logits; one chunk of C tokens x vocab at a time (C V 4 =
     128 MiB), the weight cast to the compute dtype d when it is in another, the hidden-state gradient in
     backward; a trainable head also accumulates its fp32 weight gradient (+ a d copy per chunk, + the final
     cast to the weight dtype)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zerofit.config.resolve import PlanChoice, micro_batch_setting
+from zerofit.config.rules.batch import PlanChoice, micro_batch_setting
 from zerofit.core.errors import ConfigError
 from zerofit.engine.user_ds_config import pinned_split_problems
 from zerofit.planner.estimate import estimate

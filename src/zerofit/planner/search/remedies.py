@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zerofit.config.resolve import micro_batch_setting
+from zerofit.config.rules.batch import micro_batch_setting
 from zerofit.core.errors import ConfigError
 from zerofit.planner.estimate import MemoryEstimate, estimate
 from zerofit.planner.scenario import Scenario, what_if

@@ -14,8 +14,8 @@ from zerofit.planner.search.table import MicroRow, largest_fitting, micro_table
 from zerofit.planner.speed import speed_levers
 
 if TYPE_CHECKING:
-    from zerofit.config.resolve import ResolvedConfig
     from zerofit.engine.spec import EngineSpec
+    from zerofit.resolution import ResolvedConfig
 
 
 @dataclass

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zerofit.config.resolve import data_parallel_size
+from zerofit.config.rules.engine import data_parallel_size
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import Scenario
 from zerofit.planner.search.budget import Budget, verdict

@@ -23,11 +23,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from zerofit.objectives.protocol import Batch, UnitMeans
+
 __all__ = ["REWARD_METRICS", "RewardObjective", "pair_rewards", "reward_losses"]
 
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
-
-Batch = dict[str, torch.Tensor]
 
 
 def reward_losses(
@@ -50,7 +50,7 @@ def pair_rewards(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tor
     return model(**inputs, use_cache=False).logits.squeeze(-1).float()
 
 
-class RewardObjective:
+class RewardObjective(UnitMeans):
     """The Bradley-Terry reward-model loss on `collate_pairs` micro-batches (module docstring)."""
 
     metrics: tuple[str, ...] = REWARD_METRICS

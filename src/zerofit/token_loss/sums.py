@@ -17,7 +17,7 @@ Three implementations of the same sum (`train.cross_entropy`):
 - `liger`: Liger-Kernel's Triton cross-entropy (CUDA only, `pip install liger-kernel`), which writes the
   gradient into the logits' own storage in forward.
 
-A fourth, `fused_linear` (`zerofit.objectives.fused_loss`), gives the same sum from the hidden states and the lm_head
+A fourth, `fused_linear` (`zerofit.token_loss.fused`), gives the same sum from the hidden states and the lm_head
 weight, so the logits never exist; it runs inside lm_head and so takes the model, not logits.
 """
 
@@ -153,7 +153,7 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor, impl: str = "chunke
     """Per-token next-token cross-entropy, fp32, shaped like `labels` ([rows, seq]): position t holds the
     loss of label t+1, 0 where that label is IGNORE_INDEX and at each row's last position.
 
-    What preference objectives sum per row (`zerofit.objectives.preference`): one fp32 number per token, so a row's
+    What preference objectives sum per row (`zerofit.objectives.pairwise.loss`): one fp32 number per token, so a row's
     log-probability is a cheap `-sum(dim=1)`, never full fp32 logits. `chunked` (and `liger`, whose kernel
     only sums: the same values) walks the tokens in chunks exactly as `token_sum_loss` does; `unchunked`
     is `F.cross_entropy(reduction="none")` on the fp32 upcast (the reference the tests compare with).
@@ -207,7 +207,7 @@ def token_sum_loss(
     if impl == "fused_linear":
         raise ValueError(
             "train.cross_entropy=fused_linear computes the loss inside lm_head, from the hidden states, not "
-            "from logits: call zerofit.objectives.fused_loss.forward_token_sum with the model"
+            "from logits: call zerofit.token_loss.fused.forward_token_sum with the model"
         )
     if impl != "unchunked":
         raise ValueError(

@@ -34,7 +34,7 @@ A GRPO micro-batch (`zerofit.loop.rollout.micro_batch`): `input_ids` [rows, prom
 left-padded, completions right-padded), `attention_mask`, `position_ids` (from the mask, so a row's values
 never depend on its neighbours' padding), `labels` (the completion tokens that are trained on, IGNORE_INDEX
 elsewhere), `advantages` [rows], and with `num_iterations` > 1 `old_logps` [rows, seq] in the shifted frame
-of `zerofit.objectives.loss.token_losses` (position t holds token t + 1's).
+of `zerofit.token_loss.sums.token_losses` (position t holds token t + 1's).
 
 The metrics are token means over the global batch's trained tokens, TRL's: `kl` (k3, with beta > 0) and
 `clip_ratio` (the tokens whose ratio was clipped in the direction that stops the gradient: below 1 - epsilon
@@ -47,9 +47,10 @@ from dataclasses import dataclass
 
 import torch
 
-from zerofit.objectives.fused_loss import FUSED_LINEAR, forward_token_losses
-from zerofit.objectives.loss import IGNORE_INDEX, shifted_targets, token_losses
-from zerofit.objectives.preference import adapters_disabled
+from zerofit.objectives.logps import adapters_disabled
+from zerofit.objectives.protocol import Batch, UnitMeans
+from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_losses
+from zerofit.token_loss.sums import IGNORE_INDEX, shifted_targets, token_losses
 
 __all__ = [
     "ADVANTAGE_EPS",
@@ -64,8 +65,6 @@ __all__ = [
 
 ADVANTAGE_EPS = 1e-4  # TRL's: advantages / (std + 1e-4)
 METRICS = ("kl", "clip_ratio")
-
-Batch = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -153,7 +152,7 @@ def token_loss(
     return loss, kl.detach(), clipped
 
 
-class GRPOObjective:
+class GRPOObjective(UnitMeans):
     """The GRPO / DAPO / Dr. GRPO loss on rollout micro-batches (module docstring)."""
 
     metrics: tuple[str, ...] = METRICS

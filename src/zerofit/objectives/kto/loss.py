@@ -32,15 +32,14 @@ only when the global batch has some (as TRL logs them), `rewards/margins` when i
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from zerofit.objectives.fused_loss import forward_token_losses
-from zerofit.objectives.preference import Batch, adapters_disabled, row_logps
+from zerofit.objectives.logps import adapters_disabled, row_logps
+from zerofit.objectives.protocol import Batch, Reducing
+from zerofit.token_loss.fused import forward_token_losses
 
 __all__ = ["KTO_METRICS", "KTOObjective", "KTOSettings", "kto_losses"]
 
@@ -66,16 +65,6 @@ class KTOSettings:
     undesirable_weight: float = 1.0
 
 
-class Reducing(Protocol):
-    """What the reference-point pass needs of the strategy (`zerofit.strategies.base.Strategy`)."""
-
-    device: torch.device
-
-    def accumulate(self, is_last: bool) -> AbstractContextManager[Any]: ...
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
-
-
 def kto_losses(
     logratios: torch.Tensor, desirable: torch.Tensor, z0: float | torch.Tensor, s: KTOSettings
 ) -> torch.Tensor:
@@ -94,7 +83,7 @@ def _kl_inputs(batch: Batch, device: torch.device) -> tuple[dict[str, torch.Tens
     return inputs, batch["kl_labels"]
 
 
-class KTOObjective:
+class KTOObjective:  # its own before_window and metric_means (not UnitMeans')
     """KTO on `collate_unpaired` micro-batches (module docstring); `z0` is set per global batch by
     `estimate_reference_point` (or by the evaluation over the eval data) before `terms` runs."""
 
@@ -119,6 +108,12 @@ class KTOObjective:
             policy = row_logps(forward_token_losses(model, inputs, labels, impl), labels)[0]
         diff = (policy - reference)[:m].double().sum()
         return torch.stack([diff, diff.new_tensor(float(m))])
+
+    def before_window(
+        self, strategy: Reducing, model: torch.nn.Module, micro_batches: list[Batch], impl: str
+    ) -> None:
+        """z0 of the global batch, before any backward (`estimate_reference_point`)."""
+        self.estimate_reference_point(strategy, model, micro_batches, impl)
 
     def estimate_reference_point(
         self, strategy: Reducing, model: torch.nn.Module, micro_batches: list[Batch], impl: str
@@ -159,9 +154,9 @@ class KTOObjective:
             values += [rewards[side].double().sum(), logps[side].double().sum(), side.double().sum()]
         return torch.stack(values)
 
-    def metric_means(self, sums: list[float], prefix: str = "") -> dict[str, float]:
-        """TRL's metrics from the global batch's `_SUMS`: means per label where it has examples, the margin
-        where it has both, and `kl` (z0)."""
+    def metric_means(self, sums: list[float], units: int = 0, prefix: str = "") -> dict[str, float]:
+        """TRL's metrics from the global batch's `_SUMS` (each label counts its own examples, so `units` is
+        not needed): means per label where it has examples, the margin where it has both, and `kl` (z0)."""
         reward_c, logp_c, n_c, reward_r, logp_r, n_r = sums
         out: dict[str, float] = {}
         if n_c:

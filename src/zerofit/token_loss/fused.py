@@ -1,6 +1,6 @@
 """The loss that never builds the logits (`train.cross_entropy: fused_linear`).
 
-The same token sum as `zerofit.objectives.loss` (next-token cross-entropy over valid labels, fp32), computed from the
+The same token sum as `zerofit.token_loss.sums` (next-token cross-entropy over valid labels, fp32), computed from the
 final hidden states and the lm_head weight chunk by chunk of tokens: per chunk, matmul -> fp32
 log-sum-exp -> loss; neither the [tokens x vocab] logits nor their gradient ever exist in full.
 
@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from zerofit.core.errors import ConfigError
-from zerofit.objectives.loss import IGNORE_INDEX, chunk_tokens, shifted_targets, token_losses, token_sum_loss
+from zerofit.token_loss.sums import IGNORE_INDEX, chunk_tokens, shifted_targets, token_losses, token_sum_loss
 
 __all__ = [
     "FUSED_LINEAR",
@@ -233,7 +233,7 @@ def fused_linear_token_sum(
 ) -> torch.Tensor:
     """Sum over valid `targets` of the cross-entropy of `hidden @ weight^T + bias`, in fp32, without the
     logits: `hidden` [..., H] (flattened to tokens), `targets` [tokens] already shifted
-    (`zerofit.objectives.loss.shifted_targets`), `chunk` tokens at a time (default `chunk_tokens(vocab)`).
+    (`zerofit.token_loss.sums.shifted_targets`), `chunk` tokens at a time (default `chunk_tokens(vocab)`).
     `per_token`: the [tokens] cross-entropies instead of their sum (pure PyTorch: the kernels only sum)."""
     flat = hidden.reshape(-1, hidden.shape[-1])  # a view: the final norm's output is contiguous
     targets = targets.to(flat.device)
@@ -372,9 +372,9 @@ def forward_token_sum(
     impl: str,
     shifted: bool = False,
 ) -> torch.Tensor:
-    """One forward of `model` on `inputs` and its token-sum loss over `labels` (`zerofit.objectives.loss`), by
+    """One forward of `model` on `inputs` and its token-sum loss over `labels` (`zerofit.token_loss.sums`), by
     `train.cross_entropy`: `fused_linear` inside lm_head (no logits), anything else from the logits
-    (`shifted`: a sequence-parallel shard's targets, `zerofit.objectives.loss.batch_labels`)."""
+    (`shifted`: a sequence-parallel shard's targets, `zerofit.token_loss.sums.batch_labels`)."""
     if impl != FUSED_LINEAR:
         return token_sum_loss(model(**inputs, use_cache=False).logits, labels, impl, shifted)
     with fused_targets(model, labels, shifted=shifted) as head:
@@ -385,7 +385,7 @@ def forward_token_losses(
     model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], labels: torch.Tensor, impl: str
 ) -> torch.Tensor:
     """One forward of `model` on `inputs` and its per-token losses over `labels`, [rows, seq] fp32
-    (`zerofit.objectives.loss.token_losses`): `fused_linear` inside lm_head (no logits), anything else from the
+    (`zerofit.token_loss.sums.token_losses`): `fused_linear` inside lm_head (no logits), anything else from the
     logits in chunks (`unchunked`: in one piece)."""
     if impl != FUSED_LINEAR:
         return token_losses(model(**inputs, use_cache=False).logits, labels, impl)

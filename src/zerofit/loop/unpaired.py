@@ -1,4 +1,4 @@
-"""KTO's evaluation (`train.objective: kto`): `eval/loss` and TRL's `eval/*` metrics over the held-out examples.
+"""The evaluation of unpaired units (KTO's, `train.objective: kto`): `eval/loss` and TRL's `eval/*` metrics over the held-out examples.
 
 The whole eval set is one global batch for the reference point: each held-out example is paired with the
 completion of the one before it in the eval data (the first with the last), z0 is their mean KL over every
@@ -17,9 +17,9 @@ from zerofit.core.errors import DataError
 from zerofit.data import model_inputs
 from zerofit.data.unpaired import UnpairedExample, kto_micro_batches
 from zerofit.metrics.keys import EVAL_LOSS
-from zerofit.objectives.fused_loss import FUSED_LINEAR
-from zerofit.objectives.kto import KTOObjective
+from zerofit.objectives.protocol import Objective
 from zerofit.strategies.base import Strategy
+from zerofit.token_loss.fused import FUSED_LINEAR
 
 __all__ = ["kto_evaluation"]
 
@@ -28,7 +28,7 @@ def kto_evaluation(
     strategy: Strategy,
     model: torch.nn.Module,
     units: list[UnpairedExample],
-    objective: KTOObjective,
+    objective: Objective,
     micro_batch_size: int,
     pad_id: int,
     cross_entropy: str = "chunked",
@@ -42,7 +42,7 @@ def kto_evaluation(
     model.eval()
     sums = torch.zeros(1 + len(objective.metrics), dtype=torch.float64, device=strategy.device)
     try:
-        objective.estimate_reference_point(strategy, model, batches, impl)
+        objective.before_window(strategy, model, batches, impl)  # z0 over every held-out example
         with torch.no_grad():
             for batch in batches:
                 with strategy.accumulate(is_last=True):  # the training forward's context, nothing deferred
@@ -59,5 +59,5 @@ def kto_evaluation(
             "the evaluation data (data.eval_path or data.eval_split) holds no examples to score, so eval/loss "
             "would be a mean over nothing; use a larger data.eval_split or another data.eval_path."
         )
-    metrics = objective.metric_means(total[1:-1], prefix="eval/")
+    metrics = objective.metric_means(total[1:-1], int(total[-1]), prefix="eval/")
     return {EVAL_LOSS: total[0] / total[-1], "eval/examples": int(total[-1]), **metrics}

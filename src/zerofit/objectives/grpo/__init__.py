@@ -1,0 +1,215 @@
+"""GRPO and its variants (`train.objective: grpo`, the `rl` section): online RL on prompts, the completions
+sampled by the policy inside the run and scored by reward functions.
+
+A unit is a completion: the global batch is rl.num_generations x rl.prompts_per_step of them (set by the rl
+keys, split micro x accumulation x dp as any global batch); the data is prompts (data.format prompt or
+auto); a loop step takes rl.num_iterations optimizer updates on its rollout. The loss is
+`zerofit.objectives.grpo.loss.GRPOObjective`, the reward functions `zerofit.objectives.grpo.rewards` (built
+from the config at launch by `zerofit.recipe.rewards`), the rollouts `zerofit.loop.rollout`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zerofit.config.rules.engine import preset_zero_stage
+from zerofit.objectives.rules import refuse_reference, refuse_unpaired_format
+from zerofit.objectives.spec import PROMPT, ObjectiveSpec
+
+if TYPE_CHECKING:
+    from zerofit.config.schema import RewardSpec, ZerofitConfig
+    from zerofit.objectives.protocol import Objective
+
+__all__ = ["GRPO", "completions_per_step", "describe_reward"]
+
+
+def describe_reward(spec: RewardSpec) -> str:
+    """How `zerofit plan` names a reward: `exact_match (column answer) x 1.0`, or for the user's own function
+    `my_rewards:correct (imported at launch from module my_rewards) x 0.5`; nothing is imported."""
+    detail = {
+        "exact_match": f"column {spec.column}",
+        "format_regex": f"pattern {spec.pattern}",
+        "length": f"target {spec.target_length} tokens",
+        "reward_model": f"model folder {spec.path}",
+    }.get(spec.function)
+    if detail is None:
+        detail = f"imported at launch from module {spec.function.split(':')[0]}"
+    return f"{spec.function} ({detail}) x {spec.weight:g}"
+
+
+def completions_per_step(cfg: ZerofitConfig) -> int:
+    """GRPO's global batch: rl.num_generations x rl.prompts_per_step completions."""
+    return cfg.rl.num_generations * cfg.rl.prompts_per_step
+
+
+def _engine_problem(cfg: ZerofitConfig) -> str | None:
+    """Why the rollouts cannot run on this engine, or None: sampling runs one forward per token, and under
+    ZeRO-3 each would gather every layer again (FSDP2's layers are gathered once per rollout instead,
+    `zerofit.loop.rollout.generating`)."""
+    if preset_zero_stage(cfg) == 3:
+        return (
+            "train.objective = 'grpo' generates its completions inside the run, and distributed.preset = "
+            f"{cfg.distributed.preset!r} is ZeRO-3, which shards the parameters over the ranks, so each generated "
+            "token would gather every layer again (zerofit does not gather them once per rollout there yet); use "
+            "distributed.strategy=ddp, deepspeed with preset zero2, fsdp (its layers are gathered once per "
+            "rollout), or single"
+        )
+    return None
+
+
+def _rl_problems(cfg: ZerofitConfig) -> list[str]:
+    """The `rl` section against the rest: a reward, a backend that runs here, no packing, no evaluation data,
+    no sequence parallelism, beta > 0 only with adapters to switch off, temperature only with logits."""
+    rl, b = cfg.rl, cfg.batch
+    rules = [
+        (not rl.rewards, "rl.rewards is empty: GRPO needs at least one reward function, e.g. "
+         "rl.rewards=[{function: exact_match, column: answer}]"),
+        (rl.generation_backend == "vllm", "rl.generation_backend = 'vllm' needs vLLM on CUDA, which zerofit "
+         "does not drive yet; set rl.generation_backend=transformers (the policy's own sampling)"),
+        (b.tokens_per_micro_batch is not None, "batch.tokens_per_micro_batch packs rows, and GRPO's micro-batch "
+         "is completions (batch.micro_batch_size completions each); unset batch.tokens_per_micro_batch"),
+        (cfg.data.eval_path is not None or cfg.data.eval_split is not None, "data.eval_path / data.eval_split "
+         "with train.objective = 'grpo': held-out rewards are not evaluated during the run yet; unset them"),
+        (cfg.distributed.sequence_parallel > 1, "distributed.sequence_parallel > 1 with train.objective = "
+         "'grpo': rollouts are not sharded over the sequence; set distributed.sequence_parallel=1"),
+        (rl.beta > 0 and not cfg.lora.enabled, f"rl.beta = {rl.beta} needs the reference, the base with the LoRA "
+         "adapters switched off, and lora.enabled = false leaves none; set lora.enabled=true or rl.beta=0"),
+        (rl.temperature != 1.0 and cfg.train.cross_entropy == "fused_linear", f"rl.temperature = "
+         f"{rl.temperature} scales the logits, which train.cross_entropy = 'fused_linear' never forms; set "
+         "train.cross_entropy=chunked or rl.temperature=1.0"),
+        (cfg.data.format not in ("auto", "prompt"), f"data.format = {cfg.data.format!r} with train.objective = "
+         "'grpo', which reads prompts ({prompt: ..., other columns}); set data.format=auto (or prompt)"),
+    ]  # fmt: skip
+    return [text for broken, text in rules if broken]
+
+
+class GRPOSpec(ObjectiveSpec):
+    """GRPO (module docstring)."""
+
+    name = "grpo"
+    unit = PROMPT
+    data_formats = ("prompt",)
+    generates = True
+
+    def settle_batch(self, cfg: ZerofitConfig, problems: list[str]) -> None:
+        """The global batch is rl.num_generations x rl.prompts_per_step completions (batch.global_batch_size
+        is that or unset, and is set to it), then the `rl` section's rules and the engine's."""
+        b, rl, completions = cfg.batch, cfg.rl, completions_per_step(cfg)
+        if b.global_batch_size is not None and b.global_batch_size != completions:
+            problems.append(
+                f"batch.global_batch_size = {b.global_batch_size} with train.objective = 'grpo', whose global "
+                f"batch is rl.num_generations x rl.prompts_per_step = {rl.num_generations} x "
+                f"{rl.prompts_per_step} = {completions} completions; unset batch.global_batch_size (it is set to "
+                "that) or change the rl keys"
+            )
+        b.global_batch_size = completions
+        problems.extend(_rl_problems(cfg))
+        engine = _engine_problem(cfg)
+        if engine is not None:
+            problems.append(engine)
+
+    def batch_problem(self, cfg: ZerofitConfig, error: str) -> str | None:
+        """The split error in completions, set by the rl keys."""
+        rl = cfg.rl
+        return (
+            f"batch: train.objective = 'grpo' trains on rl.num_generations x rl.prompts_per_step = "
+            f"{rl.num_generations} x {rl.prompts_per_step} completions per step (the global batch), split into "
+            f"micro-batches of batch.micro_batch_size completions over the ranks: {error} (or change "
+            "rl.num_generations / rl.prompts_per_step)"
+        )
+
+    def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
+        """Not KTO's unpaired feedback (the prompts' own format: `settle_batch`); no preference reference."""
+        refuse_unpaired_format(cfg, problems)
+        refuse_reference(cfg, problems)
+
+    def build_loss(self, cfg: ZerofitConfig) -> Objective:
+        """The `rl` section's loss (`zerofit.objectives.grpo.loss`)."""
+        from zerofit.objectives.grpo.loss import GRPOObjective, GRPOSettings
+
+        rl = cfg.rl
+        settings = GRPOSettings(
+            loss_type=rl.loss_type,
+            beta=rl.beta,
+            epsilon=rl.epsilon,
+            epsilon_high=rl.epsilon_high,
+            max_completion_length=rl.max_completion_length,
+            temperature=rl.temperature,
+        )
+        return GRPOObjective(settings)
+
+    def updates_per_rollout(self, cfg: ZerofitConfig) -> int:
+        """rl.num_iterations optimizer updates on each rollout."""
+        return cfg.rl.num_iterations
+
+    def tokens_per_step(self, cfg: ZerofitConfig) -> str | None:
+        """`16 completions x (<= 256 prompt + <= 6 completion tokens) = <= 4,192 tokens, <= 96 of them trained`."""
+        rl, n = cfg.rl, completions_per_step(cfg)
+        whole = n * (rl.max_prompt_length + rl.max_completion_length)
+        return (
+            f"{n} completions x (<= {rl.max_prompt_length} prompt + <= {rl.max_completion_length} completion "
+            f"tokens) = <= {whole:,} tokens, <= {n * rl.max_completion_length:,} of them trained"
+        )
+
+    def describe(self, cfg: ZerofitConfig, reference: str) -> str | None:
+        """The loss, the global batch in prompts, completions and tokens, the updates per rollout and every
+        reward function (a `module:function` is named, not imported)."""
+        rl, n = cfg.rl, completions_per_step(cfg)
+        normalizer = {
+            "grpo": "each completion's token mean, averaged over the global batch's completions",
+            "dapo": "the global batch's completion tokens",
+            "dr_grpo": f"{n} completions x rl.max_completion_length {rl.max_completion_length}",
+        }[rl.loss_type]
+        high = rl.epsilon if rl.epsilon_high is None else rl.epsilon_high
+        ref = "the base with the LoRA adapters off" if rl.beta > 0 else "none (beta 0)"
+        return (
+            f"grpo ({rl.loss_type}, beta {rl.beta:g}, clip [1 - {rl.epsilon:g}, 1 + {high:g}], advantages / std of "
+            f"the {rl.scale_rewards}): {rl.prompts_per_step} prompts x G {rl.num_generations} = {n} completions per "
+            f"step, <= {rl.max_prompt_length} + {rl.max_completion_length} tokens each (<= "
+            f"{n * rl.max_completion_length:,} completion tokens), sampled by the policy (temperature "
+            f"{rl.temperature:g}, top_p {rl.top_p:g}, top_k {rl.top_k}); {rl.num_iterations} update(s) per rollout; "
+            f"loss over {normalizer}; reference: {ref}; rewards: "
+            + "; ".join(describe_reward(spec) for spec in rl.rewards)
+        )
+
+    def planned_reference(self, cfg: ZerofitConfig) -> str:
+        """The base with the adapters off when rl.beta > 0, else none."""
+        return "adapters_off" if cfg.rl.beta > 0 else "none"
+
+    def max_tokens_per_unit(self, cfg: ZerofitConfig) -> tuple[int, str]:
+        """A completion's training sequence: its prompt and itself."""
+        rl = cfg.rl
+        return (
+            rl.max_prompt_length + rl.max_completion_length,
+            "rl.max_prompt_length + rl.max_completion_length",
+        )
+
+    def planned_line(self, memory: dict[str, Any]) -> str | None:
+        phases = ", ".join(f"{k} {v:.2f}" for k, v in memory["phases_gib"].items())
+        return (
+            f"Planned for train.objective grpo: {memory['micro_batch_size']} completions per micro-batch, each "
+            f"{memory['seq_len']} tokens (prompt + completion); tensors per phase (GiB): {phases}"
+        )
+
+    def synthetic_batch(
+        self, micro: int, seq: int, vocab: int, pad_id: int, cfg: ZerofitConfig
+    ) -> dict[str, Any]:
+        """`zerofit.loop.rollout.micro_batch`'s layout: `micro` completions of `seq` tokens, the prompt's
+        positions unlabelled, positions from the mask, an advantage each, and the old policy's log-probs
+        with rl.num_iterations > 1."""
+        import torch
+
+        from zerofit.objectives.synthetic import token_rows
+        from zerofit.token_loss.sums import IGNORE_INDEX
+
+        batch = token_rows(micro, seq, vocab, pad_id)
+        prompt = min(cfg.rl.max_prompt_length, seq - 1)
+        batch["labels"][:, :prompt] = IGNORE_INDEX
+        batch["position_ids"] = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
+        batch["advantages"] = torch.linspace(-1.0, 1.0, micro)
+        if cfg.rl.num_iterations > 1:
+            batch["old_logps"] = torch.zeros(micro, seq)
+        return batch
+
+
+GRPO = GRPOSpec()
