@@ -1,5 +1,5 @@
-"""Config loading, dotted overrides, did-you-mean, and `resolve()`: every bad input of issue 2 is refused
-with one clear `ConfigError` that names the field, the value and the fix."""
+"""Config loading, dotted overrides, did-you-mean, and `resolve()`: every bad input is refused with one
+clear `ConfigError` that names the field, the value and the fix."""
 
 from __future__ import annotations
 
@@ -482,7 +482,7 @@ def test_a_broken_bound_says_what_its_edge_means(override: str, named: str) -> N
     assert named in _problems([override])
 
 
-# ------------------------------------------------------------------------- values that wreck a run (issue 32)
+# ------------------------------------------------------------------------- values that wreck a run
 
 
 def _refusal(overrides: list[str], path: Path | None = DEMO) -> str:
