@@ -158,9 +158,9 @@ def test_bf16_and_fp16_both_requested() -> None:
 
 
 def test_simpo_gamma_is_trls_margin_and_gamma_over_beta_has_its_own_key() -> None:
-    """preference.simpo_gamma is TRL's simpo_gamma, the margin itself; gamma / beta (what the key meant
-    before) is preference.simpo_gamma_beta_ratio; with neither, the margin stays 0.5 x beta; both at once
-    are refused in one line naming both."""
+    """preference.simpo_gamma is TRL's simpo_gamma, the margin itself; gamma / beta is
+    preference.simpo_gamma_beta_ratio; with neither, the margin is 0.5 x beta; both at once are refused in
+    one line naming both."""
 
     def preference(*overrides: str) -> Any:
         return load_config(None, ["train.objective=simpo", "preference.beta=2", *overrides]).preference
