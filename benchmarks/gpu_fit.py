@@ -39,7 +39,7 @@ micro-batch 1 (global batch LONG_GLOBAL = 1), under the same cap:
                      else sdpa, Liger kernels where installed
     long-hf-lora-L   the same with a bf16 base
 
-Speed levers (`--cases speed`, issue 19), the LoRA recipe at the same cap and global batch, on both workloads:
+Speed levers (`--cases speed`), the LoRA recipe at the same cap and global batch, on both workloads:
 
     lora[-real]-kernels           train.kernels=liger (Liger's RMSNorm, SwiGLU, RoPE; its fused linear
                                   cross-entropy, the loss an unset train.cross_entropy then resolves to)
@@ -51,7 +51,7 @@ Speed levers (`--cases speed`, issue 19), the LoRA recipe at the same cap and gl
     (with lora, lora-real as the levers-off runs). `--smoke` runs the kernels cases with train.kernels=none
     (Liger needs CUDA: the case records `smoke_kernels_off`), so the CPU smoke covers their setup.
 
-Two GPUs, Ulysses sequence parallelism (`--cases long-2gpu`, issue 19; 2 ranks under the same cap each):
+Two GPUs, Ulysses sequence parallelism (`--cases long-2gpu`; 2 ranks under the same cap each):
 
     long-2gpu-sp         the LoRA long-context recipe as shipped with distributed.sequence_parallel=2 (dp 1)
                          at 61,440 tokens (ZeRO-2: the planner's longest on 2 cards is 63,488)
@@ -60,7 +60,7 @@ Two GPUs, Ulysses sequence parallelism (`--cases long-2gpu`, issue 19; 2 ranks u
     (`context_vs_one_card`); skipped, with the reason in the results, where fewer than 2 GPUs are found;
     `--smoke` runs them on 2 gloo CPU ranks.
 
-Online RL (`--cases rl`, issue 28), the shipped GRPO recipe (configs/qwen25-7b-grpo-qlora-3090.yaml: Qwen2.5-7B
+Online RL (`--cases rl`), the shipped GRPO recipe (configs/qwen25-7b-grpo-qlora-3090.yaml: Qwen2.5-7B
 shape, random weights, QLoRA, G = 8 completions of 1,024 tokens for 2 prompts a step) under the same cap:
 
     grpo          zerofit's GRPO run of the recipe (`zerofit.train` in the child: rollouts generated inside the
@@ -249,7 +249,7 @@ RATIOS += [(f"long-{r}-{t}", f"long-hf-{r}-{t}") for t in LONG_LENGTHS for r in 
 
 # ------------------------------------------------------------------------------------------ 2 GPUs, Ulysses
 
-# Issue 19's 2-card case: the LoRA long-context recipe as shipped (its `auto` levers decided by the planner
+# The 2-card case: the LoRA long-context recipe as shipped (its `auto` levers decided by the planner
 # for the capped card) with every sequence sharded over 2 GPUs (distributed.sequence_parallel=2, dp 1, global
 # batch 1 = micro 1), each rank under the same cap, on the Llama-3.1-8B shape. The lengths are the planner's:
 #   long-2gpu-sp         ZeRO-2 as shipped (the bf16 base on both cards): 61,440 tokens, the 2-card

@@ -67,9 +67,9 @@ SPLITS = [
     Launch("ddp", "torchrun", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
     Launch("zero2-packed", "torchrun", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
     Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
-    # The memory levers (issue 16) on ZeRO-2, packed rows: every layer checkpointed with its input offloaded,
-    # every MLP in 3 token shards, the loss inside lm_head (no logits), each decoder layer compiled (issue 19:
-    # compile inside the checkpoint, the offload hooks outside it, under ZeRO-2's gradient hooks); ZeRO-3 with the tiled MLP (its MLP a
+    # The memory levers on ZeRO-2, packed rows: every layer checkpointed with its input offloaded,
+    # every MLP in 3 token shards, the loss inside lm_head (no logits), each decoder layer compiled (a speed
+    # lever: compile inside the checkpoint, the offload hooks outside it, under ZeRO-2's gradient hooks); ZeRO-3 with the tiled MLP (its MLP a
     # ZeRO-3 leaf module) and the fused loss (lm_head's weight gathered by the module's hooks).
     Launch(
         "zero2-levers",
@@ -94,7 +94,7 @@ SPLITS = [
         ),
     ),
 ]
-# Tool-calling conversations (issue 30): tiny-qwen2's real Qwen2.5 template with tools, calls and results, the
+# Tool-calling conversations: tiny-qwen2's real Qwen2.5 template with tools, calls and results, the
 # bundled demo data (~900-1200 tokens each, ragged): one big batch on one process vs FSDP2, micro 1 x GAS 4 x dp 2.
 TOOLS = (
     "model.name_or_path=tiny-qwen2",

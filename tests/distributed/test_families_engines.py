@@ -1,4 +1,4 @@
-"""Built-in families on 2 gloo ranks through the real launchers (issue 18): DeepSpeed ZeRO-2 and FSDP2, LoRA
+"""Built-in families on 2 gloo ranks through the real launchers: DeepSpeed ZeRO-2 and FSDP2, LoRA
 all-linear (the MoE models with every routed expert and the router trained), 2 steps each; every run's
 adapter exported, merged, and generated from. The FSDP2 runs and all ZeRO-2 runs but one start under
 `torchrun`; that one (Qwen3 QLoRA) under the `deepspeed` runner.

@@ -1,4 +1,4 @@
-"""GRPO with one global batch of rollouts, any split, any engine (issue 28): one curve.
+"""GRPO with one global batch of rollouts, any split, any engine: one curve.
 
 The tiny Llama in fp32 (full fine-tuning), 2 prompts x G 4 = 8 completions per step of at most 4 tokens,
 `rl.num_iterations: 2` (the old policy's log-probs kept), the user's own reward function (a module on

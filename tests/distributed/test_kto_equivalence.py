@@ -1,4 +1,4 @@
-"""KTO with one global batch, any split (issue 30): one loss curve on one process and on 2 ranks.
+"""KTO with one global batch, any split: one loss curve on one process and on 2 ranks.
 
 A tiny Llama in fp32 with LoRA (KTO's reference: the adapters off), unpaired examples whose prompt and
 completion lengths vary a lot and whose labels are mixed, global batch 8, held-out examples evaluated every

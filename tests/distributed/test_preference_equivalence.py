@@ -1,4 +1,4 @@
-"""DPO with one global batch, any split, any engine (issue 17): one loss curve, on training and held-out pairs.
+"""DPO with one global batch, any split, any engine: one loss curve, on training and held-out pairs.
 
 A tiny Llama in fp32, preference pairs whose prompt and response lengths vary a lot, global batch 8 pairs,
 held-out pairs evaluated every 2 steps, the one-process runs through the Python API (`zerofit.train`, in the

@@ -1,4 +1,4 @@
-"""Vision-language models on 2 ranks (issue 29): tiny-qwen2-vl, LoRA on the language model with the projector
+"""Vision-language models on 2 ranks: tiny-qwen2-vl, LoRA on the language model with the projector
 trained in full, on the bundled ragged image + text data (images of different sizes, text-only rows), fp32,
 global batch 4, the 2-rank runs through the real launchers (gloo):
 

@@ -60,9 +60,9 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
     small_oh = ("--steps", "1", "--warmup", "0", "--repeats", "1", "--micro", "2", "--global-batch", "4")
     return {
         # gpu_fit, one command for every case the tests read (its --smoke runs the one-process cases in its own
-        # process: one start for all): a zerofit case; the speed levers (issue 19) and HF's best at the
+        # process: one start for all): a zerofit case; the speed levers and HF's best at the
         # recipe's split; one length of the long-context set with the 2-rank Ulysses case and the 2-GPU FSDP
-        # case (skipped on CPU); GRPO (issue 28): the 3090 recipe's case (on CPU: the tiny model) against
+        # case (skipped on CPU); GRPO: the 3090 recipe's case (on CPU: the tiny model) against
         # TRL's GRPOTrainer.
         "gpu_fit": (*gpu_fit, str(tmp / "gpu_fit"), "--cases", ",".join(GPU_FIT_CASES)),
         "cpu_vs_hf": (str(BENCH / "cpu_vs_hf.py"), *small_cpu, "--json", str(tmp / "cpu_vs_hf.json")),
@@ -183,7 +183,7 @@ def test_gpu_fit_smoke_runs_the_grpo_case_and_trls(ran: dict[str, Ran]) -> None:
 
 
 def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(ran: dict[str, Ran]) -> None:
-    # kernels + compile (issue 19) and HF's best at the recipe's split; on CPU the kernels case runs with
+    # kernels + compile and HF's best at the recipe's split; on CPU the kernels case runs with
     # train.kernels=none (Liger needs CUDA), so the smoke checks the case's setup, compile, and the ratio.
     _, _, report = _gpu_fit(ran)
     by = _cases(report, "lora-kernels-compile", "hf-best")
@@ -201,7 +201,7 @@ def test_gpu_fit_smoke_runs_the_speed_lever_cases_setup(ran: dict[str, Ran]) -> 
 def test_gpu_fit_smoke_runs_the_long_context_cases_and_their_ratios(ran: dict[str, Ran]) -> None:
     # One length of the long-context set (the group `long-16k`): zerofit QLoRA and LoRA with the levers, and
     # HF's padding-free baseline for each; on CPU every length is the same tiny run, so one stands for all.
-    # With them the 2-rank Ulysses case (issue 19), which --smoke runs on 2 gloo CPU ranks, and the 2-GPU
+    # With them the 2-rank Ulysses case, which --smoke runs on 2 gloo CPU ranks, and the 2-GPU
     # FSDP case, which it cannot run: recorded as skipped with the reason, and the script still exits 0.
     result, _, report = _gpu_fit(ran)
     by = _cases(report, "long-16k", "long-2gpu-sp", "lora-2gpu-fsdp")

@@ -234,7 +234,7 @@ def test_eval_data_with_0_tokens_is_refused_before_the_model_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Eval examples whose labels are all masked (as a tampered cache entry once served) stop the run when
-    the data is loaded, with the paragraph, before a model or a checkpoint exists (issue 32)."""
+    the data is loaded, with the paragraph, before a model or a checkpoint exists."""
     from zerofit.core.errors import DataError
     from zerofit.data import Example
     from zerofit.recipe import assembly

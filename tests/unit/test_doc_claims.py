@@ -1,4 +1,4 @@
-"""Every count and duration the docs state about the bundled demos is what the files hold (issue 45: a config
+"""Every count and duration the docs state about the bundled demos is what the files hold (a config once
 said 76 chats where its file held 67, a guide called a 107-second demo "seconds", two guides still described
 `make demo` as the old 300-step tiny-llama run).
 

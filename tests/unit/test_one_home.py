@@ -99,7 +99,8 @@ def test_metrics_field_names_are_spelled_only_in_metrics_keys() -> None:
 
 
 def test_the_per_rank_field_builder_and_parser_agree() -> None:
-    assert rank_field(3, PEAK_GIB) == "mem/rank3/peak_gib"  # contract 4's name
+    # The name docs/contracts.md, metrics.jsonl, gives a rank's peak.
+    assert rank_field(3, PEAK_GIB) == "mem/rank3/peak_gib"
     assert rank_of_field(rank_field(12, PEAK_GIB), PEAK_GIB) == 12
     assert rank_of_field(rank_field(1, "allocated_gib"), PEAK_GIB) is None
     assert rank_of_field("mem/max_peak_gib", PEAK_GIB) is None

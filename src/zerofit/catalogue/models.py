@@ -207,7 +207,7 @@ _LLAMA2_7B: dict[str, Any] = {
     "eos_token_id": 2,
 }
 
-# Every popular family at a real size (issue 18), values from each model's config.json on the hub (the
+# Every popular family at a real size, values from each model's config.json on the hub (the
 # `text_config` for Gemma 3, which ships as a multimodal checkpoint; the text tower is Gemma3ForCausalLM).
 FAMILY_CATALOGUE: dict[str, dict[str, Any]] = {
     # google/gemma-2-9b: head_dim 256 (!= hidden / heads), soft-capping of attention logits (50) and of the

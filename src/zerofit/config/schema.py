@@ -476,8 +476,8 @@ class PreferenceSection(_Section):
     simpo_gamma: float | None = Field(
         None,
         ge=0,
-        description="SimPO's target reward margin gamma itself, as TRL's simpo_gamma (earlier zerofit "
-        "read this key as gamma / beta: that is simpo_gamma_beta_ratio now). Unset: "
+        description="SimPO's target reward margin gamma itself, as TRL's simpo_gamma (the same number gives "
+        "TRL's loss); a margin given as gamma / beta goes in simpo_gamma_beta_ratio. Unset: "
         "simpo_gamma_beta_ratio x beta.",
     )
     simpo_gamma_beta_ratio: float | None = Field(
@@ -507,8 +507,7 @@ class PreferenceSection(_Section):
             raise ValueError(
                 f"preference.simpo_gamma = {info.data['simpo_gamma']} is set too; set one of the two: "
                 "preference.simpo_gamma is the margin gamma itself (TRL's simpo_gamma), "
-                "preference.simpo_gamma_beta_ratio is gamma / beta (the SimPO authors' gamma_beta_ratio, and what "
-                "simpo_gamma meant in earlier zerofit)"
+                "preference.simpo_gamma_beta_ratio is gamma / beta (the SimPO authors' gamma_beta_ratio)"
             )
         return value
 

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.yaml"  # the fully resolved config
-METRICS_FILE = "metrics.jsonl"  # one JSON row per logged step (contract 4)
+METRICS_FILE = "metrics.jsonl"  # one JSON row per logged step (docs/contracts.md, metrics.jsonl)
 RUN_INFO_FILE = "run_info.json"  # config, batch plan, engine config, planner prediction, versions
 SUMMARY_FILE = "summary.json"  # the outcome, written at close
 CHECKPOINTS_DIR = "checkpoints"  # step-N/ folders (step-N.tmp/: a save in progress)

@@ -1,5 +1,5 @@
 """The names of `metrics.jsonl` fields that more than one module writes or reads (docs/contracts.md,
-contract 4).
+metrics.jsonl).
 
 A field written in one module and read back in another (the evaluation writes `eval/loss`, the checkpoint
 policy, the summary and `zerofit compare` read it; the memory telemetry writes `mem/rank{r}/peak_gib`, the

@@ -134,7 +134,7 @@ def memory_snapshot(device: torch.device) -> dict[str, float]:
 def per_rank_fields(snapshots: list[dict[str, float]]) -> dict[str, Any]:
     """Flatten one snapshot per rank (in rank order) into `mem/rank{r}/<name>` fields for logging.
 
-    Always present for every rank: `allocated_gib`, `reserved_gib`, `peak_gib` (contract 4), plus every
+    Always present for every rank: `allocated_gib`, `reserved_gib`, `peak_gib` (docs/contracts.md, metrics.jsonl), plus every
     other snapshot field. Run-level fields: `mem/source` (`cuda` or `cpu_rss`), `mem/peak_scope`
     (`since_last_log` or `since_start` for host peaks) and `mem/max_peak_gib` (the largest peak of any
     rank in this interval: the number that decides whether a configuration fits).

@@ -1,4 +1,4 @@
-"""Reading `metrics.jsonl` (docs/contracts.md, contract 4) as data that may come from elsewhere.
+"""Reading `metrics.jsonl` (docs/contracts.md, metrics.jsonl) as data that may come from elsewhere.
 
 A run folder may be copied, truncated, or not be a zerofit run at all: a line may be no UTF-8, no JSON, no
 JSON object, or a row whose `step` is no whole number >= 1. `read_rows` keeps the usable rows and names each

@@ -1,7 +1,7 @@
 """Load a finished (or running) run from disk for comparison: its config, per-step rows and outcome.
 
 Sources, in order of trust: `config.yaml` (the fully resolved config, docs/contracts.md) and
-`metrics.jsonl` (contract 4); `run_info.json` / `summary.json` (written by the metrics sinks) for extras;
+`metrics.jsonl` (docs/contracts.md, metrics.jsonl); `run_info.json` / `summary.json` (written by the metrics sinks) for extras;
 and, when `metrics.jsonl` is absent, the W&B run file under `wandb/`, read offline.
 """
 

@@ -80,7 +80,7 @@ class Scenario:
     cross_entropy: str = (
         "chunked"  # chunked | unchunked | liger | fused_linear (zerofit.token_loss.sums, fused_loss)
     )
-    # Long-context levers (issue 16): token shards of each MLP (1 = off, zerofit.levers.tiling), the checkpointed
+    # Long-context levers: token shards of each MLP (1 = off, zerofit.levers.tiling), the checkpointed
     # inputs kept in pinned host memory (zerofit.levers.offload), and under k-bit quantization whether the
     # residual stream (norms, embeddings, lm_head) is upcast to fp32 (quantization.fp32_residual); the
     # RMSNorms saving their input as it is instead of its fp32 upcast (train.lean_norm, zerofit.levers.norms).
@@ -88,7 +88,7 @@ class Scenario:
     activation_offload: bool = False
     fp32_residual: bool = True
     lean_norm: bool = False
-    # Opt-in speed levers (issue 19): train.kernels (none | liger) and train.compile; their speed factors
+    # Opt-in speed levers: train.kernels (none | liger) and train.compile; their speed factors
     # are speed.py's stated constants. Liger's RMSNorm saves what the lean norm saves (`lean_norm` is set
     # for it); its SwiGLU saves less than the eager MLP, which the memory model does not count (an upper bound).
     kernels: str = "none"

@@ -22,7 +22,7 @@ dequantizes every weight on the fly: KBIT_SLOWDOWN on the compute term.
 So a bigger micro-batch amortizes the overhead, and every checkpointed layer adds its forward again: the
 planner trades one against the other under the memory budget.
 
-The long-context levers (issue 16) add their own costs:
+The long-context levers add their own costs:
   - tiled MLP (train.tiled_mlp > 1): one more MLP forward per layer, 2 N_mlp per token (the backward
     recomputes each shard's intermediates);
   - fused_linear loss: one more lm_head matmul, 2 h V per token (the gradients are recomputed per chunk);
@@ -35,19 +35,19 @@ The long-context levers (issue 16) add their own costs:
     2 x n x tokens x h x residual bytes per micro-step at the GPU's `pcie_gbps`, on a side stream that
     overlaps compute: it costs max(0, transfer - compute) per micro-step.
 
-Ulysses sequence parallelism (issue 19, `distributed.sequence_parallel: N`): a rank computes its 1/N
+Ulysses sequence parallelism (`distributed.sequence_parallel: N`): a rank computes its 1/N
 shard of every sequence (attention over the whole sequence for 1/N of the heads: the same FLOPs per token),
 and per decoder layer 4 all-to-alls (q, k, v, the attention output) run in forward, 4 in backward and 4
 more in a checkpointed layer's recomputation, each moving (N - 1) / N of the shard's tensor at the GPU's
 `interconnect_gbps` (NVLink, else PCIe). They sit on the attention's critical path, so they are added, not
 overlapped. Stated from the vendors' bandwidths, not measured (no 2-GPU run yet).
 
-Preference tuning (issue 17): a micro-batch of m pairs is a forward and backward of 2m sequences, so
+Preference tuning: a micro-batch of m pairs is a forward and backward of 2m sequences, so
 tokens count both sequences of every pair (tokens/s included); DPO's reference with the adapters off adds a
 no-grad forward of the base, 2 N + 4 L h s per token; a precomputed reference costs nothing per step (its
 one pass before training is not in the step time).
 
-The opt-in speed levers (issue 19) multiply the sustained rate by stated factors, never fitted from
+The opt-in speed levers multiply the sustained rate by stated factors, never fitted from
 anything but measured runs: KERNEL_SPEED_FACTOR (train.kernels) and COMPILE_SPEED_FACTOR (train.compile)
 are 1.0 (no gain claimed) until a GPU run of this code measures them; the claims elsewhere (Liger's README
 ~20% throughput, torchtune #1228 ~30% faster QLoRA with compile) are not this code's measurements. The

@@ -1,5 +1,5 @@
-"""Config loading, dotted overrides, did-you-mean, and `resolve()`: every bad input of issue 2 is refused
-with one clear `ConfigError` that names the field, the value and the fix."""
+"""Config loading, dotted overrides, did-you-mean, and `resolve()`: every bad input is refused with one
+clear `ConfigError` that names the field, the value and the fix."""
 
 from __future__ import annotations
 
@@ -159,9 +159,9 @@ def test_bf16_and_fp16_both_requested() -> None:
 
 
 def test_simpo_gamma_is_trls_margin_and_gamma_over_beta_has_its_own_key() -> None:
-    """preference.simpo_gamma is TRL's simpo_gamma, the margin itself; gamma / beta (what the key meant
-    before) is preference.simpo_gamma_beta_ratio; with neither, the margin stays 0.5 x beta; both at once
-    are refused in one line naming both."""
+    """preference.simpo_gamma is TRL's simpo_gamma, the margin itself; gamma / beta is
+    preference.simpo_gamma_beta_ratio; with neither, the margin is 0.5 x beta; both at once are refused in
+    one line naming both."""
 
     def preference(*overrides: str) -> Any:
         return load_config(None, ["train.objective=simpo", "preference.beta=2", *overrides]).preference
@@ -483,7 +483,7 @@ def test_a_broken_bound_says_what_its_edge_means(override: str, named: str) -> N
     assert named in _problems([override])
 
 
-# ------------------------------------------------------------------------- values that wreck a run (issue 32)
+# ------------------------------------------------------------------------- values that wreck a run
 
 
 def _refusal(overrides: list[str], path: Path | None = DEMO) -> str:

@@ -1,4 +1,4 @@
-"""A tokenization cache entry is checked against its source (`zerofit.data.cache_check`, issue 45): a seeded
+"""A tokenization cache entry is checked against its source (`zerofit.data.cache_check`): a seeded
 sample of records tokenized again must make the entry's units, whatever digest the entry carries. Every
 loader that caches (SFT, preference pairs, KTO, image + text) is caught by it when the entry was rewritten
 with a matching digest; a genuine entry is a hit with no note."""

@@ -300,7 +300,7 @@ def test_a_cache_entry_that_fails_a_check_is_tokenized_again_and_replaced(
     monkeypatch: pytest.MonkeyPatch,
     tampering: str,
 ) -> None:
-    """An entry is checked against what it claims (issue 32): a bad one never reaches training; the data is
+    """An entry is checked against what it claims: a bad one never reaches training; the data is
     tokenized again (equal to a fresh tokenization), the note names the entry and the failed check, and the
     replacement serves the next run."""
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path / "cache"))

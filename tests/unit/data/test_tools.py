@@ -1,4 +1,4 @@
-"""Tool-calling conversations (issue 30): `tools`, assistant `tool_calls` and `tool` results in the OpenAI and the
+"""Tool-calling conversations: `tools`, assistant `tool_calls` and `tool` results in the OpenAI and the
 ShareGPT layout, rendered by the family's real template (tiny-qwen2: Qwen2.5's, tiny-llama3: Llama 3.1's) with
 `tools=`; the loss mask checked against the rendered text; a template that cannot render tools refused; the
 loss of a global batch of ragged tool conversations the same whatever the micro-batch split."""

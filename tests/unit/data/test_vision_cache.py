@@ -1,4 +1,4 @@
-"""The tokenization cache for image + text data (`zerofit.data.vision_cache`, issue 29): keyed on the images'
+"""The tokenization cache for image + text data (`zerofit.data.vision_cache`): keyed on the images'
 bytes and the processor's limits too, the pixel tensors stored as safetensors (no pickle) and checked before
 use; an edited image or a changed limit misses, a corrupted entry is refused and rebuilt."""
 
@@ -132,7 +132,7 @@ def test_pixels_rewritten_with_a_matching_digest_are_read_again(
 ) -> None:
     """An entry whose image tensors were rewritten (every pixel negated: the shapes, so the claims check,
     still hold) and whose digest was recomputed with zerofit's own function is caught by the sample check
-    against the source (issue 45): the data is read again, one note names the entry, and the rebuilt entry
+    against the source: the data is read again, one note names the entry, and the rebuilt entry
     serves the next read."""
     from safetensors.torch import load_file, save_file
 

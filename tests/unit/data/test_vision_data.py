@@ -1,4 +1,4 @@
-"""Image + text conversations for vision-language models (`zerofit.data.vision`, issue 29): the bundled tiny
+"""Image + text conversations for vision-language models (`zerofit.data.vision`): the bundled tiny
 image data through tiny-qwen2-vl's own image processor and chat template, image tokens never labelled, the
 data.max_image_tokens / data.missing_images rules, and the refusals (one paragraph each)."""
 

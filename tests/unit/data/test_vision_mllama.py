@@ -1,4 +1,4 @@
-"""Llama 3.2 Vision data (`zerofit.data.vision_mllama`, issue 29): the bundled image data through tiny-mllama's
+"""Llama 3.2 Vision data (`zerofit.data.vision_mllama`): the bundled image data through tiny-mllama's
 own image processor (tiles, aspect-ratio ids and masks) and chat template: one `<|image|>` token per image,
 never labelled; a cross-attention mask per example by transformers' rule; a micro-batch padding the images
 and masks of its rows (a row without images all off); two images in one conversation refused."""

@@ -1,4 +1,4 @@
-"""An image above the model's pixel bound is refused from its header, before it is decoded (issue 45): a
+"""An image above the model's pixel bound is refused from its header, before it is decoded: a
 13000 x 13000 PNG of one colour is 20 KB on disk and took 2.2 GiB to decode (measured on the old code, the
 same script as `test_the_refusal_decodes_nothing`); the bound follows from the processor's own size
 (`zerofit.models.vision_pixels`), `data.max_image_pixels` moves it, and `zerofit generate --image` checks it too."""

@@ -1,4 +1,4 @@
-"""Image data from `datasets` (`zerofit.data.vision_sources`, issue 29): a `save_to_disk` folder or a Parquet
+"""Image data from `datasets` (`zerofit.data.vision_sources`): a `save_to_disk` folder or a Parquet
 file with a `messages` column and an `images` column of `datasets.Image` values, and an `imagefolder` folder
 (images and a metadata.jsonl), through the same processor path as local image files; a null or undecodable
 image follows `data.missing_images`, and a folder of another layout is one paragraph naming the ones read."""

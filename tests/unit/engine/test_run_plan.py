@@ -1,4 +1,4 @@
-"""The run plan is made once and never rebuilt (issue 15's acceptance): what the launch decided after
+"""The run plan is made once and never rebuilt: what the launch decided after
 `resolve()` (the run directory as found on disk, the resume point, the data's format and epoch length)
 lands in one frozen `RunPlan`, made by `make_run_plan` only, and no code replaces a field of it or of
 the config it holds."""

@@ -1,5 +1,5 @@
 """A vision-language run's LoRA adapter exported from a mid-run checkpoint (`zerofit export RUN --step N`,
-no --merge; issue 29): the adapters sit where training put them (the language model's linears, not the
+no --merge): the adapters sit where training put them (the language model's linears, not the
 vision tower's), so the export of the last checkpoint is the run's own `adapter/`, tensor for tensor, and
 an earlier step's export loads onto the base with peft."""
 

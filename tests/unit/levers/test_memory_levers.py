@@ -1,4 +1,4 @@
-"""The memory levers of long context (issue 16), each exact: `train.tiled_mlp`, `train.activation_offload`,
+"""The memory levers of long context, each exact: `train.tiled_mlp`, `train.activation_offload`,
 `train.lean_norm`, and `quantization.fp32_residual` (whose `false` is a stated change of numerics, not an exact lever).
 
 On tiny-llama in fp32 with ragged rows: the tiled MLP, the offloaded checkpoint inputs, the lean RMSNorms

@@ -1,4 +1,4 @@
-"""The opt-in speed levers of issue 19: `train.compile` and `train.kernels`.
+"""The opt-in speed levers: `train.compile` and `train.kernels`.
 
 compile (CPU, inductor): a short one-process run with every layer compiled inside its activation checkpoint,
 with the offload hooks and the tiled MLP, follows the eager run's loss curve within 1e-5 (fp32), and the

@@ -1,4 +1,4 @@
-"""Per-rank memory telemetry: the fields of contract 4, peak reset between snapshots, the CUDA path."""
+"""Per-rank memory telemetry: the fields metrics.jsonl documents, peak reset between snapshots, the CUDA path."""
 
 from __future__ import annotations
 

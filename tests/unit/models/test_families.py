@@ -1,5 +1,5 @@
 """Every built-in model family trains, exports and generates; LoRA meanings, FSDP wrap class and chat templates
-per family (issue 18).
+per family.
 
 The tiny models are each family's own transformers class with random init (`zerofit.models.tiny`). Training runs
 in this process on the single engine (seconds each); the 2-rank ZeRO-2 and FSDP2 launches are in
@@ -300,7 +300,7 @@ def test_a_trained_router_is_kept_out_of_quantization() -> None:
 )
 def test_an_empty_target_list_says_it_names_no_module(name: str, moe: bool) -> None:
     """`lora.target_modules=[]` adapts nothing: the refusal says so and lists the accepted values, not a
-    mixture-of-experts story on a dense model (issue 32); on an MoE model the routed experts are the way out."""
+    mixture-of-experts story on a dense model; on an MoE model the routed experts are the way out."""
     with pytest.raises(ConfigError) as err:
         resolve_lora_targets(TINY_CONFIGS[name], [])
     (problem,) = err.value.problems

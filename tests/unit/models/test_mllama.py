@@ -1,4 +1,4 @@
-"""Llama 3.2 Vision in one process (`zerofit.models.mllama`, issue 29): tiny-mllama's LoRA targets (self- and
+"""Llama 3.2 Vision in one process (`zerofit.models.mllama`): tiny-mllama's LoRA targets (self- and
 cross-attention of the language model; the projector and vision tower only when asked), a row without images
 the same beside image rows as alone (its padding image), the loss exact for 8 x 1 and 2 x 4 on ragged
 image + text data, QLoRA with the tower in float and every block checkpointed, and export + generate."""

@@ -1,4 +1,4 @@
-"""Vision-language models in one process (issue 29): what LoRA trains of each built-in family (the language
+"""Vision-language models in one process: what LoRA trains of each built-in family (the language
 model; the projector and vision tower only when asked), and the loss exact whatever the split on ragged image +
 text data (images of different sizes, some rows without images): one global batch as 8 x 1, 2 x 4 and 1 x 8."""
 

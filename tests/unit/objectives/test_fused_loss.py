@@ -206,7 +206,7 @@ def test_tiny_llama_evaluates_the_same_loss_inside_lm_head() -> None:
 
 
 def test_an_evaluation_over_0_tokens_is_an_error_never_a_best_loss() -> None:
-    """Eval examples whose labels are all masked (issue 32: a tampered cache logged eval/loss 0.0 as the new
+    """Eval examples whose labels are all masked (a tampered cache once logged eval/loss 0.0 as the new
     best, and pruning deleted the real best checkpoint): refused when the data is loaded, and should they
     reach an evaluation, it raises the same paragraph instead of returning 0.0 over 0 tokens."""
     masked = [Example(e.input_ids, [IGNORE_INDEX] * len(e.labels)) for e in _ragged_examples(5)]

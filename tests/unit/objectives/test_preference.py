@@ -1,4 +1,4 @@
-"""Preference objectives in one process (issue 17): per-token log-probs, the losses, split independence,
+"""Preference objectives in one process: per-token log-probs, the losses, split independence,
 the adapters-off reference, and a tiny model learning an easy preference.
 
 Real components: the built-in tiny Llama (transformers), peft's LoRA, zerofit's SingleStrategy.
@@ -463,7 +463,7 @@ def _edited(path: Path, table: torch.Tensor, digest: str | None) -> None:
 
 
 def _stale(path: Path) -> None:
-    """The values edited, the digest as written: step 1's DPO loss went to 5.007 this way (issue 32)."""
+    """The values edited, the digest as written: step 1's DPO loss went to 5.007 this way."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
@@ -516,7 +516,7 @@ def _fresh_pass(
 def test_a_reference_cache_file_that_fails_a_check_is_computed_again(
     tampering: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A cache file is checked against its digest, shape and finiteness before use (issue 32): a bad one is
+    """A cache file is checked against its digest, shape and finiteness before use: a bad one is
     never used; the pass runs again (the values a fresh pass gives, so step 1's DPO loss, the policy being
     the reference, is ln 2), the note names the file and the check, and the new file serves the next run."""
     from zerofit.loop.evaluate import preference_evaluation
@@ -561,7 +561,7 @@ def _shifted(path: Path, nats: float) -> None:
 
 
 def test_a_bf16_reference_table_is_checked_within_its_tolerance(capsys: pytest.CaptureFixture[str]) -> None:
-    """A hit is checked against the model on a seeded sample of rows (issue 45). In bf16 the sample's
+    """A hit is checked against the model on a seeded sample of rows. In bf16 the sample's
     forwards, batched otherwise than the pass, round differently: a genuine table still passes; a half-nat
     shift of the chosen column under a matching digest does not (the tolerance is 2^-8 x (|log-prob| + 1)),
     and the table is computed again."""

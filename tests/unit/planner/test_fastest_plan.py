@@ -232,7 +232,7 @@ def test_the_chosen_plan_line_says_whether_the_run_uses_it(configured_micro: int
         assert "; a suggestion: this run uses the configured plan" in text
         assert "Configured:  micro 2 x accum 16, checkpointing all layers" in text
         assert "this run uses it (the fastest plan is 1.25x faster: set batch.micro_batch_size=auto" in text
-    # One speed-up a screen (issue 45: 1.26x over the baseline beside 1.27x over the configured plan).
+    # One speed-up a screen (not 1.26x over the baseline beside 1.27x over the configured plan).
     assert len(re.findall(r"\d\.\d\dx", text)) == 1, text
     assert ("Predicted speed-up: 1.25x" in text) == (configured_micro == 1)
 

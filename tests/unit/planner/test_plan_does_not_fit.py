@@ -1,4 +1,4 @@
-"""The screen of `zerofit plan` for a run that does not fit (issue 45): it leads with what to change, the
+"""The screen of `zerofit plan` for a run that does not fit: it leads with what to change, the
 smallest change first (the micro-batch the table already shows fits), prints every remedy's overrides whole
 at any terminal width (a user copies them), and frames nothing about an out-of-memory run as a speed tip.
 

@@ -1,4 +1,4 @@
-"""The planner per model family (issue 18): the analytic estimate against the tensor-level trace, family by
+"""The planner per model family: the analytic estimate against the tensor-level trace, family by
 family, at real shapes (the catalogue's config.json values) and at tiny shapes of the same classes.
 
 The real shapes are the acceptance set: Qwen3-8B (q/k norms), Gemma-3-12B (4 norms, q/k norms, head_dim 256,

@@ -1,4 +1,4 @@
-"""The planner knows issue 16's long-context levers: their memory terms, their speed costs, `auto` for
+"""The planner knows the long-context levers: their memory terms, their speed costs, `auto` for
 `train.tiled_mlp` / `train.activation_offload` / `train.lean_norm` decided by the chooser, and
 `zerofit plan --max-context`.
 

@@ -183,7 +183,7 @@ def test_the_four_3090_recipes_are_shipped() -> None:
     assert {
         "llama2-7b-lora-3090",
         "llama2-7b-qlora-3090",
-        "llama3-8b-qlora-3090",  # issue 31: Llama-3 QLoRA once borrowed the Llama-2 recipe (and its run_name)
+        "llama3-8b-qlora-3090",  # Llama-3 QLoRA has its own recipe and run_name, not Llama-2's
         "llama2-7b-full-zero3-offload-3090",
         "mistral-7b-lora-2x3090-fsdp",
     } <= names

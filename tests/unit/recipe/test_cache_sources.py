@@ -1,5 +1,5 @@
-"""A cache whose digest was recomputed is not trusted (issue 45): runs on the built-in tiny model, in this
-process, against the tokenization cache and DPO's precomputed reference, poisoned as the issue did it.
+"""A cache whose digest was recomputed is not trusted: runs on the built-in tiny model, in this
+process, against the tokenization cache and DPO's precomputed reference, poisoned with a matching digest.
 
     tokenization   input_ids.npy remapped through a permutation of the vocabulary, meta.json's digest
                    rewritten with zerofit's own `_content_digest`: every structural check passes

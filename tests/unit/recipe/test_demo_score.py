@@ -87,8 +87,8 @@ def test_a_run_that_learned_nothing_is_reported_as_such() -> None:
 
 
 def test_a_fact_forgotten_and_another_gained_are_both_named() -> None:
-    """Issue 45: `13/16 -> 13/16` with a `Forgotten:` line read as a count that could not stay the same; the
-    report names the fact gained too."""
+    """A fact forgotten and another gained leave the count the same (`13/16 -> 13/16`): the report names
+    the fact gained beside the `Forgotten:` line, so the unchanged count reads as the two together."""
     task, _ = _scores(['{"answer": "blue"}', '{"answer": "8"}'], [])
     probes = [
         Probe("What is the capital of Austria?", "Vienna"),

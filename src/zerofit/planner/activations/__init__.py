@@ -14,7 +14,7 @@ come from which tensors autograd saves for backward:
   - SwiGLU saves gate and up outputs and the activation's output;
   - dropout keeps a one-byte mask per element (CUDA).
 
-Per family (issue 18; the shapes come from the model class, `ModelShape`): every RMSNorm of a layer counts
+Per family (the shapes come from the model class, `ModelShape`): every RMSNorm of a layer counts
 (Gemma's 4, Qwen3's and Gemma 3's q/k norms over each head); a fused `qkv_proj` (Phi-3/4) keeps its whole
 output alive through v; sliding-window layers attend through a saved mask when the window is shorter than
 the sequence; Gemma 2's soft-capping keeps the tanh output of the attention scores (eager: transformers has

@@ -49,14 +49,14 @@ class TermKind(StrEnum):
     GRADS_WAITING = "gradients waiting"
     EMBEDDING_OUTPUT = "embedding output"
     FINAL_NORM_FORWARD = "final norm forward"
-    # Long-context levers (issue 16).
+    # Long-context levers.
     TILED_MLP_INPUT = "tiled MLP saved input"  # per token, a tiled layer keeps its MLP's input only
     MLP_SHARD = "MLP shard"  # one token shard's MLP intermediates and gradients (tiled MLP backward)
     MLP_INPUT_GRAD = "MLP input gradient"  # the tiled MLP's full-size input-gradient buffer
     OFFLOADED_INPUTS = "offloaded checkpointed inputs"  # host RAM (pinned), not the GPU
     FUSED_LOSS_TEMPORARY = "fused loss temporary"  # fused_linear: one chunk's logits work + weight cast
     FUSED_HEAD_GRAD = "fused loss head weight gradient"  # fused_linear, trainable head
-    # Preference tuning (issue 17): DPO's reference forward with the adapters off, under no_grad.
+    # Preference tuning: DPO's reference forward with the adapters off, under no_grad.
     REFERENCE_FORWARD = "reference forward"
 
 
