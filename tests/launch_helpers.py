@@ -16,6 +16,7 @@ import importlib
 import io
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -524,3 +525,33 @@ def run_and_resume(
         )
     results.update(run_launches(again, config, output_dir))
     return results
+
+
+def preference_pairs_file(path: Path, n: int, seed: int) -> Path:
+    """Pairs with prompts of 1..40 and responses of 1..50 characters: token and pair counts differ a lot
+    between micro-batches (what a per-micro-batch mean gets wrong)."""
+    rng = random.Random(seed)
+
+    def text(alphabet: str) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 25, 50])))
+
+    with path.open("w") as f:
+        for _ in range(n):
+            record = {
+                "prompt": text("abcdefgh")[:40],
+                "chosen": text("0123456789"),
+                "rejected": text("xyz!?"),
+            }
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def metric_rows(result: RunResult, keys: tuple[str, ...]) -> list[list[float]]:
+    """The `keys` of every metrics row that has the first of them (a curve of several metrics)."""
+    return [[row[k] for k in keys] for row in result.metrics if keys[0] in row]
+
+
+def max_difference(a: list[list[float]], b: list[list[float]]) -> float:
+    """The largest difference between two curves of the same shape."""
+    assert len(a) == len(b) and a, (a, b)
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))

@@ -23,14 +23,19 @@ the offline W&B run; a resumed run reads its reference from the cache instead of
 
 from __future__ import annotations
 
-import json
-import random
 import signal
-from pathlib import Path
 
 import pytest
 
-from launch_helpers import Launch, RunResult, run_launches, write_config
+from launch_helpers import (
+    Launch,
+    RunResult,
+    max_difference,
+    metric_rows,
+    preference_pairs_file,
+    run_launches,
+    write_config,
+)
 from zerofit.objectives.pairwise.loss import METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -64,25 +69,6 @@ CURVES = ("loss", *(m for m in METRICS if m != "rewards/accuracies"))
 EVAL_CURVES = ("eval/loss", *(f"eval/{m}" for m in METRICS))
 
 
-def _pairs(path: Path, n: int, seed: int) -> Path:
-    """Pairs with prompts of 1..40 and responses of 1..50 characters: token and pair counts differ a lot
-    between micro-batches (what a per-micro-batch mean gets wrong)."""
-    rng = random.Random(seed)
-
-    def text(alphabet: str) -> str:
-        return "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 25, 50])))
-
-    with path.open("w") as f:
-        for _ in range(n):
-            record = {
-                "prompt": text("abcdefgh")[:40],
-                "chosen": text("0123456789"),
-                "rejected": text("xyz!?"),
-            }
-            f.write(json.dumps(record) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("preference")
@@ -99,8 +85,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
             "lora": {"enabled": False, "dropout": 0.0},
             "preference": {"beta": 0.5},
             "data": {
-                "path": str(_pairs(root / "train.jsonl", N_PAIRS, 0)),
-                "eval_path": str(_pairs(root / "eval.jsonl", N_EVAL, 1)),
+                "path": str(preference_pairs_file(root / "train.jsonl", N_PAIRS, 0)),
+                "eval_path": str(preference_pairs_file(root / "eval.jsonl", N_EVAL, 1)),
                 "max_seq_len": MAX_LEN,
             },
             "eval": {"every_steps": 2},
@@ -116,15 +102,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return results
 
 
-def _rows(result: RunResult, keys: tuple[str, ...]) -> list[list[float]]:
-    return [[row[k] for k in keys] for row in result.metrics if keys[0] in row]
-
-
-def _close(a: list[list[float]], b: list[list[float]]) -> float:
-    assert len(a) == len(b) and a, (a, b)
-    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
-
-
 @pytest.mark.parametrize(
     "name,ref",
     [("zero2-resumed", "single"), ("zero3", "single"), ("fsdp", "single"), ("zero3-lora", "single-lora")],
@@ -132,8 +109,8 @@ def _close(a: list[list[float]], b: list[list[float]]) -> float:
 def test_one_dpo_curve_for_every_engine_and_split(runs: dict[str, RunResult], name: str, ref: str) -> None:
     run, base = runs[name], runs[ref]
     assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
-    assert _close(_rows(run, CURVES), _rows(base, CURVES)) < TOL
-    assert _close(_rows(run, EVAL_CURVES), _rows(base, EVAL_CURVES)) < TOL
+    assert max_difference(metric_rows(run, CURVES), metric_rows(base, CURVES)) < TOL
+    assert max_difference(metric_rows(run, EVAL_CURVES), metric_rows(base, EVAL_CURVES)) < TOL
     assert run.series("rewards/accuracies")[1:] == base.series("rewards/accuracies")[1:]
     assert run.series("tokens") == base.series("tokens")
     assert [row["eval/pairs"] for row in run.metrics if "eval/pairs" in row] == [N_EVAL, N_EVAL]

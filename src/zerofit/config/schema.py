@@ -24,7 +24,7 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo", "kto", "reward", "grpo"]  # train.objective
+Objective = Literal["sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -291,7 +291,7 @@ class TrainSection(_Section):
     objective: Objective = Field(
         "sft",
         description="What is learned: sft (next-token loss on the responses) or a preference objective on "
-        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo; the `preference` section), kto on unpaired "
+        "{prompt, chosen, rejected} pairs (dpo, simpo, orpo, cpo; the `preference` section), kto on unpaired "
         "{prompt, completion, label} feedback (the `kto` section), or reward: a reward model (a one-output "
         "score head) trained on the pairs with the Bradley-Terry loss (the `reward` section).",
     )
@@ -462,7 +462,7 @@ class RewardSection(_Section):
 
 
 class PreferenceSection(_Section):
-    """Preference tuning (`train.objective` dpo / simpo / orpo): the method's knobs and the reference model."""
+    """Preference tuning (`train.objective` dpo / simpo / orpo / cpo): the method's knobs and the reference model."""
 
     beta: float = Field(
         0.1, gt=0, description="Inverse temperature of the implicit reward (DPO 0.1, SimPO ~2, ORPO unused)."
@@ -487,6 +487,12 @@ class PreferenceSection(_Section):
         f"Unset, and simpo_gamma unset: {SIMPO_GAMMA_BETA_RATIO}. Set at most one of the two.",
     )
     orpo_lambda: float = Field(0.1, gt=0, description="ORPO's weight of the odds-ratio term.")
+    cpo_alpha: float = Field(
+        1.0,
+        ge=0,
+        description="CPO's weight of the NLL on the chosen response tokens (TRL's cpo_alpha); 0: the "
+        "reference-free preference loss alone.",
+    )
     orpo_prompt_loss: bool = Field(
         True,
         description="ORPO's NLL over the chosen sequence's prompt and response tokens (TRL's and the ORPO "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from zerofit.objectives.grpo import GRPO
 from zerofit.objectives.kto import KTO
 from zerofit.objectives.pairwise import DPO, ORPO, SIMPO
+from zerofit.objectives.pairwise.cpo import CPO
 from zerofit.objectives.reward_model import REWARD_MODEL
 from zerofit.objectives.sft import SFT
 from zerofit.objectives.spec import ObjectiveSpec
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["OBJECTIVES", "objective_named", "objective_of", "saved_objective"]
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
-    spec.name: spec for spec in (SFT, DPO, SIMPO, ORPO, KTO, REWARD_MODEL, GRPO)
+    spec.name: spec for spec in (SFT, DPO, SIMPO, ORPO, CPO, KTO, REWARD_MODEL, GRPO)
 }
 
 
