@@ -9,8 +9,8 @@
 - long rank-0-only work outlasts the process-group timeout without killing the run; timed saves agree.
 
 The last is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
-data loading is delayed 20 s (the fault-injection variable `ZEROFIT_FAULT_DELAY_RANK0_DATA_S`, as a long
-tokenization would be). Rank 1 waits for it through the c10d store (`Strategy.wait_for_rank0`); waiting
+data loading is delayed 20 s, as a long tokenization would be (tests/slow_rank0_data/sitecustomize.py, first
+on the ranks' PYTHONPATH, wraps zerofit's rank-0 data load with the sleep; zerofit itself has no such hook). Rank 1 waits for it through the c10d store (`Strategy.wait_for_rank0`); waiting
 inside the broadcast that follows, as before, gloo aborts after 12 s ("Timed out waiting ... for recv").
 (The delay exceeds the timeout by 8 s, more than the two ranks' start-up can differ by; both are short
 because the delay is idle time: it runs beside the full-disk launches, which use the two cores meanwhile.)
@@ -36,8 +36,8 @@ import pytest
 
 from full_disk import small_filesystem
 from launch_helpers import REPO, Launch, RunResult, run_launches, write_config
+from slow_rank0_data import sitecustomize as slow_rank0_data
 from zerofit.checkpoint import complete_checkpoints
-from zerofit.recipe.assembly import FAULT_DELAY_DATA_ENV
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -86,7 +86,10 @@ def slow_rank0(config: Path) -> Launch:
             "logging": {"wandb": {"mode": "disabled"}},
         },
     )
-    return Launch("slow-rank0", "torchrun", env={FAULT_DELAY_DATA_ENV: str(DELAY_S)}, config=job)
+    hook = Path(slow_rank0_data.__file__).parent  # its sitecustomize, ahead of the suite's own PYTHONPATH
+    pythonpath = os.pathsep.join(filter(None, (str(hook), os.environ.get("PYTHONPATH"))))
+    env = {slow_rank0_data.DELAY_ENV: str(DELAY_S), "PYTHONPATH": pythonpath}
+    return Launch("slow-rank0", "torchrun", env=env, config=job)
 
 
 FullDisk = dict[str, tuple[RunResult, Path, list[str]]]

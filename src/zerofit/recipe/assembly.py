@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,11 +238,6 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# Fault injection for tests (tests/distributed/test_failures.py): rank 0 sleeps this many seconds before
-# loading the data, as a long tokenization would. Read here and nowhere else.
-FAULT_DELAY_DATA_ENV = "ZEROFIT_FAULT_DELAY_RANK0_DATA_S"
-
-
 def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData[Any]]) -> TokenizedData[Any]:
     """`load(is_rank0)` on rank 0, then on the others: rank 0 fills the tokenization cache (with progress),
     the others read it instead of tokenizing again. A DataError on rank 0 is raised on every rank.
@@ -253,7 +246,6 @@ def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData[Any]])
     than the process-group timeout (`distributed.timeout_minutes`)."""
     problem, data = None, None
     if strategy.rank == 0:
-        time.sleep(float(os.environ.get(FAULT_DELAY_DATA_ENV) or 0))
         try:
             data = load(True)
         except DataError as exc:
