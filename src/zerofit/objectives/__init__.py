@@ -1,2 +1,3 @@
-"""What a micro-batch contributes to the loss, as token sums: SFT's (chunked, or fused inside lm_head)
-and the preference objectives (DPO, SimPO, ORPO)."""
+"""Training objectives, one slice each (sft, pairwise: dpo / simpo / orpo / cpo, kto, reward_model, grpo), and
+the registry that maps `train.objective` to its slice's spec (`registry.py`, `spec.py`): the one place an
+objective's name means anything."""
