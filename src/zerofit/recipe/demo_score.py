@@ -302,7 +302,7 @@ def score_run(
             state.update(status="importing torch and transformers")
             before()
         state.update(status=f"loading {run_dir}")
-        from zerofit.export import load_trained
+        from zerofit.trained import load_trained
 
         trained = load_trained(run_dir)
         if not trained.is_lora:
@@ -326,7 +326,7 @@ def _base_model(trained: Any) -> Iterator[Any]:
         return
     import torch
 
-    from zerofit.export.trained import load_base
+    from zerofit.trained.model import load_base
 
     yield load_base(trained.run.config, torch.float32, "cpu").eval()
 
@@ -345,8 +345,8 @@ def _score_set(
 
 
 def _loaded(run_dir: Path) -> Any:
-    """The run's trained model (`export.load_trained`), in eval mode."""
-    from zerofit.export import load_trained
+    """The run's trained model (`trained.load_trained`), in eval mode."""
+    from zerofit.trained import load_trained
 
     trained = load_trained(run_dir)
     trained.model.eval()
@@ -358,8 +358,8 @@ def score_images(run_dir: Path, images: Path) -> SetScore:
     image and prompt as one user turn (`zerofit generate --image`'s `Generator`), answered greedily."""
     import torch
 
-    from zerofit.export.generate import Generator
     from zerofit.models.build import resolve_model_path
+    from zerofit.trained.generate import Generator
 
     probes = read_probes(images)
     unnamed = next((i for i, p in enumerate(probes, 1) if p.image is None), None)

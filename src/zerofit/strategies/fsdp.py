@@ -50,7 +50,7 @@ from zerofit.strategies.base import (
 )
 from zerofit.strategies.env import LaunchEnv
 
-# A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
+# A checkpoint's layout (step-N/), written here and read back by `zerofit.trained.checkpoints`:
 DCP_DIR = "dcp"  # the torch.distributed.checkpoint folder holding {DCP_MODEL_KEY: ..., DCP_OPTIM_KEY: ...}
 DCP_MODEL_KEY, DCP_OPTIM_KEY = "model", "optim"
 EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)

@@ -729,7 +729,7 @@ _FOLDER_BOMB = """\
 import sys, time
 from pathlib import Path
 from zerofit.core.errors import ZerofitError
-from zerofit.export.trained import read_run_config
+from zerofit.trained.model import read_run_config
 from zerofit.metrics.runs import load_run
 start = time.monotonic()
 for read in (read_run_config, load_run):  # zerofit export / generate, and zerofit compare
