@@ -20,9 +20,9 @@ shows are generated whole). A run that trained little scores as it is: the repor
 measured and says when the task did not improve (it is not an error). The scoring says where it is while it
 runs (`zerofit.core.progress`: a line every 10 s off a terminal).
 
-    python -m zerofit.recipe.demo_score RUN_DIR --task data/demo_smollm2_heldout.jsonl \
+    python -m zerofit.demo.score RUN_DIR --task data/demo_smollm2_heldout.jsonl \
         --facts data/demo_smollm2_facts.jsonl
-    python -m zerofit.recipe.demo_score RUN_DIR --images data/demo-vlm-colours-heldout.jsonl
+    python -m zerofit.demo.score RUN_DIR --images data/demo-vlm-colours-heldout.jsonl
 """
 
 from __future__ import annotations
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries
 
     parser = argparse.ArgumentParser(
-        prog="python -m zerofit.recipe.demo_score", description=__doc__.split("\n\n")[0]
+        prog="python -m zerofit.demo.score", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("run_dir", type=Path, help="a finished run's folder")
     parser.add_argument("--task", type=Path, help="held-out task probes (JSON Lines), with --facts")
