@@ -107,7 +107,7 @@ def plan(
     """
     from zerofit.commands.plan import build_plan_report
     from zerofit.core.messages import quiet_libraries
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.report import check_gpu_options
 

@@ -21,7 +21,7 @@ from zerofit.config import load_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.core.messages import quiet_libraries
-from zerofit.engine import EngineSpec, render_spec
+from zerofit.engine_spec import EngineSpec, render_spec
 from zerofit.objectives.spec import ObjectiveSpec
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.report import describe_levers

@@ -9,7 +9,7 @@ builds the optimizer".
 The order is the user's: the tokenizer and the data come before the model, so a bad data file fails in
 seconds rather than after a 7B load; the run directory (and the checkpoint a resume starts from) is
 settled before either, once, on rank 0, for every rank. Once the data is loaded, the run plan is made
-(`zerofit.engine.run_plan.make_run_plan`, once): the model, the optimizer, the loop and every record of the run are
+(`zerofit.engine_spec.run_plan.make_run_plan`, once): the model, the optimizer, the loop and every record of the run are
 built from it, and nothing replaces it.
 """
 
@@ -46,8 +46,8 @@ from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
 from zerofit.data.vision import load_vision_examples
-from zerofit.engine import render_spec
-from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
+from zerofit.engine_spec import render_spec
+from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
 from zerofit.loop.reference import ReferencePass, precompute_reference
 from zerofit.loop.rollout import Rollouts

@@ -39,7 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.core.errors import ConfigError
 from zerofit.core.writes import torch_save
-from zerofit.engine.spec import FSDPSpec
+from zerofit.engine_spec.spec import FSDPSpec
 from zerofit.levers.layers import no_split_classes
 from zerofit.strategies.base import (
     OptimizerFactory,

@@ -14,7 +14,7 @@ import torch
 
 from zerofit.core.precision import torch_dtype
 from zerofit.core.writes import torch_save
-from zerofit.engine.spec import LocalSpec
+from zerofit.engine_spec.spec import LocalSpec
 from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy, check_precision
 from zerofit.strategies.env import LaunchEnv
 

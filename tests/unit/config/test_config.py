@@ -16,7 +16,7 @@ from zerofit.catalogue.presets import list_presets
 from zerofit.config import ZerofitConfig, load_config, parse_overrides
 from zerofit.config.loader import validate_config
 from zerofit.core.errors import ConfigError, ZerofitError
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.resolution import resolve
 

@@ -14,7 +14,7 @@ from config_helpers import DEMO_DATA, config
 from zerofit.cli import main
 from zerofit.config import ZerofitConfig
 from zerofit.core.errors import ConfigError
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import scenario_for
