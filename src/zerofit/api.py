@@ -109,7 +109,7 @@ def plan(
     from zerofit.core.messages import quiet_libraries
     from zerofit.engine_spec import render_spec
     from zerofit.planner import choose_fastest_plan
-    from zerofit.planner.report import check_gpu_options
+    from zerofit.planner.plan_report import check_gpu_options
 
     quiet_libraries()  # the planner imports transformers / peft / bitsandbytes
     check_gpu_options(gpu, gpu_mem)

@@ -57,7 +57,7 @@ from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.protocol import Objective
 from zerofit.objectives.spec import EXAMPLE, PROMPT, UNPAIRED, ObjectiveSpec
 from zerofit.recipe.rl import load_prompt_data, rollouts
-from zerofit.recipe.vision import vision_processor_for
+from zerofit.recipe.vision_settings import vision_processor_for
 from zerofit.resolution import ResolvedConfig
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
@@ -281,7 +281,7 @@ def _source_reader(
 ) -> Callable[[bool], TokenizedData[Any]]:
     """The load of one source on rank 0 (then the others), by the objective's unit (`ObjectiveSpec.unit`);
     the training data's cut examples are held to `data.truncation` there, so a refusal is one message
-    before any model loads. `processor`: a vision-language model's (`zerofit.recipe.vision`), else None."""
+    before any model loads. `processor`: a vision-language model's (`zerofit.recipe.vision_settings`), else None."""
     d = cfg.data
     options: dict[str, Any] = {
         "format": d.format,
