@@ -119,7 +119,7 @@ def test_no_code_writes_a_config_field_after_resolution() -> None:
 
 def test_a_run_plan_cannot_be_rebuilt_copied_with_changes_or_changed() -> None:
     plan = new_run_plan(_resolved())
-    with pytest.raises(TypeError, match=r"made once, by zerofit\.engine\.run_plan\.make_run_plan"):
+    with pytest.raises(TypeError, match=r"made once, by zerofit\.engine_spec\.run_plan\.make_run_plan"):
         dataclasses.replace(plan, run_dir=Path("elsewhere"))
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
     with pytest.raises(TypeError, match="made once"):
