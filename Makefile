@@ -71,18 +71,18 @@ format: setup
 # launch's own ranks) learns to answer as one JSON object with LoRA on DeepSpeed ZeRO-2: one rank per GPU,
 # or 2 CPU ranks without a GPU, on a free rendezvous port (deepspeed's default 29500 may be taken). Then the
 # held-out prompts are scored before (the base) and after (the adapter): the format, and facts it knew. On a
-# CPU without bfloat16 kernels the launch runs in fp32 and says why (zerofit.recipe.demo_precision).
+# CPU without bfloat16 kernels the launch runs in fp32 and says why (zerofit.demo.precision).
 DEMO_CONFIG := configs/demo-smollm2.yaml
 demo: setup
 	@n=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "$$n" -gt 0 ] 2>/dev/null || n=2; \
 	port=$$($(PY) -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"); \
 	echo "zerofit demo: $(DEMO_CONFIG) on $$n rank(s) ($(DS_ACCELERATOR)), rendezvous port $$port"; \
-	precision=$$($(PY) -m zerofit.recipe.demo_precision $(DS_ACCELERATOR)) || exit 1; \
+	precision=$$($(PY) -m zerofit.demo.precision $(DS_ACCELERATOR)) || exit 1; \
 	echo "Starting DeepSpeed's launcher: each rank loads torch, transformers and DeepSpeed, then says what it does"; \
 	$(VENV)/bin/deepspeed --master_port $$port --num_gpus $$n launchers/launch_finetune.py --config $(DEMO_CONFIG) $$precision $(DEMO_ARGS) \
 	  && run=$$(ls -td runs/demo-smollm2-json*/ | head -1) \
 	  && echo "" && echo "Scoring held-out prompts, base model vs trained adapter (greedy):" \
-	  && $(PY) -m zerofit.recipe.demo_score $$run --task data/demo_smollm2_heldout.jsonl --facts data/demo_smollm2_facts.jsonl \
+	  && $(PY) -m zerofit.demo.score $$run --task data/demo_smollm2_heldout.jsonl --facts data/demo_smollm2_facts.jsonl \
 	  && echo "" && echo "Results in $$run: metrics.jsonl (per-step loss, lr, grad norm, memory), config.yaml," \
 	  && echo "  ds_config.json (what DeepSpeed ran with), adapter/ (the trained LoRA), wandb/ (offline run)." \
 	  && echo "" && echo "The zerofit command is in $(VENV): in each new shell, run  source $(VENV)/bin/activate  first." \

@@ -104,7 +104,7 @@ def resolved_case(args: argparse.Namespace, cap: float, *extra: str) -> Any:
 
 
 def predicted_total(resolved: Any) -> float:
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for
 

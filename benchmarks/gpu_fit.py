@@ -354,7 +354,7 @@ def run_case(
     from zerofit.catalogue.models import model_config_dict
     from zerofit.config import load_config
     from zerofit.core.errors import ConfigError
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.scenario import scenario_for
     from zerofit.planner.search.budget import Budget
@@ -522,7 +522,7 @@ def run_grpo_case(
 
     import zerofit
     from zerofit.config import load_config
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for

@@ -120,7 +120,7 @@ def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     """Train the run through `zerofit.train`, then score the base (adapters off) and the trained model."""
     import zerofit
     from zerofit.config import load_config
-    from zerofit.export.trained import load_trained
+    from zerofit.trained.model import load_trained
 
     overrides = [*REAL, *(SMOKE if args.smoke else ())]
     where = [f"output_dir={runs}", "run_name=grpo-real"]

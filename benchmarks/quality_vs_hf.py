@@ -16,7 +16,7 @@ and both trained models (and the base, once: the HF model with its adapters disa
   heldout_loss      mean cross-entropy per label token on the held-out task prompts (`--task`), each as a
                     chat whose reply is the expected `{"answer": "..."}`, read by the same loader
   task_format       held-out prompts answered greedily as exactly one `{"answer": "..."}` object
-                    (`zerofit.recipe.demo_score`: the demo's scorer)
+                    (`zerofit.demo.score`: the demo's scorer)
   facts_kept        held-out questions the base model answers right (`--facts`), still answered right
 
 Time per step: the wall and process-CPU seconds of every optimizer step after the first (warm-up), and the
@@ -88,7 +88,7 @@ def heldout_loss(model: Any, examples: list[Any]) -> dict[str, float]:
 
 def scores(model: Any, tokenizer: Any, held_out: HeldOut) -> dict[str, Any]:
     """Held-out loss, task format compliance and kept facts of `model` (greedy replies, the demo's scorer)."""
-    from zerofit.recipe.demo_score import follows_format, generate_replies, knows
+    from zerofit.demo.score import follows_format, generate_replies, knows
 
     model.eval()
     task = generate_replies(model, tokenizer, [p.prompt for p in held_out.task])
@@ -108,7 +108,7 @@ class HeldOut:
 
     def __init__(self, task: Path, facts: Path, tokenizer: Any, max_seq_len: int, limit: int | None) -> None:
         from zerofit.data.sft import load_examples
-        from zerofit.recipe.demo_score import read_probes
+        from zerofit.demo.score import read_probes
 
         self.task, self.facts = read_probes(task)[:limit], read_probes(facts)[:limit]
         with tempfile.TemporaryDirectory() as tmp:

@@ -7,8 +7,8 @@ from typing import Any
 
 from zerofit.config import ZerofitConfig, load_config
 from zerofit.config.loader import validate_config
-from zerofit.engine import LocalSpec, render_spec
-from zerofit.engine.run_plan import RunPlan, make_run_plan
+from zerofit.engine_spec import LocalSpec, render_spec
+from zerofit.engine_spec.run_plan import RunPlan, make_run_plan
 from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy

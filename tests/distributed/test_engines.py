@@ -30,7 +30,7 @@ from launch_helpers import (
     write_config,
 )
 from zerofit.config import load_config
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.resolution import resolve
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -14,7 +14,7 @@ import pytest
 from zerofit.catalogue.presets import list_presets
 from zerofit.cli import main
 from zerofit.config import load_config
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     shipped = {f"zerofit/ds_configs/{p.name}" for p in (REPO / "ds_configs").glob("*.json")}
     assert len(shipped) == len(list_presets()) >= 8
     assert shipped <= names
-    assert "zerofit/engine/render.py" in names and "zerofit/config/batching.py" in names
+    assert "zerofit/engine_spec/render.py" in names and "zerofit/config/batching.py" in names
 
 
 # ----------------------------------------------------------------------------------------- export, generate

@@ -42,7 +42,7 @@ sys.path.insert(0, sys.argv[1])
 from config_helpers import DEMO_DATA, new_run_plan
 from zerofit.config import load_config
 from zerofit.resolution import resolve
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.strategies import build_strategy
 from zerofit.models.build import build_model, load_tokenizer
 import zerofit.recipe.assembly, zerofit.recipe.run, zerofit.loop.train, zerofit.strategies.fsdp, zerofit.strategies.ddp

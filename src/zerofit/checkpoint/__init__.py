@@ -3,7 +3,7 @@
 - `manifest`: what a complete checkpoint holds (files, sizes, checksums, config, batch plan) and `verify`.
 - `checkpointer`: `Checkpointer` saves through the strategy and loads a verified checkpoint.
 - `resume`: which run directory a launch writes and which checkpoint it resumes from (before any model load).
-- `final_export`: `adapter/` or `model/` at the end of a run (reading a run back is `zerofit.export`).
+- `final_export`: `adapter/` or `model/` at the end of a run (reading a run back is `zerofit.trained`, writing an export `zerofit.export`).
 """
 
 from zerofit.checkpoint.checkpointer import CHECKPOINTS, Checkpointer, complete_checkpoints

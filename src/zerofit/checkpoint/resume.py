@@ -58,7 +58,7 @@ from zerofit.core.run_layout import (
     RunLayout,
     run_dir_of,
 )
-from zerofit.engine.run_plan import ResumePoint, RunDirDecision, RunPlan
+from zerofit.engine_spec.run_plan import ResumePoint, RunDirDecision, RunPlan
 from zerofit.metrics.history import rewind_metrics
 from zerofit.resolution import ResolvedConfig
 from zerofit.strategies.base import Strategy
@@ -572,7 +572,7 @@ def settle_run_dir(
     resolved: ResolvedConfig, strategy: Strategy, config_file: str | None = None
 ) -> RunDirDecision:
     """The run name this launch writes under and the checkpoint it resumes from (collective; rank 0 decides,
-    every rank gets the same answer). Nothing is written: `zerofit.engine.run_plan.make_run_plan` records it.
+    every rank gets the same answer). Nothing is written: `zerofit.engine_spec.run_plan.make_run_plan` records it.
 
     A refusal is raised on every rank, so every rank exits with the same message.
     """

@@ -5,7 +5,7 @@ encodes the prompt as its training encoded prompts (the chat template when the r
 `data.format: messages`); a model as `model.name_or_path` takes it (a built-in name such as
 smollm2-135m-instruct, a hub id, a local Hugging Face folder) gets its tokenizer's chat template when it has
 one. Decoding is greedy unless `--temperature` is given, and only the new text is printed on stdout. See
-`zerofit.export.generate`.
+`zerofit.trained.generate`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_deepspeed_on_cpu()
     quiet_libraries()
     from zerofit.checkpoint.policy import resolve_step
-    from zerofit.export.generate import load_generator
+    from zerofit.trained.generate import load_generator
 
     step = resolve_step(Path(args.path), args.step) if args.step is not None else None
     generator = load_generator(

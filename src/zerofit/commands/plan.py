@@ -21,10 +21,10 @@ from zerofit.config import load_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.core.messages import quiet_libraries
-from zerofit.engine import EngineSpec, render_spec
+from zerofit.engine_spec import EngineSpec, render_spec
 from zerofit.objectives.spec import ObjectiveSpec
 from zerofit.planner import choose_fastest_plan
-from zerofit.recipe.report import describe_levers
+from zerofit.recipe.run_report import describe_levers
 from zerofit.resolution import ResolvedConfig, resolve
 
 
@@ -114,7 +114,7 @@ def _memory(resolved: ResolvedConfig, spec: Any, memory_options: Any) -> dict[st
     (`zerofit.data.image_rows`; the worst case without readable data)."""
     from zerofit.data.image_rows import plan_images
     from zerofit.planner.images import observed_images
-    from zerofit.planner.report import memory_report
+    from zerofit.planner.plan_report import memory_report
 
     with observed_images(plan_images(resolved.config)):
         return memory_report(resolved, spec, **memory_options)
@@ -232,7 +232,7 @@ def print_report(report: dict[str, Any], objective: ObjectiveSpec, console: Cons
     if "rl" in report:
         print_rl(report["rl"], console)
     if "memory" in report:
-        from zerofit.planner.report import print_memory
+        from zerofit.planner.plan_report import print_memory
 
         print_memory(report["memory"], objective, console)
     lora = report.get("lora")
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
     quiet_libraries()  # the planner imports transformers/peft/bitsandbytes; their chatter would bury the plan
-    from zerofit.planner.report import check_gpu_options
+    from zerofit.planner.plan_report import check_gpu_options
 
     check_gpu_options(args.gpu, args.gpu_mem)
     overrides = list(args.overrides)

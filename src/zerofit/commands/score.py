@@ -3,7 +3,7 @@
 For a run trained with `train.objective: reward` (or its merged export): the response is encoded as training
 encoded a pair's chosen answer to the prompt (`--chat`: as a user turn and an assistant turn through the chat
 template, as conversational pairs train), and the score head's output is printed on stdout, one number
-(higher: preferred). See `zerofit.export.score`.
+(higher: preferred). See `zerofit.trained.score`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_deepspeed_on_cpu()
     quiet_libraries()
     from zerofit.checkpoint.policy import resolve_step
-    from zerofit.export.score import load_scorer
+    from zerofit.trained.score import load_scorer
 
     step = resolve_step(Path(args.path), args.step) if args.step is not None else None
     scorer = load_scorer(

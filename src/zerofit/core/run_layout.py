@@ -22,6 +22,7 @@ __all__ = [
     "CONFIG_FILE",
     "DAMAGED_SUFFIX",
     "ENGINE_FILES",
+    "EXPORT_INFO",
     "LOCK_FILE",
     "METRICS_FILE",
     "MODEL_DIR",
@@ -52,6 +53,9 @@ MODEL_DIR = "model"  # the final export of a full fine-tuning run
 # Beside a LoRA adapter (adapter/ and `zerofit export`'s): the base model as a user names it on another
 # machine (adapter_config.json's base_model_name_or_path is the path this machine loaded it from).
 BASE_MODEL_FILE = "zerofit_base_model.json"
+# In every `zerofit export` folder: its marker (source run, kind, config, the files it wrote), written by
+# `zerofit.export` and read back by `zerofit.trained` (generate, score).
+EXPORT_INFO = "zerofit_export.json"
 WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
 WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
 

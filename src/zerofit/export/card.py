@@ -17,8 +17,8 @@ import yaml
 
 from zerofit.catalogue.models import PRETRAINED_HUB_IDS, is_tiny_model
 from zerofit.config.rules.model import adaptation_method
-from zerofit.export.checkpoints import WeightsSource
-from zerofit.export.trained import RunConfig
+from zerofit.trained.checkpoints import WeightsSource
+from zerofit.trained.model import RunConfig
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig

@@ -28,7 +28,6 @@ from zerofit.core.file_modes import follow_umask
 from zerofit.core.precision import DTYPES, torch_dtype
 from zerofit.core.progress import progress
 from zerofit.export.card import model_card
-from zerofit.export.checkpoints import WeightsSource, find_weights, read_checkpoint
 from zerofit.export.out_folder import (
     EXPORT_INFO,
     FILES_KEY,
@@ -38,10 +37,11 @@ from zerofit.export.out_folder import (
     unwritable_out,
     written_files,
 )
-from zerofit.export.trained import RunConfig, build_trained, read_run_config, tokenizer_for, with_run_adapters
 from zerofit.models.build import resolve_model_path
 from zerofit.models.vision import save_image_processor
 from zerofit.objectives.registry import objective_of
+from zerofit.trained.checkpoints import WeightsSource, find_weights, read_checkpoint
+from zerofit.trained.model import RunConfig, build_trained, read_run_config, tokenizer_for, with_run_adapters
 
 __all__ = [
     "EXPORT_INFO",

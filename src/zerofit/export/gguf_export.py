@@ -25,7 +25,6 @@ from pathlib import Path
 from zerofit.core.errors import ConfigError
 from zerofit.core.progress import progress
 from zerofit.export.card import model_card
-from zerofit.export.checkpoints import WeightsSource, find_weights
 from zerofit.export.folder import merged_model
 from zerofit.export.gguf_writer import DEFAULT_QUANT, GGUFFile, check_architecture, check_quant, write_gguf
 from zerofit.export.modelfile import modelfile
@@ -38,10 +37,11 @@ from zerofit.export.out_folder import (
     check_out,
     unwritable_out,
 )
-from zerofit.export.trained import RunConfig, read_run_config, tokenizer_for
 from zerofit.models.build import resolve_model_path
 from zerofit.models.heads import refuse_reward_model
 from zerofit.models.hub import hub_errors
+from zerofit.trained.checkpoints import WeightsSource, find_weights
+from zerofit.trained.model import RunConfig, read_run_config, tokenizer_for
 
 __all__ = ["MODELFILE", "GGUFExportResult", "export_gguf"]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from zerofit.core.errors import ConfigError
 from zerofit.core.messages import warn
-from zerofit.core.run_layout import BASE_MODEL_FILE
+from zerofit.core.run_layout import BASE_MODEL_FILE, EXPORT_INFO
 from zerofit.export.gguf_writer import QUANTS
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "written_files",
 ]
 
-EXPORT_INFO = "zerofit_export.json"  # every export's marker: source run, kind, config, the files it wrote
 FILES_KEY = "files"  # its listing of the files the export wrote (relative POSIX paths)
 MODEL_CARD = "README.md"
 MODELFILE = "Modelfile"  # a GGUF export's Ollama Modelfile

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zerofit.engine.run_plan import RunPlan
+    from zerofit.engine_spec.run_plan import RunPlan
 
 # Libraries whose version changes numerics or memory; the rest are noise.
 _LIBRARIES = ("zerofit", "torch", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "wandb")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerofit.core.run_layout import RunLayout
-from zerofit.engine.run_plan import RunPlan
+from zerofit.engine_spec.run_plan import RunPlan
 from zerofit.metrics.base import JsonlSink, MetricsSink, MultiSink, NullSink
 from zerofit.metrics.run_info import git_commit, library_versions, planner_prediction
 from zerofit.metrics.summary import RunFilesSink, predicted_peak_gib

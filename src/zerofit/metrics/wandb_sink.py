@@ -36,7 +36,7 @@ from typing import Any
 from zerofit.config.rules.training import wandb_key_configured
 from zerofit.core.messages import say
 from zerofit.core.run_layout import RunLayout
-from zerofit.engine.run_plan import RunPlan
+from zerofit.engine_spec.run_plan import RunPlan
 from zerofit.metrics.summary import (
     RunSummary,
     next_tokens_seen,

@@ -27,7 +27,7 @@ from zerofit.planner.shapes import LoraShape, lora_shape
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
-    from zerofit.engine.spec import EngineSpec
+    from zerofit.engine_spec.spec import EngineSpec
 
 
 # The MLP token shard counts the planner weighs (1 = off): `train.tiled_mlp: auto` (`search.lever_variants`)
@@ -271,7 +271,7 @@ def scenario_for(
     `grad_accum_steps` override the spec's split (the micro-batch search varies them; nothing else about
     the engine depends on the split).
     """
-    from zerofit.engine.spec import DeepSpeedSpec, FSDPSpec
+    from zerofit.engine_spec.spec import DeepSpeedSpec, FSDPSpec
 
     cfg = config
     t = cfg.train
@@ -410,7 +410,7 @@ def what_if(
     `grad_accum_steps` with the global batch it makes (None: derived from the config's global batch);
     `auto` checkpointing as every layer, `auto` tiling, offload and lean norm off. Raises `ConfigError` when `resolve()` refuses the candidate.
     """
-    from zerofit.engine.render import render_spec
+    from zerofit.engine_spec.render import render_spec
     from zerofit.resolution import resolve
 
     overrides = list(overrides)

@@ -9,7 +9,7 @@ builds the optimizer".
 The order is the user's: the tokenizer and the data come before the model, so a bad data file fails in
 seconds rather than after a 7B load; the run directory (and the checkpoint a resume starts from) is
 settled before either, once, on rank 0, for every rank. Once the data is loaded, the run plan is made
-(`zerofit.engine.run_plan.make_run_plan`, once): the model, the optimizer, the loop and every record of the run are
+(`zerofit.engine_spec.run_plan.make_run_plan`, once): the model, the optimizer, the loop and every record of the run are
 built from it, and nothing replaces it.
 """
 
@@ -44,8 +44,8 @@ from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
 from zerofit.data.vision import load_vision_examples
-from zerofit.engine import render_spec
-from zerofit.engine.run_plan import DataFacts, RunPlan, make_run_plan
+from zerofit.engine_spec import render_spec
+from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
 from zerofit.loop.reference import ReferencePass, precompute_reference
 from zerofit.loop.rollout import Rollouts
@@ -55,7 +55,7 @@ from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.protocol import Objective
 from zerofit.objectives.spec import EXAMPLE, PROMPT, UNPAIRED, ObjectiveSpec
 from zerofit.recipe.rl import load_prompt_data, rollouts
-from zerofit.recipe.vision import vision_processor_for
+from zerofit.recipe.vision_settings import vision_processor_for
 from zerofit.resolution import ResolvedConfig
 from zerofit.strategies import build_strategy
 from zerofit.strategies.base import Strategy
@@ -273,7 +273,7 @@ def _source_reader(
 ) -> Callable[[bool], TokenizedData[Any]]:
     """The load of one source on rank 0 (then the others), by the objective's unit (`ObjectiveSpec.unit`);
     the training data's cut examples are held to `data.truncation` there, so a refusal is one message
-    before any model loads. `processor`: a vision-language model's (`zerofit.recipe.vision`), else None."""
+    before any model loads. `processor`: a vision-language model's (`zerofit.recipe.vision_settings`), else None."""
     d = cfg.data
     options: dict[str, Any] = {
         "format": d.format,

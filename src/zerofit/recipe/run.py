@@ -31,8 +31,8 @@ from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher
 from zerofit.metrics.keys import LOSS
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.lost_rank import EXIT_PEER_LOST, peer_lost
-from zerofit.recipe.report import best_line, format_plan
-from zerofit.recipe.vision import names_vision_model, refuse_vision_settings
+from zerofit.recipe.run_report import best_line, format_plan
+from zerofit.recipe.vision_settings import names_vision_model, refuse_vision_settings
 from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.env import LaunchEnv, launch_env
 from zerofit.strategies.peers import collective_failure

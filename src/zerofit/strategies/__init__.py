@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from zerofit.strategies.env import LaunchEnv, launch_env
 
 if TYPE_CHECKING:
-    from zerofit.engine.spec import EngineSpec
+    from zerofit.engine_spec.spec import EngineSpec
     from zerofit.strategies.base import Strategy
 
 __all__ = ["LaunchEnv", "Strategy", "build_strategy", "launch_env"]
@@ -30,7 +30,7 @@ def build_strategy(spec: EngineSpec) -> Strategy:
 
 def _engine(spec: EngineSpec) -> Strategy:
     """The engine's strategy for `spec` (its constructor starts the process group)."""
-    from zerofit.engine.spec import DeepSpeedSpec, FSDPSpec, LocalSpec
+    from zerofit.engine_spec.spec import DeepSpeedSpec, FSDPSpec, LocalSpec
 
     env = launch_env()
     if isinstance(spec, DeepSpeedSpec):

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import LaunchError
 from zerofit.core.precision import torch_dtype
-from zerofit.engine.spec import EngineSpec
+from zerofit.engine_spec.spec import EngineSpec
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.peers import RankProcess
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from zerofit.engine.spec import LocalSpec
+from zerofit.engine_spec.spec import LocalSpec
 from zerofit.strategies.base import backend_for
 from zerofit.strategies.env import LaunchEnv
 from zerofit.strategies.single import SingleStrategy

@@ -35,7 +35,7 @@ from zerofit.core.errors import LaunchError, ResumeError
 from zerofit.core.messages import say
 from zerofit.core.progress import progress
 from zerofit.core.writes import WriteGuard
-from zerofit.engine.spec import DeepSpeedSpec
+from zerofit.engine_spec.spec import DeepSpeedSpec
 from zerofit.strategies.base import (
     OptimizerFactory,
     SchedulerFactory,

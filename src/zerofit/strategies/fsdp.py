@@ -39,7 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.core.errors import ConfigError
 from zerofit.core.writes import torch_save
-from zerofit.engine.spec import FSDPSpec
+from zerofit.engine_spec.spec import FSDPSpec
 from zerofit.levers.layers import no_split_classes
 from zerofit.strategies.base import (
     OptimizerFactory,
@@ -50,7 +50,7 @@ from zerofit.strategies.base import (
 )
 from zerofit.strategies.env import LaunchEnv
 
-# A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
+# A checkpoint's layout (step-N/), written here and read back by `zerofit.trained.checkpoints`:
 DCP_DIR = "dcp"  # the torch.distributed.checkpoint folder holding {DCP_MODEL_KEY: ..., DCP_OPTIM_KEY: ...}
 DCP_MODEL_KEY, DCP_OPTIM_KEY = "model", "optim"
 EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)

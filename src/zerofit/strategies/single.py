@@ -14,11 +14,11 @@ import torch
 
 from zerofit.core.precision import torch_dtype
 from zerofit.core.writes import torch_save
-from zerofit.engine.spec import LocalSpec
+from zerofit.engine_spec.spec import LocalSpec
 from zerofit.strategies.base import OptimizerFactory, SchedulerFactory, Strategy, check_precision
 from zerofit.strategies.env import LaunchEnv
 
-# A checkpoint's layout (step-N/), written here and read back by `zerofit.export.checkpoints`:
+# A checkpoint's layout (step-N/), written here and read back by `zerofit.trained.checkpoints`:
 STATE_FILE = "state.pt"  # torch.save of {STATE_MODEL_KEY: the trainable tensors, "optimizer": ..., ...}
 STATE_MODEL_KEY = "model"
 

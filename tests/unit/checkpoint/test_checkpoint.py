@@ -28,8 +28,8 @@ from zerofit.config import load_config
 from zerofit.config.schema import CheckpointSection
 from zerofit.core.errors import ConfigError, ResumeError
 from zerofit.core.run_layout import LOCK_FILE
-from zerofit.engine import render_spec
-from zerofit.engine.run_plan import RunPlan, make_run_plan
+from zerofit.engine_spec import render_spec
+from zerofit.engine_spec.run_plan import RunPlan, make_run_plan
 from zerofit.metrics.history import rewind_metrics
 from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.single import SingleStrategy

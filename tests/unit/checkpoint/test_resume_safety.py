@@ -23,11 +23,12 @@ from zerofit.checkpoint import MANIFEST, checkpoint_record
 from zerofit.checkpoint.resume import find_resume_point
 from zerofit.config import load_config
 from zerofit.core.errors import ResumeError, RunFinished, ZerofitError
-from zerofit.export import checkpoints as export_checkpoints
-from zerofit.export import export_run, read_checkpoint
-from zerofit.export.generate import load_generator
+from zerofit.export import export_run
 from zerofit.resolution import ResolvedConfig, resolve
 from zerofit.strategies.optim import lr_multiplier
+from zerofit.trained import checkpoints as trained_checkpoints
+from zerofit.trained import read_checkpoint
+from zerofit.trained.generate import load_generator
 
 LR, STEPS = 3e-3, 4
 BASE: dict[str, Any] = {
@@ -370,13 +371,13 @@ def test_a_checkpoint_pruned_while_it_is_read_is_read_from_the_snapshot(
     run_dir = _copy(run, tmp_path)
     folder = run_dir / "checkpoints" / "step-2"
     expected = read_checkpoint(folder)
-    real = export_checkpoints._read_layout
+    real = trained_checkpoints._read_layout
 
     def pruned_meanwhile(copy: Path, named: Path) -> dict[str, torch.Tensor]:
         shutil.rmtree(folder)  # a running training's keep_last prunes it right after the snapshot
         return real(copy, named)
 
-    monkeypatch.setattr(export_checkpoints, "_read_layout", pruned_meanwhile)
+    monkeypatch.setattr(trained_checkpoints, "_read_layout", pruned_meanwhile)
     state = read_checkpoint(folder)
     assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state)
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".step-2.read-")]  # no leftovers
@@ -389,7 +390,7 @@ def test_a_checkpoint_pruned_while_it_is_read_is_read_from_the_snapshot(
 def test_generate_during_training_rereads_the_newest_when_the_one_picked_is_pruned(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from zerofit.export import trained
+    from zerofit.trained import model as trained
 
     run_dir = _copy(run, tmp_path)
     shutil.rmtree(run_dir / "adapter")  # no final export: the newest weights are the newest checkpoint

@@ -16,7 +16,7 @@ from zerofit.catalogue.presets import list_presets
 from zerofit.config import ZerofitConfig, load_config, parse_overrides
 from zerofit.config.loader import validate_config
 from zerofit.core.errors import ConfigError, ZerofitError
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.resolution import resolve
 
@@ -729,7 +729,7 @@ _FOLDER_BOMB = """\
 import sys, time
 from pathlib import Path
 from zerofit.core.errors import ZerofitError
-from zerofit.export.trained import read_run_config
+from zerofit.trained.model import read_run_config
 from zerofit.metrics.runs import load_run
 start = time.monotonic()
 for read in (read_run_config, load_run):  # zerofit export / generate, and zerofit compare

@@ -85,7 +85,7 @@ def test_many_cut_examples_are_said_with_the_length_that_keeps_95_percent_whole(
     once with the data.max_seq_len that keeps 95% whole; data.truncation=error refuses instead."""
     from zerofit.config import load_config
     from zerofit.data.truncation import check_truncation
-    from zerofit.recipe.report import truncation_warning
+    from zerofit.recipe.run_report import truncation_warning
 
     # The tiny tokenizer spells one character per token: an example is bos + prompt + response + eos.
     lines = [_pair("p", "r" * n) for n in range(1, 13)] + [_pair("pp", "r" * (20 + n)) for n in range(8)]
@@ -178,7 +178,7 @@ def test_demo_data_loads_whole_and_short(tok: Any) -> None:
 
 
 def test_empty_responses_are_dropped_counted_and_named_in_the_data_line(tmp_path: Path, tok: Any) -> None:
-    from zerofit.recipe.report import describe_data
+    from zerofit.recipe.run_report import describe_data
 
     lines = [
         _pair("a", "b"),
@@ -213,7 +213,7 @@ def test_a_source_with_mostly_empty_responses_is_refused(tmp_path: Path, tok: An
 
 
 def test_empty_responses_can_be_kept_or_refused(tmp_path: Path, tok: Any) -> None:
-    from zerofit.recipe.report import describe_data
+    from zerofit.recipe.run_report import describe_data
 
     path = _write(tmp_path, [_pair("a", "b"), _pair("c", ""), _pair("d", "e")])
     examples, stats = load_sft_dataset(path, tok, 64, empty_responses="keep")

@@ -152,7 +152,7 @@ def test_identical_and_empty_pairs_are_dropped_and_counted(tok: Any, tmp_path: P
     s = data.stats
     assert (s.n_examples, s.n_identical, s.n_empty, s.n_dropped) == (6, 2, 1, 3)
     assert data.records == list(range(6))
-    from zerofit.recipe.report import describe_data
+    from zerofit.recipe.run_report import describe_data
 
     assert describe_data("d.jsonl", s, 32) == (
         "d.jsonl [preference, detected]: 6 pairs (0 truncated to 32 tokens per sequence, 0 with the prompt cut "

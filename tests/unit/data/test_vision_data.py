@@ -20,7 +20,7 @@ from zerofit.models.tiny_vision import ensure_tiny_vlm
 from zerofit.models.vision import VisionProcessor, load_vision_processor
 from zerofit.objectives.pairwise import DPO
 from zerofit.objectives.sft import SFT
-from zerofit.recipe.vision import vision_processor_for
+from zerofit.recipe.vision_settings import vision_processor_for
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "data" / "demo-vlm.jsonl"
@@ -166,7 +166,7 @@ def test_zero3_is_refused_in_one_paragraph_naming_what_works() -> None:
     before any model loads, naming the preset and the engines that train vision-language models."""
     from config_helpers import config
     from zerofit.core.errors import ConfigError
-    from zerofit.recipe.vision import vision_processor_for
+    from zerofit.recipe.vision_settings import vision_processor_for
 
     cfg = config(
         {

@@ -22,7 +22,7 @@ from zerofit.models.tiny_vision import ensure_tiny_vlm
 from zerofit.models.vision import load_vision_processor
 from zerofit.models.vision_pixels import FLOOR, MARGIN, pixel_bound, processor_largest_pixels
 from zerofit.objectives.sft import SFT
-from zerofit.recipe.vision import vision_processor_for
+from zerofit.recipe.vision_settings import vision_processor_for
 
 BASE = {"model": {"name_or_path": "tiny-qwen2-vl"}, "distributed": {"strategy": "single"}}
 HUGE = 13000  # pixels a side: 169 M pixels, under Pillow's own refusal (179 M), which only warns
@@ -122,7 +122,7 @@ from config_helpers import config
 from zerofit.data.vision import load_vision_examples
 from zerofit.models.build import load_tokenizer
 from zerofit.objectives.sft import SFT
-from zerofit.recipe.vision import vision_processor_for
+from zerofit.recipe.vision_settings import vision_processor_for
 cfg = config({BASE!r}, data={{"path": {str(path)!r}}})
 processor = vision_processor_for(cfg, load_tokenizer(cfg), SFT)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -18,7 +18,7 @@ import pytest
 from zerofit.checkpoint.manifest import MANIFEST
 from zerofit.cli import main as cli
 from zerofit.core.errors import ConfigError
-from zerofit.export import find_weights, read_checkpoint, read_run_config
+from zerofit.trained import find_weights, read_checkpoint, read_run_config
 
 
 def _checkpoint(run: Path, step: int, complete: bool = True, suffix: str = "") -> Path:

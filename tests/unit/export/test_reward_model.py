@@ -21,9 +21,9 @@ import zerofit
 from zerofit.cli import main
 from zerofit.core.errors import ConfigError
 from zerofit.export import export_run
-from zerofit.export.generate import load_generator
-from zerofit.export.score import Scorer, load_scorer
 from zerofit.objectives.reward_model.loss import pair_rewards
+from zerofit.trained.generate import load_generator
+from zerofit.trained.score import Scorer, load_scorer
 
 pytestmark = pytest.mark.slow
 
@@ -66,8 +66,8 @@ def _accuracy(scorer: Scorer) -> float:
 
 def test_the_trained_model_ranks_held_out_pairs(run_dir: Path) -> None:
     from zerofit.api import read_result
-    from zerofit.export.trained import read_run_config
     from zerofit.models.build import build_model
+    from zerofit.trained.model import read_run_config
 
     cfg = read_run_config(run_dir).config
     untrained = build_model(cfg)

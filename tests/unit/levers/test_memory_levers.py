@@ -310,7 +310,7 @@ def test_each_lever_follows_the_reference_loss_curve(tmp_path: Path) -> None:
 def test_the_launch_plan_names_each_lever_that_is_on_with_its_setting() -> None:
     from types import SimpleNamespace
 
-    from zerofit.recipe.report import describe_compute
+    from zerofit.recipe.run_report import describe_compute
 
     model = torch.nn.Linear(2, 2)
     model.config = SimpleNamespace(num_hidden_layers=4)  # type: ignore[assignment]

@@ -13,7 +13,7 @@ from config_helpers import config
 from zerofit.config import load_config
 from zerofit.core.errors import ConfigError
 from zerofit.data import Example, collate
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.levers.sequence_parallel import head_count_problem, shard_micro_batch
 from zerofit.models.build import build_model, check_heads_before_load
 from zerofit.models.tiny import ensure_tiny_llama

@@ -107,7 +107,7 @@ def test_kernels_refuse_models_they_do_not_compute() -> None:
 
 
 def test_speed_levers_are_opt_in_and_the_speed_model_claims_no_gain() -> None:
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner.scenario import scenario_for
     from zerofit.planner.speed import predict_speed, speed_levers
 

@@ -20,8 +20,8 @@ from zerofit.config import load_config
 from zerofit.config.schema import CheckpointSection
 from zerofit.core.errors import ConfigError
 from zerofit.data import GlobalBatchSampler
-from zerofit.engine import render_spec
-from zerofit.engine.run_plan import DataFacts, make_run_plan
+from zerofit.engine_spec import render_spec
+from zerofit.engine_spec.run_plan import DataFacts, make_run_plan
 from zerofit.loop.signals import StopSignal
 from zerofit.loop.train import LoopInputs, agree_after_step
 from zerofit.resolution import resolve

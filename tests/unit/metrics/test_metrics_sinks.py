@@ -14,7 +14,7 @@ from rich.console import Console
 
 from config_helpers import new_run_plan
 from zerofit.config.schema import ZerofitConfig
-from zerofit.engine.run_plan import RunPlan
+from zerofit.engine_spec.run_plan import RunPlan
 from zerofit.metrics.base import MultiSink, NullSink
 from zerofit.metrics.console import ConsoleSink
 from zerofit.metrics.setup import open_sinks, run_config

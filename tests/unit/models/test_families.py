@@ -19,7 +19,7 @@ import zerofit
 from zerofit.catalogue.models import CATALOGUE, TINY_CONFIGS
 from zerofit.cli import main as cli
 from zerofit.core.errors import ConfigError
-from zerofit.engine.render import decoder_layer_class
+from zerofit.engine_spec.render import decoder_layer_class
 from zerofit.levers.layers import decoder_layers
 from zerofit.levers.recompute import enable_activation_checkpointing
 from zerofit.models.lora import adapted_counts, apply_lora, lora_config

@@ -487,7 +487,7 @@ def test_the_planners_estimate_meets_the_measured_peak_of_the_real_step(
 ) -> None:
     from zerofit.config import load_config
     from zerofit.core.precision import GIB
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner.estimate import estimate
     from zerofit.planner.scenario import scenario_for
     from zerofit.resolution import resolve

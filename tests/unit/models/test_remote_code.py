@@ -22,11 +22,12 @@ import yaml
 from config_helpers import DEMO_DATA, config
 from zerofit.cli import main as cli
 from zerofit.core.errors import ConfigError
-from zerofit.export import EXPORT_INFO, RunConfig, WeightsSource, export_run, read_run_config
-from zerofit.export.generate import load_generator
-from zerofit.export.trained import load_base, tokenizer_for
+from zerofit.export import EXPORT_INFO, export_run
 from zerofit.models.build import build_model, load_tokenizer
 from zerofit.models.tiny import ensure_tiny_model
+from zerofit.trained import RunConfig, WeightsSource, read_run_config
+from zerofit.trained.generate import load_generator
+from zerofit.trained.model import load_base, tokenizer_for
 
 MODELING = """from pathlib import Path
 Path({marker!r}).write_text("ran")

@@ -14,7 +14,7 @@ from config_helpers import DEMO_DATA, config
 from zerofit.cli import main
 from zerofit.config import ZerofitConfig
 from zerofit.core.errors import ConfigError
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import scenario_for
@@ -206,7 +206,7 @@ def test_the_chosen_plan_line_says_whether_the_run_uses_it(configured_micro: int
     the line says which runs (the fastest plan only when the config leaves both keys to auto)."""
     from rich.console import Console
 
-    from zerofit.planner.report import print_speed
+    from zerofit.planner.plan_report import print_speed
 
     fastest = _option(1, 32, 11, 574.0)
     configured = fastest if configured_micro == 1 else _option(2, 16, 32, 461.0)
@@ -242,7 +242,7 @@ def test_a_configured_plan_that_does_not_fit_gets_no_speed_suggestion() -> None:
     (the remedies lead the screen instead)."""
     from rich.console import Console
 
-    from zerofit.planner.report import print_speed
+    from zerofit.planner.plan_report import print_speed
 
     fastest = _option(1, 32, 28, 572.0)
     configured = {**_option(4, 8, 32, 562.0), "total_gib": 25.42, "verdict": "does not fit"}

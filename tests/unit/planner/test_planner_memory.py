@@ -255,7 +255,7 @@ def test_breakdown_is_the_hand_count_and_meets_the_measured_gpu_peak() -> None:
     tensor peak within 0.5% of what the GPU measured (with the unchunked loss and transformers' sdpa, whose
     boolean padding mask its micro-batch of 4 builds, that it was measured with)."""
     from zerofit.config import load_config
-    from zerofit.engine import render_spec
+    from zerofit.engine_spec import render_spec
     from zerofit.planner.scenario import scenario_for
     from zerofit.resolution import resolve
 

@@ -13,7 +13,7 @@ import pytest
 
 from config_helpers import DEMO_DATA, config
 from zerofit.config import load_config
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.estimate import estimate
 from zerofit.planner.rl import RLShape, generation_lines, held_lines

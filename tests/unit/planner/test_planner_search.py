@@ -14,7 +14,7 @@ from zerofit.catalogue.gpus import get_gpu, gpu_from_device_name, gpu_peak_tflop
 from zerofit.cli import main
 from zerofit.config import ZerofitConfig, load_config
 from zerofit.core.errors import ConfigError
-from zerofit.engine import render_spec
+from zerofit.engine_spec import render_spec
 from zerofit.planner import choose_fastest_plan
 from zerofit.planner.search.budget import resolve_budget
 from zerofit.planner.search.report import plan_memory

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from zerofit.config.rules.batch import PlanChoice, micro_batch_setting
 from zerofit.core.errors import ConfigError
-from zerofit.engine.user_ds_config import pinned_split_problems
+from zerofit.engine_spec.user_ds_config import pinned_split_problems
 from zerofit.planner.estimate import estimate
 from zerofit.planner.scenario import Scenario, what_if
 from zerofit.planner.search.budget import Budget, resolve_budget

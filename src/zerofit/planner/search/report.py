@@ -14,7 +14,7 @@ from zerofit.planner.search.table import MicroRow, largest_fitting, micro_table
 from zerofit.planner.speed import speed_levers
 
 if TYPE_CHECKING:
-    from zerofit.engine.spec import EngineSpec
+    from zerofit.engine_spec.spec import EngineSpec
     from zerofit.resolution import ResolvedConfig
 
 

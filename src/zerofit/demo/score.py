@@ -20,9 +20,9 @@ shows are generated whole). A run that trained little scores as it is: the repor
 measured and says when the task did not improve (it is not an error). The scoring says where it is while it
 runs (`zerofit.core.progress`: a line every 10 s off a terminal).
 
-    python -m zerofit.recipe.demo_score RUN_DIR --task data/demo_smollm2_heldout.jsonl \
+    python -m zerofit.demo.score RUN_DIR --task data/demo_smollm2_heldout.jsonl \
         --facts data/demo_smollm2_facts.jsonl
-    python -m zerofit.recipe.demo_score RUN_DIR --images data/demo-vlm-colours-heldout.jsonl
+    python -m zerofit.demo.score RUN_DIR --images data/demo-vlm-colours-heldout.jsonl
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def score_run(
             state.update(status="importing torch and transformers")
             before()
         state.update(status=f"loading {run_dir}")
-        from zerofit.export import load_trained
+        from zerofit.trained import load_trained
 
         trained = load_trained(run_dir)
         if not trained.is_lora:
@@ -326,7 +326,7 @@ def _base_model(trained: Any) -> Iterator[Any]:
         return
     import torch
 
-    from zerofit.export.trained import load_base
+    from zerofit.trained.model import load_base
 
     yield load_base(trained.run.config, torch.float32, "cpu").eval()
 
@@ -345,8 +345,8 @@ def _score_set(
 
 
 def _loaded(run_dir: Path) -> Any:
-    """The run's trained model (`export.load_trained`), in eval mode."""
-    from zerofit.export import load_trained
+    """The run's trained model (`trained.load_trained`), in eval mode."""
+    from zerofit.trained import load_trained
 
     trained = load_trained(run_dir)
     trained.model.eval()
@@ -358,8 +358,8 @@ def score_images(run_dir: Path, images: Path) -> SetScore:
     image and prompt as one user turn (`zerofit generate --image`'s `Generator`), answered greedily."""
     import torch
 
-    from zerofit.export.generate import Generator
     from zerofit.models.build import resolve_model_path
+    from zerofit.trained.generate import Generator
 
     probes = read_probes(images)
     unnamed = next((i for i, p in enumerate(probes, 1) if p.image is None), None)
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries
 
     parser = argparse.ArgumentParser(
-        prog="python -m zerofit.recipe.demo_score", description=__doc__.split("\n\n")[0]
+        prog="python -m zerofit.demo.score", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("run_dir", type=Path, help="a finished run's folder")
     parser.add_argument("--task", type=Path, help="held-out task probes (JSON Lines), with --facts")

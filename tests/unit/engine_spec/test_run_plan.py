@@ -14,8 +14,8 @@ import pytest
 
 from config_helpers import DEMO_DATA, new_run_plan
 from zerofit.config import ZerofitConfig, load_config
-from zerofit.engine import render_spec
-from zerofit.engine.run_plan import DataFacts, RunDirDecision, RunPlan, make_run_plan
+from zerofit.engine_spec import render_spec
+from zerofit.engine_spec.run_plan import DataFacts, RunDirDecision, RunPlan, make_run_plan
 from zerofit.resolution import resolve
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,7 +26,10 @@ SOURCES = [
     *sorted((REPO / "benchmarks").glob("*.py")),
 ]
 # The one module that builds each: resolution (config alone) and the run plan (the launch's facts too).
-MAKERS = {"RunPlan": "src/zerofit/engine/run_plan.py", "ResolvedConfig": "src/zerofit/resolution/pipeline.py"}
+MAKERS = {
+    "RunPlan": "src/zerofit/engine_spec/run_plan.py",
+    "ResolvedConfig": "src/zerofit/resolution/pipeline.py",
+}
 # Where a config's fields may be assigned: resolution fills them, make_run_plan settles the launch's.
 # The resolution and the rules it runs (by area, and each objective's settle_batch / check / fill), and the run
 # plan: nothing else writes a config field.
@@ -34,7 +37,7 @@ CONFIG_WRITERS = (
     "src/zerofit/config/",
     "src/zerofit/resolution/",
     "src/zerofit/objectives/",
-    "src/zerofit/engine/run_plan.py",
+    "src/zerofit/engine_spec/run_plan.py",
 )
 
 
@@ -116,7 +119,7 @@ def test_no_code_writes_a_config_field_after_resolution() -> None:
 
 def test_a_run_plan_cannot_be_rebuilt_copied_with_changes_or_changed() -> None:
     plan = new_run_plan(_resolved())
-    with pytest.raises(TypeError, match=r"made once, by zerofit\.engine\.run_plan\.make_run_plan"):
+    with pytest.raises(TypeError, match=r"made once, by zerofit\.engine_spec\.run_plan\.make_run_plan"):
         dataclasses.replace(plan, run_dir=Path("elsewhere"))
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
     with pytest.raises(TypeError, match="made once"):

@@ -1,4 +1,4 @@
-"""The demo's scorer (`zerofit.recipe.demo_score`): its verdicts, its report (honest when training did
+"""The demo's scorer (`zerofit.demo.score`): its verdicts, its report (honest when training did
 little), the probe files `make demo` uses, and, on the real model, that a short training raises the task
 score against the base while a run that trained nothing does not."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from zerofit.core.errors import DataError
-from zerofit.recipe.demo_score import (
+from zerofit.demo.score import (
     FACTS_CHECK,
     Probe,
     SetScore,
@@ -118,7 +118,7 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     W&B off: its offline run starts a service process (~6 s) that nothing here reads. In the precision
     `make demo` runs in here: fp32 on a CPU without bfloat16 kernels (~7 CPU-s a step; bf16 there: ~140)."""
     from zerofit.api import train
-    from zerofit.recipe.demo_precision import demo_precision_overrides
+    from zerofit.demo.precision import demo_precision_overrides
 
     fp32 = demo_precision_overrides("cpu") == ["train.precision=fp32"]
     result = train(
@@ -141,7 +141,7 @@ def test_a_short_training_raises_the_task_score(short_run: Path) -> None:
     """The trained adapter follows the format on held-out prompts where the base did not (+10 asserted). A
     run that trained nothing (LoRA's B starts at zero) scores exactly as the base, so the strict
     `after > before` fails it."""
-    from zerofit.recipe.demo_score import score_run
+    from zerofit.demo.score import score_run
 
     task, facts = score_run(short_run, TASK, FACTS)
     task_before, task_after = task.counts
@@ -220,7 +220,7 @@ def test_the_scorer_is_never_silent_for_long(short_run: Path, tmp_path: Path) ->
     command = [
         sys.executable,
         "-m",
-        "zerofit.recipe.demo_score",
+        "zerofit.demo.score",
         str(short_run),
         "--task",
         str(task),
@@ -296,7 +296,7 @@ def test_the_images_report_shows_one_sample_per_colour() -> None:
 
 
 def test_an_image_probe_file_needs_an_image_per_probe(tmp_path: Path) -> None:
-    from zerofit.recipe.demo_score import main
+    from zerofit.demo.score import main
 
     probes = tmp_path / "probes.jsonl"
     probes.write_text('{"prompt": "Colour?", "answer": "red"}\n')

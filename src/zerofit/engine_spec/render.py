@@ -27,7 +27,7 @@ from zerofit.catalogue.models import model_config_dict
 from zerofit.catalogue.presets import get_preset
 from zerofit.core.errors import ConfigError
 from zerofit.core.precision import tensor_dtypes
-from zerofit.engine.deepspeed_keys import (
+from zerofit.engine_spec.deepspeed_keys import (
     bucket_keys,
     hidden_size_buckets,
     model_hidden_size,
@@ -35,8 +35,8 @@ from zerofit.engine.deepspeed_keys import (
     optimizer_block,
     precision_blocks,
 )
-from zerofit.engine.spec import DeepSpeedSpec, EngineSpec, FSDPSpec, GradSync, LocalSpec
-from zerofit.engine.user_ds_config import filled_user_ds_config
+from zerofit.engine_spec.spec import DeepSpeedSpec, EngineSpec, FSDPSpec, GradSync, LocalSpec
+from zerofit.engine_spec.user_ds_config import filled_user_ds_config
 
 if TYPE_CHECKING:
     from zerofit.resolution import ResolvedConfig

@@ -2,7 +2,7 @@
 and the lines at its end (loss, best evaluation).
 
 Formatting only: `zerofit.recipe.run` decides when to print; the numbers come from the run plan
-(`zerofit.engine.run_plan.RunPlan`) and the assembled run (`zerofit.recipe.assembly.PreparedRun`).
+(`zerofit.engine_spec.run_plan.RunPlan`) and the assembled run (`zerofit.recipe.assembly.PreparedRun`).
 """
 
 from __future__ import annotations

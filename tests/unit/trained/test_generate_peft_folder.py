@@ -13,8 +13,8 @@ from planted_pickle import plant_pickle
 
 from config_helpers import config
 from zerofit.core.errors import ConfigError
-from zerofit.export.generate import load_generator
 from zerofit.models.build import build_model
+from zerofit.trained.generate import load_generator
 
 
 def test_a_peft_folder_from_elsewhere_loads_its_base_without_hub_kernels(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerofit.core.errors import ConfigError
-from zerofit.engine.deepspeed_keys import DEEPSPEED_SCHEDULERS, hidden_size_buckets, model_hidden_size
+from zerofit.engine_spec.deepspeed_keys import DEEPSPEED_SCHEDULERS, hidden_size_buckets, model_hidden_size
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig

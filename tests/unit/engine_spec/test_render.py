@@ -3,7 +3,7 @@ byte, as the run directory writes them), accepted by the engine itself (DeepSpee
 FSDP: a real `fully_shard` on the tiny model); and the one spec that the engine, the planner and the
 printed plan all read.
 
-Regenerate the golden files after a deliberate change with `ZEROFIT_UPDATE_GOLDEN=1 pytest tests/unit/engine/test_render.py`
+Regenerate the golden files after a deliberate change with `ZEROFIT_UPDATE_GOLDEN=1 pytest tests/unit/engine_spec/test_render.py`
 and review the diff: it is exactly what every engine will receive differently.
 """
 
@@ -22,9 +22,9 @@ from _deepspeed_world import deepspeed_config_at
 from zerofit.catalogue.presets import list_presets
 from zerofit.config import load_config
 from zerofit.core.errors import ConfigError, LaunchError
-from zerofit.engine import DeepSpeedSpec, engine_config_filename, render_spec
-from zerofit.engine.deepspeed_keys import FP16_DYNAMIC_LOSS_SCALING
-from zerofit.engine.render import decoder_layer_class
+from zerofit.engine_spec import DeepSpeedSpec, engine_config_filename, render_spec
+from zerofit.engine_spec.deepspeed_keys import FP16_DYNAMIC_LOSS_SCALING
+from zerofit.engine_spec.render import decoder_layer_class
 from zerofit.resolution import ResolvedConfig, resolve
 
 REPO = Path(__file__).resolve().parents[3]
@@ -313,7 +313,7 @@ def test_engine_config_filenames() -> None:
 
 def test_rendering_is_torch_free() -> None:
     code = (
-        "import sys, zerofit.engine, zerofit.commands.plan, zerofit.commands.presets, zerofit.cli; "
+        "import sys, zerofit.engine_spec, zerofit.commands.plan, zerofit.commands.presets, zerofit.cli; "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

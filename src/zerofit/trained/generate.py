@@ -17,7 +17,7 @@ Decoding is greedy unless a temperature is given; transformers' `generate` does 
                       cache, else the hub: `models.hub.hub_errors`), a local Hugging Face folder
 
 A saved config is data: the `model.trust_remote_code` a run's config.yaml or an export's zerofit_export.json
-records holds only with the user's own --trust-remote-code (`export.trained.settle_remote_code`); a model
+records holds only with the user's own --trust-remote-code (`trained.model.settle_remote_code`); a model
 named on the command line runs its own code only with that flag too.
 """
 
@@ -35,9 +35,7 @@ from zerofit.config.loader import validate_config
 from zerofit.config.rules.model import model_path_problem
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, DataError
-from zerofit.core.run_layout import CONFIG_FILE
-from zerofit.export import EXPORT_INFO, load_trained
-from zerofit.export.trained import load_base, settle_remote_code
+from zerofit.core.run_layout import CONFIG_FILE, EXPORT_INFO
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.build import load_tokenizer, resolve_model_path
 from zerofit.models.heads import refuse_reward_model
@@ -46,6 +44,7 @@ from zerofit.models.lora import peft_without_bitsandbytes
 from zerofit.models.pretrained import gguf_name_maps_once
 from zerofit.models.safe_weights import ADAPTER_WEIGHTS, MODEL_WEIGHTS, check_zerofit_folder, safetensors_only
 from zerofit.models.vision import folder_config, folder_model_class, is_vision_config
+from zerofit.trained.model import load_base, load_trained, settle_remote_code
 
 __all__ = ["Generator", "load_generator"]
 
@@ -261,7 +260,7 @@ def load_generator(
     path: Path | str, step: int | None = None, trust_pickles: bool = False, trust_remote_code: bool = False
 ) -> Generator:
     """A `Generator` for run directory, export or model `path` (see the module docstring); `trust_pickles` and
-    `trust_remote_code` as for `zerofit.export.load_trained` (a saved config's `model.trust_remote_code` holds
+    `trust_remote_code` as for `zerofit.trained.load_trained` (a saved config's `model.trust_remote_code` holds
     only with `trust_remote_code`, the user's --trust-remote-code)."""
     name, path = str(path), Path(path)  # the name as typed (`./x` stays a path), for a model
     device, dtype = _device()

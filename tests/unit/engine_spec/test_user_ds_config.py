@@ -12,8 +12,8 @@ from _deepspeed_world import deepspeed_config_at
 
 from zerofit.config import load_config
 from zerofit.core.errors import ConfigError
-from zerofit.engine import render_spec
-from zerofit.engine.user_ds_config import filled_user_ds_config
+from zerofit.engine_spec import render_spec
+from zerofit.engine_spec.user_ds_config import filled_user_ds_config
 from zerofit.planner import choose_fastest_plan
 from zerofit.resolution import ResolvedConfig, resolve
 

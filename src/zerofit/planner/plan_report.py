@@ -18,7 +18,7 @@ from zerofit.core.errors import ConfigError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from zerofit.engine.spec import EngineSpec
+    from zerofit.engine_spec.spec import EngineSpec
     from zerofit.objectives.spec import ObjectiveSpec
     from zerofit.resolution import ResolvedConfig
 

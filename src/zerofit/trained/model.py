@@ -22,7 +22,6 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import ADAPTER_DIR, CONFIG_FILE, MODEL_DIR
 from zerofit.data.chat import template_file
-from zerofit.export.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.build import (
     load_dtype,
@@ -36,6 +35,7 @@ from zerofit.models.hub import allowed_remote_code, hub_errors
 from zerofit.models.lora import apply_lora, peft_without_bitsandbytes
 from zerofit.models.safe_weights import safetensors_only
 from zerofit.models.vision import apply_vision_lora, is_vision_config
+from zerofit.trained.checkpoints import CheckpointVanishedError, WeightsSource, find_weights, read_checkpoint
 
 __all__ = [
     "RunConfig",

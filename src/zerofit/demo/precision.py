@@ -5,7 +5,7 @@ bfloat16 kernels (`cpu_computes_bf16`: an AVX2-only x86 CPU, say) still computes
 reference path, ~20x slower per step than fp32: 24 steps took ~25 minutes on 2 such cores instead of ~2. There
 the demo runs in fp32 and says so; on a GPU, or a CPU with the kernels, it runs the config as written.
 
-`python -m zerofit.recipe.demo_precision ACCELERATOR` prints the dotted overrides for the demo's command
+`python -m zerofit.demo.precision ACCELERATOR` prints the dotted overrides for the demo's command
 line (nothing, or `train.precision=fp32`) on stdout and, when there are any, the reason on stderr.
 """
 

@@ -15,9 +15,9 @@ import pytest
 from zerofit.catalogue.models import SMOLLM2
 from zerofit.cli import main
 from zerofit.core.errors import ConfigError
-from zerofit.export.generate import load_generator
 from zerofit.models.pretrained import SOURCES
 from zerofit.models.tiny import ensure_tiny_model
+from zerofit.trained.generate import load_generator
 
 QUESTION = "What is the capital of France?"
 

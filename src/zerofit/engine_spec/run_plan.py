@@ -12,7 +12,7 @@ A launch decides in two stages, because the second needs the process group and t
 
 The result is a frozen `RunPlan` holding the final config (no `auto` left, the run name as settled): what
 `config.yaml`, every checkpoint manifest, W&B and the plan print all record. Nothing builds a `RunPlan`
-anywhere else, and nothing changes one (`tests/unit/engine/test_run_plan.py` holds the code to both).
+anywhere else, and nothing changes one (`tests/unit/engine_spec/test_run_plan.py` holds the code to both).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from zerofit.core.run_layout import run_dir_of
 from zerofit.resolution import ResolvedConfig
 
 if TYPE_CHECKING:
-    from zerofit.engine.spec import EngineSpec
+    from zerofit.engine_spec.spec import EngineSpec
     from zerofit.objectives.spec import ObjectiveSpec
 
 __all__ = ["DataFacts", "ResumePoint", "RunDirDecision", "RunPlan", "make_run_plan"]
@@ -90,7 +90,7 @@ class RunPlan:
     def __post_init__(self, maker: object) -> None:
         if maker is not _MADE_HERE:
             raise TypeError(
-                "a RunPlan is made once, by zerofit.engine.run_plan.make_run_plan, and never rebuilt or copied with "
+                "a RunPlan is made once, by zerofit.engine_spec.run_plan.make_run_plan, and never rebuilt or copied with "
                 "changes: pass what the launch decided to make_run_plan instead"
             )
 

@@ -25,16 +25,15 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import ConfigError
-from zerofit.core.run_layout import CONFIG_FILE
+from zerofit.core.run_layout import CONFIG_FILE, EXPORT_INFO
 from zerofit.data.formats import Preference
 from zerofit.data.preference import tokenize_pair
-from zerofit.export.folder import EXPORT_INFO
-from zerofit.export.trained import load_trained
 from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.hub import hub_errors
 from zerofit.models.safe_weights import check_zerofit_folder, safetensors_only
 from zerofit.objectives.registry import objective_of, saved_objective
 from zerofit.objectives.reward_model.loss import pair_rewards
+from zerofit.trained.model import load_trained
 
 __all__ = ["Scorer", "load_scorer"]
 

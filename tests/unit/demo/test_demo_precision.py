@@ -1,4 +1,4 @@
-"""The demo's precision on this machine (`zerofit.recipe.demo_precision`): the config's bf16 on a GPU or a CPU
+"""The demo's precision on this machine (`zerofit.demo.precision`): the config's bf16 on a GPU or a CPU
 with bfloat16 kernels, fp32 (said on stderr) on a CPU without them, where bf16 runs ~20x slower; and
 `make demo` passes it before the user's own overrides, so `DEMO_ARGS=train.precision=...` still wins."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zerofit.core.precision import cpu_computes_bf16
-from zerofit.recipe import demo_precision
+from zerofit.demo import precision as demo_precision
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -60,7 +60,7 @@ def test_make_demo_passes_them_before_the_users_overrides() -> None:
         text=True,
         check=True,
     ).stdout
-    asked = re.search(r"precision=\$\((\S+) -m zerofit\.recipe\.demo_precision (\w+)\)", dry)
+    asked = re.search(r"precision=\$\((\S+) -m zerofit\.demo\.precision (\w+)\)", dry)
     assert asked and asked.group(2) in ("cpu", "cuda"), dry
     assert re.search(r"--config configs/demo-smollm2\.yaml \$precision train\.max_steps=3", dry), dry
 
