@@ -8,7 +8,7 @@ the tests.
 demo-vlm-colours: the vision demo's task (`configs/demo-vlm-colours.yaml`), one only the image decides: shades
 of four colours (HLS: each colour's hue at 6 lightnesses and 2 saturations), the question always the same and
 the answer the colour's name alone. Two lightnesses of each colour (one inside the trained range, one beyond it) are
-held out: the demo's scorer (`python -m zerofit.recipe.demo_score RUN --images ...`) asks about those shades,
+held out: the demo's scorer (`python -m zerofit.demo.score RUN --images ...`) asks about those shades,
 which training never saw.
 
 Each PNG is a few hundred bytes. Run from the repository root: `python data/build_demo_vlm.py`.
