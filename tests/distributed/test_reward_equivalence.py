@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import Launch, RunResult, run_launches, write_config
+from launch_helpers import Launch, RunResult, max_difference, metric_rows, run_launches, write_config
 from zerofit.objectives.reward_model.loss import REWARD_METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -92,15 +92,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return results
 
 
-def _rows(result: RunResult, keys: tuple[str, ...]) -> list[list[float]]:
-    return [[row[k] for k in keys] for row in result.metrics if keys[0] in row]
-
-
-def _close(a: list[list[float]], b: list[list[float]]) -> float:
-    assert len(a) == len(b) and a, (a, b)
-    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
-
-
 @pytest.mark.parametrize("name", ["zero2", "fsdp"])
 def test_one_reward_curve_for_every_engine_and_split(runs: dict[str, RunResult], name: str) -> None:
     run, base = runs[name], runs["single"]
@@ -108,8 +99,8 @@ def test_one_reward_curve_for_every_engine_and_split(runs: dict[str, RunResult],
     assert (run.metrics[-1]["micro_batch_size"], run.metrics[-1]["dp_size"]) == (
         (2, 2) if name == "zero2" else (1, 2)
     )
-    assert _close(_rows(run, CURVES), _rows(base, CURVES)) < TOL
-    assert _close(_rows(run, EVAL_CURVES), _rows(base, EVAL_CURVES)) < TOL
+    assert max_difference(metric_rows(run, CURVES), metric_rows(base, CURVES)) < TOL
+    assert max_difference(metric_rows(run, EVAL_CURVES), metric_rows(base, EVAL_CURVES)) < TOL
     assert [row["eval/pairs"] for row in run.metrics if "eval/pairs" in row] == [N_EVAL, N_EVAL]
     assert base.metrics[0]["loss"] - base.metrics[-1]["loss"] > 1e-3  # it trained: the curves are not flat
 
