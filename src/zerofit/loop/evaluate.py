@@ -10,7 +10,7 @@ So the number is the mean over every valid label token of the eval data, whateve
 micro 2 and 1 rank x micro 4 give the same loss (up to float summation order). The model is put in eval
 mode (no dropout) for the pass and back in train mode after it.
 
-With a preference objective (`zerofit.objectives.pairwise.loss`) the eval data is held-out pairs: `preference_evaluation`
+With an objective on pairs (`zerofit.objectives.pairwise`, reward models) the eval data is held-out pairs: `preference_evaluation`
 runs the objective's own sums and counts over windows of micro_batch_size pairs x dp, one all-reduce, so
 `eval/loss` is the objective's loss over every held-out pair (ORPO: its NLL over every held-out chosen
 token) and `eval/rewards/*`, `eval/logps/*` are means over every held-out pair, whatever the split.

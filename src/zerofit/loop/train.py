@@ -1,12 +1,12 @@
 """One global batch per optimizer step, token-exact whatever the split (docs/design.md, "Gradient accumulation").
 
-    train_step: count the window's normalizers on this rank (the objective's: valid label tokens for
-                SFT, pairs for DPO / SimPO, chosen tokens and pairs for ORPO; `zerofit.objectives.pairwise.loss`) ->
+    train_step: what the objective decides over the whole window first (`Objective.before_window`: KTO's
+                KL reference point z0, one all-reduce; nothing for the others) -> count the window's
+                normalizers on this rank (the objective's `counts`: valid label tokens for SFT, pairs for
+                DPO / SimPO, chosen tokens and pairs for ORPO and CPO; `zerofit.objectives.protocol`) ->
                 all-reduce once (before any backward) -> per micro-step: forward, the objective's *sums*
                 / their global counts (x the engine's gradient divide factor), backward (sync only on
-                the last) -> clip once, step once -> loss (and a preference objective's rewards/*).
-                KTO (`zerofit.objectives.kto.loss`): first a no-grad pass for its KL reference point z0 over
-                the whole global batch (one all-reduce), then examples as the count.
+                the last) -> clip once, step once -> loss (and the objective's `metric_means`).
     train_loop: for each optimizer step: this rank's micro-batches of global batch `step` (a fixed number
                 of examples each, or packed rows under a token budget) -> train_step -> evaluation when
                 due (`zerofit.loop.evaluate`) -> metrics (docs/contracts.md, metrics.jsonl) -> one tiny
@@ -93,7 +93,7 @@ def train_step(
 
     `cross_entropy` is `train.cross_entropy` (the same token sums, see `zerofit.token_loss.sums`; `fused_linear`
     computes them inside lm_head, `zerofit.token_loss.fused`). `objective` is train.objective's
-    (`zerofit.objectives.pairwise.loss`; None: SFT's token sums).
+    (`ObjectiveSpec.build_loss`; None: SFT's token sums).
     """
     objective = objective if objective is not None else SFTObjective()
     objective.before_window(strategy, model, micro_batches, cross_entropy)  # KTO's z0, over the global batch
