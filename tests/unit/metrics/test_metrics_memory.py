@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import types
 
 import pytest
@@ -23,8 +24,12 @@ def test_cpu_snapshot_reports_rss_and_flags_source() -> None:
 
 def test_cpu_peak_is_since_last_snapshot() -> None:
     memory_snapshot(torch.device("cpu"))
-    block = torch.ones(64 * 1024 * 1024, dtype=torch.uint8)  # 64 MiB, touched, then freed
-    del block
+    # 64 MiB of pages of its own, every one touched, then unmapped. Not a tensor: the allocator may serve one
+    # from heap pages a long-lived test worker already holds (resident before and after, no peak to see).
+    block = mmap.mmap(-1, 64 * 1024 * 1024)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
+    block.close()
     with_block = memory_snapshot(torch.device("cpu"))
     after = memory_snapshot(torch.device("cpu"))
     if per_rank_fields([with_block])["mem/peak_scope"] != "since_last_log":
