@@ -29,6 +29,7 @@ from zerofit.core.progress import progress
 from zerofit.core.run_layout import RunLayout, step_dir_name
 from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
 from zerofit.metrics.keys import LOSS
+from zerofit.objectives.registry import objective_of
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.lost_rank import EXIT_PEER_LOST, peer_lost
 from zerofit.recipe.run_report import best_line, format_plan
@@ -80,10 +81,11 @@ def _python_launch_hint(cfg: ZerofitConfig) -> str | None:
 def resolve_for_launch(cfg: ZerofitConfig, env: LaunchEnv) -> ResolvedConfig:
     """`resolve()` with the launcher's world size; a multi-rank request under plain `python` says how to launch."""
     try:
-        resolved = resolve(cfg, env.world_size, choose_fastest_plan)
-        if names_vision_model(cfg):  # said here, once, rather than by each rank when its data loads
-            refuse_vision_settings(resolved.config, resolved.objective)
-        return resolved
+        # Said here, once, rather than by each rank when its data loads, and before the planner's search (a
+        # setting a vision model cannot take is refused as itself, not as "nothing fits").
+        if names_vision_model(cfg):
+            refuse_vision_settings(cfg, objective_of(cfg))
+        return resolve(cfg, env.world_size, choose_fastest_plan)
     except ConfigError:
         hint = None if env.launched else _python_launch_hint(cfg)
         if hint is None:

@@ -36,8 +36,8 @@ def names_vision_model(cfg: ZerofitConfig) -> bool:
 def refuse_vision_settings(cfg: ZerofitConfig, objective: ObjectiveSpec) -> None:
     """The settings a vision-language model cannot take, refused in one paragraph: a token budget (packing
     rows of several examples) or a preference objective (neither keeps each image with its own tokens yet),
-    and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it once the config is resolved, so local rank 0 says it
-    once, before any model loads."""
+    and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it before the config is resolved, so local rank 0 says it
+    once, before the planner's search and any model load."""
     name = cfg.model.name_or_path
     if cfg.batch.tokens_per_micro_batch is not None:
         raise ConfigError(
