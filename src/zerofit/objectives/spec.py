@@ -53,13 +53,11 @@ class ObjectiveSpec:
 
     name: str = ""
     unit: Unit = EXAMPLE
-    data_formats: tuple[str, ...] = ()  # data.format values it reads besides `auto`
     sequence_parallel: bool = False  # its rows may be cut across ranks (distributed.sequence_parallel)
     vision: bool = False  # it trains vision-language models
     score_head: bool = False  # the model's output is a one-output score head (a reward model)
     generates: bool = False  # it samples its training sequences inside the run (rollouts)
     whole_texts: bool = False  # a pair without a prompt is scored as two whole texts (a reward model)
-    packs: bool = False  # its examples may be packed into rows (batch.tokens_per_micro_batch)
 
     # ----------------------------------------------------------------------------------- config rules
 

@@ -88,7 +88,6 @@ class GRPOSpec(ObjectiveSpec):
 
     name = "grpo"
     unit = PROMPT
-    data_formats = ("prompt",)
     generates = True
 
     def settle_batch(self, cfg: ZerofitConfig, problems: list[str]) -> None:

@@ -26,7 +26,6 @@ class KTOSpec(ObjectiveSpec):
 
     name = "kto"
     unit = UNPAIRED
-    data_formats = ("unpaired",)
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """Unpaired records, unpacked, LoRA adapters to switch off; no preference reference."""

@@ -42,7 +42,6 @@ class PairwiseSpec(ObjectiveSpec):
     NLL on the chosen sequences (`nll`, `nll_weight`)."""
 
     unit = PAIR
-    data_formats = ("preference",)
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """Preference pairs, unpacked; a preference reference only where the member has one."""

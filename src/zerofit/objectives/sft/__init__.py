@@ -26,7 +26,6 @@ class SFTSpec(ObjectiveSpec):
     unit = EXAMPLE
     sequence_parallel = True
     vision = True
-    packs = True
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """Supervised data, not preference pairs nor unpaired feedback; no preference reference."""
