@@ -527,22 +527,24 @@ def run_and_resume(
     return results
 
 
-def preference_pairs_file(path: Path, n: int, seed: int) -> Path:
+def preference_pairs_file(path: Path, n: int, seed: int, margin_every: int = 0) -> Path:
     """Pairs with prompts of 1..40 and responses of 1..50 characters: token and pair counts differ a lot
-    between micro-batches (what a per-micro-batch mean gets wrong)."""
+    between micro-batches (what a per-micro-batch mean gets wrong); with `margin_every` k, a reward margin
+    of 0.5 on every k-th pair (the first included)."""
     rng = random.Random(seed)
 
     def text(alphabet: str) -> str:
         return "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 25, 50])))
 
     with path.open("w") as f:
-        for _ in range(n):
+        for i in range(n):
             record = {
                 "prompt": text("abcdefgh")[:40],
                 "chosen": text("0123456789"),
                 "rejected": text("xyz!?"),
             }
-            f.write(json.dumps(record) + "\n")
+            margin = {"margin": 0.5} if margin_every and i % margin_every == 0 else {}
+            f.write(json.dumps({**record, **margin}) + "\n")
     return path
 
 

@@ -16,13 +16,17 @@ tests/unit/objectives/test_reward.py's.)
 
 from __future__ import annotations
 
-import json
-import random
-from pathlib import Path
-
 import pytest
 
-from launch_helpers import Launch, RunResult, max_difference, metric_rows, run_launches, write_config
+from launch_helpers import (
+    Launch,
+    RunResult,
+    max_difference,
+    metric_rows,
+    preference_pairs_file,
+    run_launches,
+    write_config,
+)
 from zerofit.objectives.reward_model.loss import REWARD_METRICS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -43,24 +47,6 @@ CURVES = ("loss", *(m for m in REWARD_METRICS if m != "rewards/accuracies"))
 EVAL_CURVES = ("eval/loss", *(f"eval/{m}" for m in REWARD_METRICS if m != "rewards/accuracies"))
 
 
-def _pairs(path: Path, n: int, seed: int) -> Path:
-    """Prompts of 1..40 and responses of 1..50 characters; a margin on every third pair."""
-    rng = random.Random(seed)
-
-    def text(alphabet: str) -> str:
-        return "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 3, 8, 25, 50])))
-
-    with path.open("w") as f:
-        for i in range(n):
-            record = {
-                "prompt": text("abcdefgh")[:40],
-                "chosen": text("0123456789"),
-                "rejected": text("xyz!?"),
-            }
-            f.write(json.dumps({**record, **({"margin": 0.5} if i % 3 == 0 else {})}) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("reward")
@@ -77,8 +63,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
             "lora": {"enabled": True, "dropout": 0.0, "target_modules": "all-linear"},
             "reward": {"center_rewards_coefficient": 0.01},
             "data": {
-                "path": str(_pairs(root / "train.jsonl", N_PAIRS, 0)),
-                "eval_path": str(_pairs(root / "eval.jsonl", N_EVAL, 1)),
+                "path": str(preference_pairs_file(root / "train.jsonl", N_PAIRS, 0, margin_every=3)),
+                "eval_path": str(preference_pairs_file(root / "eval.jsonl", N_EVAL, 1, margin_every=3)),
                 "max_seq_len": MAX_LEN,
             },
             "eval": {"every_steps": 2},
