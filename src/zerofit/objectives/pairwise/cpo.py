@@ -24,12 +24,11 @@ __all__ = ["CPO", "cpo_pair"]
 
 
 def cpo_pair(p: PairLogps, beta: float, loss_type: str, label_smoothing: float) -> PairResult:
-    """CPO's pair loss: DPO's losses of the policy's own margin (a zero reference), rewards beta x log-probs."""
-    from zerofit.objectives.pairwise.loss import dpo_losses
+    """CPO's pair loss: DPO's losses of the policy's own margin (no reference), rewards beta x log-probs."""
+    from zerofit.objectives.pairwise.loss import margin_losses
 
     logps = p.means if loss_type == "ipo" else p.sums
-    zero = (logps[0] * 0.0, logps[1] * 0.0)
-    losses = dpo_losses(logps, zero, beta, loss_type, label_smoothing)
+    losses = margin_losses(logps[0] - logps[1], beta, loss_type, label_smoothing)
     return losses, (beta * logps[0], beta * logps[1]), logps
 
 

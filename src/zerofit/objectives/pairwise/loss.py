@@ -52,6 +52,7 @@ __all__ = [
     "PreferenceSettings",
     "dpo_losses",
     "dpo_pair",
+    "margin_losses",
     "nll_labels",
     "orpo_losses",
     "orpo_pair",
@@ -111,6 +112,14 @@ def dpo_losses(
 ) -> torch.Tensor:
     """Per pair DPO loss from (chosen, rejected) log-probs of the policy and the reference (TRL's)."""
     margin = (policy[0] - policy[1]) - (reference[0] - reference[1])
+    return margin_losses(margin, beta, loss_type, label_smoothing)
+
+
+def margin_losses(
+    margin: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0
+) -> torch.Tensor:
+    """Per pair loss of a log-prob margin (DPO's against a reference, CPO's of the policy alone): sigmoid,
+    hinge or ipo, as TRL's."""
     if loss_type == "sigmoid":
         return _logsig_smoothed(beta * margin, label_smoothing)
     if loss_type == "hinge":
