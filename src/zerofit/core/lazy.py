@@ -8,15 +8,36 @@ type) whenever they are installed: bitsandbytes costs ~1 CPU-s (it imports torch
 not imported a library holds none of its objects, so such a check has nothing to find: `hidden_unless_loaded`
 makes `import NAME` fail (ImportError, which these callers catch) and `importlib.util.find_spec(NAME)` answer
 None while its block runs, and changes nothing where the library is already loaded.
+
+The Hugging Face Hub's `kernels` package is never used by zerofit (every model load passes `use_kernels=False`,
+`zerofit.levers.kernels.hub_kernels_off`; `train.kernels` is Liger's), yet transformers wraps every norm and
+MLP forward with it whenever it is importable, and bitsandbytes' CPU backend asks it for a Hub kernel when
+bitsandbytes is imported, which fails without `trust_remote_code` and logs "Failed to load CPU
+gemm_4bit_forward from kernels-community ...". `transformers_without_hub_kernels` makes transformers answer
+"not installed" for this process; `import_bitsandbytes` imports bitsandbytes with `kernels` hidden and that
+one message dropped, for the import alone (tests/unit/test_lazy_imports.py).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 
-__all__ = ["hidden_unless_loaded"]
+__all__ = [
+    "BNB_HUB_KERNEL_MESSAGE",
+    "hidden_unless_loaded",
+    "import_bitsandbytes",
+    "transformers_without_hub_kernels",
+]
+
+HUB_KERNELS = "kernels"  # the Hugging Face Hub's kernel package (import name)
+# The start of what bitsandbytes' CPU backend logs when its Hub kernel cannot be loaded.
+BNB_HUB_KERNEL_MESSAGE = "Failed to load CPU gemm_4bit_forward from kernels-community"
+BNB_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"  # the logger it is logged on (bitsandbytes' module name)
 
 
 @contextmanager
@@ -36,3 +57,44 @@ def hidden_unless_loaded(name: str) -> Iterator[bool]:
     finally:
         if name in sys.modules and sys.modules[name] is None:
             del sys.modules[name]
+
+
+def transformers_without_hub_kernels() -> None:
+    """Make transformers answer "not installed" for the Hub's `kernels` package for the rest of this process.
+
+    transformers caches the answer (`is_kernels_available` is an `lru_cache`), so asking it once with the
+    package hidden is enough: its hub-kernel module then neither imports `kernels` nor wraps the models'
+    forwards with it. Nothing changes where transformers' hub-kernel module or `kernels` is already loaded.
+    Costs `import transformers` alone (its modeling stack stays unimported).
+    """
+    if "transformers.integrations.hub_kernels" in sys.modules:
+        return
+    import_utils = importlib.import_module("transformers.utils.import_utils")
+    with hidden_unless_loaded(HUB_KERNELS):
+        import_utils.is_kernels_available()
+
+
+class _DropHubKernelMessage(logging.Filter):
+    """Drops bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(BNB_HUB_KERNEL_MESSAGE)
+
+
+def import_bitsandbytes() -> ModuleType:
+    """`import bitsandbytes`, without its CPU backend's Hub-kernel attempt or that attempt's message.
+
+    zerofit asks for no Hub kernel, so bitsandbytes runs its own CPU code either way; with `kernels` hidden
+    it does not fetch or trust-check one (and cannot pick one up from a user's trust allowlist), and the
+    warning it logs instead is dropped by a filter on its logger for this import only. Any other record
+    passes. Raises ImportError where bitsandbytes is not installed.
+    """
+    if "bitsandbytes" in sys.modules:
+        return sys.modules["bitsandbytes"]
+    drop, logger = _DropHubKernelMessage(), logging.getLogger(BNB_CPU_LOGGER)
+    logger.addFilter(drop)
+    try:
+        with hidden_unless_loaded(HUB_KERNELS):
+            return importlib.import_module("bitsandbytes")
+    finally:
+        logger.removeFilter(drop)

@@ -26,6 +26,7 @@ from zerofit.catalogue.vision_models import is_tiny_vlm
 from zerofit.config.rules.model import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
+from zerofit.core.lazy import import_bitsandbytes, transformers_without_hub_kernels
 from zerofit.core.precision import tensor_dtypes, torch_dtype
 from zerofit.levers.attention import choose_kernel, hf_attn_implementation, install_kernel, installed_kernels
 from zerofit.levers.compiling import compile_decoder_layers
@@ -175,6 +176,7 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     A tokenizer without a pad token (Llama-2, Mistral) pads with eos: padded positions are masked from
     attention and loss, so the id used there never matters.
     """
+    transformers_without_hub_kernels()  # before transformers' modeling stack loads (`zerofit.core.lazy`)
     from transformers import AutoTokenizer
 
     path = resolve_model_path(cfg)
@@ -470,6 +472,8 @@ def _from_pretrained(cfg: ZerofitConfig, path: str, dtype: Any, quant: Any, devi
     is the family's sequence classifier with a seeded score head (`zerofit.models.heads`); a vision-language
     model loads whole (vision tower, projector, language model)."""
     safe = safetensors_only(path, f"model.name_or_path {cfg.model.name_or_path}")  # never a pickle
+    if quant is not None:  # before transformers' quantizer imports it: without its Hub-kernel message
+        import_bitsandbytes()
     with hub_errors(cfg.model.name_or_path, "weights", path), seeded_head(cfg):
         return auto_model_class(cfg, path).from_pretrained(
             path,
@@ -494,6 +498,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
 
     # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder. Lever
     #    settings the model cannot run are refused before anything loads.
+    transformers_without_hub_kernels()
     check_memory_levers(cfg)
     kernel = varlen_kernel(cfg)
     path = resolve_model_path(cfg)

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
+from zerofit.core.lazy import import_bitsandbytes
 from zerofit.core.messages import warn
 from zerofit.strategies.optim_dtensor import sharded
 
@@ -43,7 +44,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 def _bitsandbytes_optim(name: str) -> Any:
     """The bitsandbytes optimizer class for `name`, or an actionable error if bitsandbytes is missing."""
     try:
-        import bitsandbytes as bnb
+        bnb = import_bitsandbytes()
     except ImportError as exc:
         raise ConfigError(
             [
