@@ -495,9 +495,8 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     GPU at load time); None keeps everything on CPU, which the engines then move. `tokenizer`: one already
     loaded with `load_tokenizer` (else it is loaded here).
     """
-
-    # 1. Where the weights are: the built-in tiny model is written once as a normal HF folder. Lever
-    #    settings the model cannot run are refused before anything loads.
+    # 1. Where the weights are (a built-in tiny model: written once as an HF folder); what cannot run is
+    #    refused before anything loads. transformers gets no Hub kernels (`zerofit.core.lazy`).
     transformers_without_hub_kernels()
     check_memory_levers(cfg)
     kernel = varlen_kernel(cfg)
