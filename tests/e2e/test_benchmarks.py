@@ -88,6 +88,7 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
             "--smoke",
             str(tmp / "planner_families.json"),
         ),
+        "startup": (str(BENCH / "startup.py"), "--smoke", "--json", str(tmp / "startup.json")),
     }
 
 
@@ -333,3 +334,21 @@ def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str
     (row,) = json.loads(out.read_text())["points"]
     assert row["model"] == "tiny Qwen/Qwen3-30B-A3B" and row["trace_gib"] > 0
     assert abs(row["diff_pct"]) < 5  # the analytic estimate within 5% of the trace
+
+
+def test_startup_smoke_launches_before_and_after_to_their_first_step(ran: dict[str, Ran]) -> None:
+    """`startup.py --smoke`: the plain one-process launch from the merge-base with main (or, without git
+    history, from this tree) and from this tree, each ended at its first optimizer step, with the ratio,
+    the floors and both sides' import-time tables."""
+    result, out = ran["startup"].ok(), ran["startup"].tmp / "startup.json"
+    assert "ratio " in result.stdout and "-X importtime of the plain launch" in result.stdout
+    report = json.loads(out.read_text())
+    plain = report["launches"]["plain"]
+    assert plain["measured"] == "start to first optimizer step" and plain["ratio_after_before"] > 0
+    assert len(plain["before_cpu_s"]) == len(plain["after_cpu_s"]) == 1
+    # each side's one process reached its first optimizer step, and its CPU then is within the launch's
+    assert all(len(ranks) == 1 for ranks in plain["after_first_step_cpu_s_per_rank"])
+    assert 0 < plain["after_first_step_cpu_s_per_rank"][0][0] <= plain["after_cpu_s"][0] + 0.05
+    assert set(report["floors"]) == {"import torch", "torch + one AdamW step"}
+    tables = report["importtime_self_s_by_package"]
+    assert "torch" in tables["before"] and "torch" in tables["after"] and "zerofit" in tables["after"]
