@@ -111,7 +111,8 @@ def _label_tokens(unit: Example | PreferencePair) -> int:
     if isinstance(unit, PromptExample):
         return 0
     sequences = (unit.chosen, unit.rejected) if isinstance(unit, PreferencePair) else (unit,)
-    return sum(sum(label != IGNORE_INDEX for label in e.labels) for e in sequences)
+    # list.count runs in C: the plan's line costs milliseconds, not a Python loop over every label token
+    return sum(len(e.labels) - e.labels.count(IGNORE_INDEX) for e in sequences)
 
 
 @dataclass
