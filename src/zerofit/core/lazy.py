@@ -89,8 +89,9 @@ def import_bitsandbytes() -> ModuleType:
     warning it logs instead is dropped by a filter on its logger for this import only. Any other record
     passes. Raises ImportError where bitsandbytes is not installed.
     """
-    if "bitsandbytes" in sys.modules:
-        return sys.modules["bitsandbytes"]
+    loaded = sys.modules.get("bitsandbytes")  # None there: hidden, and the import below raises ImportError
+    if loaded is not None:
+        return loaded
     drop, logger = _DropHubKernelMessage(), logging.getLogger(BNB_CPU_LOGGER)
     logger.addFilter(drop)
     try:
