@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} is marked serial but its file never says `mark.serial`: write "
                 "`@pytest.mark.serial` in it, so that `make test`'s serial phase (SERIAL_FILES) finds it"
             )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _launches_listed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test module's tests: every launch it started (tests/launch_helpers.py) is a row of its
+    docstring's `launch  launcher ...` table, with the launcher that ran it, so each launch module's list of
+    the combinations it covers, and which launcher runs each, stays what it really runs."""
+    yield
+    helpers = sys.modules.get("launch_helpers")
+    if helpers is None:  # the module launched nothing
+        return
+    module_file = str(request.path)
+    missing = helpers.unlisted(module_file, request.module.__doc__ or "")
+    assert not missing, (
+        f"{request.path.name} started launches its docstring's `launch  launcher ...` table does not list "
+        f"with their launcher: {', '.join(missing)}; add a row for each (id or fnmatch pattern, launcher, "
+        "what it covers)"
+    )

@@ -7,11 +7,16 @@ the cores (OMP_NUM_THREADS). An `api` launch runs in this process's main thread 
 started and polled from a background thread; it costs no process start-up (~4.5 CPU-s of imports this
 process has done already) and leaves this process's state (environment, default dtype, RNG, threads) as it
 found it. Results expose the output, the run directory's metrics and export.
+
+Every launch is recorded under the test module that started it (`launched_by`), and each such module must
+list it, with its launcher, in its docstring's `launch  launcher ...` table (`unlisted`, checked by
+tests/conftest.py after the module's tests): a module's list of what it covers cannot drift from what it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import importlib
 import io
 import json
@@ -39,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launchers" / "launch_finetune.py"
 BIN = Path(sys.executable).parent
 ONE_PROCESS = ("python", "api")  # the launchers that run one process whatever `nproc` says
+_launched: dict[str, set[tuple[str, str]]] = {}  # test module file -> {(launch id, launcher)}
 
 
 # Rendezvous ports come from below Linux's ephemeral range (32768-60999), where the kernel picks the ports of
@@ -120,6 +126,8 @@ class Launch:
         return self.key or self.name
 
     def command(self, config: Path, output_dir: Path) -> list[str]:
+        if threading.current_thread() is threading.main_thread():  # `run_launches` recorded its own
+            _record([self])
         if self.launcher == "python":
             head = [sys.executable]
         elif self.launcher == "deepspeed":
@@ -189,6 +197,7 @@ def run_launches(
     launch takes one of the `max_parallel` places while it runs. `timeout` stops only subprocess launches.
     """
     pending = list(launches)
+    _record(pending)
     in_process = [launch for launch in pending if launch.launcher == "api"]
     processes = [launch for launch in pending if launch.launcher != "api"]
     logs = output_dir / "_logs"
@@ -306,6 +315,7 @@ def run_in_process(launch: Launch, config: Path, output_dir: Path, env: dict[str
     error, as the launcher), and its Python warnings on stderr. Its output is also written to `_logs/`, as a
     subprocess launch's is.
     """
+    _record([launch])
     import zerofit
     from zerofit.config.loader import parse_overrides
     from zerofit.core.errors import ZerofitError
@@ -471,6 +481,48 @@ def _group_alive(pgid: int) -> bool:
             if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 return True
     return False
+
+
+def _record(launches: Iterable[Launch]) -> None:
+    """Note `launches` under the test module (a `test_*.py` file) found first up this thread's stack."""
+    frame = sys._getframe(1)
+    while frame is not None and not Path(frame.f_code.co_filename).name.startswith("test_"):
+        frame = frame.f_back
+    if frame is not None:
+        module = _launched.setdefault(frame.f_code.co_filename, set())
+        module.update((launch.id, launch.launcher) for launch in launches)
+
+
+def launched_by(module_file: str) -> set[tuple[str, str]]:
+    """The (launch id, launcher) pairs the test module at `module_file` has started so far."""
+    return set(_launched.get(str(module_file), set()))
+
+
+def listed_launches(docstring: str) -> list[tuple[str, str]]:
+    """The rows of a module docstring's table whose header starts `launch  launcher`: (id pattern,
+    launcher) each. A row starts at the header's indentation; deeper lines continue the row above."""
+    rows: list[tuple[str, str]] = []
+    indent: int | None = None
+    for line in docstring.splitlines():
+        words, depth = line.split(), len(line) - len(line.lstrip())
+        if words[:2] == ["launch", "launcher"]:
+            indent = depth
+        elif indent is not None and not words:
+            indent = None  # a blank line ends the table
+        elif indent is not None and depth == indent:
+            rows.append((words[0], words[1] if len(words) > 1 else ""))
+    return rows
+
+
+def unlisted(module_file: str, docstring: str) -> list[str]:
+    """The launches of a test module that its docstring's table does not list with their launcher (fnmatch
+    patterns allowed in the launch column, for launches named by a loop), as `id (launcher)`."""
+    rows = listed_launches(docstring)
+    return sorted(
+        f"{launch} ({launcher})"
+        for launch, launcher in launched_by(module_file)
+        if not any(fnmatch.fnmatchcase(launch, pattern) and launcher == ran for pattern, ran in rows)
+    )
 
 
 def run_one(launch: Launch, config: Path, output_dir: Path, **kwargs: Any) -> RunResult:

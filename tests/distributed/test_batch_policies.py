@@ -4,6 +4,10 @@
 The normalized partial window is covered across every split and engine in test_equivalence.py; here the
 default policy: 20 examples with global batch 8 give 2 full windows per epoch, the 4 left over are never
 trained on (said once at start), and the next epoch starts a fresh order instead of receiving them.
+
+    launch        launcher   what
+    drop-linear   api        the default drop policy; `optimizer.lr_scaling: linear` from base batch 4
+    sqrt          api        `optimizer.lr_scaling: sqrt` from base batch 32
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ A tiny Llama in fp32, full fine-tuning (CPO has no reference model), preference 
 response lengths vary a lot, global batch 8 pairs. CPO's two normalizers (the global batch's chosen response
 tokens for its NLL, its pairs for the preference term) are all-reduced before any backward, so every split
 trains the same steps: per-step loss and rewards/* agree within 2e-5 (fp32 reductions in another order).
+
+    launch        launcher   engine              split (micro x accum x dp)
+    one-8x1       api        one process         8 x 1 x 1   (the reference)
+    one-2x4       api        one process         2 x 4 x 1
+    zero2-2x2x2   torchrun   DeepSpeed ZeRO-2    2 x 2 x 2
 """
 
 from __future__ import annotations

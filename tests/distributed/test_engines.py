@@ -11,6 +11,18 @@ dropout, a small data set seen repeatedly so the loss must fall:
 - run directory: fully resolved config.yaml, the engine config exactly as rendered, metrics.jsonl with
   every field docs/contracts.md lists for it, checkpoints/, adapter/;
 - resume: 6 uninterrupted steps == 3 steps + resume from the step-3 checkpoint to 6 (single, DeepSpeed).
+
+    launch               launcher    engine                          precision
+    bf16-single          api         one process                     bf16
+    bf16-zero2           deepspeed   DeepSpeed ZeRO-2                bf16
+    bf16-fsdp            torchrun    FSDP2                           bf16
+    bf16-ddp             torchrun    DDP                             bf16
+    bf16-zero3-offload   torchrun    DeepSpeed ZeRO-3, CPU offload   bf16
+    bf16-fsdp-offload    torchrun    FSDP2, CPU offload              bf16
+    fp16-single          api         one process                     fp16, loss scaling
+    fp16-zero2           deepspeed   DeepSpeed ZeRO-2                fp16 (or refused up front)
+    resume-single        api         one process                     bf16, resumed from bf16-single's step 3
+    resume-zero2         deepspeed   DeepSpeed ZeRO-2                bf16, resumed from bf16-zero2's step 3
 """
 
 from __future__ import annotations

@@ -23,6 +23,22 @@ window; the LR follows the schedule once per optimizer step; the short window at
 (train.partial_window=normalize, with empty micro-batches on some ranks) is normalized by its own tokens.
 The companion test shows that per-micro-batch means divided by GAS would not agree on this data. Tool-calling
 conversations (the bundled demo, tiny-qwen2) agree too: one big batch vs FSDP2 over 2 ranks.
+
+    launch            launcher   engine                split (micro x accum x dp)   what
+    single-m8         api        one process           8 x 1 x 1         the reference, transformers' sdpa
+    single-m2         api        one process           2 x 4 x 1         varlen attention from here on
+    zero0             torchrun   DeepSpeed ZeRO-0      2 x 2 x 2
+    zero2             torchrun   DeepSpeed ZeRO-2      2 x 2 x 2
+    zero3             torchrun   DeepSpeed ZeRO-3      2 x 2 x 2
+    fsdp              torchrun   FSDP2                 1 x 4 x 2
+    ddp               torchrun   DDP                   2 x 2 x 2
+    zero2-packed      torchrun   DeepSpeed ZeRO-2      2 rows x 2 x 2    128-token budgets, 64-token rows
+    fsdp-packed       torchrun   FSDP2                 1 row x 4 x 2     64-token budgets
+    zero2-levers      torchrun   DeepSpeed ZeRO-2      2 rows x 2 x 2    checkpointing + offload, tiled MLP 3,
+                                                                         lean norms, fused loss, compile
+    zero3-tiled       torchrun   DeepSpeed ZeRO-3      2 x 2 x 2         tiled MLP 2, lean norms, fused loss
+    tools-single-m8   api        one process           8 x 1 x 1         tool-calling chats: the reference
+    tools-fsdp        torchrun   FSDP2                 1 x 4 x 2         tool-calling chats
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Multi-turn chat data (assistant-only labels) with 20% of its conversations held out (`data.eval_split`),
 evaluated every 2 steps and after the last of 3, in fp32, as
 
-    single   in-process, micro 4 x accum 2 x dp 1,  data from a Parquet file (`zerofit.train`, the Python API)
-    zero3    torchrun,   micro 2 x accum 2 x dp 2,  data from a `save_to_disk` folder, W&B offline
-    fsdp     torchrun,   micro 1 x accum 4 x dp 2,  data from the JSONL file
+    launch   launcher   engine             split                        data
+    single   api        one process        micro 4 x accum 2 x dp 1     a Parquet file (`zerofit.train`)
+    zero3    torchrun   DeepSpeed ZeRO-3   micro 2 x accum 2 x dp 2     a `save_to_disk` folder, W&B offline
+    fsdp     torchrun   FSDP2              micro 1 x accum 4 x dp 2     the JSONL file
 
 The 9 eval conversations do not fill the last window of any split, so ranks without an example run a
 masked dummy row. Evaluation losses and token counts agree across the splits within 1e-5 and equal a

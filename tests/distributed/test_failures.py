@@ -17,6 +17,13 @@ because the delay is idle time: it runs beside the full-disk launches, which use
 The same launch saves on a wall-clock interval (`checkpoint.every_minutes` of a fraction of a second):
 only rank 0's clock decides, through the loop's after-step all-reduce, so both ranks enter the same
 collective saves and the run finishes with several timed checkpoints.
+
+    launch       launcher    engine             what
+    slow-rank0   torchrun    DDP                rank 0's data load delayed past the process-group timeout
+    zero2        deepspeed   DeepSpeed ZeRO-2   a full disk mid-checkpoint, W&B offline
+    fsdp         torchrun    FSDP2              a full disk mid-checkpoint
+    orphan       deepspeed   DeepSpeed ZeRO-2   the `deepspeed` runner killed alone
+    lost         deepspeed   DeepSpeed ZeRO-2   one rank killed mid-run
 """
 
 from __future__ import annotations

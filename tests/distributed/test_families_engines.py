@@ -23,6 +23,11 @@ a second or two each). One launch per run: launches cannot be shared (DeepSpeed'
 cannot be initialized twice in one process, and a second FSDP2 run in one torchrun launch was seen to hang
 at its process-group set-up). Every family also trains with LoRA and with QLoRA on one process, and is
 exported and generated from, in tests/unit/models/test_families.py.
+
+    launch                   launcher    engine
+    zero2-*                  torchrun    DeepSpeed ZeRO-2 (`zero2-lora-FAMILY`, `zero2-qlora-FAMILY`)
+    zero2-qlora-tiny-qwen3   deepspeed   DeepSpeed ZeRO-2 under the `deepspeed` runner
+    fsdp-*                   torchrun    FSDP2
 """
 
 from __future__ import annotations

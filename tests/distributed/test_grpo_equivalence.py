@@ -5,19 +5,18 @@ The tiny Llama in fp32 (full fine-tuning), 2 prompts x G 4 = 8 completions per s
 PYTHONPATH), 4 steps, the one-process references through the Python API (`zerofit.train`, in the test
 process), the others through the real launchers (gloo):
 
-    launch          engine              split (micro x accum x dp)   what
-    single          one process         8 x 1 x 1                   the reference curve
-    zero2           DeepSpeed ZeRO-2    2 x 2 x 2                   SIGTERM mid-run, then resumed (zero2-resumed)
-    fsdp            FSDP2               1 x 4 x 2                   layers gathered once per rollout
+    launch          launcher   engine              split (micro x accum x dp)   what
+    single          api        one process         8 x 1 x 1                   the reference curve
+    zero2           torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   SIGTERM mid-run, then resumed
+    zero2-resumed   torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   zero2 resumed
+    fsdp            torchrun   FSDP2               1 x 4 x 2                   layers gathered once per rollout
+    *-single        api        one process         8 x 1 x 1                   LOSS's reference curve
+    *-zero2         torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   LOSS
+    *-fsdp          torchrun   FSDP2               1 x 4 x 2                   LOSS
 
-(those three with `rl.loss_type` dapo, the default), and for each of the other loss types, grpo and dr_grpo:
-
-    LOSS-single     one process         8 x 1 x 1                   that loss type's reference curve
-    LOSS-zero2      DeepSpeed ZeRO-2    2 x 2 x 2
-
-(every DeepSpeed launch under `torchrun`; the `deepspeed` runner's own start-up is test_engines' and
+(the first four with `rl.loss_type` dapo, the default; LOSS-* for each of the other loss types, grpo and
+dr_grpo; every DeepSpeed launch under `torchrun`: the `deepspeed` runner's own start-up is test_engines' and
 test_stop_resume's)
-    LOSS-fsdp       FSDP2               1 x 4 x 2
 
 Each rank samples its own completions, seeded per (seed, step, global completion index), and the advantages
 come from whole groups (a group's 4 completions land on both ranks here): the per-step loss, grad norm,

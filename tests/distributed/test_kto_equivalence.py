@@ -4,9 +4,9 @@ A tiny Llama in fp32 with LoRA (KTO's reference: the adapters off), unpaired exa
 completion lengths vary a lot and whose labels are mixed, global batch 8, held-out examples evaluated every
 2 steps:
 
-    launch    engine              split (micro x accum x dp)
-    single    one process         8 x 1 x 1      (W&B offline; `zerofit.train`, in the test process)
-    zero2     DeepSpeed ZeRO-2    2 x 2 x 2
+    launch    launcher   engine              split (micro x accum x dp)
+    single    api        one process         8 x 1 x 1      (W&B offline; `zerofit.train`, in the test process)
+    zero2     torchrun   DeepSpeed ZeRO-2    2 x 2 x 2
 
 Per-step loss, TRL's metrics (rewards/*, logps/*, kl) and eval/* agree within 2e-5: the mismatched pairing,
 the KL reference point z0 and the normalizers are the global batch's (`zerofit.objectives.kto.loss`). The split

@@ -13,6 +13,13 @@ For each: exit 0, the loss falls; the checkpoint's optimizer state is 8-bit (uin
 bitsandbytes quantizes (tensors of >= 4096 elements; smaller ones keep fp32 state by bitsandbytes' design);
 the checkpoint holds exactly the adapter weights (frozen base excluded) and the export is the adapter only,
 with every adapter trained (LoRA B starts at zero).
+
+    launch                 launcher   engine             what
+    lora-adamw8-zero2      torchrun   DeepSpeed ZeRO-2   LoRA, adamw_8bit client optimizer, checkpointing
+    lora-adamw8-fsdp       torchrun   FSDP2              LoRA, adamw_8bit on DTensor shards
+    qlora-paged-single     api        one process        QLoRA, paged_adamw_8bit, checkpointing
+    lora8bit-lion-single   api        one process        LoRA on an 8-bit base, lion_8bit
+    lora-adamw8-fsdp-resumed   torchrun   FSDP2          lora-adamw8-fsdp resumed from its step-3 checkpoint
 """
 
 from __future__ import annotations

@@ -3,15 +3,17 @@ transformers and peft load.
 
 One set of real launches (gloo, CPU, tiny-llama with LoRA, 4 steps of global batch 8, fp32 unless said):
 
-    single        one process through the Python API (`zerofit.train`, in the test process; micro 2 x accum
-                  4): the single-node reference; checkpoints in state.pt
-    zero3-2node   2 nodes x 1 rank: `deepspeed --hostfile H --no_ssh --node_rank N` (ZeRO-3 partitions)
-    fsdp-2node    2 nodes x 1 rank: launchers/slurm_multinode.sbatch under a stand-in `srun` that starts one
-                  task per node on this machine (torchrun, c10d rendezvous); `distributed.preset=fsdp` alone
-                  switches the config's DeepSpeed engine to FSDP2 (DCP shards)
-    not-shared    2 nodes x 1 rank whose `output_dir`s differ: a filesystem that is not shared
-    qlora-dsfile  python, QLoRA (4-bit base) in bf16 on DeepSpeed ZeRO-2 from a user JSON whose WarmupDecayLR
-                  block must run; final `adapter/`
+    launch        launcher    what
+    single        api         one process through the Python API (`zerofit.train`, in the test process;
+                              micro 2 x accum 4): the single-node reference; checkpoints in state.pt
+    zero3-2node   deepspeed   2 nodes x 1 rank: `deepspeed --hostfile H --no_ssh --node_rank N` (ZeRO-3
+                              partitions)
+    fsdp-2node    slurm       2 nodes x 1 rank: launchers/slurm_multinode.sbatch under a stand-in `srun` that
+                              starts one task per node on this machine (torchrun, c10d rendezvous);
+                              `distributed.preset=fsdp` alone switches the config's DeepSpeed engine to FSDP2
+    not-shared    torchrun    2 nodes x 1 rank whose `output_dir`s differ: a filesystem that is not shared
+    qlora-dsfile  python      QLoRA (4-bit base) in bf16 on DeepSpeed ZeRO-2 from a user JSON whose
+                              WarmupDecayLR block must run; final `adapter/`
 
 Asserted: the 2-node losses equal the single-node ones (fp32, within 1e-5); an output_dir that is not shared
 fails on every rank with one paragraph; the adapters exported from state.pt, ZeRO-3 partitions and FSDP2 shards

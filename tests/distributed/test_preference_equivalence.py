@@ -5,14 +5,15 @@ held-out pairs evaluated every 2 steps, the one-process runs through the Python 
 test process), the others through the real launchers (torchrun; gloo; DeepSpeed under `torchrun`: the
 `deepspeed` runner's own start-up is what test_engines and test_stop_resume exercise):
 
-    launch        engine                      split (micro x accum x dp)   reference
-    single        one process                 8 x 1 x 1                   precomputed (full fine-tuning)
-    zero2         DeepSpeed ZeRO-2            2 x 2 x 2, SIGTERM mid-run and resumed: the uninterrupted curve
-    zero3         DeepSpeed ZeRO-3            2 x 2 x 2                   precomputed
-    fsdp          FSDP2                       1 x 4 x 2                   precomputed (loss inside lm_head)
-    single-lora   one process, LoRA           8 x 1 x 1                   adapters_off
-    zero3-lora    DeepSpeed ZeRO-3, LoRA      2 x 2 x 2                   adapters_off (ZeRO-3 gathers the base;
-                                                                          loss inside lm_head)
+    launch          launcher   engine                   split (micro x accum x dp)   reference
+    single          api        one process              8 x 1 x 1             precomputed (full fine-tuning)
+    zero2           torchrun   DeepSpeed ZeRO-2         2 x 2 x 2, SIGTERM mid-run and resumed (below)
+    zero2-resumed   torchrun   DeepSpeed ZeRO-2         2 x 2 x 2             zero2 resumed: the uninterrupted curve
+    zero3           torchrun   DeepSpeed ZeRO-3         2 x 2 x 2             precomputed
+    fsdp            torchrun   FSDP2                    1 x 4 x 2             precomputed (loss inside lm_head)
+    single-lora     api        one process, LoRA        8 x 1 x 1             adapters_off
+    zero3-lora      torchrun   DeepSpeed ZeRO-3, LoRA   2 x 2 x 2             adapters_off (ZeRO-3 gathers the
+                                                                              base; loss inside lm_head)
 
 (`train.cross_entropy: fused_linear` on two launches: the per-token log-probs computed inside lm_head
 give the chunked loss's curve, on the engines that gather lm_head's weight in its forward.)

@@ -4,10 +4,10 @@ The built-in tiny Llama as a one-output sequence classifier, LoRA with the score
 pairs whose prompt and response lengths vary a lot (a margin column on some), global batch 8 pairs,
 held-out pairs evaluated every 2 steps, on the real launchers (gloo) and, for the reference, the Python API:
 
-    launch   engine                 split (micro x accum x dp)
-    single   one process            8 x 1 x 1     (`zerofit.train`, in the test process)
-    zero2    DeepSpeed ZeRO-2       2 x 2 x 2
-    fsdp     FSDP2                  1 x 4 x 2
+    launch   launcher   engine                 split (micro x accum x dp)
+    single   api        one process            8 x 1 x 1     (`zerofit.train`, in the test process)
+    zero2    torchrun   DeepSpeed ZeRO-2       2 x 2 x 2
+    fsdp     torchrun   FSDP2                  1 x 4 x 2
 
 Per-step loss, rewards/* and eval/* agree within 2e-5; the metrics are in metrics.jsonl and the offline W&B
 run. (The split-exactness in one process, 8 x 1 vs 2 x 4, and the per-micro-batch mean that disagrees are

@@ -3,12 +3,15 @@
 A tiny Llama (4 attention heads, 2 key/value heads), full fine-tuning in fp32, ragged data (1 to ~60
 tokens), global batch 8, as
 
-    one process, micro 8    (the reference: the Python API, `zerofit.train`, in the test process)
-    DeepSpeed ZeRO-3 on 2 ranks gloo, distributed.sequence_parallel=2, micro 4 x accum 2 x dp 1, every
-    layer checkpointed
-    the same split as (SP 2, dp 1) with the whole global batch in one micro-batch: micro 8 x accum 1, no
-    layer checkpointed, no checkpoint saved (started beside the resumed run below, which waits for sp2's)
-    sp2's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2 x dp 2
+    launch       launcher   what
+    single       api        one process, micro 8 (the reference: the Python API, in the test process)
+    sp2          torchrun   DeepSpeed ZeRO-3 on 2 ranks, distributed.sequence_parallel=2, micro 4 x accum 2
+                            x dp 1, every layer checkpointed
+    sp2-m8       torchrun   the same split as (SP 2, dp 1) with the whole global batch in one micro-batch:
+                            micro 8 x accum 1, no layer checkpointed, no checkpoint saved (started beside
+                            the resumed run below, which waits for sp2's)
+    sp2-to-dp2   torchrun   sp2's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2
+                            x dp 2
 
 Every sequence of the SP run is sharded over both ranks, attention through DeepSpeed's all-to-all
 (`UlyssesSPAttentionHF`), labels shifted before the cut; the loss curve, the token counts, the pre-clip

@@ -5,12 +5,16 @@ losses), each stopped by SIGTERM and by SIGINT mid-run and resumed with `checkpo
 another world size, plus an uninterrupted reference run (through the Python API, in the test process).
 Launches of one round run side by side:
 
-    chain     launcher   segments: ranks and how each one ends
-    single    python     1 SIGTERM -> 1 Ctrl-C -> 1 end                  W&B offline: one run id throughout
-    zero2     deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> 2 end     elastic 2 -> 1 and 1 -> 2
-    zero3     torchrun   1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
-    fsdp      torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end; then its newest checkpoint is damaged and a 1-rank
-                         resume falls back to the one before (and reshards 2 -> 1)
+    launch          launcher   segments (chain-N is segment N): ranks and how each one ends
+    reference       api        1 end: the uninterrupted run
+    single-*        python     1 SIGTERM -> 1 Ctrl-C -> 1 end                  W&B offline: one run id throughout
+    zero2-*         deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> 2 end     elastic 2 -> 1 and 1 -> 2
+    zero3-*         torchrun   1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
+    fsdp-*          torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end
+    fsdp-fallback   torchrun   1 end: the fsdp chain's newest checkpoint damaged, resumed from the one
+                               before (and resharded 2 -> 1)
+    retuned         torchrun   2 end: a copy of the zero3 chain resumed with a new lr and 4 more steps
+    refused         python     the single chain resumed with a changed lr: refused before any model load
 
 SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
 nor forwards it, and on the zero3 chain: there it goes to the process group, as schedulers send it

@@ -2,10 +2,15 @@
 trained in full, on the bundled ragged image + text data (images of different sizes, text-only rows), fp32,
 global batch 4, the 2-rank runs through the real launchers (gloo):
 
-    launch   engine            split (micro x accum x dp)
-    single   one process       4 x 1 x 1   (the Python API, `zerofit.train`, in the test process)
-    zero2    DeepSpeed ZeRO-2  1 x 2 x 2
-    fsdp     FSDP2             1 x 2 x 2   (the vision blocks and the decoder layers each sharded)
+    launch          launcher    engine            split (micro x accum x dp)
+    single          api         one process       4 x 1 x 1   (the Python API, `zerofit.train`, in the test process)
+    zero2           deepspeed   DeepSpeed ZeRO-2  1 x 2 x 2
+    fsdp            torchrun    FSDP2             1 x 2 x 2   (the vision blocks and the decoder layers each sharded)
+    *-single        api         one process       4 x 1 x 1   each other family's reference (below)
+    gemma3-fsdp     torchrun    FSDP2             1 x 2 x 2   tiny-gemma3-vl
+    llava-fsdp      torchrun    FSDP2             1 x 2 x 2   tiny-llava
+    smolvlm-zero2   deepspeed   DeepSpeed ZeRO-2  1 x 2 x 2   tiny-smolvlm
+    mllama-fsdp     torchrun    FSDP2             1 x 2 x 2   tiny-mllama (cross-attention images)
 
 A rank whose micro-batch has no image still runs the vision tower (`models.vision.run_vision_every_step`), so
 the sharded engines' collectives match. The per-step loss agrees within 2e-5 and every run exports its adapter.

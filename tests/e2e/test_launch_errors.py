@@ -5,6 +5,18 @@ Batch problems must be caught before any model is loaded: those launches get an 
 must still be empty afterwards (the built-in tiny model is written there on first load). A control launch
 that does get as far as the tokenizer (bad data) gets an empty cache too, which must be filled: the cache
 the others leave empty is really the one a load would write.
+
+    launch                    launcher    what
+    earlier                   api         the earlier run whose directory the bad launches must not touch
+    earlier                   python      a new run with the taken name: it gets its own directory
+    indivisible-2-ranks       deepspeed   a global batch 2 ranks cannot split (refused before the model)
+    indivisible               python      a global batch the micro-batch cannot divide
+    multi-rank-under-python   python      a multi-rank split started under plain `python`
+    unknown-*                 python      an unknown strategy, an unknown preset
+    *-data                    python      missing, empty and malformed data files
+    truncated-away            python      every example cut to nothing by data.max_seq_len
+    output-dir-is-a-file      python      output_dir names a file
+    nothing-to-resume         python      checkpoint.resume with no checkpoint to resume
 """
 
 from __future__ import annotations

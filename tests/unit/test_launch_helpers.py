@@ -1,5 +1,11 @@
 """tests/launch_helpers.py's `api` launches: `zerofit.train` in the test's own process, beside subprocess
-launches of the same `run_launches` call, with the output captured and the worker's state left as it was."""
+launches of the same `run_launches` call, with the output captured and the worker's state left as it was.
+
+    launch       launcher   what
+    in-process   api        a tiny run in this process
+    subprocess   python     the same run launched: the same losses and summary line
+    refused      api        a misspelt key: exit 2 and the paragraph, in this process
+"""
 
 from __future__ import annotations
 

@@ -9,6 +9,14 @@ process, against the tokenization cache and DPO's precomputed reference, poisone
 Each poisoned cache is caught by its sample check: the run rebuilds it with one line naming the cache, and
 its losses are the genuine run's. A genuine cache is read (the plan says so) with the same losses as the
 run that wrote it, and no note.
+
+    launch           launcher   what
+    genuine          api        writes the cache (tokenization, then DPO's reference)
+    hit              api        reads the genuine cache
+    poisoned         api        meets the poisoned cache and rebuilds it
+    after            api        reads what the poisoned run rebuilt
+    zero3-hit        torchrun   DeepSpeed ZeRO-3, 2 ranks: both read the reference table
+    zero3-poisoned   torchrun   DeepSpeed ZeRO-3, 2 ranks: both recompute the poisoned table
 """
 
 from __future__ import annotations
