@@ -100,16 +100,13 @@ def train_step(
     # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
     #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
     #    all-reduce, for throughput accounting).
-    local = torch.tensor(
-        [
-            *objective.counts(micro_batches),
-            sum(count_label_tokens(*batch_labels(b)) for b in micro_batches),
-            sum(int(b["attention_mask"].sum()) for b in micro_batches),
-            sum(b["input_ids"].numel() for b in micro_batches),
-        ],
-        dtype=torch.int64,
-    )
-    *counts, tokens, input_tokens, processed_tokens = strategy.all_reduce_sum(local).tolist()
+    local = [
+        *objective.counts(micro_batches),
+        sum(count_label_tokens(*batch_labels(b)) for b in micro_batches),
+        sum(int(b["attention_mask"].sum()) for b in micro_batches),
+        sum(b["input_ids"].numel() for b in micro_batches),
+    ]
+    *counts, tokens, input_tokens, processed_tokens = summed_over_ranks(strategy, local)
     # 2. The one place that scales the loss: each sum by its global count, and back up by what the engine
     #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
     #    gradient of (sum of token or pair losses) / count. max(., 1): an all-masked window adds zero.
@@ -131,6 +128,15 @@ def train_step(
     # The metrics: means over the objective's units, its last count (KTO's: per label, and z0).
     metrics = objective.metric_means(sums[len(counts) :], counts[-1])
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
+
+
+def summed_over_ranks(strategy: Strategy, values: list[int]) -> list[int]:
+    """Each of `values` summed over every rank (`Strategy.all_reduce_sum`, one collective for all); in one
+    process the values themselves, with no tensor built and copied for an identity (the loop asks twice a
+    step: the window's counts and the agreement after it)."""
+    if strategy.world_size == 1:
+        return list(values)
+    return strategy.all_reduce_sum(torch.tensor(values, dtype=torch.int64)).tolist()
 
 
 def _scaled(terms: list[torch.Tensor], scales: list[float]) -> torch.Tensor:
@@ -507,7 +513,7 @@ def agree_after_step(
         mine = run.watch.judge(eval_loss)
     timed = run.clock is not None and rank0 and run.clock.due()
     local = [*signals, int(timed), int(mine.best), int(mine.exhausted), int(write_failed and rank0), int(bad)]
-    votes = run.strategy.all_reduce_sum(torch.tensor(local, dtype=torch.int64)).tolist()
+    votes = summed_over_ranks(run.strategy, local)
     n = len(signals)
     stopping = stop is not None and stop.agree(votes[:n])
     verdict = Verdict(bool(votes[n + 1]), bool(votes[n + 2])) if judged else None

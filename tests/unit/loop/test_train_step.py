@@ -389,3 +389,11 @@ def test_the_weights_check_costs_a_few_ops_however_many_tensors_train() -> None:
     huge[1].data.fill_(1e30)  # a 2-norm of 3.5e30**2: inf in fp32, every element finite
     assert weights_finite(huge)
     assert weights_finite([])
+
+
+def test_one_process_sums_its_counts_and_votes_without_a_tensor() -> None:
+    """The window's counts and the agreement after each step are sums over ranks; in one process they are
+    the values themselves: no tensor is built, copied and read back for an identity."""
+    from zerofit.loop.train import summed_over_ranks
+
+    assert _ops_of(summed_over_ranks, one_process_strategy(), [3, 0, 7]) == ([3, 0, 7], 0)
