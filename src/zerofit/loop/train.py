@@ -328,7 +328,7 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
     evaluation, gets a line saying where the run is)."""
     results: list[StepResult] = []
     seen = tokens_before
-    trainable = trainable_parameters(run.model)
+    trainable: list[torch.nn.Parameter] | None = None  # found after the first step (an engine's lazy set-up)
     for step in range(start_step, run.max_steps):
         shown.update(step)
         started = time.perf_counter()
@@ -339,6 +339,7 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
         seen += result.tokens  # global (all-reduced): the same on every rank and for every split
         steps_done = step + 1
         # NaN / inf (the same on every rank: global values): no evaluation of such weights, its row logged.
+        trainable = trainable if trainable is not None else trainable_parameters(run.model)
         bad = non_finite(result, run.strategy.step_applied, trainable)
         evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None and bad is None else {}
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
@@ -414,8 +415,9 @@ def non_finite(
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters `model` trains, in order: found once per `train_loop` (walking a peft model's modules
-    costs more than checking the weights themselves), not at every step."""
+    """The parameters `model` trains, in order: found once per `train_loop`, after its first step (so an
+    engine's set-up at the first forward, FSDP2's lazy init, is done), not at every step: walking a peft
+    model's modules costs more than checking the weights themselves."""
     return [p for p in model.parameters() if p.requires_grad]
 
 
