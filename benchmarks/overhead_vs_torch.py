@@ -15,15 +15,19 @@ in this one process:
 
 The two alternate in segments (zerofit, reference, zerofit, reference, ... over --repeats), each segment
 --steps optimizer steps, after --warmup untimed steps each (the first step allocates optimizer state), so
-machine noise (a shared CPU) falls on both. Reported: the median step time of each, tokens/s (input
-tokens of the timed steps / their total time), the ratio zerofit / reference, and the loss of each after
-the last step. The two losses mean different things: zerofit's is token-exact (sum of token losses / valid
+machine noise (a shared CPU) falls on both. Each step is timed twice: wall time and this process's CPU time
+(`time.process_time`; on a shared CPU it leaves out the time other processes held the core, so with one
+thread, `--threads 1`, it is the steadier measure; on a GPU only the wall time means anything). Reported:
+the median step time of each (wall and CPU), tokens/s (input tokens of the timed steps / their total wall
+time), the ratios zerofit / reference (of the medians, and per repeat), and the loss of each after the
+last step. The two losses mean different things: zerofit's is token-exact (sum of token losses / valid
 tokens of the whole global batch); the reference's is the mean of the micro-batches' own token means.
 
 This is a measurement, not a test: nothing here asserts on time.
 
     python benchmarks/overhead_vs_torch.py                            # demo recipe, one process, fp32
     python benchmarks/overhead_vs_torch.py --steps 20 --repeats 3 --json out.json
+    python benchmarks/overhead_vs_torch.py --threads 1 --steps 10 --repeats 30   # a shared CPU: CPU time
     python benchmarks/overhead_vs_torch.py --micro 2 --global-batch 16 lora.r=8
 
 Run from the repository root (the config's data path is relative to it).
@@ -80,11 +84,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="train.precision"
     )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's own choice)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the result to this JSON file")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. lora.r=8 data.max_seq_len=128")
     args = parser.parse_intermixed_args(argv)
-    for name in ("steps", "repeats"):
-        if getattr(args, name) < 1:
+    for name in ("steps", "repeats", "threads"):
+        if (getattr(args, name) or 1) < 1:
             parser.error(f"--{name} must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
@@ -173,12 +180,24 @@ def synchronize(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------ the two loops
 
 
+def clocks() -> tuple[float, float]:
+    """Now, as (wall seconds, this process's CPU seconds): a step is timed on both."""
+    return time.perf_counter(), time.process_time()
+
+
 @dataclass
 class Segment:
-    """One timed run of consecutive steps: each step's seconds and the loss after the last one."""
+    """One timed run of consecutive steps: each step's wall and CPU seconds, and the loss after the last one."""
 
     seconds: list[float]
+    cpu_seconds: list[float]
     last_loss: float
+
+    @classmethod
+    def from_marks(cls, marks: list[tuple[float, float]], last_loss: float) -> Segment:
+        """The steps between consecutive `clocks()` marks."""
+        pairs = list(itertools.pairwise(marks))
+        return cls([b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs], last_loss)
 
 
 class StepClock(CheckpointSaver):
@@ -190,12 +209,12 @@ class StepClock(CheckpointSaver):
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.marks: list[float] = []
+        self.marks: list[tuple[float, float]] = []
 
     def after_step(self, steps_done: int, *args: Any, **kwargs: Any) -> None:
         del steps_done, args, kwargs
         synchronize(self.device)
-        self.marks.append(time.perf_counter())
+        self.marks.append(clocks())
 
 
 class ZerofitLoop:
@@ -215,10 +234,9 @@ class ZerofitLoop:
         from zerofit.loop.train import train_loop
 
         self.run.max_steps = start + steps
-        self.clock.marks = [time.perf_counter()]
+        self.clock.marks = [clocks()]
         results = train_loop(self.run, start_step=start)
-        marks = self.clock.marks
-        return Segment([b - a for a, b in itertools.pairwise(marks)], results[-1].loss)
+        return Segment.from_marks(self.clock.marks, results[-1].loss)
 
     def close(self) -> None:
         self.prepared.close()
@@ -271,14 +289,12 @@ class ReferenceLoop:
 
     def segment(self, start: int, steps: int) -> Segment:
         """Steps `start`..`start + steps - 1`, each timed on its own."""
-        seconds: list[float] = []
-        loss = float("nan")
+        marks, loss = [clocks()], float("nan")
         for step in range(start, start + steps):
-            began = time.perf_counter()
             loss = self.step(step)
             synchronize(self.device)
-            seconds.append(time.perf_counter() - began)
-        return Segment(seconds, loss)
+            marks.append(clocks())
+        return Segment.from_marks(marks, loss)
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -289,22 +305,35 @@ class LoopStats:
     """One loop's timed steps summarized."""
 
     median_step_s: float
+    median_step_cpu_s: float
     per_repeat_median_s: list[float]
+    per_repeat_median_cpu_s: list[float]
     tokens_per_s: float
     loss_after: float
     step_seconds: list[float] = field(repr=False)
+    step_cpu_seconds: list[float] = field(repr=False)
 
 
 def summarize(segments: list[Segment], tokens: int) -> LoopStats:
-    """Median over every timed step, per-segment medians, throughput = timed tokens / timed seconds."""
+    """Medians over every timed step (wall, CPU), per-segment medians, throughput = timed tokens / wall seconds."""
     every = [s for seg in segments for s in seg.seconds]
+    every_cpu = [s for seg in segments for s in seg.cpu_seconds]
     return LoopStats(
         median_step_s=statistics.median(every),
+        median_step_cpu_s=statistics.median(every_cpu),
         per_repeat_median_s=[statistics.median(seg.seconds) for seg in segments],
+        per_repeat_median_cpu_s=[statistics.median(seg.cpu_seconds) for seg in segments],
         tokens_per_s=tokens / sum(every),
         loss_after=segments[-1].last_loss,
         step_seconds=every,
+        step_cpu_seconds=every_cpu,
     )
+
+
+def _ms(segment: Segment) -> str:
+    """A segment's median step, wall / CPU, in ms."""
+    wall, cpu = statistics.median(segment.seconds), statistics.median(segment.cpu_seconds)
+    return f"{1e3 * wall:.1f} / {1e3 * cpu:.1f} ms"
 
 
 def measure(
@@ -321,8 +350,8 @@ def measure(
         r_segments.append(reference.segment(start, args.steps))
         tokens += sum(work.input_tokens(s) for s in range(start, start + args.steps))
         print(
-            f"  repeat {repeat + 1}/{args.repeats}: zerofit {1e3 * statistics.median(z_segments[-1].seconds):.1f}"
-            f" ms, reference {1e3 * statistics.median(r_segments[-1].seconds):.1f} ms (median step)",
+            f"  repeat {repeat + 1}/{args.repeats}: zerofit {_ms(z_segments[-1])}, reference"
+            f" {_ms(r_segments[-1])} (median step, wall / CPU)",
             flush=True,
         )
     return summarize(z_segments, tokens), summarize(r_segments, tokens)
@@ -353,7 +382,8 @@ def report(
 ) -> dict[str, Any]:
     """Everything a result file records: when, where, what was run, and the numbers."""
     cfg, plan = work.resolved.config, work.resolved.batch
-    paired = [a / b for a, b in zip(z.per_repeat_median_s, r.per_repeat_median_s, strict=True)]
+    paired = _paired(z.per_repeat_median_s, r.per_repeat_median_s)
+    paired_cpu = _paired(z.per_repeat_median_cpu_s, r.per_repeat_median_cpu_s)
     return {
         "script": "benchmarks/overhead_vs_torch.py",
         "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -376,9 +406,18 @@ def report(
         "reference": _rounded(asdict(r)),
         "ratio_median_step": round(z.median_step_s / r.median_step_s, 4),
         "ratio_per_repeat": [round(x, 4) for x in paired],
+        "ratio_median_step_cpu": round(z.median_step_cpu_s / r.median_step_cpu_s, 4),
+        "ratio_per_repeat_cpu": [round(x, 4) for x in paired_cpu],
+        "ratio_per_repeat_median": round(statistics.median(paired), 4),
+        "ratio_per_repeat_median_cpu": round(statistics.median(paired_cpu), 4),
         "loss_note": "zerofit: sum of token losses / valid tokens of the global batch (token-exact); "
         "reference: sum over micro-batches of (micro-batch token mean / grad_accum_steps)",
     }
+
+
+def _paired(zerofit: list[float], reference: list[float]) -> list[float]:
+    """zerofit / reference of each repeat's medians (the two segments of a repeat ran back to back)."""
+    return [a / b for a, b in zip(zerofit, reference, strict=True)]
 
 
 def _repo_relative(path: str) -> str:
@@ -388,13 +427,14 @@ def _repo_relative(path: str) -> str:
 
 
 def _rounded(stats: dict[str, Any]) -> dict[str, Any]:
-    """Seconds (to 0.1 ms) and losses to 4 decimals, tokens/s to 1 (a result file to read, not a float dump)."""
+    """Seconds to 10 us, losses to 4 decimals, tokens/s to 1 (a result file to read, not a float dump)."""
     out: dict[str, Any] = {}
     for key, value in stats.items():
+        digits = 4 if key == "loss_after" else 5
         if isinstance(value, list):
-            out[key] = [round(v, 4) for v in value]
+            out[key] = [round(v, digits) for v in value]
         else:
-            out[key] = round(value, 1) if key == "tokens_per_s" else round(value, 4)
+            out[key] = round(value, 1) if key == "tokens_per_s" else round(value, digits)
     return out
 
 
@@ -407,21 +447,30 @@ def format_summary(result: dict[str, Any]) -> str:
         f"seq <= {c['max_seq_len']}, on {result['device']}",
         f"  {result['repeats']} x {result['steps_per_segment']} timed steps per loop, alternating; "
         f"warm-up steps: {result['warmup_steps']} each",
-        f"  {'':10s} {'median step':>12s} {'tokens/s':>10s} {f'loss after {steps} steps':>22s}",
+        f"  {'':10s} {'median step':>12s} {'(CPU)':>10s} {'tokens/s':>10s} {f'loss after {steps} steps':>22s}",
     ]
     for name, s in (("zerofit", z), ("reference", r)):
         lines.append(
-            f"  {name:10s} {1e3 * s['median_step_s']:9.1f} ms {s['tokens_per_s']:10.0f} {s['loss_after']:22.4f}"
+            f"  {name:10s} {1e3 * s['median_step_s']:9.2f} ms {1e3 * s['median_step_cpu_s']:7.2f} ms"
+            f" {s['tokens_per_s']:10.0f} {s['loss_after']:22.4f}"
         )
-    per_repeat = ", ".join(f"{x:.3f}" for x in result["ratio_per_repeat"])
     lines += [
         f"  ratio zerofit / reference (median step time): {result['ratio_median_step']:.3f}"
-        f"  (per repeat: {per_repeat})",
+        f"  ({_spread(result['ratio_per_repeat'], result['ratio_per_repeat_median'])})",
+        f"  ratio zerofit / reference (median step CPU time): {result['ratio_median_step_cpu']:.3f}"
+        f"  ({_spread(result['ratio_per_repeat_cpu'], result['ratio_per_repeat_median_cpu'])})",
         "  losses differ in meaning: zerofit's is token-exact (all token losses of the global batch / its "
         "valid tokens);",
         "  the reference's is the mean of per-micro-batch token means (what `loss / grad_accum_steps` gives).",
     ]
     return "\n".join(lines)
+
+
+def _spread(per_repeat: list[float], median: float) -> str:
+    """The per-repeat ratios: each of a few, else their median and range."""
+    if len(per_repeat) <= 6:
+        return "per repeat: " + ", ".join(f"{x:.3f}" for x in per_repeat)
+    return f"per repeat: median {median:.3f}, {min(per_repeat):.3f} to {max(per_repeat):.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -437,6 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ZerofitError as exc:
         error("overhead_vs_torch", exc)
         return 2
+    if args.threads is not None:  # after assemble: the strategy sets its own share of the cores
+        torch.set_num_threads(args.threads)
     zerofit = ZerofitLoop(prepared)
     try:
         assert prepared.data is not None

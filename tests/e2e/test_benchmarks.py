@@ -57,7 +57,20 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
     gpu_fit = (str(BENCH / "gpu_fit.py"), "--smoke", "--steps", "1", "--results")
     small_hf = ("--micro", "1", "--gas", "2", "--seq", "32", "--steps", "1", "--precision", "fp32")
     small_cpu = ("--steps", "1", "--repeats", "1", "--seq", "32", "--global-batch", "4", "--hf-micro", "2")
-    small_oh = ("--steps", "1", "--warmup", "0", "--repeats", "1", "--micro", "2", "--global-batch", "4")
+    small_oh = (
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--micro",
+        "2",
+        "--global-batch",
+        "4",
+        "--threads",
+        "1",
+    )
     return {
         # gpu_fit, one command for every case the tests read (its --smoke runs the one-process cases in its own
         # process: one start for all): a zerofit case; the speed levers and HF's best at the
@@ -301,8 +314,10 @@ def test_hf_baseline_prints_its_result_line(ran: dict[str, Ran]) -> None:
 def test_overhead_vs_torch_prints_its_ratio_and_writes_json(ran: dict[str, Ran]) -> None:
     result, out = ran["overhead"].ok(), ran["overhead"].tmp / "overhead.json"
     assert "ratio zerofit / reference (median step time): " in result.stdout
+    assert "ratio zerofit / reference (median step CPU time): " in result.stdout
     report = json.loads(out.read_text())
-    assert report["ratio_median_step"] > 0
+    assert report["ratio_median_step"] > 0 and report["ratio_median_step_cpu"] > 0
+    assert report["device"].endswith("torch threads 1")  # --threads 1
 
 
 def test_loss_memory_prints_every_loss_and_writes_its_json(ran: dict[str, Ran]) -> None:

@@ -100,16 +100,13 @@ def train_step(
     # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
     #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
     #    all-reduce, for throughput accounting).
-    local = torch.tensor(
-        [
-            *objective.counts(micro_batches),
-            sum(count_label_tokens(*batch_labels(b)) for b in micro_batches),
-            sum(int(b["attention_mask"].sum()) for b in micro_batches),
-            sum(b["input_ids"].numel() for b in micro_batches),
-        ],
-        dtype=torch.int64,
-    )
-    *counts, tokens, input_tokens, processed_tokens = (int(x) for x in strategy.all_reduce_sum(local))
+    local = [
+        *objective.counts(micro_batches),
+        sum(count_label_tokens(*batch_labels(b)) for b in micro_batches),
+        sum(int(b["attention_mask"].sum()) for b in micro_batches),
+        sum(b["input_ids"].numel() for b in micro_batches),
+    ]
+    *counts, tokens, input_tokens, processed_tokens = summed_over_ranks(strategy, local)
     # 2. The one place that scales the loss: each sum by its global count, and back up by what the engine
     #    divides reduced gradients by (dp for averaging engines), so the reduced gradient is exactly the
     #    gradient of (sum of token or pair losses) / count. max(., 1): an all-masked window adds zero.
@@ -131,6 +128,15 @@ def train_step(
     # The metrics: means over the objective's units, its last count (KTO's: per label, and z0).
     metrics = objective.metric_means(sums[len(counts) :], counts[-1])
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
+
+
+def summed_over_ranks(strategy: Strategy, values: list[int]) -> list[int]:
+    """Each of `values` summed over every rank (`Strategy.all_reduce_sum`, one collective for all); in one
+    process the values themselves, with no tensor built and copied for an identity (the loop asks twice a
+    step: the window's counts and the agreement after it)."""
+    if strategy.world_size == 1:
+        return list(values)
+    return strategy.all_reduce_sum(torch.tensor(values, dtype=torch.int64)).tolist()
 
 
 def _scaled(terms: list[torch.Tensor], scales: list[float]) -> torch.Tensor:
@@ -322,6 +328,7 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
     evaluation, gets a line saying where the run is)."""
     results: list[StepResult] = []
     seen = tokens_before
+    trainable: list[torch.nn.Parameter] | None = None  # found after the first step (an engine's lazy set-up)
     for step in range(start_step, run.max_steps):
         shown.update(step)
         started = time.perf_counter()
@@ -332,7 +339,8 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
         seen += result.tokens  # global (all-reduced): the same on every rank and for every split
         steps_done = step + 1
         # NaN / inf (the same on every rank: global values): no evaluation of such weights, its row logged.
-        bad = non_finite(result, run.strategy.step_applied, run.model)
+        trainable = trainable if trainable is not None else trainable_parameters(run.model)
+        bad = non_finite(result, run.strategy.step_applied, trainable)
         evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None and bad is None else {}
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
         logged = logged or bad is not None
@@ -386,9 +394,12 @@ def _train_on_step(run: LoopInputs, step: int) -> tuple[StepResult, int]:
     return dataclasses.replace(result, metrics={**result.metrics, **rl_metrics}), samples
 
 
-def non_finite(result: StepResult, step_applied: bool, model: torch.nn.Module | None = None) -> str | None:
+def non_finite(
+    result: StepResult, step_applied: bool, trainable: list[torch.nn.Parameter] | None = None
+) -> str | None:
     """What of this step is NaN or inf, or None when all is finite: the loss, the gradient norm of an
-    applied step, or (an update that overflowed) this rank's trainable weights after it.
+    applied step, or (an update that overflowed) this rank's `trainable` weights after it
+    (`trainable_parameters`).
 
     A gradient norm that is not finite on a step the fp16 loss scaler skipped (`step_applied` False: the
     scaler lowers its scale and the weights are untouched, by design) is not a divergence; a loss that is
@@ -398,17 +409,35 @@ def non_finite(result: StepResult, step_applied: bool, model: torch.nn.Module | 
         return f"the loss is {result.loss}"
     if step_applied and not math.isfinite(result.grad_norm):
         return f"the gradient norm is {result.grad_norm}"
-    if step_applied and model is not None and not weights_finite(model):
+    if step_applied and trainable is not None and not weights_finite(trainable):
         return "the weights the update wrote are not all finite (the loss and gradient norm were)"
     return None
 
 
-def weights_finite(model: torch.nn.Module) -> bool:
-    """Whether this rank's trainable weights (its own shard under FSDP2 / ZeRO-3) are all finite: one
-    device sync for all of them, so a checkpoint is never written from an update that overflowed."""
-    shards = (p.to_local() if isinstance(p, DTensor) else p for p in model.parameters() if p.requires_grad)
-    local = [t.detach() for t in shards if t.numel()]
-    return not local or bool(torch.stack([torch.isfinite(t).all() for t in local]).all())
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters `model` trains, in order: found once per `train_loop`, after its first step (so an
+    engine's set-up at the first forward, FSDP2's lazy init, is done), not at every step: walking a peft
+    model's modules costs more than checking the weights themselves."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def weights_finite(trainable: list[torch.nn.Parameter]) -> bool:
+    """Whether this rank's `trainable` weights (its own shard under FSDP2 / ZeRO-3) are all finite: one
+    device sync for all of them, so a checkpoint is never written from an update that overflowed.
+
+    It runs after every step, so it costs a handful of ops whatever the number of tensors: each tensor's
+    fp32 2-norm in one foreach call (a NaN or inf anywhere makes its tensor's norm NaN or inf: sums of
+    squares propagate both), one stack, one test. Finite weights whose norm overflows fp32 (|w| beyond
+    ~1e19) fail that test too, so a failed test is confirmed element by element before it counts."""
+    shards = (p.to_local() if isinstance(p, DTensor) else p for p in trainable)
+    local = [t for t in shards if t.numel()]
+    if not local:
+        return True
+    with torch.no_grad():  # no graph, and no detach per tensor
+        norms = torch._foreach_norm(local, 2.0, dtype=torch.float32)
+        return bool(torch.stack(norms).isfinite().all()) or bool(
+            torch.stack([torch.isfinite(t).all() for t in local]).all()
+        )
 
 
 def _kept(run: LoopInputs, steps_done: int, resume: str = "") -> str:
@@ -486,7 +515,7 @@ def agree_after_step(
         mine = run.watch.judge(eval_loss)
     timed = run.clock is not None and rank0 and run.clock.due()
     local = [*signals, int(timed), int(mine.best), int(mine.exhausted), int(write_failed and rank0), int(bad)]
-    votes = run.strategy.all_reduce_sum(torch.tensor(local, dtype=torch.int64)).tolist()
+    votes = summed_over_ranks(run.strategy, local)
     n = len(signals)
     stopping = stop is not None and stop.agree(votes[:n])
     verdict = Verdict(bool(votes[n + 1]), bool(votes[n + 2])) if judged else None

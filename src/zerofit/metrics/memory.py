@@ -9,10 +9,18 @@ Peaks are "since the last snapshot": CUDA peak statistics and, on Linux, the pro
 (VmHWM, reset through `/proc/self/clear_refs`) are reset after each reading, so every logged step shows
 the high-water mark of its own logging interval. Where VmHWM cannot be reset, the host peak is since
 the start of the process; `mem/peak_scope` says which.
+
+A snapshot is taken at every logged step (every step by default), so it is kept cheap: one read of
+/proc/self/status for both the RSS and its peak, one write to reset the peak, the host's RAM read once per
+process (`MemTotal` does not change), and on CUDA one `torch.cuda.memory_stats` call for every allocator
+figure (`memory_allocated` and its siblings each build that whole dict again) and the device's capacity
+read once per device.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import resource
 import sys
@@ -34,13 +42,21 @@ _CUDA_FLAG = "_cuda"
 _HOST_PEAK_RESET_FLAG = "_host_peak_reset"
 
 
-def _proc_status_kib(field: str) -> float | None:
-    """A `kB` field of /proc/self/status (Linux), or None where that file does not exist."""
+_VM_RSS = re.compile(rb"^VmRSS:\s+(\d+)\s+kB", re.MULTILINE)
+_VM_HWM = re.compile(rb"^VmHWM:\s+(\d+)\s+kB", re.MULTILINE)
+_MEM_TOTAL = re.compile(rb"^MemTotal:\s+(\d+)\s+kB", re.MULTILINE)
+
+
+def _proc_status_rss_hwm_kib() -> tuple[float | None, float | None]:
+    """The current and peak RSS (`VmRSS`, `VmHWM`, kB) from one read of /proc/self/status (Linux), each
+    None where that file or field does not exist."""
     try:
-        match = re.search(rf"^{field}:\s+(\d+)\s+kB", _PROC_STATUS.read_text(), re.MULTILINE)
+        with open(_PROC_STATUS, "rb", buffering=0) as status:
+            text = status.read()
     except OSError:
-        return None
-    return float(match.group(1)) if match else None
+        return None, None
+    rss, hwm = _VM_RSS.search(text), _VM_HWM.search(text)
+    return (float(rss.group(1)) if rss else None), (float(hwm.group(1)) if hwm else None)
 
 
 def _maxrss_bytes() -> float:
@@ -52,15 +68,24 @@ def _maxrss_bytes() -> float:
 def _reset_host_peak() -> bool:
     """Reset VmHWM to the current RSS (Linux: write "5" to /proc/self/clear_refs); True if it worked."""
     try:
-        _CLEAR_REFS.write_text("5")
+        fd = os.open(_CLEAR_REFS, os.O_WRONLY)
     except OSError:
         return False
+    try:
+        os.write(fd, b"5")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
+@functools.cache
 def _host_total_bytes() -> float | None:
+    """The host's RAM (`MemTotal`), read once per process: it does not change while a run lasts."""
     try:
-        match = re.search(r"^MemTotal:\s+(\d+)\s+kB", _MEMINFO.read_text(), re.MULTILINE)
+        with open(_MEMINFO, "rb") as meminfo:
+            match = _MEM_TOTAL.search(meminfo.read())
     except OSError:
         return None
     return float(match.group(1)) * 1024 if match else None
@@ -72,8 +97,7 @@ def host_memory() -> dict[str, float]:
     Returns `rss_gib`, `peak_rss_gib` and the flag telling whether the peak was reset (so the next
     reading's peak is "since this reading").
     """
-    rss_kib = _proc_status_kib("VmRSS")
-    hwm_kib = _proc_status_kib("VmHWM")
+    rss_kib, hwm_kib = _proc_status_rss_hwm_kib()
     if rss_kib is not None and hwm_kib is not None:
         rss, peak = rss_kib * 1024, hwm_kib * 1024
     else:  # not Linux: no current RSS without psutil; getrusage gives the peak since start
@@ -83,15 +107,23 @@ def host_memory() -> dict[str, float]:
     return {"rss_gib": rss / GIB, "peak_rss_gib": peak / GIB, _HOST_PEAK_RESET_FLAG: float(reset)}
 
 
+@functools.cache
+def _cuda_total_bytes(device: torch.device) -> float:
+    """The device's memory, read once per device: it does not change while a run lasts."""
+    return float(torch.cuda.get_device_properties(device).total_memory)
+
+
 def _cuda_snapshot(device: torch.device) -> dict[str, float]:
+    # One reading of the allocator: torch.cuda.memory_allocated, memory_reserved and max_memory_* are each
+    # a key of this same dict (and each call builds the whole dict again).
     stats = torch.cuda.memory_stats(device)
-    total = float(torch.cuda.get_device_properties(device).total_memory)
-    peak = float(torch.cuda.max_memory_allocated(device))
+    total = _cuda_total_bytes(device)
+    peak = float(stats.get("allocated_bytes.all.peak", 0))
     snap = {
-        "allocated_gib": torch.cuda.memory_allocated(device) / GIB,
-        "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
+        "allocated_gib": float(stats.get("allocated_bytes.all.current", 0)) / GIB,
+        "reserved_gib": float(stats.get("reserved_bytes.all.current", 0)) / GIB,
         PEAK_GIB: peak / GIB,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        "peak_reserved_gib": float(stats.get("reserved_bytes.all.peak", 0)) / GIB,
         "active_gib": float(stats.get("active_bytes.all.current", 0)) / GIB,
         # cudaMalloc retries mean the caching allocator had to free cache and retry: fragmentation or a
         # near-OOM, the first sign a configuration is on the edge.

@@ -265,3 +265,135 @@ def test_every_row_counts_the_tokens_of_every_step_under_log_every_and_on_from_a
         tokens_before=running[3],
     )
     assert [(s, row["tokens_seen"]) for s, row in resumed_sink.rows] == [(6, running[5]), (7, running[6])]
+
+
+# --- what a step costs besides the model: kept off the hot path ---------------------------------------------
+
+
+def _count_value_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count every read of a floating-point or boolean tensor's value into Python (`item`, `tolist`,
+    `float`, `int`, `bool`): on a GPU each is a host sync, a wait for every queued kernel. Integer tensors
+    are left out: the token counts are built from the host's collated batches."""
+    reads = [0]
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if self.is_floating_point() or self.dtype == torch.bool:
+                reads[0] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+class _ReadsPerStep(_Checkpoints):
+    """Records the value reads of each step (the checkpointer is called once at the end of every step)."""
+
+    def __init__(self, reads: list[int]) -> None:
+        super().__init__()
+        self.reads, self.per_step, self.before = reads, [], 0
+
+    def after_step(self, steps_done: int, stopping: bool = False, tokens_seen: int | None = None) -> None:
+        super().after_step(steps_done, stopping, tokens_seen)
+        self.per_step.append(self.reads[0] - self.before)
+        self.before = self.reads[0]
+
+
+@pytest.mark.parametrize("micro", [1, 4])
+def test_a_step_reads_device_values_three_times_whatever_the_accumulation(
+    monkeypatch: pytest.MonkeyPatch, micro: int
+) -> None:
+    """Global batch 4 as 4 micro-steps or 1: the loss sums stay on the device through the window, so a
+    step reads values three times (the gradient norm, the window's loss sums, the weights' finiteness),
+    never once per micro-batch, and the metrics, memory and agreement add no read."""
+    from zerofit.config.batching import solve_batch
+
+    checkpoints = _ReadsPerStep(_count_value_reads(monkeypatch))
+    run = _loop_run(_Sink(), checkpoints, max_steps=3, max_grad_norm=1.0)
+    run.batch = solve_batch(1, 4, micro)
+    train_loop(run)
+    assert checkpoints.per_step == [3, 3, 3]
+
+
+def test_the_loop_finds_the_trainable_weights_once_not_at_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finiteness check after each step uses the trainable parameters found when the loop starts:
+    walking a peft model's modules for them cost more than the check itself. (The strategy's own walk in
+    its clip is the strategy's business and is not counted.)"""
+    run = _loop_run(_Sink(), _Checkpoints(), max_steps=4, max_grad_norm=1.0)
+    walks, in_strategy = [0], [False]
+    real_parameters, real_clip = TinyLM.parameters, run.strategy.clip_and_step
+
+    def parameters(self: torch.nn.Module, recurse: bool = True) -> Any:
+        walks[0] += not in_strategy[0]
+        return real_parameters(self, recurse)
+
+    def clip_and_step(max_grad_norm: float | None) -> float:
+        in_strategy[0] = True
+        try:
+            return real_clip(max_grad_norm)
+        finally:
+            in_strategy[0] = False
+
+    monkeypatch.setattr(TinyLM, "parameters", parameters)
+    monkeypatch.setattr(run.strategy, "clip_and_step", clip_and_step)
+    assert len(train_loop(run)) == 4
+    assert walks[0] == 1
+
+
+def test_memory_is_read_once_per_logged_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """logging.log_every=2 over 5 steps logs steps 2, 4 and 5: one memory snapshot each, none in between."""
+    from zerofit.loop import train as loop_train
+
+    snapshots: list[int] = []
+    real = loop_train.memory_snapshot
+    monkeypatch.setattr(loop_train, "memory_snapshot", lambda device: (snapshots.append(1), real(device))[1])
+    sink = _Sink()
+    train_loop(_loop_run(sink, _Checkpoints(), max_steps=5, max_grad_norm=1.0, log_every=2))
+    assert [step for step, _ in sink.rows] == [2, 4, 5] and len(snapshots) == 3
+
+
+def _ops_of(fn: Any, *args: Any) -> tuple[Any, int]:
+    """`fn(*args)` and the number of torch ops it dispatched."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Counting.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        out = fn(*args)
+    return out, Counting.ops
+
+
+def test_the_weights_check_costs_a_few_ops_however_many_tensors_train() -> None:
+    """The finiteness check after every step is a handful of ops for 2 trainable tensors or 40 (one
+    foreach norm, not two ops per tensor), and still finds a NaN or inf in any of them; finite weights
+    whose norm overflows fp32 are finite (confirmed element by element)."""
+    from zerofit.loop.train import weights_finite
+
+    def weights(n: int) -> list[torch.nn.Parameter]:
+        return [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(n)]
+
+    few, many = weights(2), weights(40)
+    (ok_few, ops_few), (ok_many, ops_many) = _ops_of(weights_finite, few), _ops_of(weights_finite, many)
+    assert ok_few and ok_many and ops_few == ops_many <= 8
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        poisoned = weights(40)
+        poisoned[17].data[1, 2] = bad
+        assert not weights_finite(poisoned)
+    huge = weights(3)
+    huge[1].data.fill_(1e30)  # a 2-norm of 3.5e30**2: inf in fp32, every element finite
+    assert weights_finite(huge)
+    assert weights_finite([])
+
+
+def test_one_process_sums_its_counts_and_votes_without_a_tensor() -> None:
+    """The window's counts and the agreement after each step are sums over ranks; in one process they are
+    the values themselves: no tensor is built, copied and read back for an identity."""
+    from zerofit.loop.train import summed_over_ranks
+
+    assert _ops_of(summed_over_ranks, one_process_strategy(), [3, 0, 7]) == ([3, 0, 7], 0)

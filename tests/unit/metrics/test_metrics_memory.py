@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import mmap
+import os
 import types
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,27 +61,63 @@ def test_per_rank_fields_names_every_rank() -> None:
 
 
 def test_cuda_snapshot_reads_allocator_and_resets_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every allocator figure comes from one `memory_stats` reading per snapshot (torch.cuda.memory_allocated
+    and its siblings would each build that dict again), the device's capacity from one read per device."""
     gib = 1 << 30
     calls: list[str] = []
+    stats = {
+        "allocated_bytes.all.current": 4 * gib,
+        "reserved_bytes.all.current": 6 * gib,
+        "allocated_bytes.all.peak": 12 * gib,
+        "reserved_bytes.all.peak": 14 * gib,
+        "active_bytes.all.current": 2 * gib,
+        "num_alloc_retries": 3,
+        "num_ooms": 1,
+    }
     fake = types.SimpleNamespace(
         is_available=lambda: True,
-        memory_stats=lambda d: {"active_bytes.all.current": 2 * gib, "num_alloc_retries": 3, "num_ooms": 1},
-        get_device_properties=lambda d: types.SimpleNamespace(total_memory=24 * gib),
-        max_memory_allocated=lambda d: 12 * gib,
-        max_memory_reserved=lambda d: 14 * gib,
-        memory_allocated=lambda d: 4 * gib,
-        memory_reserved=lambda d: 6 * gib,
+        memory_stats=lambda d: (calls.append("stats"), stats)[1],
+        get_device_properties=lambda d: (
+            calls.append("properties"),
+            types.SimpleNamespace(total_memory=24 * gib),
+        )[1],
         reset_peak_memory_stats=lambda d: calls.append("reset"),
     )
     monkeypatch.setattr(memory.torch, "cuda", fake)
-    snap = memory_snapshot(torch.device("cuda", 0))
-    assert calls == ["reset"]
+    memory._cuda_total_bytes.cache_clear()
+    try:
+        snap = memory_snapshot(torch.device("cuda", 0))
+        memory_snapshot(torch.device("cuda", 0))
+    finally:
+        memory._cuda_total_bytes.cache_clear()  # no fake capacity left for a later test
+    assert calls == ["stats", "properties", "reset", "stats", "reset"]
     assert snap["allocated_gib"] == 4.0
     assert snap["reserved_gib"] == 6.0
     assert snap["peak_gib"] == 12.0
+    assert snap["peak_reserved_gib"] == 14.0
     assert snap["active_gib"] == 2.0
     assert snap["alloc_retries"] == 3.0
     assert snap["ooms"] == 1.0
     assert snap["capacity_pct"] == pytest.approx(50.0)
     assert snap["rss_gib"] > 0  # host memory too (offload lives there)
     assert per_rank_fields([snap, snap])["mem/source"] == "cuda"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+def test_a_cpu_snapshot_reads_its_status_once_and_the_host_ram_once_per_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop takes a snapshot at every logged step: one read of /proc/self/status (RSS and its peak
+    together) and one write resetting the peak, while the host's RAM (/proc/meminfo) is read once."""
+    memory_snapshot(torch.device("cpu"))  # the process's one read of the host's RAM, if not done yet
+    opened: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def counted(opener: Any) -> Any:
+        return lambda path, *args, **kwargs: (opened.append(str(path)), opener(path, *args, **kwargs))[1]
+
+    monkeypatch.setattr(memory, "open", counted(real_open), raising=False)
+    monkeypatch.setattr(os, "open", counted(real_os_open))
+    snaps = [memory_snapshot(torch.device("cpu")) for _ in range(3)]
+    assert opened == ["/proc/self/status", "/proc/self/clear_refs"] * 3
+    assert all(0 < s["capacity_pct"] < 100 and s["allocated_gib"] > 0 for s in snaps)
