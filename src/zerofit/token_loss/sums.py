@@ -100,6 +100,14 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
         ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunk: int, per_token: bool = False
     ) -> torch.Tensor:
         n = logits.shape[0]
+        ctx.chunk = chunk
+        if n <= chunk:  # one chunk: the same ops without the loop's buffers (the bits are the loop's)
+            x = logits.float()
+            valid = targets != IGNORE_INDEX
+            lse = torch.logsumexp(x, dim=-1)
+            per = torch.where(valid, lse - x.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
+            ctx.save_for_backward(logits, targets, lse)
+            return per if per_token else per.sum()
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         tokens = torch.empty(n if per_token else 0, dtype=torch.float32, device=logits.device)
@@ -116,27 +124,35 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
             lse[start : start + chunk] = lse_c
             del x  # before the next chunk's upcast: one fp32 chunk alive at a time
         ctx.save_for_backward(logits, targets, lse)
-        ctx.chunk = chunk
         return tokens if per_token else total
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         logits, targets, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
         scale = grad_out.float()
+        if logits.shape[0] <= ctx.chunk:  # one chunk: its gradient is the whole one (no copy into a buffer)
+            return _chunk_grad(logits, targets, lse, scale).to(logits.dtype), None, None, None
+        grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk):
             stop = start + ctx.chunk
-            t = targets[start:stop]
-            valid = t != IGNORE_INDEX
-            # softmax - one_hot(target), for valid rows only, times the incoming gradient (a scalar for
-            # the sum, this chunk's slice of per-token gradients for the per-token form).
-            # bf16/fp16 minus fp32 promotes to one new fp32 tensor (no separate upcast copy).
-            g = torch.sub(logits[start:stop], lse[start:stop, None]).exp_()
-            g.scatter_add_(1, t.clamp(min=0).unsqueeze(1), torch.full_like(lse[start:stop, None], -1.0))
-            g.mul_((valid.float() * (scale if scale.dim() == 0 else scale[start:stop])).unsqueeze(1))
-            grad[start:stop] = g
-            del g  # before the next chunk's: one fp32 chunk alive at a time, as the planner counts
+            per_token = scale if scale.dim() == 0 else scale[start:stop]
+            grad[start:stop] = _chunk_grad(
+                logits[start:stop], targets[start:stop], lse[start:stop], per_token
+            )
+            # (the chunk's fp32 gradient is freed here, before the next one's: one alive at a time, as the
+            # planner counts)
         return grad, None, None, None
+
+
+def _chunk_grad(
+    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """One chunk's fp32 gradient: softmax - one_hot(target), for valid rows only, times the incoming gradient
+    (a scalar for the sum, the chunk's per-token gradients for the per-token form). bf16/fp16 minus fp32
+    promotes to one new fp32 tensor (no separate upcast copy)."""
+    g = torch.sub(logits, lse[:, None]).exp_()
+    g.scatter_add_(1, targets.clamp(min=0).unsqueeze(1), torch.full_like(lse[:, None], -1.0))
+    return g.mul_(((targets != IGNORE_INDEX).float() * scale).unsqueeze(1))
 
 
 def chunked_token_sum_loss(
