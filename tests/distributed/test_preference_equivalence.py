@@ -55,9 +55,7 @@ FULL = [
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "torchrun", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
-    Launch(
-        "zero3", "torchrun", (*Z3, "batch.micro_batch_size=null", f"batch.tokens_per_micro_batch={2 * 64}")
-    ),
+    Launch("zero3", "torchrun", (*Z3, "batch.micro_batch_size=2")),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
 ]
 ADAPTERS = [
