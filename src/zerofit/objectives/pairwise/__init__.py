@@ -103,9 +103,14 @@ class PairwiseSpec(ObjectiveSpec):
 
     def planner_notes(self, micro_batch_size: int, rows: int, seq_len: int, reference: str) -> list[str]:
         """The pairs' rows in every activation, and what the reference costs per step."""
+        laid_out = (
+            f"a micro-batch of {micro_batch_size} pairs is one forward of {rows} sequences (chosen and rejected)"
+            if rows == 2 * micro_batch_size
+            else f"a micro-batch is one forward of {rows} packed rows (chosen and rejected sequences as segments)"
+        )
         notes = [
-            f"train.objective {self.name}: a micro-batch of {micro_batch_size} pairs is one forward of {rows} "
-            f"sequences (chosen and rejected), every activation and the loss counted for {rows} x {seq_len} tokens"
+            f"train.objective {self.name}: {laid_out}, every activation and the loss counted for {rows} x "
+            f"{seq_len} tokens"
         ]
         if reference == "adapters_off":
             notes.append(
