@@ -185,6 +185,7 @@ def run_zerofit(
             cross_entropy=cfg.train.cross_entropy,
             packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
             compiled=run.built.compiled_layers > 0,
+            objective=run.objective,  # train.objective's loss (SFT's token sums, DPO's pairs, ...)
         )
         results = train_loop(loop)
         evaluation = evaluate(run.built.model, run.built.tokenizer) if evaluate is not None else None

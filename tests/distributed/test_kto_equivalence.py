@@ -7,6 +7,8 @@ completion lengths vary a lot and whose labels are mixed, global batch 8, held-o
     launch    launcher   engine              split (micro x accum x dp)
     single    api        one process         8 x 1 x 1      (W&B offline; `zerofit.train`, in the test process)
     zero2     torchrun   DeepSpeed ZeRO-2    2 x 2 x 2
+    packed    torchrun   DeepSpeed ZeRO-2    2 rows of 64 tokens x dp 2 (`batch.tokens_per_micro_batch`:
+                                             examples and their mismatched sequences as segments of rows)
 
 Per-step loss, TRL's metrics (rewards/*, logps/*, kl) and eval/* agree within 2e-5: the mismatched pairing,
 the KL reference point z0 and the normalizers are the global batch's (`zerofit.objectives.kto.loss`). The split
@@ -34,6 +36,11 @@ LAUNCHES = [
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
+    Launch(
+        "packed",
+        "torchrun",
+        ("distributed.preset=zero2", "batch.micro_batch_size=null", f"batch.tokens_per_micro_batch={2 * 64}"),
+    ),
 ]
 
 
@@ -105,6 +112,18 @@ def test_two_ranks_give_the_one_process_curve(runs: dict[str, RunResult]) -> Non
         max(single.series("kl")) > 0 or max(r.get("eval/kl", 0) for r in single.metrics) > 0
     )  # z0 not all clamped
     assert single.metrics[0]["loss"] != pytest.approx(single.metrics[-1]["loss"], abs=1e-3)  # it learned
+
+
+def test_packed_examples_on_2_ranks_give_the_padded_one_process_curve(runs: dict[str, RunResult]) -> None:
+    """The loss within 1e-6; the metrics, sums of log-probs of up to a hundred nats (fp32 spacing 8e-6) and
+    z0, within 1e-4 (the segments' per-token log-probs round differently from the padded rows')."""
+    single, packed = runs["single"], runs["packed"]
+    assert "token budget 128 per micro-batch" in packed.stdout
+    keys = ["loss", *KTO_METRICS, *(f"eval/{k}" for k in ("loss", *KTO_METRICS))]
+    a, b = _curve(single, keys), _curve(packed, keys)
+    assert [len(r) for r in a] == [len(r) for r in b]
+    assert max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)) < 1e-4
+    assert max(abs(x - y) for x, y in zip(single.series("loss"), packed.series("loss"), strict=True)) < 1e-6
 
 
 def test_metrics_carry_trl_names_in_metrics_jsonl_and_wandb(runs: dict[str, RunResult]) -> None:

@@ -12,11 +12,14 @@ test process), the others through the real launchers (torchrun; gloo; DeepSpeed 
     zero3           torchrun   DeepSpeed ZeRO-3         2 x 2 x 2             precomputed
     fsdp            torchrun   FSDP2                    1 x 4 x 2             precomputed (loss inside lm_head)
     single-lora     api        one process, LoRA        8 x 1 x 1             adapters_off
-    zero3-lora      torchrun   DeepSpeed ZeRO-3, LoRA   2 x 2 x 2             adapters_off (ZeRO-3 gathers the
-                                                                              base; loss inside lm_head)
+    zero3-lora      torchrun   DeepSpeed ZeRO-3, LoRA,  2 rows of 64 tokens   adapters_off (ZeRO-3 gathers the
+                               packed                   x 2 x 2               base; loss inside lm_head)
 
 (`train.cross_entropy: fused_linear` on two launches: the per-token log-probs computed inside lm_head
-give the chunked loss's curve, on the engines that gather lm_head's weight in its forward.)
+give the chunked loss's curve, on the engines that gather lm_head's weight in its forward. The zero3-lora
+launch packs its pairs, `batch.tokens_per_micro_batch` = 2 rows of 64 tokens: each chosen and rejected
+sequence a segment of a row; its loss is the padded one-process run's within 1e-6. The packed precomputed
+reference pass is tests/unit/objectives/test_packed_units.py's.)
 
 Per-step loss, rewards/* and eval/* agree within 2e-5; the metrics carry TRL's names in metrics.jsonl and
 the offline W&B run; a resumed run reads its reference from the cache instead of a second pass.
@@ -42,7 +45,7 @@ from zerofit.objectives.pairwise.loss import METRICS
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 N_PAIRS, N_EVAL, GLOBAL, STEPS, SEED, LR, MAX_LEN = 24, 6, 8, 4, 5, 2e-3, 64
-TOL = 2e-5
+TOL, LOSS_TOL = 2e-5, 1e-6
 Z2, Z3 = ("distributed.preset=zero2",), ("distributed.preset=zero3",)
 FUSED = "train.cross_entropy=fused_linear"
 LORA = ("lora.enabled=true", "lora.target_modules=all-linear")
@@ -58,7 +61,11 @@ FULL = [
 ]
 ADAPTERS = [
     Launch("single-lora", "api", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
-    Launch("zero3-lora", "torchrun", (*Z3, "batch.micro_batch_size=2", *LORA, FUSED)),
+    Launch(
+        "zero3-lora",
+        "torchrun",
+        (*Z3, "batch.micro_batch_size=null", f"batch.tokens_per_micro_batch={2 * MAX_LEN}", *LORA, FUSED),
+    ),
 ]
 RESUMED = Launch(
     "zero2", "torchrun", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
@@ -121,9 +128,18 @@ def test_the_splits_and_references_are_the_ones_asked(runs: dict[str, RunResult]
     split = {
         r: (runs[r].metrics[-1]["micro_batch_size"], runs[r].metrics[-1]["grad_accum_steps"]) for r in runs
     }
+    # zero3-lora: packed, 2 rows of 64 tokens per micro-batch (micro = rows), at most 2 micro-steps
     assert split["single"] == (8, 1) and split["fsdp"] == (1, 4) and split["zero3-lora"] == (2, 2)
+    assert split["zero3"] == (2, 2)
     assert "reference: the base with the LoRA adapters off" in runs["zero3-lora"].stdout
     assert "reference log-probs of 30 pairs" in runs["fsdp"].stdout
+
+
+def test_packed_pairs_on_2_ranks_give_the_padded_one_process_loss(runs: dict[str, RunResult]) -> None:
+    packed, padded = runs["zero3-lora"], runs["single-lora"]
+    assert "token budget 128 per micro-batch" in packed.stdout
+    assert max_difference(metric_rows(packed, ("loss",)), metric_rows(padded, ("loss",))) < LOSS_TOL
+    assert max_difference(metric_rows(packed, ("eval/loss",)), metric_rows(padded, ("eval/loss",))) < LOSS_TOL
     # Training moved the policy away from its reference, so the curves compared above are not flat.
     assert abs(runs["single"].metrics[-1]["rewards/margins"]) > 1e-3
     assert abs(runs["single-lora"].metrics[-1]["rewards/margins"]) > 1e-3

@@ -96,6 +96,12 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
         ),
         "loss_memory": (str(BENCH / "loss_memory.py"), "--smoke", "--json", str(tmp / "loss_memory.json")),
         "grpo_real": (str(BENCH / "grpo_real.py"), "--smoke", "--json", str(tmp / "grpo_real.json")),
+        "packed_dpo_vs_trl": (
+            str(BENCH / "packed_dpo_vs_trl.py"),
+            "--smoke",
+            "--json",
+            str(tmp / "packed_dpo_vs_trl.json"),
+        ),
         "planner_families": (
             str(BENCH / "planner_families.py"),
             "--smoke",
@@ -341,6 +347,18 @@ def test_grpo_real_smoke_trains_and_scores_the_base_and_the_trained_model(ran: d
         assert report[name]["completions"] == 20
         assert set(report[name]) >= {"reward", "rewards/exact_match", "rewards/format_regex"}
     assert len(report["train_reward_per_step"]) == 1
+
+
+def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:
+    """`packed_dpo_vs_trl.py --smoke`: TRL's DPOTrainer, zerofit padded and packed, one step each on tiny-llama."""
+    result, out = ran["packed_dpo_vs_trl"].ok(), ran["packed_dpo_vs_trl"].tmp / "packed_dpo_vs_trl.json"
+    assert "zf-packed / trl: " in result.stdout and "zf-padded / trl: " in result.stdout
+    report = json.loads(out.read_text())
+    assert set(report["median"]) == {"trl", "zf-padded", "zf-packed"}
+    assert set(report["ratios_useful_tokens_per_cpu_s"]) == {"zf-packed / trl", "zf-padded / trl"}
+    assert all(len(runs) == 1 for runs in report["runs"].values())
+    assert report["runs"]["zf-packed"][0]["split"]["tokens_per_micro_batch"] == 2 * 32  # batch 2 x seq 32
+    assert report["runs"]["zf-padded"][0]["split"]["tokens_per_micro_batch"] is None
 
 
 def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str, Ran]) -> None:

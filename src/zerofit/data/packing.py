@@ -32,7 +32,19 @@ from zerofit.data.batches import collate
 from zerofit.data.sft import Example
 from zerofit.token_loss.sums import IGNORE_INDEX
 
-__all__ = ["collate_packed", "deal_to_ranks", "pack_rows", "packed_micro_batches"]
+__all__ = [
+    "Segment",
+    "collate_packed",
+    "deal_to_ranks",
+    "pack_rows",
+    "packed_micro_batches",
+    "packed_unit_micro_batches",
+    "units_of",
+]
+
+# One sequence of a unit in a packed row: (the unit's index, which of its sequences: a pair's 0 chosen, 1
+# rejected; an example's or unpaired example's 0).
+Segment = tuple[int, int]
 
 
 def deal_to_ranks(indices: list[int], lengths: dict[int, int], dp_size: int) -> list[list[int]]:
@@ -87,41 +99,122 @@ def packed_micro_batches(
     return [mine[j * rows_per_micro_batch : (j + 1) * rows_per_micro_batch] for j in range(steps)]
 
 
-def collate_packed(rows: list[list[Example]], pad_id: int) -> dict[str, torch.Tensor]:
+class _MicroBatch:
+    """A micro-batch being filled: its rows of segments and the room left in each."""
+
+    def __init__(self, rows_per_micro_batch: int, row_capacity: int) -> None:
+        self.most, self.capacity = rows_per_micro_batch, row_capacity
+        self.rows: list[list[Segment]] = []
+        self.room: list[int] = []
+
+    def place(self, unit: int, lengths: tuple[int, ...]) -> bool:
+        """Place every sequence of `unit` (longest first, each in the first row with room, opening rows up to
+        the micro-batch's rows) and say True, or leave the micro-batch as it was and say False."""
+        room, placed = list(self.room), []
+        for k in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+            at = next((r for r, free in enumerate(room) if lengths[k] <= free), None)
+            if at is None:
+                if len(room) == self.most:
+                    return False
+                room.append(self.capacity)
+                at = len(room) - 1
+            room[at] -= lengths[k]
+            placed.append((at, (unit, k)))
+        self.room = room
+        self.rows += [[] for _ in range(len(room) - len(self.rows))]
+        for at, segment in placed:
+            self.rows[at].append(segment)
+        return True
+
+
+def _unit_micro_batches(
+    indices: list[int], lengths: dict[int, tuple[int, ...]], rows_per_micro_batch: int, row_capacity: int
+) -> list[list[list[Segment]]]:
+    """One rank's units in micro-batches, first-fit-decreasing by the unit's tokens: a unit goes to the first
+    micro-batch whose rows still hold all of its sequences, so a unit is never split between micro-batches. A
+    new micro-batch takes at least as many rows as the unit has sequences (a pair whose two sequences share no
+    row of a one-row budget gets two)."""
+    batches: list[_MicroBatch] = []
+    for index in sorted(indices, key=lambda i: (-sum(lengths[i]), i)):
+        if max(lengths[index]) > row_capacity:
+            raise ValueError(
+                f"unit {index} has a sequence of {max(lengths[index])} tokens, more than a row's {row_capacity}"
+            )
+        if not any(batch.place(index, lengths[index]) for batch in batches):
+            batches.append(_MicroBatch(max(rows_per_micro_batch, len(lengths[index])), row_capacity))
+            batches[-1].place(index, lengths[index])
+    return [batch.rows for batch in batches]
+
+
+def packed_unit_micro_batches(
+    indices: list[int],
+    lengths: dict[int, tuple[int, ...]],
+    rows_per_micro_batch: int,
+    row_capacity: int,
+    dp_size: int,
+    rank: int,
+) -> list[list[list[Segment]]]:
+    """This rank's micro-batches of one global batch of units of one or more sequences each (a preference
+    pair: its chosen and rejected; `lengths` gives each unit's sequence lengths), each micro-batch
+    `rows_per_micro_batch` rows (or a unit's sequences, if more) of segments of at most `row_capacity` tokens,
+    a unit's sequences all in one micro-batch. Units are dealt to ranks as examples are (`deal_to_ranks`, by their tokens); every rank gets
+    the same number of micro-batches (at least one), the extra ones of a rank that needs fewer empty."""
+    if not 0 <= rank < dp_size:
+        raise ValueError(f"rank {rank} outside dp_size {dp_size}")
+    totals = {i: sum(lengths[i]) for i in indices}
+    shares = deal_to_ranks(indices, totals, dp_size)
+    by_rank = [_unit_micro_batches(share, lengths, rows_per_micro_batch, row_capacity) for share in shares]
+    steps = max(1, *(len(batches) for batches in by_rank))
+    return by_rank[rank] + [[] for _ in range(steps - len(by_rank[rank]))]
+
+
+def units_of(rows: list[list[Segment]]) -> list[int]:
+    """The units of a packed micro-batch, in the order their first sequence appears (the order its
+    per-unit tensors follow)."""
+    return list(dict.fromkeys(unit for row in rows for unit, _ in row))
+
+
+def collate_packed(
+    rows: list[list[Example]], pad_id: int, numbers: list[list[int]] | None = None
+) -> dict[str, torch.Tensor]:
     """Packed rows as tensors: input_ids, labels, position_ids (restarting per example) and attention_mask
     (1 on real tokens: for counting; the model gets the position ids instead, see `model_inputs`).
 
     Rows are right-padded to the longest; the padding is a segment of its own (positions from 0, labels
     IGNORE_INDEX). No rows gives the dummy row of an empty `collate` (a rank with nothing left this step).
+    With `numbers` (each example's number, row by row: a preference pair's chosen k is k, its rejected m + k)
+    also `sequence_ids`: each token's number, -1 on the padding (the dummy token: 0, as an empty unpacked
+    micro-batch's one row), which a loss gathers per-sequence sums by (`zerofit.objectives.logps`).
     """
     if not rows:
         # The model never sees this mask (packed batches pass position ids): 0 so the dummy token does not
         # count as a useful one.
         dummy = collate([], pad_id)
-        return {
-            **dummy,
-            "attention_mask": torch.zeros_like(dummy["input_ids"]),
-            "position_ids": torch.zeros_like(dummy["input_ids"]),
-        }
-    widths = [sum(len(e.input_ids) for e in row) for row in rows]
-    width = max(widths)
+        zeros = torch.zeros_like(dummy["input_ids"])
+        numbered = {"sequence_ids": zeros} if numbers is not None else {}
+        return {**dummy, "attention_mask": zeros, "position_ids": zeros, **numbered}
+    width = max(sum(len(e.input_ids) for e in row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    ids = torch.full((len(rows), width), -1, dtype=torch.long)
     for r, row in enumerate(rows):
         start = 0
-        for e in row:
+        for j, e in enumerate(row):
             n = len(e.input_ids)
             input_ids[r, start : start + n] = torch.tensor(e.input_ids, dtype=torch.long)
             labels[r, start + 1 : start + n] = torch.tensor(e.labels[1:], dtype=torch.long)
             position_ids[r, start : start + n] = torch.arange(n)
+            if numbers is not None:
+                ids[r, start : start + n] = numbers[r][j]
             start += n
         attention_mask[r, :start] = 1
         position_ids[r, start:] = torch.arange(width - start)
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "labels": labels,
         "position_ids": position_ids,
     }
+    return {**batch, "sequence_ids": ids} if numbers is not None else batch

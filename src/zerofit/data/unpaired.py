@@ -18,6 +18,11 @@ one device's micro-batch. So the pairing depends on the global batch alone, neve
 micro-batches and ranks (`kto_micro_batches`). A mismatched sequence is prompt_k + completion_(k-1), cut at
 its end to max_seq_len (TRL's collator cuts from the right too). A global batch of one example pairs it with
 itself (as TRL's batch of one does).
+
+Under a token budget (`batch.tokens_per_micro_batch`) the examples are packed as SFT's are (segments of rows
+of max_seq_len tokens, position ids restarting per segment: `zerofit.data.packing`), numbered by
+`sequence_ids` in the micro-batch's example order; their mismatched sequences are packed into rows of their
+own (`kl_*`, the same numbering). The pairing is the global batch's either way.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from zerofit.data.cache import CachedData, load_cached, save_cached, vocab_size
 from zerofit.data.cache_check import checked
 from zerofit.data.chat import require_chat_template, tokenize_conversation, tokenize_prompt
 from zerofit.data.formats import _messages
+from zerofit.data.packing import Segment, collate_packed, pack_rows, packed_unit_micro_batches, units_of
 from zerofit.data.preference import ResponseTokens, fit_pair
 from zerofit.data.records import PROGRESS_EVERY, RecordSource
 from zerofit.data.sft import (
@@ -109,6 +115,32 @@ def collate_unpaired(
     }
 
 
+def collate_packed_unpaired(
+    rows: list[list[Segment]], units: list[UnpairedExample], partners: list[UnpairedExample], pad_id: int
+) -> dict[str, torch.Tensor]:
+    """A packed micro-batch (`rows` of (position, 0) segments into `units` / `partners`, by position in the
+    global batch): `collate_packed`'s tensors with `sequence_ids` (the micro-batch's k-th example is k), its
+    mismatched sequences packed into rows of their own (`kl_*`, numbered alike), `desirable` and `examples`
+    in the same example order. No rows: the dummy rows and `examples` = 0."""
+    order = units_of(rows)
+    at = {k: j for j, k in enumerate(order)}
+    main = collate_packed(
+        [[units[k].example for k, _ in row] for row in rows],
+        pad_id,
+        [[at[k] for k, _ in row] for row in rows],
+    )
+    kl = [mismatched(units[k], partners[k]) for k in order]
+    capacity = max((u.max_seq_len for u in units), default=1)
+    kl_rows = pack_rows(list(range(len(kl))), {j: len(e.input_ids) for j, e in enumerate(kl)}, capacity)
+    kl_batch = collate_packed([[kl[j] for j in row] for row in kl_rows], pad_id, kl_rows)
+    return {
+        **main,
+        **{f"kl_{k}": v for k, v in kl_batch.items()},
+        "desirable": torch.tensor([units[k].desirable for k in order], dtype=torch.bool),
+        "examples": torch.tensor(len(order)),
+    }
+
+
 def kto_micro_batches(
     units: list[UnpairedExample],
     indices: list[int],
@@ -117,17 +149,22 @@ def kto_micro_batches(
     dp_size: int,
     rank: int,
     pad_id: int,
+    row_tokens: int | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """This rank's micro-batches of the global batch `indices` (the sampler's order), each example with
-    its partner over the whole global batch: the one before it, the first with the last (module docstring)."""
+    its partner over the whole global batch: the one before it, the first with the last (module docstring).
+    With `row_tokens` (data.max_seq_len) the
+    examples are packed, micro_batch_size rows of row_tokens per micro-batch."""
+    micro, accum, dp = micro_batch_size, grad_accum_steps, dp_size
     n = len(indices)
-    positions = split_global_batch(list(range(n)), micro_batch_size, grad_accum_steps, dp_size, rank)
-    return [
-        collate_unpaired(
-            [units[indices[k]] for k in mine], [units[indices[(k - 1) % n]] for k in mine], pad_id
-        )
-        for mine in positions
-    ]
+    batch = [units[i] for i in indices]
+    partners = [units[indices[(k - 1) % n]] for k in range(n)]
+    if row_tokens is not None:
+        lengths = {k: (len(batch[k].input_ids),) for k in range(n)}
+        packed = packed_unit_micro_batches(list(range(n)), lengths, micro, row_tokens, dp, rank)
+        return [collate_packed_unpaired(rows, batch, partners, pad_id) for rows in packed]
+    positions = split_global_batch(list(range(n)), micro, accum, dp, rank)
+    return [collate_unpaired([batch[k] for k in ks], [partners[k] for k in ks], pad_id) for ks in positions]
 
 
 def _parse(record: dict[str, Any], where: str) -> tuple[str | list[dict[str, Any]], Any, bool]:

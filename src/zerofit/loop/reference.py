@@ -25,8 +25,10 @@ the file's within `_TOLERANCE` (by precision: what rounding alone can move). Ran
 rank's; on a mismatch a one-line note (`mismatch_note`) names the file, the full pass runs and replaces it.
 The sample's forwards are no-grad, in eval mode, and draw no random numbers: a genuine hit trains exactly
 as the pass that wrote it.
-Training never holds a reference model: the loop reads `reference_logps` from the batch
-(`zerofit.data.pairs.collate_pairs`).
+Under a token budget (`batch.tokens_per_micro_batch`) the pass packs its pairs as training does (windows of
+pairs, each sequence a segment of the run's rows, `zerofit.data.pairs.collate_packed_pairs`): the same
+log-probs up to rounding, in fewer forwards. Training never holds a reference model: the loop reads
+`reference_logps` from the batch (`zerofit.data.pairs`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +50,14 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.core.digest import files_sha256
 from zerofit.core.file_modes import follow_umask
 from zerofit.core.progress import progress
+from zerofit.data.batches import model_inputs
 from zerofit.data.cache import cache_key
 from zerofit.data.cache_check import mismatch_note, sample_indices
-from zerofit.data.pairs import PreferencePair, collate_pairs
+from zerofit.data.packing import packed_unit_micro_batches, units_of
+from zerofit.data.pairs import PreferencePair, collate_packed_pairs, collate_pairs
 from zerofit.models.build import resolve_model_path
 from zerofit.models.tiny import cache_dir
-from zerofit.objectives.pairwise.loss import row_logps
+from zerofit.objectives.logps import sequence_logps
 from zerofit.strategies.base import Strategy
 from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_losses
 
@@ -192,6 +197,32 @@ def _cached_table(path: Path | None, n: int) -> torch.Tensor | None:
     return table
 
 
+# Pairs per packed window of the pass (per rank and row of the micro-batch): each window is packed on its own
+# (`packed_unit_micro_batches`, first-fit over its micro-batches), so packing costs O(window) per pair.
+_WINDOW_PER_ROW = 16
+
+
+def _forwards(
+    pairs: list[PreferencePair], micro: int, pad_id: int, dp: int, rank: int, row_tokens: int | None
+) -> Iterator[tuple[list[int], dict[str, torch.Tensor]]]:
+    """This rank's forwards of the pass, (pair indices, collated micro-batch), as many on every rank.
+    Padded: pairs rank, rank + dp, ... in micro-batches of `micro` pairs. Packed (`row_tokens`, the run's
+    `batch.tokens_per_micro_batch` rows): windows of pairs packed as training packs a global batch."""
+    if row_tokens is None:
+        mine = list(range(rank, len(pairs), dp))
+        most = math.ceil(len(pairs) / dp)  # rank 0's share, the largest: every rank runs as many forwards
+        for k in range(math.ceil(most / micro)):
+            idx = mine[k * micro : (k + 1) * micro]
+            yield idx, collate_pairs([pairs[i] for i in idx], pad_id)
+        return
+    window = _WINDOW_PER_ROW * micro * dp
+    for start in range(0, len(pairs), window):
+        indices = list(range(start, min(start + window, len(pairs))))
+        lengths = {i: (len(pairs[i].chosen.input_ids), len(pairs[i].rejected.input_ids)) for i in indices}
+        for rows in packed_unit_micro_batches(indices, lengths, micro, row_tokens, dp, rank):
+            yield units_of(rows), collate_packed_pairs(rows, pairs, pad_id)
+
+
 def _score(
     strategy: Strategy,
     model: torch.nn.Module,
@@ -199,34 +230,37 @@ def _score(
     micro: int,
     pad_id: int,
     impl: str,
+    row_tokens: int | None = None,
 ) -> torch.Tensor:
     """This rank's share of the [pairs, 2] table (zeros elsewhere), by no-grad forwards of the model."""
-    dp, rank = strategy.world_size, strategy.rank
-    mine = list(range(rank, len(pairs), dp))
-    most = math.ceil(len(pairs) / dp)  # rank 0's share, the largest: every rank runs as many forwards
-    forwards = math.ceil(most / micro)
     table = torch.zeros(len(pairs), 2, dtype=torch.float64, device=strategy.device)
     impl = FUSED_LINEAR if impl == FUSED_LINEAR else "chunked"
     was_training = model.training
     model.eval()
-    shown = progress(f"reference log-probs of {len(pairs):,} pairs", forwards, "forwards", enabled=rank == 0)
+    rank, dp = strategy.rank, strategy.world_size
+    shown = progress(f"reference log-probs of {len(pairs):,} pairs", len(pairs), "pairs", enabled=rank == 0)
     try:
         with torch.no_grad(), shown as state:
-            for k in range(forwards):
-                state.update(k)
-                idx = mine[k * micro : (k + 1) * micro]
-                batch = collate_pairs([pairs[i] for i in idx], pad_id)
+            for idx, batch in _forwards(pairs, micro, pad_id, dp, rank, row_tokens):
+                state.update(min(len(pairs), max(idx, default=0) + 1))
+                labels = batch["labels"]
                 with strategy.accumulate(is_last=True):
-                    inputs = {key: batch[key].to(strategy.device) for key in ("input_ids", "attention_mask")}
-                    logps = row_logps(
-                        forward_token_losses(model, inputs, batch["labels"], impl), batch["labels"]
-                    )[0]
+                    token_nll = forward_token_losses(
+                        model, model_inputs(batch, strategy.device), labels, impl
+                    )
+                    logps = sequence_logps(token_nll, labels, batch.get("sequence_ids"))[0]
                 if idx:
                     m = len(idx)
                     table[idx] = torch.stack([logps[:m], logps[m:]], dim=1).double()
     finally:
         model.train(was_training)
     return table
+
+
+def _row_tokens(cfg: ZerofitConfig) -> int | None:
+    """The packed rows' tokens under a token budget (data.max_seq_len), else None: the pass lays its pairs out
+    as training does."""
+    return cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None
 
 
 def _tolerance(cfg: ZerofitConfig) -> float:
@@ -249,7 +283,8 @@ def _source_problem(
     forwards, `_score`, as the pass does)."""
     rows = sample_indices(range(len(pairs)))
     sample = [pairs[i] for i in rows]
-    fresh = strategy.all_reduce_sum(_score(strategy, model, sample, micro, pad_id, cfg.train.cross_entropy))
+    local = _score(strategy, model, sample, micro, pad_id, cfg.train.cross_entropy, _row_tokens(cfg))
+    fresh = strategy.all_reduce_sum(local)
     fresh, held = fresh.cpu(), table[rows]
     rtol = _tolerance(cfg)
     off = ((held - fresh).abs() > rtol * (fresh.abs() + 1)).nonzero()
@@ -287,7 +322,9 @@ def precompute_reference(
             mismatch_note(path, problem)
     if table is None or problem:
         cached = False
-        local = _score(strategy, model, pairs, micro_batch_size, pad_id, cfg.train.cross_entropy)
+        local = _score(
+            strategy, model, pairs, micro_batch_size, pad_id, cfg.train.cross_entropy, _row_tokens(cfg)
+        )
         table = strategy.all_reduce_sum(local).cpu()
         # The first sound table for these pairs wins (later runs all read the same one); a mismatched one goes.
         if path is not None and strategy.rank == 0 and (problem or _read(path, len(pairs))[0] is None):

@@ -19,7 +19,7 @@
 Nothing here depends on the split: the global batch is a fixed slice of the data order (the sampler), the
 normalizer is the whole global batch's token (or pair) count, and the engine only contributes its divide
 factor. A preference global batch is a fixed set of pairs; a pair's chosen and rejected rows are always in
-the same micro-batch (`zerofit.data.pairs.collate_pairs`).
+the same micro-batch (`zerofit.data.pairs.pair_micro_batches`), packed or not.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from zerofit.checkpoint.failed_save import attempt, metrics_failed
 from zerofit.checkpoint.manifest import checkpoint_folders
 from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
 from zerofit.config.batching import BatchSplit
-from zerofit.core.errors import ConfigError, MetricsWriteError, TrainingDiverged
+from zerofit.core.errors import MetricsWriteError, TrainingDiverged
 from zerofit.core.progress import Progress, progress
 from zerofit.core.run_layout import RunLayout
 from zerofit.data import (
@@ -51,7 +51,7 @@ from zerofit.data import (
     packed_micro_batches,
     split_global_batch,
 )
-from zerofit.data.pairs import PreferencePair, collate_pairs
+from zerofit.data.pairs import PreferencePair, pair_micro_batches
 from zerofit.data.unpaired import UnpairedExample, kto_micro_batches
 from zerofit.levers.compiling import graph_breaks
 from zerofit.levers.sequence_parallel import shard_micro_batch
@@ -217,33 +217,24 @@ class AfterStep:
         return self.stopping or self.timed or self.early_stop or best
 
 
-PACKED_PAIRS = (
-    "batch.tokens_per_micro_batch is set, and a preference objective trains on pairs, which zerofit does "
-    "not pack into token-budget rows yet; use batch.micro_batch_size (pairs per micro-batch) instead"
-)
-
-
 def rank_micro_batches(run: LoopInputs, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
     """This rank's collated micro-batches of global batch `step`, and the global batch's sample count.
 
     Without a token budget: `grad_accum_steps` micro-batches of `micro_batch_size` examples. With one
     (`packed_row_tokens`): packed rows, `micro_batch_size` rows per micro-batch, as many micro-batches as
-    the rank that needs the most (at most `grad_accum_steps`).
+    the rank that needs the most (SFT's at most `grad_accum_steps`; pairs and KTO's examples: `zerofit.data.pairs`,
+    `zerofit.data.unpaired`).
     """
     indices = run.sampler.batch_indices(step)
     # The data-parallel rank: every rank of a sequence-parallel group gets its group's examples.
     p, rank = run.batch, run.strategy.dp_rank
+    args = (p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank, run.pad_id, run.packed_row_tokens)
     if run.examples and isinstance(run.examples[0], UnpairedExample):  # KTO: each with its mismatched partner
         units: Any = run.examples
-        args = (p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank, run.pad_id)
         return kto_micro_batches(units, indices, *args), len(indices)
-    if run.examples and isinstance(run.examples[0], PreferencePair):
-        # Pairs: micro_batch_size pairs (2 x that many rows) per micro-batch; a pair is never split.
-        if run.packed_row_tokens is not None:
-            raise ConfigError([PACKED_PAIRS])
-        mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank)
+    if run.examples and isinstance(run.examples[0], PreferencePair):  # a pair is never split
         pairs: list[Any] = run.examples
-        return [collate_pairs([pairs[i] for i in idx], run.pad_id) for idx in mine], len(indices)
+        return pair_micro_batches(pairs, indices, *args), len(indices)
     examples: list[Any] = run.examples
     if run.packed_row_tokens is None:
         mine = split_global_batch(indices, p.micro_batch_size, p.grad_accum_steps, p.dp_size, rank)

@@ -22,6 +22,7 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
 from zerofit.models.vision import folder_model_class
 from zerofit.objectives.registry import objective_of
+from zerofit.objectives.reward_model.head import SCORE_HEAD
 
 __all__ = [
     "SCORE_HEAD",
@@ -33,8 +34,6 @@ __all__ = [
     "seeded_head",
     "set_pad_token",
 ]
-
-SCORE_HEAD = "score"  # transformers' name of a decoder's sequence-classification head
 
 
 def is_reward_model(cfg: ZerofitConfig) -> bool:

@@ -1,5 +1,5 @@
-"""Config rules several slices share: the data format an objective reads, packing, and the preference
-reference of an objective that has none. Each slice's `check` calls the ones that apply to it."""
+"""Config rules several slices share: the data format an objective reads and the preference reference of
+an objective that has none. Each slice's `check` calls the ones that apply to it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
 
-__all__ = ["refuse_pair_packing", "refuse_pairs_format", "refuse_reference", "refuse_unpaired_format"]
+__all__ = ["refuse_pairs_format", "refuse_reference", "refuse_unpaired_format"]
 
 
 def refuse_unpaired_format(cfg: ZerofitConfig, problems: list[str]) -> None:
@@ -29,18 +29,6 @@ def refuse_pairs_format(cfg: ZerofitConfig, problems: list[str]) -> None:
             f"train.objective = {cfg.train.objective!r} learns from preference pairs, and data.format = {fmt!r} "
             "has one response per record; set data.format=preference (or auto) with data.path at {prompt, "
             "chosen, rejected} records, or train.objective=sft"
-        )
-
-
-def refuse_pair_packing(cfg: ZerofitConfig, problems: list[str]) -> None:
-    """Preference pairs are not packed into rows."""
-    tokens = cfg.batch.tokens_per_micro_batch
-    if tokens is not None:
-        problems.append(
-            f"batch.tokens_per_micro_batch = {tokens!r} packs examples into rows, and train.objective = "
-            f"{cfg.train.objective!r} trains on preference pairs, which zerofit does not pack (yet); unset "
-            "batch.tokens_per_micro_batch and set batch.micro_batch_size (pairs per micro-batch: each is a "
-            "forward of twice as many sequences), or auto"
         )
 
 

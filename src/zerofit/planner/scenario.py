@@ -160,7 +160,10 @@ class Scenario:
 
     @property
     def rows(self) -> int:
-        """Sequences one micro-step's forward runs on: the micro-batch, or both sequences of its pairs."""
+        """Sequences one micro-step's forward runs on: the micro-batch, or both sequences of its pairs; packed
+        (a token budget), its rows (a pair's two sequences get two when they share none)."""
+        if self.packed:
+            return max(self.micro_batch_size, self.objective.unit.rows)
         return self.micro_batch_size * self.objective.unit.rows
 
     @property

@@ -293,10 +293,6 @@ def test_a_preference_run_assembles_its_training_and_eval_data_as_pairs(tmp_path
             r"train\.objective = 'simpo' learns from preference pairs, and data\.format = 'prompt_response'.*"
             r"data\.format=preference",
         ),
-        (
-            ["train.objective=dpo", "batch.micro_batch_size=null", "batch.tokens_per_micro_batch=1024"],
-            r"batch\.tokens_per_micro_batch = 1024 packs .* train\.objective = 'dpo' .*batch\.micro_batch_size",
-        ),
         (["train.objective=dpo", "preference.reference=none"], r"DPO's loss .*preference\.reference=auto"),
         (
             ["train.objective=dpo", "preference.reference=adapters_off", "lora.enabled=false"],

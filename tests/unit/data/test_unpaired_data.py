@@ -111,7 +111,6 @@ def test_training_data_of_one_label_is_refused(tok: Any, tmp_path: Path) -> None
     [
         (["lora.enabled=false"], r"train\.objective = 'kto' compares the policy .*lora\.enabled=true"),
         (["data.format=preference"], r"data\.format = 'preference' names another format"),
-        (["batch.tokens_per_micro_batch=1024", "batch.micro_batch_size=null"], r"does not pack"),
     ],
 )
 def test_resolve_refuses_kto_configs_it_cannot_run(overrides: list[str], message: str) -> None:

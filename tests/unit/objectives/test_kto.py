@@ -16,7 +16,7 @@ from zerofit.data.unpaired import UnpairedExample, collate_unpaired, kto_micro_b
 from zerofit.loop.train import train_step
 from zerofit.models.tiny import ensure_tiny_llama
 from zerofit.objectives.kto.loss import KTO_METRICS, KTOObjective, KTOSettings, kto_losses
-from zerofit.objectives.pairwise.loss import adapters_disabled, row_logps
+from zerofit.objectives.logps import adapters_disabled, row_logps
 from zerofit.token_loss.sums import token_losses
 
 SEED, VOCAB = 3, 128

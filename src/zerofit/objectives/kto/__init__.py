@@ -1,7 +1,7 @@
 """KTO on unpaired feedback (`train.objective: kto`, the `kto` section): {prompt, completion, label} records.
 
 A unit is one example (its mismatched KL row rides along, no-grad); the data is unpaired (data.format
-unpaired or auto), never packed; the reference is the base with the LoRA adapters off, so LoRA is needed.
+unpaired or auto), packed under `batch.tokens_per_micro_batch` as SFT's examples are; the reference is the base with the LoRA adapters off, so LoRA is needed.
 Each micro-step runs three no-grad forwards before the policy's: the reference, and the KL reference
 point's mismatched sequences through the policy and the reference. The loss is
 `zerofit.objectives.kto.loss.KTOObjective`; its evaluation `zerofit.loop.unpaired`.
@@ -28,18 +28,13 @@ class KTOSpec(ObjectiveSpec):
     unit = UNPAIRED
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
-        """Unpaired records, unpacked, LoRA adapters to switch off; no preference reference."""
-        fmt, tokens = cfg.data.format, cfg.batch.tokens_per_micro_batch
+        """Unpaired records (packed or not), LoRA adapters to switch off; no preference reference."""
+        fmt = cfg.data.format
         if fmt not in ("auto", "unpaired"):
             problems.append(
                 f"train.objective = 'kto' learns from unpaired {{prompt, completion, label}} records (TRL's "
                 f"layout), and data.format = {fmt!r} names another format; set data.format=auto (or unpaired) "
                 "with data.path at such records"
-            )
-        if tokens is not None:
-            problems.append(
-                f"batch.tokens_per_micro_batch = {tokens!r} packs examples into rows, and train.objective = 'kto' "
-                "does not pack (yet); unset it and set batch.micro_batch_size (examples per micro-batch)"
             )
         if not cfg.lora.enabled:
             problems.append(

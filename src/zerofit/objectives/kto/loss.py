@@ -16,7 +16,8 @@ no-grad forward of this rank's mismatched sequences through the policy and throu
 summed differences and example count, ONE all-reduce, then z0; the pairing itself is fixed by the global
 batch (`kto_micro_batches`). `counts` is the examples, all-reduced with the other normalizers as for every
 objective. So micro x accumulation x ranks changes nothing: 8 x 1 and 2 x 4 on one process and 2 ranks give
-the same loss.
+the same loss. Packed micro-batches (`batch.tokens_per_micro_batch`: examples and their mismatched sequences
+as segments of rows, `sequence_ids` / `kl_sequence_ids`) give the same per-example sums, so the same loss.
 
 How TRL's KTOTrainer (1.16) differs. TRL rotates completions within each chunk of
 `per_device_train_batch_size` examples of the dataset (at preparation, with a sequential sampler), so a
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from zerofit.objectives.logps import adapters_disabled, row_logps
+from zerofit.objectives.logps import adapters_disabled, sequence_logps
 from zerofit.objectives.protocol import Batch, Reducing
 from zerofit.token_loss.fused import forward_token_losses
 
@@ -75,12 +76,22 @@ def kto_losses(
 
 
 def _kl_inputs(batch: Batch, device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The mismatched sequences' model inputs and labels."""
-    inputs = {
-        "input_ids": batch["kl_input_ids"].to(device),
-        "attention_mask": batch["kl_attention_mask"].to(device),
-    }
+    """The mismatched sequences' model inputs and labels: their attention mask, or packed, their position
+    ids and no mask (as `zerofit.data.batches.model_inputs` passes a packed micro-batch)."""
+    layout = "kl_position_ids" if "kl_position_ids" in batch else "kl_attention_mask"
+    inputs = {"input_ids": batch["kl_input_ids"].to(device), layout[3:]: batch[layout].to(device)}
     return inputs, batch["kl_labels"]
+
+
+def _logps(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    ids: torch.Tensor | None,
+    impl: str,
+) -> torch.Tensor:
+    """One forward's summed log-probs per sequence (per row, or per `sequence_ids` number when packed)."""
+    return sequence_logps(forward_token_losses(model, inputs, labels, impl), labels, ids)[0]
 
 
 class KTOObjective:  # its own before_window and metric_means (not UnitMeans')
@@ -100,12 +111,12 @@ class KTOObjective:  # its own before_window and metric_means (not UnitMeans')
     def kl_sums(self, model: torch.nn.Module, batch: Batch, impl: str, device: torch.device) -> torch.Tensor:
         """(sum over the micro-batch's examples of policy - reference log-prob of the mismatched sequence,
         examples), fp64, no gradient: this micro-batch's share of z0."""
-        m = int(batch["examples"])
+        m, ids = int(batch["examples"]), batch.get("kl_sequence_ids")
         inputs, labels = _kl_inputs(batch, device)
         with torch.no_grad():
             with adapters_disabled(model):
-                reference = row_logps(forward_token_losses(model, inputs, labels, impl), labels)[0]
-            policy = row_logps(forward_token_losses(model, inputs, labels, impl), labels)[0]
+                reference = _logps(model, inputs, labels, ids, impl)
+            policy = _logps(model, inputs, labels, ids, impl)
         diff = (policy - reference)[:m].double().sum()
         return torch.stack([diff, diff.new_tensor(float(m))])
 
@@ -133,10 +144,10 @@ class KTOObjective:  # its own before_window and metric_means (not UnitMeans')
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The reference's no-grad forward (adapters off), then the policy's: the micro-batch's weighted loss
         sum, and the detached per-example sums (`_SUMS`: rewards, log-probs and counts per label, fp64)."""
-        labels, m = batch["labels"], int(batch["examples"])
+        labels, m, ids = batch["labels"], int(batch["examples"]), batch.get("sequence_ids")
         with torch.no_grad(), adapters_disabled(model):
-            reference = row_logps(forward_token_losses(model, inputs, labels, impl), labels)[0]
-        logps = row_logps(forward_token_losses(model, inputs, labels, impl), labels)[0]
+            reference = _logps(model, inputs, labels, ids, impl)
+        logps = _logps(model, inputs, labels, ids, impl)
         if m == 0:  # an empty micro-batch's dummy row: zero loss that still carries the graph
             return [logps.sum() * 0.0], logps.new_zeros(len(_SUMS), dtype=torch.float64)
         logratios = logps - reference

@@ -1,8 +1,8 @@
 """Pairwise preference tuning on {prompt, chosen, rejected} pairs: DPO, SimPO and ORPO (`train.objective`
 dpo / simpo / orpo), one `PairwiseSpec` each over the `preference` section.
 
-A unit is a pair (two rows in one forward); the data is preference pairs (data.format preference or auto),
-never packed; the loss is `zerofit.objectives.pairwise.loss.PreferenceObjective` with the member's pair loss.
+A unit is a pair (two rows in one forward, or two segments of packed rows under
+`batch.tokens_per_micro_batch`); the data is preference pairs (data.format preference or auto); the loss is `zerofit.objectives.pairwise.loss.PreferenceObjective` with the member's pair loss.
 Only DPO has a reference model (`preference.reference`: the base with the adapters off under LoRA, else
 log-probs precomputed once before training, `zerofit.loop.reference`); the others resolve it to none.
 """
@@ -13,7 +13,6 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from zerofit.objectives.rules import (
-    refuse_pair_packing,
     refuse_pairs_format,
     refuse_reference,
     refuse_unpaired_format,
@@ -44,10 +43,10 @@ class PairwiseSpec(ObjectiveSpec):
     unit = PAIR
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
-        """Preference pairs, unpacked; a preference reference only where the member has one."""
+        """Preference pairs (packed or not: `batch.tokens_per_micro_batch` packs them, both sequences of a
+        pair in one micro-batch); a preference reference only where the member has one."""
         refuse_unpaired_format(cfg, problems)
         refuse_pairs_format(cfg, problems)
-        refuse_pair_packing(cfg, problems)
         self.check_reference(cfg, problems)
 
     def check_reference(self, cfg: ZerofitConfig, problems: list[str]) -> None:
@@ -93,18 +92,25 @@ class PairwiseSpec(ObjectiveSpec):
 
     def planned_line(self, memory: dict[str, Any]) -> str | None:
         """Pairs per micro-batch, the rows of its forward, and the reference as planned."""
-        rows = memory["sequences_per_micro_batch"]
+        rows, micro = memory["sequences_per_micro_batch"], memory["micro_batch_size"]
         reference = _REFERENCE_PLANNED.get(memory["reference"], memory["reference"]).format(rows=rows)
-        return (
-            f"Planned for train.objective {self.name}: {memory['micro_batch_size']} pairs per micro-batch = {rows} "
-            f"sequences per forward (chosen and rejected); reference {reference}"
+        laid_out = (
+            f"{micro} pairs per micro-batch = {rows} sequences per forward (chosen and rejected)"
+            if rows == 2 * micro
+            else f"{rows} packed rows per micro-batch (chosen and rejected sequences as their segments)"
         )
+        return f"Planned for train.objective {self.name}: {laid_out}; reference {reference}"
 
     def planner_notes(self, micro_batch_size: int, rows: int, seq_len: int, reference: str) -> list[str]:
         """The pairs' rows in every activation, and what the reference costs per step."""
+        laid_out = (
+            f"a micro-batch of {micro_batch_size} pairs is one forward of {rows} sequences (chosen and rejected)"
+            if rows == 2 * micro_batch_size
+            else f"a micro-batch is one forward of {rows} packed rows (chosen and rejected sequences as segments)"
+        )
         notes = [
-            f"train.objective {self.name}: a micro-batch of {micro_batch_size} pairs is one forward of {rows} "
-            f"sequences (chosen and rejected), every activation and the loss counted for {rows} x {seq_len} tokens"
+            f"train.objective {self.name}: {laid_out}, every activation and the loss counted for {rows} x "
+            f"{seq_len} tokens"
         ]
         if reference == "adapters_off":
             notes.append(

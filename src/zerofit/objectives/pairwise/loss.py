@@ -28,6 +28,11 @@ forward; per-row log-probs are sums of `forward_token_losses` (the chunked loss,
 `disable_adapter`, no gradients, before the policy forward, on every micro-batch, the dummy row of an
 empty one included so every rank runs the same forwards); `precomputed` the batch's `reference_logps`
 (`zerofit.loop.reference`); `none` for SimPO and ORPO.
+
+A packed micro-batch (`batch.tokens_per_micro_batch`: `zerofit.data.pairs.pair_micro_batches`) is the same
+2m sequences as segments of fewer rows, numbered as the padded rows (`sequence_ids`): the per-sequence sums
+are gathered by number (`zerofit.objectives.logps.sequence_logps`), so every loss, count and metric is the
+padded layout's.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from zerofit.objectives.logps import adapters_disabled, row_logps
+from zerofit.objectives.logps import adapters_disabled, sequence_logps, sequence_sums
 from zerofit.objectives.protocol import Batch, UnitMeans
 from zerofit.token_loss.fused import forward_token_losses
 from zerofit.token_loss.sums import IGNORE_INDEX, count_label_tokens, shifted_targets
@@ -172,10 +177,17 @@ def orpo_pair(p: PairLogps, lam: float) -> PairResult:
 
 
 def nll_labels(batch: Batch, sequence: bool) -> torch.Tensor:
-    """The labels an NLL on the chosen rows (the first `pairs`) is over: their response labels, or with
+    """The labels an NLL on the chosen sequences (the first `pairs`) is over: their response labels, or with
     `sequence` every real token of the chosen sequence (prompt included, padding never), as TRL's ORPO and
-    the ORPO authors' default."""
-    m = int(batch["pairs"])
+    the ORPO authors' default. Padded: the chosen rows; packed: every row, IGNORE_INDEX outside the chosen
+    segments (and on each segment's first token, which nothing before it in the row predicts)."""
+    m, ids = int(batch["pairs"]), batch.get("sequence_ids")
+    if ids is not None:
+        chosen = (ids >= 0) & (ids < m)
+        if sequence:
+            chosen &= batch["position_ids"] > 0
+        source = batch["input_ids"] if sequence else batch["labels"]
+        return torch.where(chosen, source, torch.full_like(source, IGNORE_INDEX))
     if not sequence:
         return batch["labels"][:m]
     real = batch["attention_mask"][:m] == 1
@@ -209,12 +221,12 @@ class PreferenceObjective(UnitMeans):
         sequence_nll = self.s.nll == "sequence" and m > 0
         if sequence_nll:  # one forward scores the chosen rows' prompts too; the responses are picked out
             token_nll = forward_token_losses(model, inputs, self._sequence_forward_labels(batch), impl)
-            chosen_nll = token_nll[:m].sum()
+            chosen_nll = sequence_sums(token_nll, batch.get("sequence_ids"))[:m].sum()
             response = shifted_targets(labels).reshape(labels.shape) != IGNORE_INDEX
             token_nll = token_nll.where(response.to(token_nll.device), 0.0)
         else:
             token_nll = forward_token_losses(model, inputs, labels, impl)
-        logps, lengths = row_logps(token_nll, labels)
+        logps, lengths = sequence_logps(token_nll, labels, batch.get("sequence_ids"))
         if m == 0:  # an empty micro-batch's dummy row: zero loss that still carries the graph
             zero = logps.sum() * 0.0
             return [zero] * len(self.counts([batch])), zero.new_zeros(len(METRICS), dtype=torch.float64)
@@ -233,10 +245,12 @@ class PreferenceObjective(UnitMeans):
         return terms, self._metric_sums(rewards, shown)
 
     def _sequence_forward_labels(self, batch: Batch) -> torch.Tensor:
-        """The labels of the one forward with a whole-sequence NLL: the chosen rows' `nll_labels`, the
-        rejected rows' own."""
-        m = int(batch["pairs"])
-        return torch.cat([nll_labels(batch, sequence=True), batch["labels"][m:]])
+        """The labels of the one forward with a whole-sequence NLL: the chosen sequences' `nll_labels`, the
+        rejected ones' own."""
+        m, chosen = int(batch["pairs"]), nll_labels(batch, sequence=True)
+        if "sequence_ids" in batch:  # packed: the chosen segments' tokens, the labels elsewhere
+            return torch.where(chosen != IGNORE_INDEX, chosen, batch["labels"])
+        return torch.cat([chosen, batch["labels"][m:]])
 
     def _reference(
         self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], batch: Batch, impl: str
@@ -252,8 +266,10 @@ class PreferenceObjective(UnitMeans):
             return batch["reference_logps"].to(inputs["input_ids"].device, torch.float32)
         if self.s.reference != "adapters_off":
             return None
+        labels = batch["labels"]
         with torch.no_grad(), adapters_disabled(model):
-            return row_logps(forward_token_losses(model, inputs, batch["labels"], impl), batch["labels"])[0]
+            token_nll = forward_token_losses(model, inputs, labels, impl)
+        return sequence_logps(token_nll, labels, batch.get("sequence_ids"))[0]
 
     @staticmethod
     def _metric_sums(rewards: Pair, shown: Pair) -> torch.Tensor:

@@ -16,14 +16,23 @@ means instead, which differs on ragged windows (the unit tests show both).
 Metrics (per-pair means over the global batch, the names DPO's rows use so `zerofit compare` shows them):
 `rewards/chosen`, `rewards/rejected`, `rewards/accuracies` (r_c > r_r: TRL's RewardTrainer `accuracy`),
 `rewards/margins` (r_c - r_r: TRL's `margin`).
+
+A packed micro-batch (`batch.tokens_per_micro_batch`: the 2m sequences as segments of rows, numbered by
+`sequence_ids` as the padded rows are) cannot use transformers' pooling, which reads one last token per row:
+the score head's per-token output is taken as it leaves the head (a forward hook on `SCORE_HEAD`) and read
+at each segment's last token, the same numbers the padded rows' pooling reads.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from zerofit.objectives.protocol import Batch, UnitMeans
+from zerofit.objectives.reward_model.head import SCORE_HEAD
 
 __all__ = ["REWARD_METRICS", "RewardObjective", "pair_rewards", "reward_losses"]
 
@@ -44,10 +53,42 @@ def reward_losses(
     return losses
 
 
-def pair_rewards(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def pair_rewards(
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """One fp32 reward per row: the sequence classifier's one output (`num_labels=1`), at its last
-    non-pad token (transformers' pooling by `config.pad_token_id`)."""
-    return model(**inputs, use_cache=False).logits.squeeze(-1).float()
+    non-pad token (transformers' pooling by `config.pad_token_id`); with a packed micro-batch's `ids`
+    (`sequence_ids`), one per numbered sequence, at its last token (module docstring)."""
+    if ids is None:
+        return model(**inputs, use_cache=False).logits.squeeze(-1).float()
+    with _token_scores(model) as seen:
+        pooled = model(**inputs, use_cache=False).logits
+    scores = seen[-1].squeeze(-1).float().reshape(-1)
+    # The model's own output joins the graph, times zero: FSDP2 gathers the root's parameters for backward
+    # from a hook on the root's outputs, which a loss on the head's inner output alone would never fire.
+    return scores[_last_tokens(ids).to(scores.device)] + pooled.float().sum() * 0.0
+
+
+@contextmanager
+def _token_scores(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """The score head's per-token outputs of the forwards run inside (the outermost module named
+    `SCORE_HEAD`: peft's wrapper of it under LoRA, whose output is the trained head's)."""
+    head = next(m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == SCORE_HEAD)
+    seen: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda _module, _args, out: seen.append(out))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def _last_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """The flat index of each numbered sequence's last token in a packed micro-batch's `sequence_ids`."""
+    flat = ids.reshape(-1)
+    keep = flat >= 0
+    where = torch.arange(flat.numel())
+    last = torch.zeros(int(flat.max()) + 1, dtype=torch.long)
+    return last.scatter_reduce(0, flat[keep], where[keep], "amax")
 
 
 class RewardObjective(UnitMeans):
@@ -67,7 +108,7 @@ class RewardObjective(UnitMeans):
     ) -> tuple[list[torch.Tensor], torch.Tensor]:
         """One forward of the 2m rows: the loss sum over the m pairs and the detached per-pair metric sums
         (`REWARD_METRICS`, fp64). `impl` (train.cross_entropy) is unused: no loss over a vocabulary."""
-        rewards = pair_rewards(model, inputs)
+        rewards = pair_rewards(model, inputs, batch.get("sequence_ids"))
         m = int(batch["pairs"])
         if m == 0:  # an empty micro-batch's dummy row: zero loss that still carries the graph
             zero = rewards.sum() * 0.0
