@@ -62,6 +62,7 @@ __all__ = [
 
 COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
 COMPLETIONS_TABLE = "completions"  # the same rows' table in the metrics sinks (W&B: a wandb.Table)
+NOISE_BYTES = 8 << 20  # the most sampling noise one completion holds at a time (`noise_block`)
 
 # (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])
 Scorer = Callable[
@@ -167,14 +168,61 @@ def sample_completions(
     device: torch.device,
     shown: Progress | None = None,
 ) -> list[Sampled]:
-    """Sample one completion per prompt, each row from its own generator (module docstring); `shown` counts
-    the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report."""
+    """Sample one completion per prompt, each row from its own seeded noise (module docstring); `shown`
+    counts the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report."""
     was_training = model.training
     model.eval()
     try:
         return _sample(model, prompts, seeds, s, device, shown)
     finally:
         model.train(was_training)
+
+
+def noise_block(max_new_tokens: int, vocab: int) -> int:
+    """How many tokens' noise a completion draws in one call: all of them, unless that would hold more than
+    `NOISE_BYTES` per completion (a long completion over a large vocabulary), then blocks of that size."""
+    return max(1, min(max_new_tokens, NOISE_BYTES // (4 * vocab)))
+
+
+def draw_noise(gens: list[torch.Generator], tokens: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """[rows, tokens, vocab] fp32 Exp(1) noise, row i drawn from `gens[i]` in ONE call: the same values, on
+    the CPU, as `tokens` successive `torch.multinomial(probs, 1, generator=gens[i])` calls would draw
+    (multinomial's one-sample path is argmax(probs / Exp(1) noise)), so a seed samples what it always did."""
+    noise = torch.empty((len(gens), tokens, vocab), dtype=torch.float32, device=device)
+    for row, gen in zip(noise, gens, strict=True):
+        row.exponential_(1.0, generator=gen)
+    return noise
+
+
+@dataclass
+class _Batch:
+    """The rows still sampling (`where`: their completion indices) with their KV cache, attention mask
+    (prompt then one column per sampled token), next positions and noise; finished rows leave it."""
+
+    where: torch.Tensor
+    cache: Any
+    mask: torch.Tensor
+    positions: torch.Tensor
+    noise: torch.Tensor | None = None
+
+    def keep(self, kept: torch.Tensor) -> None:
+        """Drop every row but `kept` (a bool per row), from the cache too."""
+        index = kept.nonzero().view(-1)
+        self.cache.batch_select_indices(index)
+        self.where, self.mask, self.positions = self.where[index], self.mask[index], self.positions[index]
+        self.noise = None if self.noise is None else self.noise[index]
+
+
+def _prefill(model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettings, device: torch.device):
+    """The prompts' forward (left-padded, the last position's logits only): those logits and the batch."""
+    ids, prompt_mask = _left_padded(prompts, s.pad_id, device)
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones((len(prompts), s.max_new_tokens))], dim=1)
+    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+    result = model(
+        input_ids=ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
+    where = torch.arange(len(prompts), device=device)
+    return result.logits[:, -1], _Batch(where, result.cache, mask, prompt_mask.sum(dim=1, keepdim=True))
 
 
 def _sample(
@@ -185,35 +233,67 @@ def _sample(
     device: torch.device,
     shown: Progress | None = None,
 ) -> list[Sampled]:
-    """The sampling loop of `sample_completions` (model already in eval mode, no grad)."""
+    """The sampling loop of `sample_completions` (model already in eval mode, no grad): one batched forward
+    per token over the rows still sampling, one batched draw (argmax(probs / noise)) for all of them."""
+    rows, width = len(prompts), max(len(p) for p in prompts)
     gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    ids, mask = _left_padded(prompts, s.pad_id, device)
-    rows = len(prompts)
-    out: list[list[int]] = [[] for _ in range(rows)]
-    done = torch.zeros(rows, dtype=torch.bool)
-    entropy = torch.zeros(rows, dtype=torch.float64)
-    step_ids, past = ids, None
+    out = torch.full((rows, s.max_new_tokens), s.pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((rows,), s.max_new_tokens, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    entropy = torch.zeros(rows, dtype=torch.float64, device=device)
     eos = torch.tensor(s.eos_ids, device=device)
+    last, batch = _prefill(model, prompts, s, device)
+    block = noise_block(s.max_new_tokens, last.size(-1))
     for token in range(s.max_new_tokens):
         if shown is not None:
             shown.update(token)
-        last, past = decode_step(model, step_ids, mask, past)
-        logits = last.float() / s.temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        entropy += (-(logp.exp() * logp).sum(dim=-1)).double().cpu().where(~done, 0.0)
-        probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
-        tokens = torch.stack([torch.multinomial(probs[i], 1, generator=gens[i]) for i in range(rows)]).view(
-            -1
+        if token % block == 0:
+            drawn = min(block, s.max_new_tokens - token)
+            batch.noise = draw_noise([gens[i] for i in batch.where.tolist()], drawn, last.size(-1), device)
+        tokens, step_entropy = _draw(last, batch.noise[:, token % block], s)
+        out[batch.where, token] = tokens
+        entropy[batch.where] += step_entropy.double()
+        ended = torch.isin(tokens, eos)
+        if bool(ended.any()):
+            lengths[batch.where[ended]] = token + 1
+            finished[batch.where[ended]] = True
+            if bool(ended.all()):
+                break
+            batch.keep(~ended)
+            tokens = tokens[~ended]
+        if token + 1 < s.max_new_tokens:
+            last = _decode(model, tokens, batch, width + token + 1)
+    return [
+        Sampled(ids[:n], not e, h)
+        for ids, n, e, h in zip(
+            out.tolist(), lengths.tolist(), finished.tolist(), entropy.tolist(), strict=True
         )
-        tokens = tokens.masked_fill(done.to(device), s.pad_id)
-        for i in (~done).nonzero().view(-1).tolist():
-            out[i].append(int(tokens[i]))
-        done |= torch.isin(tokens, eos).cpu()
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        step_ids = tokens.unsqueeze(1)
-        if bool(done.all()):
-            break
-    return [Sampled(out[i], not bool(done[i]), float(entropy[i])) for i in range(rows)]
+    ]
+
+
+def _draw(last: torch.Tensor, noise: torch.Tensor, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's next token, argmax(probs / noise) over the top-k / top-p filtered softmax(logits / T)
+    (torch.multinomial's one-sample draw, batched), and its entropy under softmax(logits / T)."""
+    logits = last.float() / s.temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
+    return (probs / noise).argmax(dim=-1), entropy
+
+
+def _decode(model: torch.nn.Module, tokens: torch.Tensor, batch: _Batch, seen: int) -> torch.Tensor:
+    """One token's forward over the batch's KV cache (`seen` columns of the mask so far, this token's
+    included): each row's logits for the next token."""
+    result = model(
+        input_ids=tokens.unsqueeze(1),
+        attention_mask=batch.mask[:, :seen],
+        position_ids=batch.positions,
+        cache=batch.cache,
+        use_cache=True,
+    )
+    batch.cache = result.cache
+    batch.positions = batch.positions + 1
+    return result.logits[:, -1]
 
 
 @contextmanager
