@@ -194,35 +194,86 @@ def draw_noise(gens: list[torch.Generator], tokens: int, vocab: int, device: tor
     return noise
 
 
+def _rows_selectable(cache: Any) -> bool:
+    """Whether rows can be picked out of `cache` (`batch_select_indices`): a DynamicCache of plain or
+    sliding-window attention layers. With other layers (linear attention's states, quantized) every row
+    keeps its own prompt and stays in the batch when it finishes, its tokens no longer read."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return (
+        type(cache) is DynamicCache
+        and bool(layers)
+        and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+    )
+
+
 @dataclass
 class _Batch:
-    """The rows still sampling (`where`: their completion indices) with their KV cache, attention mask
-    (prompt then one column per sampled token), next positions and noise; finished rows leave it."""
+    """The model's batch while sampling: its KV cache, attention mask (prompt, then one column per sampled
+    token) and next positions; `where` is each still-sampling row's completion index and `rows` its row in
+    the model's batch (None: the batch holds exactly those rows, finished ones having been dropped), `noise`
+    their sampling noise."""
 
     where: torch.Tensor
     cache: Any
     mask: torch.Tensor
     positions: torch.Tensor
+    rows: torch.Tensor | None = None
     noise: torch.Tensor | None = None
 
     def keep(self, kept: torch.Tensor) -> None:
-        """Drop every row but `kept` (a bool per row), from the cache too."""
+        """Keep sampling only the rows `kept` (a bool per still-sampling row): the others leave the model's
+        batch and its cache (or, where the cache cannot drop rows, are no longer read)."""
         index = kept.nonzero().view(-1)
-        self.cache.batch_select_indices(index)
-        self.where, self.mask, self.positions = self.where[index], self.mask[index], self.positions[index]
+        self.where = self.where[index]
         self.noise = None if self.noise is None else self.noise[index]
+        if self.rows is not None:
+            self.rows = self.rows[index]
+            return
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The still-sampling rows' logits out of the model's batch's."""
+        return last if self.rows is None else last[self.rows]
+
+    def step_ids(self, tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+        """The model's next input: the still-sampling rows' tokens (pad in the unused rows)."""
+        if self.rows is None:
+            return tokens
+        return torch.full_like(self.positions[:, 0], pad_id).index_put((self.rows,), tokens)
 
 
 def _prefill(model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettings, device: torch.device):
-    """The prompts' forward (left-padded, the last position's logits only): those logits and the batch."""
-    ids, prompt_mask = _left_padded(prompts, s.pad_id, device)
-    mask = torch.cat([prompt_mask, prompt_mask.new_ones((len(prompts), s.max_new_tokens))], dim=1)
+    """The prompts' forward, left-padded, the last position's logits only: where the cache can copy rows,
+    each distinct prompt once (a group's G completions share it) and its KV cache then copied to each of its
+    rows. Returns every row's logits and the batch."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    shared = _rows_selectable(cache)
+    distinct = list(dict.fromkeys(tuple(p) for p in prompts)) if shared else [tuple(p) for p in prompts]
+    ids, prompt_mask = _left_padded([list(p) for p in distinct], s.pad_id, device)
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
     result = model(
-        input_ids=ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        input_ids=ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
     )
-    where = torch.arange(len(prompts), device=device)
-    return result.logits[:, -1], _Batch(where, result.cache, mask, prompt_mask.sum(dim=1, keepdim=True))
+    last, rows = result.logits[:, -1], len(prompts)
+    if len(distinct) < rows:
+        slot = {p: i for i, p in enumerate(distinct)}
+        of = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+        result.cache.batch_select_indices(of)
+        last, prompt_mask = last[of], prompt_mask[of]
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones((rows, s.max_new_tokens))], dim=1)
+    where = torch.arange(rows, device=device)
+    lengths = prompt_mask.sum(dim=1, keepdim=True)
+    return last, _Batch(where, result.cache, mask, lengths, rows=None if shared else where.clone())
 
 
 def _sample(
@@ -250,7 +301,7 @@ def _sample(
         if token % block == 0:
             drawn = min(block, s.max_new_tokens - token)
             batch.noise = draw_noise([gens[i] for i in batch.where.tolist()], drawn, last.size(-1), device)
-        tokens, step_entropy = _draw(last, batch.noise[:, token % block], s)
+        tokens, step_entropy = _draw(batch.logits(last), batch.noise[:, token % block], s)
         out[batch.where, token] = tokens
         entropy[batch.where] += step_entropy.double()
         ended = torch.isin(tokens, eos)
@@ -262,7 +313,7 @@ def _sample(
             batch.keep(~ended)
             tokens = tokens[~ended]
         if token + 1 < s.max_new_tokens:
-            last = _decode(model, tokens, batch, width + token + 1)
+            last = _decode(model, batch.step_ids(tokens, s.pad_id), batch, width + token + 1)
     return [
         Sampled(ids[:n], not e, h)
         for ids, n, e, h in zip(
