@@ -60,10 +60,22 @@ def load(name: str) -> tuple[Callable[[], torch.nn.Module], Any]:
     return lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train(), tokenizer
 
 
-def prompt_rows(count: int) -> list[dict[str, str]]:
-    """The first `count` rows of the demo's GRPO prompts ({prompt, answer})."""
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
-    return rows[:count]
+def prompt_rows(count: int, chat: bool = False) -> list[dict[str, Any]]:
+    """The first `count` rows of the demo's GRPO prompts ({prompt, answer}); with `chat`, each prompt as one
+    user message (TRL's conversational layout: its chat template is applied)."""
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][:count]
+    if chat:
+        rows = [{**r, "prompt": [{"role": "user", "content": r["prompt"].strip()}]} for r in rows]
+    return rows
+
+
+def prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
+    """A prompt's token ids as TRL's GRPOTrainer makes them: the raw text, or a conversation through the
+    tokenizer's chat template with the generation prompt."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def eos_ids(tokenizer: Any, model: torch.nn.Module) -> tuple[int, ...]:
@@ -80,8 +92,8 @@ class Zerofit:
         from zerofit.loop.rollout import SamplingSettings
 
         self.model, self.tokenizer, self.args = make(), tokenizer, args
-        self.rows = prompt_rows(args.prompts)
-        self.ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in self.rows]
+        self.rows = prompt_rows(args.prompts, args.chat)
+        self.ids = [prompt_ids(tokenizer, r["prompt"]) for r in self.rows]
         self.settings = SamplingSettings(
             args.tokens, eos_ids(tokenizer, self.model), int(tokenizer.pad_token_id), 1.0, 1.0, 0
         )
@@ -116,7 +128,7 @@ class Zerofit:
 
         g, n = self.args.g, len(self.ids)
         prompts = [
-            PromptExample(ids, r["prompt"], {"answer": r["answer"]}, i)
+            PromptExample(ids, self.tokenizer.decode(ids), {"answer": r["answer"]}, i)
             for i, (r, ids) in enumerate(zip(self.rows, self.ids, strict=True))
         ]
         score = exact_match_scorer()
@@ -175,7 +187,7 @@ class Trl:
 
         from trl_grpo_baseline import _reward
 
-        self.args, self.rows = args, prompt_rows(args.prompts)
+        self.args, self.rows = args, prompt_rows(args.prompts, args.chat)
         self.times: list[tuple[float, int]] = []
         g, n = args.g, len(self.rows)
         config = GRPOConfig(
@@ -298,6 +310,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--g", type=int, default=8, help="completions per prompt (G)")
     parser.add_argument("--tokens", type=int, default=32, help="max completion tokens")
     parser.add_argument("--repeats", type=int, default=3, help="alternating segments per side")
+    parser.add_argument("--chat", action="store_true", help="prompts as chat messages (the chat template)")
     parser.add_argument("--smoke", action="store_true", help="tiny-llama, 4 tokens, one repeat")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     args = parser.parse_args(argv)
@@ -316,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(name, args)
         results.append(result)
         print(
-            f"{name}: G {args.g} x {args.prompts} prompts, <= {args.tokens} tokens, one thread; completion tokens "
+            f"{name}: G {args.g} x {args.prompts} {'chat ' if args.chat else ''}prompts, <= {args.tokens} tokens, "
+            "one thread; completion tokens "
             f"per CPU-second (median): zerofit {result['median_tokens_per_cpu_s']['zf_gen']} vs TRL "
             f"{result['median_tokens_per_cpu_s']['trl_gen']}\n"
             f"  zerofit / TRL generation: {result['ratio_gen']}x (paired median {result['paired_ratio_gen']}x)\n"
@@ -328,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), torch {torch.__version__}, "
             f"trl {__import__('trl').__version__}, transformers {__import__('transformers').__version__}",
-            "settings": {k: getattr(args, k) for k in ("prompts", "g", "tokens", "repeats", "smoke")},
+            "settings": {k: getattr(args, k) for k in ("prompts", "g", "tokens", "repeats", "chat", "smoke")},
             "results": results,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

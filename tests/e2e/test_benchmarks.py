@@ -83,6 +83,12 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
         ),
         "loss_memory": (str(BENCH / "loss_memory.py"), "--smoke", "--json", str(tmp / "loss_memory.json")),
         "grpo_real": (str(BENCH / "grpo_real.py"), "--smoke", "--json", str(tmp / "grpo_real.json")),
+        "rollout_vs_trl": (
+            str(BENCH / "rollout_vs_trl.py"),
+            "--smoke",
+            "--json",
+            str(tmp / "rollout_vs_trl.json"),
+        ),
         "planner_families": (
             str(BENCH / "planner_families.py"),
             "--smoke",
@@ -325,6 +331,18 @@ def test_grpo_real_smoke_trains_and_scores_the_base_and_the_trained_model(ran: d
         assert report[name]["completions"] == 20
         assert set(report[name]) >= {"reward", "rewards/exact_match", "rewards/format_regex"}
     assert len(report["train_reward_per_step"]) == 1
+
+
+def test_rollout_vs_trl_smoke_prints_and_writes_both_ratios(ran: dict[str, Ran]) -> None:
+    """`rollout_vs_trl.py --smoke`: zerofit's rollout sampler and whole GRPO step against TRL's GRPOTrainer on
+    tiny-llama, the generation and whole-step ratios printed and written."""
+    result, out = ran["rollout_vs_trl"].ok(), ran["rollout_vs_trl"].tmp / "rollout_vs_trl.json"
+    assert "zerofit / TRL generation: " in result.stdout and "zerofit / TRL whole step: " in result.stdout
+    report = json.loads(out.read_text())
+    (model,) = report["results"]
+    assert model["model"] == "tiny-llama" and report["settings"]["g"] == 8
+    assert model["ratio_gen"] > 0 and model["ratio_step"] > 0
+    assert set(model["median_tokens_per_cpu_s"]) == {"zf_gen", "trl_gen", "zf_step", "trl_step"}
 
 
 def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str, Ran]) -> None:

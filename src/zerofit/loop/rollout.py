@@ -16,12 +16,20 @@ One rollout per loop step `step` (`Rollouts.step_batches`):
     4. The rank's micro-batches (`micro_batch`), with the old policy's per-token log-probs when
        `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update).
 
-Sampling is a short loop over the model's forward with `past_key_values` rather than `generate`: generate draws
-a whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Positions are
-counted over real tokens (`position_ids` from the mask), as in the training forward, so left padding changes
-nothing. The policy samples through the engine's bare module (`generating`): under FSDP2 every layer is
-gathered once per rollout, not once per token; ZeRO-3 is refused by `zerofit.config.resolve` (its hooks would
-gather every layer again for each token).
+Sampling is a short loop over the model's forward with its KV cache rather than `generate`: generate draws a
+whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Here each
+completion draws all its noise up front, in ONE call on its own generator (`draw_noise`: [tokens, vocab]
+Exp(1) values), and every token of every row is then one batched operation: argmax(probs / noise), which
+is exactly what `torch.multinomial(probs, 1, generator)` computes for one row (its one-sample path; the CPU
+generator hands out the same values in one call as in one call per token), so a seed samples the tokens it
+sampled when each token was one multinomial call per row. A row that ends (eos) leaves the batch and its
+KV cache; a group's G rows share their prompt's prefill (run once per distinct prompt). Positions are
+counted over real tokens (`position_ids` from the mask), as in the training forward, so left padding
+changes nothing. Old log-probs (`rl.num_iterations` > 1) are recomputed by the loss's own forward, not
+taken from the sampler's: the cached incremental forward rounds differently, and the ratio must be 1 at
+the first update. The policy samples through the engine's bare module (`generating`): under FSDP2 every
+layer is gathered once per rollout, not once per token; ZeRO-3 is refused by `zerofit.config.resolve` (its
+hooks would gather every layer again for each token).
 """
 
 from __future__ import annotations
@@ -251,7 +259,7 @@ def _prefill(model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettin
     rows. Returns every row's logits and the batch."""
     from transformers.cache_utils import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=getattr(model, "config", None))  # none: lazy layers, no row picking
     shared = _rows_selectable(cache)
     distinct = list(dict.fromkeys(tuple(p) for p in prompts)) if shared else [tuple(p) for p in prompts]
     ids, prompt_mask = _left_padded([list(p) for p in distinct], s.pad_id, device)
@@ -325,7 +333,7 @@ def _sample(
 def _draw(last: torch.Tensor, noise: torch.Tensor, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row's next token, argmax(probs / noise) over the top-k / top-p filtered softmax(logits / T)
     (torch.multinomial's one-sample draw, batched), and its entropy under softmax(logits / T)."""
-    logits = last.float() / s.temperature
+    logits = last.float() if s.temperature == 1.0 else last.float() / s.temperature  # x / 1 is x
     logp = torch.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(dim=-1)
     probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
