@@ -206,6 +206,7 @@ class Trl:
             learning_rate=1e-6,
             max_steps=1,
             gradient_checkpointing=False,
+            bf16=False,  # TRL's GRPOConfig defaults to bf16 autocast; zerofit's side is fp32 too
             use_cpu=True,
             logging_steps=1,
             report_to=[],

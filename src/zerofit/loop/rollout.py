@@ -228,14 +228,28 @@ class _Batch:
     mask: torch.Tensor
     positions: torch.Tensor
     rows: torch.Tensor | None = None
-    noise: torch.Tensor | None = None
+    noise: torch.Tensor | None = None  # [rows when drawn, tokens, vocab]
+    noise_rows: torch.Tensor | None = None  # each still-sampling row's row of `noise` (None: the same rows)
+
+    def draw(self, gens: list[torch.Generator], tokens: int, vocab: int) -> None:
+        """The still-sampling rows' noise for the next `tokens` tokens (`draw_noise`)."""
+        self.noise = draw_noise([gens[i] for i in self.where.tolist()], tokens, vocab, self.mask.device)
+        self.noise_rows = None
+
+    def step_noise(self, token: int) -> torch.Tensor:
+        """The still-sampling rows' noise of the block's `token`-th token ([rows, vocab])."""
+        assert self.noise is not None
+        return self.noise[:, token] if self.noise_rows is None else self.noise[self.noise_rows, token]
 
     def keep(self, kept: torch.Tensor) -> None:
         """Keep sampling only the rows `kept` (a bool per still-sampling row): the others leave the model's
-        batch and its cache (or, where the cache cannot drop rows, are no longer read)."""
+        batch and its cache (or, where the cache cannot drop rows, are no longer read); their noise stays
+        where it is (no copy), no longer read."""
         index = kept.nonzero().view(-1)
         self.where = self.where[index]
-        self.noise = None if self.noise is None else self.noise[index]
+        if self.noise is not None:
+            every = torch.arange(self.noise.size(0), device=index.device)
+            self.noise_rows = (every if self.noise_rows is None else self.noise_rows)[index]
         if self.rows is not None:
             self.rows = self.rows[index]
             return
@@ -307,9 +321,8 @@ def _sample(
         if shown is not None:
             shown.update(token)
         if token % block == 0:
-            drawn = min(block, s.max_new_tokens - token)
-            batch.noise = draw_noise([gens[i] for i in batch.where.tolist()], drawn, last.size(-1), device)
-        tokens, step_entropy = _draw(batch.logits(last), batch.noise[:, token % block], s)
+            batch.draw(gens, min(block, s.max_new_tokens - token), last.size(-1))
+        tokens, step_entropy = _draw(batch.logits(last), batch.step_noise(token % block), s)
         out[batch.where, token] = tokens
         entropy[batch.where] += step_entropy.double()
         ended = torch.isin(tokens, eos)
