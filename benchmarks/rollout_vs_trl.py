@@ -1,8 +1,9 @@
 """GRPO rollouts against TRL: completion tokens generated per CPU-second, zerofit vs TRL's GRPOTrainer.
 
 The same model (loaded twice from the same folder: zerofit's copy and TRL's), the same prompts (the first
-`--prompts` of `data/demo_grpo.jsonl`, raw text), G completions each, the same maximum completion length,
-temperature 1, top_p 1, top_k 0, full weights (no LoRA), fp32, one torch thread:
+`--prompts` of `data/demo_grpo.jsonl`, raw text, or with `--chat` one user message each through the
+tokenizer's chat template), G completions each, the same maximum completion length, temperature 1, top_p 1,
+top_k 0, full weights (no LoRA), fp32 on both sides (TRL's `bf16` default off), one torch thread:
 
     generation   zerofit's `zerofit.loop.rollout.sample_completions` (the rollout's sampler: one batched
                  forward per token over the rows still sampling, each completion's noise drawn in one call)
@@ -20,6 +21,7 @@ per CPU-second, with the median of the paired ratios beside it.
 
     python benchmarks/rollout_vs_trl.py --json benchmarks/results/rollout_vs_trl-<date>.json
     python benchmarks/rollout_vs_trl.py --models tiny-llama --repeats 5
+    python benchmarks/rollout_vs_trl.py --models smollm2-135m-instruct --chat   # prompts through the chat template
     python benchmarks/rollout_vs_trl.py --smoke        # tiny-llama, 4 tokens, one repeat: checks the script
 """
 
