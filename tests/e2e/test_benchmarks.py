@@ -102,6 +102,12 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
             "--json",
             str(tmp / "packed_dpo_vs_trl.json"),
         ),
+        "rollout_vs_trl": (
+            str(BENCH / "rollout_vs_trl.py"),
+            "--smoke",
+            "--json",
+            str(tmp / "rollout_vs_trl.json"),
+        ),
         "planner_families": (
             str(BENCH / "planner_families.py"),
             "--smoke",
@@ -359,6 +365,18 @@ def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran
     assert all(len(runs) == 1 for runs in report["runs"].values())
     assert report["runs"]["zf-packed"][0]["split"]["tokens_per_micro_batch"] == 2 * 32  # batch 2 x seq 32
     assert report["runs"]["zf-padded"][0]["split"]["tokens_per_micro_batch"] is None
+
+
+def test_rollout_vs_trl_smoke_prints_and_writes_both_ratios(ran: dict[str, Ran]) -> None:
+    """`rollout_vs_trl.py --smoke`: zerofit's rollout sampler and whole GRPO step against TRL's GRPOTrainer on
+    tiny-llama, the generation and whole-step ratios printed and written."""
+    result, out = ran["rollout_vs_trl"].ok(), ran["rollout_vs_trl"].tmp / "rollout_vs_trl.json"
+    assert "zerofit / TRL generation: " in result.stdout and "zerofit / TRL whole step: " in result.stdout
+    report = json.loads(out.read_text())
+    (model,) = report["results"]
+    assert model["model"] == "tiny-llama" and report["settings"]["g"] == 8
+    assert model["ratio_gen"] > 0 and model["ratio_step"] > 0
+    assert set(model["median_tokens_per_cpu_s"]) == {"zf_gen", "trl_gen", "zf_step", "trl_step"}
 
 
 def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str, Ran]) -> None:

@@ -16,12 +16,20 @@ One rollout per loop step `step` (`Rollouts.step_batches`):
     4. The rank's micro-batches (`micro_batch`), with the old policy's per-token log-probs when
        `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update).
 
-Sampling is a short loop over the model's forward with `past_key_values` rather than `generate`: generate draws
-a whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Positions are
-counted over real tokens (`position_ids` from the mask), as in the training forward, so left padding changes
-nothing. The policy samples through the engine's bare module (`generating`): under FSDP2 every layer is
-gathered once per rollout, not once per token; ZeRO-3 is refused by `zerofit.config.resolve` (its hooks would
-gather every layer again for each token).
+Sampling is a short loop over the model's forward with its KV cache rather than `generate`: generate draws a
+whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Here each
+completion draws all its noise up front, in ONE call on its own generator (`draw_noise`: [tokens, vocab]
+Exp(1) values), and every token of every row is then one batched operation: argmax(probs / noise), which
+is exactly what `torch.multinomial(probs, 1, generator)` computes for one row (its one-sample path; the CPU
+generator hands out the same values in one call as in one call per token), so a seed samples the tokens it
+sampled when each token was one multinomial call per row. A row that ends (eos) leaves the batch and its
+KV cache; a group's G rows share their prompt's prefill (run once per distinct prompt). Positions are
+counted over real tokens (`position_ids` from the mask), as in the training forward, so left padding
+changes nothing. Old log-probs (`rl.num_iterations` > 1) are recomputed by the loss's own forward, not
+taken from the sampler's: the cached incremental forward rounds differently, and the ratio must be 1 at
+the first update. The policy samples through the engine's bare module (`generating`): under FSDP2 every
+layer is gathered once per rollout, not once per token; ZeRO-3 is refused by `zerofit.config.resolve` (its
+hooks would gather every layer again for each token).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ __all__ = [
 
 COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
 COMPLETIONS_TABLE = "completions"  # the same rows' table in the metrics sinks (W&B: a wandb.Table)
+NOISE_BYTES = 8 << 20  # the most sampling noise one completion holds at a time (`noise_block`)
 
 # (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])
 Scorer = Callable[
@@ -167,14 +176,126 @@ def sample_completions(
     device: torch.device,
     shown: Progress | None = None,
 ) -> list[Sampled]:
-    """Sample one completion per prompt, each row from its own generator (module docstring); `shown` counts
-    the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report."""
+    """Sample one completion per prompt, each row from its own seeded noise (module docstring); `shown`
+    counts the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report."""
     was_training = model.training
     model.eval()
     try:
         return _sample(model, prompts, seeds, s, device, shown)
     finally:
         model.train(was_training)
+
+
+def noise_block(max_new_tokens: int, vocab: int) -> int:
+    """How many tokens' noise a completion draws in one call: all of them, unless that would hold more than
+    `NOISE_BYTES` per completion (a long completion over a large vocabulary), then blocks of that size."""
+    return max(1, min(max_new_tokens, NOISE_BYTES // (4 * vocab)))
+
+
+def draw_noise(gens: list[torch.Generator], tokens: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """[rows, tokens, vocab] fp32 Exp(1) noise, row i drawn from `gens[i]` in ONE call: the same values, on
+    the CPU, as `tokens` successive `torch.multinomial(probs, 1, generator=gens[i])` calls would draw
+    (multinomial's one-sample path is argmax(probs / Exp(1) noise)), so a seed samples what it always did."""
+    noise = torch.empty((len(gens), tokens, vocab), dtype=torch.float32, device=device)
+    for row, gen in zip(noise, gens, strict=True):
+        row.exponential_(1.0, generator=gen)
+    return noise
+
+
+def _rows_selectable(cache: Any) -> bool:
+    """Whether rows can be picked out of `cache` (`batch_select_indices`): a DynamicCache of plain or
+    sliding-window attention layers. With other layers (linear attention's states, quantized) every row
+    keeps its own prompt and stays in the batch when it finishes, its tokens no longer read."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    return (
+        type(cache) is DynamicCache
+        and bool(layers)
+        and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+    )
+
+
+@dataclass
+class _Batch:
+    """The model's batch while sampling: its KV cache, attention mask (prompt, then one column per sampled
+    token) and next positions; `where` is each still-sampling row's completion index and `rows` its row in
+    the model's batch (None: the batch holds exactly those rows, finished ones having been dropped), `noise`
+    their sampling noise."""
+
+    where: torch.Tensor
+    cache: Any
+    mask: torch.Tensor
+    positions: torch.Tensor
+    rows: torch.Tensor | None = None
+    noise: torch.Tensor | None = None  # [rows when drawn, tokens, vocab]
+    noise_rows: torch.Tensor | None = None  # each still-sampling row's row of `noise` (None: the same rows)
+
+    def draw(self, gens: list[torch.Generator], tokens: int, vocab: int) -> None:
+        """The still-sampling rows' noise for the next `tokens` tokens (`draw_noise`)."""
+        self.noise = draw_noise([gens[i] for i in self.where.tolist()], tokens, vocab, self.mask.device)
+        self.noise_rows = None
+
+    def step_noise(self, token: int) -> torch.Tensor:
+        """The still-sampling rows' noise of the block's `token`-th token ([rows, vocab])."""
+        assert self.noise is not None
+        return self.noise[:, token] if self.noise_rows is None else self.noise[self.noise_rows, token]
+
+    def keep(self, kept: torch.Tensor) -> None:
+        """Keep sampling only the rows `kept` (a bool per still-sampling row): the others leave the model's
+        batch and its cache (or, where the cache cannot drop rows, are no longer read); their noise stays
+        where it is (no copy), no longer read."""
+        index = kept.nonzero().view(-1)
+        self.where = self.where[index]
+        if self.noise is not None:
+            every = torch.arange(self.noise.size(0), device=index.device)
+            self.noise_rows = (every if self.noise_rows is None else self.noise_rows)[index]
+        if self.rows is not None:
+            self.rows = self.rows[index]
+            return
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The still-sampling rows' logits out of the model's batch's."""
+        return last if self.rows is None else last[self.rows]
+
+    def step_ids(self, tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+        """The model's next input: the still-sampling rows' tokens (pad in the unused rows)."""
+        if self.rows is None:
+            return tokens
+        return torch.full_like(self.positions[:, 0], pad_id).index_put((self.rows,), tokens)
+
+
+def _prefill(model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettings, device: torch.device):
+    """The prompts' forward, left-padded, the last position's logits only: where the cache can copy rows,
+    each distinct prompt once (a group's G completions share it) and its KV cache then copied to each of its
+    rows. Returns every row's logits and the batch."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache(config=getattr(model, "config", None))  # none: lazy layers, no row picking
+    shared = _rows_selectable(cache)
+    distinct = list(dict.fromkeys(tuple(p) for p in prompts)) if shared else [tuple(p) for p in prompts]
+    ids, prompt_mask = _left_padded([list(p) for p in distinct], s.pad_id, device)
+    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
+    result = model(
+        input_ids=ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    last, rows = result.logits[:, -1], len(prompts)
+    if len(distinct) < rows:
+        slot = {p: i for i, p in enumerate(distinct)}
+        of = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+        result.cache.batch_select_indices(of)
+        last, prompt_mask = last[of], prompt_mask[of]
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones((rows, s.max_new_tokens))], dim=1)
+    where = torch.arange(rows, device=device)
+    lengths = prompt_mask.sum(dim=1, keepdim=True)
+    return last, _Batch(where, result.cache, mask, lengths, rows=None if shared else where.clone())
 
 
 def _sample(
@@ -185,35 +306,66 @@ def _sample(
     device: torch.device,
     shown: Progress | None = None,
 ) -> list[Sampled]:
-    """The sampling loop of `sample_completions` (model already in eval mode, no grad)."""
+    """The sampling loop of `sample_completions` (model already in eval mode, no grad): one batched forward
+    per token over the rows still sampling, one batched draw (argmax(probs / noise)) for all of them."""
+    rows, width = len(prompts), max(len(p) for p in prompts)
     gens = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    ids, mask = _left_padded(prompts, s.pad_id, device)
-    rows = len(prompts)
-    out: list[list[int]] = [[] for _ in range(rows)]
-    done = torch.zeros(rows, dtype=torch.bool)
-    entropy = torch.zeros(rows, dtype=torch.float64)
-    step_ids, past = ids, None
+    out = torch.full((rows, s.max_new_tokens), s.pad_id, dtype=torch.long, device=device)
+    lengths = torch.full((rows,), s.max_new_tokens, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    entropy = torch.zeros(rows, dtype=torch.float64, device=device)
     eos = torch.tensor(s.eos_ids, device=device)
+    last, batch = _prefill(model, prompts, s, device)
+    block = noise_block(s.max_new_tokens, last.size(-1))
     for token in range(s.max_new_tokens):
         if shown is not None:
             shown.update(token)
-        last, past = decode_step(model, step_ids, mask, past)
-        logits = last.float() / s.temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        entropy += (-(logp.exp() * logp).sum(dim=-1)).double().cpu().where(~done, 0.0)
-        probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
-        tokens = torch.stack([torch.multinomial(probs[i], 1, generator=gens[i]) for i in range(rows)]).view(
-            -1
+        if token % block == 0:
+            batch.draw(gens, min(block, s.max_new_tokens - token), last.size(-1))
+        tokens, step_entropy = _draw(batch.logits(last), batch.step_noise(token % block), s)
+        out[batch.where, token] = tokens
+        entropy[batch.where] += step_entropy.double()
+        ended = torch.isin(tokens, eos)
+        if bool(ended.any()):
+            lengths[batch.where[ended]] = token + 1
+            finished[batch.where[ended]] = True
+            if bool(ended.all()):
+                break
+            batch.keep(~ended)
+            tokens = tokens[~ended]
+        if token + 1 < s.max_new_tokens:
+            last = _decode(model, batch.step_ids(tokens, s.pad_id), batch, width + token + 1)
+    return [
+        Sampled(ids[:n], not e, h)
+        for ids, n, e, h in zip(
+            out.tolist(), lengths.tolist(), finished.tolist(), entropy.tolist(), strict=True
         )
-        tokens = tokens.masked_fill(done.to(device), s.pad_id)
-        for i in (~done).nonzero().view(-1).tolist():
-            out[i].append(int(tokens[i]))
-        done |= torch.isin(tokens, eos).cpu()
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        step_ids = tokens.unsqueeze(1)
-        if bool(done.all()):
-            break
-    return [Sampled(out[i], not bool(done[i]), float(entropy[i])) for i in range(rows)]
+    ]
+
+
+def _draw(last: torch.Tensor, noise: torch.Tensor, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's next token, argmax(probs / noise) over the top-k / top-p filtered softmax(logits / T)
+    (torch.multinomial's one-sample draw, batched), and its entropy under softmax(logits / T)."""
+    logits = last.float() if s.temperature == 1.0 else last.float() / s.temperature  # x / 1 is x
+    logp = torch.log_softmax(logits, dim=-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
+    return (probs / noise).argmax(dim=-1), entropy
+
+
+def _decode(model: torch.nn.Module, tokens: torch.Tensor, batch: _Batch, seen: int) -> torch.Tensor:
+    """One token's forward over the batch's KV cache (`seen` columns of the mask so far, this token's
+    included): each row's logits for the next token."""
+    result = model(
+        input_ids=tokens.unsqueeze(1),
+        attention_mask=batch.mask[:, :seen],
+        position_ids=batch.positions,
+        cache=batch.cache,
+        use_cache=True,
+    )
+    batch.cache = result.cache
+    batch.positions = batch.positions + 1
+    return result.logits[:, -1]
 
 
 @contextmanager

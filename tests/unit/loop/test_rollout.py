@@ -21,6 +21,7 @@ from zerofit.loop.rollout import (
     Rollouts,
     SamplingSettings,
     completion_seed,
+    draw_noise,
     sample_completions,
 )
 from zerofit.loop.train import train_step
@@ -120,6 +121,80 @@ def test_a_completion_is_the_same_whatever_its_batch(tokenizer: Any) -> None:
     assert [c.ids for c in together] == [c.ids for c in alone]
     assert len({tuple(c.ids) for c in together}) > 1  # not one degenerate answer
     assert model.training  # the mode is restored
+
+
+def _reference(model: torch.nn.Module, prompt: list[int], seed: int, s: SamplingSettings) -> list[int]:
+    """One completion the slow, obvious way: no KV cache, no batch, one `torch.multinomial` per token from
+    the completion's own generator over softmax(top-k / top-p filtered logits / T) (the sampler before it
+    was batched)."""
+    from zerofit.loop.rollout import _filtered
+
+    gen, ids = torch.Generator().manual_seed(seed), list(prompt)
+    with torch.no_grad():
+        for _ in range(s.max_new_tokens):
+            logits = model(input_ids=torch.tensor([ids])).logits[:, -1].float() / s.temperature
+            probs = torch.softmax(_filtered(logits, s.top_k, s.top_p), dim=-1)
+            ids.append(int(torch.multinomial(probs[0], 1, generator=gen)))
+            if ids[-1] in s.eos_ids:
+                break
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 20, "top_p": 0.9, "temperature": 0.7}])
+def test_each_completion_is_its_own_whatever_finishes_beside_it(
+    tokenizer: Any, filters: dict[str, Any]
+) -> None:
+    """A batch of 8 (4 prompts x 2, so each prompt's KV cache is shared) in which rows finish early and leave
+    the batch: every completion is the tokens it has sampled alone, and the tokens a plain per-token
+    `torch.multinomial` with the completion's own generator samples (so a seed samples what it did when
+    each token was one multinomial call)."""
+    model = _model().eval()
+    prompts = [p.input_ids for p in _prompts(tokenizer) for _ in range(2)]
+    s = SamplingSettings(24, (tokenizer.eos_token_id,), tokenizer.pad_token_id, **filters)
+    seeds = [completion_seed(11, 2, i) for i in range(8)]
+    together = sample_completions(model, prompts, seeds, s, torch.device("cpu"))
+    early = [c for c in together if not c.truncated and len(c.ids) < s.max_new_tokens]
+    assert early and any(c.truncated for c in together), [len(c.ids) for c in together]  # rows left early
+    for i in (0, 3, 5):
+        alone = sample_completions(model, [prompts[i]], [seeds[i]], s, torch.device("cpu"))[0]
+        assert alone.ids == together[i].ids and alone.truncated == together[i].truncated
+    assert [c.ids for c in together] == [
+        _reference(model, p, k, s) for p, k in zip(prompts, seeds, strict=True)
+    ]
+
+
+def test_a_completion_draws_its_noise_in_one_call(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each completion's randomness is one `exponential_` call on its own generator (all its tokens' noise),
+    not one multinomial per token."""
+    calls: list[int] = []
+    exponential = torch.Tensor.exponential_
+
+    def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(id(kwargs.get("generator")))
+        return exponential(self, *args, **kwargs)
+
+    def refused(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise AssertionError("torch.multinomial called")
+
+    monkeypatch.setattr(torch.Tensor, "exponential_", counted)
+    monkeypatch.setattr(torch, "multinomial", refused)
+    prompts = [p.input_ids for p in _prompts(tokenizer) for _ in range(2)]
+    s = SamplingSettings(16, (tokenizer.eos_token_id,), tokenizer.pad_token_id)
+    sampled = sample_completions(
+        _model(), prompts, [completion_seed(1, 0, i) for i in range(8)], s, torch.device("cpu")
+    )
+    assert len(calls) == 8 and len(set(calls)) == 8  # one call per completion, each on its own generator
+    assert max(len(c.ids) for c in sampled) > 1
+
+
+def test_the_noise_is_multinomials_own_draw() -> None:
+    """argmax(probs / noise) over a generator's one-call noise picks, token by token, what successive
+    `torch.multinomial(probs, 1, generator=...)` calls with the same seed pick."""
+    probs = torch.softmax(torch.randn(12, 300, generator=torch.Generator().manual_seed(0)) * 3, dim=-1)
+    gen = torch.Generator().manual_seed(42)
+    expected = [int(torch.multinomial(row, 1, generator=gen)) for row in probs]
+    noise = draw_noise([torch.Generator().manual_seed(42)], 12, 300, torch.device("cpu"))[0]
+    assert (probs / noise).argmax(dim=-1).tolist() == expected
 
 
 def test_the_step_batches_and_metrics_do_not_depend_on_the_split(tokenizer: Any, tmp_path: Path) -> None:
