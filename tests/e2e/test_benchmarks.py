@@ -88,6 +88,7 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
             "--smoke",
             str(tmp / "planner_families.json"),
         ),
+        "plan_speed": (str(BENCH / "plan_speed.py"), "--smoke", "--json", str(tmp / "plan_speed.json")),
     }
 
 
@@ -333,3 +334,12 @@ def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str
     (row,) = json.loads(out.read_text())["points"]
     assert row["model"] == "tiny Qwen/Qwen3-30B-A3B" and row["trace_gib"] > 0
     assert abs(row["diff_pct"]) < 5  # the analytic estimate within 5% of the trace
+
+
+def test_plan_speed_prints_the_plans_ratio_to_importing_torch_and_writes_json(ran: dict[str, Ran]) -> None:
+    result, out = ran["plan_speed"].ok(), ran["plan_speed"].tmp / "plan_speed.json"
+    assert "x the CPU time of import torch" in result.stdout
+    report = json.loads(out.read_text())
+    (row,) = report["configs"].values()
+    assert row["plan_cpu_s"] > 0 and row["import_torch_cpu_s"] > 0 and row["ratio"] > 0
+    assert report["worst"]["config"] == "configs/demo.yaml" and report["hub_kernel_message_in"] == []

@@ -133,7 +133,7 @@ def test_a_zero_run_leaves_inductors_compiler_unloaded() -> None:
 
 
 # `zerofit plan` is what a user runs over and over while choosing a recipe: its first plan of a model fills the
-# planner's cache (shapes and LoRA counts from a meta-device build, `zerofit.planner.cache`); every later plan
+# planner's cache (shapes and LoRA counts from a meta-device build, `zerofit.core.derived_cache`); every later plan
 # of it reads the cache and must not pay for peft, bitsandbytes, DeepSpeed, torch's compilers or transformers'
 # modeling stack (~4 CPU-s of imports against ~2 for torch itself; benchmarks/plan_speed.py).
 PLAN_CONFIGS = (

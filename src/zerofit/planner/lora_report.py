@@ -5,7 +5,7 @@ The counts (modules and expert parameters peft adapts, modules trained in full, 
 peft's own, on a meta-device build of the whole model (no weights): exact for any architecture
 transformers builds, vision-language models and mixture-of-experts included. That build costs seconds of
 imports (transformers' modeling modules, peft, and through it torch's compiler stack), so its answer is kept
-in the planner's cache (`zerofit.planner.cache`) under a key that cannot go stale: the model's config.json
+in the planner's cache (`zerofit.core.derived_cache`) under a key that cannot go stale: the model's config.json
 dict, the whole `lora` section, the library versions and zerofit's source digest. A cached report is checked
 before use: every field of its type, and the names and summary (what `zerofit.models.lora_targets` maps
 from the config alone) as they are mapped now; one that fails is computed again.
@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from zerofit.catalogue.models import model_config_dict
+from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.core.errors import ConfigError
 from zerofit.models.lora_targets import resolve_lora_targets
-from zerofit.planner.cache import cache_key, conforms, read_cache, write_cache
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig

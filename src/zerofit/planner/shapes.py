@@ -10,8 +10,10 @@ and its layers, soft-capping, tied embeddings, and a mixture of experts' routed 
 stores a layer's experts as fused 3-D parameters, not `nn.Linear`s) and what peft adapts among them.
 
 LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of these models are identical), which
-keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`),
-so `zerofit plan` on a catalogued model usually does not even import transformers.
+keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`,
+`zerofit.core.derived_cache`: keyed by the config, the settings, the library versions and zerofit's source,
+each entry checked before use), so only the first plan of a model imports transformers' modeling stack and
+peft; every later one reads the entries (tests/unit/test_lazy_imports.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from functools import lru_cache
 from typing import Any, TypedDict
 
 from zerofit.catalogue.models import model_config_dict
+from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.levers.layers import decoder_layers, decoder_layers_prefix
 from zerofit.models.meta import build_meta_model
-from zerofit.planner.cache import cache_key, conforms, read_cache, write_cache
 
-# The layout of the cached entries (`zerofit.planner.cache`; the key also holds zerofit's source digest).
+# The layout of the cached entries (`zerofit.core.derived_cache`; the key also holds zerofit's source digest).
 _CACHE_VERSION = 6
 
 

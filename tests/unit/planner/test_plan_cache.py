@@ -1,4 +1,4 @@
-"""The planner's cache (`zerofit.planner.cache`): what `zerofit plan` reads instead of a meta-device build.
+"""The planner's cache (`zerofit.core.derived_cache`): what `zerofit plan` reads instead of a meta-device build.
 
 Its entries are data under a key that cannot go stale (the model's config, the settings, the library versions,
 zerofit's source), checked before use: a malformed or altered entry is computed again, never trusted. The
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-import zerofit.planner.cache as cache
+import zerofit.core.derived_cache as cache
 import zerofit.planner.lora_report as lora_report
 from zerofit.catalogue.models import model_config_dict
 from zerofit.config import load_config
 from zerofit.config.schema import ZerofitConfig
-from zerofit.planner.cache import cache_key, conforms
+from zerofit.core.derived_cache import cache_key, conforms
 from zerofit.planner.lora_report import lora_targets_report
 
 REPO = Path(__file__).resolve().parents[3]
@@ -126,3 +126,22 @@ def test_conforms_checks_json_values_against_their_types() -> None:
     )
     assert conforms(None, str | None) and conforms(2, float) and not conforms("2", float)
     assert conforms({"a": 1}, dict[str, int]) and not conforms({"a": "1"}, dict[str, int])
+
+
+def test_the_fsdp_block_class_is_read_from_the_cache_and_checked(
+    planner_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An FSDP plan names the block class transformers' model class declares (its `_no_split_modules`): the
+    # class's import costs seconds, so the answer is cached; an entry that is not class names is not used.
+    import zerofit.engine_spec.render as render
+
+    model_cfg = model_config_dict("mistralai/Mistral-7B-v0.1")
+    assert render.cached_layer_class(model_cfg) == "MistralDecoderLayer"
+    key = cache_key("fsdp_layer_class", 1, {"config": model_cfg})
+    assert json.loads((planner_cache / f"{key}.json").read_text()) == {"layer_class": "MistralDecoderLayer"}
+    computed = render.decoder_layer_class
+    monkeypatch.setattr(render, "decoder_layer_class", _no_build)
+    assert render.cached_layer_class(model_cfg) == "MistralDecoderLayer"
+    (planner_cache / f"{key}.json").write_text(json.dumps({"layer_class": "os.system('x')"}))
+    monkeypatch.setattr(render, "decoder_layer_class", computed)
+    assert render.cached_layer_class(model_cfg) == "MistralDecoderLayer"

@@ -1,12 +1,13 @@
-"""The planner's on-disk cache (`$ZEROFIT_CACHE/planner/`): what a meta-device build of a model measured, kept
-as JSON under a key that cannot go stale.
+"""Facts derived from a model's config by a heavy library, kept on disk (`$ZEROFIT_CACHE/planner/`) as JSON
+under a key that cannot go stale: what a meta-device build of a model measured (the planner's shapes and LoRA
+counts, `zerofit plan`'s LoRA report) and the FSDP block class transformers' model class declares.
 
 A key is the SHA-256 of everything the entry depends on: the model's config.json dict, the settings asked
 for (LoRA rank, targets, ...), the versions of the libraries that build and adapt the model (transformers,
 peft, torch) and zerofit's own source, so an upgrade or an edit of any of them misses instead of reading an
 old answer. An entry is data: it is parsed as JSON, never executed, and each reader checks its fields before
-use (a missing, unreadable or malformed entry is computed again and rewritten). A cache that cannot be
-written (a read-only home, a full disk) never breaks planning.
+use (`conforms`; a missing, unreadable or malformed entry is computed again and rewritten). A cache that
+cannot be written (a read-only home, a full disk) never breaks planning.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.core.cache_dirs import cache_root
+from zerofit.core.digest import files_sha256
 
 __all__ = ["cache_key", "conforms", "read_cache", "write_cache"]
 
@@ -51,11 +53,8 @@ def _library_versions() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _source_digest() -> str:
-    """SHA-256 of zerofit's own Python source (paths and contents, ~5 ms): the code that maps and counts."""
-    digest = hashlib.sha256()
-    for path in sorted(_SOURCE.rglob("*.py")):
-        digest.update(str(path.relative_to(_SOURCE)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """SHA-256 of zerofit's own Python source (~5 ms): the code that maps, builds and counts."""
+    return files_sha256(sorted(_SOURCE.rglob("*.py")))
 
 
 def cache_key(kind: str, version: int, payload: dict[str, Any]) -> str:
