@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="also time the plan of another checkout's zerofit (its src/ folder) in the same segments",
     )
+    parser.add_argument("--note", default="", help="a line about the machine or the run, kept in the JSON")
     args = parser.parse_args(argv)
     configs = args.configs or sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))
     repeats = args.repeats
@@ -170,16 +171,17 @@ def main(argv: list[str] | None = None) -> int:
         configs, repeats = [SMOKE_CONFIG], 1
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": machine(),
+        "machine": {**machine(), "note": args.note},
         "repeats": repeats,
         "baseline_src": args.baseline_src,
         **measure(configs, repeats, args.baseline_src),
     }
-    print("\n".join(report_lines(result)))
-    if args.json is not None:
+    lines = report_lines(result)
+    if args.json is not None:  # the result first, then where it went
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        lines.append(f"wrote {args.json}")
+    print("\n".join(lines))
     return 0
 
 
