@@ -106,12 +106,10 @@ def plan(
     card the memory verdict is for. Nothing is loaded or launched.
     """
     from zerofit.commands.plan import build_plan_report
-    from zerofit.core.messages import quiet_libraries
     from zerofit.engine_spec import render_spec
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.plan_report import check_gpu_options
 
-    quiet_libraries()  # the planner imports transformers / peft / bitsandbytes
     check_gpu_options(gpu, gpu_mem)
     cfg, _ = _config(config, overrides)
     targets = []

@@ -114,6 +114,7 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
             str(tmp / "planner_families.json"),
         ),
         "startup": (str(BENCH / "startup.py"), "--smoke", "--json", str(tmp / "startup.json")),
+        "plan_speed": (str(BENCH / "plan_speed.py"), "--smoke", "--json", str(tmp / "plan_speed.json")),
     }
 
 
@@ -403,3 +404,12 @@ def test_startup_smoke_launches_before_and_after_to_their_first_step(ran: dict[s
     assert set(report["floors"]) == {"import torch", "torch + one AdamW step"}
     tables = report["importtime_self_s_by_package"]
     assert "torch" in tables["before"] and "torch" in tables["after"] and "zerofit" in tables["after"]
+
+
+def test_plan_speed_prints_the_plans_ratio_to_importing_torch_and_writes_json(ran: dict[str, Ran]) -> None:
+    result, out = ran["plan_speed"].ok(), ran["plan_speed"].tmp / "plan_speed.json"
+    assert "x the CPU time of import torch" in result.stdout
+    report = json.loads(out.read_text())
+    (row,) = report["configs"].values()
+    assert row["plan_cpu_s"] > 0 and row["import_torch_cpu_s"] > 0 and row["ratio"] > 0
+    assert report["worst"]["config"] == "configs/demo.yaml" and report["hub_kernel_message_in"] == []

@@ -13,6 +13,7 @@ checks run in a fresh interpreter, whose `sys.modules` holds only what the code 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -172,3 +173,84 @@ def test_a_qlora_build_keeps_bitsandbytes_hub_kernel_message_out() -> None:
     output = proc.stdout + proc.stderr
     assert BNB_HUB_KERNEL_MESSAGE not in output and "trust_remote_code" not in output
     assert "another bitsandbytes record" in proc.stderr  # the filter was for that import only
+
+
+# `zerofit plan` is what a user runs over and over while choosing a recipe: its first plan of a model fills the
+# planner's cache (shapes and LoRA counts from a meta-device build, `zerofit.core.derived_cache`); every later plan
+# of it reads the cache and must not pay for peft, bitsandbytes, DeepSpeed, torch's compilers or transformers'
+# modeling stack (~4 CPU-s of imports against ~2 for torch itself; benchmarks/plan_speed.py).
+PLAN_CONFIGS = (
+    "configs/demo.yaml",
+    "configs/qwen25-7b-grpo-qlora-3090.yaml",
+    "configs/llama31-8b-qlora-longctx-3090.yaml",
+)
+PLANS = """
+import contextlib, io, json, sys
+from zerofit.cli import main
+out = io.StringIO()
+for config in sys.argv[1:]:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        assert main(["plan", "--config", config]) == 0
+print(json.dumps({"output": out.getvalue(), "modules": sorted(sys.modules)}))
+"""
+NOT_IN_A_PLAN = ("peft", "bitsandbytes", "deepspeed", "torch._inductor", "torch._dynamo", "transformers.masking_utils",
+                 "transformers.integrations.hub_kernels", "transformers.modeling_utils")  # fmt: skip
+
+
+def _plans(cache: Path) -> dict[str, object]:
+    """The output and `sys.modules` of a fresh interpreter planning every `PLAN_CONFIGS` with the planner's cache
+    at `cache`."""
+    env = {**os.environ, "ZEROFIT_CACHE": str(cache)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PLANS, *PLAN_CONFIGS],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_plan_from_the_planners_cache_imports_no_peft_bitsandbytes_or_modeling_stack(
+    tmp_path: Path,
+) -> None:
+    first = _plans(tmp_path)  # an empty cache: the meta-device builds, peft with bitsandbytes hidden
+    assert "peft" in first["modules"]  # the first plan really built and adapted the models
+    again = _plans(tmp_path)
+    assert again["output"] == first["output"]  # the same plans, byte for byte
+    loaded = again["modules"]
+    heavy = [m for m in loaded if m.startswith(NOT_IN_A_PLAN) or m.startswith("transformers.models.")]
+    assert heavy == [] and not any(".modeling_" in m for m in loaded), heavy
+    # bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" never reaches a plan
+    assert "gemm_4bit" not in first["output"] + again["output"]
+
+
+# Commands that read configs, presets or finished runs: nothing of a model, so not even torch.
+LIGHT_COMMANDS = """
+import contextlib, io, json, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from metrics_fixtures import make_run
+from zerofit.cli import main
+root = Path(tempfile.mkdtemp())
+runs = [str(make_run(root, "a")), str(make_run(root, "b", micro=2))]
+with contextlib.redirect_stdout(io.StringIO()):
+    for argv in (["--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # --help
+            code = exc.code
+        assert code == 0, argv
+assert (root / "out" / "compare.json").is_file()  # compare really read both runs
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_help_presets_and_compare_import_no_torch() -> None:
+    (loaded,) = _modules_after(LIGHT_COMMANDS, str(REPO / "tests" / "unit"))
+    assert "zerofit" in loaded and "yaml" in loaded
+    # (compare draws its plots with matplotlib: the one optional library it uses)
+    assert sorted(loaded & {"torch", "transformers", "peft", "bitsandbytes", "deepspeed"}) == []

@@ -20,7 +20,6 @@ from rich.table import Table
 from zerofit.config import load_config
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, LaunchError
-from zerofit.core.messages import quiet_libraries
 from zerofit.engine_spec import EngineSpec, render_spec
 from zerofit.objectives.spec import ObjectiveSpec
 from zerofit.planner import choose_fastest_plan
@@ -82,7 +81,7 @@ def build_plan_report(
     verdict for `spec`; memory_options: gpu, gpu_mem, trace; with `probe`, the probe's measurements).
     """
     from zerofit.checkpoint.rundir import planned_run_dir
-    from zerofit.models.build import lora_targets_report
+    from zerofit.planner.lora_report import lora_targets_report
 
     cfg = resolved.config
     # The folder a launch now would write: a new run beside a taken name gets `-2` (said in the notes).
@@ -112,11 +111,15 @@ def build_plan_report(
 def _memory(resolved: ResolvedConfig, spec: Any, memory_options: Any) -> dict[str, Any]:
     """`memory_report`, counting the image tokens of the run's data for a vision-language model
     (`zerofit.data.image_rows`; the worst case without readable data)."""
-    from zerofit.data.image_rows import plan_images
-    from zerofit.planner.images import observed_images
+    from zerofit.planner.images import observed_images, vision_dims
     from zerofit.planner.plan_report import memory_report
 
-    with observed_images(plan_images(resolved.config)):
+    images = None
+    if vision_dims(resolved.config.model.name_or_path) is not None:  # a language model reads no data here
+        from zerofit.data.image_rows import plan_images
+
+        images = plan_images(resolved.config)
+    with observed_images(images):
         return memory_report(resolved, spec, **memory_options)
 
 
@@ -293,7 +296,6 @@ def print_max_context(mc: dict[str, Any], console: Console) -> None:
 def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
-    quiet_libraries()  # the planner imports transformers/peft/bitsandbytes; their chatter would bury the plan
     from zerofit.planner.plan_report import check_gpu_options
 
     check_gpu_options(args.gpu, args.gpu_mem)

@@ -21,10 +21,12 @@ DeepSpeed rules (from a preset, or a user's own file via `distributed.ds_config`
 from __future__ import annotations
 
 import copy
+import re
 from typing import TYPE_CHECKING, Any
 
 from zerofit.catalogue.models import model_config_dict
 from zerofit.catalogue.presets import get_preset
+from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.core.errors import ConfigError
 from zerofit.core.precision import tensor_dtypes
 from zerofit.engine_spec.deepspeed_keys import (
@@ -240,6 +242,27 @@ def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
     )
 
 
+_LAYER_CLASS = re.compile(r"[A-Za-z_]\w*(,[A-Za-z_]\w*)*")  # class names, comma-joined
+
+
+def cached_layer_class(model_cfg: dict[str, Any]) -> str:
+    """`decoder_layer_class`, kept in `zerofit.core.derived_cache`: it reads transformers' model class, whose
+    import costs seconds (its modeling stack), for a fact of the config and the library versions, and every
+    `zerofit plan` of an FSDP run renders it. A cached answer is checked before use (class names only)."""
+    key = cache_key("fsdp_layer_class", 1, {"config": model_cfg})
+    entry = read_cache(key) or {}
+    cached = (
+        entry.get("layer_class")
+        if conforms(entry, dict[str, str]) and set(entry) == {"layer_class"}
+        else None
+    )
+    if cached is not None and _LAYER_CLASS.fullmatch(cached):
+        return cached
+    layer_class = decoder_layer_class(model_cfg)
+    write_cache(key, {"layer_class": layer_class})
+    return layer_class
+
+
 def _sub_model_blocks(model_cfg: dict[str, Any]) -> list[str]:
     """`_no_split_modules` of a vision-language model's vision tower and language model classes (its
     `vision_config` / `text_config` model types' transformers classes): some families' own class names only
@@ -308,7 +331,7 @@ def _fsdp(resolved: ResolvedConfig, device_type: str) -> FSDPSpec:
         cpu_offload=cpu_offload,
         # Pinned host memory needs an accelerator; on a CPU-only machine pinning raises.
         pin_memory=cpu_offload and device_type != "cpu",
-        layer_class=decoder_layer_class(model_config_dict(cfg.model.name_or_path)),
+        layer_class=cached_layer_class(model_config_dict(cfg.model.name_or_path)),
         notes=_FSDP_NOTES,
     )
 

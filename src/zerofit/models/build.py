@@ -162,13 +162,6 @@ def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def _config_source(cfg: ZerofitConfig) -> str:
-    """Where a meta-device build reads the model's config: the catalogue for a built-in pretrained model
-    (planning never converts its weights), else the folder or id the run loads."""
-    name = cfg.model.name_or_path
-    return name if is_pretrained_builtin(name) else resolve_model_path(cfg)
-
-
 def load_tokenizer(cfg: ZerofitConfig) -> Any:
     """The model's own tokenizer (seconds, no weights): the run tokenizes its data with it before the
     model loads, so bad data fails before a 7B load, not after.
@@ -283,40 +276,6 @@ def lora_spec(cfg: ZerofitConfig) -> AdapterSpec:
         lora.moe_experts,
         lora.train_router,
     )
-
-
-def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
-    """What `cfg`'s LoRA adapts, for `zerofit plan` (text and --json): the family, the mapped module and
-    expert-parameter names, the router choice, and the counts peft reaches on a meta-device build of the
-    whole model (no weights). None without LoRA; {"error": ...} for a model not buildable from its config."""
-    if not cfg.lora.enabled:
-        return None
-    from zerofit.models.meta import build_meta_model
-
-    spec = lora_spec(cfg)
-    try:
-        meta = build_meta_model(_config_source(cfg), attn_implementation="eager")  # names and counts only
-    except (ConfigError, ValueError, KeyError, ImportError) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    if is_vision_config(meta.config.to_dict()):  # what `apply_vision_lora` adapts, in words with its counts
-        lora = cfg.lora
-        return {"described": apply_vision_lora(meta, spec, lora.projector, lora.vision_tower, cfg.seed)[1]}
-    targets = model_targets(meta, spec)
-    counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
-    return {
-        "summary": targets.summary,
-        "family": targets.family,
-        "target_modules": targets.target_modules
-        if isinstance(targets.target_modules, str)
-        else list(targets.target_modules),
-        "target_parameters": list(targets.target_parameters),
-        "modules_to_save": list(targets.modules_to_save),
-        "adapted_modules": counts.modules,
-        "adapted_parameters": counts.parameters,
-        "full_modules": counts.full,
-        "trainable_params": counts.trainable_params,
-        "described": f"{targets.summary}: {counts.describe()}",
-    }
 
 
 def prepare_kbit_base(model: torch.nn.Module, *, fp32_residual: bool) -> torch.nn.Module:

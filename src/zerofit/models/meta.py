@@ -9,10 +9,12 @@ strategies or export.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from zerofit.catalogue.models import model_config_dict
 from zerofit.core.errors import ConfigError
+from zerofit.core.messages import quiet_libraries
 
 __all__ = ["build_meta_model", "hf_config"]
 
@@ -32,7 +34,10 @@ def hf_config(
 
     from zerofit.levers.attention import hf_attn_implementation
 
-    data = model_config_dict(name_or_path)
+    quiet_libraries()  # transformers (and peft on a meta build) is imported here: its chatter stays out of plans
+    # A deep copy: transformers rewrites nested dicts it is handed (Llama 3.1's `rope_scaling`), and the
+    # catalogue's own dict must stay as written (the planner's cache keys hash it).
+    data = copy.deepcopy(model_config_dict(name_or_path))
     data.pop("architectures", None)
     if layer_types is not None:
         num_layers = len(layer_types)

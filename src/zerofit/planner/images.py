@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,12 +124,36 @@ def image_tokens(model: str, width: int, height: int, max_image_tokens: int | No
         side = int(vc["image_size"]) // int(vc["patch_size"])
         tiles = int(vc.get("max_num_tiles", 1))  # Llama 3.2 Vision: up to 4 tiles + a class token each
         return tiles * (side * side + (1 if tiles > 1 else 0))
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
     unit = _unit(model)
     least, most = pixel_limits(model, max_image_tokens)
     h, w = smart_resize(height, width, factor=unit, min_pixels=least, max_pixels=most)
     return (h // unit) * (w // unit)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The (height, width) Qwen-VL's image processor resizes an image to: both sides multiples of `factor`,
+    the area within [min_pixels, max_pixels], the aspect ratio kept as closely as that allows.
+
+    transformers' own rule (`transformers.models.qwen2_vl.image_processing_pil_qwen2_vl.smart_resize`), written
+    here so that a plan does not import transformers' image processing stack (~3 CPU-s) for 15 lines of
+    arithmetic; tests/unit/planner/test_planner_vision.py holds it equal to transformers' on a grid of sizes and
+    limits, so an upgrade that changes the rule fails there.
+    """
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
 
 
 def rows_from_sizes(

@@ -10,27 +10,25 @@ and its layers, soft-capping, tied embeddings, and a mixture of experts' routed 
 stores a layer's experts as fused 3-D parameters, not `nn.Linear`s) and what peft adapts among them.
 
 LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of these models are identical), which
-keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`),
-so `zerofit plan` on a catalogued model usually does not even import transformers.
+keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`,
+`zerofit.core.derived_cache`: keyed by the config, the settings, the library versions and zerofit's source,
+each entry checked before use), so only the first plan of a model imports transformers' modeling stack and
+peft; every later one reads the entries (tests/unit/test_lazy_imports.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from zerofit.catalogue.models import model_config_dict
-from zerofit.core.cache_dirs import cache_root
+from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.levers.layers import decoder_layers, decoder_layers_prefix
 from zerofit.models.meta import build_meta_model
 
-# Bump when the cached fields change, so stale cache files are ignored rather than misread.
+# The layout of the cached entries (`zerofit.core.derived_cache`; the key also holds zerofit's source digest).
 _CACHE_VERSION = 6
 
 
@@ -176,52 +174,6 @@ class LoraShape:
         return sum(n for module, _, n in self.adapted_params if module.endswith("experts"))
 
 
-def _cache_dir() -> Path:
-    return cache_root() / "planner"
-
-
-def _library_versions() -> dict[str, str]:
-    # Counts come from transformers' model classes and peft's LoRA layers: a new version may change them.
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for package in ("transformers", "peft"):
-        try:
-            out[package] = version(package)
-        except PackageNotFoundError:
-            out[package] = "none"
-    return out
-
-
-def _cache_key(kind: str, payload: dict[str, Any]) -> str:
-    blob = json.dumps(
-        {"v": _CACHE_VERSION, "kind": kind, "libs": _library_versions(), **payload},
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def _read_cache(key: str) -> dict[str, Any] | None:
-    path = _cache_dir() / f"{key}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_cache(key: str, data: dict[str, Any]) -> None:
-    # A cache is an optimisation: a read-only home or full disk must never break planning.
-    try:
-        directory = _cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f"{key}.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(data))
-        tmp.replace(directory / f"{key}.json")
-    except OSError:
-        pass
-
-
 def _linears_of(layer: Any) -> tuple[LinearShape, ...]:
     import torch
 
@@ -359,9 +311,9 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
 def model_shape(name_or_path: str) -> ModelShape:
     """Exact dimensions and parameter counts of `name_or_path` (catalogue id or local HF folder)."""
     payload = {"config": model_config_dict(name_or_path)}
-    key = _cache_key("model", payload)
-    cached = _read_cache(key)
-    if cached is not None:
+    key = cache_key("model", _CACHE_VERSION, payload)
+    cached = read_cache(key)
+    if cached is not None and conforms(cached, ModelShape):  # an entry is data: checked before use
         cached["linears"] = tuple(LinearShape(**lin) for lin in cached["linears"])
         cached["layer_param_numels"] = tuple(cached["layer_param_numels"])
         cached["outside_param_numels"] = tuple(cached["outside_param_numels"])
@@ -369,7 +321,7 @@ def model_shape(name_or_path: str) -> ModelShape:
         cached["name_or_path"] = name_or_path
         return ModelShape(**cached)
     shape = _compute_model_shape(name_or_path)
-    _write_cache(key, asdict(shape))
+    write_cache(key, asdict(shape))
     return shape
 
 
@@ -438,6 +390,18 @@ def _adapted_params(layer: Any) -> list[tuple[str, str, int]]:
     return found
 
 
+class _LoraEntry(TypedDict):
+    """A cached LoRA count (`_lora_shape_cached`): per layer and outside the layers."""
+
+    layer_trainable_params: int
+    outside_trainable_params: int
+    layer_targets: list[LinearShape]
+    layer_numels: list[int]
+    outside_numels: list[int]
+    adapted_params: list[tuple[str, str, int]]
+    expert_factor_params: int
+
+
 @lru_cache(maxsize=128)
 def _lora_shape_cached(
     name_or_path: str,
@@ -453,9 +417,9 @@ def _lora_shape_cached(
     payload["fields"] = 2  # entries also hold expert_factor_params (older ones are not read)
     if vision:
         payload["vision"] = list(vision)
-    key = _cache_key("lora", payload)
-    cached = _read_cache(key)
-    if cached is None:
+    key = cache_key("lora", _CACHE_VERSION, payload)
+    cached = read_cache(key)
+    if cached is None or not conforms(cached, _LoraEntry):  # an entry is data: checked before use
         one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe, vision)
         two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe, vision)
         t1 = sum(n for _, n in one["trainable"])
@@ -470,10 +434,10 @@ def _lora_shape_cached(
             "layer_targets": [asdict(t) for t in one["layer_targets"]],
             "layer_numels": layer_numels,
             "outside_numels": outside_numels,
-            "adapted_params": one["adapted_params"],
+            "adapted_params": [list(a) for a in one["adapted_params"]],
             "expert_factor_params": one["expert_factor_params"],
         }
-        _write_cache(key, cached)
+        write_cache(key, cached)
     per_layer = cached["layer_trainable_params"]
     outside = cached["outside_trainable_params"]
     numels = tuple(cached["layer_numels"]) * shape.num_layers + tuple(cached["outside_numels"])
@@ -486,7 +450,7 @@ def _lora_shape_cached(
         outside_trainable_params=outside,
         layer_targets=tuple(LinearShape(**t) for t in cached["layer_targets"]),
         tensor_numels=numels,
-        adapted_params=tuple(tuple(a) for a in cached.get("adapted_params", ())),
+        adapted_params=tuple(tuple(a) for a in cached["adapted_params"]),
         layer_expert_factor_params=cached["expert_factor_params"],
     )
 

@@ -97,7 +97,7 @@ def test_moe_expert_and_router_adapters_merge_into_the_base_exactly() -> None:
 def test_the_plan_says_what_lora_adapted() -> None:
     """`zerofit plan`'s `lora` block (text and --json) for an MoE model: the mapped names and the counts."""
     from zerofit.config import load_config
-    from zerofit.models.build import lora_targets_report
+    from zerofit.planner.lora_report import lora_targets_report
 
     overrides = ["model.name_or_path=tiny-mixtral", "lora.target_modules=attention", "lora.moe_experts=all"]
     report = lora_targets_report(load_config(REPO / "configs" / "demo.yaml", overrides))

@@ -125,3 +125,28 @@ def test_the_trace_feeds_images_to_qwen2_vl_and_extrapolates_its_tower() -> None
     ]
     assert traced.layers[2].peak_bytes > traced.layers[0].peak_bytes  # a vision block's weights and input
     assert abs(estimate(scn).tensors_gib / traced.tensors_gib - 1) < 0.05
+
+
+def test_the_planners_resize_rule_is_transformers_qwen_vl_rule() -> None:
+    # The plan counts image tokens without importing transformers' image processing (~3 CPU-s): its copy of
+    # Qwen-VL's `smart_resize` must give transformers' answer for every size and limit, on any version.
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as theirs
+
+    from zerofit.planner.images import smart_resize
+
+    sides = (1, 7, 27, 28, 29, 56, 100, 333, 448, 640, 1000, 1023, 2048, 4000, 5000)
+    limits = ((56 * 56, 28 * 28 * 1280), (3136, 12845056), (28 * 28, 28 * 28 * 4), (200_000, 200_000))
+    for factor in (14, 28, 32):
+        for least, most in limits:
+            for h in sides:
+                for w in sides:
+                    if max(h, w) / min(h, w) > 200:
+                        continue
+                    ours = smart_resize(h, w, factor=factor, min_pixels=least, max_pixels=most)
+                    assert ours == theirs(h, w, factor=factor, min_pixels=least, max_pixels=most), (
+                        h,
+                        w,
+                        factor,
+                    )
+    with pytest.raises(ValueError, match="aspect ratio"):
+        smart_resize(1, 300, factor=28, min_pixels=3136, max_pixels=12845056)

@@ -1,0 +1,136 @@
+"""What `cfg`'s LoRA adapts, for `zerofit plan` (its `LoRA:` line and the --json `lora` block), without
+importing peft, bitsandbytes or transformers' modeling stack when the answer is known.
+
+The counts (modules and expert parameters peft adapts, modules trained in full, trainable parameters) are
+peft's own, on a meta-device build of the whole model (no weights): exact for any architecture
+transformers builds, vision-language models and mixture-of-experts included. That build costs seconds of
+imports (transformers' modeling modules, peft, and through it torch's compiler stack), so its answer is kept
+in the planner's cache (`zerofit.core.derived_cache`) under a key that cannot go stale: the model's config.json
+dict, the whole `lora` section, the library versions and zerofit's source digest. A cached report is checked
+before use: every field of its type, and the names and summary (what `zerofit.models.lora_targets` maps
+from the config alone) as they are mapped now; one that fails is computed again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from zerofit.catalogue.models import model_config_dict
+from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
+from zerofit.core.errors import ConfigError
+from zerofit.models.lora_targets import resolve_lora_targets
+
+if TYPE_CHECKING:
+    from zerofit.config.schema import ZerofitConfig
+
+__all__ = ["lora_targets_report"]
+
+_VERSION = 1  # the layout of a cached report
+
+
+class _Report(TypedDict):
+    """What LoRA adapts of a language model: the mapped names and peft's counts."""
+
+    summary: str
+    family: str | None
+    target_modules: str | list[str]
+    target_parameters: list[str]
+    modules_to_save: list[str]
+    adapted_modules: int
+    adapted_parameters: int
+    full_modules: int
+    trainable_params: int
+    described: str
+
+
+class _VisionReport(TypedDict):
+    """What LoRA adapts of a vision-language model, in words with its counts (`apply_vision_lora`)."""
+
+    described: str
+
+
+def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
+    """What `cfg`'s LoRA adapts: the family, the mapped module and expert-parameter names, the router choice,
+    and the counts peft reaches on a meta-device build of the whole model. None without LoRA; {"error": ...}
+    for a model not buildable from its config (never cached)."""
+    if not cfg.lora.enabled:
+        return None
+    key = _key(cfg)
+    cached = read_cache(key) if key else None
+    if cached is not None and _sound(cached, cfg):
+        return cached
+    report = _computed(cfg)
+    if key and "error" not in report:
+        write_cache(key, report)
+    return report
+
+
+def _model_config(cfg: ZerofitConfig) -> dict[str, Any] | None:
+    """The model's config.json dict (catalogue or local folder; None when there is none to read)."""
+    try:
+        return model_config_dict(cfg.model.name_or_path)
+    except ConfigError:
+        return None  # the build reports it
+
+
+def _key(cfg: ZerofitConfig) -> str | None:
+    """The cache entry of `cfg`'s report: everything the counts depend on (None: no config to key on)."""
+    config = _model_config(cfg)
+    if config is None:
+        return None
+    return cache_key("lora_report", _VERSION, {"config": config, "lora": cfg.lora.model_dump(mode="json")})
+
+
+def _sound(entry: dict[str, Any], cfg: ZerofitConfig) -> bool:
+    """A cached report's check before use: its fields and their types; for a language model also the names
+    and summary `resolve_lora_targets` maps from the config now (the counts are peft's, kept as data)."""
+    if conforms(entry, _VisionReport):
+        return True
+    config = _model_config(cfg)
+    if not conforms(entry, _Report) or config is None:
+        return False
+    lora = cfg.lora
+    try:
+        targets = resolve_lora_targets(config, lora.target_modules, lora.moe_experts, lora.train_router)
+    except ConfigError:
+        return False  # the build refuses it with the message
+    return _mapped(targets) == {name: entry[name] for name in _mapped(targets)}
+
+
+def _mapped(targets: Any) -> dict[str, Any]:
+    """The report's fields `resolve_lora_targets` decides (`LoraTargets` in JSON form)."""
+    names = targets.target_modules
+    return {
+        "summary": targets.summary,
+        "family": targets.family,
+        "target_modules": names if isinstance(names, str) else list(names),
+        "target_parameters": list(targets.target_parameters),
+        "modules_to_save": list(targets.modules_to_save),
+    }
+
+
+def _computed(cfg: ZerofitConfig) -> dict[str, Any]:
+    """The report from peft applied to a meta-device build of the model (seconds: the imports)."""
+    from zerofit.models.build import lora_spec
+    from zerofit.models.lora import adapted_counts, apply_lora, model_targets
+    from zerofit.models.meta import build_meta_model
+    from zerofit.models.vision import apply_vision_lora, is_vision_config
+
+    spec = lora_spec(cfg)
+    try:  # a built-in model from its catalogued config (planning never writes or converts its weights)
+        meta = build_meta_model(cfg.model.name_or_path, attn_implementation="eager")  # names and counts only
+    except (ConfigError, ValueError, KeyError, ImportError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if is_vision_config(meta.config.to_dict()):  # what `apply_vision_lora` adapts, in words with its counts
+        lora = cfg.lora
+        return {"described": apply_vision_lora(meta, spec, lora.projector, lora.vision_tower, cfg.seed)[1]}
+    targets = model_targets(meta, spec)
+    counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
+    return {
+        **_mapped(targets),
+        "adapted_modules": counts.modules,
+        "adapted_parameters": counts.parameters,
+        "full_modules": counts.full,
+        "trainable_params": counts.trainable_params,
+        "described": f"{targets.summary}: {counts.describe()}",
+    }
