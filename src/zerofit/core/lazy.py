@@ -10,12 +10,13 @@ makes `import NAME` fail (ImportError, which these callers catch) and `importlib
 None while its block runs, and changes nothing where the library is already loaded.
 
 The Hugging Face Hub's `kernels` package is never used by zerofit (every model load passes `use_kernels=False`,
-`zerofit.levers.kernels.hub_kernels_off`; `train.kernels` is Liger's), yet transformers wraps every norm and
-MLP forward with it whenever it is importable, and bitsandbytes' CPU backend asks it for a Hub kernel when
-bitsandbytes is imported, which fails without `trust_remote_code` and logs "Failed to load CPU
-gemm_4bit_forward from kernels-community ...". `transformers_without_hub_kernels` makes transformers answer
-"not installed" for this process; `import_bitsandbytes` imports bitsandbytes with `kernels` hidden and that
-one message dropped, for the import alone (tests/unit/test_lazy_imports.py).
+`zerofit.levers.kernels.hub_kernels_off`; `train.kernels` is Liger's), yet bitsandbytes' CPU backend asks it
+for a Hub kernel when bitsandbytes is imported, which fails without `trust_remote_code` and logs "Failed to
+load CPU gemm_4bit_forward from kernels-community ...". `import_bitsandbytes` imports bitsandbytes with
+`kernels` hidden and that one message dropped, for the import alone (tests/unit/test_lazy_imports.py).
+transformers itself is left to see `kernels`: it caches that answer for the process, and a "not installed"
+there would make every later `from_pretrained` with transformers' default `use_kernels=True` in the same
+process (HF's Trainer, TRL, a notebook after `zerofit.train`) fail.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ __all__ = [
     "BNB_HUB_KERNEL_MESSAGE",
     "hidden_unless_loaded",
     "import_bitsandbytes",
-    "transformers_without_hub_kernels",
 ]
 
 HUB_KERNELS = "kernels"  # the Hugging Face Hub's kernel package (import name)
@@ -59,21 +59,6 @@ def hidden_unless_loaded(name: str) -> Iterator[bool]:
             del sys.modules[name]
 
 
-def transformers_without_hub_kernels() -> None:
-    """Make transformers answer "not installed" for the Hub's `kernels` package for the rest of this process.
-
-    transformers caches the answer (`is_kernels_available` is an `lru_cache`), so asking it once with the
-    package hidden is enough: its hub-kernel module then neither imports `kernels` nor wraps the models'
-    forwards with it. Nothing changes where transformers' hub-kernel module or `kernels` is already loaded.
-    Costs `import transformers` alone (its modeling stack stays unimported).
-    """
-    if "transformers.integrations.hub_kernels" in sys.modules:
-        return
-    import_utils = importlib.import_module("transformers.utils.import_utils")
-    with hidden_unless_loaded(HUB_KERNELS):
-        import_utils.is_kernels_available()
-
-
 class _DropHubKernelMessage(logging.Filter):
     """Drops bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" record."""
 
@@ -85,7 +70,7 @@ def import_bitsandbytes() -> ModuleType:
     """`import bitsandbytes`, without its CPU backend's Hub-kernel attempt or that attempt's message.
 
     zerofit asks for no Hub kernel, so bitsandbytes runs its own CPU code either way; with `kernels` hidden
-    it does not fetch or trust-check one (and cannot pick one up from a user's trust allowlist), and the
+    (even where transformers has imported it already) it does not fetch or trust-check one (and cannot pick one up from a user's trust allowlist), and the
     warning it logs instead is dropped by a filter on its logger for this import only. Any other record
     passes. Raises ImportError where bitsandbytes is not installed.
     """
@@ -95,7 +80,25 @@ def import_bitsandbytes() -> ModuleType:
     drop, logger = _DropHubKernelMessage(), logging.getLogger(BNB_CPU_LOGGER)
     logger.addFilter(drop)
     try:
-        with hidden_unless_loaded(HUB_KERNELS):
+        with _hidden_even_if_loaded(HUB_KERNELS):
             return importlib.import_module("bitsandbytes")
     finally:
         logger.removeFilter(drop)
+
+
+@contextmanager
+def _hidden_even_if_loaded(name: str) -> Iterator[None]:
+    """Hide the package `name` and its submodules for the block, whether imported or not, then put back
+    exactly what was there. For `import_bitsandbytes`: transformers' modeling stack imports `kernels` where
+    it is installed, usually before a quantized load imports bitsandbytes, and bitsandbytes would then fetch
+    its CPU kernel from the Hub cache."""
+    saved = {key: mod for key, mod in sys.modules.items() if key == name or key.startswith(f"{name}.")}
+    for key in saved:
+        del sys.modules[key]
+    sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get(name, ...) is None:
+            del sys.modules[name]
+        sys.modules.update(saved)

@@ -94,10 +94,6 @@ def quiet_libraries() -> None:
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     import transformers
 
-    from zerofit.core.lazy import transformers_without_hub_kernels
-
-    transformers_without_hub_kernels()  # no Hub kernel wrapping or fetching, which zerofit never asks for
-
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     # Deprecations inside transformers/DeepSpeed internals that users cannot act on.

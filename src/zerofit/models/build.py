@@ -26,7 +26,7 @@ from zerofit.catalogue.vision_models import is_tiny_vlm
 from zerofit.config.rules.model import attention_choice, check_levers
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError
-from zerofit.core.lazy import import_bitsandbytes, transformers_without_hub_kernels
+from zerofit.core.lazy import import_bitsandbytes
 from zerofit.core.precision import tensor_dtypes, torch_dtype
 from zerofit.levers.attention import choose_kernel, hf_attn_implementation, install_kernel, installed_kernels
 from zerofit.levers.compiling import compile_decoder_layers
@@ -169,7 +169,6 @@ def load_tokenizer(cfg: ZerofitConfig) -> Any:
     A tokenizer without a pad token (Llama-2, Mistral) pads with eos: padded positions are masked from
     attention and loss, so the id used there never matters.
     """
-    transformers_without_hub_kernels()  # before transformers' modeling stack loads (`zerofit.core.lazy`)
     from transformers import AutoTokenizer
 
     path = resolve_model_path(cfg)
@@ -455,8 +454,7 @@ def build_model(cfg: ZerofitConfig, *, device_map: Any = None, tokenizer: Any = 
     loaded with `load_tokenizer` (else it is loaded here).
     """
     # 1. Where the weights are (a built-in tiny model: written once as an HF folder); what cannot run is
-    #    refused before anything loads. transformers gets no Hub kernels (`zerofit.core.lazy`).
-    transformers_without_hub_kernels()
+    #    refused before anything loads.
     check_memory_levers(cfg)
     kernel = varlen_kernel(cfg)
     path = resolve_model_path(cfg)
