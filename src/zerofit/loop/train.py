@@ -120,7 +120,7 @@ def train_step(
             inputs = model_inputs(batch, strategy.device)
             terms, metric_sums = objective.terms(model, inputs, batch, cross_entropy)
             strategy.backward(_scaled(terms, scales))
-        local_sums += torch.cat([torch.stack([t.detach().double() for t in terms]), metric_sums])
+        _accumulate(local_sums, terms, metric_sums)
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
     sums = strategy.all_reduce_sum(local_sums).tolist()
@@ -137,6 +137,16 @@ def summed_over_ranks(strategy: Strategy, values: list[int]) -> list[int]:
     if strategy.world_size == 1:
         return list(values)
     return strategy.all_reduce_sum(torch.tensor(values, dtype=torch.int64)).tolist()
+
+
+def _accumulate(local_sums: torch.Tensor, terms: list[torch.Tensor], metric_sums: torch.Tensor) -> None:
+    """Add a micro-batch's terms and metric sums to the window's fp64 sums, on the device. One term and no
+    metrics (SFT): one add, the fp32 term promoted to fp64 inside it (exactly, as the general path's cast
+    does), instead of a cast, a stack and a concatenation per micro-step."""
+    if len(terms) == 1 and not metric_sums.numel():
+        local_sums += terms[0].detach()
+        return
+    local_sums += torch.cat([torch.stack([t.detach().double() for t in terms]), metric_sums])
 
 
 def _scaled(terms: list[torch.Tensor], scales: list[float]) -> torch.Tensor:

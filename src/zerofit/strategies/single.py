@@ -43,6 +43,7 @@ class SingleStrategy(Strategy):
         self.autocast_dtype = torch_dtype(dtypes.autocast) if dtypes.autocast else None
         self.scaler = torch.amp.GradScaler(self.device.type) if dtypes.loss_scaling else None
         self.model: torch.nn.Module | None = None
+        self.model_parameters: list[torch.nn.Parameter] = []  # the model's, found once by `prepare`
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
 
@@ -62,6 +63,9 @@ class SingleStrategy(Strategy):
         self.optimizer = make_optimizer(model)
         self.scheduler = make_scheduler(self.optimizer)
         self.model = self._wrap(model)
+        # Every parameter, listed once: walking a peft model's modules for them cost more per step (~0.2 ms
+        # on the demo) than clipping them; the clip takes those with a gradient, in this order, as before.
+        self.model_parameters = list(self.model.parameters())
         return self.model
 
     def _no_sync(self, is_last: bool) -> AbstractContextManager[Any]:
@@ -83,7 +87,7 @@ class SingleStrategy(Strategy):
         assert self.optimizer is not None and self.model is not None, "prepare() first"
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip and report the true gradient, not the scaled one
-        norm = float(grad_norm_and_clip(list(self.model.parameters()), max_grad_norm))
+        norm = float(grad_norm_and_clip(self.model_parameters, max_grad_norm))
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()
             self.scaler.step(self.optimizer)  # skipped when the gradients overflowed

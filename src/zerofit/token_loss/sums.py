@@ -100,13 +100,15 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
         ctx: Any, logits: torch.Tensor, targets: torch.Tensor, chunk: int, per_token: bool = False
     ) -> torch.Tensor:
         n = logits.shape[0]
-        ctx.chunk = chunk
-        if n <= chunk:  # one chunk: the same ops without the loop's buffers (the bits are the loop's)
+        ctx.chunk, ctx.one_chunk = chunk, n <= chunk
+        if ctx.one_chunk:  # one chunk: the same ops without the loop's buffers (the bits are the loop's)
             x = logits.float()
             valid = targets != IGNORE_INDEX
             lse = torch.logsumexp(x, dim=-1)
-            per = torch.where(valid, lse - x.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
-            ctx.save_for_backward(logits, targets, lse)
+            index = targets.clamp(min=0).unsqueeze(1)
+            per = torch.where(valid, lse - x.gather(1, index).squeeze(1), 0.0)
+            # The index (targets' bytes) and the mask (one byte a token) for backward, not rebuilt there.
+            ctx.save_for_backward(logits, index, valid, lse)
             return per if per_token else per.sum()
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
@@ -128,31 +130,34 @@ class _ChunkedCrossEntropySum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        logits, targets, lse = ctx.saved_tensors
         scale = grad_out.float()
-        if logits.shape[0] <= ctx.chunk:  # one chunk: its gradient is the whole one (no copy into a buffer)
-            return _chunk_grad(logits, targets, lse, scale).to(logits.dtype), None, None, None
+        if ctx.one_chunk:  # one chunk: its gradient is the whole one (no copy into a buffer)
+            logits, index, valid, lse = ctx.saved_tensors
+            return _chunk_grad(logits, index, valid, lse, scale).to(logits.dtype), None, None, None
+        logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk):
             stop = start + ctx.chunk
             per_token = scale if scale.dim() == 0 else scale[start:stop]
-            grad[start:stop] = _chunk_grad(
-                logits[start:stop], targets[start:stop], lse[start:stop], per_token
-            )
+            t = targets[start:stop]
+            index, valid = t.clamp(min=0).unsqueeze(1), t != IGNORE_INDEX
+            grad[start:stop] = _chunk_grad(logits[start:stop], index, valid, lse[start:stop], per_token)
             # (the chunk's fp32 gradient is freed here, before the next one's: one alive at a time, as the
             # planner counts)
         return grad, None, None, None
 
 
 def _chunk_grad(
-    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor
+    logits: torch.Tensor, index: torch.Tensor, valid: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor
 ) -> torch.Tensor:
     """One chunk's fp32 gradient: softmax - one_hot(target), for valid rows only, times the incoming gradient
-    (a scalar for the sum, the chunk's per-token gradients for the per-token form). bf16/fp16 minus fp32
-    promotes to one new fp32 tensor (no separate upcast copy)."""
+    (a scalar for the sum, the chunk's per-token gradients for the per-token form). `index`: the targets
+    clamped to >= 0, [tokens, 1]; `valid`: the targets that count. bf16/fp16 minus fp32 promotes to one new
+    fp32 tensor (no separate upcast copy); the mask times the fp32 scale is the fp32 weight, 1 * scale or
+    0 * scale exactly, without a separate cast of the mask."""
     g = torch.sub(logits, lse[:, None]).exp_()
-    g.scatter_add_(1, targets.clamp(min=0).unsqueeze(1), torch.full_like(lse[:, None], -1.0))
-    return g.mul_(((targets != IGNORE_INDEX).float() * scale).unsqueeze(1))
+    g.scatter_add_(1, index, torch.full_like(lse[:, None], -1.0))
+    return g.mul_((valid * scale)[:, None])
 
 
 def chunked_token_sum_loss(

@@ -101,6 +101,51 @@ def test_chunked_loss_never_holds_fp32_tokens_x_vocab() -> None:
     assert chunk_tokens(32_000) == 1048 and chunk_tokens(128_256) == 261  # 128 MiB of fp32 per chunk
 
 
+class _OpNames(TorchDispatchMode):
+    """Records the name of every op dispatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bit patterns (so -0.0 and 0.0 differ, as `torch.equal` would not tell)."""
+    return t.float().view(torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_chunk_backward_keeps_the_loops_bits_without_rebuilding_the_targets(dtype: torch.dtype) -> None:
+    """A micro-batch within one chunk: backward builds the gradient from the index and mask its forward
+    kept (no clamp or comparison of the targets again, no cast of the mask: 9 ops of its own, 13 before),
+    and the gradient has the
+    chunk loop's bits, for the sum and for per-token losses with gradients of both signs (a negative one
+    makes the masked rows -0.0: the same zero, to the bit)."""
+    from zerofit.token_loss.sums import _ChunkedCrossEntropySum, shifted_targets
+
+    logits, labels = _batch(dtype)
+    flat, targets = logits.reshape(-1, VOCAB), shifted_targets(labels)
+    upstream = torch.linspace(-1.5, 1.0, flat.shape[0])
+    grads = {}
+    for chunk in (flat.shape[0], 7):  # one chunk, then the loop
+        for per_token in (False, True):
+            logits.grad = None
+            out = _ChunkedCrossEntropySum.apply(flat, targets, chunk, per_token)
+            with _OpNames() as mode:
+                (out * upstream).sum().backward() if per_token else (out * 0.37).backward()
+            grads[chunk, per_token] = _bits(logits.grad)
+            if chunk > 7:  # its own 9 (+ bf16's cast), the upstream's 3 to 4, the engine's 2
+                assert not {"clamp", "ne"} & set(mode.names)
+                assert len(mode.names) <= (16 if per_token else 14) + (dtype != torch.float32)
+    for per_token in (False, True):
+        assert torch.equal(grads[flat.shape[0], per_token], grads[7, per_token])
+    assert bool((grads[flat.shape[0], True] == _bits(torch.tensor(-0.0))).any())  # the signed zeros
+
+
 def test_tiny_llama_loss_and_gradients_agree_with_the_unchunked_loss() -> None:
     from transformers import AutoModelForCausalLM
 
