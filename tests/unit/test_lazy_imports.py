@@ -154,14 +154,7 @@ assert logging.getLogger("bitsandbytes.backends.cpu.ops").filters == []  # the f
 def test_a_qlora_build_keeps_bitsandbytes_hub_kernel_message_out() -> None:
     from zerofit.core.lazy import BNB_HUB_KERNEL_MESSAGE
 
-    proc = subprocess.run(
-        [sys.executable, "-c", QLORA_BUILD, str(REPO / "tests")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _script_ok(QLORA_BUILD)
     output = proc.stdout + proc.stderr
     assert BNB_HUB_KERNEL_MESSAGE not in output and "trust_remote_code" not in output
     assert "kernels-community" not in output  # no Hub kernel fetched or trust-checked either
@@ -268,11 +261,17 @@ AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg))
 
 @pytest.mark.slow
 def test_transformers_defaults_still_load_a_model_after_zerofit_built_one() -> None:
+    _script_ok(AFTER_ZEROFIT)
+
+
+def _script_ok(source: str) -> subprocess.CompletedProcess[str]:
+    """`source` run by a fresh interpreter from the repository root (tests/ its first argument); exit 0."""
     proc = subprocess.run(
-        [sys.executable, "-c", AFTER_ZEROFIT, str(REPO / "tests")],
+        [sys.executable, "-c", source, str(REPO / "tests")],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
