@@ -55,9 +55,10 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
     for a model not buildable from its config (never cached)."""
     if not cfg.lora.enabled:
         return None
-    key = _key(cfg)
+    config = _model_config(cfg)
+    key = _key(cfg, config) if config is not None else None
     cached = read_cache(key) if key else None
-    if cached is not None and _sound(cached, cfg):
+    if cached is not None and config is not None and _sound(cached, cfg, config):
         return cached
     report = _computed(cfg)
     if key and "error" not in report:
@@ -73,21 +74,18 @@ def _model_config(cfg: ZerofitConfig) -> dict[str, Any] | None:
         return None  # the build reports it
 
 
-def _key(cfg: ZerofitConfig) -> str | None:
-    """The cache entry of `cfg`'s report: everything the counts depend on (None: no config to key on)."""
-    config = _model_config(cfg)
-    if config is None:
-        return None
+def _key(cfg: ZerofitConfig, config: dict[str, Any]) -> str:
+    """The cache entry of `cfg`'s report (`config`: the model's config.json dict): everything the counts
+    depend on."""
     return cache_key("lora_report", _VERSION, {"config": config, "lora": cfg.lora.model_dump(mode="json")})
 
 
-def _sound(entry: dict[str, Any], cfg: ZerofitConfig) -> bool:
+def _sound(entry: dict[str, Any], cfg: ZerofitConfig, config: dict[str, Any]) -> bool:
     """A cached report's check before use: its fields and their types; for a language model also the names
-    and summary `resolve_lora_targets` maps from the config now (the counts are peft's, kept as data)."""
+    and summary `resolve_lora_targets` maps from `config` now (the counts are peft's, kept as data)."""
     if conforms(entry, _VisionReport):
         return True
-    config = _model_config(cfg)
-    if not conforms(entry, _Report) or config is None:
+    if not conforms(entry, _Report):
         return False
     lora = cfg.lora
     try:
