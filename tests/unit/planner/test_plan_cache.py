@@ -38,9 +38,14 @@ def _demo(*overrides: str) -> ZerofitConfig:
 
 def _entry(cfg: ZerofitConfig) -> Path:
     """The file `cfg`'s LoRA report is cached in."""
-    key = lora_report._key(cfg)
-    assert key is not None
-    return cache._cache_dir() / f"{key}.json"
+    return cache._cache_dir() / f"{_key(cfg)}.json"
+
+
+def _key(cfg: ZerofitConfig) -> str:
+    """The cache key of `cfg`'s LoRA report."""
+    config = lora_report._model_config(cfg)
+    assert config is not None
+    return lora_report._key(cfg, config)
 
 
 def _no_build(cfg: ZerofitConfig) -> dict[str, Any]:
@@ -90,15 +95,15 @@ def test_an_entry_that_is_not_json_is_computed_again(planner_cache: Path) -> Non
 def test_the_key_holds_the_model_the_lora_section_the_libraries_and_zerofits_source(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    base = lora_report._key(_demo())
-    assert lora_report._key(_demo("lora.r=8")) != base
-    assert lora_report._key(_demo("lora.target_modules=all-linear")) != base
-    assert lora_report._key(_demo("model.name_or_path=tiny-qwen2")) != base
+    base = _key(_demo())
+    assert _key(_demo("lora.r=8")) != base
+    assert _key(_demo("lora.target_modules=all-linear")) != base
+    assert _key(_demo("model.name_or_path=tiny-qwen2")) != base
     monkeypatch.setattr(cache, "_library_versions", lambda: {"transformers": "0.0", "peft": "0.0"})
-    assert lora_report._key(_demo()) != base
+    assert _key(_demo()) != base
     monkeypatch.undo()
     monkeypatch.setattr(cache, "_source_digest", lambda: "an edited zerofit")
-    assert lora_report._key(_demo()) != base
+    assert _key(_demo()) != base
 
 
 def test_a_meta_build_leaves_the_catalogued_config_and_so_the_keys_unchanged() -> None:
