@@ -267,7 +267,9 @@ class _Batch:
         return torch.full_like(self.positions[:, 0], pad_id).index_put((self.rows,), tokens)
 
 
-def _prefill(model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettings, device: torch.device):
+def _prefill(
+    model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettings, device: torch.device
+) -> tuple[torch.Tensor, _Batch]:
     """The prompts' forward, left-padded, the last position's logits only: where the cache can copy rows,
     each distinct prompt once (a group's G completions share it) and its KV cache then copied to each of its
     rows. Returns every row's logits and the batch."""
@@ -277,25 +279,17 @@ def _prefill(model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettin
     shared = _rows_selectable(cache)
     distinct = list(dict.fromkeys(tuple(p) for p in prompts)) if shared else [tuple(p) for p in prompts]
     ids, prompt_mask = _left_padded([list(p) for p in distinct], s.pad_id, device)
-    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)
-    result = model(
-        input_ids=ids,
-        attention_mask=prompt_mask,
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    last, rows = result.logits[:, -1], len(prompts)
+    last, cache = decode_step(model, ids, prompt_mask, cache, logits_to_keep=1)
+    rows = len(prompts)
     if len(distinct) < rows:
         slot = {p: i for i, p in enumerate(distinct)}
         of = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
-        result.cache.batch_select_indices(of)
+        cache.batch_select_indices(of)
         last, prompt_mask = last[of], prompt_mask[of]
     mask = torch.cat([prompt_mask, prompt_mask.new_ones((rows, s.max_new_tokens))], dim=1)
     where = torch.arange(rows, device=device)
     lengths = prompt_mask.sum(dim=1, keepdim=True)
-    return last, _Batch(where, result.cache, mask, lengths, rows=None if shared else where.clone())
+    return last, _Batch(where, cache, mask, lengths, rows=None if shared else where.clone())
 
 
 def _sample(
