@@ -25,6 +25,7 @@ at each segment's last token, the same numbers the padded rows' pooling reads.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -69,11 +70,17 @@ def pair_rewards(
     return scores[_last_tokens(ids).to(scores.device)] + pooled.float().sum() * 0.0
 
 
+_HEADS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
+
+
 @contextmanager
 def _token_scores(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
     """The score head's per-token outputs of the forwards run inside (the outermost module named
     `SCORE_HEAD`: peft's wrapper of it under LoRA, whose output is the trained head's)."""
-    head = next(m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == SCORE_HEAD)
+    head = _HEADS.get(model)
+    if head is None:  # found once per model, not by a module walk at every micro-step
+        head = next(m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == SCORE_HEAD)
+        _HEADS[model] = head
     seen: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda _module, _args, out: seen.append(out))
     try:
