@@ -23,8 +23,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Imported only where used: DeepSpeed by its strategy, peft by LoRA, bitsandbytes by quantization and 8-bit
 # optimizers, wandb by its sink and reader, matplotlib by the plots, liger-kernel by its kernels, gguf by the
-# GGUF export.
-LAZY = ("deepspeed", "peft", "bitsandbytes", "wandb", "matplotlib", "liger_kernel", "gguf")
+# GGUF export, mlflow and tensorboard by their sinks (and compare's TensorBoard reader).
+LAZY = (
+    "deepspeed",
+    "peft",
+    "bitsandbytes",
+    "wandb",
+    "matplotlib",
+    "liger_kernel",
+    "gguf",
+    "mlflow",
+    "tensorboard",
+)
 
 EVERY_MODULE = """
 import importlib, json, pkgutil, sys
@@ -211,6 +221,23 @@ def test_a_plan_from_the_planners_cache_imports_no_peft_bitsandbytes_or_modeling
     assert heavy == [] and not any(".modeling_" in m for m in loaded), heavy
     # bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" never reaches a plan
     assert "gemm_4bit" not in first["output"] + again["output"]
+
+
+# A plan of a config that turns the trackers on checks they are installed without importing them (~1.5 CPU-s
+# each): only the run's rank 0 imports them, when it opens its sinks.
+TRACKED_PLAN = """
+import contextlib, io, json, sys
+from zerofit.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    assert main(["plan", "--config", "configs/demo.yaml", "logging.tensorboard=true", "logging.mlflow.enabled=true"]) == 0
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_a_plan_with_the_trackers_on_imports_neither() -> None:
+    (loaded,) = _modules_after(TRACKED_PLAN)
+    assert "zerofit" in loaded and sorted(loaded & {"mlflow", "tensorboard"}) == []
 
 
 # Commands that read configs, presets or finished runs: nothing of a model, so not even torch.

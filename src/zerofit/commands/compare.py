@@ -1,7 +1,7 @@
 """`zerofit compare RUN_DIR ... [--out DIR]`: what differs between runs, how they turned out, and plots.
 
-Reads each run's `config.yaml` and `metrics.jsonl` (or its W&B offline run file when `metrics.jsonl` is
-absent), prints two tables (config differences, outcomes) and writes PNG plots plus `compare.json`.
+Reads each run's `config.yaml` and `metrics.jsonl` (or, when `metrics.jsonl` is absent, its W&B offline
+run file, else its TensorBoard event files: a run's `tensorboard/` folder can be passed itself), prints two tables (config differences, outcomes) and writes PNG plots plus `compare.json`.
 """
 
 from __future__ import annotations

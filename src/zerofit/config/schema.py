@@ -599,12 +599,31 @@ class WandbSection(_Section):
     tags: list[str] = Field(default_factory=list)
 
 
+class MlflowSection(_Section):
+    """MLflow (`pip install zerofit[mlflow]`): the run's rows as metrics, its config as parameters, its files
+    as artifacts (zerofit.metrics.mlflow_sink)."""
+
+    enabled: bool = False
+    tracking_uri: str | None = Field(
+        None,
+        description="Where runs go; unset: MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db.",
+    )
+    experiment: str | None = Field(
+        None, description="The MLflow experiment; unset: the config file's stem (as W&B's group)."
+    )
+
+
 class LoggingSection(_Section):
     """Where metrics go and how often (metrics.jsonl is always written)."""
 
     log_every: int = Field(1, gt=0)
     console: bool = True
     wandb: WandbSection = Field(default_factory=WandbSection)
+    tensorboard: bool = Field(
+        False,
+        description="TensorBoard event files in <run_dir>/tensorboard/ (pip install zerofit[tensorboard]).",
+    )
+    mlflow: MlflowSection = Field(default_factory=MlflowSection)
 
 
 class PlannerSection(_Section):

@@ -25,11 +25,13 @@ __all__ = [
     "EXPORT_INFO",
     "LOCK_FILE",
     "METRICS_FILE",
+    "MLFLOW_RUN_FILE",
     "MODEL_DIR",
     "RUN_INFO_FILE",
     "SAVING_SUFFIX",
     "STEP_DIR_GLOB",
     "SUMMARY_FILE",
+    "TENSORBOARD_DIR",
     "WANDB_DIR",
     "WANDB_RUN_ID_FILE",
     "RunLayout",
@@ -58,6 +60,8 @@ BASE_MODEL_FILE = "zerofit_base_model.json"
 EXPORT_INFO = "zerofit_export.json"
 WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
 WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard's event files (`logging.tensorboard`)
+MLFLOW_RUN_FILE = "mlflow_run.json"  # the MLflow run a resume continues (`logging.mlflow`)
 
 # Under checkpoints/: one folder per saved step, named by `step_dir_name` and read back by `step_of_dir`.
 STEP_DIR_PREFIX = "step-"  # step-N/: the complete checkpoint after optimizer step N
@@ -204,6 +208,16 @@ class RunLayout:
     def wandb_run_id(self) -> Path:
         """`wandb/zerofit-run-id`: the W&B run id a resume continues."""
         return self.wandb / WANDB_RUN_ID_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        """`tensorboard/`: TensorBoard's event files, one run however often it is resumed."""
+        return self.root / TENSORBOARD_DIR
+
+    @property
+    def mlflow_run(self) -> Path:
+        """`mlflow_run.json`: the MLflow run (its id and experiment id) a resume continues."""
+        return self.root / MLFLOW_RUN_FILE
 
     def export(self, adapter: bool) -> Path:
         """The final export's folder: `adapter/` (LoRA) or `model/` (full fine-tuning)."""

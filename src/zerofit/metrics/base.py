@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -54,6 +55,24 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+# What `plottable` returns for a value that is no number (a label such as mem/source).
+NOT_NUMERIC = object()
+
+
+def plottable(value: Any) -> Any:
+    """A row's value as a tracker plots it: a number (bools and numpy scalars as Python numbers), None for
+    NaN/inf (metrics.jsonl writes null: nothing to plot), or `NOT_NUMERIC` (a label: the trackers' summary,
+    tags or text, not a series). The one rule of every tracker sink (W&B, TensorBoard, MLflow)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):  # numpy ints too
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    return NOT_NUMERIC
 
 
 class JsonlSink:

@@ -2,7 +2,8 @@
 
 Sources, in order of trust: `config.yaml` (the fully resolved config, docs/contracts.md) and
 `metrics.jsonl` (docs/contracts.md, metrics.jsonl); `run_info.json` / `summary.json` (written by the metrics sinks) for extras;
-and, when `metrics.jsonl` is absent, the W&B run file under `wandb/`, read offline.
+and, when `metrics.jsonl` is absent, the W&B run file under `wandb/`, read offline, else TensorBoard's event
+files (`tensorboard/`, or a folder of them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from zerofit.core.run_layout import METRICS_FILE, RunLayout
 from zerofit.metrics.keys import PEAK_GIB, rank_of_field
 from zerofit.metrics.rows import read_rows, skipped_text
 from zerofit.metrics.summary import RunSummary, next_tokens_seen, predicted_peak_gib
+from zerofit.metrics.tensorboard_reader import event_dir
+from zerofit.metrics.wandb_reader import WANDB_RUN_GLOB
 
 # The optimizer-step column of W&B history rows (see wandb_sink.STEP_METRIC).
 _W_AND_B_STEP = "train/step"
@@ -33,7 +36,7 @@ class LoadedRun:
     label: str
     config: dict[str, Any]
     rows: list[dict[str, Any]]
-    source: str  # "metrics.jsonl" or "wandb"
+    source: str  # "metrics.jsonl", "wandb" or "tensorboard"
     extra: dict[str, Any] = field(default_factory=dict)  # run_info.json (versions, planner, params...)
     saved_summary: dict[str, Any] = field(default_factory=dict)  # summary.json, if the run finished
 
@@ -116,6 +119,27 @@ def _rows_from_wandb(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, run.config
 
 
+def _rows_elsewhere(path: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+    """A folder without metrics.jsonl: the rows, source and logged config of its W&B run file, else of its
+    TensorBoard event files (the folder's own or its `tensorboard/`)."""
+    folder = event_dir(path) if path.is_dir() else None
+    if folder is None or any(path.rglob(WANDB_RUN_GLOB)):
+        try:
+            rows, wandb_config = _rows_from_wandb(path)
+            return rows, "wandb", wandb_config
+        except FileNotFoundError:
+            pass
+    if folder is None:
+        raise DataError(
+            f"{str(path)!r} has neither metrics.jsonl, a W&B run file (wandb/*/run-*.wandb) nor TensorBoard "
+            "event files (tensorboard/events.out.tfevents.*); is it a zerofit run directory?"
+        )
+    from zerofit.metrics.tensorboard_reader import read_tensorboard_run
+
+    rows, config = read_tensorboard_run(folder)
+    return rows, "tensorboard", config
+
+
 def _config_part(run_config: dict[str, Any]) -> dict[str, Any]:
     """The user-config keys of a sinks' run config (which adds plan, versions, commit, loop extras)."""
     return {k: v for k, v in run_config.items() if k in ZerofitConfig.model_fields}
@@ -141,16 +165,9 @@ def load_run(path: str | Path) -> LoadedRun:
     if path.is_dir() and metrics.is_file():
         rows, source = _read_jsonl(metrics), METRICS_FILE
     else:
-        try:
-            rows, wandb_config = _rows_from_wandb(path)
-        except FileNotFoundError as exc:
-            raise DataError(
-                f"{str(path)!r} has neither metrics.jsonl nor a W&B run file (wandb/*/run-*.wandb); "
-                "is it a zerofit run directory?"
-            ) from exc
-        source = "wandb"
-        config = config or _config_part(wandb_config)
-        extra = extra or wandb_config
+        rows, source, logged = _rows_elsewhere(path)
+        config = config or _config_part(logged)
+        extra = extra or logged
     label = str(config.get("run_name") or run_dir.name)
     return LoadedRun(
         path=run_dir,

@@ -1,8 +1,9 @@
 """`open_sinks`: the one place that decides where a run's metrics go.
 
 Rank 0 gets `metrics.jsonl` (always, docs/contracts.md), `run_info.json` + `summary.json`, W&B (unless
-disabled) and the console (if `logging.console`); every other rank gets a `NullSink`, so the training loop
-logs unconditionally and never branches on rank.
+disabled), the console (if `logging.console`), TensorBoard (`logging.tensorboard`) and MLflow
+(`logging.mlflow.enabled`), any of them together, each given the same rows; every other rank gets a
+`NullSink`, so the training loop logs unconditionally and never branches on rank.
 """
 
 from __future__ import annotations
@@ -94,6 +95,27 @@ def open_sinks(
         summaries.append(ConsoleSink(cfg.train.max_steps, title=cfg.run_name or "train"))
     for summary in summaries:
         summary.resume_from(history or [], prior_wall_s)
-    sink = MultiSink([JsonlSink(RunLayout(run_dir).metrics), *summaries])
+    trackers = _trackers(plan, config_path, history)
+    sink = MultiSink([JsonlSink(RunLayout(run_dir).metrics), *summaries, *trackers])
     sink.log_config(config)
     return sink
+
+
+def _trackers(
+    plan: RunPlan, config_path: str | Path | None, history: list[dict[str, Any]] | None
+) -> list[MetricsSink]:
+    """TensorBoard and MLflow as the config asks (after the run files: MLflow uploads `summary.json` at
+    close). A resume (`history`, the kept rows) continues TensorBoard's directory from the step after the
+    last kept row, and the recorded MLflow run."""
+    logging = plan.config.logging
+    trackers: list[MetricsSink] = []
+    if logging.tensorboard:
+        from zerofit.metrics.tensorboard_sink import TensorBoardSink
+
+        first_step = max((int(row["step"]) for row in history or []), default=0) + 1
+        trackers.append(TensorBoardSink(plan.run_dir, first_step))
+    if logging.mlflow.enabled:
+        from zerofit.metrics.mlflow_sink import MlflowSink
+
+        trackers.append(MlflowSink(plan, config_path=config_path, resume=history is not None))
+    return trackers

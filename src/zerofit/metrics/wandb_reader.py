@@ -25,6 +25,7 @@ CHUNK_HEADER = struct.Struct("<IHB")  # crc32, length, type
 IDENT, MAGIC, VERSION = b":W&B", 0xBEE1, 0
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 STEP_KEY = "_step"
+WANDB_RUN_GLOB = "run-*.wandb"  # a W&B run file, under a run folder's wandb/*/
 
 
 class WandbFileError(ValueError):
@@ -172,7 +173,7 @@ def read_table(run: WandbRun, key: str, step: int) -> list[dict[str, Any]]:
 
 def find_run_file(directory: str | Path) -> Path:
     """The newest `run-*.wandb` under `directory` (a run dir, its `wandb/` folder, or one W&B run folder)."""
-    candidates = sorted(Path(directory).rglob("run-*.wandb"), key=lambda p: p.stat().st_mtime)
+    candidates = sorted(Path(directory).rglob(WANDB_RUN_GLOB), key=lambda p: p.stat().st_mtime)
     if not candidates:
         raise FileNotFoundError(f"no W&B run file (run-*.wandb) under {directory}")
     return candidates[-1]

@@ -20,8 +20,6 @@
 from __future__ import annotations
 
 import logging
-import math
-import numbers
 import os
 import re
 import secrets
@@ -37,6 +35,7 @@ from zerofit.config.rules.training import wandb_key_configured
 from zerofit.core.messages import say
 from zerofit.core.run_layout import RunLayout
 from zerofit.engine_spec.run_plan import RunPlan
+from zerofit.metrics.base import NOT_NUMERIC, plottable
 from zerofit.metrics.summary import (
     RunSummary,
     next_tokens_seen,
@@ -81,21 +80,6 @@ def default_name(plan: RunPlan) -> str:
     cfg = plan.config
     engine = cfg.distributed.preset or cfg.distributed.strategy
     return f"{engine}-{split_label(plan)}"
-
-
-def _history_value(value: Any) -> Any:
-    """Numbers (NaN/inf as None) go to history; anything else is not a plottable series."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, numbers.Integral):  # numpy ints too
-        return int(value)
-    if isinstance(value, numbers.Real):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    return _NOT_NUMERIC
-
-
-_NOT_NUMERIC = object()
 
 
 class WandbSink:
@@ -213,8 +197,8 @@ class WandbSink:
             for key, value in metrics.items():
                 if key == "step":
                     continue
-                converted = _history_value(value)
-                if converted is _NOT_NUMERIC:
+                converted = plottable(value)
+                if converted is NOT_NUMERIC:
                     # Labels such as mem/source are constant per run: summary, not a plotted series.
                     if self._strings.get(key) != str(value):
                         self._strings[key] = str(value)

@@ -1,9 +1,10 @@
-"""Config rules of the training run: its length and early stopping, the optimizer's keys, W&B's mode, and the
-run's name and directory."""
+"""Config rules of the training run: its length and early stopping, the optimizer's keys, W&B's mode, the
+trackers' installs, and the run's name and directory."""
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from pathlib import Path
 
@@ -105,6 +106,7 @@ def check_training(problems: list[str], cfg: ZerofitConfig) -> None:
             "optimizer.lr was tuned for); set it, or optimizer.lr_scaling=none"
         )
     check_levers(problems, cfg)
+    check_trackers(problems, cfg)
     known = config_keys()
     for key in cfg.checkpoint.allow_changes:
         if key not in known:
@@ -114,6 +116,24 @@ def check_training(problems: list[str], cfg: ZerofitConfig) -> None:
                 f"checkpoint.allow_changes: {key!r} is not a config key or section; {hint}(name keys as "
                 "dotted paths, e.g. [optimizer.lr,train.max_steps], or whole sections, e.g. [optimizer])"
             )
+
+
+def check_trackers(problems: list[str], cfg: ZerofitConfig) -> None:
+    """A tracker the config turns on is installed (looked up, not imported: a plan stays light), so a run
+    that asked for TensorBoard or MLflow never trains without it."""
+    asked = {"tensorboard": cfg.logging.tensorboard, "mlflow": cfg.logging.mlflow.enabled}
+    for extra, on in asked.items():
+        if on and importlib.util.find_spec(extra) is None:
+            key = "logging.tensorboard = true" if extra == "tensorboard" else "logging.mlflow.enabled = true"
+            problems.append(
+                f"{key} logs this run to {TRACKER_NAMES[extra]}, which is not installed here; install it with "
+                f"`pip install 'zerofit[{extra}]'`, or turn it off ({key.split(' = ')[0]}=false): "
+                "metrics.jsonl is written either way"
+            )
+
+
+# The trackers' names as users know them, by their install extra (and Python package).
+TRACKER_NAMES = {"tensorboard": "TensorBoard", "mlflow": "MLflow"}
 
 
 def fill_logging(cfg: ZerofitConfig) -> None:
