@@ -10,7 +10,7 @@ Launches of one round run side by side:
     single-*        python     1 SIGTERM -> 1 Ctrl-C -> 1 end                  W&B offline: one run id throughout
     zero2-*         deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> 2 end     elastic 2 -> 1 and 1 -> 2
     zero3-*         torchrun   1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
-    fsdp-*          torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end
+    fsdp-*          torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end                  TensorBoard + MLflow: one run each
     fsdp-fallback   torchrun   1 end: the fsdp chain's newest checkpoint damaged, resumed from the one
                                before (and resharded 2 -> 1)
     retuned         torchrun   2 end: a copy of the zero3 chain resumed with a new lr and 4 more steps
@@ -20,7 +20,9 @@ SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, who
 nor forwards it, and on the zero3 chain: there it goes to the process group, as schedulers send it
 (torchrun starts its workers in their own sessions: it reaches them through torchrun). Ctrl-C is SIGINT to
 the process group, as a terminal sends it. A last launch resumes the single chain with a changed learning rate and must
-be refused before any model is loaded. Every chain's per-step losses equal the reference's within 1e-5.
+be refused before any model is loaded. Every chain's per-step losses equal the reference's within 1e-5. The fsdp chain (and its fallback) also logs to TensorBoard and MLflow
+(the default store, sqlite under output_dir): after two stops and a resume from an older checkpoint, each holds
+one run with every step once, read back with TensorBoard's reader and MLflow's client.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ Z2, Z3, FSDP = (
         "distributed.strategy=deepspeed",
         "distributed.preset=zero3",
     ),
-    ("distributed.strategy=fsdp",),
+    ("distributed.strategy=fsdp", "logging.tensorboard=true", "logging.mlflow.enabled=true"),
 )
 SINGLE = ("distributed.strategy=single", "logging.wandb.mode=offline")
 # chain -> [(launcher, ranks, overrides, how the segment ends: (signal, target) or None = runs to the end)]
@@ -299,6 +301,42 @@ def test_wandb_continues_one_run_and_the_summary_covers_the_whole_run(runs: dict
     assert summary["steps"] == STEPS and summary["tokens_seen"] == sum(final.series("tokens"))
     assert summary["final_loss"] == final.metrics[-1]["loss"]
     assert f"done: {STEPS} steps" in final.stdout
+
+
+def test_tensorboard_and_mlflow_keep_one_run_with_every_step_once(runs: dict[str, RunResult]) -> None:
+    """Two stops, then a resume from an older checkpoint after step 16 was logged (the fallback): TensorBoard
+    shows each step once as trained last (`metrics.jsonl`'s rows), MLflow each step once (the re-trained
+    steps with the values first logged, equal within the resume's 1e-5), both in the run they started."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    from zerofit.metrics.mlflow_sink import recorded_run_id
+
+    run = runs["fsdp-fallback"]
+    rows, steps = run.metrics, list(range(1, STEPS + 1))
+    folder = run.run_dir / "tensorboard"
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 4  # one per launch, in one directory
+    reader = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    reader.Reload()
+    for key in ("loss", "lr", "tokens_per_s", "mem/rank0/peak_gib", "mem/rank1/peak_gib"):
+        events = reader.Scalars(key)
+        logged = [row for row in rows if key in row]
+        assert [e.step for e in events] == [row["step"] for row in logged], key
+        assert [e.value for e in events] == pytest.approx([row[key] for row in logged], rel=1e-6), key
+    client = MlflowClient(f"sqlite:///{run.run_dir.parent}/mlflow.db")
+    experiment = client.get_experiment_by_name("job")  # the config file's stem
+    run_id = recorded_run_id(run.run_dir / "mlflow_run.json")
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [run_id]
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
+    assert [step for step, _ in history] == steps
+    assert max(abs(value - row["loss"]) for (_, value), row in zip(history, rows, strict=True)) < 1e-5
+    rank1 = sorted(m.step for m in client.get_metric_history(run_id, "mem/rank1/peak_gib"))
+    assert rank1 == steps  # the 2-rank launches' (the fallback's 1 rank resent none of its steps)
+    mlflow_run = client.get_run(run_id)
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.data.params["distributed.strategy"] == "fsdp"
+    assert {"config.yaml", "fsdp.json", "run_info.json", "summary.json"} <= {
+        a.path for a in client.list_artifacts(run_id)
+    }
 
 
 def test_workers_exit_when_their_launcher_dies(tmp_path: Path, config: Path) -> None:

@@ -174,6 +174,8 @@ class MlflowSink:
                     tags.append(RunTag(name, str(value)))
             elif converted is not None and step > self._held.get(name, 0):
                 points.append(Metric(name, float(converted), now, step))
+        if not points and not tags:  # every step of this row is in the run already (a resume's)
+            return
         try:
             self.client.log_batch(self.run_id, metrics=points, tags=tags)
         except Exception as exc:  # the server went away mid-run

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from config_helpers import DEMO_DATA, new_run_plan
+from config_helpers import DEMO_DATA, REPO, new_run_plan
 from launch_helpers import free_port
 from zerofit.cli import main
 from zerofit.config.schema import ZerofitConfig
@@ -279,7 +279,7 @@ def test_a_tracker_that_is_not_installed_is_one_paragraph_with_its_install_comma
     monkeypatch.setattr(
         training.importlib.util, "find_spec", lambda name: None if name == extra else real(name)
     )
-    args = ["plan", "--config", "configs/demo.yaml", override]
+    args = ["plan", "--config", str(REPO / "configs" / "demo.yaml"), override]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"pip install 'zerofit[{extra}]'" in err and "not installed" in err
