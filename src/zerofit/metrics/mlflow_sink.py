@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class MlflowSink:
         *,
         config_path: str | Path | None = None,
         resume: bool = False,
-        notice: Any = say,
+        notice: Callable[[str], None] = say,
     ) -> None:
         self._notice = notice
         self._plan = plan
