@@ -129,6 +129,33 @@ def test_requests_need_the_token_and_paths_stay_in_the_workspace(studio: Studio)
     assert "is outside the studio's workspace" in plan["problems"]["config"][0]
 
 
+def test_a_run_started_from_a_terminal_is_listed(studio: Studio) -> None:
+    """A run folder the studio did not launch (config.yaml and metrics.jsonl, as a terminal's launch writes
+    them) is listed with its progress, and as running while its rank 0 holds the run's lock."""
+    import fcntl
+
+    import yaml
+
+    run = studio.workspace / "runs" / "from-terminal"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        yaml.safe_dump({"run_name": "from-terminal", "train": {"max_steps": 10}})
+    )
+    rows = [{"step": s, "loss": 3.0 - 0.1 * s, "step_time_s": 0.5} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def listed() -> dict[str, Any]:
+        runs = json.loads(studio.request("/api/runs")[1])["runs"]
+        return next(r for r in runs if r["run"] == "runs/from-terminal")
+
+    with (run / ".zerofit.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the run's rank 0 holds it while it trains
+        entry = listed()
+    assert (entry["state"], entry["step"], entry["max_steps"], entry["eta_s"]) == ("running", 3, 10, 3.5)
+    assert entry["job"] is None
+    assert listed()["state"] == "stopped"  # the lock released, and no summary of a finished run
+
+
 def not_blank(png: Path) -> None:
     """A screenshot with content: many colours and real contrast, not one flat colour."""
     from PIL import Image, ImageStat
@@ -153,7 +180,7 @@ def browser_page(playwright: Any, user_data: Path) -> Any:
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_browser_walk(studio: Studio, tmp_path: Path) -> None:
-    """plan -> remedy -> launch tiny-llama -> loss appears -> stop -> resume -> compare -> chat."""
+    """plan -> remedy -> launch tiny-llama -> loss appears -> stop -> resume -> compare -> chat -> export."""
     from playwright.sync_api import sync_playwright
 
     shots: list[Path] = []
@@ -169,8 +196,8 @@ def test_browser_walk(studio: Studio, tmp_path: Path) -> None:
         page.set_default_timeout(WAIT_MS)
         page.goto(studio.url)
         plan_and_remedy(page, shot)
-        launch_watch_stop_resume(page, shot)
-        compare_and_chat(page, shot)
+        launch_watch_stop_resume(page, shot, studio)
+        compare_and_chat(page, shot, studio)
         context.close()
     if os.environ.get("ZEROFIT_STUDIO_SCREENSHOTS") == "1":
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -209,8 +236,9 @@ def plan_and_remedy(page: Any, shot: Callable[[Any, str], None]) -> None:
     assert page.input_value("#f-method") == "lora"
 
 
-def launch_watch_stop_resume(page: Any, shot: Callable[[Any, str], None]) -> None:
-    """The tiny model from the page, watched until its loss shows, stopped, resumed, stopped again."""
+def launch_watch_stop_resume(page: Any, shot: Callable[[Any, str], None], studio: Studio) -> None:
+    """The tiny model from the page, watched until its loss shows, stopped, resumed, stopped again; a second
+    launch into the running run's folder (another tab's Resume) is refused."""
     verdict_after(page, lambda: page.select_option("#f-config", "configs/demo.yaml"))
     page.select_option("#f-preset", "single")
     overrides = "train.max_steps=400\ntrain.precision=fp32\nlogging.wandb.mode=disabled\nrun_name=walk"
@@ -219,7 +247,8 @@ def launch_watch_stop_resume(page: Any, shot: Callable[[Any, str], None]) -> Non
     page.click("#launch")
     page.wait_for_selector("#page-runs.active")
     page.wait_for_function("Number(document.querySelector('#chart-main').dataset.points) >= 2")
-    shot(page, "watch")
+    status, text = studio.request("/api/resume", {"run": "runs/walk"})
+    assert status == 400 and "is running: stop it first" in text, (status, text)
     page.click("#stop:not([disabled])")
     page.wait_for_function("document.querySelector('#progress-text').dataset.state === 'stopped'")
     stopped_at = int(page.get_attribute("#chart-main", "data-points"))
@@ -227,13 +256,15 @@ def launch_watch_stop_resume(page: Any, shot: Callable[[Any, str], None]) -> Non
     page.wait_for_function(
         "n => Number(document.querySelector('#chart-main').dataset.points) > n + 1", arg=stopped_at
     )
-    assert "resumed from" in page.inner_text("#log")
+    page.wait_for_function("document.querySelector('#log').innerText.includes('resumed from')")
+    shot(page, "watch")
     page.click("#stop:not([disabled])")
     page.wait_for_function("document.querySelector('#progress-text').dataset.state === 'stopped'")
 
 
-def compare_and_chat(page: Any, shot: Callable[[Any, str], None]) -> None:
-    """`zerofit compare`'s table and plots of the run; the run and its base side by side in the chat."""
+def compare_and_chat(page: Any, shot: Callable[[Any, str], None], studio: Studio) -> None:
+    """`zerofit compare`'s table and plots of the run; the run and its base side by side in the chat; the
+    adapter export button (`zerofit export runs/walk --out runs/walk/export-adapter`)."""
     page.click("#tab-compare")
     page.check("#compare-picks input[value='runs/walk']")
     page.click("#compare-go")
@@ -249,4 +280,7 @@ def compare_and_chat(page: Any, shot: Callable[[Any, str], None]) -> None:
     page.click("#chat-send")
     page.wait_for_function("['a', 'b'].every(p => document.querySelector('#chat-out-' + p).dataset.done)")
     assert page.inner_text("#e-chat") == ""
+    page.click("button.export[data-kind='adapter']")
+    page.wait_for_function("document.querySelector('#exports').innerText.includes(': done')")
+    assert (studio.workspace / "runs" / "walk" / "export-adapter" / "adapter_config.json").is_file()
     shot(page, "chat")

@@ -14,9 +14,11 @@ from typing import Any
 
 import yaml
 
+from zerofit.catalogue.gpus import get_gpu
 from zerofit.checkpoint.rundir import locked_by
+from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
-from zerofit.metrics.keys import JUDGED_BY, judged_by
+from zerofit.metrics.keys import MEM_SOURCE, judged_by
 from zerofit.metrics.rows import read_rows
 from zerofit.studio.security import Workspace
 
@@ -86,8 +88,21 @@ def progress(rows: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, An
 
 def judged(rows: list[dict[str, Any]]) -> list[list[str]]:
     """What the run is judged by ([key, words] pairs: loss; reward; reward accuracy; KL), from its rows."""
-    logged = {key for row in rows for key in row}
-    return [list(pair) for pair in judged_by(logged)] if rows else [list(p) for p in JUDGED_BY[-1]]
+    return [list(pair) for pair in judged_by({key for row in rows for key in row})]
+
+
+def card_gib(rows: list[dict[str, Any]], config: dict[str, Any]) -> float | None:
+    """The card's memory each rank's curve is drawn against: the planner's GPU of the run's config, for a run
+    that measures GPU memory (`mem/source` cuda; a CPU run's RSS has no card)."""
+    if not rows or rows[-1].get(MEM_SOURCE) != "cuda":
+        return None
+    planner = config.get("planner") or {}
+    if planner.get("gpu_memory_gib"):
+        return float(planner["gpu_memory_gib"])
+    try:
+        return get_gpu(planner["gpu"]).memory_gib if planner.get("gpu") else None
+    except ConfigError:
+        return None
 
 
 @dataclass
@@ -110,7 +125,13 @@ class RunWatch:
         elif newest > self.sent_step:
             events.append(("rows", [r for r in rows if r["step"] > self.sent_step]))
         self.sent_step = newest
-        status = {"state": state, **progress(rows, run_config(self.run_dir)), "judged_by": judged(rows)}
+        config = run_config(self.run_dir)
+        status = {
+            "state": state,
+            **progress(rows, config),
+            "judged_by": judged(rows),
+            "card_gib": card_gib(rows, config),
+        }
         if status != self.last:
             events.append(("status", status))
             self.last = status

@@ -10,10 +10,10 @@ function svgEl(tag, attrs) {
 }
 
 function fmtNum(v) {
-  if (v === 0) return "0";
+  if (Number.isInteger(v)) return String(v);
   const a = Math.abs(v);
   if (a >= 1000) return v.toFixed(0);
-  if (a >= 1) return v.toPrecision(3);
+  if (a >= 0.01) return v.toPrecision(3);
   return v.toExponential(1);
 }
 

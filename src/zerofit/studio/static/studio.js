@@ -243,7 +243,7 @@ function watch(run) {
   rowsSeen = [];
   text($("#watch-title"), run);
   $("#completions").replaceChildren();
-  drawCharts(["loss", "loss"]);
+  drawCharts();
   if (source) source.close();
   source = new EventSource(`/api/events?run=${encodeURIComponent(run)}`);
   source.addEventListener("rows", (e) => { rowsSeen = rowsSeen.concat(JSON.parse(e.data)); drawCharts(); });
@@ -253,9 +253,10 @@ function watch(run) {
   refreshRuns();
 }
 
-let judgedBy = [["loss", "loss"]];
+let judgedBy = [["loss", "loss"]], cardGib = null;
 function showStatus(s) {
   judgedBy = s.judged_by;
+  cardGib = s.card_gib;
   const pct = s.max_steps ? Math.min(100, (100 * s.step) / s.max_steps) : 0;
   $("#progress-bar").style.width = `${pct}%`;
   const eta = s.eta_s != null ? `, about ${Math.round(s.eta_s)} s left` : "";
@@ -277,7 +278,7 @@ function drawCharts() {
   lineChart($("#chart-lr"), [{ name: "lr", points: series("lr") }]);
   lineChart($("#chart-tps"), [{ name: "tokens/s", points: series("tokens_per_s") }]);
   const rankKeys = [...new Set(rowsSeen.flatMap((r) => Object.keys(r)).filter((k) => /^mem\/rank\d+\/peak_gib$/.test(k)))];
-  lineChart($("#chart-mem"), rankKeys.map((k) => ({ name: k.split("/")[1], points: series(k) })));
+  lineChart($("#chart-mem"), rankKeys.map((k) => ({ name: k.split("/")[1], points: series(k) })), { limit: cardGib });
 }
 
 function showCompletions(items) {
