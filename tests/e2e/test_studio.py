@@ -200,9 +200,11 @@ def test_browser_walk(studio: Studio, tmp_path: Path) -> None:
         compare_and_chat(page, shot, studio)
         context.close()
     if os.environ.get("ZEROFIT_STUDIO_SCREENSHOTS") == "1":
+        from PIL import Image
+
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        for path in shots:
-            shutil.copy(path, SCREENSHOTS / path.name)
+        for path in shots:  # a 64-colour palette keeps the committed images small
+            Image.open(path).convert("RGB").quantize(colors=64).save(SCREENSHOTS / path.name, optimize=True)
 
 
 def verdict_after(page: Any, action: Callable[[], None]) -> str:
