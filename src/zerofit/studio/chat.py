@@ -33,15 +33,19 @@ class Chats:
         self._loaded: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def reply(self, model: str, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0) -> str:
-        """`model`'s continuation of `prompt`, as `zerofit generate MODEL --prompt PROMPT` prints it."""
+    def reply(
+        self, model: str, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, image: str = ""
+    ) -> str:
+        """`model`'s continuation of `prompt` (after `image`, a file in the workspace, for a vision-language
+        model), as `zerofit generate MODEL --prompt PROMPT [--image IMAGE]` prints it."""
         from zerofit.commands.generate import check_sampling
 
         check_sampling(max_new_tokens, temperature)
         path = model_path(self.workspace, model)
+        picture = self.workspace.path(image, "image") if image.strip() else None
         with self._lock:
             generator = self._generator(path)
-            return generator(prompt, max_new_tokens, temperature, 0, None)
+            return generator(prompt, max_new_tokens, temperature, 0, picture)
 
     def _generator(self, path: str) -> Any:
         """The loaded generator of `path` (loaded now if it is not kept)."""

@@ -18,6 +18,7 @@ from typing import Any
 from zerofit.catalogue.presets import DEFAULT_PRESET, list_presets
 from zerofit.config import load_config
 from zerofit.config.schema import ZerofitConfig
+from zerofit.core.errors import ConfigError
 
 # method -> (lora.enabled, quantization.load_in)
 METHODS: dict[str, tuple[str, str]] = {
@@ -49,17 +50,25 @@ class PlanForm:
         """The form the page posted (unknown keys ignored, numbers as numbers)."""
         known = {f.name for f in fields(cls)}
         form = cls(**{k: v for k, v in data.items() if k in known})
-        form.num_gpus, form.seq_len, form.global_batch = (
-            int(form.num_gpus or 1),
-            int(form.seq_len or 0),
-            int(form.global_batch or 0),
-        )
-        form.overrides = [o.strip() for o in form.overrides if o.strip()]
+        form.num_gpus = _whole(form.num_gpus, "number of GPUs (--world-size)", 1)
+        form.seq_len = _whole(form.seq_len, "data.max_seq_len", 0)
+        form.global_batch = _whole(form.global_batch, "batch.global_batch_size", 0)
+        form.overrides = [str(o).strip() for o in form.overrides if str(o).strip()]
         return form
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
         return asdict(self)
+
+
+def _whole(value: Any, what: str, empty: int) -> int:
+    """A number field as an int (`empty` for a blank one); anything else is the one-paragraph refusal."""
+    if value in (None, ""):
+        return empty
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError([f"{what} = {value!r}: not a whole number; type one, e.g. 1024"]) from None
 
 
 def form_of(config_file: str, cfg: ZerofitConfig) -> PlanForm:
@@ -143,6 +152,8 @@ _FIELD_KEYS: tuple[tuple[str, str], ...] = (
     ("planner.gpu", "gpu"),
     ("--gpu", "gpu"),
     ("world size", "num_gpus"),
+    ("--world-size", "num_gpus"),
+    ("dp_size", "num_gpus"),
     ("config file", "config"),
     ("config = ", "config"),  # the workspace's refusal of the config picked
 )

@@ -11,7 +11,7 @@ from zerofit.core.errors import ConfigError, DataError, LaunchError, ZerofitErro
 from zerofit.core.run_layout import METRICS_FILE
 from zerofit.studio.form import ENGINES_WITHOUT_PRESET, METHODS, PlanForm, apply_remedy, base_form
 from zerofit.studio.launches import LaunchQueue, write_run_config
-from zerofit.studio.planning import plan_form
+from zerofit.studio.planning import plan_form, problems_by_field
 from zerofit.studio.runs import find_runs, progress, rows_by_step, run_config, run_state
 from zerofit.studio.security import Workspace
 
@@ -60,8 +60,12 @@ def base_form_or_blank(workspace: Workspace, config: str) -> PlanForm:
 
 
 def plan(workspace: Workspace, body: dict[str, Any]) -> dict[str, Any]:
-    """The plan of the posted form."""
-    return plan_form(workspace, PlanForm.from_json(body))
+    """The plan of the posted form (a field that is no number: its paragraph beside it)."""
+    try:
+        form = PlanForm.from_json(body)
+    except ConfigError as exc:
+        return {"form": body, "error": str(exc), "problems": problems_by_field(exc)}
+    return plan_form(workspace, form)
 
 
 def remedy(workspace: Workspace, body: dict[str, Any]) -> dict[str, Any]:

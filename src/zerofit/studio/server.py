@@ -18,7 +18,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from zerofit.core.errors import ZerofitError
+from zerofit.core.errors import ConfigError, ZerofitError
 from zerofit.studio import pages
 from zerofit.studio.chat import Chats
 from zerofit.studio.exports import Exports
@@ -68,13 +68,20 @@ async def require_token(request: Request, call_next: Callable[[Request], Awaitab
     return response
 
 
+# The routes whose input is a run config (the plan form); elsewhere a ConfigError is about a flag or a path,
+# and, as `zerofit generate` / `export` print theirs, it drops the "Invalid configuration" heading.
+CONFIG_ROUTES = ("/api/form", "/api/plan", "/api/remedy", "/api/launch")
+
+
 def user_error(request: Request, exc: Exception) -> JSONResponse:
     """A user error as the CLI's paragraph (and its problems by form field)."""
     from zerofit.studio.planning import problems_by_field
 
     assert isinstance(exc, ZerofitError)
     status = 403 if isinstance(exc, OutsideWorkspace) else 400
-    return JSONResponse({"error": str(exc), "problems": problems_by_field(exc)}, status_code=status)
+    own = isinstance(exc, ConfigError) and request.url.path not in CONFIG_ROUTES
+    text = exc.without_heading() if isinstance(exc, ConfigError) and own else str(exc)
+    return JSONResponse({"error": text, "problems": problems_by_field(exc)}, status_code=status)
 
 
 router = APIRouter()
@@ -186,6 +193,7 @@ def chat(request: Request, body: dict[str, Any]) -> dict[str, Any]:
         str(body.get("prompt", "")),
         int(body.get("max_new_tokens", 64)),
         float(body.get("temperature", 0.0)),
+        str(body.get("image") or ""),
     )
     return {"text": text}
 

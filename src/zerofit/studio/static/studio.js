@@ -350,7 +350,7 @@ function renderChatModels(runs) {
 $("#chat-send").addEventListener("click", async () => {
   text($("#e-chat"), "");
   const prompt = $("#chat-prompt").value;
-  const settings = { prompt, max_new_tokens: Number($("#chat-tokens").value), temperature: Number($("#chat-temp").value) };
+  const settings = { prompt, image: $("#chat-image").value.trim(), max_new_tokens: Number($("#chat-tokens").value), temperature: Number($("#chat-temp").value) };
   $("#chat-send").disabled = true;
   await Promise.all(["a", "b"].map(async (pane) => {
     const model = $(`#chat-model-${pane}`).value.trim();
