@@ -5,7 +5,8 @@ The walk: plan a run that does not fit -> a field's error shown beside it -> app
 tiny model from the page -> watch its loss appear (server-sent events from metrics.jsonl) -> Stop (SIGINT, as
 Ctrl-C: a checkpoint, then exit) -> Resume -> compare -> chat; each page's screenshot must not be blank. With
 ZEROFIT_STUDIO_SCREENSHOTS=1 the screenshots are also written to docs/guides/studio/ (the guide's images).
-The guards need no browser: a request without the token is refused, and so is a path outside the workspace.
+The guards need no browser: a request without the token is refused, and so is a path outside the workspace;
+a launch waits while another job holds the machine's queue, and a second launch into its folder is refused.
 
     launch   launcher   what
     walk     python     the studio's launch of tiny-llama (one process), stopped, resumed and stopped again
@@ -68,17 +69,11 @@ class Studio:
             return 0, str(exc)
 
 
-@pytest.fixture(scope="module")
-def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
-    """The studio server on a free localhost port, in a workspace with the demo's config and data."""
-    workspace = tmp_path_factory.mktemp("studio-ws")
-    (workspace / "configs").mkdir()
-    for name in ("demo.yaml", "llama2-7b-full-zero3-offload-3090.yaml"):
-        shutil.copy(REPO / "configs" / name, workspace / "configs" / name)
-    shutil.copytree(REPO / "data", workspace / "data", ignore=shutil.ignore_patterns("*.png", "*.jpg"))
+def start_studio(workspace: Path, *flags: str) -> tuple[subprocess.Popen[str], str, str]:
+    """`zerofit studio --no-browser` on a free port with `flags`: its process, URL and what it said before."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "zerofit.cli", "studio", "--no-browser", "--port", str(port)]
+    cmd = [sys.executable, "-m", "zerofit.cli", "studio", "--no-browser", "--port", str(port), *flags]
     process = subprocess.Popen(
         [*cmd, "--workspace", str(workspace)],
         stdout=subprocess.PIPE,
@@ -87,20 +82,50 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
         env=env,
     )
     assert process.stdout is not None
-    url = ""
+    said = []
     for line in process.stdout:
+        said.append(line)
         if "open http" in line:
-            url = line.split("open ", 1)[1].strip()
-            break
-    assert url.startswith(f"http://127.0.0.1:{port}/?token="), f"no URL printed; the studio said: {line}"
-    server = Studio(url, workspace, process)
-    for _ in range(100):  # uvicorn binds after the URL is printed
+            return process, line.split("open ", 1)[1].strip(), "".join(said)
+    raise AssertionError(f"zerofit studio printed no URL: {''.join(said)}")
+
+
+def wait_listening(server: Studio) -> None:
+    """Until the server answers (uvicorn binds after the URL is printed)."""
+    for _ in range(100):
         if server.request("/api/runs")[0] == 200:
-            break
+            return
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
+    """The studio server on a free localhost port, in a workspace with the demo's config and data."""
+    workspace = tmp_path_factory.mktemp("studio-ws")
+    (workspace / "configs").mkdir()
+    for name in ("demo.yaml", "llama2-7b-full-zero3-offload-3090.yaml"):
+        shutil.copy(REPO / "configs" / name, workspace / "configs" / name)
+    shutil.copytree(REPO / "data", workspace / "data", ignore=shutil.ignore_patterns("*.png", "*.jpg"))
+    process, url, _ = start_studio(workspace)
+    assert url.startswith("http://127.0.0.1:") and "/?token=" in url, url
+    server = Studio(url, workspace, process)
+    wait_listening(server)
     yield server
     process.terminate()
     process.wait(timeout=30)
+
+
+def test_another_interface_keeps_the_token_and_says_so(tmp_path: Path) -> None:
+    process, url, said = start_studio(tmp_path, "--host", "0.0.0.0")
+    try:
+        assert "--host 0.0.0.0: the studio is reachable from other machines" in said
+        assert "still needs the token" in said
+        server = Studio(url, tmp_path, process)
+        wait_listening(server)
+        assert server.request("/api/runs", token=None)[0] == 403
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def test_requests_need_the_token_and_paths_stay_in_the_workspace(studio: Studio) -> None:
@@ -154,6 +179,32 @@ def test_a_run_started_from_a_terminal_is_listed(studio: Studio) -> None:
     assert (entry["state"], entry["step"], entry["max_steps"], entry["eta_s"]) == ("running", 3, 10, 3.5)
     assert entry["job"] is None
     assert listed()["state"] == "stopped"  # the lock released, and no summary of a finished run
+
+
+def test_one_queue_per_machine_and_one_launch_per_folder(studio: Studio) -> None:
+    """While another job holds the machine's queue (another studio's run), a launch waits queued; a second
+    launch into its folder is refused; Stop cancels it before anything starts."""
+    import fcntl
+
+    from zerofit.core.cache_dirs import cache_root
+    from zerofit.studio.launches import QUEUE_LOCK
+
+    form = json.loads(studio.request("/api/form?config=configs/demo.yaml")[1])["form"]
+    form |= {"preset": "single", "overrides": ["run_name=queued", "logging.wandb.mode=disabled"]}
+    lock_file = cache_root() / QUEUE_LOCK
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        job = json.loads(studio.request("/api/launch", form)[1])["job"]
+        assert job["run"] == "runs/queued" and job["state"] == "queued"
+        assert (studio.workspace / "runs" / "queued" / "config.yaml").is_file()  # written before the launch
+        time.sleep(2)
+        jobs = json.loads(studio.request("/api/runs")[1])["jobs"]
+        assert next(j for j in jobs if j["id"] == job["id"])["state"] == "queued"
+        status, text = studio.request("/api/resume", {"run": "runs/queued"})
+        assert status == 400 and "already has a queued launch" in text, text
+        stopped = json.loads(studio.request("/api/stop", {"job": job["id"]})[1])
+        assert stopped["state"] == "cancelled" and stopped["pid"] is None
 
 
 def not_blank(png: Path) -> None:
