@@ -15,16 +15,6 @@ from zerofit.studio.security import Workspace
 KEPT_MODELS = 2  # loaded generators kept (two side by side)
 
 
-def model_path(workspace: Workspace, text: str) -> str:
-    """What `zerofit generate` is given: a path inside the workspace (refused outside it), else the name as
-    typed (a built-in model such as tiny-llama, or a hub id)."""
-    text = text.strip()
-    if not text:
-        raise ConfigError(["model: empty; pick a run, an export folder or a model name (e.g. tiny-llama)"])
-    looks_like_path = text.startswith(("/", "~", ".")) or (workspace.root / text).exists()
-    return str(workspace.path(text, "model")) if looks_like_path else text
-
-
 class Chats:
     """Loaded generators by model path, newest kept (see `KEPT_MODELS`); one generation at a time."""
 
@@ -41,7 +31,11 @@ class Chats:
         from zerofit.commands.generate import check_sampling
 
         check_sampling(max_new_tokens, temperature)
-        path = model_path(self.workspace, model)
+        if not model.strip():
+            raise ConfigError(
+                ["model: empty; pick a run, an export folder or a model name (e.g. tiny-llama)"]
+            )
+        path = self.workspace.model(model)
         picture = self.workspace.path(image, "image") if image.strip() else None
         with self._lock:
             generator = self._generator(path)

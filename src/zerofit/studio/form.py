@@ -155,7 +155,8 @@ _FIELD_KEYS: tuple[tuple[str, str], ...] = (
     ("--world-size", "num_gpus"),
     ("dp_size", "num_gpus"),
     ("config file", "config"),
-    ("config = ", "config"),  # the workspace's refusal of the config picked
+    ("config = ", "config"),  # the workspace's refusals of the config and the model picked
+    ("model = ", "model"),
 )
 
 

@@ -68,6 +68,7 @@ def plan_form(workspace: Workspace, form: PlanForm) -> dict[str, Any]:
     """The page's answer for `form`: the report, the bars and the commands, or the error by field."""
     try:
         config = workspace.path(form.config, "config")
+        workspace.model(form.model)  # a local model folder stays inside the workspace too
         args = CommandLine.of(form, base_form(str(config)))
         report, _ = plan_report(
             str(config), args.overrides, args.world_size, gpu=args.gpu, device=default_device()

@@ -66,3 +66,12 @@ class Workspace:
             return path.resolve().relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
+
+    def model(self, text: str) -> str:
+        """A model field as `model.name_or_path` takes it: a path (it starts with `/`, `~` or `.`, or names
+        something in the workspace) resolved inside the workspace and refused outside it; else the name as
+        typed (a built-in model such as tiny-llama, or a hub id)."""
+        text = text.strip()
+        if text.startswith(("/", "~", ".")) or (text and (self.root / text).exists()):
+            return str(self.path(text, "model"))
+        return text

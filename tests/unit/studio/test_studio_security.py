@@ -31,3 +31,14 @@ def test_paths_resolve_inside_the_workspace_and_are_refused_outside(tmp_path: Pa
     for outside in ("..", "/etc/passwd", "runs/../../x", "escape/other", "~"):
         with pytest.raises(OutsideWorkspace, match=r"is outside the studio's workspace"):
             workspace.path(outside, "run")
+
+
+def test_a_model_field_is_a_name_or_a_folder_inside_the_workspace(tmp_path: Path) -> None:
+    (tmp_path / "my-model").mkdir()
+    workspace = Workspace(tmp_path)
+    assert workspace.model("tiny-llama") == "tiny-llama"
+    assert workspace.model("meta-llama/Llama-2-7b-hf") == "meta-llama/Llama-2-7b-hf"
+    assert workspace.model("my-model") == str((tmp_path / "my-model").resolve())
+    for outside in ("/opt/models/llama", "../llama", "~/llama"):
+        with pytest.raises(OutsideWorkspace, match=r"model = .* is outside the studio's workspace"):
+            workspace.model(outside)
