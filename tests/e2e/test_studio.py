@@ -111,8 +111,22 @@ def studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Studio]:
     server = Studio(url, workspace, process)
     wait_listening(server)
     yield server
+    stop_jobs(server)
     process.terminate()
     process.wait(timeout=30)
+
+
+def stop_jobs(server: Studio) -> None:
+    """Stop what a failed test left running (a job outlives the studio: it runs in a session of its own)."""
+    for _ in range(120):
+        jobs = json.loads(server.request("/api/runs")[1])["jobs"]
+        live = [j for j in jobs if j["state"] in ("queued", "running", "stopping")]
+        if not live:
+            return
+        for job in live:
+            if job["state"] != "stopping":
+                server.request("/api/stop", {"job": job["id"]})
+        time.sleep(1)
 
 
 def test_another_interface_keeps_the_token_and_says_so(tmp_path: Path) -> None:
