@@ -70,7 +70,9 @@ def plan(workspace: Workspace, body: dict[str, Any]) -> dict[str, Any]:
 
 def remedy(workspace: Workspace, body: dict[str, Any]) -> dict[str, Any]:
     """The posted form with the posted remedy applied, and its plan."""
-    return plan_form(workspace, apply_remedy(PlanForm.from_json(body["form"]), str(body["how"])))
+    return plan_form(
+        workspace, apply_remedy(PlanForm.from_json(body.get("form", {})), str(body.get("how", "")))
+    )
 
 
 def launch(workspace: Workspace, queue: LaunchQueue, body: dict[str, Any]) -> dict[str, Any]:

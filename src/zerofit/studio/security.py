@@ -15,7 +15,7 @@ from pathlib import Path
 from zerofit.core.errors import ZerofitError
 
 TOKEN_PARAM = "token"  # the URL's query parameter
-TOKEN_COOKIE = "zerofit_studio_token"
+TOKEN_COOKIE = "zerofit_studio_token"  # + `_<port>`: each studio on a host its own
 TOKEN_HEADER = "x-zerofit-token"
 
 

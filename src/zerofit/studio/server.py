@@ -57,14 +57,16 @@ def studio_of(request: Request) -> Studio:
 async def require_token(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
     """Refuse (403) a request without the token; the first visit with it in the URL gets the cookie."""
     token = studio_of(request).token
+    # Cookies are per host, not per port: each studio on this machine names its own.
+    cookie = f"{TOKEN_COOKIE}_{request.url.port}"
     in_url = request.query_params.get(TOKEN_PARAM)
-    given = in_url or request.cookies.get(TOKEN_COOKIE) or request.headers.get(TOKEN_HEADER)
+    given = in_url or request.cookies.get(cookie) or request.headers.get(TOKEN_HEADER)
     if not token_matches(given, token):
         reason = "wrong token" if given else "this request carries no token"
         return PlainTextResponse(refusal(reason), status_code=403)
     response = await call_next(request)
     if token_matches(in_url, token):
-        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+        response.set_cookie(cookie, token, httponly=True, samesite="strict")
     return response
 
 
@@ -135,14 +137,14 @@ def runs(request: Request) -> dict[str, Any]:
 def stop(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     """Stop a job as Ctrl-C would."""
     studio = studio_of(request)
-    return studio.queue.stop(int(body["job"])).as_dict(studio.workspace)
+    return studio.queue.stop(int(body.get("job") or 0)).as_dict(studio.workspace)
 
 
 @router.post("/api/resume")
 def resume(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     """Resume a run from its newest checkpoint (`checkpoint.resume=true`)."""
     studio = studio_of(request)
-    return pages.resume(studio.workspace, studio.queue, str(body["run"]))
+    return pages.resume(studio.workspace, studio.queue, str(body.get("run", "")))
 
 
 @router.get("/api/events")
