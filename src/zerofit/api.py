@@ -18,7 +18,6 @@ double underscores for dots (`train__max_steps=30`), or a section as a dict (`tr
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,7 +104,7 @@ def plan(
     `world_size`: the data-parallel ranks to plan for; `gpu` (e.g. `rtx3090`) or `gpu_mem` (`24GiB`): the
     card the memory verdict is for. Nothing is loaded or launched.
     """
-    from zerofit.commands.plan import build_plan_report
+    from zerofit.commands.plan import build_plan_report, default_device
     from zerofit.engine_spec import render_spec
     from zerofit.planner import choose_fastest_plan
     from zerofit.planner.plan_report import check_gpu_options
@@ -124,8 +123,8 @@ def plan(
         targeted.mark_overridden(cfg.overridden)
         cfg = targeted
     resolved = resolve(cfg, world_size, choose_fastest_plan)
-    # As `zerofit plan`: a machine with the NVIDIA driver tool is assumed to train on CUDA.
-    spec = render_spec(resolved, "cuda" if shutil.which("nvidia-smi") else "cpu")
+    spec = render_spec(resolved, default_device())  # as `zerofit plan`'s default
+
     return build_plan_report(resolved, spec, gpu=gpu, gpu_mem=gpu_mem)
 
 

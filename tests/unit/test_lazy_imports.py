@@ -250,7 +250,7 @@ from zerofit.cli import main
 root = Path(tempfile.mkdtemp())
 runs = [str(make_run(root, "a")), str(make_run(root, "b", micro=2))]
 with contextlib.redirect_stdout(io.StringIO()):
-    for argv in (["--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
+    for argv in (["--help"], ["studio", "--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
         try:
             code = main(argv)
         except SystemExit as exc:  # --help
@@ -264,8 +264,10 @@ print(json.dumps(sorted(sys.modules)))
 def test_help_presets_and_compare_import_no_torch() -> None:
     (loaded,) = _modules_after(LIGHT_COMMANDS, str(REPO / "tests" / "unit"))
     assert "zerofit" in loaded and "yaml" in loaded
-    # (compare draws its plots with matplotlib: the one optional library it uses)
-    assert sorted(loaded & {"torch", "transformers", "peft", "bitsandbytes", "deepspeed"}) == []
+    # (compare draws its plots with matplotlib: the one optional library it uses; the studio's web stack is
+    # imported by `zerofit studio` alone, not by its --help)
+    heavy = {"torch", "transformers", "peft", "bitsandbytes", "deepspeed", "fastapi", "uvicorn", "starlette"}
+    assert sorted(loaded & heavy) == []
 
 
 # A process that used zerofit goes on loading models with transformers' own defaults (HF's Trainer, TRL, a

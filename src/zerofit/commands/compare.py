@@ -42,30 +42,25 @@ def default_out(first_run: Path) -> Path:
     return Path(first_run) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Load the runs, print the tables, write plots and `compare.json`."""
-    from zerofit.metrics.compare import (
-        build_tables,
-        config_differences,
-        outcome_rows,
-        plot_runs,
-        unique_labels,
-    )
+def load_runs(paths: list[str | Path]) -> list[Any]:
+    """The runs to compare (`zerofit.metrics.runs.LoadedRun`); a DataError when none logged a step."""
     from zerofit.metrics.runs import load_run
 
-    runs = [load_run(p) for p in args.runs]
+    runs = [load_run(p) for p in paths]
     empty = [str(r.path) for r in runs if not r.rows]
     if len(empty) == len(runs):
         raise DataError(
             f"no logged steps in {', '.join(empty)}: metrics.jsonl is empty (did the runs reach their first "
             "optimizer step?)"
         )
-    console = Console()
-    for table in build_tables(runs):
-        console.print(table)
-    if args.no_plots:
-        return 0
-    out = Path(args.out) if args.out else default_out(runs[0].path)
+    return runs
+
+
+def write_comparison(runs: list[Any], out: Path) -> dict[str, Any]:
+    """The plots and `compare.json` in `out`; returns what compare.json holds (`zerofit compare` and `zerofit
+    studio`'s compare page both show it)."""
+    from zerofit.metrics.compare import config_differences, outcome_rows, plot_runs, unique_labels
+
     written = plot_runs(runs, out)
     diffs, same = config_differences(runs)
     report = {
@@ -80,7 +75,22 @@ def run(args: argparse.Namespace) -> int:
         "plots": {str(path): series for path, series in written.items()},
     }
     (out / "compare.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the runs, print the tables, write plots and `compare.json`."""
+    from zerofit.metrics.compare import build_tables
+
+    runs = load_runs(args.runs)
+    console = Console()
+    for table in build_tables(runs):
+        console.print(table)
+    if args.no_plots:
+        return 0
+    out = Path(args.out) if args.out else default_out(runs[0].path)
+    report = write_comparison(runs, out)
     console.print(f"wrote {out / 'compare.json'}", highlight=False)
-    for path in written:
+    for path in report["plots"]:
         console.print(f"wrote {path}", highlight=False)
     return 0

@@ -65,14 +65,19 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Load, generate, print the completion."""
+def check_sampling(max_new_tokens: int, temperature: float) -> None:
+    """Refuse a length or temperature generation cannot take (`zerofit generate`, the studio's chat)."""
     from zerofit.core.errors import ConfigError
 
-    if args.max_new_tokens < 1:
-        raise ConfigError([f"--max-new-tokens {args.max_new_tokens}: must be >= 1"])
-    if args.temperature < 0:
-        raise ConfigError([f"--temperature {args.temperature}: must be >= 0 (0 = greedy)"])
+    if max_new_tokens < 1:
+        raise ConfigError([f"--max-new-tokens {max_new_tokens}: must be >= 1"])
+    if temperature < 0:
+        raise ConfigError([f"--temperature {temperature}: must be >= 0 (0 = greedy)"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load, generate, print the completion."""
+    check_sampling(args.max_new_tokens, args.temperature)
     quiet_deepspeed_on_cpu()
     quiet_libraries()
     from zerofit.checkpoint.policy import resolve_step

@@ -40,6 +40,12 @@ def default_world_size() -> int:
         ) from None
 
 
+def default_device() -> str:
+    """The device a plan is made for, without importing torch: a machine with the NVIDIA driver tool is assumed
+    to train on CUDA."""
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
 def batch_report(resolved: ResolvedConfig) -> dict[str, Any]:
     """The plan's four factors plus what they mean per optimizer step."""
     plan, objective = resolved.batch, resolved.objective
@@ -293,27 +299,59 @@ def print_max_context(mc: dict[str, Any], console: Console) -> None:
     console.print(f"  assumes: {'; '.join(mc['assumptions'])}", highlight=False)
 
 
+def plan_report(
+    config_file: str | None,
+    overrides: list[str],
+    world_size: int,
+    *,
+    gpu: str | None = None,
+    gpu_mem: str | None = None,
+    device: str = "cpu",
+    **options: bool,
+) -> tuple[dict[str, Any], ResolvedConfig]:
+    """What `zerofit plan --json` prints for this config, overrides, world size and card, and the resolution it
+    came from: the one path of the command line and of `zerofit studio`'s plan page (options: trace, probe,
+    max_context)."""
+    from zerofit.planner.plan_report import check_gpu_options
+
+    check_gpu_options(gpu, gpu_mem)
+    overrides = list(overrides)
+    if gpu is not None:  # the target `batch.micro_batch_size=auto` plans for (a visible GPU wins)
+        overrides.append(f"planner.gpu={gpu}")
+    if gpu_mem is not None:
+        from zerofit.catalogue.gpus import parse_memory_gib
+
+        overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(gpu_mem)}")
+    config = load_config(config_file, overrides)
+    resolved = resolve(config, world_size, choose_fastest_plan)
+    spec = render_spec(resolved, device_type=device)
+    report = build_plan_report(
+        resolved,
+        spec,
+        gpu=gpu,
+        gpu_mem=gpu_mem,
+        trace=options.get("trace", False),
+        probe=options.get("probe", False),
+    )
+    if options.get("max_context"):
+        report["max_context"] = max_context_report(config, world_size, gpu, gpu_mem)
+    return report, resolved
+
+
 def run(args: argparse.Namespace) -> int:
     """Resolve the config for the given world size and print (or `--json` dump) the plan."""
     world_size = args.world_size if args.world_size is not None else default_world_size()
-    from zerofit.planner.plan_report import check_gpu_options
-
-    check_gpu_options(args.gpu, args.gpu_mem)
-    overrides = list(args.overrides)
-    if args.gpu is not None:  # the target `batch.micro_batch_size=auto` plans for (a visible GPU wins)
-        overrides.append(f"planner.gpu={args.gpu}")
-    if args.gpu_mem is not None:
-        from zerofit.catalogue.gpus import parse_memory_gib
-
-        overrides.append(f"planner.gpu_memory_gib={parse_memory_gib(args.gpu_mem)}")
-    config = load_config(args.config, overrides)
-    resolved = resolve(config, world_size, choose_fastest_plan)
-    spec = render_spec(resolved, device_type=args.device)
-    report = build_plan_report(
-        resolved, spec, gpu=args.gpu, gpu_mem=args.gpu_mem, trace=args.trace, probe=args.probe
+    report, resolved = plan_report(
+        args.config,
+        args.overrides,
+        world_size,
+        gpu=args.gpu,
+        gpu_mem=args.gpu_mem,
+        device=args.device,
+        trace=args.trace,
+        probe=args.probe,
+        max_context=args.max_context,
     )
-    if args.max_context:
-        report["max_context"] = max_context_report(config, world_size, args.gpu, args.gpu_mem)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -341,8 +379,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--device",
         choices=("cpu", "cuda"),
-        # Without importing torch: a machine with the NVIDIA driver tool is assumed to train on CUDA.
-        default="cuda" if shutil.which("nvidia-smi") else "cpu",
+        default=default_device(),
         help="device the FSDP mesh is planned on (default: cuda where nvidia-smi exists, else cpu)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
