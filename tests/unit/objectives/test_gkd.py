@@ -145,3 +145,15 @@ def test_a_teacher_of_another_vocabulary_is_refused_naming_both(
     said = " ".join(err.split())
     assert "gkd.teacher = 'tiny-qwen3' has another vocabulary than the student" in said
     assert "model.name_or_path 'tiny-llama'" in said and "101 tokens" in said and "103 tokens" in said
+
+
+@pytest.mark.slow
+def test_a_quantized_teacher_on_the_cpu_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = REPO / "data" / "demo.jsonl"
+    args = _gkd(tmp_path, "quantized", "tiny-llama", data, "gkd.lmbda=1", "gkd.teacher_load_in=8bit")
+    code = _launch(*args)
+    said = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "Traceback" not in said
+    assert "gkd.teacher_load_in = '8bit' quantizes the teacher with bitsandbytes on CUDA" in said
