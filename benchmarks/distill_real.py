@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo-smollm2.yaml"
 TASK, FACTS = REPO / "data" / "demo_smollm2_heldout.jsonl", REPO / "data" / "demo_smollm2_facts.jsonl"
@@ -46,9 +48,9 @@ ONE_PROCESS = (
 # The student: the demo's model and LoRA, prompts only, its own samples, the reverse KL to the teacher.
 STUDENT = (
     "train.objective=gkd",
-    "train.max_steps=30",
-    "optimizer.lr=5.0e-4",
-    "scheduler.warmup_steps=3",
+    "train.max_steps=16",
+    "optimizer.lr=1.0e-3",
+    "scheduler.warmup_steps=2",
     "batch.global_batch_size=null",
     "batch.micro_batch_size=8",
     "rl.num_generations=2",
@@ -80,41 +82,83 @@ def _probes(source: Path, out: Path, smoke: bool) -> Path:
     return out
 
 
-def _score(run_dir: Path, task: Path, facts: Path) -> dict[str, Any]:
-    """The demo's scorer on a run: format and facts passes of the base and of the run's model."""
-    from zerofit.demo.score import score_run
+def _passes(model: Any, tokenizer: Any, task: list[Any], facts: list[Any]) -> dict[str, Any]:
+    """One model's greedy replies to the held-out probes (the demo's `generate_replies`, each stopped once its
+    verdict is settled, the first 2 task replies whole) and how many pass the demo's checks."""
+    from zerofit.demo.score import follows_format, format_settled, generate_replies, knows
 
-    task_score, facts_score = score_run(run_dir, task, facts)
-    (fmt_base, fmt_after), (facts_base, facts_after) = task_score.counts, facts_score.counts
+    settled = [None, None, *([format_settled] * (len(task) - 2))]
+    settled += [lambda reply, a=p.answer: knows(reply, a) for p in facts]
+    replies = generate_replies(model, tokenizer, [p.prompt for p in [*task, *facts]], settled=settled)
+    said, known = replies[: len(task)], replies[len(task) :]
     return {
-        "format": {"base": fmt_base, "after": fmt_after, "of": len(task_score.probes)},
-        "facts": {"base": facts_base, "after": facts_after, "of": len(facts_score.probes)},
-        "samples_after": task_score.after[:3],
-        "samples_base": task_score.before[:3],
+        "format": sum(follows_format(r) for r in said),
+        "facts": sum(knows(r, p.answer) for r, p in zip(known, facts, strict=True)),
+        "samples": said[:2],
     }
 
 
-def train_teacher(runs: Path, smoke: bool) -> tuple[Path, Path, float]:
-    """The demo's run on one process, exported merged: (run folder, export folder, seconds)."""
+def score(student_dir: Path, teacher: Path, task_file: Path, facts_file: Path) -> dict[str, Any]:
+    """The held-out format and facts of the base (the student run with its adapters off), the distilled
+    student and the teacher, each once."""
+    from zerofit.demo.score import read_probes
+    from zerofit.trained import load_trained
+    from zerofit.trained.generate import load_generator
+
+    task, facts = read_probes(task_file), read_probes(facts_file)
+    student = load_trained(student_dir)
+    student.model.eval()
+    with student.model.disable_adapter():
+        base = _passes(student.model, student.tokenizer, task, facts)
+    after = _passes(student.model, student.tokenizer, task, facts)
+    taught = load_generator(teacher)
+    return {
+        "of": {"format": len(task), "facts": len(facts)},
+        "base": base,
+        "student": after,
+        "teacher": _passes(taught.model, taught.tokenizer, task, facts),
+    }
+
+
+def teacher_export(runs: Path, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """The teacher: the demo's run (`--teacher-run`, else trained here on one process in fp32) exported
+    merged by `zerofit export --merge`; its folder and where it came from."""
     import zerofit
 
     started = time.perf_counter()
-    extra = [*ONE_PROCESS, *(SMOKE if smoke else ())]
-    result = zerofit.train(str(DEMO), output_dir=str(runs), run_name="teacher", **_as_kwargs(extra))
+    if args.teacher_run is not None:
+        run_dir, source = args.teacher_run, {"run": str(args.teacher_run), "trained_here": False}
+    else:
+        extra = [*ONE_PROCESS, *(SMOKE if args.smoke else ())]
+        run_dir = zerofit.train(
+            str(DEMO), output_dir=str(runs), run_name="teacher", **_as_kwargs(extra)
+        ).run_dir
+        source = {"run": "configs/demo-smollm2.yaml", "overrides": extra, "trained_here": True}
+    recorded = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
+    source["run_config"] = {
+        k: recorded[k] for k in ("model", "train", "optimizer", "lora", "distributed", "batch")
+    }
+    losses = [json.loads(line)["loss"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    source["loss_first_last"] = [round(losses[0], 4), round(losses[-1], 4)]
     export = runs / "teacher-merged"
     zerofit_bin = Path(sys.executable).parent / "zerofit"
-    subprocess.run(
-        [str(zerofit_bin), "export", str(result.run_dir), "--merge", "--out", str(export)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return result.run_dir, export, time.perf_counter() - started
+    command = [
+        str(zerofit_bin),
+        "export",
+        str(run_dir),
+        "--merge",
+        "--dtype",
+        "fp32",
+        "--out",
+        str(export),
+    ]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    source["wall_s"] = round(time.perf_counter() - started, 1)
+    return export, source
 
 
 def _as_kwargs(items: list[str]) -> dict[str, Any]:
     """`key=value` overrides as `zerofit.train`'s keyword overrides (dotted keys, values as YAML reads them)."""
-    import yaml
-
     return {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in items)}
 
 
@@ -135,27 +179,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny-llama, 1 step each, 3 probes per set")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     parser.add_argument("--runs", type=Path, default=None, help="where the run folders go (default: a temp)")
+    parser.add_argument("--teacher-run", type=Path, default=None, help="the demo's run (default: train it)")
     parser.add_argument("overrides", nargs="*", help="overrides of the student's run, key=value")
     return parser.parse_args(argv)
 
 
 def measure(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
-    """Teacher, student, and the scores of both against the base."""
+    """The teacher, the student, and the scores of the base, the student and the teacher."""
     task, facts = (
         _probes(TASK, runs / "task.jsonl", args.smoke),
         _probes(FACTS, runs / "facts.jsonl", args.smoke),
     )
-    teacher_run, teacher, teacher_s = train_teacher(runs, args.smoke)
+    teacher, source = teacher_export(runs, args)
     prompts = prompts_only(REPO / "data" / "demo_smollm2.jsonl", runs / "prompts.jsonl")
     student, student_s = train_student(runs, teacher, prompts, args)
-    curve = [(r["step"], round(r["loss"], 4)) for r in student.metrics if "loss" in r]
+    started = time.perf_counter()
+    scores = score(student.run_dir, teacher, task, facts)
     return {
-        "teacher": {"train_wall_s": round(teacher_s, 1), **_score(teacher_run, task, facts)},
+        "teacher": source,
         "student": {
             "train_wall_s": round(student_s, 1),
-            "loss_per_step": curve,
-            **_score(student.run_dir, task, facts),
+            "loss_per_step": [(r["step"], round(r["loss"], 4)) for r in student.metrics if "loss" in r],
+            "on_policy_fraction": [r.get("on_policy_fraction") for r in student.metrics if "loss" in r],
         },
+        "heldout": {**scores, "scoring_wall_s": round(time.perf_counter() - started, 1)},
     }
 
 
@@ -191,7 +238,6 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": where,
-        "teacher_run": {"config": "configs/demo-smollm2.yaml", "overrides": list(ONE_PROCESS)},
         "student_run": {
             "config": "configs/demo-smollm2.yaml",
             "overrides": [*ONE_PROCESS, *STUDENT, *args.overrides],
@@ -210,15 +256,15 @@ def main(argv: list[str] | None = None) -> int:
 def print_report(report: dict[str, Any], written: Path | None) -> None:
     """The held-out format and facts of the base, the teacher and the distilled student (and where the
     report was `written`)."""
-    t, s = report["teacher"], report["student"]
-    fmt, facts = s["format"], s["facts"]
+    h, of = report["heldout"], report["heldout"]["of"]
     print(f"{report['model']}: held-out format (one JSON object) and facts, greedy")
-    print(f"  base      format {fmt['base']}/{fmt['of']}  facts {facts['base']}/{facts['of']}")
-    print(f"  teacher   format {t['format']['after']}/{fmt['of']}  facts {t['facts']['after']}/{facts['of']}  "
-          f"(the demo's SFT run, {t['train_wall_s']} s)")  # fmt: skip
-    print(f"  student   format {fmt['after']}/{fmt['of']}  facts {facts['after']}/{facts['of']}  "
-          f"(gkd, no labels, {s['train_wall_s']} s)")  # fmt: skip
-    print(f"  student loss per step: {s['loss_per_step']}")
+    for who, what in (("base", "no training"), ("teacher", "the demo's SFT run, merged"),
+                      ("student", f"gkd, no labels, {report['student']['train_wall_s']} s")):  # fmt: skip
+        row = h[who]
+        print(
+            f"  {who:8s}  format {row['format']}/{of['format']}  facts {row['facts']}/{of['facts']}  ({what})"
+        )
+    print(f"  student loss per step: {report['student']['loss_per_step']}")
     if written is not None:
         print(f"wrote {written}")
 
