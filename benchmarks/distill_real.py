@@ -2,20 +2,22 @@
 labels, learns the demo's JSON answer format from a teacher; the held-out format score before and after, on CPU.
 
     1. The teacher is the demo's run (`configs/demo-smollm2.yaml`: SmolLM2 + LoRA learns to answer as one JSON
-       object {"answer": "..."} from 67 short chats), trained here by `zerofit.train` on one process in fp32
-       (the demo's 24 steps, its learning rate and LoRA), then exported merged by `zerofit export --merge`:
-       the teacher is that export folder (`gkd.teacher`), a plain model folder.
+       object {"answer": "..."} from 67 short chats): `--teacher-run` an existing one (`make demo`'s), else
+       trained here by `zerofit.train` on one process in fp32 (the demo's 24 steps, learning rate and LoRA);
+       then exported merged in fp32 by `zerofit export --merge`: the teacher is that export folder
+       (`gkd.teacher`).
     2. The student is the base `smollm2-135m-instruct` + LoRA (the demo's r 8), `train.objective: gkd` with
        `gkd.lmbda: 1` (every completion is the student's own sample: no completion column, no labels) and
        `gkd.beta: 1` (the reverse KL of on-policy distillation, Agarwal et al. 2024, Qwen3's and Thinking
        Machines'), on the demo's own 67 questions as prompts only (their answers are dropped).
-    3. Both runs are scored by the demo's scorer (`zerofit.demo.score.score_run`: greedy replies, the base =
-       the run with its adapters off) on the demo's held-out prompts: 20 new questions, a reply passing when
-       it is exactly one JSON object {"answer": ...} (the format), and 16 capitals the base knows (facts).
+    3. The base (the student run with its adapters off), the student and the teacher each answer the demo's
+       held-out prompts once, greedily, through the demo scorer's own `generate_replies` and checks: 20 new
+       questions, a reply passing when it is exactly one JSON object {"answer": ...} (the format), and 16
+       capitals the base knows (facts).
 
-    python benchmarks/distill_real.py                          # ~6 min on 2 shared cores
+    python benchmarks/distill_real.py --teacher-run runs/demo-smollm2-json   # ~15 min on 2 shared cores
     python benchmarks/distill_real.py --json benchmarks/results/distill_real-smollm2-<date>.json
-    python benchmarks/distill_real.py optimizer.lr=1e-3         # overrides of the student's run
+    python benchmarks/distill_real.py optimizer.lr=5e-4         # overrides of the student's run
     python benchmarks/distill_real.py --smoke                  # tiny-llama, 1 step each: checks the script
 """
 
@@ -175,7 +177,7 @@ def train_student(runs: Path, teacher: Path, prompts: Path, args: argparse.Names
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--smoke", action="store_true", help="tiny-llama, 1 step each, 3 probes per set")
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
     parser.add_argument("--runs", type=Path, default=None, help="where the run folders go (default: a temp)")
