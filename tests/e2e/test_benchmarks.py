@@ -359,13 +359,15 @@ def test_grpo_real_smoke_trains_and_scores_the_base_and_the_trained_model(ran: d
 
 def test_distill_real_smoke_trains_a_teacher_and_a_student_and_scores_both(ran: dict[str, Ran]) -> None:
     """`distill_real.py --smoke`: the demo's run on tiny-llama (1 step) exported merged as the teacher, a gkd
-    student (1 step, its own samples only), both scored by the demo's scorer on 3 + 3 held-out prompts."""
+    student (1 step, its own samples only); the base, the student and the teacher each answer 3 + 3 held-out
+    prompts."""
     result, out = ran["distill_real"].ok(), ran["distill_real"].tmp / "distill_real.json"
     assert "  student   format " in result.stdout and "  teacher   format " in result.stdout
     report = json.loads(out.read_text())
     assert report["model"] == "tiny-llama" and len(report["student"]["loss_per_step"]) == 1
-    for who in ("teacher", "student"):
-        assert report[who]["format"]["of"] == 3 and report[who]["facts"]["of"] == 3
+    assert report["heldout"]["of"] == {"format": 3, "facts": 3} and report["teacher"]["trained_here"]
+    for who in ("base", "teacher", "student"):
+        assert set(report["heldout"][who]) == {"format", "facts", "samples"}
 
 
 def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:

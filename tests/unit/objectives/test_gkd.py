@@ -1,6 +1,6 @@
 """On-policy distillation (`train.objective: gkd`): the config's rules, the on-policy coin, and runs in this
 process on the tiny model: a zerofit run folder as the teacher (lmbda 0: the data's completions; lmbda 1: the
-student's samples, no completion column), a teacher of another vocabulary and a record without a completion
+student's samples, no completion column; seq_kd: the teacher's samples), a teacher of another vocabulary and a record without a completion
 each refused in one paragraph with exit code 2, no traceback."""
 
 from __future__ import annotations
@@ -128,6 +128,12 @@ def test_a_run_folder_teaches_on_the_datas_and_on_the_students_completions(
     online = _rows(tmp_path / "online")
     assert [r["on_policy_fraction"] for r in online] == [1.0, 1.0] and online[0]["loss"] > 1e-4
     assert all(r["on_policy"] for r in _rows(tmp_path / "online", "completions.jsonl"))
+    seq_kd = _launch(
+        *_gkd(tmp_path, "seq_kd", str(tmp_path / "teacher"), no_labels, "gkd.lmbda=0", "gkd.seq_kd=true")
+    )
+    assert seq_kd == 0  # the off-policy completions are the teacher's samples: no completion column either
+    taught = _rows(tmp_path / "seq_kd")
+    assert [r["on_policy_fraction"] for r in taught] == [0.0, 0.0] and taught[0]["loss"] > 1e-4
     refused = _launch(*_gkd(tmp_path, "unlabelled", str(tmp_path / "teacher"), no_labels, "gkd.lmbda=0.5"))
     err = capsys.readouterr().err
     assert refused == 2 and "record 1 has no 'completion' text" in err and "gkd.lmbda=1" in err
