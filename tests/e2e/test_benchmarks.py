@@ -96,6 +96,7 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
         ),
         "loss_memory": (str(BENCH / "loss_memory.py"), "--smoke", "--json", str(tmp / "loss_memory.json")),
         "grpo_real": (str(BENCH / "grpo_real.py"), "--smoke", "--json", str(tmp / "grpo_real.json")),
+        "distill_real": (str(BENCH / "distill_real.py"), "--smoke", "--json", str(tmp / "distill_real.json")),
         "packed_dpo_vs_trl": (
             str(BENCH / "packed_dpo_vs_trl.py"),
             "--smoke",
@@ -354,6 +355,19 @@ def test_grpo_real_smoke_trains_and_scores_the_base_and_the_trained_model(ran: d
         assert report[name]["completions"] == 20
         assert set(report[name]) >= {"reward", "rewards/exact_match", "rewards/format_regex"}
     assert len(report["train_reward_per_step"]) == 1
+
+
+def test_distill_real_smoke_trains_a_teacher_and_a_student_and_scores_both(ran: dict[str, Ran]) -> None:
+    """`distill_real.py --smoke`: the demo's run on tiny-llama (1 step) exported merged as the teacher, a gkd
+    student (1 step, its own samples only); the base, the student and the teacher each answer 3 + 3 held-out
+    prompts."""
+    result, out = ran["distill_real"].ok(), ran["distill_real"].tmp / "distill_real.json"
+    assert "  student   format " in result.stdout and "  teacher   format " in result.stdout
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny-llama" and len(report["student"]["loss_per_step"]) == 1
+    assert report["heldout"]["of"] == {"format": 3, "facts": 3} and report["teacher"]["trained_here"]
+    for who in ("base", "teacher", "student"):
+        assert set(report["heldout"][who]) == {"format", "facts", "samples"}
 
 
 def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:

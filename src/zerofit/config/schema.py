@@ -24,7 +24,7 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo"]  # train.objective
+Objective = Literal["sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo", "gkd"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -293,7 +293,8 @@ class TrainSection(_Section):
         description="What is learned: sft (next-token loss on the responses) or a preference objective on "
         "{prompt, chosen, rejected} pairs (dpo, simpo, orpo, cpo; the `preference` section), kto on unpaired "
         "{prompt, completion, label} feedback (the `kto` section), or reward: a reward model (a one-output "
-        "score head) trained on the pairs with the Bradley-Terry loss (the `reward` section).",
+        "score head) trained on the pairs with the Bradley-Terry loss (the `reward` section); grpo: online RL "
+        "(the `rl` section); gkd: on-policy distillation from a teacher (the `gkd` section).",
     )
 
     @field_validator("tiled_mlp", mode="before")
@@ -724,6 +725,30 @@ class RLSection(_Section):
     )
 
 
+class GKDSection(_Section):
+    """On-policy distillation (`train.objective: gkd`, GKD of Agarwal et al. 2024): the student learns the
+    teacher's per-token distribution on its own samples (TRL GKDConfig's names and defaults; the prompts,
+    completion lengths and sampling are the `rl` section's keys)."""
+
+    teacher: str | None = Field(
+        None,
+        description="The teacher: a built-in, a hub id, a model folder, a zerofit run or export; it must share "
+        "the student's tokenizer.",
+    )
+    teacher_load_in: Literal["none", "8bit", "4bit"] = Field(
+        "none", description="Load the teacher's linear weights quantized (bitsandbytes, CUDA only)."
+    )
+    beta: float = Field(
+        0.5, ge=0, le=1, description="Generalized JSD's interpolation: 0 forward KL, 1 reverse KL."
+    )
+    lmbda: float = Field(
+        0.5, ge=0, le=1, description="On-policy fraction: 0 the data's completions, 1 the student's samples."
+    )
+    seq_kd: bool = Field(
+        False, description="Off-policy completions are sampled by the teacher instead of read from the data."
+    )
+
+
 SEED_MAX = 2**32 - 1  # numpy.random.seed (through accelerate's set_seed) takes 0 .. 2**32 - 1
 
 
@@ -755,6 +780,7 @@ class ZerofitConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     preference: PreferenceSection = Field(default_factory=PreferenceSection)
     rl: RLSection = Field(default_factory=RLSection)
+    gkd: GKDSection = Field(default_factory=GKDSection)
     kto: KTOSection = Field(default_factory=KTOSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     eval: EvalSection = Field(default_factory=EvalSection)

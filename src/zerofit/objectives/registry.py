@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zerofit.objectives.gkd import GKD
 from zerofit.objectives.grpo import GRPO
 from zerofit.objectives.kto import KTO
 from zerofit.objectives.pairwise import DPO, ORPO, SIMPO
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["OBJECTIVES", "objective_named", "objective_of", "saved_objective"]
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
-    spec.name: spec for spec in (SFT, DPO, SIMPO, ORPO, CPO, KTO, REWARD_MODEL, GRPO)
+    spec.name: spec for spec in (SFT, DPO, SIMPO, ORPO, CPO, KTO, REWARD_MODEL, GRPO, GKD)
 }
 
 

@@ -11,7 +11,7 @@ An objective is one slice (`zerofit.objectives.<slice>`) and one row of the regi
     the loss        `build_loss` (the train step's `Objective`, built lazily: torch is imported there)
     the run         `updates_per_rollout`, `precomputes_reference`, `tokens_per_step`, `describe`
     the planner     `planned_reference`, `no_grad_forwards`, `max_tokens_per_unit`, `planned_line`,
-                    `planner_notes`
+                    `planner_notes`, `teacher_model`
     the probe       `synthetic_batch` (a max-length micro-batch laid out as the loader's own)
 
 This module and every slice's spec import no torch: resolving a config (`zerofit plan`, `import zerofit`) stays
@@ -118,6 +118,10 @@ class ObjectiveSpec:
 
     def planned_line(self, memory: dict[str, Any]) -> str | None:
         """`zerofit plan`'s line on what the estimate plans for this objective (None: nothing to add)."""
+        return None
+
+    def teacher_model(self, cfg: ZerofitConfig) -> str | None:
+        """The model the run loads beside the policy, frozen, to learn from (distillation's teacher), or None."""
         return None
 
     def planner_notes(self, micro_batch_size: int, rows: int, seq_len: int, reference: str) -> list[str]:

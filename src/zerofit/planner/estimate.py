@@ -33,6 +33,7 @@ from zerofit.planner.rl import generation_lines, held_lines, rl_notes
 from zerofit.planner.scenario import Scenario, compute_profile
 from zerofit.planner.shapes import model_shape
 from zerofit.planner.state import Place, model_state, param_counts, quantized_weight_bytes
+from zerofit.planner.teacher import teacher_lines
 
 # --- Allowance: device memory that is not a tensor (documented constants) --------------------------------
 # The CUDA context (driver state, kernels of torch, cuBLAS and cuDNN loaded on first use) is not counted by
@@ -146,12 +147,22 @@ def _rank_shard(scn: Scenario) -> Scenario:
 
 
 def _rl_lines(scn: Scenario) -> tuple[dict[str, int], dict[str, int]]:
-    """(the generation phase's lines, the rollout held through training) of an online-RL step; empty else."""
+    """(the generation phase's lines, the lines held through training) of an online-RL step; empty else.
+    A distillation teacher (`teacher.py`) is held in both; its logits count in training (the forward's;
+    the optimizer step is never the larger phase by them: the gradients' bytes are freed logits' too)."""
     if scn.rl is None:
         return {}, {}
-    return generation_lines(scn.rl, model_shape(scn.model), compute_profile(scn).half_bytes), held_lines(
-        scn.rl
-    )
+    prof = compute_profile(scn)
+    generating = generation_lines(scn.rl, model_shape(scn.model), prof.half_bytes)
+    held = held_lines(scn.rl)
+    if scn.teacher is not None:
+        load = dtype_bytes(prof.load)
+        weights, logits = teacher_lines(
+            scn.teacher, scn.teacher_load_in, load, scn.micro_batch_size, scn.seq_len
+        )
+        generating.update(weights)
+        held.update({**weights, **logits})
+    return generating, held
 
 
 def _image_lines(scn: Scenario, acts_peak: int) -> tuple[int, dict[str, int], bool]:

@@ -108,6 +108,10 @@ class Scenario:
     # Online RL (train.objective grpo; zerofit.planner.rl): the rank's rollout, generated before training on
     # micro-batches of `micro_batch_size` completions of `seq_len` = prompt + completion tokens.
     rl: RLShape | None = None
+    # On-policy distillation (train.objective gkd; zerofit.planner.teacher): the frozen teacher every rank
+    # holds beside the policy (gkd.teacher) and how its linear weights load (gkd.teacher_load_in).
+    teacher: str | None = None
+    teacher_load_in: str = "none"
     # None = what the strategy does (autocast for single/ddp in bf16/fp16). False reproduces a plain step
     # without autocast (how the 7B reference figures in docs/platform.md were measured).
     autocast: bool | None = None
@@ -299,6 +303,8 @@ def scenario_for(
         precision=spec.dtypes.precision,
         **_lora_fields(cfg),
         images=planned_images(cfg.model.name_or_path, cfg.data.max_seq_len, cfg.data.max_image_tokens),
+        teacher=objective.teacher_model(cfg),
+        teacher_load_in=cfg.gkd.teacher_load_in,
         quantization=cfg.quantization.load_in,
         double_quant=cfg.quantization.double_quant,
         optimizer=cfg.optimizer.name,

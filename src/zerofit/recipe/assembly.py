@@ -54,7 +54,9 @@ from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.protocol import Objective
 from zerofit.objectives.spec import EXAMPLE, PROMPT, UNPAIRED, ObjectiveSpec
+from zerofit.recipe.distill import distill_rollouts
 from zerofit.recipe.rl import load_prompt_data, rollouts
+from zerofit.recipe.teacher import load_teacher
 from zerofit.recipe.vision_settings import vision_processor_for
 from zerofit.resolution import ResolvedConfig
 from zerofit.strategies import build_strategy
@@ -125,12 +127,16 @@ class PreparedRun:
     model: torch.nn.Module  # what the loop calls: the engine-wrapped model
     data: TrainData | None  # None for synthetic-batch runs (the probe, the GPU benchmark)
     reference: ReferencePass | None = None  # the precomputed DPO reference's pass (or cache hit)
+    teacher: torch.nn.Module | None = None  # distillation's frozen teacher (`zerofit.recipe.teacher`)
 
     @property
     def objective(self) -> Objective:
         """train.objective's loss for the loop and the evaluation (`ObjectiveSpec.build_loss`; a new one each
         time, as each holds its own per-window state: KTO's z0)."""
-        return self.plan.objective.build_loss(self.plan.config)
+        loss = self.plan.objective.build_loss(self.plan.config)
+        if self.teacher is not None:  # distillation's loss reads the teacher's logits
+            loss.teacher = self.teacher  # type: ignore[attr-defined]
+        return loss
 
     @property
     def flops_per_token(self) -> float:
@@ -196,6 +202,9 @@ class PreparedRun:
             return None
         prompts: list[Any] = self.data.examples
         tokenizer = self.built.tokenizer
+        if self.teacher is not None:  # distillation: the student's or the data's (or teacher's) completions
+            model, split = self.built.model, self.plan.batch
+            return distill_rollouts(cfg, tokenizer, model, prompts, self.data.sampler, split, self.teacher)
         return rollouts(cfg, tokenizer, self.built.model, prompts, self.data.sampler, self.plan.batch)
 
     def evaluator(self) -> Evaluator | None:
@@ -426,7 +435,10 @@ def assemble(
         plan = make_run_plan(resolved, spec, decision, data.facts if data is not None else None)
         built, model = _model_and_engine(plan, strategy, tokenizer)
         reference = _reference_pass(plan, strategy, model, data, int(tokenizer.pad_token_id))
-        return PreparedRun(plan, strategy, built, model, data, reference)
+        teacher = None
+        if plan.objective.teacher_model(plan.config) is not None:  # after the student: its seed first
+            teacher = load_teacher(plan.config, tokenizer, strategy.device)
+        return PreparedRun(plan, strategy, built, model, data, reference, teacher)
     except BaseException:
         strategy.close()
         raise

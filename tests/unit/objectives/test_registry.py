@@ -100,6 +100,12 @@ def _probe_config(name: str) -> object:
             "rewards": [{"function": "exact_match", "column": "answer"}],
         }
         sections["batch"] = {"micro_batch_size": 2, "global_batch_size": None}
+    if name == "gkd":  # a teacher of the student's vocabulary that is another model (a divergence to learn)
+        sections["model"] = {"name_or_path": "tiny-mistral"}
+        sections["rl"] = {"num_generations": 2, "prompts_per_step": 1, "max_prompt_length": 16,
+                          "max_completion_length": 8}  # fmt: skip
+        sections["gkd"] = {"teacher": "tiny-mixtral"}
+        sections["batch"] = {"micro_batch_size": 2, "global_batch_size": None}
     return config({}, **sections)
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from zerofit.config.schema import RewardSpec, ZerofitConfig
     from zerofit.objectives.protocol import Objective
 
-__all__ = ["GRPO", "completions_per_step", "describe_reward"]
+__all__ = ["GRPO", "GRPOSpec", "completions_per_step", "describe_reward", "engine_problem"]
 
 
 def describe_reward(spec: RewardSpec) -> str:
@@ -42,14 +42,14 @@ def completions_per_step(cfg: ZerofitConfig) -> int:
     return cfg.rl.num_generations * cfg.rl.prompts_per_step
 
 
-def _engine_problem(cfg: ZerofitConfig) -> str | None:
+def engine_problem(cfg: ZerofitConfig) -> str | None:
     """Why the rollouts cannot run on this engine, or None: sampling runs one forward per token, and under
     ZeRO-3 each would gather every layer again (FSDP2's layers are gathered once per rollout instead,
     `zerofit.loop.rollout.generating`)."""
     if preset_zero_stage(cfg) == 3:
         return (
-            "train.objective = 'grpo' generates its completions inside the run, and distributed.preset = "
-            f"{cfg.distributed.preset!r} is ZeRO-3, which shards the parameters over the ranks, so each generated "
+            f"train.objective = {cfg.train.objective!r} generates its completions inside the run, and "
+            f"distributed.preset = {cfg.distributed.preset!r} is ZeRO-3, which shards the parameters over the ranks, so each generated "
             "token would gather every layer again (zerofit does not gather them once per rollout there yet); use "
             "distributed.strategy=ddp, deepspeed with preset zero2, fsdp (its layers are gathered once per "
             "rollout), or single"
@@ -103,7 +103,7 @@ class GRPOSpec(ObjectiveSpec):
             )
         b.global_batch_size = completions
         problems.extend(_rl_problems(cfg))
-        engine = _engine_problem(cfg)
+        engine = engine_problem(cfg)
         if engine is not None:
             problems.append(engine)
 
