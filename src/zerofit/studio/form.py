@@ -90,21 +90,25 @@ def form_of(config_file: str, cfg: ZerofitConfig) -> PlanForm:
 
 def field_overrides(form: PlanForm, base: PlanForm) -> list[str]:
     """The overrides of the fields that differ from the config file's own values, then the typed ones."""
-    out: list[str] = []
-    if form.model != base.model:
-        out.append(f"model.name_or_path={form.model}")
-    if form.objective != base.objective:
-        out.append(f"train.objective={form.objective}")
+    out = _changed(form, base, _KEYS_BEFORE)
     if form.method != base.method and form.method in METHODS:
         enabled, load_in = METHODS[form.method]
         out += [f"lora.enabled={enabled}", f"quantization.load_in={load_in}"]
     if form.preset != base.preset:
         out += _engine_overrides(form.preset)
-    if form.seq_len != base.seq_len:
-        out.append(f"data.max_seq_len={form.seq_len}")
-    if form.global_batch != base.global_batch:
-        out.append(f"batch.global_batch_size={form.global_batch}")
-    return out + form.overrides
+    return out + _changed(form, base, _KEYS_AFTER) + form.overrides
+
+
+# The fields that are one config key each, as `field -> dotted key`, before and after the method and preset.
+_KEYS_BEFORE = (("model", "model.name_or_path"), ("objective", "train.objective"))
+_KEYS_AFTER = (("seq_len", "data.max_seq_len"), ("global_batch", "batch.global_batch_size"))
+
+
+def _changed(form: PlanForm, base: PlanForm, keys: tuple[tuple[str, str], ...]) -> list[str]:
+    """`key=value` for each of `keys`' fields whose value differs from the config file's own."""
+    return [
+        f"{key}={getattr(form, field)}" for field, key in keys if getattr(form, field) != getattr(base, field)
+    ]
 
 
 def _engine_overrides(preset: str) -> list[str]:
