@@ -629,6 +629,7 @@ class PlannerSection(_Section):
 
 RLLossType = Literal["grpo", "dapo", "dr_grpo"]  # rl.loss_type (see zerofit.objectives.grpo.loss)
 RewardScaling = Literal["group", "batch", "none"]  # rl.scale_rewards
+ImportanceLevel = Literal["token", "sequence", "sequence_token"]  # rl.importance_sampling_level (GSPO)
 
 
 class RewardSpec(_Section):
@@ -678,6 +679,16 @@ class RLSection(_Section):
     )
     beta: float = Field(
         0.0, ge=0, description="KL to the reference (k3 estimator); 0 skips the reference pass."
+    )
+    use_bias_correction_kl: bool = Field(
+        True,
+        description="TRL's: the k3 term times the probability ratio (unbiased reverse-KL gradient); false is "
+        "the original GRPO's k3.",
+    )
+    importance_sampling_level: ImportanceLevel = Field(
+        "token",
+        description="The ratio per token (GRPO), per completion (sequence: GSPO, the geometric mean of its token "
+        "ratios) or GSPO-token (sequence_token: the sequence's value, a per-token gradient).",
     )
     epsilon: float = Field(0.2, gt=0, description="The ratio's lower clipping bound, 1 - epsilon.")
     epsilon_high: float | None = Field(

@@ -134,6 +134,8 @@ class GRPOSpec(ObjectiveSpec):
             epsilon_high=rl.epsilon_high,
             max_completion_length=rl.max_completion_length,
             temperature=rl.temperature,
+            use_bias_correction_kl=rl.use_bias_correction_kl,
+            importance_sampling_level=rl.importance_sampling_level,
         )
         return GRPOObjective(settings)
 
@@ -161,8 +163,15 @@ class GRPOSpec(ObjectiveSpec):
         }[rl.loss_type]
         high = rl.epsilon if rl.epsilon_high is None else rl.epsilon_high
         ref = "the base with the LoRA adapters off" if rl.beta > 0 else "none (beta 0)"
+        if rl.beta > 0:
+            ref += (
+                ", k3 x the ratio (bias-corrected)" if rl.use_bias_correction_kl else ", k3 (original GRPO)"
+            )
+        level = {"token": "", "sequence": ", GSPO", "sequence_token": ", GSPO-token"}[
+            rl.importance_sampling_level
+        ]
         return (
-            f"grpo ({rl.loss_type}, beta {rl.beta:g}, clip [1 - {rl.epsilon:g}, 1 + {high:g}], advantages / std of "
+            f"grpo ({rl.loss_type}{level}, beta {rl.beta:g}, clip [1 - {rl.epsilon:g}, 1 + {high:g}], advantages / std of "
             f"the {rl.scale_rewards}): {rl.prompts_per_step} prompts x G {rl.num_generations} = {n} completions per "
             f"step, <= {rl.max_prompt_length} + {rl.max_completion_length} tokens each (<= "
             f"{n * rl.max_completion_length:,} completion tokens), sampled by the policy (temperature "
