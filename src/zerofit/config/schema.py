@@ -24,7 +24,7 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo"]  # train.objective
+Objective = Literal["sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo", "rloo"]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -655,8 +655,9 @@ class RewardSpec(_Section):
 
 
 class RLSection(_Section):
-    """Online RL (`train.objective: grpo`): rollouts generated inside the run, scored by reward functions, and
-    the clipped policy-gradient loss of GRPO and its published variants (TRL GRPOConfig's names)."""
+    """Online RL (`train.objective: grpo` or `rloo`): rollouts generated inside the run, scored by reward
+    functions, and the clipped policy-gradient loss of GRPO and its published variants (TRL GRPOConfig's
+    names), or RLOO's (TRL RLOOConfig's)."""
 
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (G): one group.")
     prompts_per_step: int = Field(
@@ -699,6 +700,11 @@ class RLSection(_Section):
     )
     scale_rewards: RewardScaling = Field(
         "group", description="Advantages divided by the std of the group, of the batch, or not at all."
+    )
+    normalize_advantages: bool = Field(
+        False,
+        description="train.objective rloo: the leave-one-out advantages normalized over the global batch (mean "
+        "0, std 1; TRL RLOOConfig's).",
     )
     mask_truncated_completions: bool = Field(
         False, description="Truncated completions count in no loss term."

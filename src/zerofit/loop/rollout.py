@@ -11,7 +11,8 @@ One rollout per loop step `step` (`Rollouts.step_batches`):
        what the uninterrupted one did.
     3. This rank scores its completions (`Scorer`), and one all-reduce of a [fields, N] table (each rank
        fills its own columns) gives every rank every completion's rewards, length and truncation; so the
-       advantages are computed from whole groups (`zerofit.objectives.grpo.loss.group_advantages`) even when a
+       advantages are computed from whole groups (the objective's `estimator`: GRPO's `group_advantages`, RLOO's
+       leave-one-out baseline) even when a
        group's completions landed on several micro-batches or ranks, identically on every rank.
     4. The rank's micro-batches (`micro_batch`), with the old policy's per-token log-probs when
        `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update).
@@ -34,6 +35,7 @@ hooks would gather every layer again for each token).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -439,7 +441,9 @@ class Rollouts:
     score: Scorer
     decode: Callable[[list[int]], str]
     seed: int
-    scale_rewards: str = "group"
+    estimator: Callable[[torch.Tensor, int], torch.Tensor] = field(  # the objective's; GRPO's by default
+        default_factory=lambda: functools.partial(group_advantages, scale="group")
+    )
     mask_truncated: bool = False
     old_logps: bool = False  # rl.num_iterations > 1
     temperature: float = 1.0
@@ -476,7 +480,7 @@ class Rollouts:
             )
         generation_s = time.perf_counter() - started
         table = self._scored(strategy, step, flat, prompt_of, sampled, total)
-        advantages = group_advantages(table[0], self.group_size, self.scale_rewards)
+        advantages = self.estimator(table[0], self.group_size)
         by_index = dict(zip(flat, sampled, strict=True))
         batches = [self._micro(strategy, model, micro, rows, by_index, advantages) for micro in mine]
         metrics = self._metrics(table, generation_s, time.perf_counter() - started - generation_s)

@@ -196,7 +196,11 @@ class PreparedRun:
             return None
         prompts: list[Any] = self.data.examples
         tokenizer = self.built.tokenizer
-        return rollouts(cfg, tokenizer, self.built.model, prompts, self.data.sampler, self.plan.batch)
+        estimator = self.plan.objective.advantage_estimator(cfg)
+        assert estimator is not None, "an objective that generates estimates its advantages"
+        return rollouts(
+            cfg, tokenizer, self.built.model, prompts, self.data.sampler, self.plan.batch, estimator
+        )
 
     def evaluator(self) -> Evaluator | None:
         """The loop's evaluation hook, when the run has evaluation data."""

@@ -9,6 +9,7 @@ functions are built (and a `module:function` imported) only by `rollouts`, which
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from zerofit.config.batching import BatchSplit
@@ -54,9 +55,10 @@ def rollouts(
     prompts: list[PromptExample],
     sampler: GlobalBatchSampler,
     batch: BatchSplit,
+    estimator: Callable[[Any, int], Any],
 ) -> Rollouts:
     """The run's `Rollouts`: its reward functions built now (the user's own config names them; a launch is
-    the only caller), sampling per `rl.*`."""
+    the only caller), sampling per `rl.*`, the advantages by the objective's `estimator`."""
     rl = cfg.rl
     rewards = build_rewards(rl.rewards, tokenizer)
     sampling = SamplingSettings(
@@ -76,7 +78,7 @@ def rollouts(
         score=functools.partial(score_completions, rewards),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         seed=cfg.seed,
-        scale_rewards=rl.scale_rewards,
+        estimator=estimator,
         mask_truncated=rl.mask_truncated_completions,
         old_logps=rl.num_iterations > 1,
         temperature=rl.temperature,
