@@ -29,6 +29,21 @@ def tiny_model() -> Any:
     return AutoModelForCausalLM.from_pretrained(ensure_tiny_llama(), dtype=torch.float32)
 
 
+def lora_model(fused_head: bool) -> Any:
+    """The tiny model with random (nonzero) LoRA adapters, the same every call; TRL's copy gets its fused
+    lm_head before the wrapping, as TRL does it."""
+    import peft
+
+    base = tiny_model()
+    if fused_head:
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(base, outputs=("log_probs", "entropy"))
+    torch.manual_seed(0)
+    targets = ["q_proj", "v_proj", "down_proj"]  # not lm_head: TRL's fused head reads its base weight
+    return peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
+
+
 def completion_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """TRL's layout: prompt ids [8, 4] and right-padded completion ids and mask [8, 4]."""
     width = max(len(c) for c in COMPLETIONS)
@@ -68,6 +83,15 @@ def trl_step(trainer: Any, model: Any, inputs: dict[str, torch.Tensor]) -> tuple
     return float(loss.detach()), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
+def shifted_frame(per_token: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """TRL's [rows, completion] log-probs in zerofit's shifted [rows, seq] frame of `batch` (token t at t - 1;
+    the prompts here have one length)."""
+    p = len(PROMPTS[0])
+    out = torch.zeros(batch["input_ids"].shape)
+    out[:, p - 1 : p - 1 + per_token.size(1)] = per_token
+    return out
+
+
 def zerofit_step(
     model: Any, objective: Objective, old: torch.Tensor | None
 ) -> tuple[float, list[torch.Tensor]]:
@@ -81,10 +105,8 @@ def zerofit_step(
     batch = micro_batch(
         [PROMPTS[i // 4] for i in range(len(COMPLETIONS))], COMPLETIONS, [True] * 8, ADVANTAGES, pad_id=0
     )
-    if old is not None:  # TRL's [8, completion] frame -> the shifted [8, seq] frame (token t at t - 1)
-        p = len(PROMPTS[0])
-        batch["old_logps"] = torch.zeros(batch["input_ids"].shape)
-        batch["old_logps"][:, p - 1 : p - 1 + old.size(1)] = old
+    if old is not None:
+        batch["old_logps"] = shifted_frame(old, batch)
     grads: list[torch.Tensor] = []
     hook = strategy.optimizer.register_step_pre_hook(
         lambda opt, args, kwargs: grads.extend(

@@ -196,10 +196,18 @@ class PreparedRun:
             return None
         prompts: list[Any] = self.data.examples
         tokenizer = self.built.tokenizer
-        estimator = self.plan.objective.advantage_estimator(cfg)
+        objective = self.plan.objective
+        estimator = objective.advantage_estimator(cfg)
         assert estimator is not None, "an objective that generates estimates its advantages"
         return rollouts(
-            cfg, tokenizer, self.built.model, prompts, self.data.sampler, self.plan.batch, estimator
+            cfg,
+            tokenizer,
+            self.built.model,
+            prompts,
+            self.data.sampler,
+            self.plan.batch,
+            estimator,
+            objective.reward_penalty(cfg),
         )
 
     def evaluator(self) -> Evaluator | None:

@@ -56,9 +56,11 @@ def rollouts(
     sampler: GlobalBatchSampler,
     batch: BatchSplit,
     estimator: Callable[[Any, int], Any],
+    penalty: Callable[..., Any] | None = None,
 ) -> Rollouts:
     """The run's `Rollouts`: its reward functions built now (the user's own config names them; a launch is
-    the only caller), sampling per `rl.*`, the advantages by the objective's `estimator`."""
+    the only caller), sampling per `rl.*`, the advantages by the objective's `estimator` (after its reward
+    `penalty`, if any)."""
     rl = cfg.rl
     rewards = build_rewards(rl.rewards, tokenizer)
     sampling = SamplingSettings(
@@ -79,6 +81,7 @@ def rollouts(
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         seed=cfg.seed,
         estimator=estimator,
+        penalty=penalty,
         mask_truncated=rl.mask_truncated_completions,
         old_logps=rl.num_iterations > 1,
         temperature=rl.temperature,

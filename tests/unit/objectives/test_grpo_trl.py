@@ -41,6 +41,7 @@ from trl_reference import (
     completion_tensors,
     fixed_forward,
     fixed_tensors,
+    lora_model,
     offsets,
     tiny_model,
     trl_inputs,
@@ -54,21 +55,6 @@ pytestmark = pytest.mark.slow
 BETA = 0.04
 # (importance_sampling_level, use_bias_correction_kl) at beta 0.04, off-policy
 KL_CASES = [("token", True), ("token", False), ("sequence", True), ("sequence", False)]
-
-
-def _lora_model(fused_head: bool) -> Any:
-    """The tiny model with random (nonzero) LoRA adapters, the same every call; TRL's copy gets its fused
-    lm_head before the wrapping, as TRL does it."""
-    import peft
-
-    base = tiny_model()
-    if fused_head:
-        from trl.trainer.utils import add_fused_lm_head
-
-        add_fused_lm_head(base, outputs=("log_probs", "entropy"))
-    torch.manual_seed(0)
-    targets = ["q_proj", "v_proj", "down_proj"]  # not lm_head: TRL's fused head reads its base weight
-    return peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
 
 
 @pytest.fixture(scope="module")
@@ -162,14 +148,14 @@ def test_beta_off_policy_is_trls_on_amodel(
         importance_sampling_level=level,
     )
     _configure(trainer, monkeypatch, s)
-    theirs = _lora_model(fused_head=True)
+    theirs = lora_model(fused_head=True)
     mask = completion_tensors()[2]
     old = completion_logps(theirs, adapters=True) - offsets(mask)
     ref = completion_logps(theirs, adapters=False)
     expected, trl_grads = trl_step(
         trainer, theirs, trl_inputs(old_per_token_logps=old, ref_per_token_logps=ref)
     )
-    loss, grads = zerofit_step(_lora_model(fused_head=False), GRPOObjective(s), old)
+    loss, grads = zerofit_step(lora_model(fused_head=False), GRPOObjective(s), old)
     assert loss == pytest.approx(expected, abs=1e-6)
     assert len(grads) == len(trl_grads)
     for ours, trl_grad in zip(grads, trl_grads, strict=True):

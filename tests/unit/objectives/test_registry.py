@@ -97,7 +97,7 @@ def _probe_config(name: str) -> object:
             "prompts_per_step": 1,
             "max_prompt_length": 16,
             "max_completion_length": 8,
-            "beta": 0.0 if name == "rloo" else 0.04,  # RLOO's KL penalty is refused yet
+            "beta": 0.04,
             "num_iterations": 2,
             "rewards": [{"function": "exact_match", "column": "answer"}],
         }

@@ -5,10 +5,12 @@
 - on fixed tensors (log-probs, old log-probs, a mask and advantages; TRL's forward replaced by them): the
   loss within 1e-6 and its gradient with respect to the log-probs within 1e-6, on-policy and off-policy
   (old log-probs up to 0.6 a token apart: summed ratios from 0.64 to 1.67, some clipped);
+- rl.beta's reward penalty, beta x sum_t (pi_old - pi_ref), and its `kl` metric by TRL's formula on a LoRA
+  model (TRL computes it inside its generation step), within 1e-6;
 - on the tiny model and fixed completions, the same two ways: the losses within 1e-6, every gradient element
   within 1e-6 + rel 1e-5.
 
-At beta 0 (zerofit's RLOO refuses rl.beta > 0 for now) and accumulation 1: TRL's RLOO returns each
+The loss at beta 0 (beta only moves the rewards: the last test) and accumulation 1: TRL's RLOO returns each
 micro-batch's mean over completions and the HF Trainer divides it by the accumulation steps; zerofit's is the
 global batch's sum over its completions, the same whenever every micro-batch holds as many completions.
 """
@@ -20,21 +22,32 @@ from typing import Any
 import pytest
 import torch
 
+from config_helpers import one_process_strategy
 from trl_reference import (
     ADVANTAGES,
+    COMPLETIONS,
     MAX_COMPLETION,
+    PROMPTS,
     completion_logps,
     completion_tensors,
     fixed_forward,
     fixed_tensors,
+    lora_model,
     offsets,
+    shifted_frame,
     tiny_model,
     trl_inputs,
     trl_step,
     zerofit_step,
 )
+from zerofit.loop.rollout import micro_batch
 from zerofit.objectives.grpo.loss import GRPOSettings
-from zerofit.objectives.rloo.loss import RLOOObjective, leave_one_out_advantages, sequence_loss
+from zerofit.objectives.rloo.loss import (
+    RLOOObjective,
+    kl_penalty,
+    leave_one_out_advantages,
+    sequence_loss,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +131,31 @@ def test_the_loss_is_trls_on_a_model(off_policy: bool, trainer: Any) -> None:
     for ours, trl_grad in zip(grads, trl_grads, strict=True):
         torch.testing.assert_close(ours, trl_grad, atol=1e-6, rtol=1e-5)
     assert abs(expected) > 1e-3
+
+
+@pytest.mark.parametrize("kept_old", [False, True])
+def test_the_kl_penalty_is_trls(kept_old: bool) -> None:
+    """rl.beta 0.05: each reward loses beta x sum_t (pi_old - pi_ref) (TRL's RLOO, computed inside its
+    generation step, here by its formula on the same LoRA model), and `kl` is that log-ratio's token mean;
+    pi_old the kept old log-probs when rl.num_iterations > 1, else the model's now."""
+    model = lora_model(fused_head=False)
+    mask = completion_tensors()[2]
+    old = completion_logps(model, adapters=True) - (offsets(mask) if kept_old else 0.0)
+    per_token_kl = (old - completion_logps(model, adapters=False)) * mask
+    batches, indices = [], [[0, 1, 2], [3, 4, 5, 6, 7]]  # micro-batches of unequal sizes
+    for micro in indices:
+        batch = micro_batch(
+            [PROMPTS[i // 4] for i in micro],
+            [COMPLETIONS[i] for i in micro],
+            [True] * len(micro),
+            ADVANTAGES[micro],
+            pad_id=0,
+        )
+        if kept_old:
+            batch["old_logps"] = shifted_frame(old[micro], batch)
+        batches.append(batch)
+    settings = GRPOSettings(beta=0.05)
+    penalty, metrics = kl_penalty(one_process_strategy(), model, batches, indices, 8, settings, "unchunked")
+    torch.testing.assert_close(penalty, 0.05 * per_token_kl.sum(1).double(), atol=1e-6, rtol=0)
+    assert metrics["kl"] == pytest.approx(float(per_token_kl.sum() / mask.sum()), abs=1e-6)
+    assert penalty.abs().max() > 1e-3

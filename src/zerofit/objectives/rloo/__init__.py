@@ -10,8 +10,9 @@ rewards, the global batch of rl.num_generations x rl.prompts_per_step completion
 rules and the plan (`zerofit.objectives.grpo.GRPOSpec`). The loss is
 `zerofit.objectives.rloo.loss.RLOOObjective`.
 
-TRL's RLOO subtracts beta x the summed k1 to the reference from each reward; zerofit's RLOO refuses
-rl.beta > 0 for now (below), so TRL's default beta 0.05 is not zerofit's.
+With rl.beta > 0 each reward loses beta x the completion's summed k1 to the reference (the base with the
+adapters off) before the advantages, TRL's (`reward_penalty`); zerofit's rl.beta default stays 0 (a reference
+needs LoRA), TRL's RLOO default is 0.05.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ class RLOOSpec(GRPOSpec):
         "a GRPO loss setting; RLOO's loss is TRL's RLOOTrainer's, its advantages rl.normalize_advantages"
     )
 
-    def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
-        """GRPO's rules (`unread`: GRPO's loss keys); no KL to the reference yet."""
-        super().check(cfg, problems)
-        if cfg.rl.beta > 0:
-            problems.append(
-                f"rl.beta = {cfg.rl.beta} with train.objective = 'rloo': RLOO's KL penalty (TRL's: beta x the "
-                "summed log-ratio to the reference, subtracted from each reward) is not implemented in zerofit "
-                "yet; set rl.beta=0, or use train.objective=grpo for a KL-regularized run"
-            )
+    def reward_penalty(self, cfg: ZerofitConfig) -> Callable[..., Any] | None:
+        """With rl.beta > 0, TRL's KL in the reward (`zerofit.objectives.rloo.loss.kl_penalty`); else None."""
+        if cfg.rl.beta == 0:
+            return None
+        from zerofit.objectives.grpo.loss import GRPOSettings
+        from zerofit.objectives.rloo.loss import kl_penalty
+
+        settings = GRPOSettings(beta=cfg.rl.beta, temperature=cfg.rl.temperature)
+        return functools.partial(kl_penalty, s=settings, impl=cfg.train.cross_entropy)
 
     def build_loss(self, cfg: ZerofitConfig) -> Objective:
         """The RLOO loss (`zerofit.objectives.rloo.loss`)."""
@@ -69,6 +70,8 @@ class RLOOSpec(GRPOSpec):
         rl, n = cfg.rl, completions_per_step(cfg)
         high = rl.epsilon if rl.epsilon_high is None else rl.epsilon_high
         scaled = ", normalized over the batch" if rl.normalize_advantages else ""
+        if rl.beta > 0:
+            scaled += f", rewards minus {rl.beta:g} x the summed log-ratio to the reference (adapters off)"
         return (
             f"rloo (leave-one-out baseline{scaled}, sequence ratio clip [1 - {rl.epsilon:g}, 1 + {high:g}]): "
             f"{rl.prompts_per_step} prompts x G {rl.num_generations} = {n} completions per step, <= "

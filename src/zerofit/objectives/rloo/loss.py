@@ -15,6 +15,14 @@ The ratio is the completion's, of its SUMMED log-probs (TRL's RLOO: not GSPO's m
                                              divided by the accumulation steps: the same, every micro-batch
                                              holding as many completions)
 
+With `rl.beta` > 0 each reward first loses beta x its completion's summed k1 to the reference (TRL's RLOO,
+after the paper: a KL penalty in the reward, not a loss term), by the rollout policy before any update:
+
+    R_i = r_i - beta x sum_t (pi_old - pi_ref)       pi_ref: the base with the LoRA adapters off
+
+(`kl_penalty`, every rank's completions all-reduced before the advantages; the metric `kl` is the token mean
+of pi_old - pi_ref over the global batch, TRL's; `reward` stays the reward functions' own).
+
 with pi_old the rollout policy's (`old_logps`, kept when `rl.num_iterations` > 1; else the detached current
 one: ratio 1 with the ratio's gradient). A completion with no trained tokens (`rl.mask_truncated_completions`)
 has ratio 1 and no gradient, and still counts in N (TRL's). The metric `clip_ratio` is the share of the global
@@ -32,9 +40,10 @@ from zerofit.objectives.grpo.loss import (
     policy_logps,
     trained_mask,
 )
-from zerofit.objectives.protocol import Batch, UnitMeans
+from zerofit.objectives.logps import adapters_disabled
+from zerofit.objectives.protocol import Batch, Reducing, UnitMeans
 
-__all__ = ["RLOOObjective", "leave_one_out_advantages", "sequence_loss"]
+__all__ = ["RLOOObjective", "kl_penalty", "leave_one_out_advantages", "sequence_loss"]
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, normalize: bool) -> torch.Tensor:
@@ -46,6 +55,38 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, normalize: 
     if normalize:
         advantages = (advantages - advantages.mean()) / (advantages.std() + ADVANTAGE_EPS)
     return advantages
+
+
+def kl_penalty(
+    strategy: Reducing,
+    model: torch.nn.Module,
+    batches: list[Batch],
+    indices: list[list[int]],
+    total: int,
+    s: GRPOSettings,
+    impl: str,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """beta x each completion's summed pi_old - pi_ref, [total] on every rank (this rank's `batches` hold the
+    global completions `indices`), and the metric `kl`: that log-ratio's token mean over the global batch."""
+    local = torch.zeros(total + 2, dtype=torch.float64, device=strategy.device)  # the sums, then kl's two
+    for batch, micro in zip(batches, indices, strict=True):
+        inputs = grpo_inputs(batch, strategy.device)
+        labels = batch["labels"]
+        with torch.no_grad():
+            if "old_logps" in batch:
+                old = batch["old_logps"].to(strategy.device)
+            else:
+                old = policy_logps(model, inputs, labels, impl, s.temperature)
+            with adapters_disabled(model):
+                ref = policy_logps(model, inputs, labels, impl, s.temperature)
+        mask = trained_mask(batch).to(strategy.device)
+        sums = (old - ref).where(mask, 0.0).sum(dim=1).double()
+        local[torch.tensor(micro, device=strategy.device)] = sums
+        local[total] += sums.sum()
+        local[total + 1] += mask.sum()
+    reduced = strategy.all_reduce_sum(local).cpu()
+    kl = float(reduced[total] / reduced[total + 1].clamp(min=1))
+    return s.beta * reduced[:total], {"kl": kl}
 
 
 def sequence_loss(
