@@ -15,18 +15,18 @@ The ratio is the completion's, of its SUMMED log-probs (TRL's RLOO: not GSPO's m
                                              divided by the accumulation steps: the same, every micro-batch
                                              holding as many completions)
 
-With `rl.beta` > 0 each reward first loses beta x its completion's summed k1 to the reference (TRL's RLOO,
-after the paper: a KL penalty in the reward, not a loss term), by the rollout policy before any update:
-
-    R_i = r_i - beta x sum_t (pi_old - pi_ref)       pi_ref: the base with the LoRA adapters off
-
-(`kl_penalty`, every rank's completions all-reduced before the advantages; the metric `kl` is the token mean
-of pi_old - pi_ref over the global batch, TRL's; `reward` stays the reward functions' own).
-
-with pi_old the rollout policy's (`old_logps`, kept when `rl.num_iterations` > 1; else the detached current
+With pi_old the rollout policy's (`old_logps`, kept when `rl.num_iterations` > 1; else the detached current
 one: ratio 1 with the ratio's gradient). A completion with no trained tokens (`rl.mask_truncated_completions`)
 has ratio 1 and no gradient, and still counts in N (TRL's). The metric `clip_ratio` is the share of the global
 batch's completions whose ratio was clipped in the direction that stops the gradient (TRL's region).
+
+With `rl.beta` > 0 each reward first loses beta x its completion's summed k1 to the reference (TRL's RLOO,
+after the paper: a KL penalty in the reward, not a loss term), by the rollout policy before any update:
+
+    r_i <- r_i - beta x sum_t (pi_old - pi_ref)      pi_ref: the base with the LoRA adapters off (before A_i)
+
+(`kl_penalty`, every rank's completions all-reduced before the advantages; the metric `kl` is the token mean
+of pi_old - pi_ref over the global batch, TRL's; `reward` stays the reward functions' own).
 """
 
 from __future__ import annotations
