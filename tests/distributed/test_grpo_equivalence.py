@@ -13,10 +13,15 @@ process), the others through the real launchers (gloo):
     *-single        api        one process         8 x 1 x 1                   LOSS's reference curve
     *-zero2         torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   LOSS
     *-fsdp          torchrun   FSDP2               1 x 4 x 2                   LOSS
+    *-single        api        one process         8 x 1 x 1                   EST's reference curve, 2 steps
+    *-split         api        one process         2 x 4 x 1                   EST
+    *-zero2         torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   EST
+    *-fsdp          torchrun   FSDP2               1 x 4 x 2                   EST
 
 (the first four with `rl.loss_type` dapo, the default; LOSS-* for each of the other loss types, grpo and
-dr_grpo; every DeepSpeed launch under `torchrun`: the `deepspeed` runner's own start-up is test_engines' and
-test_stop_resume's)
+dr_grpo; EST-* for each other estimator, 2 steps: rloo (`train.objective: rloo`, `rl.num_iterations: 1`)
+and gspo (`rl.importance_sampling_level: sequence` with `rl.loss_type: grpo`, the paper's); every DeepSpeed
+launch under `torchrun`: the `deepspeed` runner's own start-up is test_engines' and test_stop_resume's)
 
 Each rank samples its own completions, seeded per (seed, step, global completion index), and the advantages
 come from whole groups (a group's 4 completions land on both ranks here): the per-step loss, grad norm,
@@ -54,6 +59,22 @@ LAUNCHES += [
         ("zero2", "torchrun", Z2),
         ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
     )
+]
+ESTIMATORS = {
+    "rloo": ("train.objective=rloo", "rl.num_iterations=1"),  # TRL's default: a second update clips all here
+    "gspo": ("rl.importance_sampling_level=sequence", "rl.loss_type=grpo"),
+}
+ESTIMATOR_STEPS = 2
+SPLITS = (
+    ("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8")),
+    ("split", "api", ("distributed.strategy=single", "batch.micro_batch_size=2")),
+    ("zero2", "torchrun", Z2),
+    ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+)
+LAUNCHES += [
+    Launch(f"{est}-{name}", launcher, (*args, *overrides, f"train.max_steps={ESTIMATOR_STEPS}"))
+    for est, overrides in ESTIMATORS.items()
+    for name, launcher, args in SPLITS
 ]
 RESUMED = Launch("zero2", "torchrun", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
 
@@ -142,3 +163,26 @@ def test_sigterm_mid_run_then_resume_and_the_completions_file(runs: dict[str, Ru
         json.loads(line) for line in (runs["fsdp"].run_dir / "completions.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows][:1] == [1] and {"prompt", "completion", "reward"} <= set(rows[0])
+
+
+@pytest.mark.parametrize(
+    "name", [f"{est}-{split}" for est in ESTIMATORS for split in ("split", "zero2", "fsdp")]
+)
+def test_one_curve_per_estimator_for_every_engine_and_split(runs: dict[str, RunResult], name: str) -> None:
+    """RLOO's and GSPO's curves on one process 2 x 4 and on 2 ranks are their one-process 8 x 1 curve, and
+    each is its own: another loss than GRPO's (dapo) on the same first rollout."""
+    est = name.split("-")[0]
+    run, base = runs[name], runs[f"{est}-single"]
+    assert [row["step"] for row in run.metrics] == list(range(1, ESTIMATOR_STEPS + 1))
+    a, b = _rows(run), _rows(base)
+    assert max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)) < TOL, (
+        a,
+        b,
+    )
+    assert run.metrics[0]["reward"] == runs["single"].metrics[0]["reward"]  # the same first rollout
+    assert base.series("loss")[0] != runs["single"].series("loss")[0]
+    assert max(base.series("grad_norm")) > 0  # real updates (a step whose groups all tie has none)
+    saved = yaml.safe_load((run.run_dir / "config.yaml").read_text())
+    assert (saved["train"]["objective"], saved["rl"]["importance_sampling_level"]) == (
+        ("rloo", "token") if est == "rloo" else ("grpo", "sequence")
+    )

@@ -24,7 +24,9 @@ from zerofit.core.run_layout import run_name_problem
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Strategy = Literal["deepspeed", "fsdp", "single", "ddp"]
-Objective = Literal["sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo", "gkd"]  # train.objective
+Objective = Literal[
+    "sft", "dpo", "simpo", "orpo", "cpo", "kto", "reward", "grpo", "rloo", "gkd"
+]  # train.objective
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "lion_8bit"]
 # SimPO's gamma / beta when neither preference.simpo_gamma nor preference.simpo_gamma_beta_ratio is set: the
 # meaning zerofit's defaults always had (gamma 0.05 at beta 0.1, 1.0 at beta 2).
@@ -649,6 +651,7 @@ class PlannerSection(_Section):
 
 RLLossType = Literal["grpo", "dapo", "dr_grpo"]  # rl.loss_type (see zerofit.objectives.grpo.loss)
 RewardScaling = Literal["group", "batch", "none"]  # rl.scale_rewards
+ImportanceLevel = Literal["token", "sequence", "sequence_token"]  # rl.importance_sampling_level (GSPO)
 
 
 class RewardSpec(_Section):
@@ -674,8 +677,9 @@ class RewardSpec(_Section):
 
 
 class RLSection(_Section):
-    """Online RL (`train.objective: grpo`): rollouts generated inside the run, scored by reward functions, and
-    the clipped policy-gradient loss of GRPO and its published variants (TRL GRPOConfig's names)."""
+    """Online RL (`train.objective: grpo` or `rloo`): rollouts generated inside the run, scored by reward
+    functions, and the clipped policy-gradient loss of GRPO and its published variants (TRL GRPOConfig's
+    names), or RLOO's (TRL RLOOConfig's)."""
 
     num_generations: int = Field(8, ge=2, description="Completions sampled per prompt (G): one group.")
     prompts_per_step: int = Field(
@@ -699,6 +703,16 @@ class RLSection(_Section):
     beta: float = Field(
         0.0, ge=0, description="KL to the reference (k3 estimator); 0 skips the reference pass."
     )
+    use_bias_correction_kl: bool = Field(
+        True,
+        description="TRL's: the k3 term times the probability ratio (unbiased reverse-KL gradient); false is "
+        "the original GRPO's k3.",
+    )
+    importance_sampling_level: ImportanceLevel = Field(
+        "token",
+        description="The ratio per token (GRPO), per completion (sequence: GSPO, the geometric mean of its token "
+        "ratios) or GSPO-token (sequence_token: the sequence's value, a per-token gradient).",
+    )
     epsilon: float = Field(0.2, gt=0, description="The ratio's lower clipping bound, 1 - epsilon.")
     epsilon_high: float | None = Field(
         None, gt=0, description="The upper bound, 1 + epsilon_high (DAPO: 0.28)."
@@ -708,6 +722,11 @@ class RLSection(_Section):
     )
     scale_rewards: RewardScaling = Field(
         "group", description="Advantages divided by the std of the group, of the batch, or not at all."
+    )
+    normalize_advantages: bool = Field(
+        False,
+        description="train.objective rloo: the leave-one-out advantages normalized over the global batch (mean "
+        "0, std 1; TRL RLOOConfig's).",
     )
     mask_truncated_completions: bool = Field(
         False, description="Truncated completions count in no loss term."

@@ -10,11 +10,12 @@ One rollout per loop step `step` (`Rollouts.step_batches`):
        (seed, step, c), so completion c is the same tokens whatever the split, and a resumed run samples
        what the uninterrupted one did.
     3. This rank scores its completions (`Scorer`), and one all-reduce of a [fields, N] table (each rank
-       fills its own columns) gives every rank every completion's rewards, length and truncation; so the
-       advantages are computed from whole groups (`zerofit.objectives.grpo.loss.group_advantages`) even when a
-       group's completions landed on several micro-batches or ranks, identically on every rank.
+       fills its own columns) gives every rank every completion's rewards, length and truncation.
     4. The rank's micro-batches (`micro_batch`), with the old policy's per-token log-probs when
-       `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update).
+       `rl.num_iterations` > 1 (one no-grad forward per micro-batch, before any update); then the advantages,
+       from whole groups even when a group's completions landed on several micro-batches or ranks, identically
+       on every rank: the objective's `estimator` (GRPO's `group_advantages`, RLOO's leave-one-out baseline)
+       of the rewards less the objective's `penalty`, if any (RLOO's KL, all-reduced like the table).
 
 Sampling is a short loop over the model's forward with its KV cache rather than `generate`: generate draws a
 whole batch's tokens from one generator, so a completion would depend on its batch neighbours. Here each
@@ -34,6 +35,7 @@ hooks would gather every layer again for each token).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -439,7 +441,12 @@ class Rollouts:
     score: Scorer
     decode: Callable[[list[int]], str]
     seed: int
-    scale_rewards: str = "group"
+    estimator: Callable[[torch.Tensor, int], torch.Tensor] = field(  # the objective's; GRPO's by default
+        default_factory=lambda: functools.partial(group_advantages, scale="group")
+    )
+    # the objective's reward penalty (RLOO's KL with rl.beta > 0): (strategy, model, this rank's micro-batches,
+    # their global completion indices, N) -> (the penalty [N] on every rank, its metrics)
+    penalty: Callable[..., tuple[torch.Tensor, dict[str, float]]] | None = None
     mask_truncated: bool = False
     old_logps: bool = False  # rl.num_iterations > 1
     temperature: float = 1.0
@@ -476,11 +483,17 @@ class Rollouts:
             )
         generation_s = time.perf_counter() - started
         table = self._scored(strategy, step, flat, prompt_of, sampled, total)
-        advantages = group_advantages(table[0], self.group_size, self.scale_rewards)
         by_index = dict(zip(flat, sampled, strict=True))
-        batches = [self._micro(strategy, model, micro, rows, by_index, advantages) for micro in mine]
+        batches = [self._micro(strategy, model, micro, rows, by_index) for micro in mine]
+        rewards, penalty_metrics = table[0], {}
+        if self.penalty is not None:  # RLOO's KL in the reward, by the rollout policy (before any update)
+            penalty, penalty_metrics = self.penalty(strategy, model, batches, mine, total)
+            rewards = rewards - penalty
+        advantages = self.estimator(rewards, self.group_size)
+        for micro, batch in zip(mine, batches, strict=True):
+            batch["advantages"] = advantages[micro].float()
         metrics = self._metrics(table, generation_s, time.perf_counter() - started - generation_s)
-        return batches, metrics
+        return batches, {**metrics, **penalty_metrics}
 
     def _scored(
         self,
@@ -552,14 +565,14 @@ class Rollouts:
         micro: list[int],
         rows: list[int],
         by_index: dict[int, Sampled],
-        advantages: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        """One micro-batch of this rank's completions `micro` (with the old policy's log-probs if kept)."""
+        """One micro-batch of this rank's completions `micro` (with the old policy's log-probs if kept; its
+        advantages are set once the whole batch's are known)."""
         batch = micro_batch(
             [self.prompts[rows[c // self.group_size]].input_ids for c in micro],
             [by_index[c].ids for c in micro],
             [not (self.mask_truncated and by_index[c].truncated) for c in micro],
-            advantages[micro],
+            torch.zeros(len(micro)),
             self.sampling.pad_id,
         )
         if self.old_logps:

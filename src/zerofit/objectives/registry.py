@@ -15,6 +15,7 @@ from zerofit.objectives.kto import KTO
 from zerofit.objectives.pairwise import DPO, ORPO, SIMPO
 from zerofit.objectives.pairwise.cpo import CPO
 from zerofit.objectives.reward_model import REWARD_MODEL
+from zerofit.objectives.rloo import RLOO
 from zerofit.objectives.sft import SFT
 from zerofit.objectives.spec import ObjectiveSpec
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["OBJECTIVES", "objective_named", "objective_of", "saved_objective"]
 
 OBJECTIVES: dict[str, ObjectiveSpec] = {
-    spec.name: spec for spec in (SFT, DPO, SIMPO, ORPO, CPO, KTO, REWARD_MODEL, GRPO, GKD)
+    spec.name: spec for spec in (SFT, DPO, SIMPO, ORPO, CPO, KTO, REWARD_MODEL, GRPO, RLOO, GKD)
 }
 
 

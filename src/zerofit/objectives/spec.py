@@ -9,7 +9,8 @@ An objective is one slice (`zerofit.objectives.<slice>`) and one row of the regi
                     plan is chosen), `batch_problem` (a batch split error in the objective's terms)
     abilities       `sequence_parallel`, `vision`, `score_head`, `generates`, `whole_texts`
     the loss        `build_loss` (the train step's `Objective`, built lazily: torch is imported there)
-    the run         `updates_per_rollout`, `precomputes_reference`, `tokens_per_step`, `describe`
+    the run         `updates_per_rollout`, `advantage_estimator`, `reward_penalty`, `precomputes_reference`,
+                    `tokens_per_step`, `describe`
     the planner     `planned_reference`, `no_grad_forwards`, `max_tokens_per_unit`, `planned_line`,
                     `planner_notes`, `teacher_model`
     the probe       `synthetic_batch` (a max-length micro-batch laid out as the loader's own)
@@ -20,6 +21,7 @@ torch-free. The losses live beside each spec (`<slice>/loss.py`) and are importe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +88,16 @@ class ObjectiveSpec:
     def updates_per_rollout(self, cfg: ZerofitConfig) -> int:
         """Optimizer updates per loop step (more than one only for an objective that reuses its rollout)."""
         return 1
+
+    def advantage_estimator(self, cfg: ZerofitConfig) -> Callable[[Any, int], Any] | None:
+        """An objective that generates: each completion's advantage from the global batch's rewards [N]
+        (groups contiguous) and the group size, called by the rollout (`zerofit.loop.rollout`); None here."""
+        return None
+
+    def reward_penalty(self, cfg: ZerofitConfig) -> Callable[..., Any] | None:
+        """An objective that generates: what its rollout subtracts from each reward before the advantages
+        (`zerofit.loop.rollout.Rollouts.penalty`: RLOO's KL to the reference), or None."""
+        return None
 
     def precomputes_reference(self, cfg: ZerofitConfig) -> bool:
         """Whether the run computes reference log-probs once before training (`zerofit.loop.reference`)."""

@@ -53,6 +53,7 @@ class RLShape:
     completion_len: int  # rl.max_completion_length
     reference: bool  # rl.beta > 0: reference log-probs kept
     old_policy: bool  # rl.num_iterations > 1: old-policy log-probs kept
+    objective: str  # train.objective, as the notes name it (its spec's name)
 
     @property
     def seq_len(self) -> int:
@@ -67,7 +68,12 @@ def rl_shape(cfg: Any, objective: ObjectiveSpec, dp_size: int) -> RLShape | None
     rl = cfg.rl
     per_rank = -(-completions_per_step(cfg) // max(dp_size, 1))
     return RLShape(
-        per_rank, rl.max_prompt_length, rl.max_completion_length, rl.beta > 0, rl.num_iterations > 1
+        per_rank,
+        rl.max_prompt_length,
+        rl.max_completion_length,
+        rl.beta > 0,
+        rl.num_iterations > 1,
+        objective.name,
     )
 
 
@@ -134,7 +140,7 @@ def rl_notes(rl: RLShape, micro: int, generation_bytes: int) -> list[str]:
         else ""
     )
     return [
-        f"train.objective grpo: first the rank's {rl.completions} completions generate together (KV cache, "
+        f"train.objective {rl.objective}: first the rank's {rl.completions} completions generate together (KV cache, "
         f"sampling logits and the prefill: {generation_bytes / GIB:.2f} GiB beyond the model's resident state; "
         "an upper bound, every completion grown to the full length), then training on micro-batches of "
         f"{micro} completions of {rl.seq_len} tokens (prompt + completion){extra}"

@@ -205,7 +205,19 @@ class PreparedRun:
         if self.teacher is not None:  # distillation: the student's or the data's (or teacher's) completions
             model, split = self.built.model, self.plan.batch
             return distill_rollouts(cfg, tokenizer, model, prompts, self.data.sampler, split, self.teacher)
-        return rollouts(cfg, tokenizer, self.built.model, prompts, self.data.sampler, self.plan.batch)
+        objective = self.plan.objective
+        estimator = objective.advantage_estimator(cfg)
+        assert estimator is not None, "an objective that generates estimates its advantages"
+        return rollouts(
+            cfg,
+            tokenizer,
+            self.built.model,
+            prompts,
+            self.data.sampler,
+            self.plan.batch,
+            estimator,
+            objective.reward_penalty(cfg),
+        )
 
     def evaluator(self) -> Evaluator | None:
         """The loop's evaluation hook, when the run has evaluation data."""

@@ -18,8 +18,7 @@ from zerofit.core.errors import DataError
 from zerofit.data import GlobalBatchSampler
 from zerofit.data.prompts import PromptExample
 from zerofit.loop.distill import DistillRollouts, no_rewards
-from zerofit.loop.rollout import SamplingSettings
-from zerofit.recipe.rl import end_ids
+from zerofit.recipe.rl import sampling_settings
 
 __all__ = ["COMPLETION_KEY", "data_completions", "distill_rollouts"]
 
@@ -61,14 +60,7 @@ def distill_rollouts(
 ) -> DistillRollouts:
     """The run's `DistillRollouts`: sampling per `rl.*`, the coin per `gkd.lmbda`, the data's completions."""
     rl, g = cfg.rl, cfg.gkd
-    sampling = SamplingSettings(
-        max_new_tokens=rl.max_completion_length,
-        eos_ids=end_ids(tokenizer, model),
-        pad_id=int(tokenizer.pad_token_id),
-        temperature=rl.temperature,
-        top_p=rl.top_p,
-        top_k=rl.top_k,
-    )
+    sampling = sampling_settings(cfg, tokenizer, model)
     return DistillRollouts(
         prompts=prompts,
         sampler=sampler,

@@ -9,6 +9,7 @@ functions are built (and a `module:function` imported) only by `rollouts`, which
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from zerofit.config.batching import BatchSplit
@@ -47,19 +48,10 @@ def end_ids(tokenizer: Any, model_config: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def rollouts(
-    cfg: ZerofitConfig,
-    tokenizer: Any,
-    model: Any,
-    prompts: list[PromptExample],
-    sampler: GlobalBatchSampler,
-    batch: BatchSplit,
-) -> Rollouts:
-    """The run's `Rollouts`: its reward functions built now (the user's own config names them; a launch is
-    the only caller), sampling per `rl.*`."""
+def sampling_settings(cfg: ZerofitConfig, tokenizer: Any, model: Any) -> SamplingSettings:
+    """How a run samples its completions, per `rl.*` (the policy's rollouts and a distillation's alike)."""
     rl = cfg.rl
-    rewards = build_rewards(rl.rewards, tokenizer)
-    sampling = SamplingSettings(
+    return SamplingSettings(
         max_new_tokens=rl.max_completion_length,
         eos_ids=end_ids(tokenizer, model),
         pad_id=int(tokenizer.pad_token_id),
@@ -67,6 +59,24 @@ def rollouts(
         top_p=rl.top_p,
         top_k=rl.top_k,
     )
+
+
+def rollouts(
+    cfg: ZerofitConfig,
+    tokenizer: Any,
+    model: Any,
+    prompts: list[PromptExample],
+    sampler: GlobalBatchSampler,
+    batch: BatchSplit,
+    estimator: Callable[[Any, int], Any],
+    penalty: Callable[..., Any] | None = None,
+) -> Rollouts:
+    """The run's `Rollouts`: its reward functions built now (the user's own config names them; a launch is
+    the only caller), sampling per `rl.*`, the advantages by the objective's `estimator` (after its reward
+    `penalty`, if any)."""
+    rl = cfg.rl
+    rewards = build_rewards(rl.rewards, tokenizer)
+    sampling = sampling_settings(cfg, tokenizer, model)
     return Rollouts(
         prompts=prompts,
         sampler=sampler,
@@ -76,7 +86,8 @@ def rollouts(
         score=functools.partial(score_completions, rewards),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         seed=cfg.seed,
-        scale_rewards=rl.scale_rewards,
+        estimator=estimator,
+        penalty=penalty,
         mask_truncated=rl.mask_truncated_completions,
         old_logps=rl.num_iterations > 1,
         temperature=rl.temperature,

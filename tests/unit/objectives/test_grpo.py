@@ -185,9 +185,10 @@ def test_clipping_uses_epsilon_and_epsilon_high() -> None:
     logps = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
     old = torch.zeros_like(logps)
     s = GRPOSettings(epsilon=0.2, epsilon_high=0.28)
-    pos, _, clipped_pos = token_loss(logps, old, torch.tensor([1.0]), None, s)
+    mask = torch.ones_like(logps, dtype=torch.bool)
+    pos, _, clipped_pos = token_loss(logps, old, torch.tensor([1.0]), None, s, mask)
     assert pos.tolist()[0] == pytest.approx([-1.28, -0.5, -1.1])
-    neg, _, clipped_neg = token_loss(logps, old, torch.tensor([-1.0]), None, s)
+    neg, _, clipped_neg = token_loss(logps, old, torch.tensor([-1.0]), None, s, mask)
     assert neg.tolist()[0] == pytest.approx([1.5, 0.8, 1.1])
     assert clipped_pos.tolist() == [[True, False, False]] and clipped_neg.tolist() == [[False, True, False]]
 

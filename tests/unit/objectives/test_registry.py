@@ -89,7 +89,9 @@ def _probe_config(name: str) -> object:
         "train": {"objective": name, "max_steps": 1, "precision": "fp32"},
         "logging": {"wandb": {"mode": "disabled"}, "console": False},
     }
-    if name == "grpo":  # its global batch is its completions: 2 prompts x 2 each, 3 updates per rollout
+    if objective_named(
+        name
+    ).generates:  # its global batch is completions: 1 prompt x 2, 2 updates per rollout
         sections["rl"] = {
             "num_generations": 2,
             "prompts_per_step": 1,

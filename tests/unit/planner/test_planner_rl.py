@@ -28,7 +28,14 @@ QWEN = "Qwen/Qwen2.5-7B"
 
 
 def test_generation_lines_by_hand_for_qwen25_7b() -> None:
-    rl = RLShape(completions=16, prompt_len=256, completion_len=1024, reference=False, old_policy=False)
+    rl = RLShape(
+        completions=16,
+        prompt_len=256,
+        completion_len=1024,
+        reference=False,
+        old_policy=False,
+        objective="grpo",
+    )
     shape = model_shape(QWEN)
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.vocab_size) == (28, 4, 128, 152064)
     lines = list(generation_lines(rl, shape, compute_bytes=2).values())
@@ -67,7 +74,7 @@ def _scenario(world_size: int = 1, **rl: object) -> Scenario:
 def test_training_is_on_completions_of_prompt_plus_completion_tokens() -> None:
     scn = _scenario()
     assert scn.seq_len == 32 + 96 and scn.rows == 2 and not scn.pairs  # one sequence per completion
-    assert scn.rl == RLShape(16, 32, 96, reference=False, old_policy=False)
+    assert scn.rl == RLShape(16, 32, 96, reference=False, old_policy=False, objective="grpo")
     assert scn.reference == "none"
     est = estimate(scn)
     assert set(est.phases_gib) == {"forward/backward", "optimizer step", "generation"}

@@ -10,6 +10,8 @@ from the config at launch by `zerofit.recipe.rewards`), the rollouts `zerofit.lo
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zerofit.config.rules.engine import preset_zero_stage
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from zerofit.config.schema import RewardSpec, ZerofitConfig
     from zerofit.objectives.protocol import Objective
 
-__all__ = ["GRPO", "GRPOSpec", "completions_per_step", "describe_reward", "engine_problem"]
+__all__ = ["GRPO", "GRPOSpec", "completions_per_step", "describe_reward", "engine_problem", "unread_keys"]
 
 
 def describe_reward(spec: RewardSpec) -> str:
@@ -57,7 +59,7 @@ def engine_problem(cfg: ZerofitConfig) -> str | None:
     return None
 
 
-def _rl_problems(cfg: ZerofitConfig) -> list[str]:
+def _rl_problems(cfg: ZerofitConfig, name: str) -> list[str]:
     """The `rl` section against the rest: a reward, a backend that runs here, no packing, no evaluation data,
     no sequence parallelism, beta > 0 only with adapters to switch off, temperature only with logits."""
     rl, b = cfg.rl, cfg.batch
@@ -68,19 +70,32 @@ def _rl_problems(cfg: ZerofitConfig) -> list[str]:
          "does not drive yet; set rl.generation_backend=transformers (the policy's own sampling)"),
         (b.tokens_per_micro_batch is not None, "batch.tokens_per_micro_batch packs rows, and GRPO's micro-batch "
          "is completions (batch.micro_batch_size completions each); unset batch.tokens_per_micro_batch"),
-        (cfg.data.eval_path is not None or cfg.data.eval_split is not None, "data.eval_path / data.eval_split "
-         "with train.objective = 'grpo': held-out rewards are not evaluated during the run yet; unset them"),
-        (cfg.distributed.sequence_parallel > 1, "distributed.sequence_parallel > 1 with train.objective = "
-         "'grpo': rollouts are not sharded over the sequence; set distributed.sequence_parallel=1"),
+        (cfg.data.eval_path is not None or cfg.data.eval_split is not None, f"data.eval_path / data.eval_split "
+         f"with train.objective = {name!r}: held-out rewards are not evaluated during the run yet; unset them"),
+        (cfg.distributed.sequence_parallel > 1, f"distributed.sequence_parallel > 1 with train.objective = "
+         f"{name!r}: rollouts are not sharded over the sequence; set distributed.sequence_parallel=1"),
         (rl.beta > 0 and not cfg.lora.enabled, f"rl.beta = {rl.beta} needs the reference, the base with the LoRA "
          "adapters switched off, and lora.enabled = false leaves none; set lora.enabled=true or rl.beta=0"),
         (rl.temperature != 1.0 and cfg.train.cross_entropy == "fused_linear", f"rl.temperature = "
          f"{rl.temperature} scales the logits, which train.cross_entropy = 'fused_linear' never forms; set "
          "train.cross_entropy=chunked or rl.temperature=1.0"),
         (cfg.data.format not in ("auto", "prompt"), f"data.format = {cfg.data.format!r} with train.objective = "
-         "'grpo', which reads prompts ({prompt: ..., other columns}); set data.format=auto (or prompt)"),
+         f"{name!r}, which reads prompts ({{prompt: ..., other columns}}); set data.format=auto (or prompt)"),
     ]  # fmt: skip
     return [text for broken, text in rules if broken]
+
+
+def unread_keys(cfg: ZerofitConfig, name: str, keys: tuple[str, ...], reason: str) -> list[str]:
+    """A paragraph for each of the `rl` keys `keys` set away from its default, which train.objective `name`
+    does not read (`reason` says why and what to use instead)."""
+    from zerofit.config.schema import RLSection
+
+    return [
+        f"rl.{key} = {getattr(cfg.rl, key)!r} with train.objective = {name!r}, which does not read it "
+        f"({reason}); unset rl.{key}"
+        for key in keys
+        if getattr(cfg.rl, key) != RLSection.model_fields[key].default
+    ]
 
 
 class GRPOSpec(ObjectiveSpec):
@@ -89,6 +104,8 @@ class GRPOSpec(ObjectiveSpec):
     name = "grpo"
     unit = PROMPT
     generates = True
+    unread: tuple[str, ...] = ("normalize_advantages",)  # rl keys refused away from their defaults
+    unread_reason = "it normalizes RLOO's advantages; GRPO's are scaled by rl.scale_rewards"
 
     def settle_batch(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """The global batch is rl.num_generations x rl.prompts_per_step completions (batch.global_batch_size
@@ -96,13 +113,13 @@ class GRPOSpec(ObjectiveSpec):
         b, rl, completions = cfg.batch, cfg.rl, completions_per_step(cfg)
         if b.global_batch_size is not None and b.global_batch_size != completions:
             problems.append(
-                f"batch.global_batch_size = {b.global_batch_size} with train.objective = 'grpo', whose global "
+                f"batch.global_batch_size = {b.global_batch_size} with train.objective = {self.name!r}, whose global "
                 f"batch is rl.num_generations x rl.prompts_per_step = {rl.num_generations} x "
                 f"{rl.prompts_per_step} = {completions} completions; unset batch.global_batch_size (it is set to "
                 "that) or change the rl keys"
             )
         b.global_batch_size = completions
-        problems.extend(_rl_problems(cfg))
+        problems.extend(_rl_problems(cfg, self.name))
         engine = engine_problem(cfg)
         if engine is not None:
             problems.append(engine)
@@ -111,16 +128,18 @@ class GRPOSpec(ObjectiveSpec):
         """The split error in completions, set by the rl keys."""
         rl = cfg.rl
         return (
-            f"batch: train.objective = 'grpo' trains on rl.num_generations x rl.prompts_per_step = "
+            f"batch: train.objective = {self.name!r} trains on rl.num_generations x rl.prompts_per_step = "
             f"{rl.num_generations} x {rl.prompts_per_step} completions per step (the global batch), split into "
             f"micro-batches of batch.micro_batch_size completions over the ranks: {error} (or change "
             "rl.num_generations / rl.prompts_per_step)"
         )
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
-        """Not KTO's unpaired feedback (the prompts' own format: `settle_batch`); no preference reference."""
+        """Not KTO's unpaired feedback (the prompts' own format: `settle_batch`); no preference reference; none
+        of the `rl` keys this objective does not read (`unread`)."""
         refuse_unpaired_format(cfg, problems)
         refuse_reference(cfg, problems)
+        problems.extend(unread_keys(cfg, self.name, self.unread, self.unread_reason))
 
     def build_loss(self, cfg: ZerofitConfig) -> Objective:
         """The `rl` section's loss (`zerofit.objectives.grpo.loss`)."""
@@ -134,8 +153,16 @@ class GRPOSpec(ObjectiveSpec):
             epsilon_high=rl.epsilon_high,
             max_completion_length=rl.max_completion_length,
             temperature=rl.temperature,
+            use_bias_correction_kl=rl.use_bias_correction_kl,
+            importance_sampling_level=rl.importance_sampling_level,
         )
         return GRPOObjective(settings)
+
+    def advantage_estimator(self, cfg: ZerofitConfig) -> Callable[[Any, int], Any]:
+        """TRL's group normalization per rl.scale_rewards (`zerofit.objectives.grpo.loss.group_advantages`)."""
+        from zerofit.objectives.grpo.loss import group_advantages
+
+        return functools.partial(group_advantages, scale=cfg.rl.scale_rewards)
 
     def updates_per_rollout(self, cfg: ZerofitConfig) -> int:
         """rl.num_iterations optimizer updates on each rollout."""
@@ -161,8 +188,15 @@ class GRPOSpec(ObjectiveSpec):
         }[rl.loss_type]
         high = rl.epsilon if rl.epsilon_high is None else rl.epsilon_high
         ref = "the base with the LoRA adapters off" if rl.beta > 0 else "none (beta 0)"
+        if rl.beta > 0:
+            ref += (
+                ", k3 x the ratio (bias-corrected)" if rl.use_bias_correction_kl else ", k3 (original GRPO)"
+            )
+        level = {"token": "", "sequence": ", GSPO", "sequence_token": ", GSPO-token"}[
+            rl.importance_sampling_level
+        ]
         return (
-            f"grpo ({rl.loss_type}, beta {rl.beta:g}, clip [1 - {rl.epsilon:g}, 1 + {high:g}], advantages / std of "
+            f"grpo ({rl.loss_type}{level}, beta {rl.beta:g}, clip [1 - {rl.epsilon:g}, 1 + {high:g}], advantages / std of "
             f"the {rl.scale_rewards}): {rl.prompts_per_step} prompts x G {rl.num_generations} = {n} completions per "
             f"step, <= {rl.max_prompt_length} + {rl.max_completion_length} tokens each (<= "
             f"{n * rl.max_completion_length:,} completion tokens), sampled by the policy (temperature "
@@ -186,7 +220,7 @@ class GRPOSpec(ObjectiveSpec):
     def planned_line(self, memory: dict[str, Any]) -> str | None:
         phases = ", ".join(f"{k} {v:.2f}" for k, v in memory["phases_gib"].items())
         return (
-            f"Planned for train.objective grpo: {memory['micro_batch_size']} completions per micro-batch, each "
+            f"Planned for train.objective {self.name}: {memory['micro_batch_size']} completions per micro-batch, each "
             f"{memory['seq_len']} tokens (prompt + completion); tensors per phase (GiB): {phases}"
         )
 

@@ -12,9 +12,20 @@ Per completion token t, with pi the policy's log-prob at the sampling temperatur
 policy's (`old_logps`, kept when `rl.num_iterations` > 1; else the detached current one, so the ratio is 1
 with the ratio's gradient) and pi_ref the reference's (the base with the adapters off):
 
-    ratio = exp(pi - pi_old)
-    l_t   = -min(ratio A, clip(ratio, 1 - epsilon, 1 + epsilon_high) A) + beta k3,
+    ratio = exp(pi - pi_old)                                   rl.importance_sampling_level = token
+    l_t   = -min(ratio A, clip(ratio, 1 - epsilon, 1 + epsilon_high) A) + beta k3 w,
     k3    = exp(pi_ref - pi) - (pi_ref - pi) - 1                    (only when beta > 0)
+    w     = ratio (rl.use_bias_correction_kl, TRL's default)  or  1 (the original GRPO, DeepSeekMath)
+
+TRL's `use_bias_correction_kl` (DeepSeek-V3.2) weights k3 by the (differentiable) ratio, which makes its
+gradient the unbiased reverse-KL gradient and changes it even on-policy, where the ratio's value is 1.
+GSPO (Zheng et al. 2025) replaces the token ratio by the sequence's: the geometric mean of its token ratios,
+
+    ratio_i = exp(sum_t (pi - pi_old) / |o_i|)                 rl.importance_sampling_level = sequence
+    ratio_t = sg[ratio_i] x exp(pi - sg[pi])                   sequence_token (GSPO-token)
+
+clipped as one number per completion; GSPO-token has sequence's value and a per-token gradient, so a
+per-token advantage could weight each token (with GRPO's per-completion advantages its gradient is GSPO's).
 
 and the three loss types differ only in what the token losses are normalized by:
 
@@ -38,7 +49,9 @@ of `zerofit.token_loss.sums.token_losses` (position t holds token t + 1's).
 
 The metrics are token means over the global batch's trained tokens, TRL's: `kl` (k3, with beta > 0) and
 `clip_ratio` (the tokens whose ratio was clipped in the direction that stops the gradient: below 1 - epsilon
-with A < 0, above 1 + epsilon_high with A > 0).
+with A < 0, above 1 + epsilon_high with A > 0; at the sequence levels a completion's tokens share its flag, so
+this is the token-weighted share, where TRL's counts completions). `kl` is the k3 term as the loss adds it
+(times the ratio with the bias correction), TRL's.
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ __all__ = [
     "GRPOSettings",
     "group_advantages",
     "grpo_inputs",
+    "importance_log_ratio",
     "policy_logps",
     "token_loss",
     "trained_mask",
@@ -77,6 +91,8 @@ class GRPOSettings:
     epsilon_high: float | None = None  # None: epsilon
     max_completion_length: int = 128
     temperature: float = 1.0
+    use_bias_correction_kl: bool = True  # TRL's default; False: the original GRPO's k3
+    importance_sampling_level: str = "token"  # token | sequence (GSPO) | sequence_token (GSPO-token)
 
     @property
     def upper(self) -> float:
@@ -130,26 +146,47 @@ def policy_logps(
     return -token_losses(logits / temperature, labels, impl)
 
 
+def importance_log_ratio(
+    logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """log of the importance ratio, [rows, seq] (token, sequence_token) or [rows, 1] (sequence): the token's,
+    or its completion's mean over the trained tokens `mask` (GSPO: the log of the geometric mean)."""
+    log_ratio = logps - old_logps
+    if level == "token":
+        return log_ratio
+    sequence = (log_ratio.where(mask, 0.0).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).unsqueeze(1)
+    if level == "sequence":
+        return sequence
+    if level == "sequence_token":
+        return logps - logps.detach() + sequence.detach()
+    raise ValueError(f"rl.importance_sampling_level {level!r}: expected token, sequence or sequence_token")
+
+
 def token_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     ref_logps: torch.Tensor | None,
     s: GRPOSettings,
+    mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token clipped surrogate (+ beta k3), the k3 values (zeros without a reference) and the clipped
-    flags, all [rows, seq] (module docstring)."""
-    ratio = torch.exp(logps - old_logps)
+    """Per-token clipped surrogate (+ beta k3, times the ratio with the bias correction), the k3 term as the
+    loss adds it (zeros without a reference) and the clipped flags, all [rows, seq] (module docstring);
+    `mask` is the trained tokens (the sequence levels' mean)."""
+    ratio = torch.exp(importance_log_ratio(logps, old_logps, mask, s.importance_sampling_level))
     a = advantages.unsqueeze(1)
     clipped_ratio = torch.clamp(ratio, 1 - s.epsilon, s.upper)
     loss = -torch.min(ratio * a, clipped_ratio * a)
+    loss = loss.expand_as(logps)
     kl = torch.zeros_like(logps)
     if ref_logps is not None:
         diff = ref_logps - logps
         kl = torch.exp(diff) - diff - 1
+        if s.use_bias_correction_kl:
+            kl = kl * ratio
         loss = loss + s.beta * kl
     clipped = ((ratio < 1 - s.epsilon) & (a < 0)) | ((ratio > s.upper) & (a > 0))
-    return loss, kl.detach(), clipped
+    return loss, kl.detach(), clipped.expand_as(logps)
 
 
 class GRPOObjective(UnitMeans):
@@ -187,8 +224,8 @@ class GRPOObjective(UnitMeans):
         logps = policy_logps(model, inputs, labels, impl, self.s.temperature)
         old = batch["old_logps"].to(device) if "old_logps" in batch else logps.detach()
         advantages = batch["advantages"].to(device, torch.float32)
-        loss, kl, clipped = token_loss(logps, old, advantages, ref, self.s)
         mask = trained_mask(batch).to(device)
+        loss, kl, clipped = token_loss(logps, old, advantages, ref, self.s, mask)
         per_token = loss.where(mask, 0.0)
         if self.s.loss_type == "grpo":
             rows = mask.sum(dim=1).clamp(min=1)
