@@ -23,8 +23,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Imported only where used: DeepSpeed by its strategy, peft by LoRA, bitsandbytes by quantization and 8-bit
 # optimizers, wandb by its sink and reader, matplotlib by the plots, liger-kernel by its kernels, gguf by the
-# GGUF export.
-LAZY = ("deepspeed", "peft", "bitsandbytes", "wandb", "matplotlib", "liger_kernel", "gguf")
+# GGUF export, lm-eval by `zerofit eval` and `eval.harness`.
+LAZY = ("deepspeed", "peft", "bitsandbytes", "wandb", "matplotlib", "liger_kernel", "gguf", "lm_eval")
 
 EVERY_MODULE = """
 import importlib, json, pkgutil, sys
@@ -223,7 +223,7 @@ from zerofit.cli import main
 root = Path(tempfile.mkdtemp())
 runs = [str(make_run(root, "a")), str(make_run(root, "b", micro=2))]
 with contextlib.redirect_stdout(io.StringIO()):
-    for argv in (["--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
+    for argv in (["--help"], ["eval", "--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
         try:
             code = main(argv)
         except SystemExit as exc:  # --help
@@ -238,7 +238,7 @@ def test_help_presets_and_compare_import_no_torch() -> None:
     (loaded,) = _modules_after(LIGHT_COMMANDS, str(REPO / "tests" / "unit"))
     assert "zerofit" in loaded and "yaml" in loaded
     # (compare draws its plots with matplotlib: the one optional library it uses)
-    assert sorted(loaded & {"torch", "transformers", "peft", "bitsandbytes", "deepspeed"}) == []
+    assert sorted(loaded & {"torch", "transformers", "peft", "bitsandbytes", "deepspeed", "lm_eval"}) == []
 
 
 # A process that used zerofit goes on loading models with transformers' own defaults (HF's Trainer, TRL, a
