@@ -169,6 +169,7 @@ def _record(
     """For a run directory: the results file, a post-hoc metrics row and the W&B summary (said on stdout)."""
     from zerofit.config.loader import read_config_file
     from zerofit.core.run_layout import CONFIG_FILE
+    from zerofit.harness.evaluate import replies
     from zerofit.harness.results import append_posthoc_row, score_fields, update_wandb_summary, write_results
     from zerofit.trained.checkpoints import find_weights
 
@@ -180,6 +181,7 @@ def _record(
         "weights": source.describe(),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "scores": table,
+        "replies": {label: replies(found) for label, found in results.items()},
         "lm_eval": {
             label: {k: found.get(k) for k in ("results", "versions", "n-samples", "configs")}
             for label, found in results.items()

@@ -20,7 +20,7 @@ from typing import Any
 from zerofit.core.errors import ConfigError, DataError
 from zerofit.harness.shipped import shipped_names, task_config
 
-__all__ = ["HarnessSettings", "LoadedTasks", "evaluate", "load_tasks", "scores"]
+__all__ = ["HarnessSettings", "LoadedTasks", "evaluate", "load_tasks", "replies", "scores"]
 
 # lm-eval's results keys are `<metric>,<filter>`; `none` is the unfiltered one.
 _NO_FILTER = "none"
@@ -124,7 +124,7 @@ def evaluate(model: Any, tokenizer: Any, tasks: LoadedTasks, settings: HarnessSe
             limit=settings.limit,
             num_fewshot=settings.num_fewshot,
             apply_chat_template=settings.apply_chat_template,
-            log_samples=False,
+            log_samples=True,  # the replies go to the results file (`replies`): what was scored, readable
             bootstrap_iters=0,  # no bootstrap stderr: seconds per metric on a CPU, and not reported
         )
     return dict(results or {})
@@ -143,3 +143,18 @@ def scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                 name = metric if filt == _NO_FILTER else f"{metric}_{filt}"
                 out.setdefault(task, {})[name] = float(value)
     return out
+
+
+def replies(results: dict[str, Any]) -> dict[str, list[Any]]:
+    """`{task: [the model's answer to each document, in document order]}` of lm-eval's logged samples (a
+    generated reply's text; a loglikelihood task's filtered response)."""
+    out: dict[str, list[Any]] = {}
+    for task, samples in (results.get("samples") or {}).items():
+        ordered = sorted(samples, key=lambda sample: sample.get("doc_id", 0))
+        out[task] = [_first(sample.get("filtered_resps")) for sample in ordered]
+    return out
+
+
+def _first(value: Any) -> Any:
+    """The response itself out of lm-eval's per-sample list (one entry for a generated reply)."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value

@@ -223,3 +223,42 @@ def test_the_scores_reach_metrics_jsonl_wandb_and_compare(
     assert main(["compare", str(tiny_run), "--no-plots"]) == 0
     table = capsys.readouterr().out
     assert key in table and f"{trained:.4f} (step 2)" in table
+
+
+def test_the_watch_of_a_harness_score_keeps_the_highest() -> None:
+    """`eval.harness.best_metric`: higher is better, by more than min_delta; the patience counts the rest."""
+    from zerofit.checkpoint.policy import EvalWatch
+
+    watch = EvalWatch(patience=2, min_delta=0.05, metric=harness_field("t", "acc"), higher=True)
+    for step, score in ((1, 0.2), (2, 0.5), (3, 0.52), (4, 0.4)):
+        verdict = watch.judge(score)
+        watch.record(step, score, verdict)
+    assert (watch.best_step, watch.best_loss, watch.stopped_at) == (2, 0.5, 4)
+    assert "harness/t/acc has not improved by more than 0.05 for 2" in watch.stop_line()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (
+            ["eval.harness.tasks=[zerofit_demo_sums]", "eval.harness.best_metric=zerofit_demo_format/acc"],
+            "eval.harness.best_metric = 'zerofit_demo_format/acc': must be <task>/<metric> of a task in "
+            "eval.harness.tasks (zerofit_demo_sums)",
+        ),
+        (
+            [
+                "eval.harness.tasks=[zerofit_demo_sums]",
+                "eval.harness.best_metric=zerofit_demo_sums/acc",
+                "train.early_stopping.patience=2",
+            ],
+            "train.early_stopping.patience = 2 counts harness evaluations of zerofit_demo_sums/acc, but "
+            "eval.harness.every_steps = 0",
+        ),
+    ],
+)
+def test_the_harness_keys_are_checked_before_a_launch(
+    overrides: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--config", str(REPO / "configs" / "demo.yaml"), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
