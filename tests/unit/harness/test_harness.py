@@ -144,7 +144,8 @@ def test_a_hub_task_offline_without_its_data_is_refused_in_one_paragraph(tmp_pat
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo config on one process for 2 steps, W&B offline (its summary is read back)."""
+    """The demo config on one process for 2 steps, W&B offline (its summary is read back), with
+    `eval.harness` scoring the sums task after each step and judging the best checkpoint."""
     from zerofit.api import train
 
     result = train(
@@ -158,9 +159,29 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "run_name": "tiny",
             "logging.console": False,
             "data.path": str(REPO / "data" / "demo.jsonl"),
+            "eval.harness.tasks": ["zerofit_demo_sums"],
+            "eval.harness.every_steps": 1,
+            "eval.harness.limit": 2,
+            "eval.harness.best_metric": "zerofit_demo_sums/acc",
         },
     )
     return result.run_dir
+
+
+@pytest.mark.slow
+def test_eval_harness_scores_every_step_and_judges_the_best_checkpoint(tiny_run: Path) -> None:
+    """`eval.harness` during training: each step's row has its score, its results file its replies, and
+    `checkpoints/best.json` names the harness metric (the first evaluation is the best until one beats it)."""
+    from zerofit.checkpoint.policy import read_best
+    from zerofit.metrics.rows import read_rows
+
+    key = harness_field("zerofit_demo_sums", "acc")
+    training = [row for row in read_rows(RunLayout(tiny_run).metrics).rows if not row.get(POSTHOC)]
+    assert [row["step"] for row in training] == [1, 2] and all(key in row for row in training)
+    report = json.loads(RunLayout(tiny_run).harness(1).read_text())
+    assert len(report["replies"]["trained"]["zerofit_demo_sums"]) == 2
+    best = read_best(RunLayout(tiny_run).checkpoints)
+    assert best is not None and best["metric"] == key and best["step"] in (1, 2)
 
 
 @pytest.fixture(scope="module")
