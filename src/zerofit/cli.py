@@ -1,4 +1,4 @@
-"""`zerofit` command line: plan | presets | compare | export | generate | score | studio.
+"""`zerofit` command line: plan | presets | compare | export | generate | score | eval | studio.
 
 Each subcommand lives in `zerofit.commands.<name>` and exposes `register(subparsers)`, which adds its
 parser and sets `func(args) -> int`. This module only dispatches and turns user errors into one clear
@@ -13,11 +13,12 @@ import sys
 from collections.abc import Sequence
 
 from zerofit.commands import compare, export, generate, plan, presets, score, studio
+from zerofit.commands import eval as eval_command
 from zerofit.core.errors import ConfigError, ZerofitError
 from zerofit.core.messages import error
 
 # Subcommands, in help order.
-COMMANDS = (plan, presets, compare, export, generate, score, studio)
+COMMANDS = (plan, presets, compare, export, generate, score, eval_command, studio)
 # The commands whose input is a run config (file and overrides): their ConfigErrors say "Invalid configuration".
 CONFIG_COMMANDS = ("plan", "presets", "compare")
 

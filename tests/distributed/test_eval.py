@@ -11,7 +11,9 @@ evaluated every 2 steps and after the last of 3, in fp32, as
 The 9 eval conversations do not fill the last window of any split, so ranks without an example run a
 masked dummy row. Evaluation losses and token counts agree across the splits within 1e-5 and equal a
 reference computed here, one conversation at a time, from the exported adapter; W&B holds the same numbers
-on the step axis; `zerofit compare` shows them.
+on the step axis; `zerofit compare` shows them. The same launches run `eval.harness` (lm-eval's shipped sums
+task, 3 documents) at the same steps: rank 0 scores the weights gathered from every rank (ZeRO-3's
+partitions, FSDP2's shards), and every engine's replies equal the one-process run's.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 N_CHATS, GLOBAL, STEPS, SEED, MAX_LEN, EVAL_SPLIT = 45, 8, 3, 11, 96, 0.2
 TOL = 1e-5
+HARNESS_TASK = "zerofit_demo_sums"
 LAUNCHES = [
     Launch(
         "single", "api", ("distributed.strategy=single", "batch.micro_batch_size=4", "data.path={parquet}")
@@ -89,7 +92,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, data: dict[str, Path]) -> dic
             "optimizer": {"lr": 1e-2},
             "lora": {"dropout": 0.0},
             "data": {"max_seq_len": MAX_LEN, "eval_split": EVAL_SPLIT, "cache": False},
-            "eval": {"every_steps": 2},
+            "eval": {
+                "every_steps": 2,
+                "harness": {"tasks": [HARNESS_TASK], "every_steps": 2, "limit": 3},
+            },
             "logging": {"console": False, "wandb": {"mode": "disabled"}},
         },
     )
@@ -132,6 +138,26 @@ def test_eval_loss_is_the_same_whatever_the_split(runs: dict[str, RunResult], na
         < TOL
     )
     assert ref[2]["eval/loss"] != ref[3]["eval/loss"]  # the model moved between the evaluations
+
+
+@pytest.mark.parametrize("name", ["single", "zero3", "fsdp"])
+def test_the_harness_scores_the_gathered_weights_on_every_engine(
+    runs: dict[str, RunResult], name: str
+) -> None:
+    """`eval.harness` after steps 2 and 3: the score in the step's row (beside eval/loss), the results file
+    with the replies, and the replies of the weights rank 0 gathered equal to the one-process run's."""
+    from zerofit.core.run_layout import RunLayout
+    from zerofit.metrics.keys import harness_field
+
+    key = harness_field(HARNESS_TASK, "acc")
+    rows = {row["step"]: row for row in runs[name].metrics if key in row}
+    assert sorted(rows) == [2, 3] and all("eval/loss" in row for row in rows.values())
+    for step in (2, 3):
+        report = json.loads(RunLayout(runs[name].run_dir).harness(step).read_text())
+        reference = json.loads(RunLayout(runs["single"].run_dir).harness(step).read_text())
+        assert report["step"] == step and report["scores"]["trained"][HARNESS_TASK]["acc"] == rows[step][key]
+        assert len(report["replies"]["trained"][HARNESS_TASK]) == 3
+        assert report["replies"] == reference["replies"], (name, step)
 
 
 def test_eval_loss_is_the_token_mean_over_the_eval_set(

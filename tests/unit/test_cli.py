@@ -242,7 +242,7 @@ def test_console_script_json_output() -> None:
 
 @pytest.mark.slow
 def test_wheel_ships_the_presets(tmp_path: Path) -> None:
-    """`ds_configs/` must be inside the wheel, not only in the checkout."""
+    """`ds_configs/` and the shipped lm-eval tasks' data must be inside the wheel, not only in the checkout."""
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
         capture_output=True,
@@ -257,6 +257,10 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     assert len(shipped) == len(list_presets()) >= 8
     assert shipped <= names
     assert "zerofit/engine_spec/render.py" in names and "zerofit/config/batching.py" in names
+    # the lm-eval tasks zerofit ships, with the data files they read offline (`zerofit.harness.shipped`)
+    tasks = {f"zerofit/harness/tasks/{p.name}" for p in (REPO / "src/zerofit/harness/tasks").glob("*.yaml")}
+    data = {f"zerofit/harness/data/{n}" for n in ("demo_smollm2_heldout.jsonl", "demo_smollm2_facts.jsonl")}
+    assert len(tasks) == 3 and tasks | data | {"zerofit/harness/data/demo_grpo_heldout.jsonl"} <= names
 
 
 # ----------------------------------------------------------------------------------------- export, generate

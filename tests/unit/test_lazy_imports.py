@@ -23,7 +23,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Imported only where used: DeepSpeed by its strategy, peft by LoRA, bitsandbytes by quantization and 8-bit
 # optimizers, wandb by its sink and reader, matplotlib by the plots, liger-kernel by its kernels, gguf by the
-# GGUF export, mlflow and tensorboard by their sinks (and compare's TensorBoard reader).
+# GGUF export, mlflow and tensorboard by their sinks (and compare's TensorBoard reader), lm-eval by `zerofit eval`
+# and `eval.harness`.
 LAZY = (
     "deepspeed",
     "peft",
@@ -34,6 +35,7 @@ LAZY = (
     "gguf",
     "mlflow",
     "tensorboard",
+    "lm_eval",
 )
 
 EVERY_MODULE = """
@@ -250,7 +252,7 @@ from zerofit.cli import main
 root = Path(tempfile.mkdtemp())
 runs = [str(make_run(root, "a")), str(make_run(root, "b", micro=2))]
 with contextlib.redirect_stdout(io.StringIO()):
-    for argv in (["--help"], ["studio", "--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
+    for argv in (["--help"], ["studio", "--help"], ["eval", "--help"], ["presets"], ["compare", *runs, "--out", str(root / "out")]):
         try:
             code = main(argv)
         except SystemExit as exc:  # --help
@@ -266,7 +268,17 @@ def test_help_presets_and_compare_import_no_torch() -> None:
     assert "zerofit" in loaded and "yaml" in loaded
     # (compare draws its plots with matplotlib: the one optional library it uses; the studio's web stack is
     # imported by `zerofit studio` alone, not by its --help)
-    heavy = {"torch", "transformers", "peft", "bitsandbytes", "deepspeed", "fastapi", "uvicorn", "starlette"}
+    heavy = {
+        "torch",
+        "transformers",
+        "peft",
+        "bitsandbytes",
+        "deepspeed",
+        "fastapi",
+        "uvicorn",
+        "starlette",
+        "lm_eval",
+    }
     assert sorted(loaded & heavy) == []
 
 

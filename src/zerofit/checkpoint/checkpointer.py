@@ -110,7 +110,7 @@ class Checkpointer:
             self.clock.reset()
         if self.strategy.rank == 0 and self._best_step() == steps_done and self.last_saved == steps_done:
             assert self.watch is not None and self.watch.best_loss is not None
-            write_best(self.root, steps_done, self.watch.best_loss)
+            write_best(self.root, steps_done, self.watch.best_loss, self.watch.metric)
 
     def _best_step(self) -> int | None:
         """The step whose checkpoint is kept as the best (None: no evaluation yet, or keep_best off)."""

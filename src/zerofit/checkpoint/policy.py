@@ -54,16 +54,22 @@ class Verdict:
 
 
 class EvalWatch:
-    """The best `eval/loss` so far and the early-stopping patience (`patience` 0: never stops).
+    """The best `eval/loss` so far and the early-stopping patience (`patience` 0: never stops); or, with
+    `metric` another field and `higher` true, the best of that (an lm-eval score, `eval.harness.best_metric`).
 
     An evaluation improves when its loss is lower than the best by more than `min_delta` (the first one
-    always does); an improvement is the new best and resets the count of evaluations without one; the run
-    stops after `patience` evaluations in a row without one.
+    always does; a higher-is-better metric: higher by more than `min_delta`); an improvement is the new best
+    and resets the count of evaluations without one; the run stops after `patience` evaluations in a row
+    without one. (`best_loss` holds the best value whichever metric it is.)
     """
 
-    def __init__(self, patience: int = 0, min_delta: float = 0.0) -> None:
+    def __init__(
+        self, patience: int = 0, min_delta: float = 0.0, metric: str = BEST_METRIC, higher: bool = False
+    ) -> None:
         self.patience = patience
         self.min_delta = min_delta
+        self.metric = metric
+        self._sign = -1.0 if higher else 1.0  # compare `sign * value`: lower is better
         self.best_step: int | None = None
         self.best_loss: float | None = None
         self.since_best = 0  # evaluations since the best one
@@ -74,7 +80,7 @@ class EvalWatch:
         if not math.isfinite(loss):
             best = False
         else:
-            best = self.best_loss is None or loss < self.best_loss - self.min_delta
+            best = self.best_loss is None or self._sign * loss < self._sign * self.best_loss - self.min_delta
         exhausted = self.patience > 0 and not best and self.since_best + 1 >= self.patience
         return Verdict(best, exhausted)
 
@@ -90,7 +96,7 @@ class EvalWatch:
     def replay(self, rows: Iterable[dict[str, Any]]) -> None:
         """A resumed run: the evaluations in the kept rows of metrics.jsonl, in order, as if just seen."""
         for row in rows:
-            loss = row.get(BEST_METRIC)
+            loss = row.get(self.metric)
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):
                 verdict = self.judge(float(loss))
                 self.record(int(row["step"]), float(loss), Verdict(verdict.best, False))
@@ -98,17 +104,18 @@ class EvalWatch:
     def stop_line(self) -> str:
         """The one line that says why the run ended early."""
         return (
-            f"early stopping: {BEST_METRIC} has not improved by more than {self.min_delta:g} for "
+            f"early stopping: {self.metric} has not improved by more than {self.min_delta:g} for "
             f"{self.patience} evaluation(s) (best {self.best_loss:.4f} at step {self.best_step}); "
             f"stopped after step {self.stopped_at}"
         )
 
 
-def write_best(checkpoints: Path, step: int, loss: float) -> Path:
-    """Record the best evaluation in `checkpoints/best.json` (atomically: a crash leaves the old record)."""
+def write_best(checkpoints: Path, step: int, loss: float, metric: str = BEST_METRIC) -> Path:
+    """Record the best evaluation (of `metric`) in `checkpoints/best.json` (atomically: a crash leaves the
+    old record)."""
     path = Path(checkpoints) / BEST_FILE
     tmp = path.with_name(path.name + ".tmp")
-    record = {"step": step, "metric": BEST_METRIC, "value": loss, "checkpoint": step_dir_name(step)}
+    record = {"step": step, "metric": metric, "value": loss, "checkpoint": step_dir_name(step)}
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
     return path

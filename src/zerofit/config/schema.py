@@ -540,12 +540,37 @@ class KTOSection(_Section):
     )
 
 
+class HarnessSection(_Section):
+    """lm-eval during training (`zerofit.harness`): rank 0 scores the step's weights, gathered from every
+    rank, on these tasks; the scores join the step's metrics row (`harness/<task>/<metric>`)."""
+
+    tasks: list[str] = Field(
+        default_factory=list, description="lm-eval task names (zerofit's shipped ones run offline); [] = off."
+    )
+    every_steps: Annotated[int, RuleHint("0 = only at the end")] = Field(
+        0, ge=0, description="Optimizer steps between harness evaluations; 0 = only after the last step."
+    )
+    limit: float | None = Field(
+        None, gt=0, description="At most this many documents per task (a fraction below 1: that share)."
+    )
+    apply_chat_template: bool | None = Field(
+        None, description="Prompts as a chat turn; null = as the data trains (on for data.format messages)."
+    )
+    batch_size: int = Field(8, ge=1, description="lm-eval requests per forward.")
+    best_metric: str | None = Field(
+        None,
+        description="`<task>/<metric>` (higher is better) that judges the best checkpoint and early stopping "
+        "instead of eval/loss.",
+    )
+
+
 class EvalSection(_Section):
-    """When the evaluation loss is computed (on `data.eval_path` or `data.eval_split`)."""
+    """When the evaluation loss is computed (on `data.eval_path` or `data.eval_split`), and lm-eval's."""
 
     every_steps: Annotated[int, RuleHint("0 = only at the end")] = Field(
         0, ge=0, description="Optimizer steps between evaluations; 0 = only at the end."
     )
+    harness: HarnessSection = Field(default_factory=HarnessSection)
 
 
 class CheckpointSection(_Section):

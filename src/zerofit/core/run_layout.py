@@ -22,6 +22,7 @@ __all__ = [
     "CONFIG_FILE",
     "DAMAGED_SUFFIX",
     "ENGINE_FILES",
+    "EVAL_DIR",
     "EXPORT_INFO",
     "LOCK_FILE",
     "METRICS_FILE",
@@ -36,6 +37,7 @@ __all__ = [
     "WANDB_RUN_ID_FILE",
     "RunLayout",
     "check_run_name",
+    "harness_file_name",
     "run_dir_of",
     "run_name_problem",
     "saving_dir_name",
@@ -62,6 +64,7 @@ WANDB_DIR = "wandb"  # W&B's files, unless W&B is disabled
 WANDB_RUN_ID_FILE = "zerofit-run-id"  # under wandb/: the W&B run id a resume continues
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard's event files (`logging.tensorboard`)
 MLFLOW_RUN_FILE = "mlflow_run.json"  # the MLflow run a resume continues (`logging.mlflow`)
+EVAL_DIR = "eval"  # lm-eval results: harness-step-N.json (`zerofit eval`, `eval.harness`)
 
 # Under checkpoints/: one folder per saved step, named by `step_dir_name` and read back by `step_of_dir`.
 STEP_DIR_PREFIX = "step-"  # step-N/: the complete checkpoint after optimizer step N
@@ -85,6 +88,12 @@ def step_of_dir(name: str) -> int | None:
     """N for a complete checkpoint's folder name `step-N`, else None (`step-N.tmp`, `step-N.damaged`, ...)."""
     match = _STEP_DIR.match(name)
     return int(match.group(1)) if match else None
+
+
+def harness_file_name(step: int | None) -> str:
+    """`harness-step-N.json`: lm-eval's results on the weights of optimizer step N, under `eval/`
+    (`harness-final.json` for a final export whose step the run did not record)."""
+    return f"harness-{step_dir_name(step) if step is not None else 'final'}.json"
 
 
 # What a run name must be, said after the value in every refusal (the schema's, the resolver's, the joins').
@@ -218,6 +227,15 @@ class RunLayout:
     def mlflow_run(self) -> Path:
         """`mlflow_run.json`: the MLflow run (its id and experiment id) a resume continues."""
         return self.root / MLFLOW_RUN_FILE
+
+    @property
+    def eval_dir(self) -> Path:
+        """`eval/`: lm-eval's results, one `harness-step-N.json` per evaluated step."""
+        return self.root / EVAL_DIR
+
+    def harness(self, step: int | None) -> Path:
+        """`eval/harness-step-N.json`: lm-eval's results on the weights of step `step`."""
+        return self.eval_dir / harness_file_name(step)
 
     def export(self, adapter: bool) -> Path:
         """The final export's folder: `adapter/` (LoRA) or `model/` (full fine-tuning)."""

@@ -40,6 +40,7 @@ from typing import Any
 
 from zerofit.core.errors import ConfigError, DataError, ZerofitError
 from zerofit.core.progress import Progress, progress
+from zerofit.harness.checks import follows_format, knows
 
 # Tokens each reply may take: the task's answers and the facts' sentences fit with room to spare.
 MAX_NEW_TOKENS = 40
@@ -96,25 +97,6 @@ def read_probes(path: Path) -> list[Probe]:
     if not probes:
         raise DataError(f"{path}: no probes (one JSON object per line, with prompt and answer)")
     return probes
-
-
-def follows_format(reply: str) -> bool:
-    """Whether `reply` is exactly one JSON object with one key, "answer", holding a non-empty string."""
-    try:
-        value = json.loads(reply.strip())
-    except ValueError:
-        return False
-    return (
-        isinstance(value, dict)
-        and set(value) == {"answer"}
-        and isinstance(value["answer"], str)
-        and bool(value["answer"].strip())
-    )
-
-
-def knows(reply: str, answer: str) -> bool:
-    """Whether `reply` contains `answer`, case-insensitively."""
-    return answer.lower() in reply.lower()
 
 
 def format_settled(reply: str) -> bool:

@@ -192,6 +192,9 @@ class LoopInputs:
     cross_entropy: str = "chunked"
     packed_row_tokens: int | None = None  # token budget: rows of this many tokens (data.max_seq_len)
     evaluator: Evaluating | None = None  # None: no evaluation data
+    harness: Evaluating | None = (
+        None  # eval.harness: lm-eval's `harness/*` scores when due (every rank alike)
+    )
     stop: StopSignal | None = None  # SIGTERM/SIGINT: stop after the step in progress, on every rank
     clock: SaveClock | None = None  # checkpoint.every_minutes (rank 0's clock decides)
     watch: EvalWatch | None = None  # best eval/loss (checkpoint.keep_best) and train.early_stopping
@@ -342,14 +345,16 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
         # NaN / inf (the same on every rank: global values): no evaluation of such weights, its row logged.
         trainable = trainable if trainable is not None else trainable_parameters(run.model)
         bad = non_finite(result, run.strategy.step_applied, trainable)
-        evaluated = run.evaluator.after_step(steps_done) if run.evaluator is not None and bad is None else {}
+        evaluated = {
+            **(run.evaluator.after_step(steps_done) if run.evaluator is not None and bad is None else {}),
+            **(run.harness.after_step(steps_done) if run.harness is not None and bad is None else {}),
+        }
+        judged_by = run.watch.metric if run.watch is not None else BEST_METRIC
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
         logged = logged or bad is not None
         row = functools.partial(step_metrics, run, step, result, lr, seconds, samples, seen)
         failure = _log_row(run, steps_done, {**row(), **evaluated}) if logged else None
-        agreed = agree_after_step(
-            run, evaluated.get(BEST_METRIC), logged, failure is not None, bad is not None
-        )
+        agreed = agree_after_step(run, evaluated.get(judged_by), logged, failure is not None, bad is not None)
         if agreed.metrics_failed:
             raise _metrics_write_error(run, steps_done, failure)
         if agreed.diverged:  # before any save: the last checkpoint stays the last good one
@@ -361,7 +366,7 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
             if run.strategy.broadcast_object(failure) is not None:
                 raise _metrics_write_error(run, steps_done, failure)
         if run.watch is not None and agreed.verdict is not None:
-            run.watch.record(steps_done, float(evaluated[BEST_METRIC]), agreed.verdict)
+            run.watch.record(steps_done, float(evaluated[judged_by]), agreed.verdict)
         run.checkpointer.after_step(steps_done, agreed.save(run.keep_best), seen)
         if agreed.stopping or agreed.early_stop:
             break

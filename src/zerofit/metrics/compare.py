@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from zerofit.config.loader import flatten
-from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, REWARD, rank_field
+from zerofit.metrics.keys import EVAL_LOSS, MEM_SOURCE, PEAK_GIB, REWARD, harness_task_metric, rank_field
 from zerofit.metrics.runs import LoadedRun
 
 # Keys that never explain a difference in outcome (names, where files go, W&B bookkeeping).
@@ -137,6 +137,7 @@ def outcome_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
             ("min eval loss", [_fmt(s.get("min_eval_loss"), ".4f") for s in summaries]),
         ]
     rows += preference_rows(runs)
+    rows += harness_rows(runs)
     rows += [
         ("tokens seen", [_fmt(s["tokens_seen"], ",.0f") for s in summaries]),
         ("mean tokens/s", [_fmt(s["mean_tokens_per_s"], ",.1f") for s in summaries]),
@@ -195,6 +196,20 @@ def preference_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
         for key in PREFERENCE_KEYS
         if any(run.series(key)[0] for run in runs)
     ]
+
+
+def harness_rows(runs: list[LoadedRun]) -> list[tuple[str, list[str]]]:
+    """Each lm-eval score `harness/<task>/<metric>` any run logged (`zerofit eval`, `eval.harness`), its
+    newest value per run, with the step it scored."""
+    keys = sorted({key for run in runs for row in run.rows for key in row if harness_task_metric(key)})
+    rows = []
+    for key in keys:
+        cells = []
+        for run in runs:
+            steps, values = run.series(key)
+            cells.append(f"{values[-1]:.4f} (step {steps[-1]:.0f})" if values else _MISSING)
+        rows.append((key, cells))
+    return rows
 
 
 def unique_labels(runs: list[LoadedRun]) -> list[str]:

@@ -15,12 +15,16 @@ from collections.abc import Container
 
 __all__ = [
     "EVAL_LOSS",
+    "HARNESS_PREFIX",
     "JUDGED_BY",
     "LOSS",
     "MAX_PEAK",
     "MEM_SOURCE",
     "PEAK_GIB",
+    "POSTHOC",
     "REWARD",
+    "harness_field",
+    "harness_task_metric",
     "judged_by",
     "rank_field",
     "rank_of_field",
@@ -30,12 +34,31 @@ LOSS = "loss"  # the objective's loss over the global batch
 REWARD = "reward"  # an RL step's mean reward over its completions (GRPO's; a metric, not the reward-model objective)
 
 EVAL_LOSS = "eval/loss"  # the mean loss per target token over the held-out set (lower is better)
+# lm-eval's scores (`zerofit eval`, `eval.harness`): `harness/<task>/<metric>`, higher is better for the shipped
+# tasks' `acc`; each task's lm-eval config says which way its metrics go.
+HARNESS_PREFIX = "harness/"
+# A row that `zerofit eval` appends after training, for a step that already has its training row: readers lay
+# its fields over that row (`zerofit.metrics.rows.one_row_per_step`) instead of replacing it.
+POSTHOC = "posthoc"
 MEM_SOURCE = "mem/source"  # what the memory fields measure: `cuda` (allocator) or `cpu_rss` (process RSS)
 MAX_PEAK = "mem/max_peak_gib"  # the largest peak of any rank in the logging interval
 PEAK_GIB = "peak_gib"  # a rank's peak memory in the interval: the per-rank field `rank_field(r, PEAK_GIB)`
 
 _MEM_RANK_PREFIX = "mem/rank"
 _RANK_FIELD = re.compile(rf"^{re.escape(_MEM_RANK_PREFIX)}(\d+)/(.+)$")
+
+
+def harness_field(task: str, metric: str) -> str:
+    """`harness/<task>/<metric>`: one lm-eval score (`harness_task_metric` reads it back)."""
+    return f"{HARNESS_PREFIX}{task}/{metric}"
+
+
+def harness_task_metric(key: str) -> tuple[str, str] | None:
+    """(task, metric) of a field `harness/<task>/<metric>`, else None."""
+    if not key.startswith(HARNESS_PREFIX):
+        return None
+    task, _, metric = key[len(HARNESS_PREFIX) :].rpartition("/")
+    return (task, metric) if task and metric else None
 
 
 def rank_field(rank: int, name: str) -> str:

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLines", "read_rows", "skipped_text"]
+from zerofit.metrics.keys import POSTHOC
+
+__all__ = ["MetricsLines", "one_row_per_step", "read_rows", "skipped_text"]
 
 # How many skipped lines a message names one by one; the rest are counted.
 NAMED_LINES = 3
@@ -80,3 +82,17 @@ def skipped_text(skipped: list[tuple[int, str]]) -> str:
     named = "; ".join(f"line {number}: {why}" for number, why in skipped[:NAMED_LINES])
     more = len(skipped) - NAMED_LINES
     return named + (f"; and {more} more line{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def one_row_per_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step, in step order: the last training row written for each step (a resumed run may have
+    logged a step twice), with the fields of any post-hoc row of that step (`POSTHOC`: `zerofit eval`'s
+    scores, appended after training) laid over it rather than replacing it."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        step, before = row["step"], by_step.get(row["step"])
+        if row.get(POSTHOC) and before is not None:
+            by_step[step] = {**before, **{k: v for k, v in row.items() if k != POSTHOC}}
+        else:
+            by_step[step] = row
+    return [by_step[s] for s in sorted(by_step)]

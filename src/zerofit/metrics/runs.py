@@ -19,7 +19,7 @@ from zerofit.core.errors import DataError
 from zerofit.core.messages import warn
 from zerofit.core.run_layout import METRICS_FILE, RunLayout
 from zerofit.metrics.keys import PEAK_GIB, rank_of_field
-from zerofit.metrics.rows import read_rows, skipped_text
+from zerofit.metrics.rows import one_row_per_step, read_rows, skipped_text
 from zerofit.metrics.summary import RunSummary, next_tokens_seen, predicted_peak_gib
 from zerofit.metrics.tensorboard_reader import event_dir
 from zerofit.metrics.wandb_reader import WANDB_RUN_GLOB
@@ -78,7 +78,7 @@ def _is_num(value: Any) -> bool:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a `metrics.jsonl`, the last one of each step, in step order. A line that is no metrics
+    """The rows of a `metrics.jsonl`, one per step (`one_row_per_step`), in step order. A line that is no metrics
     row (no UTF-8, no JSON, no whole-number step) is left out with one warning naming the file and the line;
     a file with lines but not one row is a DataError (it is no zerofit metrics file)."""
     found = read_rows(path)
@@ -94,9 +94,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             "metrics.jsonl is a JSON object with a whole-number step, one per line; pass the folder of a run "
             "zerofit wrote, or leave this one out"
         )
-    # A resumed run appends: keep the last record of each step, in step order.
-    by_step = {row["step"]: row for row in found.rows}
-    return [by_step[s] for s in sorted(by_step)]
+    # A resumed run appends, `zerofit eval` adds post-hoc scores: one row per step, in step order.
+    return one_row_per_step(found.rows)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

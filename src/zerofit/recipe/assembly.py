@@ -46,6 +46,7 @@ from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_l
 from zerofit.data.vision import load_vision_examples
 from zerofit.engine_spec import render_spec
 from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
+from zerofit.harness.during import HarnessDuringTraining
 from zerofit.loop.evaluate import Evaluator, check_eval_data
 from zerofit.loop.reference import ReferencePass, precompute_reference
 from zerofit.loop.rollout import Rollouts
@@ -181,6 +182,7 @@ class PreparedRun:
             cross_entropy=cfg.train.cross_entropy,
             packed_row_tokens=cfg.data.max_seq_len if cfg.batch.tokens_per_micro_batch is not None else None,
             evaluator=self.evaluator(),
+            harness=self.harness,
             stop=stop,
             clock=clock,
             watch=watch,
@@ -218,6 +220,13 @@ class PreparedRun:
             estimator,
             objective.reward_penalty(cfg),
         )
+
+    @functools.cached_property
+    def harness(self) -> HarnessDuringTraining | None:
+        """`eval.harness`'s hook (`zerofit.recipe.harness`), one per run: the setup resolves its tasks."""
+        from zerofit.recipe.harness import harness_for
+
+        return harness_for(self.plan, self.strategy, self.built.tokenizer) if self.data is not None else None
 
     def evaluator(self) -> Evaluator | None:
         """The loop's evaluation hook, when the run has evaluation data."""

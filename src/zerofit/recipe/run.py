@@ -28,7 +28,7 @@ from zerofit.core.messages import error, line_buffered_output, quiet_libraries, 
 from zerofit.core.progress import progress
 from zerofit.core.run_layout import RunLayout, step_dir_name
 from zerofit.loop.signals import StopSignal, deepspeed_runner, die_with_launcher, die_with_parent
-from zerofit.metrics.keys import LOSS
+from zerofit.metrics.keys import LOSS, harness_field
 from zerofit.objectives.registry import objective_of
 from zerofit.planner import choose_fastest_plan
 from zerofit.recipe.lost_rank import EXIT_PEER_LOST, peer_lost
@@ -140,7 +140,6 @@ class FinetuneRecipe:
         """Assemble the run, restore its checkpoint, print its plan and open its metrics sinks."""
         quiet_libraries()
         from zerofit.checkpoint import Checkpointer, checkpoint_record
-        from zerofit.checkpoint.policy import EvalWatch
         from zerofit.checkpoint.resume import restore, resume_message
         from zerofit.metrics.setup import open_sinks
         from zerofit.recipe.assembly import assemble
@@ -149,15 +148,16 @@ class FinetuneRecipe:
         # A GRPO run's reward functions are imported now, before its files are written and its plan printed:
         # a `module:function` that cannot be imported is refused like any config error, with nothing written.
         self.rollouts = run.rollouts
+        if run.harness is not None:  # eval.harness: its tasks resolved (a hub task's data fetched) first
+            run.harness.prepare()
         plan, strategy = run.plan, run.strategy
         cfg, rank, point = plan.config, strategy.rank, plan.resume
         assert cfg.train.max_steps is not None, "a run plan knows its step count"
         fmt = strategy.checkpoint_format
         record = checkpoint_record(plan, fmt, self.config_path) if rank == 0 else None
         elapsed = point.elapsed_s if point else 0.0
-        es = cfg.train.early_stopping
         has_eval = run.data is not None and run.data.eval_examples is not None
-        self.watch = EvalWatch(es.patience, es.min_delta) if has_eval else None
+        self.watch = eval_watch(cfg, has_eval)
         self.checkpointer = Checkpointer(
             strategy, plan.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=self.watch
         )
@@ -322,6 +322,18 @@ def run_training(
         raise lost from None
     finally:
         recipe.cleanup()
+
+
+def eval_watch(cfg: ZerofitConfig, has_eval: bool) -> EvalWatch | None:
+    """The run's watch over its evaluations (best checkpoint, early stopping): of eval/loss (lower is
+    better) with evaluation data, or of `eval.harness.best_metric`'s lm-eval score (higher is better)."""
+    from zerofit.checkpoint.policy import EvalWatch
+
+    es, best = cfg.train.early_stopping, cfg.eval.harness.best_metric
+    if best is not None:
+        task, _, metric = best.rpartition("/")
+        return EvalWatch(es.patience, es.min_delta, harness_field(task, metric), higher=True)
+    return EvalWatch(es.patience, es.min_delta) if has_eval else None
 
 
 def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: StopSignal) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
 
 def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
     """`best: eval/loss 1.2345 at step 40 (checkpoint ..., export it with zerofit export RUN --step best)`."""
-    text = f"best: eval/loss {watch.best_loss:.4f} at step {watch.best_step}"
+    text = f"best: {watch.metric} {watch.best_loss:.4f} at step {watch.best_step}"
     folder = checkpoints / step_dir_name(watch.best_step)
     if keep_best and folder.is_dir():
         text += f" (checkpoint {folder}; zerofit export {checkpoints.parent} --step best --out DIR)"

@@ -73,12 +73,40 @@ def check_length(problems: list[str], cfg: ZerofitConfig) -> None:
             "set train.max_steps instead (the plan of an epochs run prints its step count)"
         )
     _check_early_stopping(problems, cfg)
+    _check_harness(problems, cfg)
+
+
+def _check_harness(problems: list[str], cfg: ZerofitConfig) -> None:
+    """`eval.harness` needs lm-eval installed, and its `best_metric` names one of its tasks."""
+    import importlib.util
+
+    h = cfg.eval.harness
+    if h.tasks and importlib.util.find_spec("lm_eval") is None:
+        problems.append(
+            f"eval.harness.tasks = {h.tasks} runs EleutherAI's lm-eval, which is not installed; install it with "
+            "pip install 'zerofit[eval]', or set eval.harness.tasks=[]"
+        )
+    task = (h.best_metric or "").rpartition("/")[0]
+    if h.best_metric is not None and task not in h.tasks:
+        problems.append(
+            f"eval.harness.best_metric = {h.best_metric!r}: must be <task>/<metric> of a task in eval.harness.tasks "
+            f"({', '.join(h.tasks) or 'none'}), e.g. zerofit_demo_format/acc; or leave it unset to judge by eval/loss"
+        )
 
 
 def _check_early_stopping(problems: list[str], cfg: ZerofitConfig) -> None:
-    """Early stopping needs evaluations between steps to count its patience in."""
-    es, d = cfg.train.early_stopping, cfg.data
+    """Early stopping needs evaluations between steps to count its patience in: of eval/loss, or of the
+    harness metric that `eval.harness.best_metric` names."""
+    es, d, h = cfg.train.early_stopping, cfg.data, cfg.eval.harness
     if es.patience <= 0:
+        return
+    if h.best_metric is not None:
+        if h.every_steps <= 0:
+            problems.append(
+                f"train.early_stopping.patience = {es.patience} counts harness evaluations of "
+                f"{h.best_metric}, but eval.harness.every_steps = 0 evaluates only at the end; set "
+                "eval.harness.every_steps (e.g. 50), or train.early_stopping.patience=0"
+            )
         return
     if d.eval_path is None and d.eval_split is None:
         problems.append(
