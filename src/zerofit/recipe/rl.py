@@ -16,9 +16,10 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.data import GlobalBatchSampler
 from zerofit.data.prompts import PromptExample, load_prompts
 from zerofit.data.sft import DataStats
-from zerofit.loop.rollout import Rollouts, SamplingSettings
+from zerofit.loop.rollout import ENVIRONMENT_REWARD, Rollouts, SamplingSettings
 from zerofit.objectives.grpo.rewards import score_completions
 from zerofit.recipe.rewards import build_rewards
+from zerofit.recipe.tools import build_agent
 
 __all__ = ["end_ids", "load_prompt_data", "rollouts"]
 
@@ -58,10 +59,15 @@ def rollouts(
     """The run's `Rollouts`: its reward functions built now (the user's own config names them; a launch is
     the only caller), sampling per `rl.*`."""
     rl = cfg.rl
-    rewards = build_rewards(rl.rewards, tokenizer)
+    rewards = build_rewards(rl.rewards, tokenizer, required=rl.environment is None)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    eos = end_ids(tokenizer, model)
     sampling = SamplingSettings(
         max_new_tokens=rl.max_completion_length,
-        eos_ids=end_ids(tokenizer, model),
+        eos_ids=eos,
         pad_id=int(tokenizer.pad_token_id),
         temperature=rl.temperature,
         top_p=rl.top_p,
@@ -74,13 +80,14 @@ def rollouts(
         group_size=rl.num_generations,
         sampling=sampling,
         score=functools.partial(score_completions, rewards),
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        decode=decode,
         seed=cfg.seed,
         scale_rewards=rl.scale_rewards,
         mask_truncated=rl.mask_truncated_completions,
         old_logps=rl.num_iterations > 1,
         temperature=rl.temperature,
         cross_entropy=cfg.train.cross_entropy,
-        reward_names=tuple(r.name for r in rewards),
+        reward_names=tuple(r.name for r in rewards) + ((ENVIRONMENT_REWARD,) if rl.environment else ()),
+        agent=build_agent(rl, tokenizer, eos, decode, prompts),
         log_completions_every=rl.log_completions_every,
     )
