@@ -638,7 +638,7 @@ class Rollouts:
         """Rank 0: append a few of this step's completions (rank 0's own) to the run's completions.jsonl when
         `rl.log_completions_every` says so: step, prompt, completion, reward and each reward function's
         score, one JSON object a line. Returns the rows written (none at other steps), which the loop also
-        sends to the metrics sinks as a table (W&B)."""
+        sends to the metrics sinks as a table (W&B: a multi-turn conversation as its JSON text, one cell)."""
         every = self.log_completions_every
         if every <= 0 or steps_done % every != 0 or not self.shown:
             return []
@@ -646,7 +646,10 @@ class Rollouts:
         with (run_dir / COMPLETIONS_FILE).open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
-        return rows
+        return [
+            {**row, MESSAGES_COLUMN: json.dumps(row[MESSAGES_COLUMN])} if MESSAGES_COLUMN in row else row
+            for row in rows
+        ]
 
     def _metrics(self, table: torch.Tensor, generation_s: float, scoring_s: float) -> dict[str, float]:
         """The step's rollout fields of metrics.jsonl (means over the global batch's completions)."""
