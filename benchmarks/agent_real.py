@@ -122,6 +122,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line: held-out samples, results file, config overrides."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--samples", type=int, default=2, help="sampled trajectories per held-out problem")
+    parser.add_argument("--heldout", type=int, default=HELDOUT, help="held-out problems")
     parser.add_argument("--seed", type=int, default=1234, help="the held-out decode's sampling seed")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--smoke", action="store_true", help="tiny-llama, 1 step, 3 held-out problems")
@@ -139,7 +140,7 @@ def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
 
     train_file, rows_file = runs / "train.jsonl", runs / "heldout.jsonl"
     train_file.write_text("".join(json.dumps(r) + "\n" for r in problems(TRAIN, seed=1)))
-    held = problems(3 if args.smoke else HELDOUT, seed=2)
+    held = problems(3 if args.smoke else args.heldout, seed=2)
     rows_file.write_text("".join(json.dumps(r) + "\n" for r in held))
     overrides = [*REAL, *(SMOKE if args.smoke else ())]
     where = [f"output_dir={runs}", "run_name=agent-real", f"data.path={train_file}"]

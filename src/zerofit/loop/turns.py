@@ -134,7 +134,9 @@ class Agent:
         track.text = self.decode(ids)
         history = track.messages
         track.messages = [*history, {"role": "assistant", "content": track.text}]
-        if truncated:
+        if truncated:  # the budget is spent: an environment still scores the turn, nothing follows it
+            if track.env is not None:
+                track.env_reward += float(track.env.step(track.text)[1])
             track.stats["cut"] += 1
             track.truncated = track.done = True
             return
