@@ -510,6 +510,8 @@ class Rollouts:
         metrics = self._metrics(table, generation_s, time.perf_counter() - started - generation_s)
         if self.agent is not None:
             metrics.update(agent_metrics(strategy, flat, sampled, total))
+            # per token the policy sampled (a trajectory's length also counts its template and tool tokens)
+            metrics["entropy"] = float(table[-1].sum()) / max(metrics["agent/sampled_tokens"], 1.0)
         return batches, metrics
 
     def _trajectories(

@@ -88,3 +88,13 @@ def test_the_reward_of_a_toy_environment_rises(tmp_path: Path, monkeypatch: pyte
         json.loads((run_dir / "run_info.json").read_text())["config"]["rl"]["environment"]
         == f"{MODULE}:Digits"
     )
+    _export_imports_nothing(run_dir, tmp_path)
+
+
+def _export_imports_nothing(run_dir: Path, tmp_path: Path) -> None:
+    """The run folder's config names the environment; exporting that folder must not import it."""
+    from zerofit.cli import main
+
+    assert MODULE in (run_dir / "config.yaml").read_text() and MODULE not in sys.modules
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "exported")]) == 0
+    assert MODULE not in sys.modules
