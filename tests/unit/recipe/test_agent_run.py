@@ -85,10 +85,7 @@ def test_the_reward_of_a_toy_environment_rises(tmp_path: Path, monkeypatch: pyte
     assert any(r["agent/turns"] > 1 and r["agent/masked_tokens"] > 0 for r in rows)
     shown = json.loads((run_dir / "completions.jsonl").read_text().splitlines()[0])
     assert [m["role"] for m in shown["messages"]][:2] == ["user", "assistant"]
-    assert (
-        json.loads((run_dir / "run_info.json").read_text())["config"]["rl"]["environment"]
-        == f"{MODULE}:Digits"
-    )
+    assert json.loads((run_dir / "run_info.json").read_text())["rl"]["environment"] == f"{MODULE}:Digits"
     _export_imports_nothing(run_dir, tmp_path)
 
 
