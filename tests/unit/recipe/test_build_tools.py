@@ -93,3 +93,23 @@ def test_the_fallback_renders_the_tools_in_the_system_turn_and_replies_as_user_t
         tok.decode(after) == "u: <tool_response>\n5\n</tool_response>\na: "
     )  # the sampled eos is not repeated
     assert tok.decode(chat.after_turn(question, [reply], False, "here")).startswith("</s>u: ")
+
+
+@pytest.mark.parametrize(
+    ("model", "fmt", "reply_turn"),
+    [("tiny-qwen2", "hermes", "<tool_response>\n5\n</tool_response>"), ("tiny-llama3", "llama3", "ipython")],
+)
+def test_a_template_with_a_tools_section_renders_them_itself(model: str, fmt: str, reply_turn: str) -> None:
+    """Qwen2.5's and Llama 3.1's real templates get the schemas through `tools=` and the replies as tool
+    messages; the turn end the policy sampled is not repeated."""
+    from zerofit.objectives.grpo.tool_calls import tool_reply
+
+    tok = build_tokenizer(model)
+    schemas, _ = build_tools([ToolSpec(function="calculator")])
+    chat = AgentChat(tok, schemas, [tok.eos_token_id])
+    assert (chat.format, chat.native) == (fmt, True)
+    question = [{"role": "user", "content": "What is 2+3?"}]
+    start = tok.decode(chat.start(question, "here"))
+    assert '"name": "calculator"' in start and "You may call one or more functions" not in start[:40]
+    after = tok.decode(chat.after_turn(question, [tool_reply("calculator", "5", True, 1)], True, "here"))
+    assert reply_turn in after and not after.startswith(tok.eos_token)
