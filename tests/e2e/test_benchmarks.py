@@ -97,6 +97,7 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
         "loss_memory": (str(BENCH / "loss_memory.py"), "--smoke", "--json", str(tmp / "loss_memory.json")),
         "grpo_real": (str(BENCH / "grpo_real.py"), "--smoke", "--json", str(tmp / "grpo_real.json")),
         "distill_real": (str(BENCH / "distill_real.py"), "--smoke", "--json", str(tmp / "distill_real.json")),
+        "agent_real": (str(BENCH / "agent_real.py"), "--smoke", "--json", str(tmp / "agent_real.json")),
         "packed_dpo_vs_trl": (
             str(BENCH / "packed_dpo_vs_trl.py"),
             "--smoke",
@@ -368,6 +369,24 @@ def test_distill_real_smoke_trains_a_teacher_and_a_student_and_scores_both(ran: 
     assert report["heldout"]["of"] == {"format": 3, "facts": 3} and report["teacher"]["trained_here"]
     for who in ("base", "teacher", "student"):
         assert set(report["heldout"][who]) == {"format", "facts", "samples"}
+
+
+def test_agent_real_smoke_trains_and_scores_tool_use(ran: dict[str, Ran]) -> None:
+    """`agent_real.py --smoke`: one agentic GRPO step with the calculator tool on tiny-llama (the fallback
+    template), then held-out accuracy and tool use of the base and the trained model (3 problems x 2)."""
+    result, out = ran["agent_real"].ok(), ran["agent_real"].tmp / "agent_real.json"
+    assert "base     held-out accuracy " in result.stdout and "trained  held-out accuracy " in result.stdout
+    report = json.loads(out.read_text())
+    assert report["run"]["model"] == "tiny-llama" and report["run"]["steps"] == 1
+    for name in ("base", "trained"):
+        assert report[name]["trajectories"] == 6
+        assert {"accuracy", "tool_call_rate", "turns_per_trajectory"} <= set(report[name])
+    assert set(report["train_per_step"][0]) == {
+        "reward",
+        "agent/tool_calls",
+        "agent/tool_errors",
+        "agent/turns",
+    }
 
 
 def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:

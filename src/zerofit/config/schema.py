@@ -701,6 +701,19 @@ class RewardSpec(_Section):
     )
 
 
+class ToolSpec(_Section):
+    """One tool an agentic GRPO run offers the policy (`rl.tools`): a built-in by name, or the user's own
+    `module:function`, imported only because the user's own config or command line names it."""
+
+    function: str = Field(
+        description="A built-in tool (calculator, lookup) or `module:function` (type hints and a Google-style "
+        "docstring, from which its JSON schema is built)."
+    )
+    column: str = Field(
+        "table", description="lookup: the data column holding the row's table (key -> value)."
+    )
+
+
 class RLSection(_Section):
     """Online RL (`train.objective: grpo` or `rloo`): rollouts generated inside the run, scored by reward
     functions, and the clipped policy-gradient loss of GRPO and its published variants (TRL GRPOConfig's
@@ -766,6 +779,19 @@ class RLSection(_Section):
         10,
         ge=0,
         description="Every N steps a few sampled completions go to completions.jsonl in the run folder; 0 never.",
+    )
+    tools: list[ToolSpec] = Field(
+        default_factory=list,
+        description="Tools the policy may call: multi-turn rollouts (docs/guides/agents.md).",
+    )
+    environment: str | None = Field(
+        None, description="`module:Class`: an environment that answers each assistant turn (agents guide)."
+    )
+    max_turns: int = Field(
+        3, ge=1, description="With tools or an environment: the most assistant turns of one trajectory."
+    )
+    tool_timeout_s: float = Field(
+        10.0, gt=0, description="A tool call running longer is answered with an error."
     )
 
 

@@ -41,12 +41,14 @@ PROMPT_KEY = "prompt"  # TRL's prompt column
 @dataclass(frozen=True)
 class PromptExample:
     """One prompt: its token ids (what the policy continues), its text as the model sees it (what a reward
-    function receives), the record's other columns, and the record it came from (0-based)."""
+    function receives), the record's other columns, the record it came from (0-based), and its messages
+    (where a multi-turn rollout starts, rendered with the tools: `zerofit.data.agent_chat`)."""
 
     input_ids: list[int]
     text: str
     columns: dict[str, Any]
     record: int
+    messages: list[dict[str, Any]] = field(default_factory=list)  # a string prompt: one user message
 
 
 @dataclass
@@ -145,7 +147,8 @@ def load_prompts(
         n_cut += cut
         columns = {k: v for k, v in record.items() if k != PROMPT_KEY}
         names.update(dict.fromkeys(columns))
-        prompts.append(PromptExample(ids, text, columns, index))
+        messages = value if isinstance(value, list) else [{"role": "user", "content": value}]
+        prompts.append(PromptExample(ids, text, columns, index, messages))
     if not prompts:
         raise DataError(
             f"{source.describe()}: no prompts; add records such as {{'prompt': '...', 'answer': '...'}}."

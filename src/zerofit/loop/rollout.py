@@ -51,6 +51,7 @@ from zerofit.config.batching import BatchSplit
 from zerofit.core.errors import ZerofitError
 from zerofit.core.progress import Progress, progress
 from zerofit.data import GlobalBatchSampler, split_global_batch
+from zerofit.loop.turns import Agent, agent_metrics
 from zerofit.metrics.keys import REWARD
 from zerofit.objectives.grpo.loss import group_advantages, grpo_inputs, policy_logps
 from zerofit.strategies.base import Strategy
@@ -59,6 +60,8 @@ from zerofit.token_loss.sums import IGNORE_INDEX
 __all__ = [
     "COMPLETIONS_FILE",
     "COMPLETIONS_TABLE",
+    "ENVIRONMENT_REWARD",
+    "MESSAGES_COLUMN",
     "PromptRow",
     "RewardFailed",
     "Rollouts",
@@ -72,6 +75,10 @@ __all__ = [
 
 COMPLETIONS_FILE = "completions.jsonl"  # in the run folder: a few sampled completions every N steps
 COMPLETIONS_TABLE = "completions"  # the same rows' table in the metrics sinks (W&B: a wandb.Table)
+MESSAGES_COLUMN = (
+    "messages"  # a multi-turn rollout's whole conversation, as the rewards and completions.jsonl see it
+)
+ENVIRONMENT_REWARD = "environment"  # the reward an `rl.environment` gives, summed into the total
 NOISE_BYTES = 8 << 20  # the most sampling noise one completion holds at a time (`noise_block`)
 
 # (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])
@@ -87,6 +94,9 @@ class PromptRow(Protocol):
     input_ids: list[int]
     columns: dict[str, Any]
     record: int  # its record in the data (0-based)
+    messages: list[
+        dict[str, Any]
+    ]  # the prompt as messages (a multi-turn rollout renders them with the tools)
 
 
 class RewardFailed(ZerofitError):
@@ -110,11 +120,21 @@ class SamplingSettings:
 @dataclass(frozen=True)
 class Sampled:
     """One completion: its tokens (the eos included), whether it hit max_new_tokens first, and the sum of
-    its tokens' entropies under the sampling distribution (softmax(logits / temperature), TRL's entropy)."""
+    its tokens' entropies under the sampling distribution (softmax(logits / temperature), TRL's entropy).
+    A multi-turn trajectory (`zerofit.loop.turns`) also says which of its tokens the policy sampled
+    (`trained`; the others are template and tool tokens, masked), its own prompt (the row's rendered with
+    the tools), the last turn's text and the whole conversation (what the rewards read), its environment's
+    reward and its `AGENT_FIELDS` figures."""
 
     ids: list[int]
     truncated: bool
     entropy_sum: float
+    trained: list[bool] | None = None
+    prompt_ids: list[int] | None = None
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    env_reward: float = 0.0
+    stats: torch.Tensor | None = None
 
 
 def completion_seed(seed: int, step: int, index: int) -> int:
@@ -406,9 +426,11 @@ def micro_batch(
     trained: list[bool],
     advantages: torch.Tensor,
     pad_id: int,
+    sampled: list[list[bool]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One GRPO micro-batch (`zerofit.objectives.grpo.loss`): prompts left-padded, completions right-padded, the
-    completion tokens as labels where `trained` (a masked truncated completion has none)."""
+    completion tokens as labels where `trained` (a masked truncated completion has none) and, for a multi-turn
+    trajectory, only where `sampled` (per token: the policy's own; template and tool tokens are masked)."""
     p_ids, p_mask = _left_padded(prompts, pad_id, torch.device("cpu"))
     width = max(1, max(len(c) for c in completions))
     c_ids = torch.full((len(completions), width), pad_id, dtype=torch.long)
@@ -419,6 +441,8 @@ def micro_batch(
     input_ids = torch.cat([p_ids, c_ids], dim=1)
     mask = torch.cat([p_mask, c_mask], dim=1)
     keep = c_mask.bool() & torch.tensor(trained).unsqueeze(1)
+    for i, own in enumerate(sampled or []):
+        keep[i, : len(own)] &= torch.tensor(own, dtype=torch.bool)
     labels = torch.cat([torch.full_like(p_ids, IGNORE_INDEX), c_ids.where(keep, IGNORE_INDEX)], dim=1)
     return {
         "input_ids": input_ids,
@@ -453,6 +477,7 @@ class Rollouts:
     cross_entropy: str = "chunked"
     reward_names: tuple[str, ...] = ()
     log_completions_every: int = 0  # rl.log_completions_every (0: never)
+    agent: Agent | None = None  # rl.tools / rl.environment: multi-turn trajectories (`zerofit.loop.turns`)
     shown_per_step: int = 4  # completions written to completions.jsonl at such a step
     shown: list[dict[str, Any]] = field(default_factory=list)  # this step's sampled completions (rank 0)
 
@@ -478,9 +503,12 @@ class Rollouts:
             generating(strategy) as policy,
             progress(what, limit, "tokens", enabled=strategy.rank == 0) as shown,
         ):
-            sampled = sample_completions(
-                policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device, shown
-            )
+            if self.agent is None:
+                sampled = sample_completions(
+                    policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device, shown
+                )
+            else:
+                sampled = self._trajectories(policy, strategy.device, prompt_of, flat, step, shown)
         generation_s = time.perf_counter() - started
         table = self._scored(strategy, step, flat, prompt_of, sampled, total)
         by_index = dict(zip(flat, sampled, strict=True))
@@ -493,7 +521,34 @@ class Rollouts:
         for micro, batch in zip(mine, batches, strict=True):
             batch["advantages"] = advantages[micro].float()
         metrics = self._metrics(table, generation_s, time.perf_counter() - started - generation_s)
+        if self.agent is not None:
+            metrics.update(agent_metrics(strategy, flat, sampled, total))
+            # per token the policy sampled (a trajectory's length also counts its template and tool tokens)
+            metrics["entropy"] = float(table[-1].sum()) / max(metrics["agent/sampled_tokens"], 1.0)
         return batches, {**metrics, **penalty_metrics}
+
+    def _trajectories(
+        self,
+        policy: torch.nn.Module,
+        device: torch.device,
+        prompt_of: list[PromptRow],
+        flat: list[int],
+        step: int,
+        shown: Progress | None,
+    ) -> list[Sampled]:
+        """This rank's multi-turn trajectories (`zerofit.loop.turns`), each turn sampled as a completion is."""
+        from zerofit.loop.turns import sample_trajectories
+
+        def sample(
+            prompts: list[list[int]], seeds: list[int], s: SamplingSettings, seen: Progress | None
+        ) -> list[Sampled]:
+            return sample_completions(policy, prompts, seeds, s, device, seen)
+
+        assert self.agent is not None
+        fields = sample_trajectories(
+            self.agent, sample, prompt_of, flat, self.seed, step, self.sampling, shown
+        )
+        return [Sampled(**f) for f in fields]
 
     def _scored(
         self,
@@ -506,15 +561,20 @@ class Rollouts:
     ) -> torch.Tensor:
         """The global [total, each function's, length, truncated, entropy sum] x N table, every rank's columns
         filled by one all-reduce (float64)."""
-        texts = [self.decode(s.ids) for s in sampled]
+        texts = [self.decode(s.ids) if s.text is None else s.text for s in sampled]
         columns: dict[str, list[Any]] = {}
         for p in prompt_of:
             for key, value in p.columns.items():
                 columns.setdefault(key, []).append(value)
+        if self.agent is not None:
+            columns[MESSAGES_COLUMN] = [s.messages for s in sampled]
         records = [p.record for p in prompt_of]  # a RewardError names the data row, and the 1-based step
         weighted, each = self._agreed_score(
             [p.text for p in prompt_of], texts, columns, step + 1, records, strategy
         )
+        if self.agent is not None and self.agent.environment is not None:
+            each[ENVIRONMENT_REWARD] = torch.tensor([s.env_reward for s in sampled], dtype=torch.float64)
+            weighted = weighted.double() + each[ENVIRONMENT_REWARD]
         local = torch.zeros(4 + len(self.reward_names), total, dtype=torch.float64)
         index = torch.tensor(flat, dtype=torch.long)
         local[0, index] = weighted.double().cpu()
@@ -530,6 +590,7 @@ class Rollouts:
                     "completion": t,
                     REWARD: float(w),
                     **{f"rewards/{n}": float(each[n][i]) for n in self.reward_names},
+                    **({} if sampled[i].messages is None else {MESSAGES_COLUMN: sampled[i].messages}),
                 }
                 for i, (p, t, w) in enumerate(zip(prompt_of, texts, weighted.tolist(), strict=True))
             ]
@@ -568,12 +629,17 @@ class Rollouts:
     ) -> dict[str, torch.Tensor]:
         """One micro-batch of this rank's completions `micro` (with the old policy's log-probs if kept; its
         advantages are set once the whole batch's are known)."""
+        mine = [by_index[c] for c in micro]
         batch = micro_batch(
-            [self.prompts[rows[c // self.group_size]].input_ids for c in micro],
-            [by_index[c].ids for c in micro],
-            [not (self.mask_truncated and by_index[c].truncated) for c in micro],
+            [
+                self.prompts[rows[c // self.group_size]].input_ids if s.prompt_ids is None else s.prompt_ids
+                for c, s in zip(micro, mine, strict=True)
+            ],
+            [s.ids for s in mine],
+            [not (self.mask_truncated and s.truncated) for s in mine],
             torch.zeros(len(micro)),
             self.sampling.pad_id,
+            None if self.agent is None else [s.trained or [] for s in mine],
         )
         if self.old_logps:
             with torch.no_grad():
@@ -587,7 +653,7 @@ class Rollouts:
         """Rank 0: append a few of this step's completions (rank 0's own) to the run's completions.jsonl when
         `rl.log_completions_every` says so: step, prompt, completion, reward and each reward function's
         score, one JSON object a line. Returns the rows written (none at other steps), which the loop also
-        sends to the metrics sinks as a table (W&B)."""
+        sends to the metrics sinks as a table (W&B: a multi-turn conversation as its JSON text, one cell)."""
         every = self.log_completions_every
         if every <= 0 or steps_done % every != 0 or not self.shown:
             return []
@@ -595,7 +661,10 @@ class Rollouts:
         with (run_dir / COMPLETIONS_FILE).open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
-        return rows
+        return [
+            {**row, MESSAGES_COLUMN: json.dumps(row[MESSAGES_COLUMN])} if MESSAGES_COLUMN in row else row
+            for row in rows
+        ]
 
     def _metrics(self, table: torch.Tensor, generation_s: float, scoring_s: float) -> dict[str, float]:
         """The step's rollout fields of metrics.jsonl (means over the global batch's completions)."""

@@ -9,7 +9,6 @@ with: a run folder's saved config.yaml is data, so `zerofit export`, `zerofit ge
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -24,33 +23,14 @@ from zerofit.objectives.grpo.rewards import (
     length,
     reward_spec_problems,
 )
+from zerofit.recipe.user_code import import_user_object
 
 __all__ = ["build_rewards", "reward_spec_problems"]  # the last re-exported from objectives
 
 
 def _import_function(i: int, name: str) -> RewardFn:
     """The user's `module:function`, imported now (a launch, from the user's own config)."""
-    module_name, attr = name.split(":")
-    where = f"rl.rewards[{i}].function = {name!r}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            [
-                f"{where}: no module {exc.name!r} can be imported; put {module_name.replace('.', '/')}.py on "
-                "PYTHONPATH (for a file in the current directory, launch with PYTHONPATH=.)"
-            ]
-        ) from None
-    except Exception as exc:
-        raise ConfigError(
-            [f"{where}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; fix the module"]
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(
-            [f"{where}: module {module_name!r} has no function {attr!r}; name a function it defines"]
-        )
-    return fn
+    return import_user_object(f"rl.rewards[{i}].function = {name!r}", name)
 
 
 def _token_counter(tokenizer: Any) -> Callable[[str], int]:
@@ -84,11 +64,12 @@ def _unique_names(specs: list[RewardSpec]) -> list[str]:
     return names
 
 
-def build_rewards(specs: list[RewardSpec], tokenizer: Any) -> list[NamedReward]:
+def build_rewards(specs: list[RewardSpec], tokenizer: Any, required: bool = True) -> list[NamedReward]:
     """The run's reward functions, in `rl.rewards` order. ConfigError (one paragraph, every problem) for an
-    unknown name, a missing setting, or a `module:function` that does not import; only a launch calls this."""
+    unknown name, a missing setting, or a `module:function` that does not import; only a launch calls this.
+    `required`: none is an error (an `rl.environment` gives rewards of its own)."""
     problems = reward_spec_problems(specs)
-    if not specs:
+    if not specs and required:
         problems.append(f"train.objective grpo needs at least one reward in rl.rewards: {known_rewards()}")
     if problems:
         raise ConfigError(problems)

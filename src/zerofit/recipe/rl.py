@@ -17,9 +17,10 @@ from zerofit.config.schema import ZerofitConfig
 from zerofit.data import GlobalBatchSampler
 from zerofit.data.prompts import PromptExample, load_prompts
 from zerofit.data.sft import DataStats
-from zerofit.loop.rollout import Rollouts, SamplingSettings
+from zerofit.loop.rollout import ENVIRONMENT_REWARD, Rollouts, SamplingSettings
 from zerofit.objectives.grpo.rewards import score_completions
 from zerofit.recipe.rewards import build_rewards
+from zerofit.recipe.tools import build_agent
 
 __all__ = ["end_ids", "load_prompt_data", "rollouts"]
 
@@ -73,9 +74,13 @@ def rollouts(
 ) -> Rollouts:
     """The run's `Rollouts`: its reward functions built now (the user's own config names them; a launch is
     the only caller), sampling per `rl.*`, the advantages by the objective's `estimator` (after its reward
-    `penalty`, if any)."""
+    `penalty`, if any); with tools or an environment, the multi-turn agent."""
     rl = cfg.rl
-    rewards = build_rewards(rl.rewards, tokenizer)
+    rewards = build_rewards(rl.rewards, tokenizer, required=rl.environment is None)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
     sampling = sampling_settings(cfg, tokenizer, model)
     return Rollouts(
         prompts=prompts,
@@ -84,7 +89,7 @@ def rollouts(
         group_size=rl.num_generations,
         sampling=sampling,
         score=functools.partial(score_completions, rewards),
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        decode=decode,
         seed=cfg.seed,
         estimator=estimator,
         penalty=penalty,
@@ -92,6 +97,7 @@ def rollouts(
         old_logps=rl.num_iterations > 1,
         temperature=rl.temperature,
         cross_entropy=cfg.train.cross_entropy,
-        reward_names=tuple(r.name for r in rewards),
+        reward_names=tuple(r.name for r in rewards) + ((ENVIRONMENT_REWARD,) if rl.environment else ()),
+        agent=build_agent(rl, tokenizer, sampling.eos_ids, decode, prompts),
         log_completions_every=rl.log_completions_every,
     )

@@ -22,7 +22,17 @@ if TYPE_CHECKING:
     from zerofit.config.schema import RewardSpec, ZerofitConfig
     from zerofit.objectives.protocol import Objective
 
-__all__ = ["GRPO", "GRPOSpec", "completions_per_step", "describe_reward", "engine_problem", "unread_keys"]
+__all__ = [
+    "GRPO",
+    "MIN_TURN_TOKENS",
+    "GRPOSpec",
+    "completions_per_step",
+    "describe_reward",
+    "engine_problem",
+    "unread_keys",
+]
+
+MIN_TURN_TOKENS = 8  # the fewest tokens of rl.max_completion_length a multi-turn trajectory gets per turn
 
 
 def describe_reward(spec: RewardSpec) -> str:
@@ -64,8 +74,8 @@ def _rl_problems(cfg: ZerofitConfig, name: str) -> list[str]:
     no sequence parallelism, beta > 0 only with adapters to switch off, temperature only with logits."""
     rl, b = cfg.rl, cfg.batch
     rules = [
-        (not rl.rewards, "rl.rewards is empty: GRPO needs at least one reward function, e.g. "
-         "rl.rewards=[{function: exact_match, column: answer}]"),
+        (not rl.rewards and rl.environment is None, "rl.rewards is empty: GRPO needs at least one reward "
+         "function (or an rl.environment), e.g. rl.rewards=[{function: exact_match, column: answer}]"),
         (rl.generation_backend == "vllm", "rl.generation_backend = 'vllm' needs vLLM on CUDA, which zerofit "
          "does not drive yet; set rl.generation_backend=transformers (the policy's own sampling)"),
         (b.tokens_per_micro_batch is not None, "batch.tokens_per_micro_batch packs rows, and GRPO's micro-batch "
@@ -98,6 +108,39 @@ def unread_keys(cfg: ZerofitConfig, name: str, keys: tuple[str, ...], reason: st
     ]
 
 
+def _describe_agent(cfg: ZerofitConfig) -> str:
+    """The plan's words for a multi-turn run (nothing is imported): its tools and environment, the turn
+    limit, and the trajectory's token budget, which the memory plan counts (prompt + max_completion_length
+    per trajectory: sampled turns, template and tool tokens together, in the KV cache and the training row)."""
+    rl = cfg.rl
+    if not rl.tools and rl.environment is None:
+        return ""
+    tools = ", ".join(t.function for t in rl.tools) or "none"
+    env = f"; environment {rl.environment} (imported at launch)" if rl.environment else ""
+    return (
+        f"; multi-turn: tools {tools}{env}; <= {rl.max_turns} assistant turns per trajectory, all of its "
+        f"tokens after the prompt (sampled turns, template and tool replies; only the sampled ones trained) "
+        f"within rl.max_completion_length {rl.max_completion_length}, so the KV cache and each training row "
+        f"are planned at {rl.max_prompt_length} + {rl.max_completion_length} tokens (the prompt includes the "
+        "tools' schemas; tool calls time out after "
+        f"{rl.tool_timeout_s:g} s)"
+    )
+
+
+def _agent_problems(cfg: ZerofitConfig) -> list[str]:
+    """A multi-turn budget that cannot hold its turns: every turn samples at least one token and every reply
+    takes a few, so rl.max_completion_length must leave at least `MIN_TURN_TOKENS` per turn."""
+    rl = cfg.rl
+    if (rl.tools or rl.environment) and rl.max_completion_length < MIN_TURN_TOKENS * rl.max_turns:
+        return [
+            f"rl.max_turns = {rl.max_turns} with rl.max_completion_length = {rl.max_completion_length}: a "
+            f"trajectory's turns, tool calls and replies share that budget, which leaves under "
+            f"{MIN_TURN_TOKENS} tokens per turn; raise rl.max_completion_length to at least "
+            f"{MIN_TURN_TOKENS * rl.max_turns} or lower rl.max_turns"
+        ]
+    return []
+
+
 class GRPOSpec(ObjectiveSpec):
     """GRPO (module docstring)."""
 
@@ -120,6 +163,7 @@ class GRPOSpec(ObjectiveSpec):
             )
         b.global_batch_size = completions
         problems.extend(_rl_problems(cfg, self.name))
+        problems.extend(_agent_problems(cfg))
         engine = engine_problem(cfg)
         if engine is not None:
             problems.append(engine)
@@ -203,6 +247,7 @@ class GRPOSpec(ObjectiveSpec):
             f"{rl.temperature:g}, top_p {rl.top_p:g}, top_k {rl.top_k}); {rl.num_iterations} update(s) per rollout; "
             f"loss over {normalizer}; reference: {ref}; rewards: "
             + "; ".join(describe_reward(spec) for spec in rl.rewards)
+            + _describe_agent(cfg)
         )
 
     def planned_reference(self, cfg: ZerofitConfig) -> str:
