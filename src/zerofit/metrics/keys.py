@@ -15,6 +15,7 @@ from collections.abc import Container
 
 __all__ = [
     "EVAL_LOSS",
+    "EVAL_REWARD",
     "JUDGED_BY",
     "LOSS",
     "MAX_PEAK",
@@ -30,6 +31,9 @@ LOSS = "loss"  # the objective's loss over the global batch
 REWARD = "reward"  # an RL step's mean reward over its completions (GRPO's; a metric, not the reward-model objective)
 
 EVAL_LOSS = "eval/loss"  # the mean loss per target token over the held-out set (lower is better)
+EVAL_REWARD = (
+    "eval/reward"  # an RL run's mean reward over its held-out prompts' completions (higher is better)
+)
 MEM_SOURCE = "mem/source"  # what the memory fields measure: `cuda` (allocator) or `cpu_rss` (process RSS)
 MAX_PEAK = "mem/max_peak_gib"  # the largest peak of any rank in the logging interval
 PEAK_GIB = "peak_gib"  # a rank's peak memory in the interval: the per-rank field `rank_field(r, PEAK_GIB)`

@@ -34,6 +34,7 @@ from zerofit.data import (
     GlobalBatchSampler,
     PreferencePair,
     TokenizedData,
+    eval_source,
     hold_out,
     load_examples,
     load_preference_pairs,
@@ -213,6 +214,8 @@ class PreparedRun:
             max_steps=cfg.train.max_steps,
             cross_entropy=cfg.train.cross_entropy,
             objective=self.objective,
+            rollouts=self.rollouts if self.plan.objective.rewarded else None,
+            sampling=cfg.eval.sampling,
         )
 
     def record(self) -> dict[str, Any]:
@@ -308,21 +311,22 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     the training data decided): examples for `train.objective: sft`, preference pairs for the others."""
     cfg, objective = resolved.config, resolved.objective
     d = cfg.data
-    if objective.unit is PROMPT:  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
-        prompts, stats, sampler = load_prompt_data(cfg, tokenizer)
-        return TrainData(prompts, stats, sampler)  # type: ignore[arg-type]
     processor = vision_processor_for(cfg, tokenizer, objective)
+    if objective.unit is PROMPT:  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
+        prompts, stats, sampler, held_prompts = load_prompt_data(cfg, tokenizer, processor)
+        held_units: Any = held_prompts.examples if held_prompts is not None else None
+        held_stats = held_prompts.stats if held_prompts is not None else None
+        return TrainData(prompts, stats, sampler, held_units, held_stats)  # type: ignore[arg-type]
     reader = functools.partial(_source_reader, cfg, objective, tokenizer, processor)
     read_train = reader(d.path, d.split, "data.path")
     train = _rank0_first(
         strategy, lambda show: check_truncation(read_train(show), d.max_seq_len, d.truncation)
     )
     held: TokenizedData[Any] | None = None
-    if d.eval_path is not None:
-        split = d.eval_split if isinstance(d.eval_split, str) else "train"
-        held = _rank0_first(strategy, reader(d.eval_path, split, "data.eval_path"))
-    elif isinstance(d.eval_split, str):
-        held = _rank0_first(strategy, reader(d.path, d.eval_split, "data.path"))
+    source = eval_source(d)
+    if source is not None:
+        path, split, key = source
+        held = _rank0_first(strategy, reader(path, split, key))
     elif d.eval_split is not None:
         train, held = hold_out(train, d.eval_split, cfg.seed)
     if held is not None:

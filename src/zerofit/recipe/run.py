@@ -140,7 +140,7 @@ class FinetuneRecipe:
         """Assemble the run, restore its checkpoint, print its plan and open its metrics sinks."""
         quiet_libraries()
         from zerofit.checkpoint import Checkpointer, checkpoint_record
-        from zerofit.checkpoint.policy import EvalWatch
+        from zerofit.checkpoint.policy import EvalWatch, followed_metric
         from zerofit.checkpoint.resume import restore, resume_message
         from zerofit.metrics.setup import open_sinks
         from zerofit.recipe.assembly import assemble
@@ -157,7 +157,8 @@ class FinetuneRecipe:
         elapsed = point.elapsed_s if point else 0.0
         es = cfg.train.early_stopping
         has_eval = run.data is not None and run.data.eval_examples is not None
-        self.watch = EvalWatch(es.patience, es.min_delta) if has_eval else None
+        followed = followed_metric(plan.objective)  # eval/loss, or an RL objective's eval/reward
+        self.watch = EvalWatch(es.patience, es.min_delta, followed) if has_eval else None
         self.checkpointer = Checkpointer(
             strategy, plan.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=self.watch
         )
@@ -333,7 +334,7 @@ def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: S
         reason = "early_stopping" if early else "max_steps"
     fields: dict[str, Any] = {"stop_reason": reason, "early_stopped": early}
     if watch is not None:
-        fields |= {"best_step": watch.best_step, "best_eval_loss": watch.best_loss}
+        fields |= {"best_step": watch.best_step, watch.summary_field: watch.best_value}
     return fields
 
 
