@@ -172,7 +172,7 @@ def preference_evaluation(
                 (mine,) = split_global_batch(indices, micro_batch_size, 1, dp, rank)
                 batch = collate_pairs([pairs[i] for i in mine], pad_id)
                 with strategy.accumulate(is_last=True):  # the training forward's context, nothing deferred
-                    inputs = {k: batch[k].to(strategy.device) for k in ("input_ids", "attention_mask")}
+                    inputs = model_inputs(batch, strategy.device)  # a vision model's pairs: their images too
                     terms, metric_sums = objective.terms(model, inputs, batch, impl)
                 local = torch.cat([torch.stack([t.double() for t in terms]), metric_sums])
                 sums = local if sums is None else sums + local

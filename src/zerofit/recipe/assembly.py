@@ -45,6 +45,7 @@ from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
 from zerofit.data.vision import load_vision_examples
+from zerofit.data.vision_pairs import load_vision_pairs
 from zerofit.engine_spec import render_spec
 from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.loop.evaluate import Evaluator, check_eval_data
@@ -54,7 +55,7 @@ from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.protocol import Objective
-from zerofit.objectives.spec import EXAMPLE, PROMPT, UNPAIRED, ObjectiveSpec
+from zerofit.objectives.spec import EXAMPLE, PAIR, PROMPT, UNPAIRED, ObjectiveSpec
 from zerofit.recipe.rl import load_prompt_data, rollouts
 from zerofit.recipe.vision_settings import vision_processor_for
 from zerofit.resolution import ResolvedConfig
@@ -287,6 +288,10 @@ def _source_reader(
         "key": key,
         "empty_responses": d.empty_responses,
     }
+    if processor is not None and objective.unit is PAIR:  # preference pairs with images (`data.vision_pairs`)
+        return lambda show: load_vision_pairs(
+            path, processor, d.max_seq_len, split=split, subset=d.subset, key=key
+        )
     if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
         return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
             key=key, empty_responses=d.empty_responses, missing_images=d.missing_images, cache=d.cache)  # fmt: skip

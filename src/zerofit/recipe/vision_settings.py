@@ -48,7 +48,8 @@ def names_vision_model(cfg: ZerofitConfig) -> bool:
 
 def refuse_vision_settings(cfg: ZerofitConfig, objective: ObjectiveSpec) -> None:
     """The settings a vision-language model cannot take, refused in one paragraph: a token budget (packing
-    rows of several examples) or a preference objective (neither keeps each image with its own tokens yet),
+    rows of several examples: it does not keep each image with its own tokens yet), an objective that takes
+    no images (KTO, reward models),
     and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it before the config is resolved, so local rank 0 says it
     once, before the planner's search and any model load."""
     name = cfg.model.name_or_path
@@ -65,7 +66,8 @@ def refuse_vision_settings(cfg: ZerofitConfig, objective: ObjectiveSpec) -> None
         raise ConfigError(
             [
                 f"train.objective = {objective.name!r} with the vision-language model {name!r}: zerofit "
-                "trains vision-language models with train.objective=sft (and grpo on the Qwen2-VL family) only"
+                "trains vision-language models with train.objective sft, dpo, simpo, orpo, cpo and (on the Qwen2-VL "
+                "family) grpo"
             ]
         )
     if preset_zero_stage(cfg) == 3:
