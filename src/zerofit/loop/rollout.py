@@ -241,9 +241,7 @@ class _Batch:
     mask: torch.Tensor
     positions: torch.Tensor
     rows: torch.Tensor | None = None
-    rope: torch.Tensor | None = (
-        None  # each row's M-RoPE offset (image prompts, `zerofit.loop.vision_rollout`)
-    )
+    rope: torch.Tensor | None = None  # each row's M-RoPE offset (image prompts: `loop.vision_rollout`)
     noise: torch.Tensor | None = None  # [rows when drawn, tokens, vocab]
     noise_rows: torch.Tensor | None = None  # each still-sampling row's row of `noise` (None: the same rows)
 
@@ -307,9 +305,11 @@ def _prefill(
     cache = DynamicCache(config=getattr(model, "config", None))  # none: lazy layers, no row picking
     shared = _rows_selectable(cache)
     keys = [(tuple(p), id(images[i]) if images else 0) for i, p in enumerate(prompts)]
-    first = dict.fromkeys(keys) if shared else None
-    slot = {k: i for i, k in enumerate(first or [])}
-    picked = [keys.index(k) for k in slot] if first is not None else list(range(len(prompts)))
+    first: dict[Any, int] = {}  # each distinct prompt's first row
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    picked = list(first.values()) if shared else list(range(len(prompts)))
+    slot = {key: j for j, key in enumerate(first)}
     ids, prompt_mask = _left_padded([prompts[i] for i in picked], s.pad_id, device)
     inputs = batch_images([images[i] for i in picked], ids.size(1), ids.size(1), device) if images else None
     positions, rope = rope_positions(model, ids, prompt_mask, inputs) if inputs else (None, None)
