@@ -58,7 +58,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 class Checkpointer:
     """Saves every `checkpoint.every_steps` optimizer steps, at the end, and whenever the loop forces a save
-    (a stop, a due `checkpoint.every_minutes`, a new best eval/loss under `checkpoint.keep_best`, early
+    (a stop, a due `checkpoint.every_minutes`, a new best evaluation under `checkpoint.keep_best`, early
     stopping). Keeps the newest `keep_last` checkpoints plus the best one.
 
     `record` is what every manifest states about the run besides its files (config, batch plan, world size,
@@ -109,8 +109,8 @@ class Checkpointer:
             self.save(steps_done)
             self.clock.reset()
         if self.strategy.rank == 0 and self._best_step() == steps_done and self.last_saved == steps_done:
-            assert self.watch is not None and self.watch.best_loss is not None
-            write_best(self.root, steps_done, self.watch.best_loss, self.watch.metric)
+            assert self.watch is not None and self.watch.best_value is not None
+            write_best(self.root, steps_done, self.watch.best_value, self.watch.metric)
 
     def _best_step(self) -> int | None:
         """The step whose checkpoint is kept as the best (None: no evaluation yet, or keep_best off)."""

@@ -6,9 +6,14 @@ one all-reduce after every step (`zerofit.loop.train.agree_after_step`), so no r
 can make ranks disagree about a collective save or stop.
 
     SaveClock  `checkpoint.every_minutes`: due once that much wall time has passed since the last save
-    EvalWatch  `checkpoint.keep_best` and `train.early_stopping`: the best eval/loss so far (its step's
+    EvalWatch  `checkpoint.keep_best` and `train.early_stopping`: the best evaluation so far (its step's
                checkpoint is kept beyond `keep_last`) and how many evaluations have passed without an
                improvement of more than `min_delta`
+
+The evaluation followed is the objective's (`followed_metric`): `eval/loss`, lower is better, for the
+objectives scored on held-out labels; `eval/reward`, higher is better, for an RL objective (its held-out
+prompts' sampled completions, `zerofit.loop.held_out`); or, with `eval.harness.best_metric`, that lm-eval
+score, higher is better. `checkpoints/best.json` names it (`metric`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from typing import Any
 
 from zerofit.core.errors import ConfigError
 from zerofit.core.run_layout import BEST_FILE, RunLayout, step_dir_name
-from zerofit.metrics.keys import EVAL_LOSS
+from zerofit.metrics.keys import EVAL_LOSS, EVAL_REWARD
+from zerofit.objectives.spec import ObjectiveSpec
 
-BEST_METRIC = EVAL_LOSS  # what "best" is judged by: lower is better
+HIGHER_IS_BETTER = frozenset({EVAL_REWARD})  # the followed metrics where a larger value is the better one
+
+
+def followed_metric(objective: ObjectiveSpec) -> str:
+    """The evaluation metric the best checkpoint and early stopping follow for `objective`: an RL
+    objective's held-out reward (`ObjectiveSpec.rewarded`), else the held-out loss."""
+    return EVAL_REWARD if objective.rewarded else EVAL_LOSS
 
 
 class SaveClock:
@@ -54,40 +66,44 @@ class Verdict:
 
 
 class EvalWatch:
-    """The best `eval/loss` so far and the early-stopping patience (`patience` 0: never stops); or, with
-    `metric` another field and `higher` true, the best of that (an lm-eval score, `eval.harness.best_metric`).
+    """The best value of `metric` so far and the early-stopping patience (`patience` 0: never stops).
 
-    An evaluation improves when its loss is lower than the best by more than `min_delta` (the first one
-    always does; a higher-is-better metric: higher by more than `min_delta`); an improvement is the new best
-    and resets the count of evaluations without one; the run stops after `patience` evaluations in a row
-    without one. (`best_loss` holds the best value whichever metric it is.)
+    An evaluation improves when its value beats the best by more than `min_delta` (lower for `eval/loss`,
+    higher for a metric of `HIGHER_IS_BETTER` or with `higher`, as `eval.harness.best_metric`'s lm-eval score;
+    the first one always improves); an improvement is the new
+    best and resets the count of evaluations without one; the run stops after `patience` evaluations in a
+    row without one.
     """
 
     def __init__(
-        self, patience: int = 0, min_delta: float = 0.0, metric: str = BEST_METRIC, higher: bool = False
+        self, patience: int = 0, min_delta: float = 0.0, metric: str = EVAL_LOSS, higher: bool | None = None
     ) -> None:
         self.patience = patience
         self.min_delta = min_delta
         self.metric = metric
-        self._sign = -1.0 if higher else 1.0  # compare `sign * value`: lower is better
+        self.higher = metric in HIGHER_IS_BETTER if higher is None else higher  # an lm-eval score: True
         self.best_step: int | None = None
-        self.best_loss: float | None = None
+        self.best_value: float | None = None
         self.since_best = 0  # evaluations since the best one
         self.stopped_at: int | None = None  # the step early stopping ended the run after
 
-    def judge(self, loss: float) -> Verdict:
-        """What an evaluation with `loss` would mean (no state change: rank 0 judges, every rank records)."""
-        if not math.isfinite(loss):
+    def judge(self, value: float) -> Verdict:
+        """What an evaluation with `value` would mean (no state change: rank 0 judges, every rank records)."""
+        if not math.isfinite(value):
             best = False
+        elif self.best_value is None:
+            best = True
+        elif self.higher:
+            best = value > self.best_value + self.min_delta
         else:
-            best = self.best_loss is None or self._sign * loss < self._sign * self.best_loss - self.min_delta
+            best = value < self.best_value - self.min_delta
         exhausted = self.patience > 0 and not best and self.since_best + 1 >= self.patience
         return Verdict(best, exhausted)
 
-    def record(self, step: int, loss: float, verdict: Verdict) -> None:
+    def record(self, step: int, value: float, verdict: Verdict) -> None:
         """Take the (agreed) verdict on the evaluation after step `step`."""
         if verdict.best:
-            self.best_step, self.best_loss, self.since_best = step, loss, 0
+            self.best_step, self.best_value, self.since_best = step, value, 0
         else:
             self.since_best += 1
         if verdict.exhausted:
@@ -96,26 +112,31 @@ class EvalWatch:
     def replay(self, rows: Iterable[dict[str, Any]]) -> None:
         """A resumed run: the evaluations in the kept rows of metrics.jsonl, in order, as if just seen."""
         for row in rows:
-            loss = row.get(self.metric)
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-                verdict = self.judge(float(loss))
-                self.record(int(row["step"]), float(loss), Verdict(verdict.best, False))
+            value = row.get(self.metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                verdict = self.judge(float(value))
+                self.record(int(row["step"]), float(value), Verdict(verdict.best, False))
+
+    @property
+    def summary_field(self) -> str:
+        """summary.json's field of the best value: `best_eval_loss`, or `best_eval_reward`."""
+        return "best_" + self.metric.replace("/", "_")
 
     def stop_line(self) -> str:
         """The one line that says why the run ended early."""
         return (
             f"early stopping: {self.metric} has not improved by more than {self.min_delta:g} for "
-            f"{self.patience} evaluation(s) (best {self.best_loss:.4f} at step {self.best_step}); "
+            f"{self.patience} evaluation(s) (best {self.best_value:.4f} at step {self.best_step}); "
             f"stopped after step {self.stopped_at}"
         )
 
 
-def write_best(checkpoints: Path, step: int, loss: float, metric: str = BEST_METRIC) -> Path:
+def write_best(checkpoints: Path, step: int, value: float, metric: str = EVAL_LOSS) -> Path:
     """Record the best evaluation (of `metric`) in `checkpoints/best.json` (atomically: a crash leaves the
     old record)."""
     path = Path(checkpoints) / BEST_FILE
     tmp = path.with_name(path.name + ".tmp")
-    record = {"step": step, "metric": metric, "value": loss, "checkpoint": step_dir_name(step)}
+    record = {"step": step, "metric": metric, "value": value, "checkpoint": step_dir_name(step)}
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
     return path

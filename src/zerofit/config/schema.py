@@ -207,7 +207,9 @@ class EarlyStoppingSection(_Section):
         0, ge=0, description="Evaluations without improvement before stopping; 0 = off."
     )
     min_delta: float = Field(
-        0.0, ge=0, description="How much lower eval/loss must be to count as improvement."
+        0.0,
+        ge=0,
+        description="How much lower eval/loss (higher eval/reward, RL objectives) must be to count as improvement.",
     )
 
 
@@ -565,10 +567,17 @@ class HarnessSection(_Section):
 
 
 class EvalSection(_Section):
-    """When the evaluation loss is computed (on `data.eval_path` or `data.eval_split`), and lm-eval's."""
+    """When the evaluation (`eval/loss`; an RL objective's `eval/reward`) is computed (on `data.eval_path`
+    or `data.eval_split`), and lm-eval's."""
 
     every_steps: Annotated[int, RuleHint("0 = only at the end")] = Field(
         0, ge=0, description="Optimizer steps between evaluations; 0 = only at the end."
+    )
+    sampling: Literal["seeded", "greedy"] = Field(
+        "seeded",
+        description="RL objectives: how each held-out prompt is answered at an evaluation; seeded: sampled "
+        "with rl.temperature / top_p / top_k from one fixed seed per prompt (the same at every evaluation); "
+        "greedy: the most likely token each time.",
     )
     harness: HarnessSection = Field(default_factory=HarnessSection)
 
@@ -584,7 +593,9 @@ class CheckpointSection(_Section):
     )
     keep_last: int = Field(2, ge=1)
     keep_best: bool = Field(
-        True, description="Also keep the checkpoint of the lowest eval/loss (saved at that evaluation)."
+        True,
+        description="Also keep the checkpoint of the best evaluation (the lowest eval/loss; an RL objective's "
+        "highest eval/reward), saved at that evaluation.",
     )
     resume: bool | Literal["auto"] = Field(
         False,

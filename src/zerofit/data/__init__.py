@@ -6,7 +6,7 @@ into rows); preference pairs (`preference.py` reads them, `pairs.py` collates th
 from zerofit.data.batches import GlobalBatchSampler, collate, model_inputs, split_global_batch
 from zerofit.data.chat import set_chat_template
 from zerofit.data.formats import FORMATS
-from zerofit.data.holdout import hold_out
+from zerofit.data.holdout import eval_source, hold_out
 from zerofit.data.packing import collate_packed, packed_micro_batches
 from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.preference import load_preference_pairs
@@ -31,6 +31,7 @@ __all__ = [
     "collate",
     "collate_packed",
     "collate_pairs",
+    "eval_source",
     "hold_out",
     "load_examples",
     "load_preference_pairs",

@@ -10,14 +10,30 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from zerofit.core.errors import DataError
 from zerofit.data.sft import TokenizedData
 
-__all__ = ["hold_out"]
+__all__ = ["eval_source", "hold_out"]
 
 Unit = TypeVar("Unit")  # an `Example` (SFT) or a `PreferencePair`
+
+
+def eval_source(data: Any) -> tuple[str, str, str] | None:
+    """Where the evaluation data of the `data` section is read from as its own source: (path, split, the key
+    that names it) for `data.eval_path` (its split `data.eval_split` when that is a name, else `train`) or a
+    named `data.eval_split` of `data.path`; None when there is none or it is a fraction held out of
+    `data.path` (`hold_out`)."""
+    if data.eval_path is not None:
+        return (
+            data.eval_path,
+            data.eval_split if isinstance(data.eval_split, str) else "train",
+            "data.eval_path",
+        )
+    if isinstance(data.eval_split, str):
+        return data.path, data.eval_split, "data.path"
+    return None
 
 
 def hold_out(

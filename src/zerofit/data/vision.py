@@ -42,7 +42,14 @@ from zerofit.models.mllama import CROSS_INPUTS
 from zerofit.models.vision_pixels import PixelBound
 from zerofit.token_loss.sums import IGNORE_INDEX
 
-__all__ = ["IMAGE_INPUTS", "MISSING_IMAGE_RULES", "VisionExample", "collate_images", "load_vision_examples"]
+__all__ = [
+    "IMAGE_INPUTS",
+    "MISSING_IMAGE_RULES",
+    "VisionExample",
+    "collate_images",
+    "load_vision_examples",
+    "prompt_inputs",
+]
 
 MISSING_IMAGE_RULES = ("drop", "error")  # data.missing_images
 # The image processor outputs a vision-language model takes as inputs (`batches.model_inputs`).
@@ -414,7 +421,7 @@ def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tenso
                 keys.setdefault(name, []).append(tensor)
     if CROSS_MASK in keys:  # Mllama: images and masks padded per row (`data.vision_mllama`)
         return collate_cross(examples, width)
-    joined = {name: _join_images(name, tensors) for name, tensors in keys.items()}
+    joined = {name: join_images(name, tensors) for name, tensors in keys.items()}
     key = next((k for k in TOKEN_TYPE_KEYS for e in examples if k in getattr(e, "images", {})), None)
     if key is None:
         return joined
@@ -426,7 +433,7 @@ def collate_images(examples: list[Example], width: int) -> dict[str, torch.Tenso
     return {**joined, key: types}
 
 
-def _join_images(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+def join_images(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     """One image input of a micro-batch: the examples' rows concatenated in example order; SmolVLM's tiles
     ((1, tiles, ...) per example: 5-D pixels, the pixel mask) as one sample of all the tiles, which its
     model splits back over the image tokens in order."""
@@ -448,22 +455,33 @@ def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.T
     except ImageTooLarge as exc:
         raise DataError(too_large_message("zerofit generate --image", exc, "then pass it again.")) from None
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-    out = _render(
-        processor.tokenizer, messages, where, tokenize=True, return_dict=True, add_generation_prompt=True
-    )
-    ids = list(out["input_ids"])
-    pixels = processor.preprocess([opened])
-    ids, _, _ = expand_spans(
-        ids, [False] * len(ids), processor.placeholder_id, processor.image_spans(pixels), where
-    )
-    pixels = {key: value for key, value in pixels.items() if key in IMAGE_INPUTS}
+    ids, pixels = prompt_inputs(processor, messages, [opened], where)
     input_ids = torch.tensor([ids])
-    if processor.token_types:
-        pixels[processor.token_type_key] = (input_ids == processor.image_token_id).long()
-    if processor.family.kind == "cross":
-        pixels[CROSS_MASK] = cross_attention_mask(ids, processor.image_token_id, pixels, where)
+    if processor.token_types:  # a batch of one: [1, tokens]
+        pixels[processor.token_type_key] = pixels[processor.token_type_key].unsqueeze(0)
     return {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
         **pixels,
     }
+
+
+def prompt_inputs(
+    processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str
+) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """A prompt's token ids (the chat template's generation prompt after `messages`, each image's
+    placeholder expanded as in training: `tokenize_vision`) and its image inputs, the per-token types one
+    entry per token; `zerofit generate --image` and an online-RL run's image prompts."""
+    out = _render(
+        processor.tokenizer, messages, where, tokenize=True, return_dict=True, add_generation_prompt=True
+    )
+    ids = list(out["input_ids"])
+    pixels = processor.preprocess(images) if images else {}
+    spans = processor.image_spans(pixels) if images else []
+    ids, _, _ = expand_spans(ids, [False] * len(ids), processor.placeholder_id, spans, where)
+    pixels = {key: value for key, value in pixels.items() if key in IMAGE_INPUTS}
+    if processor.token_types:
+        pixels[processor.token_type_key] = torch.tensor([int(t == processor.image_token_id) for t in ids])
+    if images and processor.family.kind == "cross":
+        pixels[CROSS_MASK] = cross_attention_mask(ids, processor.image_token_id, pixels, where)
+    return ids, pixels

@@ -15,6 +15,9 @@ runs the objective's own sums and counts over windows of micro_batch_size pairs 
 `eval/loss` is the objective's loss over every held-out pair (ORPO: its NLL over every held-out chosen
 token) and `eval/rewards/*`, `eval/logps/*` are means over every held-out pair, whatever the split.
 
+With an RL objective (GRPO) the eval data is held-out prompts: `zerofit.loop.held_out` has the policy answer
+each one and the run's reward functions score the answers (`eval/reward`, `eval/rewards/*`, exact over ranks).
+
 `Evaluator` is the loop's hook (`zerofit.loop.train.Evaluating`): every `eval.every_steps` optimizer steps and
 after the last one, it returns the `eval/*` fields of that step's metrics row.
 
@@ -38,6 +41,8 @@ from zerofit.data.pairs import PreferencePair, collate_pairs
 from zerofit.data.sft import has_labels
 from zerofit.data.unpaired import UnpairedExample
 from zerofit.levers.sequence_parallel import shard_micro_batch
+from zerofit.loop.held_out import held_out_rewards
+from zerofit.loop.rollout import Rollouts
 from zerofit.loop.unpaired import kto_evaluation
 from zerofit.metrics.keys import EVAL_LOSS
 from zerofit.objectives.protocol import Objective
@@ -167,7 +172,7 @@ def preference_evaluation(
                 (mine,) = split_global_batch(indices, micro_batch_size, 1, dp, rank)
                 batch = collate_pairs([pairs[i] for i in mine], pad_id)
                 with strategy.accumulate(is_last=True):  # the training forward's context, nothing deferred
-                    inputs = {k: batch[k].to(strategy.device) for k in ("input_ids", "attention_mask")}
+                    inputs = model_inputs(batch, strategy.device)  # a vision model's pairs: their images too
                     terms, metric_sums = objective.terms(model, inputs, batch, impl)
                 local = torch.cat([torch.stack([t.double() for t in terms]), metric_sums])
                 sums = local if sums is None else sums + local
@@ -201,6 +206,8 @@ class Evaluator:
     max_steps: int
     cross_entropy: str = "chunked"  # train.cross_entropy (see `evaluation_loss`)
     objective: Objective | None = None  # train.objective's loss (pairs and unpaired units are scored by it)
+    rollouts: Rollouts | None = None  # an RL objective's: held-out prompts are answered and rewarded
+    sampling: str = "seeded"  # eval.sampling (an RL objective's held-out answers, `zerofit.loop.held_out`)
 
     def due(self, steps_done: int) -> bool:
         """Whether the evaluation runs after optimizer step `steps_done` (1-based)."""
@@ -213,6 +220,16 @@ class Evaluator:
             return {}
         started = time.perf_counter()
         first = self.examples[0] if self.examples else None
+        if (
+            self.rollouts is not None
+        ):  # an RL objective: the held-out prompts' reward (`zerofit.loop.held_out`)
+            b = self.rollouts.batch
+            prompts: list[Any] = self.examples
+            per_rank = b.micro_batch_size * b.grad_accum_steps
+            fields = held_out_rewards(
+                self.strategy, self.rollouts, prompts, per_rank, steps_done, self.sampling
+            )
+            return {**fields, "eval/time_s": time.perf_counter() - started}
         if isinstance(first, UnpairedExample) and self.objective is not None:  # `zerofit.loop.unpaired`
             units: Any = self.examples
             args = (self.micro_batch_size, self.pad_id, self.cross_entropy)

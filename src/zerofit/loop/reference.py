@@ -108,12 +108,16 @@ def _weights_digest(cfg: ZerofitConfig) -> str | None:
 
 
 def _pairs_digest(pairs: list[PreferencePair]) -> str:
-    """A hash of every pair's token ids and labels, in order."""
+    """A hash of every pair's token ids and labels, and a vision model's pairs' image inputs, in order."""
     digest = hashlib.sha256()
     for pair in pairs:
         for example in (pair.chosen, pair.rejected):
             digest.update(torch.tensor(example.input_ids, dtype=torch.int64).numpy().tobytes())
             digest.update(torch.tensor(example.labels, dtype=torch.int64).numpy().tobytes())
+            for name, tensor in sorted(getattr(example, "images", {}).items()):
+                digest.update(
+                    name.encode() + tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                )
             digest.update(b"|")
     return digest.hexdigest()
 

@@ -52,6 +52,7 @@ from zerofit.core.errors import ZerofitError
 from zerofit.core.progress import Progress, progress
 from zerofit.data import GlobalBatchSampler, split_global_batch
 from zerofit.loop.turns import Agent, agent_metrics
+from zerofit.loop.vision_rollout import batch_images, images_of, prefixed, rope_positions
 from zerofit.metrics.keys import REWARD
 from zerofit.objectives.grpo.loss import group_advantages, grpo_inputs, policy_logps
 from zerofit.strategies.base import Strategy
@@ -70,6 +71,7 @@ __all__ = [
     "completion_seed",
     "decode_step",
     "micro_batch",
+    "reward_table",
     "sample_completions",
 ]
 
@@ -171,13 +173,21 @@ def _left_padded(
 
 
 def decode_step(
-    model: torch.nn.Module, step_ids: torch.Tensor, mask: torch.Tensor, cache: Any, logits_to_keep: int = 0
+    model: torch.nn.Module,
+    step_ids: torch.Tensor,
+    mask: torch.Tensor,
+    cache: Any,
+    logits_to_keep: int = 0,
+    images: dict[str, torch.Tensor] | None = None,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Any]:
     """One decoding step of a left-padded batch with the model's KV cache (None: the prompts' first step):
     each row's last-position logits, and the cache. Positions are counted over real tokens (from `mask`, which
-    covers the cache and `step_ids`), as in the training forward; `logits_to_keep` 1 computes the last
-    position's logits only (0: every position's, as the rollout has always sampled)."""
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -step_ids.size(1) :]
+    covers the cache and `step_ids`), as in the training forward, unless `positions` gives them (an image
+    prompt's M-RoPE grid, `zerofit.loop.vision_rollout`); `images`: the prompts' image inputs; `logits_to_keep`
+    1 computes the last position's logits only (0: every position's, as the rollout has always sampled)."""
+    if positions is None:
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -step_ids.size(1) :]
     result = model(
         input_ids=step_ids,
         attention_mask=mask,
@@ -185,6 +195,7 @@ def decode_step(
         cache=cache,
         use_cache=True,
         **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}),
+        **(images or {}),
     )
     return result.logits[:, -1], result.cache
 
@@ -197,13 +208,15 @@ def sample_completions(
     s: SamplingSettings,
     device: torch.device,
     shown: Progress | None = None,
+    images: list[dict[str, torch.Tensor]] | None = None,
 ) -> list[Sampled]:
     """Sample one completion per prompt, each row from its own seeded noise (module docstring); `shown`
-    counts the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report."""
+    counts the tokens sampled so far (out of `s.max_new_tokens`), for a rollout long enough to report;
+    `images`: each prompt's image inputs (image prompts of a vision-language model), else None."""
     was_training = model.training
     model.eval()
     try:
-        return _sample(model, prompts, seeds, s, device, shown)
+        return _sample(model, prompts, seeds, s, device, shown, images)
     finally:
         model.train(was_training)
 
@@ -250,6 +263,7 @@ class _Batch:
     mask: torch.Tensor
     positions: torch.Tensor
     rows: torch.Tensor | None = None
+    rope: torch.Tensor | None = None  # each row's M-RoPE offset (image prompts: `loop.vision_rollout`)
     noise: torch.Tensor | None = None  # [rows when drawn, tokens, vocab]
     noise_rows: torch.Tensor | None = None  # each still-sampling row's row of `noise` (None: the same rows)
 
@@ -277,10 +291,18 @@ class _Batch:
             return
         self.cache.batch_select_indices(index)
         self.mask, self.positions = self.mask[index], self.positions[index]
+        self.rope = None if self.rope is None else self.rope[index]
 
     def logits(self, last: torch.Tensor) -> torch.Tensor:
         """The still-sampling rows' logits out of the model's batch's."""
         return last if self.rows is None else last[self.rows]
+
+    def position_ids(self) -> torch.Tensor:
+        """The next token's positions: over real tokens, plus each row's M-RoPE offset in all three axes
+        for image prompts."""
+        if self.rope is None:
+            return self.positions
+        return (self.positions + self.rope.unsqueeze(1)).unsqueeze(0).expand(3, -1, -1)
 
     def step_ids(self, tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
         """The model's next input: the still-sampling rows' tokens (pad in the unused rows)."""
@@ -290,28 +312,40 @@ class _Batch:
 
 
 def _prefill(
-    model: torch.nn.Module, prompts: list[list[int]], s: SamplingSettings, device: torch.device
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    s: SamplingSettings,
+    device: torch.device,
+    images: list[dict[str, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, _Batch]:
     """The prompts' forward, left-padded, the last position's logits only: where the cache can copy rows,
-    each distinct prompt once (a group's G completions share it) and its KV cache then copied to each of its
-    rows. Returns every row's logits and the batch."""
+    each distinct prompt once (a group's G completions share it; an image prompt is the same prompt only with
+    the same images) and its KV cache then copied to each of its rows. Returns every row's logits and the
+    batch."""
     from transformers.cache_utils import DynamicCache
 
     cache = DynamicCache(config=getattr(model, "config", None))  # none: lazy layers, no row picking
     shared = _rows_selectable(cache)
-    distinct = list(dict.fromkeys(tuple(p) for p in prompts)) if shared else [tuple(p) for p in prompts]
-    ids, prompt_mask = _left_padded([list(p) for p in distinct], s.pad_id, device)
-    last, cache = decode_step(model, ids, prompt_mask, cache, logits_to_keep=1)
+    keys = [(tuple(p), id(images[i]) if images else 0) for i, p in enumerate(prompts)]
+    first: dict[Any, int] = {}  # each distinct prompt's first row
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    picked = list(first.values()) if shared else list(range(len(prompts)))
+    slot = {key: j for j, key in enumerate(first)}
+    ids, prompt_mask = _left_padded([prompts[i] for i in picked], s.pad_id, device)
+    inputs = batch_images([images[i] for i in picked], ids.size(1), ids.size(1), device) if images else None
+    positions, rope = rope_positions(model, ids, prompt_mask, inputs) if inputs else (None, None)
+    last, cache = decode_step(model, ids, prompt_mask, cache, 1, inputs, positions)
     rows = len(prompts)
-    if len(distinct) < rows:
-        slot = {p: i for i, p in enumerate(distinct)}
-        of = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+    if len(picked) < rows:
+        of = torch.tensor([slot[k] for k in keys], device=device)
         cache.batch_select_indices(of)
         last, prompt_mask = last[of], prompt_mask[of]
+        rope = None if rope is None else rope[of]
     mask = torch.cat([prompt_mask, prompt_mask.new_ones((rows, s.max_new_tokens))], dim=1)
     where = torch.arange(rows, device=device)
     lengths = prompt_mask.sum(dim=1, keepdim=True)
-    return last, _Batch(where, cache, mask, lengths, rows=None if shared else where.clone())
+    return last, _Batch(where, cache, mask, lengths, rows=None if shared else where.clone(), rope=rope)
 
 
 def _sample(
@@ -321,6 +355,7 @@ def _sample(
     s: SamplingSettings,
     device: torch.device,
     shown: Progress | None = None,
+    images: list[dict[str, torch.Tensor]] | None = None,
 ) -> list[Sampled]:
     """The sampling loop of `sample_completions` (model already in eval mode, no grad): one batched forward
     per token over the rows still sampling, one batched draw (argmax(probs / noise)) for all of them."""
@@ -331,7 +366,7 @@ def _sample(
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     entropy = torch.zeros(rows, dtype=torch.float64, device=device)
     eos = torch.tensor(s.eos_ids, device=device)
-    last, batch = _prefill(model, prompts, s, device)
+    last, batch = _prefill(model, prompts, s, device, images)
     block = noise_block(s.max_new_tokens, last.size(-1))
     for token in range(s.max_new_tokens):
         if shown is not None:
@@ -375,7 +410,7 @@ def _decode(model: torch.nn.Module, tokens: torch.Tensor, batch: _Batch, seen: i
     result = model(
         input_ids=tokens.unsqueeze(1),
         attention_mask=batch.mask[:, :seen],
-        position_ids=batch.positions,
+        position_ids=batch.position_ids(),
         cache=batch.cache,
         use_cache=True,
     )
@@ -427,10 +462,12 @@ def micro_batch(
     advantages: torch.Tensor,
     pad_id: int,
     sampled: list[list[bool]] | None = None,
+    images: list[dict[str, torch.Tensor]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One GRPO micro-batch (`zerofit.objectives.grpo.loss`): prompts left-padded, completions right-padded, the
     completion tokens as labels where `trained` (a masked truncated completion has none) and, for a multi-turn
-    trajectory, only where `sampled` (per token: the policy's own; template and tool tokens are masked)."""
+    trajectory, only where `sampled` (per token: the policy's own; template and tool tokens are masked); image
+    prompts' `images` under the loss's prefix, and no positions (the model's M-RoPE rule computes them)."""
     p_ids, p_mask = _left_padded(prompts, pad_id, torch.device("cpu"))
     width = max(1, max(len(c) for c in completions))
     c_ids = torch.full((len(completions), width), pad_id, dtype=torch.long)
@@ -444,13 +481,41 @@ def micro_batch(
     for i, own in enumerate(sampled or []):
         keep[i, : len(own)] &= torch.tensor(own, dtype=torch.bool)
     labels = torch.cat([torch.full_like(p_ids, IGNORE_INDEX), c_ids.where(keep, IGNORE_INDEX)], dim=1)
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": mask,
-        "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0),
         "labels": labels,
         "advantages": advantages.float(),
     }
+    if images:
+        return {
+            **batch,
+            **prefixed(batch_images(images, p_ids.size(1), input_ids.size(1), torch.device("cpu"))),
+        }
+    return {**batch, "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0)}
+
+
+def reward_table(
+    flat: list[int],
+    total: int,
+    weighted: torch.Tensor,
+    each: dict[str, torch.Tensor],
+    names: Sequence[str],
+    sampled: list[Sampled],
+) -> torch.Tensor:
+    """A rank's share of the [total, each of `names`, length, truncated, entropy sum] x `total` float64
+    table: its completions' columns `flat` filled, the others 0 (an all-reduce sum completes it)."""
+    local = torch.zeros(4 + len(names), total, dtype=torch.float64)
+    if not flat:
+        return local
+    index = torch.tensor(flat, dtype=torch.long)
+    local[0, index] = weighted.double().cpu()
+    for k, name in enumerate(names):
+        local[1 + k, index] = each[name].double().cpu()
+    local[-3, index] = torch.tensor([float(len(s.ids)) for s in sampled], dtype=torch.float64)
+    local[-2, index] = torch.tensor([float(s.truncated) for s in sampled], dtype=torch.float64)
+    local[-1, index] = torch.tensor([s.entropy_sum for s in sampled], dtype=torch.float64)
+    return local
 
 
 @dataclass
@@ -504,8 +569,15 @@ class Rollouts:
             progress(what, limit, "tokens", enabled=strategy.rank == 0) as shown,
         ):
             if self.agent is None:
+                images = [images_of(p) for p in prompt_of]
                 sampled = sample_completions(
-                    policy, [p.input_ids for p in prompt_of], seeds, self.sampling, strategy.device, shown
+                    policy,
+                    [p.input_ids for p in prompt_of],
+                    seeds,
+                    self.sampling,
+                    strategy.device,
+                    shown,
+                    images if any(images) else None,  # type: ignore[arg-type]
                 )
             else:
                 sampled = self._trajectories(policy, strategy.device, prompt_of, flat, step, shown)
@@ -562,27 +634,13 @@ class Rollouts:
         """The global [total, each function's, length, truncated, entropy sum] x N table, every rank's columns
         filled by one all-reduce (float64)."""
         texts = [self.decode(s.ids) if s.text is None else s.text for s in sampled]
-        columns: dict[str, list[Any]] = {}
-        for p in prompt_of:
-            for key, value in p.columns.items():
-                columns.setdefault(key, []).append(value)
-        if self.agent is not None:
-            columns[MESSAGES_COLUMN] = [s.messages for s in sampled]
-        records = [p.record for p in prompt_of]  # a RewardError names the data row, and the 1-based step
-        weighted, each = self._agreed_score(
-            [p.text for p in prompt_of], texts, columns, step + 1, records, strategy
-        )
+        extra = None if self.agent is None else {MESSAGES_COLUMN: [s.messages for s in sampled]}
+        # a RewardError names the data row, and the 1-based step
+        weighted, each = self.agreed_score(prompt_of, texts, step + 1, strategy, extra)
         if self.agent is not None and self.agent.environment is not None:
             each[ENVIRONMENT_REWARD] = torch.tensor([s.env_reward for s in sampled], dtype=torch.float64)
             weighted = weighted.double() + each[ENVIRONMENT_REWARD]
-        local = torch.zeros(4 + len(self.reward_names), total, dtype=torch.float64)
-        index = torch.tensor(flat, dtype=torch.long)
-        local[0, index] = weighted.double().cpu()
-        for k, name in enumerate(self.reward_names):
-            local[1 + k, index] = each[name].double().cpu()
-        local[-3, index] = torch.tensor([float(len(s.ids)) for s in sampled], dtype=torch.float64)
-        local[-2, index] = torch.tensor([float(s.truncated) for s in sampled], dtype=torch.float64)
-        local[-1, index] = torch.tensor([s.entropy_sum for s in sampled], dtype=torch.float64)
+        local = reward_table(flat, total, weighted, each, self.reward_names, sampled)
         if strategy.rank == 0:
             self.shown = [
                 {
@@ -596,21 +654,33 @@ class Rollouts:
             ]
         return strategy.all_reduce_sum(local.to(strategy.device)).cpu()
 
-    def _agreed_score(
+    def agreed_score(
         self,
-        prompts: list[str],
+        rows: Sequence[PromptRow],
         texts: list[str],
-        columns: dict[str, list[Any]],
         step: int,
-        flat: list[int],
         strategy: Strategy,
+        extra: dict[str, list[Any]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """This rank's rewards; a reward that failed on any rank (its one paragraph, `RewardError`) stops
-        every rank with that paragraph, said once (rank 0), before the step trains or saves anything, so
-        the last checkpoint stays the last good one."""
+        """This rank's rewards of `texts`, the completions of `rows` (their prompt texts, columns and data
+        records go to the reward functions; `step` 1-based); a reward that failed on any rank (its one
+        paragraph, `RewardError`) stops every rank with that paragraph, said once (rank 0), before the step
+        trains or saves anything, so the last checkpoint stays the last good one. A rank with no completions
+        (a held-out evaluation's short last share, `zerofit.loop.held_out`) calls no function and only joins
+        the agreement."""
+        columns: dict[str, list[Any]] = {}
+        for p in rows:
+            for key, value in p.columns.items():
+                columns.setdefault(key, []).append(value)
+        columns.update(extra or {})  # a multi-turn trajectory's whole conversation (`messages`)
         failure: str | None = None
         try:
-            scored = self.score(prompts, texts, columns, step, flat)
+            empty = torch.zeros(0, dtype=torch.float64)
+            scored = (
+                self.score([p.text for p in rows], texts, columns, step, [p.record for p in rows])
+                if texts
+                else (empty, {name: empty for name in self.reward_names})
+            )
         except ZerofitError as exc:
             failure, scored = str(exc), (torch.zeros(0), {})
         failed = strategy.all_reduce_sum(torch.tensor([int(failure is not None)], device=strategy.device))
@@ -630,16 +700,19 @@ class Rollouts:
         """One micro-batch of this rank's completions `micro` (with the old policy's log-probs if kept; its
         advantages are set once the whole batch's are known)."""
         mine = [by_index[c] for c in micro]
+        prompts = [self.prompts[rows[c // self.group_size]] for c in micro]
+        images = [images_of(p) for p in prompts]
         batch = micro_batch(
             [
-                self.prompts[rows[c // self.group_size]].input_ids if s.prompt_ids is None else s.prompt_ids
-                for c, s in zip(micro, mine, strict=True)
+                p.input_ids if s.prompt_ids is None else s.prompt_ids
+                for p, s in zip(prompts, mine, strict=True)
             ],
             [s.ids for s in mine],
             [not (self.mask_truncated and s.truncated) for s in mine],
             torch.zeros(len(micro)),
             self.sampling.pad_id,
-            None if self.agent is None else [s.trained or [] for s in mine],
+            sampled=None if self.agent is None else [s.trained or [] for s in mine],
+            images=images if any(images) else None,  # type: ignore[arg-type]
         )
         if self.old_logps:
             with torch.no_grad():

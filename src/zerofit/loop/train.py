@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from zerofit.checkpoint.failed_save import attempt, metrics_failed
 from zerofit.checkpoint.manifest import checkpoint_folders
-from zerofit.checkpoint.policy import BEST_METRIC, EvalWatch, SaveClock, Verdict
+from zerofit.checkpoint.policy import EvalWatch, SaveClock, Verdict
 from zerofit.config.batching import BatchSplit
 from zerofit.core.errors import MetricsWriteError, TrainingDiverged
 from zerofit.core.progress import Progress, progress
@@ -197,7 +197,7 @@ class LoopInputs:
     )
     stop: StopSignal | None = None  # SIGTERM/SIGINT: stop after the step in progress, on every rank
     clock: SaveClock | None = None  # checkpoint.every_minutes (rank 0's clock decides)
-    watch: EvalWatch | None = None  # best eval/loss (checkpoint.keep_best) and train.early_stopping
+    watch: EvalWatch | None = None  # best evaluation (checkpoint.keep_best) and train.early_stopping
     keep_best: bool = False  # a new best evaluation forces a save of that step
     objective: Objective | None = None  # train.objective's (`zerofit.objectives.pairwise.loss`); None: SFT
     compiled: bool = False  # train.compile: each row reports dynamo's graph breaks so far
@@ -349,12 +349,12 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
             **(run.evaluator.after_step(steps_done) if run.evaluator is not None and bad is None else {}),
             **(run.harness.after_step(steps_done) if run.harness is not None and bad is None else {}),
         }
-        judged_by = run.watch.metric if run.watch is not None else BEST_METRIC
         logged = bool(evaluated) or steps_done % run.log_every == 0 or steps_done == run.max_steps
         logged = logged or bad is not None
         row = functools.partial(step_metrics, run, step, result, lr, seconds, samples, seen)
         failure = _log_row(run, steps_done, {**row(), **evaluated}) if logged else None
-        agreed = agree_after_step(run, evaluated.get(judged_by), logged, failure is not None, bad is not None)
+        followed = evaluated.get(run.watch.metric) if run.watch is not None else None
+        agreed = agree_after_step(run, followed, logged, failure is not None, bad is not None)
         if agreed.metrics_failed:
             raise _metrics_write_error(run, steps_done, failure)
         if agreed.diverged:  # before any save: the last checkpoint stays the last good one
@@ -366,7 +366,7 @@ def _train_steps(run: LoopInputs, start_step: int, tokens_before: int, shown: Pr
             if run.strategy.broadcast_object(failure) is not None:
                 raise _metrics_write_error(run, steps_done, failure)
         if run.watch is not None and agreed.verdict is not None:
-            run.watch.record(steps_done, float(evaluated[judged_by]), agreed.verdict)
+            run.watch.record(steps_done, float(evaluated[run.watch.metric]), agreed.verdict)
         run.checkpointer.after_step(steps_done, agreed.save(run.keep_best), seen)
         if agreed.stopping or agreed.early_stop:
             break
@@ -506,7 +506,8 @@ def agree_after_step(
     the evaluation's verdict and a failed metrics write (other ranks add zeros, so no other clock or
     rounding can differ).
 
-    `eval_loss` is this step's eval/loss, or None when no evaluation ran; `logged`: rank 0 wrote this
+    `eval_loss` is this step's evaluation the watch follows (eval/loss; an RL objective's eval/reward), or
+    None when no evaluation ran; `logged`: rank 0 wrote this
     step's metrics (the same on every rank); `write_failed`: that write failed here (a full disk); `bad`:
     this step is not finite here (`non_finite`; any rank's vote stops every rank).
     """

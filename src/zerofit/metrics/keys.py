@@ -15,6 +15,7 @@ from collections.abc import Container
 
 __all__ = [
     "EVAL_LOSS",
+    "EVAL_REWARD",
     "HARNESS_PREFIX",
     "JUDGED_BY",
     "LOSS",
@@ -40,6 +41,9 @@ HARNESS_PREFIX = "harness/"
 # A row that `zerofit eval` appends after training, for a step that already has its training row: readers lay
 # its fields over that row (`zerofit.metrics.rows.one_row_per_step`) instead of replacing it.
 POSTHOC = "posthoc"
+EVAL_REWARD = (
+    "eval/reward"  # an RL run's mean reward over its held-out prompts' completions (higher is better)
+)
 MEM_SOURCE = "mem/source"  # what the memory fields measure: `cuda` (allocator) or `cpu_rss` (process RSS)
 MAX_PEAK = "mem/max_peak_gib"  # the largest peak of any rank in the logging interval
 PEAK_GIB = "peak_gib"  # a rank's peak memory in the interval: the per-rank field `rank_field(r, PEAK_GIB)`

@@ -289,7 +289,7 @@ class RunFilesSink:
 
 
 def record_outcome(run_dir: str | Path, fields: dict[str, Any]) -> None:
-    """Add how the run ended (`stop_reason`, `early_stopped`, `best_step`, `best_eval_loss`) to the
+    """Add how the run ended (`stop_reason`, `early_stopped`, `best_step`, `best_eval_loss` or `best_eval_reward`) to the
     `summary.json` the sinks wrote at close (rank 0, after the loop).
 
     A write that fails (a full disk) is a warning: the run trained, checkpointed and exported already, and

@@ -7,7 +7,8 @@ An objective is one slice (`zerofit.objectives.<slice>`) and one row of the regi
     identity        `name`, `unit` (what the global batch counts and how it is loaded and evaluated)
     config rules    `settle_batch` (before the batch split), `check` (cross-key rules), `fill` (after the
                     plan is chosen), `batch_problem` (a batch split error in the objective's terms)
-    abilities       `sequence_parallel`, `vision`, `score_head`, `generates`, `whole_texts`
+    abilities       `sequence_parallel`, `vision`, `score_head`, `generates`, `whole_texts`,
+                    `rewarded`
     the loss        `build_loss` (the train step's `Objective`, built lazily: torch is imported there)
     the run         `updates_per_rollout`, `advantage_estimator`, `reward_penalty`, `precomputes_reference`,
                     `tokens_per_step`, `describe`
@@ -60,6 +61,7 @@ class ObjectiveSpec:
     score_head: bool = False  # the model's output is a one-output score head (a reward model)
     generates: bool = False  # it samples its training sequences inside the run (rollouts)
     whole_texts: bool = False  # a pair without a prompt is scored as two whole texts (a reward model)
+    rewarded: bool = False  # its held-out evaluation is the reward of sampled completions (RL), not a loss
 
     # ----------------------------------------------------------------------------------- config rules
 

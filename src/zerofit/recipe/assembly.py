@@ -34,6 +34,7 @@ from zerofit.data import (
     GlobalBatchSampler,
     PreferencePair,
     TokenizedData,
+    eval_source,
     hold_out,
     load_examples,
     load_preference_pairs,
@@ -44,6 +45,7 @@ from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
 from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
 from zerofit.data.vision import load_vision_examples
+from zerofit.data.vision_pairs import load_vision_pairs
 from zerofit.engine_spec import render_spec
 from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.harness.during import HarnessDuringTraining
@@ -54,7 +56,7 @@ from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.protocol import Objective
-from zerofit.objectives.spec import EXAMPLE, PROMPT, UNPAIRED, ObjectiveSpec
+from zerofit.objectives.spec import EXAMPLE, PAIR, PROMPT, UNPAIRED, ObjectiveSpec
 from zerofit.recipe.distill import distill_rollouts
 from zerofit.recipe.rl import load_prompt_data, rollouts
 from zerofit.recipe.teacher import load_teacher
@@ -243,6 +245,8 @@ class PreparedRun:
             max_steps=cfg.train.max_steps,
             cross_entropy=cfg.train.cross_entropy,
             objective=self.objective,
+            rollouts=self.rollouts if self.plan.objective.rewarded else None,
+            sampling=cfg.eval.sampling,
         )
 
     def record(self) -> dict[str, Any]:
@@ -314,6 +318,10 @@ def _source_reader(
         "key": key,
         "empty_responses": d.empty_responses,
     }
+    if processor is not None and objective.unit is PAIR:  # preference pairs with images (`data.vision_pairs`)
+        return lambda show: load_vision_pairs(
+            path, processor, d.max_seq_len, split=split, subset=d.subset, key=key
+        )
     if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
         return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
             key=key, empty_responses=d.empty_responses, missing_images=d.missing_images, cache=d.cache)  # fmt: skip
@@ -338,21 +346,22 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     the training data decided): examples for `train.objective: sft`, preference pairs for the others."""
     cfg, objective = resolved.config, resolved.objective
     d = cfg.data
-    if objective.unit is PROMPT:  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
-        prompts, stats, sampler = load_prompt_data(cfg, tokenizer)
-        return TrainData(prompts, stats, sampler)  # type: ignore[arg-type]
     processor = vision_processor_for(cfg, tokenizer, objective)
+    if objective.unit is PROMPT:  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
+        prompts, stats, sampler, held_prompts = load_prompt_data(cfg, tokenizer, processor)
+        held_units: Any = held_prompts.examples if held_prompts is not None else None
+        held_stats = held_prompts.stats if held_prompts is not None else None
+        return TrainData(prompts, stats, sampler, held_units, held_stats)  # type: ignore[arg-type]
     reader = functools.partial(_source_reader, cfg, objective, tokenizer, processor)
     read_train = reader(d.path, d.split, "data.path")
     train = _rank0_first(
         strategy, lambda show: check_truncation(read_train(show), d.max_seq_len, d.truncation)
     )
     held: TokenizedData[Any] | None = None
-    if d.eval_path is not None:
-        split = d.eval_split if isinstance(d.eval_split, str) else "train"
-        held = _rank0_first(strategy, reader(d.eval_path, split, "data.eval_path"))
-    elif isinstance(d.eval_split, str):
-        held = _rank0_first(strategy, reader(d.path, d.eval_split, "data.path"))
+    source = eval_source(d)
+    if source is not None:
+        path, split, key = source
+        held = _rank0_first(strategy, reader(path, split, key))
     elif d.eval_split is not None:
         train, held = hold_out(train, d.eval_split, cfg.seed)
     if held is not None:

@@ -1,5 +1,5 @@
 """What a run of an objective that generates its sequences (GRPO's, `zerofit.objectives.grpo`) assembles
-beyond the others: its prompt data and its rollouts.
+beyond the others: its prompt data (and held-out prompts) and its rollouts.
 
 `zerofit.recipe.assembly` calls these where it builds a preference or SFT run's data. The reward
 functions are built (and a `module:function` imported) only by `rollouts`, which only a training launch's
@@ -14,9 +14,10 @@ from typing import Any
 
 from zerofit.config.batching import BatchSplit
 from zerofit.config.schema import ZerofitConfig
-from zerofit.data import GlobalBatchSampler
+from zerofit.data import GlobalBatchSampler, eval_source, hold_out
 from zerofit.data.prompts import PromptExample, load_prompts
-from zerofit.data.sft import DataStats
+from zerofit.data.sft import DataStats, TokenizedData
+from zerofit.data.vision_prompts import load_vision_prompts
 from zerofit.loop.rollout import ENVIRONMENT_REWARD, Rollouts, SamplingSettings
 from zerofit.objectives.grpo.rewards import score_completions
 from zerofit.recipe.rewards import build_rewards
@@ -25,19 +26,42 @@ from zerofit.recipe.tools import build_agent
 __all__ = ["end_ids", "load_prompt_data", "rollouts"]
 
 
+HeldOut = TokenizedData[PromptExample]  # held-out prompts (their `records`: each prompt's data record)
+
+
+def _prompts(cfg: ZerofitConfig, tokenizer: Any, processor: Any, path: str, split: str, key: str) -> HeldOut:
+    """The prompts of one source, cut to rl.max_prompt_length by data.truncation; with a vision-language
+    model's `processor`, image prompts (`zerofit.data.vision_prompts`), never cut."""
+    d, limit = cfg.data, cfg.rl.max_prompt_length
+    if processor is not None:
+        data = load_vision_prompts(path, processor, limit, split=split, subset=d.subset, key=key)
+    else:
+        data = load_prompts(
+            path, tokenizer, limit, split=split, subset=d.subset, key=key, truncation=d.truncation
+        )
+    return TokenizedData(data.prompts, data.stats, [p.record for p in data.prompts])
+
+
 def load_prompt_data(
-    cfg: ZerofitConfig, tokenizer: Any
-) -> tuple[list[PromptExample], DataStats, GlobalBatchSampler]:
-    """The prompts of data.path (every rank reads them: no tokenized cache), and the sampler of the prompt
-    order: rl.prompts_per_step prompts per step, the data's own epochs and shuffle."""
+    cfg: ZerofitConfig, tokenizer: Any, processor: Any = None
+) -> tuple[list[PromptExample], DataStats, GlobalBatchSampler, HeldOut | None]:
+    """The prompts of data.path (every rank reads them: no tokenized cache), the sampler of the prompt order
+    (rl.prompts_per_step prompts per step, the data's own epochs and shuffle), and the held-out prompts the
+    evaluation answers: data.eval_path's, data.eval_split's split of data.path, or its fraction of data.path's
+    records (`zerofit.data.holdout`, kept out of training); None without evaluation data. `processor`: a
+    vision-language model's (image prompts), else None."""
     d = cfg.data
-    data = load_prompts(
-        d.path, tokenizer, cfg.rl.max_prompt_length, split=d.split, subset=d.subset, truncation=d.truncation
-    )
+    train = _prompts(cfg, tokenizer, processor, d.path, d.split, "data.path")
+    held: HeldOut | None = None
+    source = eval_source(d)
+    if source is not None:
+        held = _prompts(cfg, tokenizer, processor, *source)
+    elif d.eval_split is not None:
+        train, held = hold_out(train, d.eval_split, cfg.seed)
     sampler = GlobalBatchSampler(
-        len(data.prompts), cfg.rl.prompts_per_step, cfg.seed, d.shuffle, cfg.train.partial_window
+        len(train.examples), cfg.rl.prompts_per_step, cfg.seed, d.shuffle, cfg.train.partial_window
     )
-    return data.prompts, data.stats, sampler
+    return train.examples, train.stats, sampler, held
 
 
 def end_ids(tokenizer: Any, model_config: Any) -> tuple[int, ...]:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch
     from zerofit.metrics.base import MetricsSink
     from zerofit.metrics.summary import Trend
+    from zerofit.objectives.spec import ObjectiveSpec
     from zerofit.recipe.assembly import PreparedRun
 
 EXIT_USER_ERROR = 2
@@ -157,7 +158,7 @@ class FinetuneRecipe:
         record = checkpoint_record(plan, fmt, self.config_path) if rank == 0 else None
         elapsed = point.elapsed_s if point else 0.0
         has_eval = run.data is not None and run.data.eval_examples is not None
-        self.watch = eval_watch(cfg, has_eval)
+        self.watch = eval_watch(cfg, plan.objective, has_eval)
         self.checkpointer = Checkpointer(
             strategy, plan.run_dir, cfg.checkpoint, cfg.train.max_steps, record, elapsed, watch=self.watch
         )
@@ -324,16 +325,17 @@ def run_training(
         recipe.cleanup()
 
 
-def eval_watch(cfg: ZerofitConfig, has_eval: bool) -> EvalWatch | None:
-    """The run's watch over its evaluations (best checkpoint, early stopping): of eval/loss (lower is
-    better) with evaluation data, or of `eval.harness.best_metric`'s lm-eval score (higher is better)."""
-    from zerofit.checkpoint.policy import EvalWatch
+def eval_watch(cfg: ZerofitConfig, objective: ObjectiveSpec, has_eval: bool) -> EvalWatch | None:
+    """The run's watch over its evaluations (best checkpoint, early stopping): with evaluation data, of the
+    objective's followed metric (eval/loss, lower is better; an RL objective's eval/reward, higher is
+    better), or of `eval.harness.best_metric`'s lm-eval score (higher is better) whenever it is set."""
+    from zerofit.checkpoint.policy import EvalWatch, followed_metric
 
     es, best = cfg.train.early_stopping, cfg.eval.harness.best_metric
     if best is not None:
         task, _, metric = best.rpartition("/")
         return EvalWatch(es.patience, es.min_delta, harness_field(task, metric), higher=True)
-    return EvalWatch(es.patience, es.min_delta) if has_eval else None
+    return EvalWatch(es.patience, es.min_delta, followed_metric(objective)) if has_eval else None
 
 
 def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: StopSignal) -> dict[str, Any]:
@@ -345,7 +347,7 @@ def _outcome_fields(stopped: bool, early: bool, watch: EvalWatch | None, stop: S
         reason = "early_stopping" if early else "max_steps"
     fields: dict[str, Any] = {"stop_reason": reason, "early_stopped": early}
     if watch is not None:
-        fields |= {"best_step": watch.best_step, "best_eval_loss": watch.best_loss}
+        fields |= {"best_step": watch.best_step, watch.summary_field: watch.best_value}
     return fields
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zerofit.checkpoint.policy import followed_metric
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.run_layout import step_dir_name
 
@@ -27,6 +28,7 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
     run_plan, built, data = run.plan, run.built, run.data
     cfg, spec, plan, objective = run_plan.config, run_plan.spec, run_plan.batch, run_plan.objective
     line = objective.describe(cfg, run.reference.describe() if run.reference is not None else "")
+    followed = followed_metric(objective)  # eval/loss, or an RL objective's eval/reward
     o, s, t = cfg.optimizer, cfg.scheduler, cfg.train
     stats, sampler = data.stats, data.sampler
     trainable_pct = 100.0 * built.trainable_params / max(built.total_params, 1)
@@ -45,13 +47,17 @@ def format_plan(run: PreparedRun, engine_file: Path) -> str:
         f"  engine file  {engine_file}",
         f"  data         {describe_data(cfg.data.path, stats, cfg.data.max_seq_len)}, {sampler.steps_per_epoch} steps/epoch",
         *truncation_warning(cfg, stats),
-        *([f"  eval         {describe_eval(cfg, data.eval_stats)}"] if data.eval_stats is not None else []),
+        *(
+            [f"  eval         {describe_eval(cfg, data.eval_stats, followed)}"]
+            if data.eval_stats is not None
+            else []
+        ),
         f"  grad sync    {spec.describe_grad_sync()}",
         f"  compute      {describe_compute(cfg, built.model)}",
         *([f"  objective    {line}"] if line is not None else []),
         f"  optimizer    {spec.describe_optimizer(o.name)}, lr {lr}, {spec.describe_schedule(s.name, s.warmup_steps)}",
-        f"  steps        {describe_steps(cfg, sampler.steps_per_epoch)}",
-        f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None)}",
+        f"  steps        {describe_steps(cfg, sampler.steps_per_epoch, followed)}",
+        f"  checkpoints  {describe_checkpoints(cfg, data.eval_stats is not None, followed)}",
         f"  timeout      {describe_timeout(cfg, ranks)}",
         f"  run dir      {run_plan.run_dir}",
     ]
@@ -91,8 +97,9 @@ def describe_tokens(global_batch: int, max_seq_len: int, fmt: str, mean_label_to
     )
 
 
-def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int) -> str:
-    """`60 optimizer steps (train.epochs 3 x 20 steps/epoch)`, or `20 optimizer steps (~0.33 epochs)`."""
+def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int, followed: str) -> str:
+    """`60 optimizer steps (train.epochs 3 x 20 steps/epoch)`, or `20 optimizer steps (~0.33 epochs)`;
+    early stopping on `followed` (eval/loss, or an RL objective's eval/reward)."""
     t = cfg.train
     assert t.max_steps is not None
     if t.epochs is not None:
@@ -103,14 +110,14 @@ def describe_steps(cfg: ZerofitConfig, steps_per_epoch: int) -> str:
     es = t.early_stopping
     if es.patience > 0:
         text += (
-            f"; early stopping after {es.patience} evaluation(s) without an eval/loss improvement of more "
+            f"; early stopping after {es.patience} evaluation(s) without an {followed} improvement of more "
             f"than {es.min_delta:g}"
         )
     return text
 
 
-def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool) -> str:
-    """The save and keep policy: `every 30 min and at the end, keep last 2 + best eval/loss`."""
+def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool, followed: str) -> str:
+    """The save and keep policy: `every 30 min and at the end, keep last 2 + best eval/loss` (`followed`)."""
     c = cfg.checkpoint
     when = [f"every {c.every_steps} steps"] if c.every_steps else []
     if c.every_minutes:
@@ -118,7 +125,7 @@ def describe_checkpoints(cfg: ZerofitConfig, has_eval: bool) -> str:
     when.append("at the end")
     keep = f"keep last {c.keep_last}"
     if c.keep_best and has_eval:
-        keep += " + best eval/loss (saved at each new best)"
+        keep += f" + best {followed} (saved at each new best)"
     return f"{' and '.join(when)} (and when stopped), {keep}"
 
 
@@ -228,8 +235,8 @@ def describe_data(path: str, stats: DataStats, max_seq_len: int) -> str:
     return f"{path} [{'; '.join(how)}]: {stats.n_examples:,} {'pairs' if pairs else 'examples'} ({notes})"
 
 
-def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
-    """Where the evaluation data comes from and when the loss is computed."""
+def describe_eval(cfg: ZerofitConfig, stats: DataStats, followed: str) -> str:
+    """Where the evaluation data comes from and when `followed` (the loss, an RL run's reward) is computed."""
     d = cfg.data
     if d.eval_path is not None:
         source = d.eval_path
@@ -238,13 +245,14 @@ def describe_eval(cfg: ZerofitConfig, stats: DataStats) -> str:
     else:
         source = f"{d.eval_split:g} of {d.path}'s records held out"
     when = f"every {cfg.eval.every_steps} steps and at the end" if cfg.eval.every_steps else "at the end"
-    unit = "pairs" if stats.format == "preference" else "examples"
-    return f"{stats.n_examples:,} {unit} ({source}), loss {when}"
+    unit = {"preference": "pairs", "prompt": "prompts", "conversational prompt": "prompts"}.get(stats.format)
+    what = f"{followed} ({cfg.eval.sampling} answers)" if "prompt" in stats.format else "loss"
+    return f"{stats.n_examples:,} {unit or 'examples'} ({source}), {what} {when}"
 
 
 def best_line(watch: EvalWatch, checkpoints: Path, keep_best: bool) -> str:
     """`best: eval/loss 1.2345 at step 40 (checkpoint ..., export it with zerofit export RUN --step best)`."""
-    text = f"best: {watch.metric} {watch.best_loss:.4f} at step {watch.best_step}"
+    text = f"best: {watch.metric} {watch.best_value:.4f} at step {watch.best_step}"
     folder = checkpoints / step_dir_name(watch.best_step)
     if keep_best and folder.is_dir():
         text += f" (checkpoint {folder}; zerofit export {checkpoints.parent} --step best --out DIR)"

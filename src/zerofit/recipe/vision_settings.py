@@ -12,6 +12,9 @@ from zerofit.models.build import resolve_model_path
 from zerofit.models.vision import VisionProcessor, folder_config, is_vision_config, load_vision_processor
 from zerofit.objectives.spec import ObjectiveSpec
 
+# The image-token kinds (`VisionFamily.kind`) whose prompts the rollout samples (M-RoPE's grid: Qwen2-VL's).
+GENERATING_KINDS = ("grid",)
+
 
 def vision_processor_for(
     cfg: ZerofitConfig, tokenizer: Any, objective: ObjectiveSpec
@@ -22,7 +25,17 @@ def vision_processor_for(
     if not is_vision_config(folder_config(path)):
         return None
     refuse_vision_settings(cfg, objective)
-    return load_vision_processor(path, tokenizer, cfg.data.max_image_tokens, cfg.data.max_image_pixels)
+    processor = load_vision_processor(path, tokenizer, cfg.data.max_image_tokens, cfg.data.max_image_pixels)
+    if objective.generates and processor.family.kind not in GENERATING_KINDS:
+        raise ConfigError(
+            [
+                f"train.objective = {objective.name!r} samples its completions inside the run, and zerofit "
+                f"samples image prompts on the Qwen2-VL family only so far (qwen2_vl, qwen2_5_vl: the built-in "
+                f"tiny-qwen2-vl); model.name_or_path = {cfg.model.name_or_path!r} is {processor.family.model_type!r}; "
+                "use a Qwen2-VL / Qwen2.5-VL model, or train.objective=sft"
+            ]
+        )
+    return processor
 
 
 def names_vision_model(cfg: ZerofitConfig) -> bool:
@@ -35,7 +48,8 @@ def names_vision_model(cfg: ZerofitConfig) -> bool:
 
 def refuse_vision_settings(cfg: ZerofitConfig, objective: ObjectiveSpec) -> None:
     """The settings a vision-language model cannot take, refused in one paragraph: a token budget (packing
-    rows of several examples) or a preference objective (neither keeps each image with its own tokens yet),
+    rows of several examples: it does not keep each image with its own tokens yet), an objective that takes
+    no images (KTO, reward models),
     and ZeRO-3 (`_zero3_problem`). `recipe.run` calls it before the config is resolved, so local rank 0 says it
     once, before the planner's search and any model load."""
     name = cfg.model.name_or_path
@@ -52,7 +66,8 @@ def refuse_vision_settings(cfg: ZerofitConfig, objective: ObjectiveSpec) -> None
         raise ConfigError(
             [
                 f"train.objective = {objective.name!r} with the vision-language model {name!r}: zerofit "
-                "trains vision-language models with train.objective=sft only"
+                "trains vision-language models with train.objective sft, dpo, simpo, orpo, cpo and (on the Qwen2-VL "
+                "family) grpo"
             ]
         )
     if preset_zero_stage(cfg) == 3:

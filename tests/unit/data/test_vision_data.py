@@ -18,6 +18,7 @@ from zerofit.data.vision import TOKEN_TYPES, VisionExample, load_vision_examples
 from zerofit.models.build import load_tokenizer
 from zerofit.models.tiny_vision import ensure_tiny_vlm
 from zerofit.models.vision import VisionProcessor, load_vision_processor
+from zerofit.objectives.kto import KTO
 from zerofit.objectives.pairwise import DPO
 from zerofit.objectives.sft import SFT
 from zerofit.recipe.vision_settings import vision_processor_for
@@ -148,15 +149,19 @@ def test_a_cut_inside_an_image_is_refused_with_the_fix() -> None:
         load_vision_examples(DEMO, _processor(), 12)
 
 
-def test_packing_and_preference_objectives_are_refused_for_a_vision_model() -> None:
+def test_packing_and_objectives_without_images_are_refused_for_a_vision_model() -> None:
+    """Packing and the objectives that take no images (KTO, reward models) are refused; the pairwise
+    preference objectives take image pairs (`zerofit.data.vision_pairs`)."""
     cfg = config(BASE, batch={"tokens_per_micro_batch": 512})
     with pytest.raises(
         ConfigError, match=r"batch\.tokens_per_micro_batch = 512 with the vision-language model"
     ):
         vision_processor_for(cfg, load_tokenizer(cfg), SFT)
-    cfg = config(BASE, train={"objective": "dpo"})
-    with pytest.raises(ConfigError, match=r"train\.objective = 'dpo' with the vision-language model"):
-        vision_processor_for(cfg, load_tokenizer(cfg), DPO)
+    cfg = config(BASE, train={"objective": "kto"})
+    with pytest.raises(ConfigError, match=r"train\.objective = 'kto' with the vision-language model"):
+        vision_processor_for(cfg, load_tokenizer(cfg), KTO)
+    dpo = config(BASE, train={"objective": "dpo"})
+    assert vision_processor_for(dpo, load_tokenizer(dpo), DPO) is not None
     text_cfg = config({"model": {"name_or_path": "tiny-llama"}})
     assert vision_processor_for(text_cfg, load_tokenizer(text_cfg), SFT) is None
 
@@ -178,3 +183,38 @@ def test_zero3_is_refused_in_one_paragraph_naming_what_works() -> None:
         vision_processor_for(cfg, None, SFT)
     text = str(caught.value)
     assert "distributed.preset = 'zero3'" in text and "zero2" in text and "fsdp" in text
+
+
+def test_image_preference_pairs_load_in_trls_layout(tmp_path: Path) -> None:
+    """TRL's vision DPO records: each side is the prompt (its image expanded to its tokens, unlabelled) then
+    the side's answer (labelled), both holding the record's image; a pair's micro-batch rows carry the images
+    in row order (chosen rows, then rejected rows); an unreadable image is refused in one paragraph."""
+    from zerofit.data.pairs import collate_pairs
+    from zerofit.data.vision_pairs import load_vision_pairs
+
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]
+    rows = [
+        {"images": [f"demo-vlm/{a}.png"], "prompt": prompt, "chosen": [{"role": "assistant", "content": a}],
+         "rejected": [{"role": "assistant", "content": b}]}
+        for a, b in (("red", "blue"), ("green", "white"))
+    ]  # fmt: skip
+    path = tmp_path / "pairs.jsonl"
+    shutil.copytree(REPO / "data" / "demo-vlm", tmp_path / "demo-vlm")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    processor = _processor(16)
+    data = load_vision_pairs(path, processor, 128)
+    assert data.stats.n_examples == 2 and data.stats.format == "preference"
+    pair = data.examples[0]
+    for side, answer in ((pair.chosen, "red"), (pair.rejected, "blue")):
+        assert isinstance(side, VisionExample) and "pixel_values" in side.images
+        learned = [t for t, label in zip(side.input_ids, side.labels, strict=True) if label != IGNORE_INDEX]
+        assert answer in processor.tokenizer.decode(learned)
+        assert processor.image_token_id not in learned
+    assert torch.equal(pair.chosen.images["pixel_values"], pair.rejected.images["pixel_values"])
+    batch = collate_pairs(data.examples, 0)
+    rows = [side.images["pixel_values"] for p in data.examples for side in (p.chosen, p.rejected)]
+    order = [rows[0], rows[2], rows[1], rows[3]]  # chosen rows, then rejected rows
+    assert torch.equal(batch["pixel_values"], torch.cat(order)) and batch["image_grid_thw"].shape[0] == 4
+    (tmp_path / "demo-vlm" / "green.png").unlink()
+    with pytest.raises(DataError, match=r"image .*green\.png.* cannot be read"):
+        load_vision_pairs(path, processor, 128)

@@ -254,7 +254,7 @@ def test_the_watch_of_a_harness_score_keeps_the_highest() -> None:
     for step, score in ((1, 0.2), (2, 0.5), (3, 0.52), (4, 0.4)):
         verdict = watch.judge(score)
         watch.record(step, score, verdict)
-    assert (watch.best_step, watch.best_loss, watch.stopped_at) == (2, 0.5, 4)
+    assert (watch.best_step, watch.best_value, watch.stopped_at) == (2, 0.5, 4)
     assert "harness/t/acc has not improved by more than 0.05 for 2" in watch.stop_line()
 
 

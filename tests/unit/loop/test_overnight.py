@@ -127,11 +127,30 @@ def test_early_stopping_counts_evaluations_without_an_improvement_beyond_min_del
         (False, False),
         (False, True),
     ]
-    assert (watch.best_step, watch.best_loss, watch.stopped_at) == (4, 2.3, 6)
+    assert (watch.best_step, watch.best_value, watch.stopped_at) == (4, 2.3, 6)
     assert "stopped after step 6" in watch.stop_line()
     resumed = EvalWatch(patience=2, min_delta=0.1)  # a resume replays the kept rows: same best, same count
     resumed.replay([{"step": 1, "loss": 9.0}, {"step": 2, "eval/loss": 3.0}, {"step": 4, "eval/loss": 2.95}])
     assert (resumed.best_step, resumed.since_best) == (2, 1) and resumed.judge(2.95).exhausted
+
+
+def test_an_rl_objective_follows_its_held_out_reward_higher_is_better() -> None:
+    """GRPO's evaluation is eval/reward: a higher value is the better one (by more than min_delta), a lower
+    one counts toward the patience; SFT's stays eval/loss, lower is better. The summary field follows."""
+    from zerofit.checkpoint.policy import followed_metric
+    from zerofit.objectives.registry import OBJECTIVES
+
+    assert followed_metric(OBJECTIVES["grpo"]) == "eval/reward"
+    assert followed_metric(OBJECTIVES["sft"]) == followed_metric(OBJECTIVES["dpo"]) == "eval/loss"
+    watch = EvalWatch(patience=2, min_delta=0.05, metric="eval/reward")
+    for step, reward in enumerate([0.1, 0.4, 0.42, 0.3, 0.5], start=1):
+        watch.record(step, reward, watch.judge(reward))
+    assert (watch.best_step, watch.best_value, watch.since_best) == (5, 0.5, 0)
+    assert watch.judge(0.2).best is False and watch.summary_field == "best_eval_reward"
+    resumed = EvalWatch(metric="eval/reward")
+    resumed.replay([{"step": 1, "eval/reward": 0.2, "eval/loss": 9.0}, {"step": 2, "eval/reward": 0.1}])
+    assert (resumed.best_step, resumed.best_value) == (1, 0.2)
+    assert EvalWatch().summary_field == "best_eval_loss"
 
 
 def test_the_save_clock_runs_from_the_last_save() -> None:

@@ -3,6 +3,7 @@ failed reward as one agreed paragraph, and a toy verifiable task the tiny model 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,3 +247,70 @@ def test_the_tiny_model_learns_the_toy_task(tokenizer: Any) -> None:
         train_step(strategy, model, batches, 1.0, "unchunked", objective)
     assert sum(curve[:2]) / 2 < 0.2, curve
     assert min(curve[-3:]) > 0.8, curve
+
+
+# --- the held-out reward (`zerofit.loop.held_out`) --------------------------------------------------------
+
+
+def test_the_held_out_reward_is_seeded_split_free_and_greedy_on_request(tokenizer: Any) -> None:
+    """The held-out prompts' reward: the same seeds at every evaluation (two calls agree), the same answers
+    whatever the prompts sampled at once, each reward function's mean beside the weighted total; greedy is
+    the argmax continuation (checked against a plain argmax loop) and does not vary with the seed."""
+    from zerofit.loop.held_out import held_out_rewards
+
+    model = _model()
+    strategy = _strategy(model)
+    rollouts = _rollouts(tokenizer, 2, 1, _scorer(digit_share), new=5)
+    prompts = _prompts(tokenizer)
+    one = held_out_rewards(strategy, rollouts, prompts, per_rank=1, steps_done=3)
+    again = held_out_rewards(strategy, rollouts, prompts, per_rank=4, steps_done=3)
+    assert one == again
+    assert one["eval/prompts"] == 4 and one["eval/rewards/digits"] == one["eval/reward"]
+    assert 0 < one["eval/completions/mean_length"] <= 5
+    greedy = held_out_rewards(strategy, rollouts, prompts, per_rank=3, steps_done=3, sampling="greedy")
+    reseeded = dataclasses.replace(rollouts, seed=99)
+    assert (
+        held_out_rewards(strategy, reseeded, prompts, per_rank=3, steps_done=3, sampling="greedy") == greedy
+    )
+    assert held_out_rewards(strategy, reseeded, prompts, per_rank=3, steps_done=3) != one
+    expected = [_argmax_answer(model, p.input_ids, 5, tokenizer.eos_token_id) for p in prompts]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
+    assert greedy["eval/reward"] == pytest.approx(sum(digit_share([], texts, {})) / 4)
+    assert greedy["eval/completions/mean_length"] == pytest.approx(sum(map(len, expected)) / 4)
+    assert model.training  # the mode is restored
+
+
+def _argmax_answer(model: torch.nn.Module, prompt: list[int], new: int, eos: int) -> list[int]:
+    """A greedy completion the slow, obvious way: the whole sequence's forward per token, its argmax."""
+    ids: list[int] = []
+    with torch.no_grad():
+        model.eval()
+        for _ in range(new):
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+            if ids[-1] == eos:
+                break
+        model.train()
+    return ids
+
+
+def test_each_rank_samples_its_share_of_every_window() -> None:
+    """5 held-out prompts, 2 a rank at once, 2 ranks: windows [0..3] and [4]; rank 1's share of the last
+    is empty (it samples a dummy row, dropped, so both ranks run the same sampling calls)."""
+    from zerofit.loop.held_out import _my_windows
+
+    assert _my_windows(5, 2, 2, 0) == [[0, 1], [4]]
+    assert _my_windows(5, 2, 2, 1) == [[2, 3], []]
+    assert _my_windows(3, 4, 1, 0) == [[0, 1, 2]]
+
+
+def test_a_failed_reward_at_an_evaluation_stops_with_its_paragraph(tokenizer: Any) -> None:
+    from zerofit.loop.held_out import held_out_rewards
+
+    def broken(*args: Any) -> Any:
+        raise ZerofitError("reward digits failed at step 2, row 1: ValueError: no")
+
+    model = _model()
+    rollouts = _rollouts(tokenizer, 2, 1, broken)
+    with pytest.raises(RewardFailed, match="reward digits failed at step 2"):
+        held_out_rewards(_strategy(model), rollouts, _prompts(tokenizer), per_rank=2, steps_done=2)

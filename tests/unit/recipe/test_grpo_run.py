@@ -150,6 +150,34 @@ def _export_and_generate_import_nothing(
     assert MODULE not in sys.modules
 
 
+def test_the_held_out_reward_is_logged_and_the_best_checkpoint_follows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.eval_split with GRPO (refused before): after every step the policy answers the 3 held-out prompts
+    (seeded: the same seeds each time) and the digits reward scores them; `eval/reward` and the function's
+    own mean are in every row, and the best checkpoint, best.json, summary.json and the closing line follow
+    the highest eval/reward (not a loss: GRPO has no held-out labels)."""
+    _write_task(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = [*_args(tmp_path, "held"), "data.eval_split=0.25", "eval.every_steps=1", "checkpoint.keep_last=1"]
+    args += ["optimizer.lr=0.1", "rl.num_iterations=1"]
+    assert _launch(monkeypatch, args) == 0
+    run_dir = tmp_path / "held" / "grpo"
+    rows, out = _rows(run_dir), capsys.readouterr().out
+    assert "3 prompts (0.25 of" in out and "eval/reward (seeded answers) every 1 steps" in out
+    rewards = [r["eval/reward"] for r in rows]
+    assert len(rewards) == 4 and all(r["eval/prompts"] == 3 for r in rows)
+    assert all(r["eval/reward"] == r[f"eval/rewards/{MODULE}:digits"] for r in rows)  # one function, weight 1
+    best = rewards.index(max(rewards)) + 1  # the first of the highest (a tie is no improvement)
+    assert best != rewards.index(min(rewards)) + 1, rewards  # lr 0.1 moves it: "lowest" would pick another
+    record = json.loads((run_dir / "checkpoints" / "best.json").read_text())
+    assert (record["metric"], record["step"], record["value"]) == ("eval/reward", best, max(rewards))
+    assert (run_dir / "checkpoints" / f"step-{best}").is_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["best_step"], summary["best_eval_reward"]) == (best, max(rewards))
+    assert f"best: eval/reward {max(rewards):.4f} at step {best}" in out
+
+
 def _problems(*overrides: str) -> str:
     with pytest.raises(ConfigError) as err:
         resolve(load_config(REPO / "configs" / "demo.yaml", ["train.objective=grpo", *overrides]), 1)

@@ -59,6 +59,8 @@ class GKDSpec(GRPOSpec):
     """On-policy distillation (module docstring): GRPO's unit, data, sampling and plan shape, its own loss."""
 
     name = "gkd"
+    rewarded = False  # no reward functions: the teacher is its signal (its rules refuse evaluation data)
+    vision = False  # text prompts only: GRPO's image prompts are not sampled by the teacher
 
     def settle_batch(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """The global batch is rl.num_generations x rl.prompts_per_step completions, then the `gkd` rules."""

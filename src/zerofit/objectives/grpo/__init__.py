@@ -3,7 +3,9 @@ sampled by the policy inside the run and scored by reward functions.
 
 A unit is a completion: the global batch is rl.num_generations x rl.prompts_per_step of them (set by the rl
 keys, split micro x accumulation x dp as any global batch); the data is prompts (data.format prompt or
-auto); a loop step takes rl.num_iterations optimizer updates on its rollout. The loss is
+auto); a loop step takes rl.num_iterations optimizer updates on its rollout. Held-out prompts (data.eval_path
+or data.eval_split) are answered by the policy at each evaluation and scored by the same rewards
+(`eval/reward`, which the best checkpoint and early stopping follow; `eval.sampling` says how). The loss is
 `zerofit.objectives.grpo.loss.GRPOObjective`, the reward functions `zerofit.objectives.grpo.rewards` (built
 from the config at launch by `zerofit.recipe.rewards`), the rollouts `zerofit.loop.rollout`.
 """
@@ -70,8 +72,8 @@ def engine_problem(cfg: ZerofitConfig) -> str | None:
 
 
 def _rl_problems(cfg: ZerofitConfig, name: str) -> list[str]:
-    """The `rl` section against the rest: a reward, a backend that runs here, no packing, no evaluation data,
-    no sequence parallelism, beta > 0 only with adapters to switch off, temperature only with logits."""
+    """The `rl` section against the rest: a reward, a backend that runs here, no packing, no sequence
+    parallelism, beta > 0 only with adapters to switch off, temperature only with logits."""
     rl, b = cfg.rl, cfg.batch
     rules = [
         (not rl.rewards and rl.environment is None, "rl.rewards is empty: GRPO needs at least one reward "
@@ -80,8 +82,6 @@ def _rl_problems(cfg: ZerofitConfig, name: str) -> list[str]:
          "does not drive yet; set rl.generation_backend=transformers (the policy's own sampling)"),
         (b.tokens_per_micro_batch is not None, "batch.tokens_per_micro_batch packs rows, and GRPO's micro-batch "
          "is completions (batch.micro_batch_size completions each); unset batch.tokens_per_micro_batch"),
-        (cfg.data.eval_path is not None or cfg.data.eval_split is not None, f"data.eval_path / data.eval_split "
-         f"with train.objective = {name!r}: held-out rewards are not evaluated during the run yet; unset them"),
         (cfg.distributed.sequence_parallel > 1, f"distributed.sequence_parallel > 1 with train.objective = "
          f"{name!r}: rollouts are not sharded over the sequence; set distributed.sequence_parallel=1"),
         (rl.beta > 0 and not cfg.lora.enabled, f"rl.beta = {rl.beta} needs the reference, the base with the LoRA "
@@ -149,6 +149,8 @@ class GRPOSpec(ObjectiveSpec):
     generates = True
     unread: tuple[str, ...] = ("normalize_advantages",)  # rl keys refused away from their defaults
     unread_reason = "it normalizes RLOO's advantages; GRPO's are scaled by rl.scale_rewards"
+    rewarded = True  # held-out prompts are evaluated by their completions' reward (`zerofit.loop.held_out`)
+    vision = True  # image prompts on the Qwen2-VL family (`zerofit.data.vision_prompts`)
 
     def settle_batch(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """The global batch is rl.num_generations x rl.prompts_per_step completions (batch.global_batch_size

@@ -67,6 +67,7 @@ from zerofit.token_loss.sums import IGNORE_INDEX, shifted_targets, token_losses
 
 __all__ = [
     "ADVANTAGE_EPS",
+    "VISION_PREFIX",
     "GRPOObjective",
     "GRPOSettings",
     "group_advantages",
@@ -78,6 +79,7 @@ __all__ = [
 ]
 
 ADVANTAGE_EPS = 1e-4  # TRL's: advantages / (std + 1e-4)
+VISION_PREFIX = "images/"  # a micro-batch's image inputs (a vision-language rollout's), by the model's names
 METRICS = ("kl", "clip_ratio")
 
 
@@ -123,8 +125,14 @@ def trained_mask(batch: Batch) -> torch.Tensor:
 
 
 def grpo_inputs(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    """The model's keyword arguments: ids, the padding mask and positions counted over real tokens only."""
-    return {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")}
+    """The model's keyword arguments: ids, the padding mask and positions counted over real tokens only; a
+    vision-language rollout's image inputs (its `VISION_PREFIX` keys, without positions: the model computes
+    its M-RoPE grid from the mask and the token types, `zerofit.loop.vision_rollout`)."""
+    text = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    images = {
+        k.removeprefix(VISION_PREFIX): v.to(device) for k, v in batch.items() if k.startswith(VISION_PREFIX)
+    }
+    return {**text, **images}
 
 
 def policy_logps(

@@ -41,6 +41,7 @@ class PairwiseSpec(ObjectiveSpec):
     NLL on the chosen sequences (`nll`, `nll_weight`)."""
 
     unit = PAIR
+    vision = True  # pairs with images (`zerofit.data.vision_pairs`)
 
     def check(self, cfg: ZerofitConfig, problems: list[str]) -> None:
         """Preference pairs (packed or not: `batch.tokens_per_micro_batch` packs them, both sequences of a
