@@ -22,16 +22,18 @@ tool, calls and errors per trajectory, turns.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import report_header
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "demo-grpo.yaml"
@@ -184,16 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         out = train_and_score(args, runs)
     cfg = out["cfg"]
     report = {
-        "script": "benchmarks/agent_real.py",
-        "command": "python benchmarks/agent_real.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "load_average_at_start": load_at_start,
-        },
+        **report_header("agent_real.py", argv, load_at_start, threads=args.threads),
         "run": {
             "overrides": [*out["overrides"], *args.overrides],
             "model": cfg.model.name_or_path,

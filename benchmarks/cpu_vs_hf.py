@@ -35,10 +35,8 @@ does. A measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -48,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hf_baseline import train_hf
-from workloads import describe, run_zerofit, workload
+from workloads import describe, report_header, run_zerofit, workload
 
 REPO = Path(__file__).resolve().parents[1]
 # The built-in models it runs on: the random-init tiny-llama (vocabulary 128: the head costs nothing) and the
@@ -211,15 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "zf-packed / hf-real (real-length, packed)": r("zf-packed", "hf-real"),
     }
     report = {
-        "script": "benchmarks/cpu_vs_hf.py",
-        "command": "python benchmarks/cpu_vs_hf.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "load_average_at_start": load_at_start,
-        },
+        **report_header("cpu_vs_hf.py", argv, load_at_start),
         "settings": vars(args) | {"json": str(args.json) if args.json else None},
         "budget": {"planned_cap_gib": round(cap, 5), "hf_plan_predicted_total_gib": round(hf_total, 5)},
         "workloads": {name: describe(examples) for name, examples in data.items()},

@@ -25,15 +25,17 @@ reward GRPO maximizes. The base is the trained model with its LoRA adapters disa
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import report_header
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "demo-grpo.yaml"
@@ -168,16 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         out = train_and_score(args, runs)
     cfg = out["cfg"]
     report = {
-        "script": "benchmarks/grpo_real.py",
-        "command": "python benchmarks/grpo_real.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "load_average_at_start": load_at_start,
-        },
+        **report_header("grpo_real.py", argv, load_at_start, threads=args.threads),
         "run": {
             "config": str(args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config),
             "overrides": [*out["overrides"], *args.overrides],

@@ -36,10 +36,8 @@ the global batch's label tokens, `num_items_in_batch`, since transformers 4.46: 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -49,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hf_baseline import LoraSettings, train_hf
-from workloads import describe, run_zerofit
+from workloads import describe, report_header, run_zerofit
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo-smollm2.yaml"
@@ -223,23 +221,12 @@ def build_report(
     load_at_start: list[float],
 ) -> dict[str, Any]:
     """The results file's content: settings, both trainers' scores and step times, the ratios."""
-    import torch
 
     hf_eval, zf_eval = dict(hf["evaluation"]), zf["evaluation"]
     base = hf_eval.pop("base")
     zf_t, hf_t = step_times(zf), step_times(hf)
     return {
-        "script": "benchmarks/quality_vs_hf.py",
-        "command": "python benchmarks/quality_vs_hf.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": args.threads,
-            "load_average_at_start": load_at_start,
-        },
+        **report_header("quality_vs_hf.py", argv, load_at_start, threads=args.threads),
         "run": {
             "config": str(args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config),
             "overrides": [*SAME_RUN, *args.overrides],

@@ -17,11 +17,15 @@ work, CPU time measures the work done where wall time measures the neighbours to
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import os
+import platform
 import random
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +33,29 @@ if TYPE_CHECKING:
     from zerofit.resolution import ResolvedConfig
 
 IGNORE_INDEX = -100
+
+
+def report_header(
+    script: str, argv: Sequence[str] | None, load_at_start: list[float], **machine: Any
+) -> dict:
+    """The opening fields of a benchmark's results file: the script, the command line that ran it, the UTC
+    time and the machine (CPU, cores, torch, then `machine`'s own fields such as threads, and the load average
+    when it started: a shared CPU says how loaded it was)."""
+    import torch
+
+    line = " ".join(argv if argv is not None else sys.argv[1:])
+    return {
+        "script": f"benchmarks/{script}",
+        "command": f"python benchmarks/{script} {line}".rstrip(),
+        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            **machine,
+            "load_average_at_start": load_at_start,
+        },
+    }
 
 
 def max_length_examples(n: int, seq: int, vocab: int, seed: int = 0) -> list[Example]:

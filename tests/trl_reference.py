@@ -29,6 +29,40 @@ def tiny_model() -> Any:
     return AutoModelForCausalLM.from_pretrained(ensure_tiny_llama(), dtype=torch.float32)
 
 
+def trl_trainer(kind: str, tmp_path: Any) -> Any:
+    """TRL's `kind` trainer (`GRPO` or `RLOO`) on the tiny model in fp32 (TRL's `bf16=True` default autocasts
+    its forward even on CPU), beta 0, G 4 over 8 completions, a reward of 0: the tests set the settings and
+    feed the inputs themselves. Accumulation 1, as Trainer's loop would set it."""
+    import pytest
+
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+
+    from zerofit.models.tiny import build_tokenizer
+
+    args = getattr(trl, f"{kind}Config")(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=MAX_COMPLETION,
+        beta=0.0,
+        bf16=False,
+        report_to=[],
+        use_cpu=True,
+        logging_steps=1,
+    )
+    built = getattr(trl, f"{kind}Trainer")(
+        model=tiny_model(),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "x"}] * 8),
+        processing_class=build_tokenizer(),
+    )
+    built.current_gradient_accumulation_steps = 1
+    built.model.train()
+    return built
+
+
 def lora_model(fused_head: bool) -> Any:
     """The tiny model with random (nonzero) LoRA adapters, the same every call; TRL's copy gets its fused
     lm_head before the wrapping, as TRL does it."""

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from zerofit.commands.export import add_trust_flags, step_arg
+from zerofit.commands.export import add_step_flag, add_trust_flags
 from zerofit.core.errors import ConfigError
 from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries
 
@@ -56,13 +56,7 @@ def register(subparsers: Any) -> None:
         "on chat messages; for a model or export from elsewhere, on when its tokenizer has a template)",
     )
     parser.add_argument("--no-base", action="store_true", help="score only the trained model, not its base")
-    parser.add_argument(
-        "--step",
-        type=step_arg,
-        default=None,
-        metavar="N|best",
-        help="a run directory's checkpoint step-N, or `best` (the lowest eval/loss)",
-    )
+    add_step_flag(parser)
     add_trust_flags(parser)
     parser.set_defaults(func=run)
 

@@ -24,13 +24,26 @@ from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries, say
 
 
 def step_arg(value: str) -> int | str:
-    """A `--step` argument: a step number, or `best` (the checkpoint of the lowest eval/loss)."""
+    """A `--step` argument: a step number, or `best` (the checkpoint of the best evaluation)."""
     if value == "best":
         return value
     try:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is neither a step number nor 'best'") from None
+
+
+def add_step_flag(parser: argparse.ArgumentParser, default_is: str = "") -> None:
+    """`--step N|best`: which checkpoint of a run directory a command reads (export, generate, score, eval);
+    `default_is` says what it reads without one."""
+    parser.add_argument(
+        "--step",
+        type=step_arg,
+        default=None,
+        metavar="N|best",
+        help="a run directory's checkpoint step-N, or `best`: the best evaluation's (checkpoints/best.json: the "
+        f"lowest eval/loss, an RL run's highest eval/reward or eval.harness.best_metric){default_is}",
+    )
 
 
 def add_trust_flags(parser: argparse.ArgumentParser) -> None:
@@ -72,13 +85,7 @@ def register(subparsers: Any) -> None:
         "anything else there is refused, never deleted)",
     )
     parser.add_argument("--merge", action="store_true", help="merge the LoRA adapter into the base model")
-    parser.add_argument(
-        "--step",
-        type=step_arg,
-        default=None,
-        metavar="N|best",
-        help="export checkpoint step-N, or `best`: the one of the lowest eval/loss (default: the newest weights)",
-    )
+    add_step_flag(parser, " (default: the newest weights)")
     parser.add_argument(
         "--dtype",
         default="auto",

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zerofit.commands.export import add_trust_flags, step_arg
+from zerofit.commands.export import add_step_flag, add_trust_flags
 from zerofit.core.messages import quiet_deepspeed_on_cpu, quiet_libraries, warn
 
 
@@ -54,13 +54,7 @@ def register(subparsers: Any) -> None:
         help="sample at temperature T (default 0: greedy)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling (with --temperature)")
-    parser.add_argument(
-        "--step",
-        type=step_arg,
-        default=None,
-        metavar="N|best",
-        help="a run directory's checkpoint step-N, or `best` (the lowest eval/loss)",
-    )
+    add_step_flag(parser)
     add_trust_flags(parser)
     parser.set_defaults(func=run)
 

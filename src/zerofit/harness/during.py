@@ -22,6 +22,7 @@ from typing import Any
 from zerofit.core.errors import DataError, ZerofitError
 from zerofit.harness.evaluate import HarnessSettings, LoadedTasks, evaluate, load_tasks, replies, scores
 from zerofit.harness.results import score_fields, write_results
+from zerofit.loop.evaluate import evaluation_due
 from zerofit.strategies.base import Strategy
 
 __all__ = ["HarnessDuringTraining"]
@@ -56,8 +57,7 @@ class HarnessDuringTraining:
 
     def due(self, steps_done: int) -> bool:
         """Whether the harness runs after `steps_done` steps: every `every_steps`, and after the last."""
-        periodic = self.every_steps > 0 and steps_done % self.every_steps == 0
-        return periodic or steps_done == self.max_steps
+        return evaluation_due(steps_done, self.every_steps, self.max_steps)
 
     def after_step(self, steps_done: int) -> dict[str, Any]:
         """The step's `harness/*` fields when due (the same dict on every rank), else {}. Collective."""

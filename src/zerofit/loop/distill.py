@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from zerofit.core.progress import progress
-from zerofit.data import split_global_batch
 from zerofit.loop.rollout import (
     PromptRow,
     Rollouts,
@@ -68,12 +67,7 @@ class DistillRollouts(Rollouts):
     ) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         """This rank's micro-batches of step `step`, and the step's metrics (global)."""
         started = time.perf_counter()
-        rows = self.sampler.batch_indices(step)
-        total = len(rows) * self.group_size
-        b = self.batch
-        mine = split_global_batch(
-            list(range(total)), b.micro_batch_size, b.grad_accum_steps, b.dp_size, strategy.dp_rank
-        )
+        rows, total, mine = self.step_split(strategy, step)
         flat = [c for micro in mine for c in micro]
         prompt_of = {c: self.prompts[rows[c // self.group_size]] for c in flat}
         student = [c for c in flat if on_policy(self.seed, step, c, self.lmbda)]

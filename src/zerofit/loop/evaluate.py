@@ -50,7 +50,14 @@ from zerofit.strategies.base import Strategy
 from zerofit.token_loss.fused import FUSED_LINEAR, forward_token_sum
 from zerofit.token_loss.sums import batch_labels, count_label_tokens
 
-__all__ = ["EvalResult", "Evaluator", "check_eval_data", "evaluation_loss", "preference_evaluation"]
+__all__ = [
+    "EvalResult",
+    "Evaluator",
+    "check_eval_data",
+    "evaluation_due",
+    "evaluation_loss",
+    "preference_evaluation",
+]
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,13 @@ def preference_evaluation(
     return {EVAL_LOSS: loss, "eval/pairs": int(global_counts[-1]), **metrics}
 
 
+def evaluation_due(steps_done: int, every_steps: int, max_steps: int) -> bool:
+    """Whether an evaluation (held-out loss or reward, the lm-eval harness) runs after optimizer step
+    `steps_done` (1-based): every `every_steps` steps (0: never periodically), and after the last step."""
+    periodic = every_steps > 0 and steps_done % every_steps == 0
+    return periodic or steps_done == max_steps
+
+
 @dataclass
 class Evaluator:
     """Evaluates every `every_steps` optimizer steps (0: never in between) and after the last step."""
@@ -211,8 +225,7 @@ class Evaluator:
 
     def due(self, steps_done: int) -> bool:
         """Whether the evaluation runs after optimizer step `steps_done` (1-based)."""
-        periodic = self.every_steps > 0 and steps_done % self.every_steps == 0
-        return periodic or steps_done == self.max_steps
+        return evaluation_due(steps_done, self.every_steps, self.max_steps)
 
     def after_step(self, steps_done: int) -> dict[str, Any]:
         """The `eval/*` metrics after step `steps_done`, or {} when no evaluation is due (collective)."""

@@ -546,20 +546,23 @@ class Rollouts:
     shown_per_step: int = 4  # completions written to completions.jsonl at such a step
     shown: list[dict[str, Any]] = field(default_factory=list)  # this step's sampled completions (rank 0)
 
+    def step_split(self, strategy: Strategy, step: int) -> tuple[list[int], int, list[list[int]]]:
+        """Step `step`'s prompt rows (data indices), its number of completions (G per prompt) and this rank's
+        micro-batches of global completion indices: the one split of the global batch, whatever the engine."""
+        rows = self.sampler.batch_indices(step)
+        total = len(rows) * self.group_size
+        b = self.batch
+        mine = split_global_batch(
+            list(range(total)), b.micro_batch_size, b.grad_accum_steps, b.dp_size, strategy.dp_rank
+        )
+        return rows, total, mine
+
     def step_batches(
         self, strategy: Strategy, model: torch.nn.Module, step: int
     ) -> tuple[list[dict[str, torch.Tensor]], dict[str, float]]:
         """This rank's micro-batches of step `step`'s rollout, and the step's rollout metrics (global)."""
         started = time.perf_counter()
-        rows = self.sampler.batch_indices(step)
-        total = len(rows) * self.group_size
-        mine = split_global_batch(
-            list(range(total)),
-            self.batch.micro_batch_size,
-            self.batch.grad_accum_steps,
-            self.batch.dp_size,
-            strategy.dp_rank,
-        )
+        rows, total, mine = self.step_split(strategy, step)
         flat = [c for micro in mine for c in micro]
         prompt_of = [self.prompts[rows[c // self.group_size]] for c in flat]
         seeds = [completion_seed(self.seed, step, c) for c in flat]

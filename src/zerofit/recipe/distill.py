@@ -18,7 +18,7 @@ from zerofit.core.errors import DataError
 from zerofit.data import GlobalBatchSampler
 from zerofit.data.prompts import PromptExample
 from zerofit.loop.distill import DistillRollouts, no_rewards
-from zerofit.recipe.rl import sampling_settings
+from zerofit.recipe.rl import rollout_fields
 
 __all__ = ["COMPLETION_KEY", "data_completions", "distill_rollouts"]
 
@@ -59,18 +59,10 @@ def distill_rollouts(
     teacher: Any,
 ) -> DistillRollouts:
     """The run's `DistillRollouts`: sampling per `rl.*`, the coin per `gkd.lmbda`, the data's completions."""
-    rl, g = cfg.rl, cfg.gkd
-    sampling = sampling_settings(cfg, tokenizer, model)
+    g = cfg.gkd
     return DistillRollouts(
-        prompts=prompts,
-        sampler=sampler,
-        batch=batch,
-        group_size=rl.num_generations,
-        sampling=sampling,
+        **rollout_fields(cfg, tokenizer, model, prompts, sampler, batch),
         score=no_rewards,
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-        seed=cfg.seed,
-        log_completions_every=rl.log_completions_every,
         completions=data_completions(cfg, tokenizer, prompts),
         teacher=teacher,
         lmbda=g.lmbda,

@@ -73,10 +73,18 @@ def end_ids(tokenizer: Any, model_config: Any) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def sampling_settings(cfg: ZerofitConfig, tokenizer: Any, model: Any) -> SamplingSettings:
-    """How a run samples its completions, per `rl.*` (the policy's rollouts and a distillation's alike)."""
+def rollout_fields(
+    cfg: ZerofitConfig,
+    tokenizer: Any,
+    model: Any,
+    prompts: list[PromptExample],
+    sampler: GlobalBatchSampler,
+    batch: BatchSplit,
+) -> dict[str, Any]:
+    """What every run that samples inside its steps (GRPO and RLOO's `Rollouts`, distillation's) takes alike:
+    its prompts and their sampler, the batch split, G, sampling per `rl.*`, the decoder and the seed."""
     rl = cfg.rl
-    return SamplingSettings(
+    sampling = SamplingSettings(
         max_new_tokens=rl.max_completion_length,
         eos_ids=end_ids(tokenizer, model),
         pad_id=int(tokenizer.pad_token_id),
@@ -84,6 +92,20 @@ def sampling_settings(cfg: ZerofitConfig, tokenizer: Any, model: Any) -> Samplin
         top_p=rl.top_p,
         top_k=rl.top_k,
     )
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    return {
+        "prompts": prompts,
+        "sampler": sampler,
+        "batch": batch,
+        "group_size": rl.num_generations,
+        "sampling": sampling,
+        "decode": decode,
+        "seed": cfg.seed,
+        "log_completions_every": rl.log_completions_every,
+    }
 
 
 def rollouts(
@@ -101,20 +123,10 @@ def rollouts(
     `penalty`, if any); with tools or an environment, the multi-turn agent."""
     rl = cfg.rl
     rewards = build_rewards(rl.rewards, tokenizer, required=rl.environment is None)
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    sampling = sampling_settings(cfg, tokenizer, model)
+    fields = rollout_fields(cfg, tokenizer, model, prompts, sampler, batch)
     return Rollouts(
-        prompts=prompts,
-        sampler=sampler,
-        batch=batch,
-        group_size=rl.num_generations,
-        sampling=sampling,
+        **fields,
         score=functools.partial(score_completions, rewards),
-        decode=decode,
-        seed=cfg.seed,
         estimator=estimator,
         penalty=penalty,
         mask_truncated=rl.mask_truncated_completions,
@@ -122,6 +134,5 @@ def rollouts(
         temperature=rl.temperature,
         cross_entropy=cfg.train.cross_entropy,
         reward_names=tuple(r.name for r in rewards) + ((ENVIRONMENT_REWARD,) if rl.environment else ()),
-        agent=build_agent(rl, tokenizer, sampling.eos_ids, decode, prompts),
-        log_completions_every=rl.log_completions_every,
+        agent=build_agent(rl, tokenizer, fields["sampling"].eos_ids, fields["decode"], prompts),
     )

@@ -46,6 +46,7 @@ from trl_reference import (
     tiny_model,
     trl_inputs,
     trl_step,
+    trl_trainer,
     zerofit_step,
 )
 from zerofit.objectives.grpo.loss import GRPOObjective, GRPOSettings, token_loss
@@ -60,32 +61,7 @@ KL_CASES = [("token", True), ("token", False), ("sequence", True), ("sequence", 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One GRPOTrainer on the tiny model, fp32 (built once: ~15 s); each test sets its loss settings."""
-    trl = pytest.importorskip("trl")
-    from datasets import Dataset
-
-    from zerofit.models.tiny import build_tokenizer
-
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("trl")),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=MAX_COMPLETION,
-        beta=0.0,
-        bf16=False,
-        report_to=[],
-        use_cpu=True,
-        logging_steps=1,
-    )
-    built = trl.GRPOTrainer(
-        model=tiny_model(),
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": "x"}] * 8),
-        processing_class=build_tokenizer(),
-    )
-    built.current_gradient_accumulation_steps = 1  # what Trainer's loop sets: accumulation 1
-    built.model.train()
-    return built
+    return trl_trainer("GRPO", tmp_path_factory.mktemp("trl"))
 
 
 def _configure(trainer: Any, monkeypatch: pytest.MonkeyPatch, s: GRPOSettings) -> None:

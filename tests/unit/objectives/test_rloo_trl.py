@@ -26,7 +26,6 @@ from config_helpers import one_process_strategy
 from trl_reference import (
     ADVANTAGES,
     COMPLETIONS,
-    MAX_COMPLETION,
     PROMPTS,
     completion_logps,
     completion_tensors,
@@ -38,6 +37,7 @@ from trl_reference import (
     tiny_model,
     trl_inputs,
     trl_step,
+    trl_trainer,
     zerofit_step,
 )
 from zerofit.loop.rollout import micro_batch
@@ -57,31 +57,7 @@ SETTINGS = GRPOSettings(epsilon=0.2)
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One RLOOTrainer on the tiny model, fp32, beta 0 (built once)."""
-    trl = pytest.importorskip("trl")
-    from datasets import Dataset
-
-    from zerofit.models.tiny import build_tokenizer
-
-    args = trl.RLOOConfig(
-        output_dir=str(tmp_path_factory.mktemp("trl")),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=MAX_COMPLETION,
-        beta=0.0,
-        bf16=False,
-        report_to=[],
-        use_cpu=True,
-        logging_steps=1,
-    )
-    built = trl.RLOOTrainer(
-        model=tiny_model(),
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": "x"}] * 8),
-        processing_class=build_tokenizer(),
-    )
-    built.model.train()
-    return built
+    return trl_trainer("RLOO", tmp_path_factory.mktemp("trl"))
 
 
 @pytest.mark.parametrize("normalize", [False, True])
