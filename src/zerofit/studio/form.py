@@ -189,17 +189,14 @@ class CommandLine:
             overrides.append("planner.gpu=null")
         return cls(form.config, form.num_gpus, gpu, overrides)
 
-    def lines(self, strategy: str) -> dict[str, str]:
-        """The terminal commands: `zerofit plan` of this form, and the launch of the same run."""
+    def lines(self) -> dict[str, str]:
+        """The terminal commands: `zerofit plan` of this form, and the launch of the same run with the launcher
+        the studio's own Launch uses (`studio.launches.launch_prefix`: python for one rank, torchrun for
+        several, whatever the engine: every launcher runs every engine, docs/contracts.md)."""
         plan = ["zerofit", "plan", "--config", self.config, "--world-size", str(self.world_size)]
         plan += ["--gpu", self.gpu] if self.gpu else []
         n = self.world_size
-        if n == 1:
-            launcher = ["python"]
-        elif strategy == "deepspeed":
-            launcher = ["deepspeed", "--num_gpus", str(n)]
-        else:
-            launcher = ["torchrun", "--nproc_per_node", str(n)]
+        launcher = ["python"] if n == 1 else ["torchrun", "--nproc_per_node", str(n)]
         launch = [*launcher, "launchers/launch_finetune.py", "--config", self.config]
         return {"plan": shlex.join(plan + self.overrides), "launch": shlex.join(launch + self.overrides)}
 

@@ -79,6 +79,6 @@ def plan_form(workspace: Workspace, form: PlanForm) -> dict[str, Any]:
         "form": form.as_dict(),
         "report": report,
         "bars": memory_bars(report["memory"]),
-        "commands": args.lines(report["strategy"]),
+        "commands": args.lines(),
         "overrides": args.overrides,
     }

@@ -144,8 +144,9 @@ def test_a_hub_task_offline_without_its_data_is_refused_in_one_paragraph(tmp_pat
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo config on one process for 2 steps, W&B offline (its summary is read back), with
-    `eval.harness` scoring the sums task after each step and judging the best checkpoint."""
+    """The demo config on one process for 2 steps, W&B offline (its summary is read back), TensorBoard and
+    MLflow on (the default store: sqlite under output_dir), with `eval.harness` scoring the sums task after
+    each step and judging the best checkpoint."""
     from zerofit.api import train
 
     result = train(
@@ -163,6 +164,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "eval.harness.every_steps": 1,
             "eval.harness.limit": 2,
             "eval.harness.best_metric": "zerofit_demo_sums/acc",
+            "logging.tensorboard": True,
+            "logging.mlflow.enabled": True,
         },
     )
     return result.run_dir
@@ -182,6 +185,30 @@ def test_eval_harness_scores_every_step_and_judges_the_best_checkpoint(tiny_run:
     assert len(report["replies"]["trained"]["zerofit_demo_sums"]) == 2
     best = read_best(RunLayout(tiny_run).checkpoints)
     assert best is not None and best["metric"] == key and best["step"] in (1, 2)
+
+
+@pytest.mark.slow
+def test_the_harness_scores_of_a_run_reach_every_sink(tiny_run: Path) -> None:
+    """One run's `eval.harness` scores, each step's, in metrics.jsonl, W&B's history, TensorBoard's event
+    files (read by TensorBoard's own reader) and its MLflow run (MLflow's client on the default store)."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    from zerofit.metrics.rows import read_rows
+    from zerofit.metrics.wandb_reader import read_wandb_run
+
+    layout = RunLayout(tiny_run)
+    key = harness_field("zerofit_demo_sums", "acc")
+    rows = {r["step"]: r[key] for r in read_rows(layout.metrics).rows if not r.get(POSTHOC) and key in r}
+    assert sorted(rows) == [1, 2]
+    history = read_wandb_run(layout.wandb).history
+    assert {step: history[step][key] for step in rows} == rows
+    reader = EventAccumulator(str(layout.tensorboard), size_guidance={SCALARS: 0})
+    reader.Reload()
+    assert {e.step: e.value for e in reader.Scalars(key)} == pytest.approx(rows)
+    run_id = json.loads(layout.mlflow_run.read_text())["run_id"]
+    client = MlflowClient(f"sqlite:///{tiny_run.parent}/mlflow.db")
+    assert {m.step: m.value for m in client.get_metric_history(run_id, key)} == pytest.approx(rows)
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,8 @@ def test_unchanged_fields_add_no_override_and_changed_ones_add_the_cli_words() -
         "train.max_steps=5",
     ]
     line = CommandLine.of(replace(changed, num_gpus=2, gpu="rtx3090"), base)
-    assert line.lines("single")["launch"].startswith(
-        "torchrun --nproc_per_node 2 launchers/launch_finetune.py"
-    )
-    assert "--gpu rtx3090" in line.lines("single")["plan"]
+    assert line.lines()["launch"].startswith("torchrun --nproc_per_node 2 launchers/launch_finetune.py")
+    assert "--gpu rtx3090" in line.lines()["plan"]
 
 
 def test_a_remedy_sets_the_fields_it_names_and_keeps_the_rest_as_overrides() -> None:
