@@ -34,7 +34,7 @@ from typing import Any
 
 from zerofit.config.loader import flatten
 from zerofit.core.messages import say
-from zerofit.core.run_layout import RunLayout
+from zerofit.core.run_layout import CONFIG_FILE, RUN_INFO_FILE, SUMMARY_FILE, RunLayout
 from zerofit.engine_spec.run_plan import RunPlan
 from zerofit.metrics.base import NOT_NUMERIC, plottable
 from zerofit.metrics.wandb_sink import default_group
@@ -51,8 +51,8 @@ _NAME_REFUSED = re.compile(r"[^/\w.\- ]")
 # A run id as MLflow writes them (read back from a run folder: data, checked before use).
 _RUN_ID = re.compile(r"^[A-Za-z0-9][\w\-]{0,255}$")
 # Files of the run folder uploaded as artifacts: at the start, and at the end.
-START_ARTIFACTS = ("config.yaml", "run_info.json")
-END_ARTIFACTS = ("summary.json", "completions.jsonl")
+START_ARTIFACTS = (CONFIG_FILE, RUN_INFO_FILE)
+END_ARTIFACTS = (SUMMARY_FILE, "completions.jsonl")
 
 
 def tracking_uri(plan: RunPlan) -> str:

@@ -19,6 +19,7 @@ import torch
 from zerofit.config.schema import ZerofitConfig
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.core.run_layout import CONFIG_FILE
+from zerofit.levers.kernels import hub_kernels_off
 from zerofit.models.build import load_dtype, load_tokenizer, resolve_model_path
 from zerofit.models.safe_weights import safetensors_only
 from zerofit.trained.generate import load_generator
@@ -82,6 +83,7 @@ def _quantized(cfg: ZerofitConfig, device: torch.device) -> tuple[torch.nn.Modul
         device_map={"": device.index or 0},
         dtype=dtype,
         **safetensors_only(path, g.teacher),
+        **hub_kernels_off(),
     )
     return model, load_tokenizer(as_model)
 
