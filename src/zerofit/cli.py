@@ -1,6 +1,7 @@
 """`zerofit` command line: plan | presets | compare | export | generate | score | eval | studio.
 
-Each subcommand lives in `zerofit.commands.<name>` and exposes `register(subparsers)`, which adds its
+Each subcommand lives in `zerofit.commands.<name>` (the studio's in `zerofit.studio.command`, beside the
+app it serves, which calls the commands' own code) and exposes `register(subparsers)`, which adds its
 parser and sets `func(args) -> int`. This module only dispatches and turns user errors into one clear
 paragraph with a non-zero exit code (no traceback).
 """
@@ -12,10 +13,11 @@ import re
 import sys
 from collections.abc import Sequence
 
-from zerofit.commands import compare, export, generate, plan, presets, score, studio
+from zerofit.commands import compare, export, generate, plan, presets, score
 from zerofit.commands import eval as eval_command
 from zerofit.core.errors import ConfigError, ZerofitError
 from zerofit.core.messages import error
+from zerofit.studio import command as studio
 
 # Subcommands, in help order.
 COMMANDS = (plan, presets, compare, export, generate, score, eval_command, studio)

@@ -16,6 +16,9 @@ from typing import Any
 from zerofit.core.errors import ConfigError
 from zerofit.core.messages import say, warn
 
+# This subcommand lives beside the app it serves, not in `zerofit.commands`: the app calls the commands' code,
+# so the commands stay below the studio and import nothing of it. Importing this module imports no web
+# framework (`run` imports FastAPI and uvicorn), so `zerofit --help` needs no `studio` extra.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
