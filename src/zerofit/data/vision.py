@@ -442,6 +442,21 @@ def join_images(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(tensors)
 
 
+def open_record_images(refs: list[Any], base: Path, bound: PixelBound | None, where: str) -> list[Any]:
+    """A record's images opened (`open_image`), or one paragraph naming the record and the image: image
+    prompts and image pairs refuse a record whose image cannot be read (supervised data counts and drops it,
+    as `data.missing_images` says)."""
+    try:
+        return [open_image(ref, base, bound) for ref in refs]
+    except MissingImage as exc:
+        raise DataError(
+            f"{where}: image {exc} cannot be read; fix the path (relative to the data file's folder) or "
+            "remove the record."
+        ) from None
+    except ImageTooLarge as exc:
+        raise DataError(too_large_message(where, exc, LARGE_IMAGE_FIX)) from None
+
+
 def vision_prompt(processor: Any, prompt: str, image: Path) -> dict[str, torch.Tensor]:
     """One user turn of `image` then `prompt`, with the generation prompt, as the model's inputs (a batch of
     one): the image's placeholder expanded as in training (`tokenize_vision`); `zerofit generate --image`."""

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.core.errors import DataError
-from zerofit.data.image_files import ImageTooLarge, too_large_message
 from zerofit.data.pairs import PreferencePair
 from zerofit.data.sft import DataStats, TokenizedData, has_labels
-from zerofit.data.vision import LARGE_IMAGE_FIX, MissingImage, open_image, tokenize_vision, vision_messages
+from zerofit.data.vision import open_record_images, tokenize_vision, vision_messages
 from zerofit.data.vision_sources import open_vision_source
 
 __all__ = ["load_vision_pairs"]
@@ -56,9 +55,8 @@ class _PairLoad:
         for key in ("chosen", "rejected"):
             turns = _turns(record, "prompt", where) + _turns(record, key, where)
             messages, refs = vision_messages({"messages": turns, **images}, where)
-            example, cut = tokenize_vision(
-                self.processor, messages, self._open(refs, where), self.max_seq_len, where
-            )
+            opened = open_record_images(refs, self.base, self.processor.pixel_bound, where)
+            example, cut = tokenize_vision(self.processor, messages, opened, self.max_seq_len, where)
             if not has_labels(example.labels):
                 raise DataError(
                     f"{where}: the {key} response has no token left to learn within data.max_seq_len = "
@@ -69,17 +67,6 @@ class _PairLoad:
             sides.append(example)
         self.pairs.append(PreferencePair(sides[0], sides[1]))
         self.records.append(index)
-
-    def _open(self, refs: list[Any], where: str) -> list[Any]:
-        try:
-            return [open_image(ref, self.base, self.processor.pixel_bound) for ref in refs]
-        except MissingImage as exc:
-            raise DataError(
-                f"{where}: image {exc} cannot be read; fix the path (relative to the data file's folder) or "
-                "remove the record."
-            ) from None
-        except ImageTooLarge as exc:
-            raise DataError(too_large_message(where, exc, LARGE_IMAGE_FIX)) from None
 
 
 def load_vision_pairs(

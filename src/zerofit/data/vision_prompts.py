@@ -21,10 +21,9 @@ from typing import Any
 import torch
 
 from zerofit.core.errors import DataError
-from zerofit.data.image_files import ImageTooLarge, too_large_message
 from zerofit.data.prompts import PROMPT_KEY, PromptData, PromptExample
 from zerofit.data.sft import DataStats
-from zerofit.data.vision import LARGE_IMAGE_FIX, MissingImage, open_image, prompt_inputs, vision_messages
+from zerofit.data.vision import open_record_images, prompt_inputs, vision_messages
 from zerofit.data.vision_sources import open_vision_source
 
 __all__ = ["VisionPrompt", "load_vision_prompts"]
@@ -57,15 +56,7 @@ def _one(
     """One record as a `VisionPrompt`, its images opened and processed; refused when they cannot be read or
     the prompt is longer than `limit` tokens."""
     messages, refs = _messages(record, where)
-    try:
-        opened = [open_image(ref, base, processor.pixel_bound) for ref in refs]
-    except MissingImage as exc:
-        raise DataError(
-            f"{where}: image {exc} cannot be read; fix the path (relative to the data file's folder) or "
-            "remove the record."
-        ) from None
-    except ImageTooLarge as exc:
-        raise DataError(too_large_message(where, exc, LARGE_IMAGE_FIX)) from None
+    opened = open_record_images(refs, base, processor.pixel_bound, where)
     ids, pixels = prompt_inputs(processor, messages, opened, where)
     if len(ids) > limit:
         raise DataError(
