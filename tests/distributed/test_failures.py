@@ -6,7 +6,9 @@
 - the `deepspeed` runner killed alone: its `launch.py` and both ranks stop instead of training on unwatched;
 - one rank killed (`kill -9`) mid-run: the other says which rank stopped, the last complete checkpoint and the
   resume command in one paragraph, instead of gloo's "Connection reset by peer" traceback;
-- long rank-0-only work outlasts the process-group timeout without killing the run; timed saves agree.
+- long rank-0-only work outlasts the process-group timeout without killing the run; timed saves agree;
+- an `rl.environment` that raises on one rank only (GRPO, its step on rank 1): every rank stops at that step
+  with the one paragraph, said once (rank 0, which learns it from the rollout's agreement), exit code 2.
 
 The last is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
 data loading is delayed 20 s, as a long tokenization would be (tests/slow_rank0_data/sitecustomize.py, first
@@ -24,6 +26,7 @@ collective saves and the run finishes with several timed checkpoints.
     fsdp         torchrun    FSDP2              a full disk mid-checkpoint
     orphan       deepspeed   DeepSpeed ZeRO-2   the `deepspeed` runner killed alone
     lost         deepspeed   DeepSpeed ZeRO-2   one rank killed mid-run
+    env-fails    deepspeed   DeepSpeed ZeRO-2   an environment raising in step on rank 1 only (GRPO)
 """
 
 from __future__ import annotations
@@ -99,14 +102,63 @@ def slow_rank0(config: Path) -> Launch:
     return Launch("slow-rank0", "torchrun", env=env, config=job)
 
 
-FullDisk = dict[str, tuple[RunResult, Path, list[str]]]
+ENV_MODULE = "zerofit_planted_rank1_env"  # a user environment, importable only from its job's folder
+RANK1_ENV = """
+import os
+
+
+class FailsOnRank1:
+    def reset(self, row, seed):
+        return []
+
+    def step(self, text):
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("rank 1's board is gone")
+        return [], 0.0, True
+"""
 
 
 @pytest.fixture(scope="module")
-def side_by_side(config: Path, slow_rank0: Launch) -> tuple[FullDisk | str, RunResult]:
-    """The slow-rank-0 launch first (its ranks idle through the delay) and both engines' full-disk launches,
-    each with its output_dir on its own 400 KiB filesystem: it holds the run's small files but not a
-    checkpoint (~650 KiB on ZeRO-2 here). Where no filesystem can be mounted, the reason instead."""
+def env_fails(config: Path) -> Launch:
+    """A GRPO job on 2 ranks whose environment's step raises on rank 1 only (it reads RANK): rank 0's own
+    trajectories are fine, so it can only learn of the failure from the agreement."""
+    root = config.parent / "env"
+    root.mkdir()
+    (root / f"{ENV_MODULE}.py").write_text(RANK1_ENV)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(8)))
+    job = write_config(
+        root / "agent.yaml",
+        {
+            "model": {"name_or_path": "tiny-llama"},
+            "batch": {"global_batch_size": None, "micro_batch_size": 1},
+            "distributed": {"strategy": "deepspeed", "preset": "zero2"},
+            "train": {"objective": "grpo", "max_steps": 2, "precision": "fp32"},
+            "rl": {
+                "num_generations": 2,
+                "prompts_per_step": 2,
+                "max_completion_length": 8,
+                "max_turns": 1,
+                "environment": f"{ENV_MODULE}:FailsOnRank1",
+            },
+            "data": {"path": str(root / "prompts.jsonl")},
+            "checkpoint": {"every_steps": 0},
+            "logging": {"wandb": {"mode": "disabled"}},
+        },
+    )
+    pythonpath = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    return Launch("env-fails", "deepspeed", env={"PYTHONPATH": pythonpath}, config=job)
+
+
+FullDisk = dict[str, tuple[RunResult, Path, list[str]]]
+SideBySide = tuple[FullDisk | str, RunResult, RunResult]
+
+
+@pytest.fixture(scope="module")
+def side_by_side(config: Path, slow_rank0: Launch, env_fails: Launch) -> SideBySide:
+    """The slow-rank-0 launch first (its ranks idle through the delay), the environment's failure, and both
+    engines' full-disk launches, each with its output_dir on its own 400 KiB filesystem: it holds the run's
+    small files but not a checkpoint (~650 KiB on ZeRO-2 here). Where no filesystem can be mounted, the
+    reason instead of the full-disk results."""
     with contextlib.ExitStack() as mounts:
         try:
             disks = {
@@ -114,14 +166,14 @@ def side_by_side(config: Path, slow_rank0: Launch) -> tuple[FullDisk | str, RunR
             }
         except pytest.skip.Exception as skipped:
             disks, reason = {}, str(skipped)
-        launches = [slow_rank0] + [
+        launches = [slow_rank0, env_fails] + [
             Launch(name, launcher, (*overrides, f"output_dir={disks[name]}"))
             for name, (launcher, overrides) in ENGINES.items()
             if disks
         ]
         results = run_launches(launches, config, config.parent / "runs", timeout=300)
         if not disks:
-            return reason, results[slow_rank0.id]
+            return reason, results[slow_rank0.id], results[env_fails.id]
         # (result, run dir, what its checkpoints/ holds), read before the small disks are unmounted
         full = {
             name: (
@@ -131,11 +183,11 @@ def side_by_side(config: Path, slow_rank0: Launch) -> tuple[FullDisk | str, RunR
             )
             for name in ENGINES
         }
-        return full, results[slow_rank0.id]
+        return full, results[slow_rank0.id], results[env_fails.id]
 
 
 @pytest.fixture(scope="module")
-def full_disk_runs(side_by_side: tuple[FullDisk | str, RunResult]) -> FullDisk:
+def full_disk_runs(side_by_side: SideBySide) -> FullDisk:
     full = side_by_side[0]
     if isinstance(full, str):
         pytest.skip(full)
@@ -143,8 +195,27 @@ def full_disk_runs(side_by_side: tuple[FullDisk | str, RunResult]) -> FullDisk:
 
 
 @pytest.fixture(scope="module")
-def run(side_by_side: tuple[FullDisk | str, RunResult]) -> RunResult:
+def run(side_by_side: SideBySide) -> RunResult:
     return side_by_side[1]
+
+
+def test_an_environment_failing_on_one_rank_stops_every_rank_with_one_paragraph(
+    side_by_side: SideBySide,
+) -> None:
+    result = side_by_side[2]
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    said = [line for line in out.splitlines() if "error: The environment" in line]
+    assert len(said) == 1, out[-3000:]  # once per run, not once per rank
+    assert said[0].startswith(
+        f"zerofit (rank 0): error: The environment {ENV_MODULE}:FailsOnRank1 failed in step() on the rollout "
+        "of step 1, data record "
+    ), said
+    assert "turn 1: it raised RuntimeError: rank 1's board is gone; an environment is your code" in said[0]
+    assert said[0].endswith(
+        "No checkpoint was saved yet (nothing of step 1 was): once fixed, start the run again"
+    )
+    assert "Traceback" not in out, out[-3000:]
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -1,5 +1,5 @@
 """Toy environments for agentic GRPO's demo and guide (`rl.environment: zerofit.demo.environments:Class`),
-each following `zerofit.loop.turns.Environment`: built once per completion with no arguments, `reset(row,
+each following `zerofit.loop.environment.Environment`: built once per completion with no arguments, `reset(row,
 seed)` -> the messages after the row's prompt, `step(text)` -> (next messages, reward, done).
 
     DigitsTwice   two turns; each earns half the share of digits in its text; the second turn is asked for

@@ -68,6 +68,7 @@ __all__ = [
     "Rollouts",
     "SamplingSettings",
     "Scorer",
+    "agree_on_failure",
     "completion_seed",
     "decode_step",
     "micro_batch",
@@ -102,7 +103,8 @@ class PromptRow(Protocol):
 
 
 class RewardFailed(ZerofitError):
-    """A reward function failed on some rank: its paragraph, raised by every rank (said once)."""
+    """A reward function or an `rl.environment` failed on some rank: its paragraph, raised by every rank (said
+    once)."""
 
     agreed = True
 
@@ -126,7 +128,7 @@ class Sampled:
     A multi-turn trajectory (`zerofit.loop.turns`) also says which of its tokens the policy sampled
     (`trained`; the others are template and tool tokens, masked), its own prompt (the row's rendered with
     the tools), the last turn's text and the whole conversation (what the rewards read), its environment's
-    reward and its `AGENT_FIELDS` figures."""
+    reward, its `AGENT_FIELDS` figures and, if it failed (`zerofit.loop.turns`), why."""
 
     ids: list[int]
     truncated: bool
@@ -137,6 +139,21 @@ class Sampled:
     messages: list[dict[str, Any]] | None = None
     env_reward: float = 0.0
     stats: torch.Tensor | None = None
+    failure: str | None = None
+
+
+def agree_on_failure(
+    strategy: Strategy, failure: str | None, error: Callable[[str], ZerofitError] = RewardFailed
+) -> None:
+    """Every rank calls this with its own `failure` (a paragraph, or None): when any rank failed, every rank
+    raises `error` of the first failing rank's paragraph, `agreed`, so it is said once (rank 0) and no rank
+    is left waiting in a collective the failed one never reaches. One all-reduce, and a gather on failure."""
+    failed = strategy.all_reduce_sum(torch.tensor([int(failure is not None)], device=strategy.device))
+    if int(failed.item()):
+        said = [text for text in strategy.all_gather_object(failure) if text]
+        exc = error(said[0])
+        exc.agreed = True
+        raise exc
 
 
 def completion_seed(seed: int, step: int, index: int) -> int:
@@ -638,8 +655,9 @@ class Rollouts:
         filled by one all-reduce (float64)."""
         texts = [self.decode(s.ids) if s.text is None else s.text for s in sampled]
         extra = None if self.agent is None else {MESSAGES_COLUMN: [s.messages for s in sampled]}
+        failed = next((s.failure for s in sampled if s.failure is not None), None)  # an environment's
         # a RewardError names the data row, and the 1-based step
-        weighted, each = self.agreed_score(prompt_of, texts, step + 1, strategy, extra)
+        weighted, each = self.agreed_score(prompt_of, texts, step + 1, strategy, extra, failed)
         if self.agent is not None and self.agent.environment is not None:
             each[ENVIRONMENT_REWARD] = torch.tensor([s.env_reward for s in sampled], dtype=torch.float64)
             weighted = weighted.double() + each[ENVIRONMENT_REWARD]
@@ -664,32 +682,31 @@ class Rollouts:
         step: int,
         strategy: Strategy,
         extra: dict[str, list[Any]] | None = None,
+        failed: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """This rank's rewards of `texts`, the completions of `rows` (their prompt texts, columns and data
         records go to the reward functions; `step` 1-based); a reward that failed on any rank (its one
         paragraph, `RewardError`) stops every rank with that paragraph, said once (rank 0), before the step
         trains or saves anything, so the last checkpoint stays the last good one. A rank with no completions
         (a held-out evaluation's short last share, `zerofit.loop.held_out`) calls no function and only joins
-        the agreement."""
+        the agreement; so does a rank whose rollout `failed` already (an environment's paragraph,
+        `zerofit.loop.environment`), which the same agreement says instead."""
         columns: dict[str, list[Any]] = {}
         for p in rows:
             for key, value in p.columns.items():
                 columns.setdefault(key, []).append(value)
         columns.update(extra or {})  # a multi-turn trajectory's whole conversation (`messages`)
-        failure: str | None = None
+        failure: str | None = failed
         try:
             empty = torch.zeros(0, dtype=torch.float64)
             scored = (
                 self.score([p.text for p in rows], texts, columns, step, [p.record for p in rows])
-                if texts
+                if texts and failed is None
                 else (empty, {name: empty for name in self.reward_names})
             )
         except ZerofitError as exc:
             failure, scored = str(exc), (torch.zeros(0), {})
-        failed = strategy.all_reduce_sum(torch.tensor([int(failure is not None)], device=strategy.device))
-        if int(failed.item()):
-            said = [text for text in strategy.all_gather_object(failure) if text]
-            raise RewardFailed(said[0])
+        agree_on_failure(strategy, failure)
         return scored
 
     def _micro(

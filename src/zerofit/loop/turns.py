@@ -20,7 +20,13 @@ timeout, is the one exception: it is said in the guide). Rows of one turn are sa
 different budgets left go in separate batches (a row's tokens never depend on its batch).
 
 An environment (`rl.environment: module:Class`) is built once per completion with no arguments and follows
-`Environment`; its rewards are summed into the completion's reward as the reward `environment`.
+`zerofit.loop.environment.Environment`; its rewards are summed into the completion's reward as the reward
+`environment`. Its every call is checked (`CheckedEnvironment`): one that raises or breaks the protocol, a
+first prompt longer than `rl.max_prompt_length`, or a conversation the chat template refuses, fails its
+trajectory (`failure`: the paragraph the rollout then agrees on across ranks, `Rollouts.agreed_score`, so
+the run stops with it once). A trajectory that fails before its first turn still samples that turn (then is
+dropped), so every rank runs the first forward (FSDP2 gathers the layers there), and a rank stops sampling
+after the turn in which one of its trajectories failed.
 """
 
 from __future__ import annotations
@@ -29,33 +35,23 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from zerofit.core.errors import ZerofitError
 from zerofit.core.progress import Progress
 from zerofit.data.agent_chat import AgentChat
+from zerofit.loop.environment import CheckedEnvironment, EnvironmentFailed, first_prompt_too_long
 from zerofit.objectives.grpo.tool_calls import parse_calls, tool_reply
 from zerofit.objectives.grpo.tools import ERROR_KINDS, BoundTool, ToolResult, run_call
 from zerofit.strategies.base import Strategy
 
-__all__ = ["AGENT_FIELDS", "Agent", "Environment", "agent_metrics", "sample_trajectories", "turn_seed"]
+__all__ = ["AGENT_FIELDS", "Agent", "agent_metrics", "sample_trajectories", "turn_seed"]
 
 # The per-trajectory figures summed over the global batch (`Agent.stats`), in the order of its table.
 # cut: stopped by the token budget or rl.max_turns (not by a turn without calls); sampled: the policy's tokens.
 AGENT_FIELDS = ("turns", "tool_calls", *(f"tool_errors/{k}" for k in ERROR_KINDS), "cut", "sampled", "tool_s")
-
-
-class Environment(Protocol):
-    """What `rl.environment: module:Class` names: one instance per completion, built with no arguments."""
-
-    def reset(self, row: dict[str, Any], seed: int) -> list[dict[str, Any]]:
-        """The messages that follow the row's prompt (may be none), from the row's columns and a seed."""
-        ...
-
-    def step(self, text: str) -> tuple[list[dict[str, Any]], float, bool]:
-        """The assistant's turn text -> the next messages, a reward contribution, and whether it is done."""
-        ...
 
 
 def turn_seed(seed: int, step: int, index: int, turn: int) -> int:
@@ -81,6 +77,7 @@ class _Track:
     done: bool = False
     env_reward: float = 0.0
     stats: Counter[str] = field(default_factory=Counter)
+    failure: str | None = None  # why it failed (module docstring): the run stops with this paragraph
 
 
 @dataclass
@@ -89,23 +86,32 @@ class Agent:
 
     chat: AgentChat
     tool_makers: Sequence[Callable[[dict[str, Any]], BoundTool]]
-    environment: Callable[[], Any] | None
+    environment: CheckedEnvironment | None
     max_turns: int
     timeout_s: float
     decode: Callable[[list[int]], str]  # special tokens skipped: what rewards and environments read
     decode_raw: Callable[[list[int]], str]  # special tokens kept: what the call parser reads
     starts: dict[int, list[int]] = field(default_factory=dict)  # record -> first prompt (no environment)
+    max_prompt_length: int | None = None  # a first prompt rendered here is checked against it (None: not)
 
-    def begin(self, row: Any, env_seed: int) -> _Track:
-        """A trajectory of prompt `row`: its first messages (and the environment's), rendered with the tools."""
-        where = f"rl rollout of data record {row.record + 1}"
-        messages = list(row.messages)
-        env = self.environment() if self.environment is not None else None
-        if env is not None:
-            messages += list(env.reset(dict(row.columns), env_seed))
+    def begin(self, row: Any, env_seed: int, where: str) -> _Track:
+        """A trajectory of prompt `row`: its first messages (and the environment's), rendered with the tools;
+        one that fails (module docstring) starts from the row's own prompt ids, to be sampled once."""
+        messages, env, start, failure = list(row.messages), None, self.starts.get(row.record), None
+        try:
+            if self.environment is not None:
+                env, more = self.environment.begin(dict(row.columns), env_seed, where)
+                messages, start = messages + more, None
+            if start is None:
+                start = self.chat.start(messages, where)
+                limit = self.max_prompt_length
+                if limit is not None and len(start) > limit:
+                    failure = first_prompt_too_long(where, len(start), limit, self.environment is not None)
+        except ZerofitError as exc:  # EnvironmentFailed, or the template refused the messages (DataError)
+            failure = str(exc)
         tools = {t.name: t for t in (make(row.columns) for make in self.tool_makers)}
-        start = self.starts.get(row.record) if env is None else None
-        return _Track(start or self.chat.start(messages, where), messages, tools, env, where)
+        prompt = list(row.input_ids) if failure is not None or start is None else start
+        return _Track(prompt, messages, tools, env, where, failure=failure)
 
     def _run(self, track: _Track, text: str) -> list[dict[str, Any]]:
         """The replies to the turn's calls (each counted, errors by kind)."""
@@ -124,8 +130,24 @@ class Agent:
             )
         return replies
 
+    def _stepped(self, track: _Track) -> tuple[list[dict[str, Any]], bool] | None:
+        """The environment's step on the track's last turn: (its messages, done), its reward added; None when
+        it failed (the track's `failure` set, the trajectory done)."""
+        assert self.environment is not None
+        where = f"{track.where}, turn {track.stats['turns']}"
+        try:
+            messages, reward, done = self.environment.step(track.env, track.text, where)
+        except EnvironmentFailed as exc:
+            track.failure, track.done = str(exc), True
+            return None
+        track.env_reward += reward
+        return messages, done
+
     def advance(self, track: _Track, ids: list[int], truncated: bool, entropy: float, budget: int) -> None:
         """Take one sampled turn into `track`: run its calls / the environment, append what follows."""
+        if track.failure is not None:  # failed before its first turn, sampled only for the first forward
+            track.done = True
+            return
         track.ids += ids
         track.trained += [True] * len(ids)
         track.entropy += entropy
@@ -136,16 +158,17 @@ class Agent:
         track.messages = [*history, {"role": "assistant", "content": track.text}]
         if truncated:  # the budget is spent: an environment still scores the turn, nothing follows it
             if track.env is not None:
-                track.env_reward += float(track.env.step(track.text)[1])
+                self._stepped(track)
             track.stats["cut"] += 1
             track.truncated = track.done = True
             return
         new = self._run(track, self.decode_raw(ids))
         done = not new
         if track.env is not None:
-            messages, reward, finished = track.env.step(track.text)
-            track.env_reward += float(reward)
-            new, done = new + list(messages), bool(finished)
+            stepped = self._stepped(track)
+            if stepped is None:
+                return
+            new, done = new + stepped[0], stepped[1]
         if done:
             track.done = True
             return
@@ -153,7 +176,11 @@ class Agent:
             track.stats["cut"] += 1
             track.done = True
             return
-        more = self.chat.after_turn(history, new, True, track.where)
+        try:
+            more = self.chat.after_turn(history, new, True, track.where)
+        except ZerofitError as exc:  # the template refused the environment's messages (DataError)
+            track.failure, track.done = str(exc), True
+            return
         if len(track.ids) + len(more) >= budget:
             track.stats["cut"] += 1
             track.truncated = track.done = True
@@ -176,9 +203,14 @@ def sample_trajectories(
     """This rank's trajectories of global completions `indices` (prompts `rows`) at step `step`, each as the
     fields of a `zerofit.loop.rollout.Sampled`; `sample(prompts, seeds, settings, shown)` samples one turn."""
     # the environment's seed: the trajectory's own, apart from its turns' (turn -1)
-    tracks = [agent.begin(row, turn_seed(seed, step, c, -1)) for row, c in zip(rows, indices, strict=True)]
+    tracks = [
+        agent.begin(row, turn_seed(seed, step, c, -1), f"the rollout of step {step + 1}, {_record(row, c)}")
+        for row, c in zip(rows, indices, strict=True)
+    ]
     budget = settings.max_new_tokens
     for turn in range(agent.max_turns):
+        if turn and any(t.failure is not None for t in tracks):  # the run stops at this step (module doc)
+            break
         live = [i for i, t in enumerate(tracks) if not t.done]
         groups: dict[int, list[int]] = {}
         for i in live:
@@ -191,6 +223,11 @@ def sample_trajectories(
             ):
                 agent.advance(tracks[i], s.ids, s.truncated, s.entropy_sum, budget)
     return [_fields(t) for t in tracks]
+
+
+def _record(row: Any, index: int) -> str:
+    """Where a trajectory is, in a paragraph: its data record (1-based) and global completion index."""
+    return f"data record {row.record + 1} (completion {index})"
 
 
 def _fields(t: _Track) -> dict[str, Any]:
@@ -206,6 +243,7 @@ def _fields(t: _Track) -> dict[str, Any]:
         "messages": t.messages,
         "env_reward": t.env_reward,
         "stats": torch.tensor(stats, dtype=torch.float64),
+        "failure": t.failure,
     }
 
 

@@ -49,9 +49,10 @@ from zerofit.data.vision_pairs import load_vision_pairs
 from zerofit.engine_spec import render_spec
 from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
 from zerofit.harness.during import HarnessDuringTraining
+from zerofit.loop.environment import EnvironmentFailed
 from zerofit.loop.evaluate import Evaluator, check_eval_data
 from zerofit.loop.reference import ReferencePass, precompute_reference
-from zerofit.loop.rollout import Rollouts
+from zerofit.loop.rollout import Rollouts, agree_on_failure
 from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
@@ -212,16 +213,22 @@ class PreparedRun:
         objective = self.plan.objective
         estimator = objective.advantage_estimator(cfg)
         assert estimator is not None, "an objective that generates estimates its advantages"
-        return rollouts(
-            cfg,
-            tokenizer,
-            self.built.model,
-            prompts,
-            self.data.sampler,
-            self.plan.batch,
-            estimator,
-            objective.reward_penalty(cfg),
-        )
+        built, failure = None, None
+        try:  # every record's first prompt checked (`build_agent`): said once, whichever rank refused it
+            built = rollouts(
+                cfg,
+                tokenizer,
+                self.built.model,
+                prompts,
+                self.data.sampler,
+                self.plan.batch,
+                estimator,
+                objective.reward_penalty(cfg),
+            )
+        except (DataError, EnvironmentFailed) as exc:
+            failure = str(exc)
+        agree_on_failure(self.strategy, failure, DataError)
+        return built
 
     @functools.cached_property
     def harness(self) -> HarnessDuringTraining | None:

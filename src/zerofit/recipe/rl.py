@@ -134,5 +134,5 @@ def rollouts(
         temperature=rl.temperature,
         cross_entropy=cfg.train.cross_entropy,
         reward_names=tuple(r.name for r in rewards) + ((ENVIRONMENT_REWARD,) if rl.environment else ()),
-        agent=build_agent(rl, tokenizer, fields["sampling"].eos_ids, fields["decode"], prompts),
+        agent=build_agent(rl, tokenizer, fields["sampling"].eos_ids, fields["decode"], prompts, cfg.seed),
     )

@@ -5,7 +5,9 @@ A built-in tool is named by itself (`zerofit.objectives.grpo.tools.BUILTIN_TOOLS
 only by a launch, from the config the user launched with; `zerofit plan`, `export`, `generate` and `compare`
 of a run folder never call `build_agent`. Each tool's JSON schema is built here, from its signature and
 docstring: a tool whose schema cannot be built is refused with one paragraph naming the function and what
-is missing, before the run starts.
+is missing, before the run starts. Every record's first prompt is rendered now and refused when longer than
+`rl.max_prompt_length`; with an environment, after the messages its `reset` gives (so a reset that fails on a
+record fails here, before the model is loaded).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 from zerofit.config.schema import RLSection, ToolSpec
 from zerofit.core.errors import ConfigError, DataError
 from zerofit.data.agent_chat import AgentChat
-from zerofit.loop.turns import Agent
+from zerofit.loop.environment import CheckedEnvironment, first_prompt_too_long
+from zerofit.loop.turns import Agent, turn_seed
 from zerofit.objectives.grpo.rewards import _IMPORT_FORM
 from zerofit.objectives.grpo.tools import BUILTIN_TOOLS, BoundTool, lookup_in, tool_schema
 from zerofit.recipe.user_code import import_user_object
@@ -82,29 +85,38 @@ def build_tools(specs: list[ToolSpec]) -> tuple[list[dict[str, Any]], list[Maker
     return schemas, makers
 
 
-def _environment(name: str | None) -> Callable[[], Any] | None:
+def _environment(name: str | None) -> CheckedEnvironment | None:
     """The class `rl.environment` names, imported now (None: no environment)."""
     if name is None:
         return None
     where = f"rl.environment = {name!r}"
     if not _IMPORT_FORM.match(name):
         raise ConfigError([f"{where}: name your environment class as `module:Class` (e.g. my_env:Guess)"])
-    return import_user_object(where, name, "class")
+    return CheckedEnvironment(import_user_object(where, name, "class"))
 
 
-def first_prompts(chat: AgentChat, prompts: Sequence[Any], limit: int) -> dict[int, list[int]]:
-    """Each record's first prompt rendered with the tools (the rollouts reuse them); DataError when one is
-    longer than `rl.max_prompt_length` (the tools' schemas are part of it)."""
+def first_prompts(
+    chat: AgentChat,
+    prompts: Sequence[Any],
+    limit: int,
+    environment: CheckedEnvironment | None = None,
+    seed: int = 0,
+) -> dict[int, list[int]]:
+    """Each record's first prompt rendered with the tools (the rollouts reuse them when there is no
+    environment); DataError when one is longer than `rl.max_prompt_length` (the tools' schemas are part of
+    it). With an `environment`, a new instance's `reset` of each record comes first, with a launch seed of
+    its own (`turn_seed(seed, -1, record, -1)`; the rollouts check each trajectory's again, at its own
+    seed); a reset that fails raises its `EnvironmentFailed`."""
     starts = {}
     for p in prompts:
         where = f"data record {p.record + 1}"
-        ids = chat.start(list(p.messages), where)
+        messages = list(p.messages)
+        if environment is not None:
+            reset_seed = turn_seed(seed, -1, p.record, -1)
+            messages += environment.begin(dict(p.columns), reset_seed, f"{where} (checked at launch)")[1]
+        ids = chat.start(messages, where)
         if len(ids) > limit:
-            raise DataError(
-                f"{where}: its prompt with the tools' schemas (rl.tools, rendered by the chat template) is "
-                f"{len(ids):,} tokens, more than rl.max_prompt_length = {limit:,}; raise rl.max_prompt_length "
-                "to at least that, or offer fewer tools."
-            )
+            raise DataError(first_prompt_too_long(where, len(ids), limit, environment is not None))
         starts[p.record] = ids
     return starts
 
@@ -115,17 +127,20 @@ def build_agent(
     end_ids: tuple[int, ...],
     decode: Callable[[list[int]], str],
     prompts: Sequence[Any],
+    seed: int,
 ) -> Agent | None:
-    """The run's `Agent` when `rl.tools` or `rl.environment` is set (None: single-turn rollouts); without an
-    environment each record's first prompt is rendered (and its length checked) now."""
+    """The run's `Agent` when `rl.tools` or `rl.environment` is set (None: single-turn rollouts); each
+    record's first prompt is rendered (and its length checked) now, with an environment after its reset."""
     if not rl.tools and rl.environment is None:
         return None
     schemas, makers = build_tools(rl.tools)
     chat = AgentChat(tokenizer, schemas, end_ids)
     environment = _environment(rl.environment)
+    starts = first_prompts(chat, prompts, rl.max_prompt_length, environment, seed)
     return Agent(
         chat=chat,
-        starts={} if environment is not None else first_prompts(chat, prompts, rl.max_prompt_length),
+        starts={} if environment is not None else starts,
+        max_prompt_length=rl.max_prompt_length,
         tool_makers=makers,
         environment=environment,
         max_turns=rl.max_turns,

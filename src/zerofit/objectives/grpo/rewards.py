@@ -42,6 +42,7 @@ __all__ = [
     "exact_match",
     "final_answer",
     "format_regex",
+    "is_finite_score",
     "known_rewards",
     "length",
     "reward_spec_problems",
@@ -242,6 +243,12 @@ def _where(reward: NamedReward, step: int, rows: list[int], index: int | None) -
     )
 
 
+def is_finite_score(value: Any) -> bool:
+    """Whether `value` is a score: an int or float (a bool is not one), neither NaN nor infinite (a NaN would
+    corrupt the advantages of its whole group). An `rl.environment`'s reward follows the same rule."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _score_one(
     reward: NamedReward,
     batch: tuple[list[str], list[str], dict[str, list[Any]]],
@@ -266,8 +273,7 @@ def _score_one(
             f"return one float per completion (a list of {len(completions)}); {fix}"
         )
     for i, value in enumerate(scores):
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok:
+        if not is_finite_score(value):
             raise RewardError(
                 f"{_where(reward, step, rows, i)}: it returned {value!r}, and every score must be a finite "
                 f"number (a NaN or None would corrupt the advantages of the whole group); {fix}"
