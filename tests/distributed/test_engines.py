@@ -1,9 +1,8 @@
 """Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
 Real launches (2 gloo ranks): ZeRO-2 and its resume under the `deepspeed` runner, FSDP2 under `torchrun`;
-the other engines' ranks `warm` (forked, with torchrun's environment, from a process that already imported
-what a rank imports, running the same entry point: tests/warm_launch.py), as each launcher's own behaviour
-is covered by the launches above; the one-process runs through the Python API in the test process
+the other engines' launches `warm` (tests/warm_launch.py), each launcher's own behaviour being covered by
+those; the one-process runs through the Python API in the test process
 (`zerofit.train`, launcher `api`: the `python` launcher's own behaviour is test_stop_resume's and
 test_launch_errors'), LoRA with dropout, a small data set seen repeatedly so the loss must fall:
 
