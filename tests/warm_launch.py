@@ -6,7 +6,9 @@ A 2-rank launch through a real launcher costs ~20 CPU-s on a 2-core machine, nea
 imports of torch, transformers, peft and DeepSpeed (and the launcher's own). The suite launches ~125 times;
 each property keeps at least one launch through the real launcher it claims (`deepspeed`, `torchrun`,
 `python`), and the rest of an equivalence matrix, whose ranks would only import the same modules again, runs
-`warm` (issue 47 item 3).
+`warm` (issue 47 item 3). Measured on a shared 2-core machine, the same 4-step ZeRO-2 job of tiny-llama on
+2 ranks: 15.0 CPU-s under `torchrun`, 21.6 under `deepspeed`, 2.1 warm (after the zygote's ~9 CPU-s of
+imports, once per test process); test_engines 265 -> 101 CPU-s, test_equivalence 189 -> 99.
 
 The zygote is a `multiprocessing` fork server per test process, started on the first warm launch, that
 imports `RANK_IMPORTS` (and this module) and nothing else: it runs no torch op and starts no Python thread
@@ -15,6 +17,11 @@ accelerator and its JIT ops all start in the rank). Each rank then sets exactly 
 torchrun's worker variables, the repository as its working directory and the launch's command line as
 `sys.argv`, points its stdout/stderr (file descriptors 1 and 2, so handlers made at import follow) at the
 launch's log files, and runs the entry point as `__main__`. Like torchrun, a rank's failure stops the others.
+
+What it is not: a launcher process. Nothing here can be signalled as a launcher (a `Launch.interrupt` is
+refused), no agent restarts or reports a failed worker, and rank 0 hosts the rendezvous store that torchrun's
+agent would (tests/distributed/test_warm_launch.py shows the environment, metrics and export otherwise
+equal to torchrun's). What a launcher itself does (signals, start-up, its own errors) stays with the real ones.
 """
 
 from __future__ import annotations
