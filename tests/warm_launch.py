@@ -8,7 +8,8 @@ each property keeps at least one launch through the real launcher it claims (`de
 `python`), and the rest of an equivalence matrix, whose ranks would only import the same modules again, runs
 `warm` (issue 47 item 3). Measured on a shared 2-core machine, the same 4-step ZeRO-2 job of tiny-llama on
 2 ranks: 15.0 CPU-s under `torchrun`, 21.6 under `deepspeed`, 2.1 warm (after the zygote's ~9 CPU-s of
-imports, once per test process); test_engines 265 -> 101 CPU-s, test_equivalence 189 -> 99.
+imports, once per test process); test_engines 265 -> 101 CPU-s, test_equivalence 189 -> 99,
+test_grpo_equivalence 187 -> 67.
 
 The zygote is a `multiprocessing` fork server per test process, started on the first warm launch, that
 imports `RANK_IMPORTS` (and this module) and nothing else: it runs no torch op and starts no Python thread
