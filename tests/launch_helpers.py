@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from warm_launch import WarmLaunch, start_zygote
 from zerofit.strategies.env import RENDEZVOUS_VARIABLES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +105,10 @@ class Launch:
     """One launch: a run name, the launcher and dotted overrides.
 
     Launchers: `python`, `deepspeed`, `torchrun` start `launchers/launch_finetune.py` in a new process;
-    `api` runs `zerofit.train` in this one (no ~4.5 CPU-s of imports: for one-process reference runs).
+    `api` runs `zerofit.train` in this one (no ~4.5 CPU-s of imports: for one-process reference runs);
+    `warm` forks its ranks, with torchrun's worker environment, from a process that has imported what a
+    rank imports (tests/warm_launch.py: for the launches of an equivalence matrix beyond the one run per
+    property through the real launcher it claims).
     """
 
     name: str
@@ -130,6 +134,8 @@ class Launch:
             _record([self])
         if self.launcher == "python":
             head = [sys.executable]
+        elif self.launcher == "warm":  # ranks forked by tests/warm_launch.py run the entry point itself
+            head = []
         elif self.launcher == "deepspeed":
             head = [str(BIN / "deepspeed"), "--master_port", str(free_port()), "--num_gpus", str(self.nproc)]
         elif self.launcher == "torchrun":
@@ -203,6 +209,8 @@ def run_launches(
     logs = output_dir / "_logs"
     logs.mkdir(parents=True, exist_ok=True)
     base_env = _launch_env(env)  # read before an api launch changes this process's environment
+    if any(launch.launcher == "warm" for launch in processes):
+        start_zygote()  # (as well, before an api launch changes it)
     side_by_side = min(max_parallel, len(pending))
     if not in_process:
         return _run_processes(
@@ -258,15 +266,22 @@ def _run_processes(
         while pending and len(running) < places():
             launch = pending.pop(0)
             out, err = logs / f"{launch.id}.out", logs / f"{launch.id}.err"
-            proc = subprocess.Popen(
-                launch.command(launch.config or config, output_dir),
-                cwd=REPO,
-                env={**base_env, **_cpu_share(launch, side_by_side, base_env), **launch.env},
-                stdout=out.open("w"),
-                stderr=err.open("w"),
-                text=True,
-                start_new_session=True,  # so a timeout can stop the launcher and all its ranks
-            )
+            command = launch.command(launch.config or config, output_dir)
+            launch_env = {**base_env, **_cpu_share(launch, side_by_side, base_env), **launch.env}
+            proc: Any
+            if launch.launcher == "warm":
+                assert launch.interrupt is None, "a warm launch has no launcher process to signal"
+                proc = WarmLaunch(command, launch_env, REPO, out, err, launch.nproc)
+            else:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=REPO,
+                    env=launch_env,
+                    stdout=out.open("w"),
+                    stderr=err.open("w"),
+                    text=True,
+                    start_new_session=True,  # so a timeout can stop the launcher and all its ranks
+                )
             running.append((launch, proc, time.monotonic(), out, err))
             if launch.interrupt is not None:
                 sig, target, rows = launch.interrupt
@@ -280,11 +295,12 @@ def _run_processes(
                     (os.killpg if target == "group" else os.kill)(proc.pid, sig)
             # Done when the launcher has exited and nothing of its process group is left (the deepspeed
             # runner dies at once on a signal while launch.py and the ranks finish their stop).
-            if proc.poll() is None or _group_alive(proc.pid):
+            warm = launch.launcher == "warm"  # (its ranks are all it has)
+            if proc.poll() is None or (not warm and _group_alive(proc.pid)):
                 if time.monotonic() < deadline:
                     continue
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.kill() if warm else os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             running.remove(item)
             results[launch.id] = RunResult(

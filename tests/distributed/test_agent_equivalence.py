@@ -5,14 +5,15 @@ Hermes `<tool_call>` calls; sampled at temperature 1.5 it writes valid calls, ma
 full fine-tuning, 2 prompts x G 4 = 8 trajectories per step of at most 3 turns and 160 tokens, the built-in
 calculator and lookup tools, exact_match and length (for rewards that differ within a group) on the final
 turn, 3 steps; the one-process references through the
-Python API (`zerofit.train`, in the test process), the others through torchrun (gloo):
+Python API (`zerofit.train`, in the test process), the interrupted ZeRO-2 run through torchrun (gloo), the
+rest `warm` (tests/warm_launch.py):
 
     launch          launcher   engine              split (micro x accum x dp)   what
     single          api        one process         8 x 1 x 1                   the reference curve
     single-2x4      api        one process         2 x 4 x 1                   another split, one process
     zero2           torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   SIGTERM mid-run, then resumed
-    zero2-resumed   torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   zero2 resumed
-    fsdp            torchrun   FSDP2               1 x 4 x 2                   layers gathered once per rollout
+    zero2-resumed   warm       DeepSpeed ZeRO-2    2 x 2 x 2                   zero2 resumed
+    fsdp            warm       FSDP2               1 x 4 x 2                   layers gathered once per rollout
 
 Each turn of each trajectory samples from its own generator seeded by (seed, step, completion index, turn),
 and the tools see only their trajectory's row and text, so every split samples the same tokens: the loss,
@@ -50,9 +51,9 @@ LAUNCHES = [
     Launch("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8")),
     Launch("single-2x4", "api", ("distributed.strategy=single", "batch.micro_batch_size=2")),
     Launch("zero2", "torchrun", Z2, interrupt=(signal.SIGTERM, "group", 1)),
-    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
-RESUMED = Launch("zero2", "torchrun", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
+RESUMED = Launch("zero2", "warm", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
 
 
 @pytest.fixture(scope="module")

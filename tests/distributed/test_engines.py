@@ -1,9 +1,10 @@
 """Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
-Real launches (deepspeed, torchrun; 2 gloo ranks; ZeRO-2 under the `deepspeed` runner, ZeRO-3 offload under
-`torchrun`), the one-process runs through the Python API in the test process (`zerofit.train`, launcher
-`api`: the `python` launcher's own behaviour is test_stop_resume's and test_launch_errors'), LoRA with
-dropout, a small data set seen repeatedly so the loss must fall:
+Real launches (2 gloo ranks): ZeRO-2 and its resume under the `deepspeed` runner, FSDP2 under `torchrun`;
+the other engines' launches `warm` (tests/warm_launch.py), each launcher's own behaviour being covered by
+those; the one-process runs through the Python API in the test process
+(`zerofit.train`, launcher `api`: the `python` launcher's own behaviour is test_stop_resume's and
+test_launch_errors'), LoRA with dropout, a small data set seen repeatedly so the loss must fall:
 
 - bf16 on single, DeepSpeed ZeRO-2, FSDP2 and DDP completes and the loss falls;
 - fp16 with loss scaling completes on single; on DeepSpeed it completes where DeepSpeed's accelerator
@@ -16,11 +17,11 @@ dropout, a small data set seen repeatedly so the loss must fall:
     bf16-single          api         one process                     bf16
     bf16-zero2           deepspeed   DeepSpeed ZeRO-2                bf16
     bf16-fsdp            torchrun    FSDP2                           bf16
-    bf16-ddp             torchrun    DDP                             bf16
-    bf16-zero3-offload   torchrun    DeepSpeed ZeRO-3, CPU offload   bf16
-    bf16-fsdp-offload    torchrun    FSDP2, CPU offload              bf16
+    bf16-ddp             warm        DDP                             bf16
+    bf16-zero3-offload   warm        DeepSpeed ZeRO-3, CPU offload   bf16
+    bf16-fsdp-offload    warm        FSDP2, CPU offload              bf16
     fp16-single          api         one process                     fp16, loss scaling
-    fp16-zero2           deepspeed   DeepSpeed ZeRO-2                fp16 (or refused up front)
+    fp16-zero2           warm        DeepSpeed ZeRO-2                fp16 (or refused up front)
     resume-single        api         one process                     bf16, resumed from bf16-single's step 3
     resume-zero2         deepspeed   DeepSpeed ZeRO-2                bf16, resumed from bf16-zero2's step 3
 """
@@ -68,17 +69,17 @@ HALF = [
     Launch("bf16-single", "api", ("distributed.strategy=single", "train.precision=bf16")),
     Launch("bf16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=bf16")),
     Launch("bf16-fsdp", "torchrun", ("distributed.strategy=fsdp", "train.precision=bf16")),
-    Launch("bf16-ddp", "torchrun", ("distributed.strategy=ddp", "train.precision=bf16")),
+    Launch("bf16-ddp", "warm", ("distributed.strategy=ddp", "train.precision=bf16")),
     # The offload presets: DeepSpeed's own CPU Adam steps offloaded state (ZeRO-3 also offloads params);
     # FSDP2's CPUOffloadPolicy keeps sharded params, grads and the optimizer step on the host.
-    Launch("bf16-zero3-offload", "torchrun", ("distributed.preset=zero3_offload", "train.precision=bf16")),
+    Launch("bf16-zero3-offload", "warm", ("distributed.preset=zero3_offload", "train.precision=bf16")),
     Launch(
         "bf16-fsdp-offload",
-        "torchrun",
+        "warm",
         ("distributed.strategy=fsdp", "distributed.preset=fsdp_offload", "train.precision=bf16"),
     ),
     Launch("fp16-single", "api", ("distributed.strategy=single", "train.precision=fp16")),
-    Launch("fp16-zero2", "deepspeed", ("distributed.preset=zero2", "train.precision=fp16")),
+    Launch("fp16-zero2", "warm", ("distributed.preset=zero2", "train.precision=fp16")),
 ]
 RESUMED = {"bf16-single": "resume-single", "bf16-zero2": "resume-zero2"}
 

@@ -13,8 +13,9 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
     in 3 token shards and lean RMSNorms, every layer compiled (train.compile, inside its checkpoint); ZeRO-3 with the MLP in 2 token shards and lean RMSNorms
 
-the one-process references through the Python API (`zerofit.train`, in the test process), the rest through
-the real launchers (torchrun; gloo): the DeepSpeed runs under `torchrun` (zerofit runs
+the one-process references through the Python API (`zerofit.train`, in the test process), ZeRO-2, FSDP2 and
+the levers through the real launcher (torchrun; gloo), the rest of the matrix `warm` (tests/warm_launch.py):
+the DeepSpeed runs under `torchrun` or warm (zerofit runs
 DeepSpeed under either; the `deepspeed` runner's own start-up, ~5 CPU-s a launch, is exercised by the
 modules about it: test_engines, test_stop_resume, test_failures, test_multinode_export). Over 4 optimizer steps the per-step losses
 (metrics.jsonl) and the exported final parameters agree within 1e-5. The same runs show: clipping is
@@ -27,18 +28,18 @@ conversations (the bundled demo, tiny-qwen2) agree too: one big batch vs FSDP2 o
     launch            launcher   engine                split (micro x accum x dp)   what
     single-m8         api        one process           8 x 1 x 1         the reference, transformers' sdpa
     single-m2         api        one process           2 x 4 x 1         varlen attention from here on
-    zero0             torchrun   DeepSpeed ZeRO-0      2 x 2 x 2
+    zero0             warm       DeepSpeed ZeRO-0      2 x 2 x 2
     zero2             torchrun   DeepSpeed ZeRO-2      2 x 2 x 2
-    zero3             torchrun   DeepSpeed ZeRO-3      2 x 2 x 2
+    zero3             warm       DeepSpeed ZeRO-3      2 x 2 x 2
     fsdp              torchrun   FSDP2                 1 x 4 x 2
-    ddp               torchrun   DDP                   2 x 2 x 2
-    zero2-packed      torchrun   DeepSpeed ZeRO-2      2 rows x 2 x 2    128-token budgets, 64-token rows
-    fsdp-packed       torchrun   FSDP2                 1 row x 4 x 2     64-token budgets
+    ddp               warm       DDP                   2 x 2 x 2
+    zero2-packed      warm       DeepSpeed ZeRO-2      2 rows x 2 x 2    128-token budgets, 64-token rows
+    fsdp-packed       warm       FSDP2                 1 row x 4 x 2     64-token budgets
     zero2-levers      torchrun   DeepSpeed ZeRO-2      2 rows x 2 x 2    checkpointing + offload, tiled MLP 3,
                                                                          lean norms, fused loss, compile
-    zero3-tiled       torchrun   DeepSpeed ZeRO-3      2 x 2 x 2         tiled MLP 2, lean norms, fused loss
+    zero3-tiled       warm       DeepSpeed ZeRO-3      2 x 2 x 2         tiled MLP 2, lean norms, fused loss
     tools-single-m8   api        one process           8 x 1 x 1         tool-calling chats: the reference
-    tools-fsdp        torchrun   FSDP2                 1 x 4 x 2         tool-calling chats
+    tools-fsdp        warm       FSDP2                 1 x 4 x 2         tool-calling chats
 """
 
 from __future__ import annotations
@@ -76,13 +77,13 @@ SPLITS = [
         ("distributed.strategy=single", "batch.micro_batch_size=8", "model.attn_implementation=sdpa"),
     ),
     Launch("single-m2", "api", ("distributed.strategy=single", "batch.micro_batch_size=2")),
-    Launch("zero0", "torchrun", ("distributed.preset=zero0", "batch.micro_batch_size=2")),
+    Launch("zero0", "warm", ("distributed.preset=zero0", "batch.micro_batch_size=2")),
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
-    Launch("zero3", "torchrun", ("distributed.preset=zero3", "batch.micro_batch_size=2")),
+    Launch("zero3", "warm", ("distributed.preset=zero3", "batch.micro_batch_size=2")),
     Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
-    Launch("ddp", "torchrun", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
-    Launch("zero2-packed", "torchrun", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
-    Launch("fsdp-packed", "torchrun", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
+    Launch("ddp", "warm", ("distributed.strategy=ddp", "batch.micro_batch_size=2")),
+    Launch("zero2-packed", "warm", ("distributed.preset=zero2", "batch.tokens_per_micro_batch=128")),
+    Launch("fsdp-packed", "warm", ("distributed.strategy=fsdp", "batch.tokens_per_micro_batch=64")),
     # The memory levers on ZeRO-2, packed rows: every layer checkpointed with its input offloaded,
     # every MLP in 3 token shards, the loss inside lm_head (no logits), each decoder layer compiled (a speed
     # lever: compile inside the checkpoint, the offload hooks outside it, under ZeRO-2's gradient hooks); ZeRO-3 with the tiled MLP (its MLP a
@@ -100,7 +101,7 @@ SPLITS = [
     ),
     Launch(
         "zero3-tiled",
-        "torchrun",
+        "warm",
         (
             "distributed.preset=zero3",
             "batch.micro_batch_size=2",
@@ -123,7 +124,7 @@ TOOL_SPLITS = [
         "api",
         ("distributed.strategy=single", "batch.micro_batch_size=8", "model.attn_implementation=sdpa", *TOOLS),
     ),
-    Launch("tools-fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", *TOOLS)),
+    Launch("tools-fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", *TOOLS)),
 ]
 EXPECTED_SPLIT = {  # (micro, GAS, dp) as logged
     "single-m8": (8, 1, 1),

@@ -1,7 +1,8 @@
 """Built-in families on 2 gloo ranks through the real launchers: DeepSpeed ZeRO-2 and FSDP2, LoRA
 all-linear (the MoE models with every routed expert and the router trained), 2 steps each; every run's
-adapter exported, merged, and generated from. The FSDP2 runs and all ZeRO-2 runs but one start under
-`torchrun`; that one (Qwen3 QLoRA) under the `deepspeed` runner.
+adapter exported, merged, and generated from. One run per engine starts under `torchrun` (Phi-3 LoRA on
+ZeRO-2, Qwen3 LoRA on FSDP2) and one ZeRO-2 run (Qwen3 QLoRA) under the `deepspeed` runner; the others'
+ranks run `warm` (tests/warm_launch.py), the launchers' own behaviour being covered.
 
 Every held-out-style family of the issue (Qwen3, Gemma-3, Phi-3, Mixtral, Qwen3-MoE) and the MoE recipe's
 tiny twin (Qwen2-MoE, the class of configs/qwen15-moe-qlora-2x3090-fsdp.yaml) runs on BOTH engines: 12
@@ -25,9 +26,12 @@ at its process-group set-up). Every family also trains with LoRA and with QLoRA 
 exported and generated from, in tests/unit/models/test_families.py.
 
     launch                   launcher    engine
-    zero2-*                  torchrun    DeepSpeed ZeRO-2 (`zero2-lora-FAMILY`, `zero2-qlora-FAMILY`)
+    zero2-lora-tiny-phi3     torchrun    DeepSpeed ZeRO-2 under `torchrun`
     zero2-qlora-tiny-qwen3   deepspeed   DeepSpeed ZeRO-2 under the `deepspeed` runner
-    fsdp-*                   torchrun    FSDP2
+    zero2-*                  warm        DeepSpeed ZeRO-2, the other families (`zero2-lora-FAMILY`,
+                                         `zero2-qlora-FAMILY`)
+    fsdp-lora-tiny-qwen3     torchrun    FSDP2 under `torchrun`
+    fsdp-*                   warm        FSDP2, the other families
 """
 
 from __future__ import annotations
@@ -62,8 +66,13 @@ QLORA_ON = {
     "tiny-qwen3-moe": "zero2",
     "tiny-qwen2-moe": "zero2",
 }
-ENGINES = {"zero2": "torchrun", "fsdp": "torchrun"}  # ZeRO-2 first: its launches are the longer ones
-DEEPSPEED_RUNNER = "zero2-qlora-tiny-qwen3"  # the one ZeRO-2 run launched by `deepspeed`
+ENGINES = ("zero2", "fsdp")  # ZeRO-2 first: its launches are the longer ones
+# The runs through real launchers: one per engine under `torchrun`, one ZeRO-2 run under `deepspeed`.
+REAL_LAUNCHER = {
+    "zero2-lora-tiny-phi3": "torchrun",
+    "zero2-qlora-tiny-qwen3": "deepspeed",
+    "fsdp-lora-tiny-qwen3": "torchrun",
+}
 # A launch is CPU-bound start-up (imports, engine init: ~20 s of 2 ranks alone on 2 cores, ZeRO-2 ~6 s more
 # for its launcher and shared-memory comm op), so about two cores per launch; on 2 cores the 12 launches
 # took 148 s at 2 at a time, 162 s at 3 and 181 s at 4 (a shared machine, one measurement each).
@@ -97,10 +106,10 @@ def _launch(run_name: str) -> Launch:
     moe = ["lora.moe_experts=all", "lora.train_router=true"] if name in MOE else []
     qlora = ["quantization.load_in=4bit", "train.precision=bf16"] if quantized else []
     overrides = (f"model.name_or_path={name}", *strategy, f"distributed.preset={engine}", *moe, *qlora)
-    # The DeepSpeed runs start under `torchrun` (zerofit runs DeepSpeed under either launcher), one of them
-    # under the `deepspeed` runner: its start-up (~5 CPU-s a launch) is what the modules about it test.
-    launcher = "deepspeed" if run_name == DEEPSPEED_RUNNER else ENGINES[engine]
-    return Launch(run_name, launcher, overrides)
+    # A DeepSpeed run starts under `torchrun` (zerofit runs DeepSpeed under either launcher), one of them
+    # under the `deepspeed` runner (its start-up, ~5 CPU-s a launch, is what the modules about it test);
+    # the rest warm: their ranks would only import again what those launches' ranks import (~13 CPU-s).
+    return Launch(run_name, REAL_LAUNCHER.get(run_name, "warm"), overrides)
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,14 @@
 The tiny Llama in fp32 (full fine-tuning) learns from a teacher folder (the tiny Llama's weights moved by
 seeded noise: the same tokenizer, another distribution), 2 prompts x 4 = 8 completions per step of at most 5
 tokens, `gkd.lmbda` 0.5 (about half the student's samples, half the data's completions), `gkd.beta` 0.5,
-3 steps; the one-process references through the Python API (`zerofit.train`, in the test process), the others
-through torchrun (gloo):
+3 steps; the one-process references through the Python API (`zerofit.train`, in the test process), ZeRO-2
+through torchrun (gloo), FSDP2 `warm` (tests/warm_launch.py):
 
     launch    launcher   engine              split (micro x accum x dp)   what
     single    api        one process         8 x 1 x 1                   the reference curve
     accum     api        one process         2 x 4 x 1                   accumulation
     zero2     torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   2 ranks
-    fsdp      torchrun   FSDP2               1 x 4 x 2                   2 ranks, layers gathered per rollout
+    fsdp      warm       FSDP2               1 x 4 x 2                   2 ranks, layers gathered per rollout
 
 Which completions are on-policy, and each sampled completion's tokens, are drawn from (seed, step, completion
 index) alone, and the loss is normalized by the global batch's completion tokens (one all-reduced count), so
@@ -42,7 +42,7 @@ LAUNCHES = [
         "torchrun",
         ("distributed.strategy=deepspeed", "distributed.preset=zero2", "batch.micro_batch_size=2"),
     ),
-    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 
 

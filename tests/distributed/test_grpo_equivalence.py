@@ -3,25 +3,25 @@
 The tiny Llama in fp32 (full fine-tuning), 2 prompts x G 4 = 8 completions per step of at most 4 tokens,
 `rl.num_iterations: 2` (the old policy's log-probs kept), the user's own reward function (a module on
 PYTHONPATH), 4 steps, the one-process references through the Python API (`zerofit.train`, in the test
-process), the others through the real launchers (gloo):
+process), the first runs of each engine through `torchrun` (gloo), the rest of the matrix `warm` (tests/warm_launch.py):
 
     launch          launcher   engine              split (micro x accum x dp)   what
     single          api        one process         8 x 1 x 1                   the reference curve
     zero2           torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   SIGTERM mid-run, then resumed
-    zero2-resumed   torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   zero2 resumed
+    zero2-resumed   warm       DeepSpeed ZeRO-2    2 x 2 x 2                   zero2 resumed
     fsdp            torchrun   FSDP2               1 x 4 x 2                   layers gathered once per rollout
     *-single        api        one process         8 x 1 x 1                   LOSS's reference curve
-    *-zero2         torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   LOSS
-    *-fsdp          torchrun   FSDP2               1 x 4 x 2                   LOSS
+    *-zero2         warm       DeepSpeed ZeRO-2    2 x 2 x 2                   LOSS
+    *-fsdp          warm       FSDP2               1 x 4 x 2                   LOSS
     *-single        api        one process         8 x 1 x 1                   EST's reference curve, 2 steps
     *-split         api        one process         2 x 4 x 1                   EST
-    *-zero2         torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   EST
-    *-fsdp          torchrun   FSDP2               1 x 4 x 2                   EST
+    *-zero2         warm       DeepSpeed ZeRO-2    2 x 2 x 2                   EST
+    *-fsdp          warm       FSDP2               1 x 4 x 2                   EST
 
 (the first four with `rl.loss_type` dapo, the default; LOSS-* for each of the other loss types, grpo and
 dr_grpo; EST-* for each other estimator, 2 steps: rloo (`train.objective: rloo`, `rl.num_iterations: 1`)
-and gspo (`rl.importance_sampling_level: sequence` with `rl.loss_type: grpo`, the paper's); every DeepSpeed
-launch under `torchrun`: the `deepspeed` runner's own start-up is test_engines' and test_stop_resume's)
+and gspo (`rl.importance_sampling_level: sequence` with `rl.loss_type: grpo`, the paper's); no DeepSpeed
+launch under the `deepspeed` runner: its own start-up is test_engines' and test_stop_resume's)
 
 Each rank samples its own completions, seeded per (seed, step, global completion index), and the advantages
 come from whole groups (a group's 4 completions land on both ranks here): the per-step loss, grad norm,
@@ -56,8 +56,8 @@ LAUNCHES += [
     for loss in OTHER_LOSSES
     for name, launcher, args in (
         ("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8")),
-        ("zero2", "torchrun", Z2),
-        ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+        ("zero2", "warm", Z2),
+        ("fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
     )
 ]
 ESTIMATORS = {
@@ -68,15 +68,15 @@ ESTIMATOR_STEPS = 2
 SPLITS = (
     ("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8")),
     ("split", "api", ("distributed.strategy=single", "batch.micro_batch_size=2")),
-    ("zero2", "torchrun", Z2),
-    ("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    ("zero2", "warm", Z2),
+    ("fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 )
 LAUNCHES += [
     Launch(f"{est}-{name}", launcher, (*args, *overrides, f"train.max_steps={ESTIMATOR_STEPS}"))
     for est, overrides in ESTIMATORS.items()
     for name, launcher, args in SPLITS
 ]
-RESUMED = Launch("zero2", "torchrun", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
+RESUMED = Launch("zero2", "warm", (*Z2, "checkpoint.resume=true"), key="zero2-resumed")
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,12 @@
 
 A tiny Llama in fp32 with LoRA (KTO's reference: the adapters off), unpaired examples whose prompt and
 completion lengths vary a lot and whose labels are mixed, global batch 8, held-out examples evaluated every
-2 steps:
+2 steps; the packed run `warm` (tests/warm_launch.py), ZeRO-2 under torchrun:
 
     launch    launcher   engine              split (micro x accum x dp)
     single    api        one process         8 x 1 x 1      (W&B offline; `zerofit.train`, in the test process)
     zero2     torchrun   DeepSpeed ZeRO-2    2 x 2 x 2
-    packed    torchrun   DeepSpeed ZeRO-2    2 rows of 64 tokens x dp 2 (`batch.tokens_per_micro_batch`:
+    packed    warm       DeepSpeed ZeRO-2    2 rows of 64 tokens x dp 2 (`batch.tokens_per_micro_batch`:
                                              examples and their mismatched sequences as segments of rows)
 
 Per-step loss, TRL's metrics (rewards/*, logps/*, kl) and eval/* agree within 2e-5: the mismatched pairing,
@@ -38,7 +38,7 @@ LAUNCHES = [
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
     Launch(
         "packed",
-        "torchrun",
+        "warm",
         ("distributed.preset=zero2", "batch.micro_batch_size=null", f"batch.tokens_per_micro_batch={2 * 64}"),
     ),
 ]

@@ -2,17 +2,18 @@
 
 A tiny Llama in fp32, preference pairs whose prompt and response lengths vary a lot, global batch 8 pairs,
 held-out pairs evaluated every 2 steps, the one-process runs through the Python API (`zerofit.train`, in the
-test process), the others through the real launchers (torchrun; gloo; DeepSpeed under `torchrun`: the
-`deepspeed` runner's own start-up is what test_engines and test_stop_resume exercise):
+test process), the interrupted ZeRO-2 run through the real launcher (torchrun; gloo; DeepSpeed under
+`torchrun`: the `deepspeed` runner's own start-up is what test_engines and test_stop_resume exercise), the
+rest of the matrix `warm` (tests/warm_launch.py):
 
     launch          launcher   engine                   split (micro x accum x dp)   reference
     single          api        one process              8 x 1 x 1             precomputed (full fine-tuning)
     zero2           torchrun   DeepSpeed ZeRO-2         2 x 2 x 2, SIGTERM mid-run and resumed (below)
-    zero2-resumed   torchrun   DeepSpeed ZeRO-2         2 x 2 x 2             zero2 resumed: the uninterrupted curve
-    zero3           torchrun   DeepSpeed ZeRO-3         2 x 2 x 2             precomputed
-    fsdp            torchrun   FSDP2                    1 x 4 x 2             precomputed (loss inside lm_head)
+    zero2-resumed   warm       DeepSpeed ZeRO-2         2 x 2 x 2             zero2 resumed: the uninterrupted curve
+    zero3           warm       DeepSpeed ZeRO-3         2 x 2 x 2             precomputed
+    fsdp            warm       FSDP2                    1 x 4 x 2             precomputed (loss inside lm_head)
     single-lora     api        one process, LoRA        8 x 1 x 1             adapters_off
-    zero3-lora      torchrun   DeepSpeed ZeRO-3, LoRA,  2 rows of 64 tokens   adapters_off (ZeRO-3 gathers the
+    zero3-lora      warm       DeepSpeed ZeRO-3, LoRA,  2 rows of 64 tokens   adapters_off (ZeRO-3 gathers the
                                packed                   x 2 x 2               base; loss inside lm_head)
 
 (`train.cross_entropy: fused_linear` on two launches: the per-token log-probs computed inside lm_head
@@ -56,19 +57,19 @@ FULL = [
         ("distributed.strategy=single", "batch.micro_batch_size=8", "logging.wandb.mode=offline"),
     ),
     Launch("zero2", "torchrun", (*Z2, "batch.micro_batch_size=2"), interrupt=(signal.SIGTERM, "group", 2)),
-    Launch("zero3", "torchrun", (*Z3, "batch.micro_batch_size=2")),
-    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
+    Launch("zero3", "warm", (*Z3, "batch.micro_batch_size=2")),
+    Launch("fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1", FUSED)),
 ]
 ADAPTERS = [
     Launch("single-lora", "api", ("distributed.strategy=single", "batch.micro_batch_size=8", *LORA)),
     Launch(
         "zero3-lora",
-        "torchrun",
+        "warm",
         (*Z3, "batch.micro_batch_size=null", f"batch.tokens_per_micro_batch={2 * MAX_LEN}", *LORA, FUSED),
     ),
 ]
 RESUMED = Launch(
-    "zero2", "torchrun", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
+    "zero2", "warm", (*Z2, "batch.micro_batch_size=2", "checkpoint.resume=true"), key="zero2-resumed"
 )
 # rewards/accuracies counts pairs whose chosen reward is above the rejected one: at step 1 the policy is the
 # reference, every margin is 0 up to float noise (the reference pass batches pairs differently on every

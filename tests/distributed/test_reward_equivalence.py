@@ -2,12 +2,12 @@
 
 The built-in tiny Llama as a one-output sequence classifier, LoRA with the score head trained in full, fp32,
 pairs whose prompt and response lengths vary a lot (a margin column on some), global batch 8 pairs,
-held-out pairs evaluated every 2 steps, on the real launchers (gloo) and, for the reference, the Python API:
+held-out pairs evaluated every 2 steps, ZeRO-2 on the real launcher (gloo), the packed FSDP2 run `warm` (tests/warm_launch.py) and, for the reference, the Python API:
 
     launch   launcher   engine                 split (micro x accum x dp)
     single   api        one process            8 x 1 x 1     (`zerofit.train`, in the test process)
     zero2    torchrun   DeepSpeed ZeRO-2       2 x 2 x 2
-    fsdp     torchrun   FSDP2, packed          2 rows of 64 tokens x 2 x 2 (`batch.tokens_per_micro_batch`: each
+    fsdp     warm       FSDP2, packed          2 rows of 64 tokens x 2 x 2 (`batch.tokens_per_micro_batch`: each
                                                sequence a segment of a row, scored at its last token)
 
 Per-step loss, rewards/* and eval/* agree within 2e-5 (the packed run's loss within 1e-6); the metrics are in metrics.jsonl and the offline W&B
@@ -42,7 +42,7 @@ LAUNCHES = [
     Launch("zero2", "torchrun", ("distributed.preset=zero2", "batch.micro_batch_size=2")),
     Launch(
         "fsdp",
-        "torchrun",
+        "warm",
         (
             "distributed.strategy=fsdp",
             "batch.micro_batch_size=null",

@@ -1,23 +1,23 @@
 """Ulysses sequence parallelism through the real launchers: one global batch, the same training.
 
 A tiny Llama (4 attention heads, 2 key/value heads), full fine-tuning in fp32, ragged data (1 to ~60
-tokens), global batch 8, as
+tokens), global batch 8, the first sequence-parallel run under torchrun and the others `warm` (tests/warm_launch.py), as
 
     launch       launcher   what
     single       api        one process, micro 8 (the reference: the Python API, in the test process)
     sp2          torchrun   DeepSpeed ZeRO-3 on 2 ranks, distributed.sequence_parallel=2, micro 4 x accum 2
                             x dp 1, every layer checkpointed
-    sp2-m8       torchrun   the same split as (SP 2, dp 1) with the whole global batch in one micro-batch:
+    sp2-m8       warm       the same split as (SP 2, dp 1) with the whole global batch in one micro-batch:
                             micro 8 x accum 1, no layer checkpointed, no checkpoint saved (started beside
                             the resumed run below, which waits for sp2's)
-    sp2-to-dp2   torchrun   sp2's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2
+    sp2-to-dp2   warm       sp2's step-2 checkpoint resumed without sequence parallelism: micro 2 x accum 2
                             x dp 2
 
 Every sequence of the SP run is sharded over both ranks, attention through DeepSpeed's all-to-all
 (`UlyssesSPAttentionHF`), labels shifted before the cut; the loss curve, the token counts, the pre-clip
 grad norms, the evaluation loss (every 2 steps, 20% held out) and the exported weights agree with one
 process within 2e-5, and so do the steps trained after resuming on another sequence-parallel size and dp.
-Every distributed launch starts under `torchrun` (DeepSpeed runs under either launcher; the `deepspeed`
+No launch starts under the `deepspeed` runner (DeepSpeed runs under either launcher; the `deepspeed`
 runner's own start-up is what test_engines and test_stop_resume exercise).
 """
 
@@ -77,7 +77,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResu
     single = Launch("single", "api", ("distributed.strategy=single", "batch.micro_batch_size=8"))
     results = run_launches([single, Launch("sp2", "torchrun", SP2)], config, out)
     copy_as_interrupted(results["sp2"].check().run_dir, out / "sp2-to-dp2", stopped_at=2, last_step=STEPS)
-    second = [Launch("sp2-to-dp2", "torchrun", RESUMED), Launch("sp2-m8", "torchrun", SP2_MICRO8)]
+    second = [Launch("sp2-to-dp2", "warm", RESUMED), Launch("sp2-m8", "warm", SP2_MICRO8)]
     results.update(run_launches(second, config, out))
     for result in results.values():
         result.check()

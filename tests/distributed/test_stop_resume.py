@@ -11,12 +11,12 @@ Launches of one round run side by side:
     zero2-*         deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> 2 end     elastic 2 -> 1 and 1 -> 2
     zero3-*         torchrun   1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
     fsdp-*          torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end                  TensorBoard + MLflow: one run each
-    fsdp-fallback   torchrun   1 end: the fsdp chain's newest checkpoint damaged, resumed from the one
+    fsdp-fallback   warm       1 end: the fsdp chain's newest checkpoint damaged, resumed from the one
                                before (and resharded 2 -> 1)
-    retuned         torchrun   2 end: a copy of the zero3 chain resumed with a new lr and 4 more steps
+    retuned         warm       2 end: a copy of the zero3 chain resumed with a new lr and 4 more steps
     refused         python     the single chain resumed with a changed lr: refused before any model load
 
-SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
+The two resumes of the last round, whose launcher is not what they test, run `warm` (tests/warm_launch.py). SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
 nor forwards it, and on the zero3 chain: there it goes to the process group, as schedulers send it
 (torchrun starts its workers in their own sessions: it reaches them through torchrun). Ctrl-C is SIGINT to
 the process group, as a terminal sends it. A last launch resumes the single chain with a changed learning rate and must
@@ -165,8 +165,8 @@ def _last_round(out: Path) -> list[Launch]:
         "checkpoint.allow_changes=[optimizer.lr,train.max_steps]",
     )
     return [
-        Launch("zero3-retuned", "torchrun", (*Z3, RESUME, *accepted), 2, "retuned"),
-        Launch("fsdp", "torchrun", (*FSDP, RESUME), 1, "fsdp-fallback"),
+        Launch("zero3-retuned", "warm", (*Z3, RESUME, *accepted), 2, "retuned"),
+        Launch("fsdp", "warm", (*FSDP, RESUME), 1, "fsdp-fallback"),
         Launch("single", "python", (*SINGLE, RESUME, "optimizer.lr=0.02"), 1, "refused", cache),
     ]
 

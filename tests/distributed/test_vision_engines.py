@@ -1,16 +1,17 @@
 """Vision-language models on 2 ranks: tiny-qwen2-vl, LoRA on the language model with the projector
 trained in full, on the bundled ragged image + text data (images of different sizes, text-only rows), fp32,
-global batch 4, the 2-rank runs through the real launchers (gloo):
+global batch 4, the tiny-qwen2-vl 2-rank runs through the real launchers (gloo), the other families' `warm`
+(tests/warm_launch.py):
 
     launch          launcher    engine            split (micro x accum x dp)
     single          api         one process       4 x 1 x 1   (the Python API, `zerofit.train`, in the test process)
     zero2           deepspeed   DeepSpeed ZeRO-2  1 x 2 x 2
     fsdp            torchrun    FSDP2             1 x 2 x 2   (the vision blocks and the decoder layers each sharded)
     *-single        api         one process       4 x 1 x 1   each other family's reference (below)
-    gemma3-fsdp     torchrun    FSDP2             1 x 2 x 2   tiny-gemma3-vl
-    llava-fsdp      torchrun    FSDP2             1 x 2 x 2   tiny-llava
-    smolvlm-zero2   deepspeed   DeepSpeed ZeRO-2  1 x 2 x 2   tiny-smolvlm
-    mllama-fsdp     torchrun    FSDP2             1 x 2 x 2   tiny-mllama (cross-attention images)
+    gemma3-fsdp     warm        FSDP2             1 x 2 x 2   tiny-gemma3-vl
+    llava-fsdp      warm        FSDP2             1 x 2 x 2   tiny-llava
+    smolvlm-zero2   warm        DeepSpeed ZeRO-2  1 x 2 x 2   tiny-smolvlm
+    mllama-fsdp     warm        FSDP2             1 x 2 x 2   tiny-mllama (cross-attention images)
 
 A rank whose micro-batch has no image still runs the vision tower (`models.vision.run_vision_every_step`), so
 the sharded engines' collectives match. The per-step loss agrees within 2e-5 and every run exports its adapter.
@@ -40,10 +41,7 @@ LAUNCHES = [
 # The other families, each on one engine against its own one-process curve: (label, model, engine). FSDP2
 # shards the blocks the model's classes declare whole (`_no_split_modules`; for Gemma 3 and LLaVA those of its
 # vision tower's and language model's classes: SigLIP / CLIP encoder layers and the decoder layers).
-ENGINES = {
-    "zero2": ("deepspeed", ZERO2),
-    "fsdp": ("torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
-}
+ENGINES = {"zero2": ZERO2, "fsdp": ("distributed.strategy=fsdp", "batch.micro_batch_size=1")}
 FAMILY_CASES = [
     ("gemma3", "tiny-gemma3-vl", "fsdp"),
     ("smolvlm", "tiny-smolvlm", "zero2"),
@@ -57,7 +55,7 @@ for _label, _model, _engine in FAMILY_CASES:
             "api",
             (*_common, "distributed.strategy=single", "batch.micro_batch_size=4"),
         ),
-        Launch(f"{_label}-{_engine}", ENGINES[_engine][0], (*_common, *ENGINES[_engine][1])),
+        Launch(f"{_label}-{_engine}", "warm", (*_common, *ENGINES[_engine])),
     ]
 
 
@@ -96,7 +94,7 @@ def test_each_family_on_two_ranks_gives_its_one_process_curve(
 MLLAMA = (*COMMON, "model.name_or_path=tiny-mllama", "data.max_image_tokens=null")
 LAUNCHES += [
     Launch("mllama-single", "api", (*MLLAMA, "distributed.strategy=single", "batch.micro_batch_size=4")),
-    Launch("mllama-fsdp", "torchrun", (*MLLAMA, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("mllama-fsdp", "warm", (*MLLAMA, "distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 
 

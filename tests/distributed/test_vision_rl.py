@@ -5,14 +5,15 @@ grids differ), 3 steps. GRPO: full fine-tuning, image prompts in TRL's layout, 2
 completions per step of at most 4 tokens, `rl.num_iterations: 2`, the user's own reward function (a module on
 PYTHONPATH), 3 prompts held out (`data.eval_split`) and answered after the last step (`eval/reward`). DPO:
 LoRA on the language model and the projector in full (the reference: the adapters off), image preference
-pairs in TRL's layout (`images`, `prompt`, `chosen`, `rejected`), 4 pairs per step, 3 pairs held out:
+pairs in TRL's layout (`images`, `prompt`, `chosen`, `rejected`), 4 pairs per step, 3 pairs held out; the
+GRPO ZeRO-2 run under torchrun, the others `warm` (tests/warm_launch.py):
 
     launch       launcher   engine              split (micro x accum x dp)   what
     single       api        one process         8 x 1 x 1                   GRPO's reference curve
     zero2        torchrun   DeepSpeed ZeRO-2    2 x 2 x 2                   a group's completions on both ranks
-    fsdp         torchrun   FSDP2               1 x 4 x 2                   the vision blocks and layers sharded
+    fsdp         warm       FSDP2               1 x 4 x 2                   the vision blocks and layers sharded
     dpo-single   api        one process         4 x 1 x 1                   DPO's reference curve
-    dpo-fsdp     torchrun   FSDP2               1 x 2 x 2                   a pair's two rows hold its images
+    dpo-fsdp     warm       FSDP2               1 x 2 x 2                   a pair's two rows hold its images
 
 Each GRPO rank samples its own completions of its prompts' images (seeded per completion; the prefill runs
 the vision tower on the row's images, the decoding steps continue the M-RoPE grid) and the advantages come
@@ -44,11 +45,11 @@ LAUNCHES = [
         "torchrun",
         ("distributed.strategy=deepspeed", "distributed.preset=zero2", "batch.micro_batch_size=2"),
     ),
-    Launch("fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 DPO_LAUNCHES = [
     Launch("dpo-single", "api", ("distributed.strategy=single", "batch.micro_batch_size=4")),
-    Launch("dpo-fsdp", "torchrun", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
+    Launch("dpo-fsdp", "warm", ("distributed.strategy=fsdp", "batch.micro_batch_size=1")),
 ]
 DPO_CURVES = ("loss", "grad_norm", "rewards/accuracies", "rewards/margins")
 
