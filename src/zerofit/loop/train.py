@@ -100,9 +100,10 @@ def train_step(
     # 1. The normalizers: the objective's counts (SFT: valid label tokens) of the whole global batch, over
     #    all ranks, before any backward (valid, useful and processed input tokens ride along in the same
     #    all-reduce, for throughput accounting).
+    counts, tokens = window_counts(objective, micro_batches)
     local = [
-        *objective.counts(micro_batches),
-        sum(count_label_tokens(*batch_labels(b)) for b in micro_batches),
+        *counts,
+        tokens,
         sum(int(b["attention_mask"].sum()) for b in micro_batches),
         sum(b["input_ids"].numel() for b in micro_batches),
     ]
@@ -128,6 +129,18 @@ def train_step(
     # The metrics: means over the objective's units, its last count (KTO's: per label, and z0).
     metrics = objective.metric_means(sums[len(counts) :], counts[-1])
     return StepResult(loss, grad_norm, tokens, input_tokens, processed_tokens, metrics)
+
+
+def window_counts(
+    objective: Objective, micro_batches: list[dict[str, torch.Tensor]]
+) -> tuple[list[int], int]:
+    """The objective's normalizers of this rank's window and its valid label tokens. SFT's one count is
+    those tokens (`SFTObjective.counts`): counted once for both, not twice (each count is a comparison, a
+    sum and a read per micro-batch)."""
+    if type(objective) is SFTObjective:
+        counts = objective.counts(micro_batches)
+        return counts, counts[0]
+    return objective.counts(micro_batches), sum(count_label_tokens(*batch_labels(b)) for b in micro_batches)
 
 
 def summed_over_ranks(strategy: Strategy, values: list[int]) -> list[int]:

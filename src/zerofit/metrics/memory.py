@@ -11,7 +11,8 @@ the high-water mark of its own logging interval. Where VmHWM cannot be reset, th
 the start of the process; `mem/peak_scope` says which.
 
 A snapshot is taken at every logged step (every step by default), so it is kept cheap: one read of
-/proc/self/status for both the RSS and its peak, one write to reset the peak, the host's RAM read once per
+/proc/self/status for both the RSS and its peak, one write to reset the peak (both files opened once per
+process: opening a /proc file costs more than reading it), the host's RAM read once per
 process (`MemTotal` does not change), and on CUDA one `torch.cuda.memory_stats` call for every allocator
 figure (`memory_allocated` and its siblings each build that whole dict again) and the device's capacity
 read once per device.
@@ -47,13 +48,69 @@ _VM_HWM = re.compile(rb"^VmHWM:\s+(\d+)\s+kB", re.MULTILINE)
 _MEM_TOTAL = re.compile(rb"^MemTotal:\s+(\d+)\s+kB", re.MULTILINE)
 
 
+class _ProcFiles:
+    """/proc/self/status and /proc/self/clear_refs, each opened once per process and kept open.
+
+    Opening a /proc file costs several times reading it (tens of µs against a few), and a snapshot is
+    taken at every logged step. A read at offset 0 of the kept status descriptor regenerates the file, so
+    each reading is current; a write of "5" to the kept clear_refs descriptor resets VmHWM each time. The
+    descriptors belong to the process that opened them: a forked child (its own /proc/self) opens its own.
+    A file that cannot be opened (not Linux, a read-only /proc) is not retried in that process.
+    """
+
+    _pid: int | None = None
+    _status: int | None = None
+    _clear_refs: int | None = None
+
+    @classmethod
+    def _opened(cls) -> None:
+        """Open both files for this process, if not done yet (None for one that cannot be opened)."""
+        if cls._pid == os.getpid():
+            return
+        for inherited in (cls._status, cls._clear_refs):  # a forked child's copies of its parent's files
+            if inherited is not None:
+                os.close(inherited)
+        cls._pid = os.getpid()
+        cls._status = _open_or_none(_PROC_STATUS, os.O_RDONLY)
+        cls._clear_refs = _open_or_none(_CLEAR_REFS, os.O_WRONLY)
+
+    @classmethod
+    def status(cls) -> bytes | None:
+        """The text of /proc/self/status now (None where it cannot be read)."""
+        cls._opened()
+        if cls._status is None:
+            return None
+        try:
+            return os.pread(cls._status, 16384, 0)  # the file is about 1.5 KiB
+        except OSError:
+            return None
+
+    @classmethod
+    def reset_peak(cls) -> bool:
+        """Reset VmHWM to the current RSS (write "5" to clear_refs); True if it worked."""
+        cls._opened()
+        if cls._clear_refs is None:
+            return False
+        try:
+            os.write(cls._clear_refs, b"5")
+        except OSError:
+            return False
+        return True
+
+
+def _open_or_none(path: Path, flags: int) -> int | None:
+    """A descriptor of `path` opened with `flags`, or None where it cannot be opened."""
+    try:
+        return os.open(path, flags)
+    except OSError:
+        return None
+
+
 def _proc_status_rss_hwm_kib() -> tuple[float | None, float | None]:
     """The current and peak RSS (`VmRSS`, `VmHWM`, kB) from one read of /proc/self/status (Linux), each
     None where that file or field does not exist."""
-    try:
-        with open(_PROC_STATUS, "rb", buffering=0) as status:
-            text = status.read()
-    except OSError:
+    text = _ProcFiles.status()
+    if text is None:
         return None, None
     rss, hwm = _VM_RSS.search(text), _VM_HWM.search(text)
     return (float(rss.group(1)) if rss else None), (float(hwm.group(1)) if hwm else None)
@@ -63,21 +120,6 @@ def _maxrss_bytes() -> float:
     """Peak RSS since process start from getrusage (KiB on Linux, bytes on macOS)."""
     maxrss = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return maxrss if sys.platform == "darwin" else maxrss * 1024
-
-
-def _reset_host_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux: write "5" to /proc/self/clear_refs); True if it worked."""
-    try:
-        fd = os.open(_CLEAR_REFS, os.O_WRONLY)
-    except OSError:
-        return False
-    try:
-        os.write(fd, b"5")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 @functools.cache
@@ -103,7 +145,7 @@ def host_memory() -> dict[str, float]:
     else:  # not Linux: no current RSS without psutil; getrusage gives the peak since start
         peak = _maxrss_bytes()
         rss = peak
-    reset = hwm_kib is not None and _reset_host_peak()
+    reset = hwm_kib is not None and _ProcFiles.reset_peak()
     return {"rss_gib": rss / GIB, "peak_rss_gib": peak / GIB, _HOST_PEAK_RESET_FLAG: float(reset)}
 
 

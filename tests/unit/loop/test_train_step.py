@@ -433,3 +433,22 @@ def test_the_single_strategy_clips_without_walking_the_model_at_each_step(
     norms = [r.grad_norm for r in train_loop(run)]
     assert walks[0] == 1  # the loop's finiteness check, once; none in the three clips
     assert all(n > 0 for n in norms)
+
+
+def test_sfts_window_counts_its_label_tokens_once() -> None:
+    """SFT's normalizer is the window's valid label tokens, which the loop also reports: counted once for
+    both (half the ops of counting twice), with the same numbers; another objective's counts are its own."""
+    from zerofit.loop.train import window_counts
+    from zerofit.objectives.sft.loss import SFTObjective
+
+    micro_batches = _split(_examples(), 2)
+    (counts, tokens), ops = _ops_of(window_counts, SFTObjective(), micro_batches)
+    twice = sum(count_label_tokens(b["labels"]) for b in micro_batches)
+    _, ops_once = _ops_of(SFTObjective().counts, micro_batches)
+    assert counts == [twice] and tokens == twice > 0 and ops == ops_once
+
+    class Pairs(SFTObjective):
+        def counts(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[int]:
+            return [len(micro_batches)]
+
+    assert window_counts(Pairs(), micro_batches) == ([len(micro_batches)], twice)

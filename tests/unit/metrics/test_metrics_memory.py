@@ -104,20 +104,30 @@ def test_cuda_snapshot_reads_allocator_and_resets_peak(monkeypatch: pytest.Monke
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
-def test_a_cpu_snapshot_reads_its_status_once_and_the_host_ram_once_per_process(
+def test_a_cpu_snapshot_reads_its_status_once_and_opens_its_files_once_per_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The loop takes a snapshot at every logged step: one read of /proc/self/status (RSS and its peak
-    together) and one write resetting the peak, while the host's RAM (/proc/meminfo) is read once."""
-    memory_snapshot(torch.device("cpu"))  # the process's one read of the host's RAM, if not done yet
+    together) and one write resetting the peak, through files opened once per process (opening a /proc file
+    costs more than reading it), while the host's RAM (/proc/meminfo) is read once; a forked child (another
+    pid) opens its own /proc/self files once."""
+    memory_snapshot(torch.device("cpu"))  # the process's opens and read of the host's RAM, if not done yet
     opened: list[str] = []
-    real_open, real_os_open = builtins.open, os.open
+    reads, writes = [0], [0]
+    real_open, real_os_open, real_pread, real_write = builtins.open, os.open, os.pread, os.write
 
     def counted(opener: Any) -> Any:
         return lambda path, *args, **kwargs: (opened.append(str(path)), opener(path, *args, **kwargs))[1]
 
     monkeypatch.setattr(memory, "open", counted(real_open), raising=False)
     monkeypatch.setattr(os, "open", counted(real_os_open))
+    monkeypatch.setattr(os, "pread", lambda *a: (reads.__setitem__(0, reads[0] + 1), real_pread(*a))[1])
+    monkeypatch.setattr(os, "write", lambda *a: (writes.__setitem__(0, writes[0] + 1), real_write(*a))[1])
     snaps = [memory_snapshot(torch.device("cpu")) for _ in range(3)]
-    assert opened == ["/proc/self/status", "/proc/self/clear_refs"] * 3
+    assert opened == [] and reads == writes == [3]
     assert all(0 < s["capacity_pct"] < 100 and s["allocated_gib"] > 0 for s in snaps)
+    pid = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: pid + 1)  # what a forked child sees
+    child = [memory_snapshot(torch.device("cpu")) for _ in range(2)]
+    assert opened == ["/proc/self/status", "/proc/self/clear_refs"] and reads == writes == [5]
+    assert per_rank_fields(child[-1:])["mem/peak_scope"] == per_rank_fields(snaps[-1:])["mem/peak_scope"]
