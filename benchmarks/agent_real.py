@@ -19,6 +19,7 @@ the same modules, `WARMUP`) on `WARMUP_ROWS` solved conversations (their own see
 nor the held-out ones), rendered as the rollouts are (the fallback's system turn, a calculator call, its
 `<tool_response>`, the number), exported merged; GRPO then starts from that model. Reported as three
 columns sampled the same way: the base (no training), the warm-up (GRPO's adapters off) and GRPO.
+`--warmup-from DIR`: GRPO from an earlier warm-up's merged model (`warm` in that run's `--runs` folder).
 `--base-only`: the base's score alone, no training (is there any call for GRPO to reinforce?).
 
 `--toy tools`: the same benchmark on the built-in tiny model taught the call format
@@ -186,6 +187,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--base-only", action="store_true", help="score the base model only (no training)")
     parser.add_argument("--warmup", type=int, default=0, help="SFT warm-up steps before GRPO (0: none)")
+    parser.add_argument(
+        "--warmup-from", type=Path, default=None, help="an earlier --warmup's merged model (runs/warm)"
+    )
     return parser.parse_args(argv)
 
 
@@ -278,10 +282,12 @@ def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     if args.base_only:
         base = score(load_base(cfg, torch.float32, "cpu").eval(), load_tokenizer(cfg))
         out: dict[str, Any] = {"train_s": 0.0, "base": base, "trained": base, "metrics": []}
-    elif args.warmup:
+    elif args.warmup or args.warmup_from:
         from zerofit.recipe.tools import build_tools
 
-        warm, warm_s = warm_up(args, runs, build_tools(cfg.rl.tools)[0])
+        warm, warm_s = (
+            (args.warmup_from, 0.0) if args.warmup_from else warm_up(args, runs, build_tools(cfg.rl.tools)[0])
+        )
         base = score(load_base(cfg, torch.float32, "cpu").eval(), load_tokenizer(cfg))  # before any training
         print(f"base: {json.dumps(base)}", flush=True)  # a long run's first number, printed at once
         cfg = load_config(CONFIG, [*overrides, *where, *args.overrides, f"model.name_or_path={warm}"])
