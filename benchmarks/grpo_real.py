@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workloads import report_header
+from workloads import add_run_arguments, run_benchmark, train_then_score
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "demo-grpo.yaml"
@@ -108,21 +106,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line: the run config, held-out samples, results file, config overrides."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--config", type=Path, default=CONFIG, help="the GRPO run (default: the demo's)")
-    parser.add_argument("--samples", type=int, default=4, help="sampled completions per held-out prompt")
-    parser.add_argument("--seed", type=int, default=1234, help="the held-out decode's sampling seed")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--smoke", action="store_true", help="tiny-llama, 1 step, 5 held-out prompts")
-    parser.add_argument("--json", type=Path, default=None, help="write the result here")
-    parser.add_argument("--runs", type=Path, default=None, help="where the run folder goes (default: a temp)")
-    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    add_run_arguments(parser, samples=4, smoke="tiny-llama, 1 step, 5 held-out prompts")
     return parser.parse_args(argv)
 
 
 def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     """Train the run through `zerofit.train`, then score the base (adapters off) and the trained model."""
-    import zerofit
     from zerofit.config import load_config
-    from zerofit.trained.model import load_trained
 
     overrides = [*REAL, *(SMOKE if args.smoke else ())]
     where = [f"output_dir={runs}", "run_name=grpo-real"]
@@ -132,71 +122,47 @@ def train_and_score(args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     )
     rows_file = runs / "heldout.jsonl"
     rows_file.write_text("".join(json.dumps(r) + "\n" for r in rows[: 5 if args.smoke else None]))
-    started = time.perf_counter()
-    result = zerofit.train(cfg)
-    train_s = time.perf_counter() - started
-    trained = load_trained(result.run_dir)
 
-    def score() -> dict[str, Any]:
-        return heldout_reward(trained.model, trained.tokenizer, cfg, rows_file, args.samples, args.seed)
+    def score(model: Any, tokenizer: Any) -> dict[str, Any]:
+        return heldout_reward(model, tokenizer, cfg, rows_file, args.samples, args.seed)
 
-    with trained.model.disable_adapter():  # the base: the reference GRPO uses
-        base = score()
-    after = score()
-    curve = [round(float(r["reward"]), 4) for r in result.metrics if "reward" in r]
-    return {
-        "cfg": cfg,
-        "overrides": overrides,
-        "train_s": train_s,
-        "base": base,
-        "trained": after,
-        "curve": curve,
-    }
+    out = train_then_score(cfg, score)
+    curve = [round(float(r["reward"]), 4) for r in out["metrics"] if "reward" in r]
+    return {**out, "cfg": cfg, "overrides": overrides, "curve": curve}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    load_at_start = [round(x, 2) for x in os.getloadavg()]
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    import torch
 
-    torch.set_num_threads(args.threads)
-    from zerofit.core.messages import quiet_libraries
+    def report(out: dict[str, Any]) -> dict[str, Any]:
+        cfg = out["cfg"]
+        return {
+            "run": {
+                "config": str(
+                    args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config
+                ),
+                "overrides": [*out["overrides"], *args.overrides],
+                "model": cfg.model.name_or_path,
+                "steps": cfg.train.max_steps,
+                "prompts_per_step": cfg.rl.prompts_per_step,
+                "num_generations": cfg.rl.num_generations,
+                "max_completion_length": cfg.rl.max_completion_length,
+                "lr": cfg.optimizer.lr,
+                "loss_type": cfg.rl.loss_type,
+                "train_wall_s": round(out["train_s"], 1),
+            },
+            "heldout": {
+                "decode": f"sampled, temperature {cfg.rl.temperature}, seed {args.seed}",
+                "samples": args.samples,
+            },
+            "base": out["base"],
+            "trained": out["trained"],
+            "train_reward_per_step": out["curve"],
+        }
 
-    quiet_libraries()
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = args.runs or Path(tmp)
-        runs.mkdir(parents=True, exist_ok=True)
-        out = train_and_score(args, runs)
-    cfg = out["cfg"]
-    report = {
-        **report_header("grpo_real.py", argv, load_at_start, threads=args.threads),
-        "run": {
-            "config": str(args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config),
-            "overrides": [*out["overrides"], *args.overrides],
-            "model": cfg.model.name_or_path,
-            "steps": cfg.train.max_steps,
-            "prompts_per_step": cfg.rl.prompts_per_step,
-            "num_generations": cfg.rl.num_generations,
-            "max_completion_length": cfg.rl.max_completion_length,
-            "lr": cfg.optimizer.lr,
-            "loss_type": cfg.rl.loss_type,
-            "train_wall_s": round(out["train_s"], 1),
-        },
-        "heldout": {
-            "decode": f"sampled, temperature {cfg.rl.temperature}, seed {args.seed}",
-            "samples": args.samples,
-        },
-        "base": out["base"],
-        "trained": out["trained"],
-        "train_reward_per_step": out["curve"],
-    }
-    print_report(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return run_benchmark(
+        "grpo_real.py", argv, args, lambda runs: train_and_score(args, runs), report, print_report
+    )
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -13,19 +13,27 @@ depend on them):
 (`zerofit.recipe.assembly.assemble` + `zerofit.loop.train.train_loop`), and returns the steady-state throughput of the
 fields the loop writes to metrics.jsonl, plus the process CPU time per step (on a CPU shared with other
 work, CPU time measures the work done where wall time measures the neighbours too).
+
+The real-model benchmarks that train then score (`grpo_real.py`, `agent_real.py`) share their driver here:
+`add_run_arguments` (their command line), `train_then_score` (train through `zerofit.train`, score the base
+and the trained model the same way) and `run_benchmark` (threads, run folder, results file).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import json
 import math
 import os
 import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -246,3 +254,73 @@ def run_zerofit(
             "cross_entropy": cfg.train.cross_entropy,
         },
     }
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, samples: int, smoke: str) -> None:
+    """The command line the train-then-score benchmarks share (`grpo_real.py`, `agent_real.py`): held-out
+    samples and seed, CPU threads, the smoke check, the results file, the run folder, config overrides."""
+    parser.add_argument(
+        "--samples", type=int, default=samples, help="sampled completions per held-out prompt"
+    )
+    parser.add_argument("--seed", type=int, default=1234, help="the held-out decode's sampling seed")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+    parser.add_argument("--json", type=Path, default=None, help="write the result here")
+    parser.add_argument("--runs", type=Path, default=None, help="where the run folder goes (default: a temp)")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+
+
+def train_then_score(cfg: Any, score: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """Train `cfg` through zerofit's own API (`zerofit.train`: the launcher's run, one process), then
+    `score(model, tokenizer)` the base and the trained model. The base is the trained model with its LoRA
+    adapters switched off (the reference GRPO uses), or, for a full fine-tune, the starting weights loaded
+    again. Returns the training wall time, both scores and the run's metrics rows."""
+    import torch
+
+    import zerofit
+    from zerofit.trained.model import load_base, load_trained
+
+    started = time.perf_counter()
+    result = zerofit.train(cfg)
+    train_s = time.perf_counter() - started
+    trained = load_trained(result.run_dir)
+    model, tokenizer = trained.model, trained.tokenizer
+    if hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            base = score(model, tokenizer)
+    else:
+        base = score(load_base(cfg, torch.float32, "cpu").eval(), tokenizer)
+    after = score(model, tokenizer)
+    return {"train_s": train_s, "base": base, "trained": after, "metrics": result.metrics}
+
+
+def run_benchmark(
+    script: str,
+    argv: Sequence[str] | None,
+    args: argparse.Namespace,
+    work: Callable[[Path], dict[str, Any]],
+    report: Callable[[dict[str, Any]], dict[str, Any]],
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """A train-then-score benchmark's main: `args.threads` torch threads, quiet libraries, `work(runs)` in
+    `args.runs` (or a temporary folder), then the results (`report_header` + `report(out)`) printed by
+    `show` and written to `args.json`."""
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from zerofit.core.messages import quiet_libraries
+
+    quiet_libraries()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = args.runs or Path(tmp)
+        runs.mkdir(parents=True, exist_ok=True)
+        out = work(runs)
+    results = {**report_header(script, argv, load_at_start, threads=args.threads), **report(out)}
+    show(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0

@@ -98,6 +98,14 @@ def _commands(tmp: Path, tiny_llama: Path) -> dict[str, tuple[str, ...]]:
         "grpo_real": (str(BENCH / "grpo_real.py"), "--smoke", "--json", str(tmp / "grpo_real.json")),
         "distill_real": (str(BENCH / "distill_real.py"), "--smoke", "--json", str(tmp / "distill_real.json")),
         "agent_real": (str(BENCH / "agent_real.py"), "--smoke", "--json", str(tmp / "agent_real.json")),
+        "agent_toy": (
+            str(BENCH / "agent_real.py"),
+            "--toy",
+            "tools",
+            "--smoke",
+            "--json",
+            str(tmp / "agent_toy.json"),
+        ),
         "packed_dpo_vs_trl": (
             str(BENCH / "packed_dpo_vs_trl.py"),
             "--smoke",
@@ -387,6 +395,17 @@ def test_agent_real_smoke_trains_and_scores_tool_use(ran: dict[str, Ran]) -> Non
         "agent/tool_errors",
         "agent/turns",
     }
+
+
+def test_agent_real_toy_smoke_scores_the_taught_tiny_model(ran: dict[str, Ran]) -> None:
+    """`agent_real.py --toy tools --smoke`: the same benchmark on the tiny model taught the call format
+    (`tests/agent_helpers.py`), full fine-tune, two tools, 1 step; its base (the starting weights) calls tools."""
+    result, out = ran["agent_toy"].ok(), ran["agent_toy"].tmp / "agent_toy.json"
+    assert "base     held-out accuracy " in result.stdout and "trained  held-out accuracy " in result.stdout
+    report = json.loads(out.read_text())
+    assert report["run"]["task"] == "toy-tools" and report["run"]["steps"] == 1
+    assert "test-tool-caller" in report["run"]["model"]
+    assert report["base"]["trajectories"] == 6 and report["base"]["tool_call_rate"] > 0
 
 
 def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran]) -> None:

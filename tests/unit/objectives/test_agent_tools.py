@@ -8,8 +8,14 @@ import time
 
 import pytest
 
-from zerofit.objectives.grpo.tool_calls import parse_calls, template_format, tool_reply
-from zerofit.objectives.grpo.tools import BoundTool, calculator, lookup_in, run_call, tool_schema
+from zerofit.objectives.grpo.tool_calls import (
+    fallback_system_text,
+    hermes_call,
+    parse_calls,
+    template_format,
+    tool_reply,
+)
+from zerofit.objectives.grpo.tools import BoundTool, calculator, lookup, lookup_in, run_call, tool_schema
 
 
 def test_calculator_is_exact_arithmetic() -> None:
@@ -122,3 +128,18 @@ def test_template_format_and_the_fallback() -> None:
         "content": "<tool_response>\n5\n</tool_response>",
     }
     assert tool_reply("calculator", "5", True, 1)["tool_call_id"] == "call00001"
+
+
+def test_the_fallback_shows_one_well_formed_call_and_its_reply() -> None:
+    """A small model shown only the format never wrote a call (SmolLM2-135M: 0 of 24): the fallback's system
+    turn ends with a one-shot example, a call `parse_calls` reads, the calculator's true reply and the answer;
+    tools without an example (the user's own) get the format alone."""
+    calc, look = tool_schema(calculator), tool_schema(lookup)
+    text = fallback_system_text([look, calc])
+    example = text.split("Example:\n", 1)[1]
+    [call] = parse_calls(example, "hermes")
+    assert (call.name, call.malformed) == ("calculator", None)
+    assert tool_reply("calculator", calculator(**call.arguments), False, 0)["content"] in example
+    assert example.endswith(f"The answer is {calculator(**call.arguments)}.")
+    assert "Example:" not in fallback_system_text([look]) and "<tools>" in fallback_system_text([look])
+    assert parse_calls(hermes_call("lookup", {"key": "a"}), "hermes")[0].arguments == {"key": "a"}

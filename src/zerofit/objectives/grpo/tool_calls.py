@@ -8,7 +8,8 @@
 `template_format` reads the chat template's text: `<tool_call>` -> hermes, `[TOOL_CALLS]` -> mistral,
 `<|python_tag|>` or `ipython` -> llama3; a template with none of them (SmolLM2's, the built-in tiny models')
 has no tools section and gets the documented fallback: hermes calls, the tools listed in the system turn
-(`fallback_system_text`) and each reply sent back as a user turn in `<tool_response>` tags (Hermes' own
+(`fallback_system_text`, ending with a one-shot example of a call, its reply and the answer when a built-in
+with an example is offered) and each reply sent back as a user turn in `<tool_response>` tags (Hermes' own
 layout), so any template renders them.
 
 A turn that starts a call but whose JSON does not parse, or lacks a name, is one call with the error kind
@@ -23,7 +24,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FORMATS", "ParsedCall", "fallback_system_text", "parse_calls", "template_format", "tool_reply"]
+from zerofit.objectives.grpo.tools import BUILTIN_TOOLS, EXAMPLE_CALLS
+
+__all__ = [
+    "FORMATS",
+    "ParsedCall",
+    "fallback_system_text",
+    "hermes_call",
+    "parse_calls",
+    "template_format",
+    "tool_reply",
+]
 
 FORMATS = ("hermes", "llama3", "mistral")
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -93,14 +104,29 @@ def parse_calls(text: str, fmt: str) -> list[ParsedCall]:
 
 
 def fallback_system_text(schemas: list[dict[str, Any]]) -> str:
-    """The system turn that offers the tools to a template without a tools section (Hermes' wording)."""
+    """The system turn that offers the tools to a template without a tools section (Hermes' wording), then a
+    one-shot example: a well-formed call, its reply and the answer, for the first offered built-in that has
+    one (`EXAMPLE_CALLS`), since a small model shown only the format rarely writes a call at all."""
     listed = "\n".join(json.dumps(s) for s in schemas)
-    return (
+    text = (
         "You may call one or more functions to assist with the user query.\n\nYou are provided with function "
         f"signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>\n\nFor each function call, "
         "return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
         '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
     )
+    names = [s.get("function", {}).get("name") for s in schemas]
+    shown = next((n for n in names if n in EXAMPLE_CALLS), None)
+    if shown is None:
+        return text
+    arguments = EXAMPLE_CALLS[shown]
+    reply = str(BUILTIN_TOOLS[shown][0](**arguments))
+    response = tool_reply(shown, reply, native=False, index=0)["content"]
+    return f"{text}\n\nExample:\n{hermes_call(shown, arguments)}\n{response}\nThe answer is {reply}."
+
+
+def hermes_call(name: str, arguments: dict[str, Any]) -> str:
+    """One well-formed call in the fallback's (Hermes') format, as `parse_calls` reads it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def tool_reply(name: str, reply: str, native: bool, index: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 __all__ = [
     "BUILTIN_TOOLS",
     "ERROR_KINDS",
+    "EXAMPLE_CALLS",
     "BoundTool",
     "ToolResult",
     "calculator",
@@ -128,6 +129,8 @@ BUILTIN_TOOLS: dict[str, tuple[Callable[..., Any], bool]] = {
     "calculator": (calculator, False),
     "lookup": (lookup, True),
 }
+# name -> the arguments of the one-shot call the fallback's system turn shows (`tool_calls.fallback_system_text`)
+EXAMPLE_CALLS: dict[str, dict[str, str]] = {"calculator": {"expression": "(12 + 7) * 3"}}
 
 
 def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
