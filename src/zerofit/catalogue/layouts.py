@@ -188,6 +188,8 @@ def model_layout(config: Mapping[str, Any]) -> Layout | None:
         or not isinstance(archs, list)
         or len(archs) != 1
         or not str(archs[0]).endswith("ForCausalLM")
+        or "vision_config" in config  # a vision-language model: the meta build's
+        or "text_config" in config
     ):
         return None
     try:

@@ -8,7 +8,9 @@ imports (transformers' modeling modules, peft, and through it torch's compiler s
 in the planner's cache (`zerofit.core.derived_cache`) under a key that cannot go stale: the model's config.json
 dict, the whole `lora` section, the library versions and zerofit's source digest. A cached report is checked
 before use: every field of its type, and the names and summary (what `zerofit.models.lora_targets` maps
-from the config alone) as they are mapped now; one that fails is computed again.
+from the config alone) as they are mapped now; one that fails is computed again. A dense family's report comes
+from its config alone, before the cache (`zerofit.planner.config_shapes`: the same fields, held equal to
+peft's by tests/unit/planner/test_config_layout.py), so its first plan builds nothing.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of the
 keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`,
 `zerofit.core.derived_cache`: keyed by the config, the settings, the library versions and zerofit's source,
 each entry checked before use), so only the first plan of a model imports transformers' modeling stack and
-peft; every later one reads the entries (tests/unit/test_lazy_imports.py).
+peft; every later one reads the entries (tests/unit/test_lazy_imports.py). A dense family's entries come from
+its config alone, before the cache (`zerofit.planner.config_shapes`, equal to the build's field by field):
+its first plan builds nothing.
 """
 
 from __future__ import annotations
