@@ -6,7 +6,9 @@ machine. Each measurement is one child process (`python -m zerofit.cli plan --co
 "import torch"`), its CPU time the user + system seconds of the child (`resource.getrusage(RUSAGE_CHILDREN)`
 before and after), so the other processes of a shared machine do not count, only their contention does.
 
-Each config is planned once untimed first: the first plan of a model fills the planner's cache
+With `--cold`, every plan (the first, each segment's, the baseline's) runs on an empty `$ZEROFIT_CACHE` of its
+own: what a user's first plan of a model costs (dense families read from their configs alone, the others built
+on the meta device, `zerofit.planner.config_shapes`). Without it, each config is planned once untimed first: the first plan of a model fills the planner's cache
 (`$ZEROFIT_CACHE/planner/`: the shapes and LoRA counts of a meta-device build, `zerofit.core.derived_cache`), which
 every later plan of it reads; that first run's CPU time is reported apart (`first_cpu_s`: a cold cache only if
 the cache held nothing for it). Then --repeats segments, each config's plan next to an `import torch` in every
@@ -21,6 +23,7 @@ This is a measurement, not a test: nothing here asserts on time.
     python benchmarks/plan_speed.py --configs configs/demo.yaml --repeats 5 --json out.json
     python benchmarks/plan_speed.py --smoke --json /tmp/plan_speed.json   # one config, one repeat
     python benchmarks/plan_speed.py --baseline-src ../main/src         # and another checkout's plan, same segments
+    python benchmarks/plan_speed.py --cold --json out.json             # every plan on an empty cache
 
 Run from the repository root (configs name data paths relative to it).
 """
@@ -36,6 +39,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +51,18 @@ HUB_KERNEL_MESSAGE = (
 SMOKE_CONFIG = "configs/demo.yaml"
 
 
-def child_cpu_s(args: tuple[str, ...], src: str | None = None) -> tuple[float, str]:
+def child_cpu_s(args: tuple[str, ...], src: str | None = None, cold: bool = False) -> tuple[float, str]:
     """User + system CPU seconds of one child process running `args` (with `src` first on its PYTHONPATH:
-    another checkout's zerofit), and its stdout + stderr."""
+    another checkout's zerofit; `cold`: on an empty `$ZEROFIT_CACHE` of its own), and its stdout + stderr."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    if cold:
+        with tempfile.TemporaryDirectory(prefix="zerofit-cold-") as cache:
+            return _run(args, {**env, "ZEROFIT_CACHE": cache})
+    return _run(args, env)
+
+
+def _run(args: tuple[str, ...], env: dict[str, str]) -> tuple[float, str]:
+    """`child_cpu_s` of one child with its environment."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -65,25 +77,27 @@ def plan_command(config: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "zerofit.cli", "plan", "--config", config)
 
 
-def measure(configs: list[str], repeats: int, baseline: str | None) -> dict[str, Any]:
+def measure(configs: list[str], repeats: int, baseline: str | None, cold: bool = False) -> dict[str, Any]:
     """Every config's first plan, then `repeats` segments of (import torch, plan[, the baseline's plan]) per
-    config; the medians and ratios per config and the worst ratio."""
+    config; the medians and ratios per config and the worst ratio. `cold`: every plan on an empty cache."""
     kinds = ("plan", "import_torch", *(["baseline_plan"] if baseline else []))
     samples = {c: {k: [] for k in kinds} for c in configs}
     first, messages = {}, set()
     for config in configs:
-        first[config], out = child_cpu_s(plan_command(config))
+        first[config], out = child_cpu_s(plan_command(config), cold=cold)
         if baseline:  # the baseline's own first plan (its cache keys are its own)
-            child_cpu_s(plan_command(config), baseline)
+            child_cpu_s(plan_command(config), baseline, cold=cold)
         messages |= {config} if HUB_KERNEL_MESSAGE in out else set()
     for _ in range(repeats):
         for config in configs:
             samples[config]["import_torch"].append(child_cpu_s(IMPORT_TORCH)[0])
-            cpu, out = child_cpu_s(plan_command(config))
+            cpu, out = child_cpu_s(plan_command(config), cold=cold)
             samples[config]["plan"].append(cpu)
             messages |= {config} if HUB_KERNEL_MESSAGE in out else set()
             if baseline:
-                samples[config]["baseline_plan"].append(child_cpu_s(plan_command(config), baseline)[0])
+                samples[config]["baseline_plan"].append(
+                    child_cpu_s(plan_command(config), baseline, cold=cold)[0]
+                )
     rows = {c: _row(samples[c], first[c]) for c in configs}
     worst = max(rows, key=lambda c: rows[c]["ratio"])
     return {
@@ -163,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="also time the plan of another checkout's zerofit (its src/ folder) in the same segments",
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="every plan on an empty $ZEROFIT_CACHE of its own (a user's first plan of each model)",
+    )
     parser.add_argument("--note", default="", help="a line about the machine or the run, kept in the JSON")
     args = parser.parse_args(argv)
     configs = args.configs or sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))
@@ -174,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {**machine(), "note": args.note},
         "repeats": repeats,
         "baseline_src": args.baseline_src,
-        **measure(configs, repeats, args.baseline_src),
+        "cold": args.cold,
+        **measure(configs, repeats, args.baseline_src, args.cold),
     }
     lines = report_lines(result)
     if args.json is not None:  # the result first, then where it went

@@ -172,10 +172,12 @@ def test_a_qlora_build_keeps_bitsandbytes_hub_kernel_message_out() -> None:
     assert "kernels-community" not in output  # no Hub kernel fetched or trust-checked either
 
 
-# `zerofit plan` is what a user runs over and over while choosing a recipe: its first plan of a model fills the
-# planner's cache (shapes and LoRA counts from a meta-device build, `zerofit.core.derived_cache`); every later plan
-# of it reads the cache and must not pay for peft, bitsandbytes, DeepSpeed, torch's compilers or transformers'
-# modeling stack (~4 CPU-s of imports against ~2 for torch itself; benchmarks/plan_speed.py).
+# `zerofit plan` is what a user runs over and over while choosing a recipe: even its first plan of a model (an
+# empty planner cache) reads the shapes, LoRA counts, LoRA report and FSDP block class of a dense family from the
+# config alone (`zerofit.catalogue.layouts`, `zerofit.planner.config_shapes`), and must not pay for peft,
+# bitsandbytes, DeepSpeed, torch's compilers or transformers' modeling stack (~4 CPU-s of imports against ~2 for
+# torch itself; benchmarks/plan_speed.py). A family without that rule builds the model on the meta device once
+# and keeps the answer in `$ZEROFIT_CACHE/planner/` (`zerofit.core.derived_cache`); every later plan reads it.
 PLAN_CONFIGS = (
     "configs/demo.yaml",
     "configs/qwen25-7b-grpo-qlora-3090.yaml",
@@ -184,8 +186,11 @@ PLAN_CONFIGS = (
 PLANS = """
 import contextlib, io, json, sys
 from zerofit.cli import main
+if sys.argv[1] == "built":  # no family read from its config: every answer from the meta-device build
+    import zerofit.catalogue.layouts as layouts
+    layouts._FAMILIES.clear()
 out = io.StringIO()
-for config in sys.argv[1:]:
+for config in sys.argv[2:]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         assert main(["plan", "--config", config]) == 0
 print(json.dumps({"output": out.getvalue(), "modules": sorted(sys.modules)}))
@@ -194,12 +199,13 @@ NOT_IN_A_PLAN = ("peft", "bitsandbytes", "deepspeed", "torch._inductor", "torch.
                  "transformers.integrations.hub_kernels", "transformers.modeling_utils")  # fmt: skip
 
 
-def _plans(cache: Path) -> dict[str, object]:
+def _plans(cache: Path, how: str = "config") -> dict[str, object]:
     """The output and `sys.modules` of a fresh interpreter planning every `PLAN_CONFIGS` with the planner's cache
-    at `cache`."""
+    at `cache`; `how`: `config` (dense families from their configs) or `built` (every answer from a meta build
+    or the cache, as for a family without the config rule)."""
     env = {**os.environ, "ZEROFIT_CACHE": str(cache)}
     proc = subprocess.run(
-        [sys.executable, "-c", PLANS, *PLAN_CONFIGS],
+        [sys.executable, "-c", PLANS, how, *PLAN_CONFIGS],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -210,19 +216,32 @@ def _plans(cache: Path) -> dict[str, object]:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+def _heavy(modules: object) -> list[str]:
+    """The modules of `NOT_IN_A_PLAN`, transformers' model packages and modeling modules among `modules`."""
+    assert isinstance(modules, list)
+    return [
+        m
+        for m in modules
+        if m.startswith(NOT_IN_A_PLAN) or m.startswith("transformers.models.") or ".modeling_" in m
+    ]
+
+
 @pytest.mark.slow
-def test_a_plan_from_the_planners_cache_imports_no_peft_bitsandbytes_or_modeling_stack(
+def test_a_cold_plan_imports_no_peft_bitsandbytes_or_modeling_stack_and_prints_the_built_plan(
     tmp_path: Path,
 ) -> None:
-    first = _plans(tmp_path)  # an empty cache: the meta-device builds, peft with bitsandbytes hidden
-    assert "peft" in first["modules"]  # the first plan really built and adapted the models
-    again = _plans(tmp_path)
-    assert again["output"] == first["output"]  # the same plans, byte for byte
-    loaded = again["modules"]
-    heavy = [m for m in loaded if m.startswith(NOT_IN_A_PLAN) or m.startswith("transformers.models.")]
-    assert heavy == [] and not any(".modeling_" in m for m in loaded), heavy
+    built = _plans(
+        tmp_path / "built", "built"
+    )  # an empty cache: the meta-device builds, peft (bitsandbytes hidden)
+    assert "peft" in built["modules"]  # that plan really built and adapted the models
+    cold = _plans(tmp_path / "cold")  # an empty cache, the configs read alone
+    assert cold["output"] == built["output"]  # the same plans, byte for byte
+    assert _heavy(cold["modules"]) == []
+    assert not (tmp_path / "cold" / "planner").exists()  # nothing to keep: no build was needed
+    again = _plans(tmp_path / "built", "built")  # the meta-build answers, read back from the cache
+    assert again["output"] == built["output"] and _heavy(again["modules"]) == []
     # bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" never reaches a plan
-    assert "gemm_4bit" not in first["output"] + again["output"]
+    assert "gemm_4bit" not in built["output"] + cold["output"] + again["output"]
 
 
 # A plan of a config that turns the trackers on checks they are installed without importing them (~1.5 CPU-s

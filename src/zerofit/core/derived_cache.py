@@ -1,6 +1,7 @@
 """Facts derived from a model's config by a heavy library, kept on disk (`$ZEROFIT_CACHE/planner/`) as JSON
 under a key that cannot go stale: what a meta-device build of a model measured (the planner's shapes and LoRA
-counts, `zerofit plan`'s LoRA report) and the FSDP block class transformers' model class declares.
+counts, `zerofit plan`'s LoRA report) and the FSDP block class transformers' model class declares, for the
+models whose layout `zerofit.catalogue.layouts` does not read from the config alone.
 
 A key is the SHA-256 of everything the entry depends on: the model's config.json dict, the settings asked
 for (LoRA rank, targets, ...), the versions of the libraries that build and adapt the model (transformers,

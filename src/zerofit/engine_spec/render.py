@@ -24,6 +24,7 @@ import copy
 import re
 from typing import TYPE_CHECKING, Any
 
+from zerofit.catalogue.layouts import layer_class_by_convention, model_layout
 from zerofit.catalogue.models import model_config_dict
 from zerofit.catalogue.presets import get_preset
 from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
@@ -231,7 +232,7 @@ def decoder_layer_class(model_cfg: dict[str, Any]) -> str:
         if declared:
             return next((name for name in declared if name.endswith("DecoderLayer")), declared[0])
     for arch in archs:
-        return arch.removesuffix("ForCausalLM") + "DecoderLayer"
+        return layer_class_by_convention(arch)
     raise ConfigError(
         [
             f"distributed.strategy = 'fsdp': cannot tell which module class is the decoder layer of model_type "
@@ -248,7 +249,11 @@ _LAYER_CLASS = re.compile(r"[A-Za-z_]\w*(,[A-Za-z_]\w*)*")  # class names, comma
 def cached_layer_class(model_cfg: dict[str, Any]) -> str:
     """`decoder_layer_class`, kept in `zerofit.core.derived_cache`: it reads transformers' model class, whose
     import costs seconds (its modeling stack), for a fact of the config and the library versions, and every
-    `zerofit plan` of an FSDP run renders it. A cached answer is checked before use (class names only)."""
+    `zerofit plan` of an FSDP run renders it. A cached answer is checked before use (class names only). A
+    dense family whose layout `zerofit.catalogue.layouts` reads from the config follows transformers' naming
+    convention (held equal to the class's declaration by tests/unit/planner/test_config_layout.py)."""
+    if model_layout(model_cfg) is not None:  # a dense family zerofit reads from its config: the convention
+        return layer_class_by_convention(model_cfg["architectures"][0])
     key = cache_key("fsdp_layer_class", 1, {"config": model_cfg})
     entry = read_cache(key) or {}
     cached = (

@@ -8,7 +8,9 @@ imports (transformers' modeling modules, peft, and through it torch's compiler s
 in the planner's cache (`zerofit.core.derived_cache`) under a key that cannot go stale: the model's config.json
 dict, the whole `lora` section, the library versions and zerofit's source digest. A cached report is checked
 before use: every field of its type, and the names and summary (what `zerofit.models.lora_targets` maps
-from the config alone) as they are mapped now; one that fails is computed again.
+from the config alone) as they are mapped now; one that fails is computed again. A dense family's report comes
+from its config alone, before the cache (`zerofit.planner.config_shapes`: the same fields, held equal to
+peft's by tests/unit/planner/test_config_layout.py), so its first plan builds nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from zerofit.catalogue.models import model_config_dict
 from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.core.errors import ConfigError
 from zerofit.models.lora_targets import resolve_lora_targets
+from zerofit.planner.config_shapes import adapted_modules, lora_entry
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -56,6 +59,9 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
     if not cfg.lora.enabled:
         return None
     config = _model_config(cfg)
+    from_config = _from_config(cfg, config) if config is not None else None
+    if from_config is not None:  # a dense family's report from its config alone (`planner.config_shapes`)
+        return from_config
     key = _key(cfg, config) if config is not None else None
     cached = read_cache(key) if key else None
     if cached is not None and config is not None and _sound(cached, cfg, config):
@@ -107,6 +113,36 @@ def _mapped(targets: Any) -> dict[str, Any]:
     }
 
 
+def _from_config(cfg: ZerofitConfig, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The report from the model's config alone, exactly what `_computed` measures (None: the rule cannot
+    decide it; `zerofit.planner.config_shapes`)."""
+    from zerofit.models.lora import AdaptedCounts
+
+    lora = cfg.lora
+    moe = (lora.moe_experts, lora.train_router)
+    entry = lora_entry(config, lora.r, lora.target_modules, lora.use_dora, moe)
+    modules = adapted_modules(config, lora.target_modules, moe)
+    if entry is None or modules is None:
+        return None
+    targets = resolve_lora_targets(config, lora.target_modules, *moe)
+    layers = int(config["num_hidden_layers"])
+    trainable = entry["layer_trainable_params"] * layers + entry["outside_trainable_params"]
+    counts = AdaptedCounts(modules, 0, 0, trainable)
+    return _counted(targets, counts)
+
+
+def _counted(targets: Any, counts: Any) -> dict[str, Any]:
+    """A language model's report: the mapped names (`LoraTargets`) and what peft reached (`AdaptedCounts`)."""
+    return {
+        **_mapped(targets),
+        "adapted_modules": counts.modules,
+        "adapted_parameters": counts.parameters,
+        "full_modules": counts.full,
+        "trainable_params": counts.trainable_params,
+        "described": f"{targets.summary}: {counts.describe()}",
+    }
+
+
 def _computed(cfg: ZerofitConfig) -> dict[str, Any]:
     """The report from peft applied to a meta-device build of the model (seconds: the imports)."""
     from zerofit.models.build import lora_spec
@@ -123,12 +159,4 @@ def _computed(cfg: ZerofitConfig) -> dict[str, Any]:
         lora = cfg.lora
         return {"described": apply_vision_lora(meta, spec, lora.projector, lora.vision_tower, cfg.seed)[1]}
     targets = model_targets(meta, spec)
-    counts = adapted_counts(apply_lora(meta, spec, seed=cfg.seed))
-    return {
-        **_mapped(targets),
-        "adapted_modules": counts.modules,
-        "adapted_parameters": counts.parameters,
-        "full_modules": counts.full,
-        "trainable_params": counts.trainable_params,
-        "described": f"{targets.summary}: {counts.describe()}",
-    }
+    return _counted(targets, adapted_counts(apply_lora(meta, spec, seed=cfg.seed)))

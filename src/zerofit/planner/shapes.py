@@ -13,7 +13,9 @@ LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of the
 keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`,
 `zerofit.core.derived_cache`: keyed by the config, the settings, the library versions and zerofit's source,
 each entry checked before use), so only the first plan of a model imports transformers' modeling stack and
-peft; every later one reads the entries (tests/unit/test_lazy_imports.py).
+peft; every later one reads the entries (tests/unit/test_lazy_imports.py). A dense family's entries come from
+its config alone, before the cache (`zerofit.planner.config_shapes`, equal to the build's field by field):
+its first plan builds nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from zerofit.catalogue.models import model_config_dict
 from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.levers.layers import decoder_layers, decoder_layers_prefix
 from zerofit.models.meta import build_meta_model
+from zerofit.planner.config_shapes import lora_entry, shape_entry
 
 # The layout of the cached entries (`zerofit.core.derived_cache`; the key also holds zerofit's source digest).
 _CACHE_VERSION = 6
@@ -258,7 +261,8 @@ def _vision_fields(model: Any) -> dict[str, int]:
     return {"vision_params": sum(n for _, n in outside) - projector, "projector_params": projector}
 
 
-def _compute_model_shape(name_or_path: str) -> ModelShape:
+def compute_model_shape(name_or_path: str) -> ModelShape:
+    """Exact shapes measured on a meta-device build of the whole model (seconds: the imports)."""
     model = build_meta_model(name_or_path, attn_implementation="eager")  # shapes only: any attention
     cfg = model.config.get_text_config()  # a vision-language model: its language model's
     layers = decoder_layers(text_model(model))
@@ -310,19 +314,25 @@ def _compute_model_shape(name_or_path: str) -> ModelShape:
 @lru_cache(maxsize=64)
 def model_shape(name_or_path: str) -> ModelShape:
     """Exact dimensions and parameter counts of `name_or_path` (catalogue id or local HF folder)."""
-    payload = {"config": model_config_dict(name_or_path)}
-    key = cache_key("model", _CACHE_VERSION, payload)
-    cached = read_cache(key)
+    config = model_config_dict(name_or_path)
+    cached = shape_entry(config, name_or_path)  # a dense family's shapes from its config alone
+    key = cache_key("model", _CACHE_VERSION, {"config": config})
+    cached = cached if cached is not None else read_cache(key)
     if cached is not None and conforms(cached, ModelShape):  # an entry is data: checked before use
-        cached["linears"] = tuple(LinearShape(**lin) for lin in cached["linears"])
-        cached["layer_param_numels"] = tuple(cached["layer_param_numels"])
-        cached["outside_param_numels"] = tuple(cached["outside_param_numels"])
-        cached["norms"] = tuple(tuple(n) for n in cached["norms"])
-        cached["name_or_path"] = name_or_path
-        return ModelShape(**cached)
-    shape = _compute_model_shape(name_or_path)
+        return shape_of_entry(cached, name_or_path)
+    shape = compute_model_shape(name_or_path)
     write_cache(key, asdict(shape))
     return shape
+
+
+def shape_of_entry(entry: dict[str, Any], name_or_path: str) -> ModelShape:
+    """The `ModelShape` an entry (JSON form: a cached one, or `config_shapes.shape_entry`'s) holds."""
+    fields = {**entry, "name_or_path": name_or_path}
+    fields["linears"] = tuple(LinearShape(**lin) for lin in entry["linears"])
+    fields["layer_param_numels"] = tuple(entry["layer_param_numels"])
+    fields["outside_param_numels"] = tuple(entry["outside_param_numels"])
+    fields["norms"] = tuple(tuple(n) for n in entry["norms"])
+    return ModelShape(**fields)
 
 
 def _lora_counts(
@@ -402,6 +412,31 @@ class _LoraEntry(TypedDict):
     expert_factor_params: int
 
 
+def built_lora_entry(
+    name_or_path: str,
+    r: int,
+    targets: tuple[str, ...] | str,
+    use_dora: bool,
+    moe: tuple[str, bool],
+    vision: tuple[str, bool] | None = None,
+) -> dict[str, Any]:
+    """A `_LoraEntry` measured by peft on 1- and 2-layer meta-device builds (seconds: the imports)."""
+    one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe, vision)
+    two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe, vision)
+    t1 = sum(n for _, n in one["trainable"])
+    t2 = sum(n for _, n in two["trainable"])
+    per_layer = t2 - t1
+    return {
+        "layer_trainable_params": per_layer,
+        "outside_trainable_params": t1 - per_layer,
+        "layer_targets": [asdict(t) for t in one["layer_targets"]],
+        "layer_numels": [n for name, n in one["trainable"] if ".layers.0." in name],
+        "outside_numels": [n for name, n in one["trainable"] if ".layers." not in name],
+        "adapted_params": [list(a) for a in one["adapted_params"]],
+        "expert_factor_params": one["expert_factor_params"],
+    }
+
+
 @lru_cache(maxsize=128)
 def _lora_shape_cached(
     name_or_path: str,
@@ -418,25 +453,10 @@ def _lora_shape_cached(
     if vision:
         payload["vision"] = list(vision)
     key = cache_key("lora", _CACHE_VERSION, payload)
-    cached = read_cache(key)
+    cached = lora_entry(payload["config"], r, targets, use_dora, moe) if not vision else None
+    cached = cached if cached is not None else read_cache(key)
     if cached is None or not conforms(cached, _LoraEntry):  # an entry is data: checked before use
-        one = _lora_counts(name_or_path, 1, r, targets, use_dora, moe, vision)
-        two = _lora_counts(name_or_path, 2, r, targets, use_dora, moe, vision)
-        t1 = sum(n for _, n in one["trainable"])
-        t2 = sum(n for _, n in two["trainable"])
-        per_layer = t2 - t1
-        outside = t1 - per_layer
-        layer_numels = [n for name, n in one["trainable"] if ".layers.0." in name]
-        outside_numels = [n for name, n in one["trainable"] if ".layers." not in name]
-        cached = {
-            "layer_trainable_params": per_layer,
-            "outside_trainable_params": outside,
-            "layer_targets": [asdict(t) for t in one["layer_targets"]],
-            "layer_numels": layer_numels,
-            "outside_numels": outside_numels,
-            "adapted_params": [list(a) for a in one["adapted_params"]],
-            "expert_factor_params": one["expert_factor_params"],
-        }
+        cached = built_lora_entry(name_or_path, r, targets, use_dora, moe, vision)
         write_cache(key, cached)
     per_layer = cached["layer_trainable_params"]
     outside = cached["outside_trainable_params"]
