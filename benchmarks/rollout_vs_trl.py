@@ -19,6 +19,14 @@ tokens (an eos included; each side's own lengths). The two sides alternate in se
 order swapped every repeat) so machine noise falls on both; the ratio is zerofit / TRL of the median tokens
 per CPU-second, with the median of the paired ratios beside it.
 
+The ceiling is measured, not asserted: during the generation segments each side's model `forward` is timed
+(`ForwardClock`: CPU seconds inside the top-level call, everything the model computes, its matmuls, attention,
+KV cache and mask building), so each side's CPU splits into the model's forward and everything else (the
+sampler, the draw, generate's logits processors and bookkeeping). `ceiling_gen` is zerofit's tokens per
+forward-CPU-second over TRL's tokens per CPU-second: the ratio zerofit would reach if everything outside the
+forward cost nothing; and `ceiling_gen_same_forward` the same with TRL's own forward cost per token (what
+the ratio could be if both sides ran the forward alike and zerofit did nothing else).
+
     python benchmarks/rollout_vs_trl.py --json benchmarks/results/rollout_vs_trl-<date>.json
     python benchmarks/rollout_vs_trl.py --models tiny-llama --repeats 5
     python benchmarks/rollout_vs_trl.py --models smollm2-135m-instruct --chat   # prompts through the chat template
@@ -28,10 +36,9 @@ per CPU-second, with the median of the paired ratios beside it.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -265,6 +272,34 @@ class Trl:
         return StepTimer()
 
 
+class ForwardClock:
+    """CPU seconds spent inside a model's `forward` (the outermost call only), kept per segment: the share
+    of a side's CPU that is the model's own work. The wrapper keeps `forward`'s signature (`functools.wraps`),
+    which transformers' `generate` inspects (e.g. for `logits_to_keep`)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.seconds, self.depth = 0.0, 0
+        inner = model.forward
+
+        @functools.wraps(inner)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.depth += 1
+            start = time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.seconds += time.process_time() - start
+
+        model.forward = timed  # type: ignore[method-assign]
+
+    def lap(self) -> float:
+        """The seconds since the last lap."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 def cpu_seconds(fn: Callable[[], int]) -> tuple[float, int]:
     """`fn()`'s CPU seconds and what it returned (tokens)."""
     start = time.process_time()
@@ -276,18 +311,37 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One model's alternating segments: tokens per CPU-second of generation and of whole steps, each side."""
     make, tokenizer = load(name)
     zf, trl = Zerofit(make, tokenizer, args), Trl(make, tokenizer, args)
+    clocks = {"zf": ForwardClock(zf.model), "trl": ForwardClock(trl.trainer.model)}
     # warm-up: first-call allocations, lazy imports and the trainer's first-step set-up on neither side
     zf.generate(-1), trl.generate(-1), zf.step(), trl.step()
     rates: dict[str, list[float]] = {k: [] for k in ("zf_gen", "trl_gen", "zf_step", "trl_step")}
+    forward: dict[str, list[float]] = {"zf": [], "trl": []}  # generation's share of CPU in the forward
     for repeat in range(args.repeats):
         order = (("zf", zf), ("trl", trl)) if repeat % 2 == 0 else (("trl", trl), ("zf", zf))
         for side, runner in order:
+            clocks[side].lap()
             seconds, tokens = cpu_seconds(lambda r=runner, k=repeat: r.generate(k))
             rates[f"{side}_gen"].append(tokens / seconds)
+            forward[side].append(clocks[side].lap() / seconds)
         for side, runner in order:
             seconds, tokens = runner.step() if side == "trl" else cpu_seconds(zf.step)
             rates[f"{side}_step"].append(tokens / seconds)
-    return summary(name, rates)
+    return {**summary(name, rates), **ceiling(rates, forward)}
+
+
+def ceiling(rates: dict[str, list[float]], forward: dict[str, list[float]]) -> dict[str, Any]:
+    """Each side's generation CPU in the model's forward (median share) and the ceilings it sets: zerofit's
+    tokens per forward-CPU-second over TRL's tokens per CPU-second (nothing outside zerofit's forward), and
+    TRL's tokens per forward-CPU-second over its tokens per CPU-second (the same forward cost per token on
+    both sides, nothing else on zerofit's)."""
+    share = {side: statistics.median(v) for side, v in forward.items()}
+    zf = statistics.median(r / f for r, f in zip(rates["zf_gen"], forward["zf"], strict=True))
+    trl_rate = statistics.median(rates["trl_gen"])
+    return {
+        "forward_share_gen": {side: round(v, 3) for side, v in share.items()},
+        "ceiling_gen": round(zf / trl_rate, 3),
+        "ceiling_gen_same_forward": round(1 / share["trl"], 3),
+    }
 
 
 def summary(name: str, rates: dict[str, list[float]]) -> dict[str, Any]:
@@ -323,7 +377,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+    args, load_at_start = parse(argv), list(os.getloadavg())
     os.environ["OMP_NUM_THREADS"] = "1"  # one thread each: zerofit's engine keeps it (`limit_cpu_threads`)
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -337,14 +391,21 @@ def main(argv: list[str] | None = None) -> int:
             f"per CPU-second (median): zerofit {result['median_tokens_per_cpu_s']['zf_gen']} vs TRL "
             f"{result['median_tokens_per_cpu_s']['trl_gen']}\n"
             f"  zerofit / TRL generation: {result['ratio_gen']}x (paired median {result['paired_ratio_gen']}x)\n"
-            f"  zerofit / TRL whole step: {result['ratio_step']}x (paired median {result['paired_ratio_step']}x)",
+            f"  zerofit / TRL whole step: {result['ratio_step']}x (paired median {result['paired_ratio_step']}x)\n"
+            f"  generation CPU in the model's forward: zerofit {result['forward_share_gen']['zf']:.0%}, TRL "
+            f"{result['forward_share_gen']['trl']:.0%}; ceiling (nothing outside zerofit's forward): "
+            f"{result['ceiling_gen']}x, {result['ceiling_gen_same_forward']}x with TRL's forward cost per token",
             flush=True,
         )
     if args.json is not None:
+        from workloads import report_header
+
+        versions = {
+            "trl": __import__("trl").__version__,
+            "transformers": __import__("transformers").__version__,
+        }
         report = {
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), torch {torch.__version__}, "
-            f"trl {__import__('trl').__version__}, transformers {__import__('transformers').__version__}",
+            **report_header("rollout_vs_trl.py", argv, load_at_start, threads=1, **versions),
             "settings": {k: getattr(args, k) for k in ("prompts", "g", "tokens", "repeats", "chat", "smoke")},
             "results": results,
         }

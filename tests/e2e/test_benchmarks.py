@@ -422,7 +422,7 @@ def test_packed_dpo_vs_trl_smoke_prints_and_writes_its_ratios(ran: dict[str, Ran
 
 def test_rollout_vs_trl_smoke_prints_and_writes_both_ratios(ran: dict[str, Ran]) -> None:
     """`rollout_vs_trl.py --smoke`: zerofit's rollout sampler and whole GRPO step against TRL's GRPOTrainer on
-    tiny-llama, the generation and whole-step ratios printed and written."""
+    tiny-llama, the generation and whole-step ratios and the forward shares that bound them printed and written."""
     result, out = ran["rollout_vs_trl"].ok(), ran["rollout_vs_trl"].tmp / "rollout_vs_trl.json"
     assert "zerofit / TRL generation: " in result.stdout and "zerofit / TRL whole step: " in result.stdout
     report = json.loads(out.read_text())
@@ -430,6 +430,9 @@ def test_rollout_vs_trl_smoke_prints_and_writes_both_ratios(ran: dict[str, Ran])
     assert model["model"] == "tiny-llama" and report["settings"]["g"] == 8
     assert model["ratio_gen"] > 0 and model["ratio_step"] > 0
     assert set(model["median_tokens_per_cpu_s"]) == {"zf_gen", "trl_gen", "zf_step", "trl_step"}
+    # the ceiling measured: each side's generation CPU in the model's forward
+    assert "generation CPU in the model's forward: " in result.stdout
+    assert all(0 < share <= 1 for share in model["forward_share_gen"].values()) and model["ceiling_gen"] > 0
 
 
 def test_planner_families_smoke_compares_a_tiny_moe_with_its_trace(ran: dict[str, Ran]) -> None:
