@@ -148,7 +148,7 @@ def heldout_score(model: Any, tokenizer: Any, cfg: Any, rows_file: Path, samples
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    agent = build_agent(rl, tokenizer, eos, decode, prompts)
+    agent = build_agent(rl, tokenizer, eos, decode, prompts, seed)
     assert agent is not None
     flat = [p for p in prompts for _ in range(samples)]
     settings = SamplingSettings(rl.max_completion_length, eos, int(tokenizer.pad_token_id), rl.temperature)
