@@ -576,11 +576,11 @@ def run_and_resume(
     resumed: dict[str, str],
     stopped_at: int,
     last_step: int,
-    launcher: str | None = None,
+    launchers: dict[str, str] | None = None,
 ) -> dict[str, RunResult]:
     """Run `launches`; then, for each `name -> resumed_name`, copy run `name` as if it had been stopped right
     after its step-`stopped_at` checkpoint and resume that copy with the same overrides and launcher (or
-    `launcher`: `warm` where the resume, not its launcher, is the property).
+    `launchers[resumed_name]`: `warm` where the resume, not its launcher, is the property).
 
     Results of both the straight runs and the resumed copies, by name.
     """
@@ -592,7 +592,10 @@ def run_and_resume(
         base = by_name[name]
         again.append(
             Launch(
-                copy_name, launcher or base.launcher, (*base.overrides, "checkpoint.resume=true"), base.nproc
+                copy_name,
+                (launchers or {}).get(copy_name, base.launcher),
+                (*base.overrides, "checkpoint.resume=true"),
+                base.nproc,
             )
         )
     results.update(run_launches(again, config, output_dir))

@@ -98,8 +98,8 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(config: Path) -> dict[str, RunResult]:
-    resumed = {"lora-adamw8-fsdp": RESUMED}
-    return run_and_resume(RUNS, config, config.parent / "runs", resumed, EVERY, STEPS, launcher="warm")
+    resumed, warm = {"lora-adamw8-fsdp": RESUMED}, {RESUMED: "warm"}
+    return run_and_resume(RUNS, config, config.parent / "runs", resumed, EVERY, STEPS, launchers=warm)
 
 
 # --- reading what each strategy wrote into checkpoints/step-N/ ---------------------------------------------
