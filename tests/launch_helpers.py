@@ -576,9 +576,11 @@ def run_and_resume(
     resumed: dict[str, str],
     stopped_at: int,
     last_step: int,
+    launchers: dict[str, str] | None = None,
 ) -> dict[str, RunResult]:
     """Run `launches`; then, for each `name -> resumed_name`, copy run `name` as if it had been stopped right
-    after its step-`stopped_at` checkpoint and resume that copy with the same launcher and overrides.
+    after its step-`stopped_at` checkpoint and resume that copy with the same overrides and launcher (or
+    `launchers[resumed_name]`: `warm` where the resume, not its launcher, is the property).
 
     Results of both the straight runs and the resumed copies, by name.
     """
@@ -589,7 +591,12 @@ def run_and_resume(
         copy_as_interrupted(results[name].check().run_dir, output_dir / copy_name, stopped_at, last_step)
         base = by_name[name]
         again.append(
-            Launch(copy_name, base.launcher, (*base.overrides, "checkpoint.resume=true"), base.nproc)
+            Launch(
+                copy_name,
+                (launchers or {}).get(copy_name, base.launcher),
+                (*base.overrides, "checkpoint.resume=true"),
+                base.nproc,
+            )
         )
     results.update(run_launches(again, config, output_dir))
     return results

@@ -187,16 +187,23 @@ class WarmLaunch:
             rank.start()
         self.pid = self.ranks[0].pid
         self.returncode: int | None = None
+        self.first_failure: int | None = (
+            None  # the code of the rank that failed first, before any was stopped
+        )
 
     def poll(self) -> int | None:
+        """The launch's exit code once every rank has exited (None before): that of the rank that failed
+        first (not a rank this launcher then stopped with SIGTERM), else 0."""
         codes = [rank.exitcode for rank in self.ranks]
         failed = [code for code in codes if code not in (None, 0)]
         if failed and None in codes:
+            if self.first_failure is None:
+                self.first_failure = failed[0]
             for rank in self.ranks:
                 with contextlib.suppress(ProcessLookupError, AttributeError):
                     rank.terminate()
         if None not in codes:
-            self.returncode = failed[0] if failed else 0
+            self.returncode = (self.first_failure or failed[0]) if failed else 0
         return self.returncode
 
     def kill(self) -> None:

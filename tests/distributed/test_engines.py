@@ -1,8 +1,8 @@
 """Every engine trains in half precision, writes the run directory of docs/contracts.md, and resumes exactly.
 
-Real launches (2 gloo ranks): ZeRO-2 and its resume under the `deepspeed` runner, FSDP2 under `torchrun`;
-the other engines' launches `warm` (tests/warm_launch.py), each launcher's own behaviour being covered by
-those; the one-process runs through the Python API in the test process
+Real launches (2 gloo ranks): ZeRO-2 under the `deepspeed` runner, FSDP2 under `torchrun`; the other
+engines' launches and ZeRO-2's resume `warm` (tests/warm_launch.py), each launcher's own behaviour being
+covered by those (resumes through the real launchers: test_stop_resume's chains); the one-process runs through the Python API in the test process
 (`zerofit.train`, launcher `api`: the `python` launcher's own behaviour is test_stop_resume's and
 test_launch_errors'), LoRA with dropout, a small data set seen repeatedly so the loss must fall:
 
@@ -23,7 +23,7 @@ test_launch_errors'), LoRA with dropout, a small data set seen repeatedly so the
     fp16-single          api         one process                     fp16, loss scaling
     fp16-zero2           warm        DeepSpeed ZeRO-2                fp16 (or refused up front)
     resume-single        api         one process                     bf16, resumed from bf16-single's step 3
-    resume-zero2         deepspeed   DeepSpeed ZeRO-2                bf16, resumed from bf16-zero2's step 3
+    resume-zero2         warm        DeepSpeed ZeRO-2                bf16, resumed from bf16-zero2's step 3
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(config: Path, shm_before: set[Path]) -> dict[str, RunResult]:
-    return run_and_resume(HALF, config, config.parent / "runs", RESUMED, EVERY, STEPS)
+    warm = {"resume-zero2": "warm"}
+    return run_and_resume(HALF, config, config.parent / "runs", RESUMED, EVERY, STEPS, launchers=warm)
 
 
 def test_deepspeed_cpu_launches_leave_no_shared_memory_behind(

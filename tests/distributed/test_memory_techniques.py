@@ -19,7 +19,10 @@ with every adapter trained (LoRA B starts at zero).
     lora-adamw8-fsdp       torchrun   FSDP2              LoRA, adamw_8bit on DTensor shards
     qlora-paged-single     api        one process        QLoRA, paged_adamw_8bit, checkpointing
     lora8bit-lion-single   api        one process        LoRA on an 8-bit base, lion_8bit
-    lora-adamw8-fsdp-resumed   torchrun   FSDP2          lora-adamw8-fsdp resumed from its step-3 checkpoint
+    lora-adamw8-fsdp-resumed   warm   FSDP2              lora-adamw8-fsdp resumed from its step-3 checkpoint
+
+The resume runs `warm` (tests/warm_launch.py): what it tests is the restored 8-bit state, not its launcher;
+FSDP2 with adamw_8bit keeps its real `torchrun` launch (lora-adamw8-fsdp).
 """
 
 from __future__ import annotations
@@ -95,7 +98,8 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(config: Path) -> dict[str, RunResult]:
-    return run_and_resume(RUNS, config, config.parent / "runs", {"lora-adamw8-fsdp": RESUMED}, EVERY, STEPS)
+    resumed, warm = {"lora-adamw8-fsdp": RESUMED}, {RESUMED: "warm"}
+    return run_and_resume(RUNS, config, config.parent / "runs", resumed, EVERY, STEPS, launchers=warm)
 
 
 # --- reading what each strategy wrote into checkpoints/step-N/ ---------------------------------------------

@@ -7,16 +7,23 @@ Launches of one round run side by side:
 
     launch          launcher   segments (chain-N is segment N): ranks and how each one ends
     reference       api        1 end: the uninterrupted run
-    single-*        python     1 SIGTERM -> 1 Ctrl-C -> 1 end                  W&B offline: one run id throughout
-    zero2-*         deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> 2 end     elastic 2 -> 1 and 1 -> 2
-    zero3-*         torchrun   1 SIGTERM -> 2 Ctrl-C -> 1 end                  elastic 1 -> 2 and 2 -> 1
-    fsdp-*          torchrun   2 SIGTERM -> 2 Ctrl-C -> 2 end                  TensorBoard + MLflow: one run each
+    single-*        python     1 SIGTERM -> 1 Ctrl-C -> (1 end)                W&B offline: one run id throughout
+    zero2-*         deepspeed  2 SIGTERM -> 2 Ctrl-C -> 1 SIGTERM -> (2 end)   elastic 2 -> 1 and 1 -> 2
+    zero3-*         torchrun   1 SIGTERM -> 2 Ctrl-C -> (1 end)                elastic 1 -> 2 and 2 -> 1
+    fsdp-*          torchrun   2 SIGTERM -> 2 Ctrl-C -> (2 end)                TensorBoard + MLflow: one run each
+    single-3        warm       (end) each chain's last segment: resumed, trains to the end
+    zero2-4         warm       (end)
+    zero3-3         warm       (end)
+    fsdp-3          warm       (end)
     fsdp-fallback   warm       1 end: the fsdp chain's newest checkpoint damaged, resumed from the one
                                before (and resharded 2 -> 1)
     retuned         warm       2 end: a copy of the zero3 chain resumed with a new lr and 4 more steps
     refused         python     the single chain resumed with a changed lr: refused before any model load
 
-The two resumes of the last round, whose launcher is not what they test, run `warm` (tests/warm_launch.py). SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
+Launches whose launcher is not what they test run `warm` (tests/warm_launch.py): each chain's last
+segment, which only resumes and trains to the end (every chain's resume through its real launcher is its
+signalled middle segments, each resumed and then stopped there), and the last round's two resumes.
+SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
 nor forwards it, and on the zero3 chain: there it goes to the process group, as schedulers send it
 (torchrun starts its workers in their own sessions: it reaches them through torchrun). Ctrl-C is SIGINT to
 the process group, as a terminal sends it. A last launch resumes the single chain with a changed learning rate and must
@@ -70,23 +77,23 @@ CHAINS: dict[str, list[tuple[str, int, tuple[str, ...], tuple[int, str] | None]]
     "single": [
         ("python", 1, SINGLE, (TERM, "launcher")),
         ("python", 1, SINGLE, (INT, "group")),
-        ("python", 1, SINGLE, None),
+        ("warm", 1, SINGLE, None),
     ],
     "zero2": [
         ("deepspeed", 2, Z2, (TERM, "group")),
         ("deepspeed", 2, Z2, (INT, "group")),
         ("deepspeed", 1, Z2, (TERM, "group")),
-        ("deepspeed", 2, Z2, None),
+        ("warm", 2, Z2, None),
     ],
     "zero3": [  # DeepSpeed under torchrun (the zero2 chain is the deepspeed runner's)
         ("torchrun", 1, Z3, (TERM, "group")),
         ("torchrun", 2, Z3, (INT, "group")),
-        ("torchrun", 1, Z3, None),
+        ("warm", 1, Z3, None),
     ],
     "fsdp": [
         ("torchrun", 2, FSDP, (TERM, "launcher")),
         ("torchrun", 2, FSDP, (INT, "group")),
-        ("torchrun", 2, FSDP, None),
+        ("warm", 2, FSDP, None),
     ],
 }
 SEGMENTS = [(chain, i) for chain, segs in CHAINS.items() for i in range(len(segs))]
