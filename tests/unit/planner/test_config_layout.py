@@ -26,7 +26,7 @@ from zerofit.planner.shapes import built_lora_entry, compute_model_shape, shape_
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
 DECIDED = [name for name, config in CATALOGUE.items() if model_layout(config) is not None]
-# The three recipes issue 47 times a cold plan of (tests/unit/test_lazy_imports.py plans them cold).
+# The three recipes whose cold plan is timed against `import torch` (tests/unit/test_lazy_imports.py plans them cold).
 COLD_PLANNED = ("demo.yaml", "qwen25-7b-grpo-qlora-3090.yaml", "llama31-8b-qlora-longctx-3090.yaml")
 # Targets and DoRA per case: the meanings, names, and the untied head (the demo adapts lm_head).
 LORA_CASES = (
