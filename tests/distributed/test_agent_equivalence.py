@@ -28,7 +28,7 @@ import signal
 import pytest
 
 from agent_helpers import TOOLS, problems, tool_caller
-from launch_helpers import Launch, RunResult, run_launches, write_config
+from launch_helpers import Launch, RunResult, max_difference, metric_rows, run_launches, write_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -97,16 +97,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return results
 
 
-def _rows(result: RunResult) -> list[list[float]]:
-    return [[row[k] for k in CURVES] for row in result.metrics]
-
-
 @pytest.mark.parametrize("name", ["single-2x4", "zero2-resumed", "fsdp"])
 def test_one_agent_curve_for_every_engine_and_split(runs: dict[str, RunResult], name: str) -> None:
     run, base = runs[name], runs["single"]
     assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
-    a, b = _rows(run), _rows(base)
-    worst = max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+    a, b = metric_rows(run, CURVES), metric_rows(base, CURVES)
+    worst = max_difference(a, b)
     assert worst < TOL, (a, b)
     assert run.series("tokens") == base.series("tokens")
 

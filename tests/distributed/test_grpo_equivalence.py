@@ -37,7 +37,7 @@ import signal
 import pytest
 import yaml
 
-from launch_helpers import Launch, RunResult, run_launches, write_config
+from launch_helpers import Launch, RunResult, max_difference, metric_rows, run_launches, write_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -121,10 +121,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return results
 
 
-def _rows(result: RunResult) -> list[list[float]]:
-    return [[row[k] for k in CURVES] for row in result.metrics]
-
-
 @pytest.mark.parametrize(
     "name",
     ["zero2-resumed", "fsdp", *(f"{loss}-{engine}" for loss in OTHER_LOSSES for engine in ("zero2", "fsdp"))],
@@ -134,8 +130,8 @@ def test_one_grpo_curve_for_every_engine_and_split(runs: dict[str, RunResult], n
     loss = next((loss for loss in OTHER_LOSSES if name.startswith(loss + "-")), None)
     run, base = runs[name], runs["single" if loss is None else f"{loss}-single"]
     assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
-    a, b = _rows(run), _rows(base)
-    assert max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)) < TOL, (
+    a, b = metric_rows(run, CURVES), metric_rows(base, CURVES)
+    assert max_difference(a, b) < TOL, (
         a,
         b,
     )
@@ -174,8 +170,8 @@ def test_one_curve_per_estimator_for_every_engine_and_split(runs: dict[str, RunR
     est = name.split("-")[0]
     run, base = runs[name], runs[f"{est}-single"]
     assert [row["step"] for row in run.metrics] == list(range(1, ESTIMATOR_STEPS + 1))
-    a, b = _rows(run), _rows(base)
-    assert max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)) < TOL, (
+    a, b = metric_rows(run, CURVES), metric_rows(base, CURVES)
+    assert max_difference(a, b) < TOL, (
         a,
         b,
     )

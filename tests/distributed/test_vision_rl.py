@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from launch_helpers import REPO, Launch, RunResult, run_launches, write_config
+from launch_helpers import REPO, Launch, RunResult, max_difference, metric_rows, run_launches, write_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -116,16 +116,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return {name: result.check() for name, result in results.items()}
 
 
-def _rows(result: RunResult) -> list[list[float]]:
-    return [[row[k] for k in CURVES] for row in result.metrics]
-
-
 @pytest.mark.parametrize("name", ["zero2", "fsdp"])
 def test_vision_grpo_on_two_ranks_gives_the_one_process_curve(runs: dict[str, RunResult], name: str) -> None:
     run, base = runs[name], runs["single"]
     assert [row["step"] for row in run.metrics] == list(range(1, STEPS + 1))
-    a, b = _rows(run), _rows(base)
-    gap = max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+    a, b = metric_rows(run, CURVES), metric_rows(base, CURVES)
+    gap = max_difference(a, b)
     assert gap < TOL, (a, b)
     assert run.series("tokens") == base.series("tokens")
     assert abs(base.metrics[-1]["grad_norm"]) > 0  # the curves compared are of real updates
