@@ -44,6 +44,20 @@ def _entries() -> set[Path]:
     return {p for p in folder.iterdir() if not p.name.startswith(".")} if folder.is_dir() else set()
 
 
+def _own_entry(before: set[Path], tmp_path: Path) -> Path:
+    """The one entry written since `before` for data under `tmp_path`: the cache folder is shared, so
+    other tests running beside this one may add entries of their own meanwhile."""
+
+    def source(entry: Path) -> str:
+        try:
+            return json.loads((entry / "meta.json").read_text())["stats"]["source"]
+        except OSError:  # another test's entry, removed meanwhile
+            return ""
+
+    (entry,) = (e for e in _entries() - before if str(tmp_path) in source(e))
+    return entry
+
+
 def _same(a: list[VisionExample], b: list[VisionExample]) -> bool:
     return [(x.input_ids, x.labels, sorted(x.images)) for x in a] == [
         (y.input_ids, y.labels, sorted(y.images)) for y in b
@@ -54,7 +68,7 @@ def test_a_second_read_is_a_hit_and_an_edited_image_or_limit_a_miss(tmp_path: Pa
     processor, path = _processor(), _data(tmp_path)
     before = _entries()
     first = load_vision_examples(path, processor, 256, cache=True)
-    (entry,) = _entries() - before
+    entry = _own_entry(before, tmp_path)
     assert sorted(p.name for p in entry.iterdir()) == [
         IMAGES_FILE, "input_ids.npy", "label_mask.npy", "meta.json", "offsets.npy", "records.npy",
     ]  # fmt: skip
@@ -84,7 +98,7 @@ def test_a_corrupted_entry_is_refused_with_a_note_and_rebuilt(
     processor, path = _processor(), _data(tmp_path)
     before = _entries()
     first = load_vision_examples(path, processor, 256, cache=True)
-    (entry,) = _entries() - before
+    entry = _own_entry(before, tmp_path)
     blob = bytearray((entry / IMAGES_FILE).read_bytes())
     blob[-1] ^= 0xFF  # a pixel value changed
     (entry / IMAGES_FILE).write_bytes(bytes(blob))
@@ -141,7 +155,7 @@ def test_pixels_rewritten_with_a_matching_digest_are_read_again(
     processor, path = _processor(), _data(tmp_path)
     before = _entries()
     first = load_vision_examples(path, processor, 256, cache=True)
-    (entry,) = _entries() - before
+    entry = _own_entry(before, tmp_path)
     tensors = load_file(entry / IMAGES_FILE)
     tensors["pixel_values"] = -tensors["pixel_values"]
     save_file(tensors, entry / IMAGES_FILE)
