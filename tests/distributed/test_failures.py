@@ -8,9 +8,12 @@
   resume command in one paragraph, instead of gloo's "Connection reset by peer" traceback;
 - long rank-0-only work outlasts the process-group timeout without killing the run; timed saves agree;
 - an `rl.environment` that raises on one rank only (GRPO, its step on rank 1): every rank stops at that step
-  with the one paragraph, said once (rank 0, which learns it from the rollout's agreement), exit code 2.
+  with the one paragraph, said once (rank 0, which learns it from the rollout's agreement), exit code 2;
+- an `rl.tools` module that fails to import on one rank only (GRPO, at launch): every rank stops before the
+  run's files with the one config paragraph, said once (rank 0, from the agreement on the built agent), exit
+  code 2. Its ranks are warm: what it shows is zerofit's agreement, not a launcher's.
 
-The last is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
+The slow-rank-0 launch is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
 data loading is delayed 20 s, as a long tokenization would be (tests/slow_rank0_data/sitecustomize.py, first
 on the ranks' PYTHONPATH, wraps zerofit's rank-0 data load with the sleep; zerofit itself has no such hook). Rank 1 waits for it through the c10d store (`Strategy.wait_for_rank0`); waiting
 inside the broadcast that follows, as before, gloo aborts after 12 s ("Timed out waiting ... for recv").
@@ -27,6 +30,7 @@ collective saves and the run finishes with several timed checkpoints.
     orphan       deepspeed   DeepSpeed ZeRO-2   the `deepspeed` runner killed alone
     lost         deepspeed   DeepSpeed ZeRO-2   one rank killed mid-run
     env-fails    deepspeed   DeepSpeed ZeRO-2   an environment raising in step on rank 1 only (GRPO)
+    tools-fail   warm        DDP                a tool module failing to import on rank 1 only (GRPO)
 """
 
 from __future__ import annotations
@@ -149,16 +153,67 @@ def env_fails(config: Path) -> Launch:
     return Launch("env-fails", "deepspeed", env={"PYTHONPATH": pythonpath}, config=job)
 
 
-FullDisk = dict[str, tuple[RunResult, Path, list[str]]]
-SideBySide = tuple[FullDisk | str, RunResult, RunResult]
+TOOLS_MODULE = "zerofit_planted_rank1_tools"  # a user tool module, importable only from its job's folder
+RANK1_TOOLS = """
+import os
+
+if os.environ.get("RANK") == "1":
+    raise OSError("rank 1 cannot reach the tool server")
+
+
+def add(a: int, b: int) -> str:
+    \"\"\"Add two numbers.
+
+    Args:
+        a: the first
+        b: the second
+    \"\"\"
+    return str(a + b)
+"""
 
 
 @pytest.fixture(scope="module")
-def side_by_side(config: Path, slow_rank0: Launch, env_fails: Launch) -> SideBySide:
-    """The slow-rank-0 launch first (its ranks idle through the delay), the environment's failure, and both
-    engines' full-disk launches, each with its output_dir on its own 400 KiB filesystem: it holds the run's
-    small files but not a checkpoint (~650 KiB on ZeRO-2 here). Where no filesystem can be mounted, the
-    reason instead of the full-disk results."""
+def tools_fail(config: Path, env_fails: Launch) -> Launch:
+    """The environment job's prompts on DDP with a tool whose module raises at import on rank 1 only: rank 0
+    builds its agent, so it can only learn of the failure from the agreement."""
+    root = config.parent / "tools"
+    root.mkdir()
+    (root / f"{TOOLS_MODULE}.py").write_text(RANK1_TOOLS)
+    job = write_config(
+        root / "tools.yaml",
+        {
+            "model": {"name_or_path": "tiny-llama"},
+            "batch": {"global_batch_size": None, "micro_batch_size": 1},
+            "distributed": {"strategy": "ddp"},
+            "train": {"objective": "grpo", "max_steps": 2, "precision": "fp32"},
+            "rl": {
+                "num_generations": 2,
+                "prompts_per_step": 2,
+                "max_completion_length": 16,
+                "max_turns": 2,
+                "max_prompt_length": 1024,  # the tools' schemas in the system turn (tiny-llama's fallback)
+                "tools": [{"function": f"{TOOLS_MODULE}:add"}],
+                "environment": "zerofit.demo.environments:DigitsTwice",
+            },
+            "data": {"path": str(config.parent / "env" / "prompts.jsonl")},
+            "checkpoint": {"every_steps": 0},
+            "logging": {"wandb": {"mode": "disabled"}},
+        },
+    )
+    pythonpath = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    return Launch("tools-fail", "warm", env={"PYTHONPATH": pythonpath}, config=job)
+
+
+FullDisk = dict[str, tuple[RunResult, Path, list[str]]]
+SideBySide = tuple[FullDisk | str, RunResult, RunResult, RunResult]
+
+
+@pytest.fixture(scope="module")
+def side_by_side(config: Path, slow_rank0: Launch, env_fails: Launch, tools_fail: Launch) -> SideBySide:
+    """The slow-rank-0 launch first (its ranks idle through the delay), the environment's and the tools'
+    failures, and both engines' full-disk launches, each with its output_dir on its own 400 KiB filesystem:
+    it holds the run's small files but not a checkpoint (~650 KiB on ZeRO-2 here). Where no filesystem can
+    be mounted, the reason instead of the full-disk results."""
     with contextlib.ExitStack() as mounts:
         try:
             disks = {
@@ -166,14 +221,14 @@ def side_by_side(config: Path, slow_rank0: Launch, env_fails: Launch) -> SideByS
             }
         except pytest.skip.Exception as skipped:
             disks, reason = {}, str(skipped)
-        launches = [slow_rank0, env_fails] + [
+        launches = [slow_rank0, env_fails, tools_fail] + [
             Launch(name, launcher, (*overrides, f"output_dir={disks[name]}"))
             for name, (launcher, overrides) in ENGINES.items()
             if disks
         ]
         results = run_launches(launches, config, config.parent / "runs", timeout=300)
         if not disks:
-            return reason, results[slow_rank0.id], results[env_fails.id]
+            return reason, results[slow_rank0.id], results[env_fails.id], results[tools_fail.id]
         # (result, run dir, what its checkpoints/ holds), read before the small disks are unmounted
         full = {
             name: (
@@ -183,7 +238,7 @@ def side_by_side(config: Path, slow_rank0: Launch, env_fails: Launch) -> SideByS
             )
             for name in ENGINES
         }
-        return full, results[slow_rank0.id], results[env_fails.id]
+        return full, results[slow_rank0.id], results[env_fails.id], results[tools_fail.id]
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +271,21 @@ def test_an_environment_failing_on_one_rank_stops_every_rank_with_one_paragraph(
         "No checkpoint was saved yet (nothing of step 1 was): once fixed, start the run again"
     )
     assert "Traceback" not in out, out[-3000:]
+
+
+def test_a_tool_module_failing_on_one_rank_stops_every_rank_with_one_paragraph(
+    side_by_side: SideBySide,
+) -> None:
+    result = side_by_side[3]
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    said = [line for line in out.splitlines() if "error: Invalid configuration" in line]
+    assert said == [
+        f"zerofit (rank 0): error: Invalid configuration: rl.tools[0].function = '{TOOLS_MODULE}:add': "
+        f"importing module '{TOOLS_MODULE}' raised OSError: rank 1 cannot reach the tool server; fix the module"
+    ], out[-3000:]  # once per run, by rank 0, though only rank 1 failed
+    assert "Traceback" not in out, out[-3000:]
+    assert not (result.run_dir / "config.yaml").exists()  # refused before the run's files
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -18,6 +18,7 @@ from zerofit.checkpoint.rundir import CHECKPOINTS
 from zerofit.core.errors import (
     CheckpointWriteError,
     ConfigError,
+    DataError,
     ExportWriteError,
     MetricsWriteError,
     ResumeError,
@@ -171,10 +172,9 @@ def rebuild_error(kind: str, message: str, problems: list[str]) -> ZerofitError:
     launcher prints it once, on rank 0."""
     if kind == "ConfigError":
         exc: ZerofitError = ConfigError(problems)
-    elif kind == "RunFinished":
-        exc = RunFinished(message)
     else:
-        exc = ResumeError(message) if kind == "ResumeError" else ZerofitError(message)
+        same = {"RunFinished": RunFinished, "ResumeError": ResumeError, "DataError": DataError}
+        exc = same.get(kind, ZerofitError)(message)
     exc.agreed = True
     return exc
 

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import torch
 
+from zerofit.checkpoint.failed_save import error_parts, rebuild_error
 from zerofit.config.batching import BatchSplit
 from zerofit.core.errors import ZerofitError
 from zerofit.core.progress import Progress, progress
@@ -143,15 +144,20 @@ class Sampled:
 
 
 def agree_on_failure(
-    strategy: Strategy, failure: str | None, error: Callable[[str], ZerofitError] = RewardFailed
+    strategy: Strategy,
+    failure: str | ZerofitError | None,
+    error: Callable[[str], ZerofitError] = RewardFailed,
 ) -> None:
-    """Every rank calls this with its own `failure` (a paragraph, or None): when any rank failed, every rank
-    raises `error` of the first failing rank's paragraph, `agreed`, so it is said once (rank 0) and no rank
-    is left waiting in a collective the failed one never reaches. One all-reduce, and a gather on failure."""
+    """Every rank calls this with its own `failure` (a paragraph, an error, or None): when any rank failed,
+    every rank raises the first failing rank's, `agreed`, so it is said once (rank 0) and no rank is left
+    waiting in a collective the failed one never reaches. A paragraph is raised as `error`; an error (a
+    launch's refusal: a tool module that does not import) as its own class, with its own paragraph
+    (`checkpoint.failed_save.error_parts`: a ConfigError stays one). One all-reduce, and a gather on failure."""
     failed = strategy.all_reduce_sum(torch.tensor([int(failure is not None)], device=strategy.device))
     if int(failed.item()):
-        said = [text for text in strategy.all_gather_object(failure) if text]
-        exc = error(said[0])
+        told = error_parts(failure) if isinstance(failure, ZerofitError) else failure
+        first = next(said for said in strategy.all_gather_object(told) if said)
+        exc = error(first) if isinstance(first, str) else rebuild_error(*first)
         exc.agreed = True
         raise exc
 

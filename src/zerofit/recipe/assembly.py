@@ -27,7 +27,7 @@ import torch
 from zerofit.checkpoint.resume import settle_run_dir
 from zerofit.checkpoint.shared_storage import check_shared_output_dir
 from zerofit.config.schema import ZerofitConfig
-from zerofit.core.errors import DataError, LaunchError
+from zerofit.core.errors import DataError, LaunchError, ZerofitError
 from zerofit.data import (
     DataStats,
     Example,
@@ -199,36 +199,44 @@ class PreparedRun:
 
     @functools.cached_property
     def rollouts(self) -> Rollouts | None:
-        """An objective that generates its sequences (GRPO): the run's rollouts (its reward functions built, so
-        imported, here: only a training launch asks, `FinetuneRecipe.setup` before it writes or prints
-        anything); None otherwise."""
-        cfg = self.plan.config
+        """An objective that generates its sequences (GRPO): the run's rollouts (its reward functions, tools
+        and environment built, so imported, here: only a training launch asks, `FinetuneRecipe.setup` before
+        it writes or prints anything); None otherwise. A user error building them on any rank (a tool module
+        that does not import, a first prompt too long, an environment whose reset raises) is agreed: every
+        rank raises it, rank 0 says it once, and no rank waits for one that stopped."""
         if not self.plan.objective.generates or self.data is None:
             return None
-        prompts: list[Any] = self.data.examples
+        built, failure = None, None
+        try:
+            built = self._build_rollouts(self.data)
+        except EnvironmentFailed as exc:  # the data the run cannot use (the API's DataError)
+            failure = DataError(str(exc))
+        except ZerofitError as exc:
+            failure = exc
+        agree_on_failure(self.strategy, failure)
+        return built
+
+    def _build_rollouts(self, data: TrainData) -> Rollouts:
+        """The rollouts `rollouts` agrees on: distillation's, or the objective's with its advantages."""
+        cfg = self.plan.config
+        prompts: list[Any] = data.examples
         tokenizer = self.built.tokenizer
         if self.teacher is not None:  # distillation: the student's or the data's (or teacher's) completions
             model, split = self.built.model, self.plan.batch
-            return distill_rollouts(cfg, tokenizer, model, prompts, self.data.sampler, split, self.teacher)
+            return distill_rollouts(cfg, tokenizer, model, prompts, data.sampler, split, self.teacher)
         objective = self.plan.objective
         estimator = objective.advantage_estimator(cfg)
         assert estimator is not None, "an objective that generates estimates its advantages"
-        built, failure = None, None
-        try:  # every record's first prompt checked (`build_agent`): said once, whichever rank refused it
-            built = rollouts(
-                cfg,
-                tokenizer,
-                self.built.model,
-                prompts,
-                self.data.sampler,
-                self.plan.batch,
-                estimator,
-                objective.reward_penalty(cfg),
-            )
-        except (DataError, EnvironmentFailed) as exc:
-            failure = str(exc)
-        agree_on_failure(self.strategy, failure, DataError)
-        return built
+        return rollouts(
+            cfg,
+            tokenizer,
+            self.built.model,
+            prompts,
+            data.sampler,
+            self.plan.batch,
+            estimator,
+            objective.reward_penalty(cfg),
+        )
 
     @functools.cached_property
     def harness(self) -> HarnessDuringTraining | None:

@@ -7,7 +7,8 @@ of a run folder never call `build_agent`. Each tool's JSON schema is built here,
 docstring: a tool whose schema cannot be built is refused with one paragraph naming the function and what
 is missing, before the run starts. Every record's first prompt is rendered now and refused when longer than
 `rl.max_prompt_length`; with an environment, after the messages its `reset` gives (so a reset that fails on a
-record fails here, before the model is loaded).
+record fails here, before the run's files are written). Each rank builds its own agent; whatever one refuses,
+every rank raises and rank 0 says (`zerofit.recipe.assembly.PreparedRun.rollouts`).
 """
 
 from __future__ import annotations
