@@ -151,8 +151,11 @@ def rl_report(resolved: ResolvedConfig) -> dict[str, Any]:
     }
 
 
-def print_rl(rl: dict[str, Any], console: Console) -> None:
-    """The `rl` block in words: the step in prompts, completions and tokens, then the rewards."""
+def print_rl(rl: dict[str, Any], console: Console, environment: str | None = None) -> None:
+    """The `rl` block in words: the step in prompts, completions and tokens, then the rewards (those of
+    `rl.environment`, `environment`, after the reward functions')."""
+    from zerofit.objectives.grpo import describe_environment_reward
+
     console.print(
         f"GRPO step: {rl['prompts_per_step']} prompts x {rl['num_generations']} generations = "
         f"{rl['completions_per_step']} completions ({rl['completions_per_rank']} per rank), at most "
@@ -163,7 +166,8 @@ def print_rl(rl: dict[str, Any], console: Console) -> None:
     )
     if rl.get("batch_note"):
         console.print(f"Note: {rl['batch_note']}", highlight=False)
-    for line in rl["rewards"] or ["none (a launch refuses a GRPO run without rl.rewards)"]:
+    rewards = [*rl["rewards"], *([describe_environment_reward(environment)] if environment else [])]
+    for line in rewards or ["none (a launch refuses a GRPO run without rl.rewards)"]:
         console.print(f"Reward: {line}", highlight=False)
     if rl["imports"]:
         console.print(
@@ -239,7 +243,7 @@ def print_report(report: dict[str, Any], objective: ObjectiveSpec, console: Cons
     table.add_row("tokens / step (max)", str(b["max_tokens_per_optimizer_step"]), b["tokens_note"])
     console.print(table)
     if "rl" in report:
-        print_rl(report["rl"], console)
+        print_rl(report["rl"], console, report["config"]["rl"]["environment"])
     if "memory" in report:
         from zerofit.planner.plan_report import print_memory
 

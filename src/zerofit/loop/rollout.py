@@ -55,6 +55,7 @@ from zerofit.data import GlobalBatchSampler, split_global_batch
 from zerofit.loop.turns import Agent, agent_metrics
 from zerofit.loop.vision_rollout import batch_images, images_of, prefixed, rope_positions
 from zerofit.metrics.keys import REWARD
+from zerofit.objectives.grpo import ENVIRONMENT_REWARD
 from zerofit.objectives.grpo.loss import group_advantages, grpo_inputs, policy_logps
 from zerofit.strategies.base import Strategy
 from zerofit.token_loss.sums import IGNORE_INDEX
@@ -62,7 +63,6 @@ from zerofit.token_loss.sums import IGNORE_INDEX
 __all__ = [
     "COMPLETIONS_FILE",
     "COMPLETIONS_TABLE",
-    "ENVIRONMENT_REWARD",
     "MESSAGES_COLUMN",
     "PromptRow",
     "RewardFailed",
@@ -82,7 +82,6 @@ COMPLETIONS_TABLE = "completions"  # the same rows' table in the metrics sinks (
 MESSAGES_COLUMN = (
     "messages"  # a multi-turn rollout's whole conversation, as the rewards and completions.jsonl see it
 )
-ENVIRONMENT_REWARD = "environment"  # the reward an `rl.environment` gives, summed into the total
 NOISE_BYTES = 8 << 20  # the most sampling noise one completion holds at a time (`noise_block`)
 
 # (prompts, completions, columns, step (1-based), data records) -> (weighted total [n], per function [n])

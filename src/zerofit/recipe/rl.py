@@ -18,7 +18,8 @@ from zerofit.data import GlobalBatchSampler, eval_source, hold_out
 from zerofit.data.prompts import PromptExample, load_prompts
 from zerofit.data.sft import DataStats, TokenizedData
 from zerofit.data.vision_prompts import load_vision_prompts
-from zerofit.loop.rollout import ENVIRONMENT_REWARD, Rollouts, SamplingSettings
+from zerofit.loop.rollout import Rollouts, SamplingSettings
+from zerofit.objectives.grpo import ENVIRONMENT_REWARD
 from zerofit.objectives.grpo.rewards import score_completions
 from zerofit.recipe.rewards import build_rewards
 from zerofit.recipe.tools import build_agent

@@ -47,3 +47,34 @@ def test_a_budget_too_small_for_its_turns_is_refused_with_the_keys() -> None:
     assert "rl.max_turns = 4 with rl.max_completion_length = 16" in text
     assert "raise rl.max_completion_length to at least 32 or lower rl.max_turns" in text
     assert "rl.rewards is empty" not in text  # the environment gives the rewards
+
+
+ENV_REWARD = (
+    "environment (what zerofit_never_imported_env:Game's step returns, summed over the trajectory's turns; "
+    "imported at launch) x 1"
+)
+
+
+def test_the_plan_names_the_environment_as_a_source_of_rewards() -> None:
+    """Without rl.rewards the environment is where the rewards come from (not an empty list, `rewards: ;`);
+    with reward functions, it follows them."""
+    from zerofit.objectives.rloo import RLOO
+
+    alone = GRPO.describe(_resolve().config, "none") or ""
+    assert f"rewards: {ENV_REWARD}; multi-turn:" in alone and "rewards: ;" not in alone
+    both = _resolve("rl.rewards=[{function: exact_match}]").config
+    assert f"rewards: exact_match (column answer) x 1; {ENV_REWARD}; multi-turn:" in (
+        GRPO.describe(both, "") or ""
+    )
+    assert (RLOO.describe(both, "") or "").endswith(f"rewards: exact_match (column answer) x 1; {ENV_REWARD}")
+    assert "zerofit_never_imported_env" not in sys.modules
+
+
+def test_zerofit_plan_prints_the_environments_reward(capsys: pytest.CaptureFixture[str]) -> None:
+    """`zerofit plan`'s reward lines name the environment, not "none (a launch refuses ...)"."""
+    from zerofit.cli import main
+
+    assert main(["plan", "--config", str(REPO / "configs" / "demo.yaml"), *AGENT]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"Reward: {ENV_REWARD}" in out and "Reward: none" not in out, out
+    assert "zerofit_never_imported_env" not in sys.modules

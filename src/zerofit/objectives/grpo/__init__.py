@@ -21,20 +21,24 @@ from zerofit.objectives.rules import refuse_reference, refuse_unpaired_format
 from zerofit.objectives.spec import PROMPT, ObjectiveSpec
 
 if TYPE_CHECKING:
-    from zerofit.config.schema import RewardSpec, ZerofitConfig
+    from zerofit.config.schema import RewardSpec, RLSection, ZerofitConfig
     from zerofit.objectives.protocol import Objective
 
 __all__ = [
+    "ENVIRONMENT_REWARD",
     "GRPO",
     "MIN_TURN_TOKENS",
     "GRPOSpec",
     "completions_per_step",
+    "describe_environment_reward",
     "describe_reward",
+    "describe_rewards",
     "engine_problem",
     "unread_keys",
 ]
 
 MIN_TURN_TOKENS = 8  # the fewest tokens of rl.max_completion_length a multi-turn trajectory gets per turn
+ENVIRONMENT_REWARD = "environment"  # the reward an `rl.environment` gives, summed into the total
 
 
 def describe_reward(spec: RewardSpec) -> str:
@@ -49,6 +53,23 @@ def describe_reward(spec: RewardSpec) -> str:
     if detail is None:
         detail = f"imported at launch from module {spec.function.split(':')[0]}"
     return f"{spec.function} ({detail}) x {spec.weight:g}"
+
+
+def describe_environment_reward(environment: str) -> str:
+    """How the plan names the reward an `rl.environment` gives: what its `step` returns, summed over a
+    trajectory's turns and added to the weighted reward functions (weight 1); nothing is imported."""
+    return (
+        f"{ENVIRONMENT_REWARD} (what {environment}'s step returns, summed over the trajectory's turns; "
+        "imported at launch) x 1"
+    )
+
+
+def describe_rewards(rl: RLSection) -> str:
+    """The plan's rewards of a run: each reward function, then an environment's own reward."""
+    named = [describe_reward(spec) for spec in rl.rewards]
+    if rl.environment is not None:
+        named.append(describe_environment_reward(rl.environment))
+    return "; ".join(named)
 
 
 def completions_per_step(cfg: ZerofitConfig) -> int:
@@ -247,8 +268,7 @@ class GRPOSpec(ObjectiveSpec):
             f"step, <= {rl.max_prompt_length} + {rl.max_completion_length} tokens each (<= "
             f"{n * rl.max_completion_length:,} completion tokens), sampled by the policy (temperature "
             f"{rl.temperature:g}, top_p {rl.top_p:g}, top_k {rl.top_k}); {rl.num_iterations} update(s) per rollout; "
-            f"loss over {normalizer}; reference: {ref}; rewards: "
-            + "; ".join(describe_reward(spec) for spec in rl.rewards)
+            f"loss over {normalizer}; reference: {ref}; rewards: {describe_rewards(rl)}"
             + _describe_agent(cfg)
         )
 

@@ -21,7 +21,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from zerofit.objectives.grpo import GRPOSpec, completions_per_step, describe_reward
+from zerofit.objectives.grpo import GRPOSpec, completions_per_step, describe_rewards
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -77,8 +77,7 @@ class RLOOSpec(GRPOSpec):
             f"{rl.prompts_per_step} prompts x G {rl.num_generations} = {n} completions per step, <= "
             f"{rl.max_prompt_length} + {rl.max_completion_length} tokens each, sampled by the policy (temperature "
             f"{rl.temperature:g}, top_p {rl.top_p:g}, top_k {rl.top_k}); {rl.num_iterations} update(s) per rollout; "
-            f"loss over the global batch's {n} completions; rewards: "
-            + "; ".join(describe_reward(spec) for spec in rl.rewards)
+            f"loss over the global batch's {n} completions; rewards: {describe_rewards(rl)}"
         )
 
 
