@@ -142,14 +142,14 @@ def test_the_fsdp_block_class_is_read_from_the_cache_and_checked(
     # class's import costs seconds, so the answer is cached; an entry that is not class names is not used.
     import zerofit.engine_spec.render as render
 
-    # (A mixture-of-experts model: a dense family's class is named from its config alone, uncached.)
-    model_cfg = model_config_dict("Qwen/Qwen1.5-MoE-A2.7B")
-    assert render.cached_layer_class(model_cfg) == "Qwen2MoeDecoderLayer"
+    # (Mixtral: a family `catalogue.layouts` reads has its class named from its config alone, uncached.)
+    model_cfg = model_config_dict("mistralai/Mixtral-8x7B-v0.1")
+    assert render.cached_layer_class(model_cfg) == "MixtralDecoderLayer"
     key = cache_key("fsdp_layer_class", 1, {"config": model_cfg})
-    assert json.loads((planner_cache / f"{key}.json").read_text()) == {"layer_class": "Qwen2MoeDecoderLayer"}
+    assert json.loads((planner_cache / f"{key}.json").read_text()) == {"layer_class": "MixtralDecoderLayer"}
     computed = render.decoder_layer_class
     monkeypatch.setattr(render, "decoder_layer_class", _no_build)
-    assert render.cached_layer_class(model_cfg) == "Qwen2MoeDecoderLayer"
+    assert render.cached_layer_class(model_cfg) == "MixtralDecoderLayer"
     (planner_cache / f"{key}.json").write_text(json.dumps({"layer_class": "os.system('x')"}))
     monkeypatch.setattr(render, "decoder_layer_class", computed)
-    assert render.cached_layer_class(model_cfg) == "Qwen2MoeDecoderLayer"
+    assert render.cached_layer_class(model_cfg) == "MixtralDecoderLayer"
