@@ -173,11 +173,12 @@ def test_a_qlora_build_keeps_bitsandbytes_hub_kernel_message_out() -> None:
 
 
 # `zerofit plan` is what a user runs over and over while choosing a recipe: even its first plan of a model (an
-# empty planner cache) reads the shapes, LoRA counts, LoRA report and FSDP block class of a dense, Qwen2-MoE or
-# Qwen2-VL / Qwen2.5-VL model from the config alone (`zerofit.catalogue.layouts`, `zerofit.planner.config_shapes`), and must not pay for peft,
-# bitsandbytes, DeepSpeed, torch's compilers or transformers' modeling stack (~4 CPU-s of imports against ~2 for
-# torch itself; benchmarks/plan_speed.py). A family without that rule builds the model on the meta device once
-# and keeps the answer in `$ZEROFIT_CACHE/planner/` (`zerofit.core.derived_cache`); every later plan reads it.
+# empty planner cache) reads the shapes, LoRA counts, LoRA report and FSDP block class of a dense,
+# mixture-of-experts (Mixtral, Qwen-MoE) or Qwen2-VL / Qwen2.5-VL model from the config alone
+# (`zerofit.catalogue.layouts`, `zerofit.planner.config_shapes`), and must not pay for peft, bitsandbytes,
+# DeepSpeed, torch's compilers or transformers' modeling stack (~4 CPU-s of imports against ~2 for torch
+# itself; benchmarks/plan_speed.py). A family without that rule builds the model on the meta device once and
+# keeps the answer in `$ZEROFIT_CACHE/planner/` (`zerofit.core.derived_cache`); every later plan reads it.
 PLAN_CONFIGS = (
     "configs/demo.yaml",
     "configs/qwen25-7b-grpo-qlora-3090.yaml",

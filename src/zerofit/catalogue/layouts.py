@@ -5,8 +5,8 @@ transformers answers them exactly for any architecture, but its imports (transfo
 cost seconds, which a user's first plan of a model would pay. For the families zerofit maps
 (`zerofit.models.lora_targets`), the layout is a short rule of the config: which linear layers and norms a
 decoder layer registers, in order, their sizes and biases; the embeddings, final norm and head outside the
-layers; the sliding window and soft-capping the config class derives. Qwen2-MoE's routed and shared experts
-(`zerofit.catalogue.moe_layouts`) and the Qwen2-VL / Qwen2.5-VL vision towers in front of a Qwen2 language
+layers; the sliding window and soft-capping the config class derives. Mixtral's, Qwen2-MoE's and
+Qwen3-MoE's routed (and shared) experts (`zerofit.catalogue.moe_layouts`) and the Qwen2-VL / Qwen2.5-VL vision towers in front of a Qwen2 language
 model (`zerofit.catalogue.vision_layouts`) are read the same way. `model_layout` answers None for anything
 the rule cannot decide exactly (another family, a key whose default this rule does not know, a setting that
 changes the layout): the caller then builds the model on the meta device, as before.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zerofit.catalogue.layout_parts import Layout, Part, Undecided, need
-from zerofit.catalogue.moe_layouts import qwen2_moe_mlp
+from zerofit.catalogue.moe_layouts import mixtral_mlp, qwen2_moe_mlp, qwen3_moe_mlp
 from zerofit.catalogue.vision_layouts import VISION_BLOCKS, vision_parts
 
 __all__ = ["Layout", "Part", "layer_class_by_convention", "layout_model_types", "model_layout"]
@@ -62,8 +62,11 @@ def _every_layer(config: Mapping[str, Any], layers: int) -> tuple[int, int]:
     return (window, layers if window else 0)
 
 
-def _phi3_window(config: Mapping[str, Any], layers: int) -> tuple[int, int]:
-    """Phi-3: an optional window (default none) on every layer."""
+def _optional_window(config: Mapping[str, Any], layers: int) -> tuple[int, int]:
+    """Phi-3, Mixtral: an optional window (default none) on every layer; per-layer types are another
+    class's."""
+    if "layer_types" in config:
+        raise Undecided("layer_types")
     window = config.get("sliding_window") or 0
     return (window, layers if window else 0)
 
@@ -118,10 +121,15 @@ _FAMILIES: dict[str, _Family] = {
     ),
     # Phi-3 / Phi-4 register o_proj before the fused qkv_proj.
     "phi3": _Family(
-        attention=("o_proj", "qkv_proj"), mlp=("gate_up_proj", "down_proj"), bias="none", sliding=_phi3_window
+        attention=("o_proj", "qkv_proj"),
+        mlp=("gate_up_proj", "down_proj"),
+        bias="none",
+        sliding=_optional_window,
     ),
     # Qwen2-MoE: q, k, v biased unless `qkv_bias` is false (its class default: true); its MLP is the experts'.
     "qwen2_moe": _Family(mlp=(), bias="qkv_bias", sliding=_qwen_window, moe=qwen2_moe_mlp),
+    "qwen3_moe": _Family(mlp=(), qk_norm=True, sliding=_qwen_window, moe=qwen3_moe_mlp),
+    "mixtral": _Family(mlp=(), bias="none", sliding=_optional_window, moe=mixtral_mlp),
 }
 # A vision-language model's language model (its `text_config`): Qwen2's layer, q/k/v always biased, head_dim
 # always hidden / heads.

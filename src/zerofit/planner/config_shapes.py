@@ -1,6 +1,6 @@
 """The planner's shapes and LoRA counts from a model's config alone (`zerofit.catalogue.layouts`), in the form
-of the planner's cache entries, so a first plan of a model that rule reads (dense, Qwen2-MoE, Qwen2-VL /
-Qwen2.5-VL) needs no meta-device build.
+of the planner's cache entries, so a first plan of a model that rule reads (dense, Mixtral, Qwen2-MoE,
+Qwen3-MoE, Qwen2-VL / Qwen2.5-VL) needs no meta-device build.
 
 `zerofit.planner.shapes` and `zerofit.planner.lora_report` read these entries before their cache: they are
 exactly what the meta-device build and peft measure (`tests/unit/planner/test_config_layout.py` holds every

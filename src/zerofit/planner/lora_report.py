@@ -9,9 +9,9 @@ in the planner's cache (`zerofit.core.derived_cache`) under a key that cannot go
 dict, the whole `lora` section, the library versions and zerofit's source digest. A cached report is checked
 before use: every field of its type, and the names and summary (what `zerofit.models.lora_targets` maps
 from the config alone) as they are mapped now; one that fails is computed again. The report of a family
-`zerofit.catalogue.layouts` reads (dense, Qwen2-MoE, Qwen2-VL / Qwen2.5-VL) comes
-from its config alone, before the cache (`zerofit.planner.config_shapes`: the same fields, held equal to
-peft's by tests/unit/planner/test_config_layout.py), so its first plan builds nothing.
+`zerofit.catalogue.layouts` reads (dense, Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen2-VL / Qwen2.5-VL) comes from its
+config alone, before the cache (`zerofit.planner.config_shapes`: the same fields, held equal to peft's by
+tests/unit/planner/test_config_layout.py), so its first plan builds nothing.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ keeps a 7B count well under a second. Results are cached in-process and on disk 
 `zerofit.core.derived_cache`: keyed by the config, the settings, the library versions and zerofit's source,
 each entry checked before use), so only the first plan of a model imports transformers' modeling stack and
 peft; every later one reads the entries (tests/unit/test_lazy_imports.py). The entries of a family
-`zerofit.catalogue.layouts` reads (dense, Qwen2-MoE, Qwen2-VL / Qwen2.5-VL) come from its config alone, before
-the cache (`zerofit.planner.config_shapes`, equal to the build's field by field): its first plan builds nothing.
+`zerofit.catalogue.layouts` reads (dense, Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen2-VL / Qwen2.5-VL) come from its
+config alone, before the cache (`zerofit.planner.config_shapes`, equal to the build's field by field): its
+first plan builds nothing.
 """
 
 from __future__ import annotations

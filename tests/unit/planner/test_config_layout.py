@@ -1,6 +1,6 @@
 """The planner's facts from a model's config alone equal what the meta-device build measures, exactly.
 
-A first `zerofit plan` of a dense model, a Qwen2-MoE model (routed experts fused, a shared expert) or a
+A first `zerofit plan` of a dense model, a Mixtral / Qwen2-MoE / Qwen3-MoE model (routed experts fused) or a
 Qwen2-VL / Qwen2.5-VL model (a vision tower and projector in front of the language model) reads its shapes,
 its LoRA counts, its `LoRA:` report and its FSDP block class from the config (`zerofit.catalogue.layouts`,
 `zerofit.planner.config_shapes`) instead of building it on the meta device through transformers and peft
@@ -46,7 +46,7 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZEROFIT_CACHE", str(tmp_path))
 
 
-def test_every_dense_catalogue_family_is_read_from_its_config() -> None:
+def test_every_catalogue_model_of_a_family_the_rule_reads_is_read_from_its_config() -> None:
     undecided = [
         n for n, c in CATALOGUE.items() if c.get("model_type") in layout_model_types() and n not in DECIDED
     ]
@@ -58,18 +58,23 @@ def test_every_dense_catalogue_family_is_read_from_its_config() -> None:
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_shapes_from_the_config_equal_the_meta_builds(name: str) -> None:
     entry = shape_entry(model_config_dict(name), name)
-    if name not in DECIDED:  # a family the rule does not read (Mixtral, Qwen3-MoE, LLaVA, ...): the build's
+    if name not in DECIDED:  # a family the rule does not read (LLaVA, Gemma 3 vision, ...): the build's
         assert entry is None
         return
     assert entry is not None
     assert shape_of_entry(entry, name) == compute_model_shape(name)  # every field
 
 
+def _is_moe(config: dict[str, Any]) -> bool:
+    """A mixture-of-experts model (Qwen-MoE's `num_experts`, Mixtral's `num_local_experts`)."""
+    return "num_experts" in config or "num_local_experts" in config
+
+
 def _cases(config: dict[str, Any]) -> list[tuple[Any, bool, tuple[str, bool], tuple[str, bool] | None]]:
     """Every LoRA case of a model: the targets and DoRA of `LORA_CASES`, by each MoE choice for a
     mixture-of-experts model and each vision choice (`lora.projector`, `lora.vision_tower`) for a
     vision-language model."""
-    moes = MOE_CASES if "num_experts" in config else (("shared", False),)
+    moes = MOE_CASES if _is_moe(config) else (("shared", False),)
     visions = VISION_CASES if "vision_config" in config else (None,)
     return [(t, dora, moe, v) for t, dora in LORA_CASES for moe in moes for v in visions]
 
@@ -78,15 +83,18 @@ def _left_to_the_build(config: dict[str, Any], targets: Any, moe: tuple[str, boo
     """The cases the rule leaves to the meta build: routed experts or the router adapted (peft's parameter
     targeting, `modules_to_save`), a meaning that adapts nothing, an explicit name the model lacks or that
     reaches something other than a layer's linears (Phi-3's q_proj, a tied or a vision model's head, a MoE's
-    fused `experts.down_proj`)."""
-    if moe != ("shared", False):
+    fused `experts.down_proj`), `mlp` on a MoE model with no shared expert (refused)."""
+    if moe[0] == "all" or moe[1]:
         return True
     names = set(targets) if isinstance(targets, tuple) else set()
     if "lm_head" in names and (config.get("tie_word_embeddings") or "vision_config" in config):
         return True
     if "q_proj" in names and config["model_type"] == "phi3":
         return True
-    return "down_proj" in names and "num_experts" in config
+    no_shared = moe[0] == "none" or "shared_expert_intermediate_size" not in config
+    if targets == "mlp" and _is_moe(config) and no_shared:
+        return True  # no dense or shared MLP adapted: the meaning adapts nothing, which the build refuses
+    return "down_proj" in names and _is_moe(config)
 
 
 @pytest.mark.slow
@@ -174,6 +182,9 @@ def _without(config: dict[str, Any], key: str) -> dict[str, Any]:
         ("tiny-qwen2-moe", {"decoder_sparse_step": 2}),
         ("tiny-qwen2-moe", {"moe_intermediate_size": None}),  # an expert width the rule does not guess
         ("tiny-qwen2-moe", {"use_sliding_window": True}),
+        ("tiny-qwen3-moe", {"decoder_sparse_step": 2}),
+        ("tiny-mixtral", {"num_local_experts": None}),
+        ("tiny-mixtral", {"layer_types": ["full_attention", "sliding_attention"]}),
         ("tiny-qwen2-vl", {"text_config": None}),  # a flat (older) config: transformers splits it
         ("tiny-qwen2-vl", {"tie_word_embeddings": None}),
         ("tiny-qwen2-vl", {"architectures": ["Qwen2VLForCausalLM"]}),
