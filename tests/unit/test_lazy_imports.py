@@ -173,15 +173,21 @@ def test_a_qlora_build_keeps_bitsandbytes_hub_kernel_message_out() -> None:
 
 
 # `zerofit plan` is what a user runs over and over while choosing a recipe: even its first plan of a model (an
-# empty planner cache) reads the shapes, LoRA counts, LoRA report and FSDP block class of a dense family from the
-# config alone (`zerofit.catalogue.layouts`, `zerofit.planner.config_shapes`), and must not pay for peft,
-# bitsandbytes, DeepSpeed, torch's compilers or transformers' modeling stack (~4 CPU-s of imports against ~2 for
-# torch itself; benchmarks/plan_speed.py). A family without that rule builds the model on the meta device once
-# and keeps the answer in `$ZEROFIT_CACHE/planner/` (`zerofit.core.derived_cache`); every later plan reads it.
+# empty planner cache) reads the shapes, LoRA counts, LoRA report and FSDP block class of a dense,
+# mixture-of-experts (Mixtral, Qwen-MoE) or Qwen2-VL / Qwen2.5-VL model from the config alone
+# (`zerofit.catalogue.layouts`, `zerofit.planner.config_shapes`), and must not pay for peft, bitsandbytes,
+# DeepSpeed, torch's compilers or transformers' modeling stack (~4 CPU-s of imports against ~2 for torch
+# itself; benchmarks/plan_speed.py). A family without that rule builds the model on the meta device once and
+# keeps the answer in `$ZEROFIT_CACHE/planner/` (`zerofit.core.derived_cache`); every later plan reads it.
 PLAN_CONFIGS = (
     "configs/demo.yaml",
     "configs/qwen25-7b-grpo-qlora-3090.yaml",
     "configs/llama31-8b-qlora-longctx-3090.yaml",
+    "configs/qwen15-moe-qlora-2x3090-fsdp.yaml",
+    "configs/demo-vlm.yaml",
+    "configs/demo-vlm-colours.yaml",
+    "configs/qwen25-vl-7b-lora-3090.yaml",
+    "configs/qwen25-vl-7b-qlora-3090.yaml",
 )
 PLANS = """
 import contextlib, io, json, sys
@@ -189,6 +195,7 @@ from zerofit.cli import main
 if sys.argv[1] == "built":  # no family read from its config: every answer from the meta-device build
     import zerofit.catalogue.layouts as layouts
     layouts._FAMILIES.clear()
+    layouts.VISION_BLOCKS.clear()
 out = io.StringIO()
 for config in sys.argv[2:]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -201,7 +208,7 @@ NOT_IN_A_PLAN = ("peft", "bitsandbytes", "deepspeed", "torch._inductor", "torch.
 
 def _plans(cache: Path, how: str = "config") -> dict[str, object]:
     """The output and `sys.modules` of a fresh interpreter planning every `PLAN_CONFIGS` with the planner's cache
-    at `cache`; `how`: `config` (dense families from their configs) or `built` (every answer from a meta build
+    at `cache`; `how`: `config` (the families `zerofit.catalogue.layouts` reads, from their configs) or `built` (every answer from a meta build
     or the cache, as for a family without the config rule)."""
     env = {**os.environ, "ZEROFIT_CACHE": str(cache)}
     proc = subprocess.run(

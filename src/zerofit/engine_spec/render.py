@@ -250,10 +250,11 @@ def cached_layer_class(model_cfg: dict[str, Any]) -> str:
     """`decoder_layer_class`, kept in `zerofit.core.derived_cache`: it reads transformers' model class, whose
     import costs seconds (its modeling stack), for a fact of the config and the library versions, and every
     `zerofit plan` of an FSDP run renders it. A cached answer is checked before use (class names only). A
-    dense family whose layout `zerofit.catalogue.layouts` reads from the config follows transformers' naming
-    convention (held equal to the class's declaration by tests/unit/planner/test_config_layout.py)."""
-    if model_layout(model_cfg) is not None:  # a dense family zerofit reads from its config: the convention
-        return layer_class_by_convention(model_cfg["architectures"][0])
+    family whose layout `zerofit.catalogue.layouts` reads from the config names its block class(es) there
+    (held equal to the class's declaration by tests/unit/planner/test_config_layout.py)."""
+    layout = model_layout(model_cfg)
+    if layout is not None:  # a family zerofit reads from its config: its declared block class(es)
+        return layout.block_class
     key = cache_key("fsdp_layer_class", 1, {"config": model_cfg})
     entry = read_cache(key) or {}
     cached = (

@@ -37,6 +37,7 @@ __all__ = [
     "known_model_types",
     "model_type_of",
     "resolve_lora_targets",
+    "vision_lora_summary",
 ]
 
 TARGET_MEANINGS = ("attention", "mlp", "all-linear")
@@ -169,6 +170,16 @@ def resolve_lora_targets(
         family=fam.family,
         summary=_summary(fam, target_modules, moe_experts, train_router),
     )
+
+
+def vision_lora_summary(text: LoraTargets, vision_tower: bool, projector_full: bool) -> str:
+    """What LoRA adapts of a vision-language model, in words: the language model's targets (`text`, mapped
+    by its family), the vision tower's linears, the projector trained in full."""
+    names = (text.target_modules,) if isinstance(text.target_modules, str) else text.target_modules
+    parts = ["the language model's " + (text.summary or ", ".join(names))]
+    parts += ["the vision tower's linears"] if vision_tower else []
+    parts += ["the projector in full"] if projector_full else []
+    return "LoRA on " + "; ".join(parts)
 
 
 def _refuse_empty_list(is_moe: bool) -> NoReturn:

@@ -342,7 +342,7 @@ def vision_lora_targets(
     """What LoRA adapts of a vision-language model: `lora.target_modules` mapped by the language model's
     family, as one expression limited to the language model (the vision tower's linears too with
     `lora.vision_tower`); the projector trained in full with `lora.projector = full`, else frozen."""
-    from zerofit.models.lora_targets import LoraTargets, resolve_lora_targets
+    from zerofit.models.lora_targets import LoraTargets, resolve_lora_targets, vision_lora_summary
 
     family = require_family(model.config.to_dict(), str(getattr(model, "name_or_path", "")))
     text = resolve_lora_targets({"model_type": family.text_model_type}, spec.target_modules)
@@ -350,10 +350,8 @@ def vision_lora_targets(
     vision = vision_linear_names(model, family) if vision_tower else ()
     regex = lora_target_regex(family, tuple(n.rsplit(".", 1)[-1] for n in names), vision)
     saved = (family.projector.replace("\\", ""),) if projector == "full" else ()
-    parts = ["the language model's " + (text.summary or ", ".join(names))]
-    parts += ["the vision tower's linears"] if vision else []
-    parts += ["the projector in full"] if saved else []
-    return LoraTargets(regex, (), saved, family.model_type, "LoRA on " + "; ".join(parts))
+    summary = vision_lora_summary(text, bool(vision), bool(saved))
+    return LoraTargets(regex, (), saved, family.model_type, summary)
 
 
 def apply_vision_lora(

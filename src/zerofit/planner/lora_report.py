@@ -8,9 +8,10 @@ imports (transformers' modeling modules, peft, and through it torch's compiler s
 in the planner's cache (`zerofit.core.derived_cache`) under a key that cannot go stale: the model's config.json
 dict, the whole `lora` section, the library versions and zerofit's source digest. A cached report is checked
 before use: every field of its type, and the names and summary (what `zerofit.models.lora_targets` maps
-from the config alone) as they are mapped now; one that fails is computed again. A dense family's report comes
-from its config alone, before the cache (`zerofit.planner.config_shapes`: the same fields, held equal to
-peft's by tests/unit/planner/test_config_layout.py), so its first plan builds nothing.
+from the config alone) as they are mapped now; one that fails is computed again. The report of a family
+`zerofit.catalogue.layouts` reads (dense, Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen2-VL / Qwen2.5-VL) comes from its
+config alone, before the cache (`zerofit.planner.config_shapes`: the same fields, held equal to peft's by
+tests/unit/planner/test_config_layout.py), so its first plan builds nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from zerofit.catalogue.models import model_config_dict
 from zerofit.core.derived_cache import cache_key, conforms, read_cache, write_cache
 from zerofit.core.errors import ConfigError
 from zerofit.models.lora_targets import resolve_lora_targets
-from zerofit.planner.config_shapes import adapted_modules, lora_entry
+from zerofit.planner.config_shapes import adapted, lora_entry
 
 if TYPE_CHECKING:
     from zerofit.config.schema import ZerofitConfig
@@ -60,7 +61,7 @@ def lora_targets_report(cfg: ZerofitConfig) -> dict[str, Any] | None:
         return None
     config = _model_config(cfg)
     from_config = _from_config(cfg, config) if config is not None else None
-    if from_config is not None:  # a dense family's report from its config alone (`planner.config_shapes`)
+    if from_config is not None:  # from the config alone (`planner.config_shapes`)
         return from_config
     key = _key(cfg, config) if config is not None else None
     cached = read_cache(key) if key else None
@@ -117,18 +118,20 @@ def _from_config(cfg: ZerofitConfig, config: dict[str, Any]) -> dict[str, Any] |
     """The report from the model's config alone, exactly what `_computed` measures (None: the rule cannot
     decide it; `zerofit.planner.config_shapes`)."""
     from zerofit.models.lora import AdaptedCounts
+    from zerofit.models.vision import is_vision_config
 
     lora = cfg.lora
     moe = (lora.moe_experts, lora.train_router)
-    entry = lora_entry(config, lora.r, lora.target_modules, lora.use_dora, moe)
-    modules = adapted_modules(config, lora.target_modules, moe)
-    if entry is None or modules is None:
+    vision = (lora.projector, lora.vision_tower) if is_vision_config(config) else None
+    entry = lora_entry(config, lora.r, lora.target_modules, lora.use_dora, moe, vision)
+    found = adapted(config, lora.target_modules, moe, vision)
+    if entry is None or found is None:
         return None
-    targets = resolve_lora_targets(config, lora.target_modules, *moe)
-    layers = int(config["num_hidden_layers"])
-    trainable = entry["layer_trainable_params"] * layers + entry["outside_trainable_params"]
-    counts = AdaptedCounts(modules, 0, 0, trainable)
-    return _counted(targets, counts)
+    trainable = entry["layer_trainable_params"] * found.layout.num_layers + entry["outside_trainable_params"]
+    counts = AdaptedCounts(found.modules, 0, 1 if found.saved else 0, trainable)
+    if vision is not None:
+        return {"described": f"{found.summary}: {counts.describe()}"}
+    return _counted(resolve_lora_targets(config, lora.target_modules, *moe), counts)
 
 
 def _counted(targets: Any, counts: Any) -> dict[str, Any]:

@@ -13,9 +13,10 @@ LoRA is applied to 1- and 2-layer builds and extrapolated (decoder layers of the
 keeps a 7B count well under a second. Results are cached in-process and on disk (`$ZEROFIT_CACHE/planner/`,
 `zerofit.core.derived_cache`: keyed by the config, the settings, the library versions and zerofit's source,
 each entry checked before use), so only the first plan of a model imports transformers' modeling stack and
-peft; every later one reads the entries (tests/unit/test_lazy_imports.py). A dense family's entries come from
-its config alone, before the cache (`zerofit.planner.config_shapes`, equal to the build's field by field):
-its first plan builds nothing.
+peft; every later one reads the entries (tests/unit/test_lazy_imports.py). The entries of a family
+`zerofit.catalogue.layouts` reads (dense, Mixtral, Qwen2-MoE, Qwen3-MoE, Qwen2-VL / Qwen2.5-VL) come from its
+config alone, before the cache (`zerofit.planner.config_shapes`, equal to the build's field by field): its
+first plan builds nothing.
 """
 
 from __future__ import annotations
@@ -315,7 +316,7 @@ def compute_model_shape(name_or_path: str) -> ModelShape:
 def model_shape(name_or_path: str) -> ModelShape:
     """Exact dimensions and parameter counts of `name_or_path` (catalogue id or local HF folder)."""
     config = model_config_dict(name_or_path)
-    cached = shape_entry(config, name_or_path)  # a dense family's shapes from its config alone
+    cached = shape_entry(config, name_or_path)  # a family `catalogue.layouts` reads: from its config alone
     key = cache_key("model", _CACHE_VERSION, {"config": config})
     cached = cached if cached is not None else read_cache(key)
     if cached is not None and conforms(cached, ModelShape):  # an entry is data: checked before use
@@ -453,7 +454,7 @@ def _lora_shape_cached(
     if vision:
         payload["vision"] = list(vision)
     key = cache_key("lora", _CACHE_VERSION, payload)
-    cached = lora_entry(payload["config"], r, targets, use_dora, moe) if not vision else None
+    cached = lora_entry(payload["config"], r, targets, use_dora, moe, vision)  # from the config alone
     cached = cached if cached is not None else read_cache(key)
     if cached is None or not conforms(cached, _LoraEntry):  # an entry is data: checked before use
         cached = built_lora_entry(name_or_path, r, targets, use_dora, moe, vision)

@@ -135,6 +135,9 @@ def test_conforms_checks_json_values_against_their_types() -> None:
     assert conforms({"a": 1}, dict[str, int]) and not conforms({"a": "1"}, dict[str, int])
 
 
+BLOCKS = "MllamaVisionEncoderLayer,MllamaCrossAttentionDecoderLayer,MllamaSelfAttentionDecoderLayer"
+
+
 def test_the_fsdp_block_class_is_read_from_the_cache_and_checked(
     planner_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,14 +145,14 @@ def test_the_fsdp_block_class_is_read_from_the_cache_and_checked(
     # class's import costs seconds, so the answer is cached; an entry that is not class names is not used.
     import zerofit.engine_spec.render as render
 
-    # (A mixture-of-experts model: a dense family's class is named from its config alone, uncached.)
-    model_cfg = model_config_dict("Qwen/Qwen1.5-MoE-A2.7B")
-    assert render.cached_layer_class(model_cfg) == "Qwen2MoeDecoderLayer"
+    # (Llama 3.2 Vision: a family `catalogue.layouts` reads has its class named from its config alone, uncached.)
+    model_cfg = model_config_dict("meta-llama/Llama-3.2-11B-Vision-Instruct")
+    assert render.cached_layer_class(model_cfg) == BLOCKS
     key = cache_key("fsdp_layer_class", 1, {"config": model_cfg})
-    assert json.loads((planner_cache / f"{key}.json").read_text()) == {"layer_class": "Qwen2MoeDecoderLayer"}
+    assert json.loads((planner_cache / f"{key}.json").read_text()) == {"layer_class": BLOCKS}
     computed = render.decoder_layer_class
     monkeypatch.setattr(render, "decoder_layer_class", _no_build)
-    assert render.cached_layer_class(model_cfg) == "Qwen2MoeDecoderLayer"
+    assert render.cached_layer_class(model_cfg) == BLOCKS
     (planner_cache / f"{key}.json").write_text(json.dumps({"layer_class": "os.system('x')"}))
     monkeypatch.setattr(render, "decoder_layer_class", computed)
-    assert render.cached_layer_class(model_cfg) == "Qwen2MoeDecoderLayer"
+    assert render.cached_layer_class(model_cfg) == BLOCKS
