@@ -148,8 +148,10 @@ def test_a_zero_run_leaves_inductors_compiler_unloaded() -> None:
 # other objectives, engines or readers: no torch.distributed.checkpoint (FSDP2's checkpoints, ~0.1 CPU-s), no
 # run reader (`zerofit.trained`: a teacher's or an export's), teacher, RL, distillation, precomputed reference
 # or `eval.harness` code. And transformers indexes its `models` package once, not twice (`import
-# transformers` and `transformers.models` each read ~1,100 files; `zerofit.core.transformers_index`), with the
-# same lazy namespace as transformers builds alone. (benchmarks/startup.py measures what each saves.)
+# transformers` and `transformers.models` each read ~1,100 files; `zerofit.core.transformers_import`), with the
+# same lazy namespace as transformers builds alone; its object-detection losses import scipy.optimize when
+# their matcher first runs, not when any model loads, and match as scipy does. (benchmarks/startup.py
+# measures what each saves.)
 PLAIN_TRAIN = """
 import json, sys, tempfile
 import zerofit
@@ -157,11 +159,18 @@ zerofit.train("configs/demo.yaml", distributed__strategy="single", lora__enabled
               train__precision="fp32", batch__global_batch_size=2, batch__micro_batch_size=2,
               checkpoint__save_final=False, logging__wandb__mode="disabled", output_dir=tempfile.mkdtemp())
 from transformers.utils import import_utils
-from zerofit.core.transformers_index import FOLDER_KEYED
+from zerofit.core.transformers_import import FOLDER_KEYED
 index = import_utils.create_import_structure_from_path
 keyed = getattr(index, FOLDER_KEYED, False)
 hits = (index.__wrapped__ if keyed else index).cache_info().hits
-print(json.dumps({"modules": sorted(sys.modules), "keyed": keyed, "index_hits": hits, "models": MODELS()}))
+modules = sorted(sys.modules)
+import importlib, pkgutil, numpy, scipy.optimize, transformers.loss
+cost, matched = numpy.random.default_rng(0).random((6, 9)), {}
+for info in pkgutil.iter_modules(transformers.loss.__path__, "transformers.loss."):
+    solve = getattr(importlib.import_module(info.name), "linear_sum_assignment", None)
+    if solve is not None:  # the losses' matcher answers as scipy's own
+        matched[info.name] = [a.tolist() for a in solve(cost)] == [a.tolist() for a in scipy.optimize.linear_sum_assignment(cost)]
+print(json.dumps({"modules": modules, "keyed": keyed, "index_hits": hits, "models": MODELS(), "matched": matched}))
 """
 MODELS_NAMESPACE = """
 def plain(x):  # dicts, sets and lists (built from sets: in hash order) of names as JSON, in one order
@@ -180,7 +189,7 @@ import transformers.models
 print(json.dumps({"models": MODELS()}))
 """
 NOT_IN_A_PLAIN_RUN = ("torch.distributed.checkpoint", "zerofit.trained", "zerofit.recipe.teacher", "zerofit.recipe.rl",
-                      "zerofit.recipe.distill", "zerofit.loop.reference", "zerofit.harness")  # fmt: skip
+                      "zerofit.recipe.distill", "zerofit.loop.reference", "zerofit.harness", "scipy")  # fmt: skip
 
 
 def _last_json(code: str) -> dict[str, object]:
@@ -194,7 +203,7 @@ def _last_json(code: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_a_plain_run_imports_no_other_engines_readers_or_objectives_and_indexes_transformers_models_once() -> (
+def test_a_plain_run_imports_no_other_engines_readers_objectives_or_scipy_and_indexes_transformers_models_once() -> (
     None
 ):
     run = _last_json(PLAIN_TRAIN)
@@ -203,6 +212,8 @@ def test_a_plain_run_imports_no_other_engines_readers_or_objectives_and_indexes_
     assert [m for m in modules if m.startswith(NOT_IN_A_PLAIN_RUN)] == []
     assert run["keyed"] and run["index_hits"] >= 1  # transformers.models: the first index's answer
     assert run["models"] == _last_json(TRANSFORMERS_ALONE)["models"]  # the namespace transformers builds
+    matched = run["matched"]
+    assert isinstance(matched, dict) and len(matched) >= 5 and all(matched.values()), matched
 
 
 # bitsandbytes' CPU backend asks the Hub's `kernels` package for a kernel when it is imported and logs
