@@ -21,7 +21,8 @@ which covers the launcher and every rank it waited for):
   to the end: torchrun's own process plus both ranks from start to exit (the one step, the summary and
   the exit included, the same work on both sides). Each rank's CPU at its first step is recorded too.
 
-Beside them, the floors on the same machine in the same run: `python -c "import torch"`, a plain PyTorch
+Beside them, the floors on the same machine in the same run, each from start to the end of its code (it leaves
+with `os._exit`, as the one-process launches leave at their first step): `python -c "import torch"`, a plain PyTorch
 process that imports torch and takes one AdamW step on a linear layer (torch.optim imports torch._dynamo
 when an optimizer is built, so every training process pays it), and a plain transformers process that loads
 the tiny-llama's tokenizer and model as a launch does and takes one AdamW step on one example (what any
@@ -112,6 +113,7 @@ handle = optimizer.register_optimizer_step_post_hook(_first_step)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
+EXIT_NOW = "\nimport os\nos._exit(0)"  # a floor's end: no interpreter finalization (`floor_once`)
 # The floor whose imports the plain launch's are compared with, package by package (the import-time table's gap).
 GAP_FLOOR = "torch + one AdamW step"
 IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|\s*(\S+)")
@@ -270,10 +272,12 @@ def launch_once(side: Side, name: str, tmp: Path, wrapper: Path, importtime: boo
 
 
 def floor_once(code: str, *args: str) -> float:
-    """CPU-s of a fresh interpreter running `code` (with `args` as its argv[1:])."""
+    """CPU-s of a fresh interpreter running `code` (with `args` as its argv[1:]), to the end of `code`: it
+    leaves with `os._exit(0)` there, as a one-process launch leaves at the end of its first step (interpreter
+    finalization after torch._dynamo is loaded costs ~0.3-0.9 CPU-s here, which neither side should count)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPROFILEIMPORTTIME"}
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
-    return round(run_child([sys.executable, "-c", code, *args], env, REPO)[0], 3)
+    return round(run_child([sys.executable, "-c", code + EXIT_NOW, *args], env, REPO)[0], 3)
 
 
 def tiny_llama_folder(side: Side) -> str:
