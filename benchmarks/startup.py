@@ -21,11 +21,16 @@ which covers the launcher and every rank it waited for):
   to the end: torchrun's own process plus both ranks from start to exit (the one step, the summary and
   the exit included, the same work on both sides). Each rank's CPU at its first step is recorded too.
 
-Beside them, the floors on the same machine in the same run: `python -c "import torch"` and a plain PyTorch
+Beside them, the floors on the same machine in the same run, each from start to the end of its code (it leaves
+with `os._exit`, as the one-process launches leave at their first step): `python -c "import torch"`, a plain PyTorch
 process that imports torch and takes one AdamW step on a linear layer (torch.optim imports torch._dynamo
-when an optimizer is built, so every training process pays it). Then one `-X importtime` run of the plain
-launch per side, summed by top-level package (self times; modules loaded through `importlib.import_module`,
-as transformers' lazy modules are, are not logged by CPython, only what they import in turn).
+when an optimizer is built, so every training process pays it), and a plain transformers process that loads
+the tiny-llama's tokenizer and model as a launch does and takes one AdamW step on one example (what any
+transformers training process of that model pays: above it is zerofit's own start-up). Then one `-X importtime`
+run of the plain launch per side, summed by top-level package (self times; modules loaded through
+`importlib.import_module`, as transformers' lazy modules are, are not logged by CPython, only what they import
+in turn), and one of the floor "torch + one AdamW step": the launch's table less the floor's is what the
+launch imports above any PyTorch training process, package by package.
 
 This is a measurement, not a test: nothing here asserts on time.
 
@@ -80,6 +85,16 @@ FLOORS = {
         "import torch\nm = torch.nn.Linear(8, 8)\nopt = torch.optim.AdamW(m.parameters())\n"
         "m(torch.randn(2, 8)).sum().backward()\nopt.step()"
     ),
+    # What any transformers training process of the tiny model pays (argv[1]: its folder): its tokenizer and
+    # model loaded as a launch loads them (fp32, no Hub kernels), one example through forward and backward,
+    # one AdamW step. The part of a launch above it is zerofit's own start-up.
+    "torch + transformers, tiny-llama, one AdamW step": (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "tok = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+        "model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, use_kernels=False)\n"
+        "opt = torch.optim.AdamW(model.parameters())\nids = torch.tensor([tok('12 + 7 = 19')['input_ids']])\n"
+        "model(input_ids=ids, labels=ids).loss.backward()\nopt.step()"
+    ),
 }
 FIRST_STEP = '''"""Run a launcher (argv[1:]) and note this process's CPU at the end of its first optimizer step."""
 import json, os, runpy, sys
@@ -98,6 +113,9 @@ handle = optimizer.register_optimizer_step_post_hook(_first_step)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
+EXIT_NOW = "\nimport os\nos._exit(0)"  # a floor's end: no interpreter finalization (`floor_once`)
+# The floor whose imports the plain launch's are compared with, package by package (the import-time table's gap).
+GAP_FLOOR = "torch + one AdamW step"
 IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|\s*(\S+)")
 
 
@@ -253,11 +271,20 @@ def launch_once(side: Side, name: str, tmp: Path, wrapper: Path, importtime: boo
     return result
 
 
-def floor_once(code: str) -> float:
-    """CPU-s of a fresh interpreter running `code`."""
+def floor_once(code: str, *args: str) -> float:
+    """CPU-s of a fresh interpreter running `code` (with `args` as its argv[1:]), to the end of `code`: it
+    leaves with `os._exit(0)` there, as a one-process launch leaves at the end of its first step (interpreter
+    finalization after torch._dynamo is loaded costs ~0.3-0.9 CPU-s here, which neither side should count)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPROFILEIMPORTTIME"}
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
-    return round(run_child([sys.executable, "-c", code], env, REPO)[0], 3)
+    return round(run_child([sys.executable, "-c", code + EXIT_NOW, *args], env, REPO)[0], 3)
+
+
+def tiny_llama_folder(side: Side) -> str:
+    """The built-in tiny-llama's folder, as `side`'s zerofit builds it (built now if it is not yet)."""
+    env = {**os.environ, "PYTHONPATH": str(side.root / "src")}
+    code = "from zerofit.models.tiny import ensure_tiny_model\nprint(ensure_tiny_model())"
+    return run_child([sys.executable, "-c", code], env, side.root)[1].stdout.strip().splitlines()[-1]
 
 
 def by_package(importtime: str) -> dict[str, float]:
@@ -281,6 +308,7 @@ def measure(
             for side in sides:
                 launch_once(side, name, tmp, wrapper)
     floors: dict[str, list[float]] = {k: [] for k in FLOORS}
+    model = tiny_llama_folder(sides[1])
     for r in range(repeats):
         for name in names:
             for side in sides if r % 2 == 0 else sides[::-1]:
@@ -290,12 +318,20 @@ def measure(
                     flush=True,
                 )
         for key, code in FLOORS.items():
-            floors[key].append(floor_once(code))
+            floors[key].append(floor_once(code, model))
     imports = {
         side.name: by_package(launch_once(side, "plain", tmp, wrapper, importtime=True)["importtime"])
         for side in sides
     }
+    imports[GAP_FLOOR] = by_package(floor_importtime(FLOORS[GAP_FLOOR]))
     return {"floors": floors, "importtime": imports}
+
+
+def floor_importtime(code: str) -> str:
+    """The `-X importtime` log of a fresh interpreter running `code`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPROFILEIMPORTTIME"}
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+    return run_child([sys.executable, "-X", "importtime", "-c", code], env, REPO)[1].stderr
 
 
 def summarize(sides: tuple[Side, Side], names: list[str], extra: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +372,12 @@ def print_report(report: dict[str, Any], top: int) -> None:
         )
     plain = report["launches"].get("plain")
     for key, f in report["floors"].items():
-        share = f" = {f['median_cpu_s'] / plain['median_before_cpu_s']:.2f} x plain's before" if plain else ""
+        share = (
+            f" = {f['median_cpu_s'] / plain['median_before_cpu_s']:.2f} x plain's before, "
+            f"{f['median_cpu_s'] / plain['median_after_cpu_s']:.2f} x its after"
+            if plain
+            else ""
+        )
         print(f"  floor: {key:<24} {f['median_cpu_s']:6.2f}{share}")
     imports = report["importtime_self_s_by_package"]
     print(f"\n-X importtime of the plain launch, self seconds by top-level package (top {top}):")
@@ -346,6 +387,18 @@ def print_report(report: dict[str, Any], top: int) -> None:
         cells = [f"{r[i][0]:<22}{r[i][1]:8.3f}    " if i < len(r) else " " * 34 for r in rows]
         print("  " + "".join(cells))
     print("  " + "".join(f"{'total':<22}{sum(imports[s].values()):8.3f}    " for s in ("before", "after")))
+    print_gap(imports["after"], imports[GAP_FLOOR], top)
+
+
+def print_gap(after: dict[str, float], floor: dict[str, float], top: int) -> None:
+    """The plain launch's (after) import self time above the floor's, by top-level package, largest first."""
+    gap = sorted(((k, v - floor.get(k, 0.0)) for k, v in after.items()), key=lambda kv: -kv[1])
+    print(
+        f"\n-X importtime of the plain launch (after) above the floor '{GAP_FLOOR}' (self seconds by package, top {top}):"
+    )
+    for name, seconds in gap[:top]:
+        print(f"  {name:<22}{seconds:8.3f}")
+    print(f"  {'total':<22}{sum(after.values()) - sum(floor.values()):8.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:

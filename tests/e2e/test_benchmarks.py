@@ -456,7 +456,11 @@ def test_startup_smoke_launches_before_and_after_to_their_first_step(ran: dict[s
     # each side's one process reached its first optimizer step, and its CPU then is within the launch's
     assert all(len(ranks) == 1 for ranks in plain["after_first_step_cpu_s_per_rank"])
     assert 0 < plain["after_first_step_cpu_s_per_rank"][0][0] <= plain["after_cpu_s"][0] + 0.05
-    assert set(report["floors"]) == {"import torch", "torch + one AdamW step"}
+    assert set(report["floors"]) == {
+        "import torch",
+        "torch + one AdamW step",
+        "torch + transformers, tiny-llama, one AdamW step",
+    }
     tables = report["importtime_self_s_by_package"]
     assert "torch" in tables["before"] and "torch" in tables["after"] and "zerofit" in tables["after"]
 

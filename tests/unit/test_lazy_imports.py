@@ -144,6 +144,78 @@ def test_a_zero_run_leaves_inductors_compiler_unloaded() -> None:
     assert "torch._inductor.compile_fx" not in loaded
 
 
+# A plain one-process run (no LoRA, one process, W&B off) imports what its start-up uses and not the code of
+# other objectives, engines or readers: no torch.distributed.checkpoint (FSDP2's checkpoints, ~0.1 CPU-s), no
+# run reader (`zerofit.trained`: a teacher's or an export's), teacher, RL, distillation, precomputed reference
+# or `eval.harness` code. And transformers indexes its `models` package once, not twice (`import
+# transformers` and `transformers.models` each read ~1,100 files; `zerofit.core.transformers_import`), with the
+# same lazy namespace as transformers builds alone; its object-detection losses import scipy.optimize when
+# their matcher first runs, not when any model loads, and match as scipy does. (benchmarks/startup.py
+# measures what each saves.)
+PLAIN_TRAIN = """
+import json, sys, tempfile
+import zerofit
+zerofit.train("configs/demo.yaml", distributed__strategy="single", lora__enabled=False, train__max_steps=1,
+              train__precision="fp32", batch__global_batch_size=2, batch__micro_batch_size=2,
+              checkpoint__save_final=False, logging__wandb__mode="disabled", output_dir=tempfile.mkdtemp())
+from transformers.utils import import_utils
+from zerofit.core.transformers_import import FOLDER_KEYED
+index = import_utils.create_import_structure_from_path
+keyed = getattr(index, FOLDER_KEYED, False)
+hits = (index.__wrapped__ if keyed else index).cache_info().hits
+modules = sorted(sys.modules)
+import importlib, pkgutil, numpy, scipy.optimize, transformers.loss
+cost, matched = numpy.random.default_rng(0).random((6, 9)), {}
+for info in pkgutil.iter_modules(transformers.loss.__path__, "transformers.loss."):
+    solve = getattr(importlib.import_module(info.name), "linear_sum_assignment", None)
+    if solve is not None:  # the losses' matcher answers as scipy's own
+        matched[info.name] = [a.tolist() for a in solve(cost)] == [a.tolist() for a in scipy.optimize.linear_sum_assignment(cost)]
+print(json.dumps({"modules": modules, "keyed": keyed, "index_hits": hits, "models": MODELS(), "matched": matched}))
+"""
+MODELS_NAMESPACE = """
+def plain(x):  # dicts, sets and lists (built from sets: in hash order) of names as JSON, in one order
+    if isinstance(x, dict):
+        return sorted(([plain(k), plain(v)] for k, v in x.items()), key=json.dumps)
+    if isinstance(x, (set, frozenset, list, tuple)):
+        return sorted((plain(v) for v in x), key=json.dumps)
+    return x
+def MODELS():
+    m = sys.modules["transformers.models"]
+    return plain([m._import_structure, m._class_to_module, m._object_missing_backend, sorted(m.__all__), m._modules])
+"""
+TRANSFORMERS_ALONE = """
+import json, sys
+import transformers.models
+print(json.dumps({"models": MODELS()}))
+"""
+NOT_IN_A_PLAIN_RUN = ("torch.distributed.checkpoint", "zerofit.trained", "zerofit.recipe.teacher", "zerofit.recipe.rl",
+                      "zerofit.recipe.distill", "zerofit.loop.reference", "zerofit.harness", "scipy")  # fmt: skip
+
+
+def _last_json(code: str) -> dict[str, object]:
+    """The last line a fresh interpreter running `code` (with `MODELS_NAMESPACE`) printed, as JSON."""
+    source = "import json, sys" + MODELS_NAMESPACE + code
+    proc = subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_plain_run_imports_no_other_engines_readers_objectives_or_scipy_and_indexes_transformers_models_once() -> (
+    None
+):
+    run = _last_json(PLAIN_TRAIN)
+    modules = run["modules"]
+    assert isinstance(modules, list) and "zerofit.loop.train" in modules  # the run really trained
+    assert [m for m in modules if m.startswith(NOT_IN_A_PLAIN_RUN)] == []
+    assert run["keyed"] and run["index_hits"] >= 1  # transformers.models: the first index's answer
+    assert run["models"] == _last_json(TRANSFORMERS_ALONE)["models"]  # the namespace transformers builds
+    matched = run["matched"]
+    assert isinstance(matched, dict) and len(matched) >= 5 and all(matched.values()), matched
+
+
 # bitsandbytes' CPU backend asks the Hub's `kernels` package for a kernel when it is imported and logs
 # "Failed to load CPU gemm_4bit_forward from kernels-community ... Set trust_remote_code=True" when it cannot
 # have it; a QLoRA build on CPU imports bitsandbytes, after transformers' modeling stack has imported

@@ -396,7 +396,7 @@ def _check_pickles(folder: Path, trusted: bool) -> None:
     # The engines' folder names, from the strategies that write them (imported here: only a resume needs
     # them, and a run of one engine need not import the others).
     from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
-    from zerofit.strategies.fsdp import DCP_DIR
+    from zerofit.strategies.fsdp_layout import DCP_DIR
 
     try:
         refuse_unsafe(

@@ -92,7 +92,9 @@ def quiet_libraries() -> None:
     """Silence library chatter that would bury the plan and the progress line (errors still show)."""
     # bitsandbytes warns at import that an optional CPU kernel package is missing; it is not needed.
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    import transformers
+    from zerofit.core.transformers_import import import_transformers
+
+    transformers = import_transformers()  # the first import of a launch: its model index read once
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -41,26 +41,16 @@ from zerofit.data import (
     set_chat_template,
 )
 from zerofit.data.prompts import PromptExample
-from zerofit.data.tools import read_tools_file
 from zerofit.data.truncation import check_truncation
-from zerofit.data.unpaired import UnpairedExample, load_unpaired, require_both_labels
-from zerofit.data.vision import load_vision_examples
-from zerofit.data.vision_pairs import load_vision_pairs
+from zerofit.data.unpaired import UnpairedExample
 from zerofit.engine_spec import render_spec
 from zerofit.engine_spec.run_plan import DataFacts, RunPlan, make_run_plan
-from zerofit.harness.during import HarnessDuringTraining
-from zerofit.loop.environment import EnvironmentFailed
 from zerofit.loop.evaluate import Evaluator, check_eval_data
-from zerofit.loop.reference import ReferencePass, precompute_reference
-from zerofit.loop.rollout import Rollouts, agree_on_failure
 from zerofit.loop.train import CheckpointSaver, LoopInputs
 from zerofit.metrics.throughput import train_flops_per_token
 from zerofit.models.build import BuiltModel, build_model, load_tokenizer
 from zerofit.objectives.protocol import Objective
 from zerofit.objectives.spec import EXAMPLE, PAIR, PROMPT, UNPAIRED, ObjectiveSpec
-from zerofit.recipe.distill import distill_rollouts
-from zerofit.recipe.rl import load_prompt_data, rollouts
-from zerofit.recipe.teacher import load_teacher
 from zerofit.recipe.vision_settings import vision_processor_for
 from zerofit.resolution import ResolvedConfig
 from zerofit.strategies import build_strategy
@@ -70,6 +60,9 @@ from zerofit.token_loss.sums import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from zerofit.checkpoint.policy import EvalWatch, SaveClock
+    from zerofit.harness.during import HarnessDuringTraining
+    from zerofit.loop.reference import ReferencePass
+    from zerofit.loop.rollout import Rollouts
     from zerofit.loop.signals import StopSignal
     from zerofit.metrics.base import MetricsSink
 
@@ -206,6 +199,9 @@ class PreparedRun:
         rank raises it, rank 0 says it once, and no rank waits for one that stopped."""
         if not self.plan.objective.generates or self.data is None:
             return None
+        from zerofit.loop.environment import EnvironmentFailed
+        from zerofit.loop.rollout import agree_on_failure
+
         built, failure = None, None
         try:
             built = self._build_rollouts(self.data)
@@ -218,6 +214,9 @@ class PreparedRun:
 
     def _build_rollouts(self, data: TrainData) -> Rollouts:
         """The rollouts `rollouts` agrees on: distillation's, or the objective's with its advantages."""
+        from zerofit.recipe.distill import distill_rollouts
+        from zerofit.recipe.rl import rollouts
+
         cfg = self.plan.config
         prompts: list[Any] = data.examples
         tokenizer = self.built.tokenizer
@@ -309,6 +308,8 @@ def _rank0_first(strategy: Strategy, load: Callable[[bool], TokenizedData[Any]])
 
 def _tools(tools_file: str | None) -> list[dict[str, Any]] | None:
     """`data.tools_file`'s tools, or None when unset."""
+    from zerofit.data.tools import read_tools_file
+
     return read_tools_file(tools_file) if tools_file else None
 
 
@@ -334,15 +335,21 @@ def _source_reader(
         "empty_responses": d.empty_responses,
     }
     if processor is not None and objective.unit is PAIR:  # preference pairs with images (`data.vision_pairs`)
+        from zerofit.data.vision_pairs import load_vision_pairs
+
         return lambda show: load_vision_pairs(
             path, processor, d.max_seq_len, split=split, subset=d.subset, key=key
         )
     if processor is not None:  # a vision-language model: image + text conversations (`data.vision`)
+        from zerofit.data.vision import load_vision_examples
+
         return lambda show: load_vision_examples(path, processor, d.max_seq_len, split=split, subset=d.subset,
             key=key, empty_responses=d.empty_responses, missing_images=d.missing_images, cache=d.cache)  # fmt: skip
     if objective.unit is UNPAIRED:  # unpaired feedback; the training data must hold both labels
         both = key == "data.path" and split == d.split
         kto = {"split": split, "subset": d.subset, "cache": d.cache, "key": key}
+        from zerofit.data.unpaired import load_unpaired, require_both_labels
+
         return lambda show: require_both_labels(
             load_unpaired(path, tokenizer, d.max_seq_len, progress=show, **kto), key, both
         )
@@ -363,6 +370,8 @@ def _load_data(resolved: ResolvedConfig, tokenizer: Any, strategy: Strategy) -> 
     d = cfg.data
     processor = vision_processor_for(cfg, tokenizer, objective)
     if objective.unit is PROMPT:  # prompts, rl.prompts_per_step of them per step (`zerofit.recipe.rl`)
+        from zerofit.recipe.rl import load_prompt_data
+
         prompts, stats, sampler, held_prompts = load_prompt_data(cfg, tokenizer, processor)
         held_units: Any = held_prompts.examples if held_prompts is not None else None
         held_stats = held_prompts.stats if held_prompts is not None else None
@@ -448,6 +457,8 @@ def _reference_pass(
     if data is None or not plan.objective.precomputes_reference(cfg):
         return None
     pairs: list[Any] = [*data.examples, *(data.eval_examples or [])]
+    from zerofit.loop.reference import precompute_reference
+
     return precompute_reference(cfg, strategy, model, pairs, plan.batch.micro_batch_size, pad_id)
 
 
@@ -482,6 +493,8 @@ def assemble(
         reference = _reference_pass(plan, strategy, model, data, int(tokenizer.pad_token_id))
         teacher = None
         if plan.objective.teacher_model(plan.config) is not None:  # after the student: its seed first
+            from zerofit.recipe.teacher import load_teacher
+
             teacher = load_teacher(plan.config, tokenizer, strategy.device)
         return PreparedRun(plan, strategy, built, model, data, reference, teacher)
     except BaseException:

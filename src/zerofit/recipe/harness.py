@@ -4,14 +4,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zerofit.engine_spec.run_plan import RunPlan
-from zerofit.harness.during import HarnessDuringTraining
-from zerofit.harness.evaluate import HarnessSettings
 from zerofit.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from zerofit.harness.during import HarnessDuringTraining
 
 __all__ = ["harness_for"]
 
@@ -21,7 +22,10 @@ def harness_for(plan: RunPlan, strategy: Strategy, tokenizer: Any) -> HarnessDur
     cfg = plan.config
     h = cfg.eval.harness
     if not h.tasks:
-        return None
+        return None  # (the harness's modules are imported by the runs that evaluate with it)
+    from zerofit.harness.during import HarnessDuringTraining
+    from zerofit.harness.evaluate import HarnessSettings
+
     assert cfg.train.max_steps is not None, "a run plan knows its step count"
     chat = h.apply_chat_template if h.apply_chat_template is not None else cfg.data.format == "messages"
     limit = int(h.limit) if h.limit is not None and h.limit >= 1 else h.limit

@@ -49,11 +49,7 @@ from zerofit.strategies.base import (
     check_precision,
 )
 from zerofit.strategies.env import LaunchEnv
-
-# A checkpoint's layout (step-N/), written here and read back by `zerofit.trained.checkpoints`:
-DCP_DIR = "dcp"  # the torch.distributed.checkpoint folder holding {DCP_MODEL_KEY: ..., DCP_OPTIM_KEY: ...}
-DCP_MODEL_KEY, DCP_OPTIM_KEY = "model", "optim"
-EXTRA_FILE = "extra.pt"  # scheduler + client state (identical on every rank; rank 0 writes it)
+from zerofit.strategies.fsdp_layout import DCP_DIR, DCP_MODEL_KEY, DCP_OPTIM_KEY, EXTRA_FILE
 
 
 class FSDPStrategy(Strategy):

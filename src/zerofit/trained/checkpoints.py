@@ -12,7 +12,8 @@ A run leaves its weights in two kinds of places (docs/contracts.md, "Run directo
       state.pt           single / DDP: {"model": the trainable tensors, ...}
 
 This module is the one reader of those layouts; their names belong to their writers (the run directory's
-to `zerofit.core.run_layout`, each engine's to the strategy module that saves it: `TAG`, `DCP_DIR`, `STATE_FILE`)
+to `zerofit.core.run_layout`, each engine's to the strategy module that saves it: `TAG`, `STATE_FILE`; FSDP2's
+`DCP_DIR` to `zerofit.strategies.fsdp_layout`, which imports no torch.distributed)
 and are imported from there. Checkpoints hold only what trains (frozen LoRA base weights are left out), so
 `read_checkpoint` returns the trainable tensors, named as the unwrapped peft or Hugging Face model names
 them, in fp32 wherever the engine kept fp32 master weights. Reading needs no process group and no
@@ -45,7 +46,7 @@ from zerofit.core.errors import ConfigError, ZerofitError
 from zerofit.core.run_layout import ADAPTER_DIR, MODEL_DIR, step_dir_name
 from zerofit.models.safe_weights import check_zerofit_folder
 from zerofit.strategies.deepspeed import TAG as DEEPSPEED_TAG
-from zerofit.strategies.fsdp import DCP_DIR, DCP_MODEL_KEY
+from zerofit.strategies.fsdp_layout import DCP_DIR, DCP_MODEL_KEY
 from zerofit.strategies.single import STATE_FILE, STATE_MODEL_KEY
 
 __all__ = ["CheckpointVanishedError", "WeightsSource", "find_weights", "read_checkpoint", "snapshot"]

@@ -14,7 +14,7 @@ import pytest
 from zerofit.config.rules.data import looks_like_hub_id
 from zerofit.core import data_files, run_layout
 from zerofit.data import records
-from zerofit.strategies import deepspeed, fsdp, single
+from zerofit.strategies import deepspeed, fsdp_layout, single
 
 REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "src" / "zerofit"
@@ -35,7 +35,7 @@ RUN_DIR_NAMES = {
 OWNERS: dict[str, set[str]] = {
     "core/run_layout.py": RUN_DIR_NAMES,
     "strategies/deepspeed.py": {deepspeed.TAG},
-    "strategies/fsdp.py": {fsdp.DCP_DIR, fsdp.EXTRA_FILE},
+    "strategies/fsdp_layout.py": {fsdp_layout.DCP_DIR, fsdp_layout.EXTRA_FILE},
     "strategies/single.py": {single.STATE_FILE},
     # (`.json` also names JSON caches, `.tsv` also picks the csv reader's delimiter.)
     "core/data_files.py": set(data_files.DATA_FILE_SUFFIXES) - {".json", ".tsv"},
