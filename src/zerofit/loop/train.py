@@ -124,7 +124,7 @@ def train_step(
         _accumulate(local_sums, terms, metric_sums)
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
-    sums = strategy.all_reduce_sum(local_sums).tolist()
+    sums = (local_sums if strategy.world_size == 1 else strategy.all_reduce_sum(local_sums)).tolist()
     loss = sum(total / max(count, 1) for total, count in zip(sums[: len(counts)], counts, strict=True))
     # The metrics: means over the objective's units, its last count (KTO's: per label, and z0).
     metrics = objective.metric_means(sums[len(counts) :], counts[-1])
@@ -444,14 +444,35 @@ def weights_finite(trainable: list[torch.nn.Parameter]) -> bool:
     """Whether this rank's `trainable` weights (its own shard under FSDP2 / ZeRO-3) are all finite: one
     device sync for all of them, so a checkpoint is never written from an update that overflowed.
 
-    It runs after every step, so it costs a handful of ops whatever the number of tensors: each tensor's
-    fp32 2-norm in one foreach call (a NaN or inf anywhere makes its tensor's norm NaN or inf: sums of
-    squares propagate both), one stack, one test. Finite weights whose norm overflows fp32 (|w| beyond
-    ~1e19) fail that test too, so a failed test is confirmed element by element before it counts."""
+    It runs after every step, so it costs a handful of ops whatever the number of tensors. On CPU and CUDA
+    it is the loss scaler's own non-finite check (`_amp_foreach_non_finite_check_and_unscale_`, what
+    `GradScaler.unscale_` runs on gradients): one foreach op that sets a flag at any NaN, +inf or -inf,
+    element by element (no norm that a finite value could overflow), several times cheaper than a norm per
+    tensor. With an unscale factor of exactly 1 it writes every value back as it read it (the kernels skip
+    the multiply then): the weights' bytes do not change. Elsewhere, `_finite_by_norms`."""
     shards = (p.to_local() if isinstance(p, DTensor) else p for p in trainable)
     local = [t for t in shards if t.numel()]
     if not local:
         return True
+    device = local[0].device
+    if device.type not in _FLAGGED_DEVICES or any(t.device != device for t in local):
+        return _finite_by_norms(local)
+    with torch.no_grad():  # an in-place op on leaves that require grad (their values unchanged)
+        found = torch.zeros(1, dtype=torch.float32, device=device)
+        unscale = torch.ones(1, dtype=torch.float32, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(local, found, unscale)
+        return not bool(found)
+
+
+# Devices whose loss-scaler check `weights_finite` runs (a CPU and a CUDA kernel in every torch it supports).
+_FLAGGED_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def _finite_by_norms(local: list[torch.Tensor]) -> bool:
+    """`weights_finite` on other devices (or tensors spread over several): each tensor's fp32 2-norm in one
+    foreach call (a NaN or inf anywhere makes its tensor's norm NaN or inf: sums of squares propagate both),
+    one stack, one test. Finite weights whose norm overflows fp32 (|w| beyond ~1e19) fail that test too, so
+    a failed test is confirmed element by element before it counts."""
     with torch.no_grad():  # no graph, and no detach per tensor
         norms = torch._foreach_norm(local, 2.0, dtype=torch.float32)
         return bool(torch.stack(norms).isfinite().all()) or bool(

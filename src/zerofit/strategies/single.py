@@ -74,10 +74,14 @@ class SingleStrategy(Strategy):
         return nullcontext()
 
     def accumulate(self, is_last: bool) -> AbstractContextManager[Any]:
+        """The micro-step's contexts: DDP's `no_sync` (none in one process) and autocast (bf16/fp16). Without
+        autocast, the sync context itself: an exit stack around one context costs more than the context."""
+        sync = self._no_sync(is_last)
+        if self.autocast_dtype is None:
+            return sync
         stack = ExitStack()
-        stack.enter_context(self._no_sync(is_last))
-        if self.autocast_dtype is not None:
-            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype))
+        stack.enter_context(sync)
+        stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype))
         return stack
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -371,24 +371,112 @@ def _ops_of(fn: Any, *args: Any) -> tuple[Any, int]:
 
 def test_the_weights_check_costs_a_few_ops_however_many_tensors_train() -> None:
     """The finiteness check after every step is a handful of ops for 2 trainable tensors or 40 (one
-    foreach norm, not two ops per tensor), and still finds a NaN or inf in any of them; finite weights
-    whose norm overflows fp32 are finite (confirmed element by element)."""
-    from zerofit.loop.train import weights_finite
+    foreach op, not two ops per tensor), and still finds a NaN, +inf or -inf in any of them, in fp32, bf16
+    and fp16; finite weights whose 2-norm would overflow fp32 are finite. The norms it falls back to on
+    other devices find the same, an overflowing norm confirmed element by element."""
+    from zerofit.loop.train import _finite_by_norms, weights_finite
 
-    def weights(n: int) -> list[torch.nn.Parameter]:
-        return [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(n)]
+    def weights(n: int, dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
+        return [torch.nn.Parameter(torch.randn(3, 4).to(dtype)) for _ in range(n)]
 
     few, many = weights(2), weights(40)
     (ok_few, ops_few), (ok_many, ops_many) = _ops_of(weights_finite, few), _ops_of(weights_finite, many)
     assert ok_few and ok_many and ops_few == ops_many <= 8
-    for bad in (float("nan"), float("inf"), -float("inf")):
-        poisoned = weights(40)
-        poisoned[17].data[1, 2] = bad
-        assert not weights_finite(poisoned)
-    huge = weights(3)
-    huge[1].data.fill_(1e30)  # a 2-norm of 3.5e30**2: inf in fp32, every element finite
-    assert weights_finite(huge)
+    for check in (weights_finite, _finite_by_norms):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for bad in (float("nan"), float("inf"), -float("inf")):
+                poisoned = weights(40, dtype)
+                poisoned[17].data[1, 2] = bad
+                assert not check(poisoned), (check, dtype, bad)
+        huge = weights(3)
+        huge[1].data.fill_(1e30)  # a 2-norm of 3.5e30**2: inf in fp32, every element finite
+        assert check(huge)
     assert weights_finite([])
+
+
+def test_the_weights_check_leaves_every_byte_of_the_weights_as_it_was() -> None:
+    """The check writes each value back as it read it: negative zeros, subnormals (even with denormals
+    flushed to zero) and the extremes of each dtype keep their bytes, and a graph that saved the weights
+    still runs its backward afterwards."""
+    from zerofit.loop.train import weights_finite
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        info = torch.finfo(dtype)  # subnormals below `tiny`, the largest finite values
+        special = [0.0, -0.0, info.tiny / 2, -info.tiny / 4, info.max, -info.max, 1.0, -2.5]
+        weights = [
+            torch.nn.Parameter(torch.tensor(special).to(dtype)),
+            torch.nn.Parameter(torch.randn(5, 7).to(dtype)),
+        ]
+        before = [w.detach().clone().view(torch.uint8) for w in weights]
+        torch.set_flush_denormal(True)
+        try:
+            assert weights_finite(weights)
+        finally:
+            torch.set_flush_denormal(False)
+        assert all(torch.equal(b, w.detach().view(torch.uint8)) for b, w in zip(before, weights, strict=True))
+    weight = torch.nn.Parameter(torch.randn(4))
+    graph = (weight * weight).sum()
+    assert weights_finite([weight])
+    graph.backward()
+    assert weight.grad is not None and torch.equal(weight.grad, 2 * weight.detach())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_twenty_steps_have_the_bits_of_the_norm_checked_loop(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """20 steps of AdamW (fp32, and bf16 under autocast) with the loss scaler's check after each step give
+    the losses, gradient norms and weight bytes (`==`) of the same steps checked by per-tensor norms."""
+    from zerofit.config.batching import solve_batch
+    from zerofit.data import GlobalBatchSampler
+    from zerofit.loop import train as loop_train
+
+    def run() -> tuple[list[tuple[float, float]], list[torch.Tensor]]:
+        model = TinyLM()
+        strategy = one_process_strategy(precision)
+        strategy.prepare(
+            model,
+            lambda m: torch.optim.AdamW(m.parameters(), lr=0.05),
+            lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s)),
+        )
+        examples = _examples()
+        inputs = LoopInputs(
+            strategy,
+            model,
+            examples,
+            GlobalBatchSampler(len(examples), 4, seed=0),
+            solve_batch(1, 4, 2),
+            20,
+            1.0,
+            0,
+            _Sink(),
+            _Checkpoints(),
+            precision=precision,
+        )
+        results = train_loop(inputs)
+        return [(r.loss, r.grad_norm) for r in results], [p.detach().clone() for p in model.parameters()]
+
+    losses, weights = run()
+    monkeypatch.setattr(loop_train, "weights_finite", loop_train._finite_by_norms)
+    norm_losses, norm_weights = run()
+    assert len(losses) == 20 and losses == norm_losses
+    assert all(
+        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        for a, b in zip(weights, norm_weights, strict=True)
+    )
+
+
+def test_one_process_without_autocast_enters_no_exit_stack() -> None:
+    """A micro-step's context in one process is the sync context itself in fp32 (an exit stack around
+    one context costs more than the context); bf16 still autocasts inside it."""
+    from contextlib import ExitStack
+
+    fp32, bf16 = one_process_strategy("fp32"), one_process_strategy("bf16")
+    assert not isinstance(fp32.accumulate(is_last=False), ExitStack)
+    with fp32.accumulate(is_last=True):
+        assert not torch.is_autocast_enabled("cpu")
+    with bf16.accumulate(is_last=True):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def test_one_process_sums_its_counts_and_votes_without_a_tensor() -> None:
