@@ -13,8 +13,9 @@ lengths vary from 1 to ~60 tokens, global batch 8 split as
     the memory levers: packed on ZeRO-2 with every layer checkpointed, its input offloaded, its MLP
     in 3 token shards and lean RMSNorms, every layer compiled (train.compile, inside its checkpoint); ZeRO-3 with the MLP in 2 token shards and lean RMSNorms
 
-the one-process references through the Python API (`zerofit.train`, in the test process), ZeRO-2, FSDP2 and
-the levers through the real launcher (torchrun; gloo), the rest of the matrix `warm` (tests/warm_launch.py):
+the one-process references through the Python API (`zerofit.train`, in the test process), one run per engine
+family through the real launcher (ZeRO-2 and FSDP2 under torchrun; gloo), the rest of the matrix, the levers'
+run included (what it tests is the levers on ZeRO-2, not its launcher), `warm` (tests/warm_launch.py):
 the DeepSpeed runs under `torchrun` or warm (zerofit runs
 DeepSpeed under either; the `deepspeed` runner's own start-up, ~5 CPU-s a launch, is exercised by the
 modules about it: test_engines, test_stop_resume, test_failures, test_multinode_export). Over 4 optimizer steps the per-step losses
@@ -35,7 +36,7 @@ conversations (the bundled demo, tiny-qwen2) agree too: one big batch vs FSDP2 o
     ddp               warm       DDP                   2 x 2 x 2
     zero2-packed      warm       DeepSpeed ZeRO-2      2 rows x 2 x 2    128-token budgets, 64-token rows
     fsdp-packed       warm       FSDP2                 1 row x 4 x 2     64-token budgets
-    zero2-levers      torchrun   DeepSpeed ZeRO-2      2 rows x 2 x 2    checkpointing + offload, tiled MLP 3,
+    zero2-levers      warm       DeepSpeed ZeRO-2      2 rows x 2 x 2    checkpointing + offload, tiled MLP 3,
                                                                          lean norms, fused loss, compile
     zero3-tiled       warm       DeepSpeed ZeRO-3      2 x 2 x 2         tiled MLP 2, lean norms, fused loss
     tools-single-m8   api        one process           8 x 1 x 1         tool-calling chats: the reference
@@ -90,7 +91,7 @@ SPLITS = [
     # ZeRO-3 leaf module) and the fused loss (lm_head's weight gathered by the module's hooks).
     Launch(
         "zero2-levers",
-        "torchrun",
+        "warm",
         (
             "distributed.preset=zero2",
             "batch.tokens_per_micro_batch=128",

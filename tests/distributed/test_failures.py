@@ -11,7 +11,11 @@
   with the one paragraph, said once (rank 0, which learns it from the rollout's agreement), exit code 2;
 - an `rl.tools` module that fails to import on one rank only (GRPO, at launch): every rank stops before the
   run's files with the one config paragraph, said once (rank 0, from the agreement on the built agent), exit
-  code 2. Its ranks are warm: what it shows is zerofit's agreement, not a launcher's.
+  code 2.
+
+The last two launches' ranks are warm (tests/warm_launch.py): what they show is zerofit's agreement, not a
+launcher's (a user error's exit 2 and one paragraph through the `deepspeed` runner is test_launch_errors'
+indivisible-2-ranks).
 
 The slow-rank-0 launch is one 2-rank DDP launch (torchrun, gloo) with `distributed.timeout_minutes` = 0.2 (12 s): rank 0's
 data loading is delayed 20 s, as a long tokenization would be (tests/slow_rank0_data/sitecustomize.py, first
@@ -29,7 +33,7 @@ collective saves and the run finishes with several timed checkpoints.
     fsdp         torchrun    FSDP2              a full disk mid-checkpoint
     orphan       deepspeed   DeepSpeed ZeRO-2   the `deepspeed` runner killed alone
     lost         deepspeed   DeepSpeed ZeRO-2   one rank killed mid-run
-    env-fails    deepspeed   DeepSpeed ZeRO-2   an environment raising in step on rank 1 only (GRPO)
+    env-fails    warm        DeepSpeed ZeRO-2   an environment raising in step on rank 1 only (GRPO)
     tools-fail   warm        DDP                a tool module failing to import on rank 1 only (GRPO)
 """
 
@@ -150,7 +154,7 @@ def env_fails(config: Path) -> Launch:
         },
     )
     pythonpath = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
-    return Launch("env-fails", "deepspeed", env={"PYTHONPATH": pythonpath}, config=job)
+    return Launch("env-fails", "warm", env={"PYTHONPATH": pythonpath}, config=job)
 
 
 TOOLS_MODULE = "zerofit_planted_rank1_tools"  # a user tool module, importable only from its job's folder

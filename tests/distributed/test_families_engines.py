@@ -1,8 +1,9 @@
 """Built-in families on 2 gloo ranks through the real launchers: DeepSpeed ZeRO-2 and FSDP2, LoRA
 all-linear (the MoE models with every routed expert and the router trained), 2 steps each; every run's
-adapter exported, merged, and generated from. One run per engine starts under `torchrun` (Phi-3 LoRA on
-ZeRO-2, Qwen3 LoRA on FSDP2) and one ZeRO-2 run (Qwen3 QLoRA) under the `deepspeed` runner; the others'
-ranks run `warm` (tests/warm_launch.py), the launchers' own behaviour being covered.
+adapter exported, merged, and generated from. One run per engine starts through a real launcher (Qwen3
+QLoRA on ZeRO-2 under the `deepspeed` runner, Qwen3 LoRA on FSDP2 under `torchrun`); the others' ranks run
+`warm` (tests/warm_launch.py), the launchers' own behaviour being covered (ZeRO-2 under `torchrun`:
+test_equivalence's zero2 and the other equivalence modules).
 
 Every held-out-style family of the issue (Qwen3, Gemma-3, Phi-3, Mixtral, Qwen3-MoE) and the MoE recipe's
 tiny twin (Qwen2-MoE, the class of configs/qwen15-moe-qlora-2x3090-fsdp.yaml) runs on BOTH engines: 12
@@ -26,7 +27,6 @@ at its process-group set-up). Every family also trains with LoRA and with QLoRA 
 exported and generated from, in tests/unit/models/test_families.py.
 
     launch                   launcher    engine
-    zero2-lora-tiny-phi3     torchrun    DeepSpeed ZeRO-2 under `torchrun`
     zero2-qlora-tiny-qwen3   deepspeed   DeepSpeed ZeRO-2 under the `deepspeed` runner
     zero2-*                  warm        DeepSpeed ZeRO-2, the other families (`zero2-lora-FAMILY`,
                                          `zero2-qlora-FAMILY`)
@@ -67,9 +67,8 @@ QLORA_ON = {
     "tiny-qwen2-moe": "zero2",
 }
 ENGINES = ("zero2", "fsdp")  # ZeRO-2 first: its launches are the longer ones
-# The runs through real launchers: one per engine under `torchrun`, one ZeRO-2 run under `deepspeed`.
+# The runs through real launchers, one per engine: ZeRO-2 under `deepspeed`, FSDP2 under `torchrun`.
 REAL_LAUNCHER = {
-    "zero2-lora-tiny-phi3": "torchrun",
     "zero2-qlora-tiny-qwen3": "deepspeed",
     "fsdp-lora-tiny-qwen3": "torchrun",
 }
@@ -106,9 +105,8 @@ def _launch(run_name: str) -> Launch:
     moe = ["lora.moe_experts=all", "lora.train_router=true"] if name in MOE else []
     qlora = ["quantization.load_in=4bit", "train.precision=bf16"] if quantized else []
     overrides = (f"model.name_or_path={name}", *strategy, f"distributed.preset={engine}", *moe, *qlora)
-    # A DeepSpeed run starts under `torchrun` (zerofit runs DeepSpeed under either launcher), one of them
-    # under the `deepspeed` runner (its start-up, ~5 CPU-s a launch, is what the modules about it test);
-    # the rest warm: their ranks would only import again what those launches' ranks import (~13 CPU-s).
+    # One run per engine through its real launcher (REAL_LAUNCHER); the rest warm: their ranks would only
+    # import again what those launches' ranks import (~13 CPU-s a launch, ~5 more under `deepspeed`).
     return Launch(run_name, REAL_LAUNCHER.get(run_name, "warm"), overrides)
 
 

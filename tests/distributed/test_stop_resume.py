@@ -18,11 +18,12 @@ Launches of one round run side by side:
     fsdp-fallback   warm       1 end: the fsdp chain's newest checkpoint damaged, resumed from the one
                                before (and resharded 2 -> 1)
     retuned         warm       2 end: a copy of the zero3 chain resumed with a new lr and 4 more steps
-    refused         python     the single chain resumed with a changed lr: refused before any model load
+    refused         warm       the single chain resumed with a changed lr: refused before any model load
 
 Launches whose launcher is not what they test run `warm` (tests/warm_launch.py): each chain's last
 segment, which only resumes and trains to the end (every chain's resume through its real launcher is its
-signalled middle segments, each resumed and then stopped there), and the last round's two resumes.
+signalled middle segments, each resumed and then stopped there), and the last round's three launches (the
+refusal is zerofit's resume check; a user error through the `python` launcher is test_launch_errors').
 SIGTERM goes to the launcher process (`kill PID`), except under `deepspeed`, whose runner neither handles
 nor forwards it, and on the zero3 chain: there it goes to the process group, as schedulers send it
 (torchrun starts its workers in their own sessions: it reaches them through torchrun). Ctrl-C is SIGINT to
@@ -174,7 +175,7 @@ def _last_round(out: Path) -> list[Launch]:
     return [
         Launch("zero3-retuned", "warm", (*Z3, RESUME, *accepted), 2, "retuned"),
         Launch("fsdp", "warm", (*FSDP, RESUME), 1, "fsdp-fallback"),
-        Launch("single", "python", (*SINGLE, RESUME, "optimizer.lr=0.02"), 1, "refused", cache),
+        Launch("single", "warm", (*SINGLE, RESUME, "optimizer.lr=0.02"), 1, "refused", cache),
     ]
 
 

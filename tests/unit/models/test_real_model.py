@@ -3,7 +3,7 @@ byte-level BPE, tied embeddings, the ChatML template it was trained with) fine-t
 process, and what comes out of it checked against what went in.
 
 One short LoRA SFT run (a strict answer format, `{"answer": "<city>"}`, on 16 capital questions; 6 steps,
-lr 2e-3) and one short DPO run (the same format preferred over a plain sentence) are shared by every test,
+lr 2e-3) and one shorter DPO run (the same format preferred over a plain sentence; 3 steps) are shared by every test,
 with the SFT run's adapter, fp32 merge and GGUF (f16, q8_0) exports (zerofit's own `export_run` and
 `export_gguf`, what `zerofit export` calls):
 
@@ -56,6 +56,10 @@ CAPITALS = {
 HELD_OUT = ("Austria", "Sweden", "Cuba", "Chile", "Finland", "Hungary")  # never trained on
 TRAIN = tuple(c for c in CAPITALS if c not in HELD_OUT)
 STEPS = 6
+# DPO's steps: the held-out reward accuracy went 0 -> 1.0 in 2, 3 and 6 steps (mean margin 1.9, 3.0, 5.3;
+# zerofit's eval 1.0 each; measured 2026-12-06) against the 5/6 asserted: 3 keep a step of margin, and cost
+# ~20 CPU-s less than 6.
+DPO_STEPS = 3
 NEW_TOKENS = 12
 BETA = 0.1
 # Largest |logit difference| allowed against the fp32 merge, relative to the largest |logit|. q8_0: 16 x 2^-8,
@@ -91,7 +95,11 @@ def _train(out: Path, name: str, data: Path, eval_data: Path, objective: str = "
             "data": {"path": str(data), "eval_path": str(eval_data), "max_seq_len": 64},
             "batch": {"global_batch_size": 4, "micro_batch_size": 4},
             "distributed": {"strategy": "single", "preset": None},
-            "train": {"max_steps": STEPS, "precision": "fp32", "objective": objective},
+            "train": {
+                "max_steps": DPO_STEPS if objective == "dpo" else STEPS,
+                "precision": "fp32",
+                "objective": objective,
+            },
             "optimizer": {"name": "adamw", "lr": 2e-3},
             "scheduler": {"name": "constant", "warmup_steps": 0},
             "lora": {
