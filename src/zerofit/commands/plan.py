@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zerofit.config import load_config
-from zerofit.config.schema import ZerofitConfig
+from zerofit.config.schema import RLSection, ZerofitConfig
 from zerofit.core.errors import ConfigError, LaunchError
 from zerofit.engine_spec import EngineSpec, render_spec
 from zerofit.objectives.spec import ObjectiveSpec
@@ -146,9 +146,17 @@ def rl_report(resolved: ResolvedConfig) -> dict[str, Any]:
     return {
         **step,
         "rewards": [describe_reward(spec) for spec in rewards],
-        "imports": [spec.function.split(":")[0] for spec in rewards if ":" in spec.function],
+        "imports": launch_imports(resolved.config.rl),
         "reward_problems": reward_spec_problems(rewards),
     }
+
+
+def launch_imports(rl: RLSection) -> list[str]:
+    """The modules of the user's own code a launch imports for `rl` (its reward functions, tools and
+    environment named as `module:name`, in that order, each once); zerofit's own modules are not listed."""
+    names = [*(spec.function for spec in rl.rewards), *(tool.function for tool in rl.tools), rl.environment]
+    modules = [name.split(":")[0] for name in names if name and ":" in name]
+    return [module for module in dict.fromkeys(modules) if module.split(".")[0] != "zerofit"]
 
 
 def print_rl(rl: dict[str, Any], console: Console, environment: str | None = None) -> None:

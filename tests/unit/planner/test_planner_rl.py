@@ -6,6 +6,7 @@ completions and tokens and names the rewards; the shipped Qwen2.5-7B recipe fits
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -128,3 +129,28 @@ def test_plan_prints_the_step_in_prompts_completions_and_tokens(
         "Reward: not_imported_zf.mod:score (imported at launch from module not_imported_zf.mod) x 0.5" in out
     )
     assert "A launch imports: not_imported_zf.mod (your code; nothing imported now)" in out
+
+
+def test_plan_lists_the_users_tool_and_environment_modules_a_launch_imports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The "A launch imports" line covers every piece of the user's code the config names (reward functions,
+    tools, the environment), each module once, none imported by the plan; zerofit's own modules are not
+    the user's code."""
+    from zerofit.cli import main
+
+    overrides = [
+        "rl.rewards=[{function: not_imported_zf.rewards:score}]",
+        "rl.tools=[{function: calculator}, {function: not_imported_zf.tools:search}]",
+        "rl.environment=not_imported_zf.rewards:Env",
+        "rl.max_completion_length=32",
+    ]
+    assert main(["plan", "--config", str(REPO / "configs" / "demo-grpo.yaml"), *overrides]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "A launch imports: not_imported_zf.rewards, not_imported_zf.tools (your code; nothing imported now)"
+        in out
+    )
+    assert main(["plan", "--config", str(REPO / "configs" / "demo-agent.yaml")]) == 0
+    assert "A launch imports" not in capsys.readouterr().out  # its environment is zerofit.demo's
+    assert not any(name.startswith("not_imported_zf") for name in sys.modules)
