@@ -124,7 +124,7 @@ def train_step(
         _accumulate(local_sums, terms, metric_sums)
     # 3. After the window: global pre-clip norm, clip once, one optimizer and one scheduler step.
     grad_norm = strategy.clip_and_step(max_grad_norm)
-    sums = (local_sums if strategy.world_size == 1 else strategy.all_reduce_sum(local_sums)).tolist()
+    sums = strategy.all_reduce_sum(local_sums).tolist()
     loss = sum(total / max(count, 1) for total, count in zip(sums[: len(counts)], counts, strict=True))
     # The metrics: means over the objective's units, its last count (KTO's: per label, and z0).
     metrics = objective.metric_means(sums[len(counts) :], counts[-1])
