@@ -261,35 +261,37 @@ def run(side_by_side: SideBySide) -> RunResult:
 def test_an_environment_failing_on_one_rank_stops_every_rank_with_one_paragraph(
     side_by_side: SideBySide,
 ) -> None:
-    result = side_by_side[2]
-    out = result.stdout + result.stderr
-    assert result.returncode == 2, out[-3000:]
-    said = [line for line in out.splitlines() if "error: The environment" in line]
-    assert len(said) == 1, out[-3000:]  # once per run, not once per rank
-    assert said[0].startswith(
+    said = _said_once(side_by_side[2], "error: The environment")
+    assert said.startswith(
         f"zerofit (rank 0): error: The environment {ENV_MODULE}:FailsOnRank1 failed in step() on the rollout "
         "of step 1, data record "
     ), said
-    assert "turn 1: it raised RuntimeError: rank 1's board is gone; an environment is your code" in said[0]
-    assert said[0].endswith(
+    assert "turn 1: it raised RuntimeError: rank 1's board is gone; an environment is your code" in said
+    assert said.endswith(
         "No checkpoint was saved yet (nothing of step 1 was): once fixed, start the run again"
     )
-    assert "Traceback" not in out, out[-3000:]
 
 
 def test_a_tool_module_failing_on_one_rank_stops_every_rank_with_one_paragraph(
     side_by_side: SideBySide,
 ) -> None:
     result = side_by_side[3]
-    out = result.stdout + result.stderr
-    assert result.returncode == 2, out[-3000:]
-    said = [line for line in out.splitlines() if "error: Invalid configuration" in line]
-    assert said == [
+    assert _said_once(result, "error: Invalid configuration") == (  # by rank 0, though only rank 1 failed
         f"zerofit (rank 0): error: Invalid configuration: rl.tools[0].function = '{TOOLS_MODULE}:add': "
         f"importing module '{TOOLS_MODULE}' raised OSError: rank 1 cannot reach the tool server; fix the module"
-    ], out[-3000:]  # once per run, by rank 0, though only rank 1 failed
-    assert "Traceback" not in out, out[-3000:]
+    )
     assert not (result.run_dir / "config.yaml").exists()  # refused before the run's files
+
+
+def _said_once(result: RunResult, marker: str) -> str:
+    """The one line of a 2-rank launch's output holding `marker`: a user error stops every rank with exit code
+    2 and is said once per run (not once per rank), with no traceback."""
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    said = [line for line in out.splitlines() if marker in line]
+    assert len(said) == 1, out[-3000:]
+    return said[0]
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
